@@ -1,0 +1,5 @@
+"""autotune: tunes CPU actors and GPU trainer slices of RL training for environment steps per joule."""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"

@@ -1,0 +1,186 @@
+"""The ``autotune`` command line. The CLI owns the terminal; library code only logs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from autotune import __version__
+
+logger = logging.getLogger("autotune")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from policies.appo import APPOConfig
+    from runtime.config import TrainConfig
+
+    d, dl = TrainConfig(), APPOConfig()
+    parser = argparse.ArgumentParser(
+        prog="autotune",
+        description="Tune CPU actors and GPU trainer slices of RL training for env steps per joule.",
+    )
+    parser.add_argument("--version", action="version", version=f"autotune {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    train = sub.add_parser(
+        "train",
+        help="run an RL training job (actors -> dispenser -> compressor -> migrator -> "
+        "batcher -> trainer) and report steps/s and steps per joule",
+        description="Run one training job on this machine through the asynchronous experience "
+        "pipeline, with a live progress display and a final summary.",
+    )
+    train.add_argument("--env", default=d.env, help=f"gymnasium env id (default {d.env})")
+    train.add_argument(
+        "--steps",
+        type=int,
+        default=d.steps,
+        help=f"trained env steps to run for (default {d.steps})",
+    )
+    train.add_argument(
+        "--actors", type=int, default=d.actors, help=f"actor processes (default {d.actors})"
+    )
+    train.add_argument(
+        "--envs-per-actor",
+        type=int,
+        default=d.envs_per_actor,
+        help=f"environments per actor (default {d.envs_per_actor})",
+    )
+    train.add_argument(
+        "--rollout-len",
+        type=int,
+        default=d.rollout_len,
+        help=f"steps per env per rollout (default {d.rollout_len})",
+    )
+    train.add_argument(
+        "--batch-size",
+        type=int,
+        default=d.batch_size,
+        help=f"env steps per training batch, a multiple of --rollout-len (default {d.batch_size})",
+    )
+    train.add_argument(
+        "--policy",
+        default=d.policy,
+        help="MLP spec, e.g. 60:256:128:64:8; 'auto' takes the env's sizes "
+        "(default auto = auto:64:64:auto)",
+    )
+    train.add_argument("--seed", type=int, default=d.seed, help=f"seed (default {d.seed})")
+    train.add_argument(
+        "--chunk-bytes",
+        type=int,
+        default=d.chunk_bytes,
+        help=f"compressor chunk size in bytes (default {d.chunk_bytes})",
+    )
+    train.add_argument(
+        "--trainer-device",
+        choices=["auto", "cpu", "cuda"],
+        default=d.trainer_device,
+        help="trainer device (default auto: cuda if present)",
+    )
+    train.add_argument(
+        "--max-wall-s",
+        type=float,
+        default=None,
+        help="stop (with a clean drain) after this many seconds",
+    )
+    train.add_argument("--lr", type=float, default=dl.lr, help=f"learning rate (default {dl.lr})")
+    train.add_argument(
+        "--gamma", type=float, default=dl.gamma, help=f"discount (default {dl.gamma})"
+    )
+    train.add_argument(
+        "--epochs",
+        type=int,
+        default=dl.epochs,
+        help=f"passes over each batch (default {dl.epochs})",
+    )
+    train.add_argument(
+        "--minibatches",
+        type=int,
+        default=dl.minibatches,
+        help=f"minibatches per pass (default {dl.minibatches})",
+    )
+    train.add_argument(
+        "--entropy-coef",
+        type=float,
+        default=dl.entropy_coef,
+        help=f"entropy bonus weight (default {dl.entropy_coef})",
+    )
+    train.add_argument(
+        "--reward-scale",
+        type=float,
+        default=dl.reward_scale,
+        help=f"reward multiplier for learning (default {dl.reward_scale})",
+    )
+    train.add_argument(
+        "--max-policy-lag",
+        type=int,
+        default=dl.max_policy_lag,
+        help=f"discard experience older than this many versions (default {dl.max_policy_lag})",
+    )
+    train.add_argument(
+        "--json", type=Path, default=None, metavar="PATH", help="write the result document to PATH"
+    )
+    train.add_argument("--quiet", action="store_true", help="no live display")
+    train.set_defaults(func=cmd_train)
+    return parser  # fmt: skip
+
+
+def config_from_args(args: argparse.Namespace):
+    from policies.appo import APPOConfig
+    from runtime.config import TrainConfig
+
+    learner = APPOConfig(
+        lr=args.lr, gamma=args.gamma, epochs=args.epochs, minibatches=args.minibatches,
+        entropy_coef=args.entropy_coef, reward_scale=args.reward_scale,
+        max_policy_lag=args.max_policy_lag,
+    )  # fmt: skip
+    return TrainConfig(
+        env=args.env, steps=args.steps, actors=args.actors, envs_per_actor=args.envs_per_actor,
+        rollout_len=args.rollout_len, batch_size=args.batch_size, policy=args.policy,
+        seed=args.seed, chunk_bytes=args.chunk_bytes, trainer_device=args.trainer_device,
+        max_wall_s=args.max_wall_s, learner=learner,
+    )  # fmt: skip
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from autotune.display import ProgressDisplay, summary_table
+    from runtime.config import ConfigError
+    from runtime.runner import RunError, Runner
+
+    console = Console(stderr=True)
+    cfg = config_from_args(args)
+    try:
+        info = cfg.validate()
+    except ConfigError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        return 2
+    display = ProgressDisplay(console, cfg, enabled=not args.quiet)
+    try:
+        with display:
+            result = Runner(cfg, info, on_progress=display.update).run()
+    except RunError as exc:
+        console.print(f"[red]run failed:[/red] {exc}")
+        return 1
+    except KeyboardInterrupt:
+        console.print("[red]aborted[/red] (second Ctrl-C): no result written")
+        return 130
+    Console().print(summary_table(result))
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        console.print(f"wrote {args.json}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,43 @@
+"""Energy measurement: GPU (NVML) and CPU (RAPL or a labelled model) over windows."""
+
+from __future__ import annotations
+
+from autotune.energy.cpu import (
+    DEFAULT_POWERCAP_ROOT,
+    DEFAULT_WATTS_PER_BUSY_CORE,
+    CPUEnergyError,
+    CPUEnergySource,
+    CPUModelEnergy,
+    RaplEnergy,
+    probe_cpu_energy,
+)
+from autotune.energy.gpu import (
+    POWER_POLL_INTERVAL_S,
+    GPUEnergyError,
+    GPUEnergySource,
+    NullGPUEnergy,
+    NVMLEnergy,
+    NVMLPowerPollingEnergy,
+    probe_gpu_energy,
+)
+from autotune.energy.meter import MIN_GPU_WINDOW_S, EnergyMeter, Measurement
+
+__all__ = [
+    "DEFAULT_POWERCAP_ROOT",
+    "DEFAULT_WATTS_PER_BUSY_CORE",
+    "MIN_GPU_WINDOW_S",
+    "POWER_POLL_INTERVAL_S",
+    "CPUEnergyError",
+    "CPUEnergySource",
+    "CPUModelEnergy",
+    "EnergyMeter",
+    "GPUEnergyError",
+    "GPUEnergySource",
+    "Measurement",
+    "NVMLEnergy",
+    "NVMLPowerPollingEnergy",
+    "NullGPUEnergy",
+    "RaplEnergy",
+    "probe_cpu_energy",
+    "probe_gpu_energy",
+]

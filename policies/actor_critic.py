@@ -1,0 +1,133 @@
+"""Actor-critic MLPs for discrete (categorical) and continuous (diagonal Gaussian) actions.
+
+The same module runs on the actors (CPU inference, ``act``) and on the trainer (``evaluate``).
+Its full state, observation-normalisation statistics included, travels to the actors as a list of
+arrays (``state_arrays`` / ``load_state_arrays``), so both sides always use the same weights.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from torch import nn
+from torch.distributions import Categorical, Normal
+
+from policies.mlp import build_mlp, parse_spec
+
+OBS_CLIP = 10.0
+
+
+class RunningNorm(nn.Module):
+    """Running mean/variance of observations (Chan's parallel update), applied as (x-mu)/sigma."""
+
+    def __init__(self, dim: int, enabled: bool = True) -> None:
+        super().__init__()
+        self.enabled = enabled
+        self.register_buffer("mean", torch.zeros(dim, dtype=torch.float64))
+        self.register_buffer("var", torch.ones(dim, dtype=torch.float64))
+        self.register_buffer("count", torch.tensor(1e-4, dtype=torch.float64))
+
+    @torch.no_grad()
+    def update(self, x: torch.Tensor) -> None:
+        """Folds a batch of observations ``[..., dim]`` into the statistics."""
+        if not self.enabled:
+            return
+        x = x.reshape(-1, x.shape[-1]).to(torch.float64)
+        batch_mean, batch_var, n = x.mean(0), x.var(0, unbiased=False), x.shape[0]
+        delta = batch_mean - self.mean
+        total = self.count + n
+        self.mean += delta * n / total
+        m2 = self.var * self.count + batch_var * n + delta.pow(2) * self.count * n / total
+        self.var.copy_(m2 / total)
+        self.count.copy_(total)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.enabled:
+            return x
+        mean, std = self.mean.to(x.dtype), self.var.sqrt().to(x.dtype) + 1e-8
+        return ((x - mean) / std).clamp(-OBS_CLIP, OBS_CLIP)
+
+
+def _init_layers(net: nn.Sequential, out_gain: float) -> None:
+    linears = [m for m in net if isinstance(m, nn.Linear)]
+    for i, layer in enumerate(linears):
+        gain = out_gain if i == len(linears) - 1 else math.sqrt(2)
+        nn.init.orthogonal_(layer.weight, gain)
+        nn.init.zeros_(layer.bias)
+
+
+class ActorCritic(nn.Module):
+    """Separate policy and value MLPs sharing an observation normaliser.
+
+    Args:
+        obs_dim: Flattened observation size.
+        act_dim: Number of discrete actions, or continuous action dimensions.
+        discrete: Categorical policy if True, else a diagonal Gaussian with a learned log-std.
+        spec: Policy spec string (see ``policies.mlp``); the value net uses the same hidden sizes.
+        normalize_obs: Keep running observation statistics and normalise inputs.
+    """
+
+    def __init__(
+        self, obs_dim: int, act_dim: int, discrete: bool, spec: str = "auto",
+        normalize_obs: bool = True,
+    ) -> None:  # fmt: skip
+        super().__init__()
+        sizes = parse_spec(spec, obs_dim, act_dim)
+        self.discrete = discrete
+        self.obs_norm = RunningNorm(obs_dim, normalize_obs)
+        self.pi = build_mlp(sizes)
+        self.v = build_mlp([*sizes[:-1], 1])
+        _init_layers(self.pi, 0.01)
+        _init_layers(self.v, 1.0)
+        if not discrete:
+            self.log_std = nn.Parameter(torch.zeros(act_dim))
+
+    def _dist(self, x: torch.Tensor) -> Categorical | Normal:
+        out = self.pi(x)
+        if self.discrete:
+            return Categorical(logits=out)
+        return Normal(out, self.log_std.clamp(-5.0, 2.0).exp().expand_as(out))
+
+    def _log_prob(self, dist: Categorical | Normal, actions: torch.Tensor) -> torch.Tensor:
+        logp = dist.log_prob(actions)
+        return logp if self.discrete else logp.sum(-1)
+
+    @torch.no_grad()
+    def act(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Samples actions for a batch of observations; returns (actions, log-probs) as numpy."""
+        x = self.obs_norm(torch.from_numpy(obs))
+        dist = self._dist(x)
+        actions = dist.sample()
+        return actions.numpy(), self._log_prob(dist, actions).numpy()
+
+    @torch.no_grad()
+    def value(self, obs: np.ndarray) -> np.ndarray:
+        """State values for a batch of observations (used to bootstrap truncated episodes)."""
+        return self.v(self.obs_norm(torch.from_numpy(obs))).squeeze(-1).numpy()
+
+    def evaluate(
+        self, obs: torch.Tensor, actions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Log-probs of ``actions``, entropies and values for observations ``obs`` (same leading dims)."""
+        x = self.obs_norm(obs)
+        dist = self._dist(x)
+        entropy = dist.entropy()
+        if not self.discrete:
+            entropy = entropy.sum(-1)
+        return self._log_prob(dist, actions), entropy, self.v(x).squeeze(-1)
+
+    def values(self, obs: torch.Tensor) -> torch.Tensor:
+        """Values for observations of any leading shape."""
+        return self.v(self.obs_norm(obs)).squeeze(-1)
+
+    def state_arrays(self) -> tuple[list[str], list[np.ndarray]]:
+        """The full state (parameters and buffers) as names and CPU numpy arrays."""
+        state = self.state_dict()
+        return list(state), [t.detach().cpu().numpy() for t in state.values()]
+
+    def load_state_arrays(self, names: list[str], arrays: list[np.ndarray]) -> None:
+        """Loads a state produced by ``state_arrays``; names and shapes must match exactly."""
+        state = {n: torch.from_numpy(np.array(a)) for n, a in zip(names, arrays, strict=True)}
+        self.load_state_dict(state, strict=True)

@@ -1,0 +1,203 @@
+"""Actor processes: K gymnasium environments stepped with CPU policy inference.
+
+Each actor collects rollouts of ``rollout_len`` steps from its K environments and hands them to
+its dispenser. Between steps it checks (without blocking) for newer weights and swaps them in;
+env stepping never waits for a weight update. Between rollouts it waits only for back-pressure:
+while more than ``TrainConfig.inflight_steps_per_actor()`` of its steps have not yet reached
+the trainer (the trainer sends the received counts with the weights), it collects nothing
+more, which bounds the queues and so the policy lag. It stops only at a rollout boundary, so a clean
+shutdown leaves no half-collected experience behind.
+
+Truncated episodes (time limits) are bootstrapped on the spot: ``gamma * V(final_obs)`` is added
+to the last reward and the step is marked done, so the learner needs no extra channel for it.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing.sharedctypes
+import os
+import time
+from typing import Any
+
+import numpy as np
+import zmq
+
+from runtime import topology, wire
+from runtime.config import TrainConfig
+from runtime.envs import EnvInfo, make_env
+from runtime.stages.common import StatsSender, init_service_process
+from runtime.stages.dispenser import Dispenser
+
+logger = logging.getLogger(__name__)
+
+STATS_INTERVAL_S = 0.5
+THROTTLE_POLL_MS = 20
+FIRST_WEIGHTS_WAIT_S = 2.0
+"""A restarted actor waits this long for current weights before acting with version 0."""
+
+
+def init_actor_process(actor: int) -> None:
+    """Process set-up: signals and logging; one torch thread (inference is per-actor)."""
+    init_service_process(f"actor-{actor}")
+    import torch
+
+    torch.set_num_threads(1)
+
+
+class _WeightsReceiver:
+    """Applies the newest WEIGHTS message waiting on the SUB socket, never blocking."""
+
+    def __init__(self, sock: zmq.Socket, model: Any) -> None:
+        self.sock = sock
+        self.model = model
+        self.version = 0
+        self.received: dict[str, int] = {}
+        self.malformed = wire.MalformedCounter("actor-weights")
+
+    def poll(self, timeout_ms: int = 0) -> None:
+        newest = None
+        if not self.sock.poll(timeout_ms):
+            return
+        while True:
+            try:
+                newest = wire.recv_msg(self.sock, zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            except wire.ProtocolError as exc:
+                self.malformed.drop(exc)
+        if newest is None or newest.type is not wire.MsgType.WEIGHTS:
+            return
+        received = newest.meta.get("received")
+        if isinstance(received, dict):
+            self.received = received
+        version = int(newest.meta.get("version", -1))
+        if version > self.version:
+            try:
+                self.model.load_state_arrays(list(newest.meta["names"]), newest.arrays)
+            except (KeyError, RuntimeError, ValueError) as exc:
+                self.malformed.drop(exc)
+                return
+            self.version = version
+
+
+class Actor:
+    """The rollout loop of one actor process."""
+
+    def __init__(self, cfg: TrainConfig, info: EnvInfo, actor: int, incarnation: int,
+                 dispenser: Dispenser, weights: _WeightsReceiver, stats: StatsSender | None,
+                 stepped: Any) -> None:  # fmt: skip
+        self.cfg, self.info = cfg, info
+        self.dispenser, self.weights, self.stats = dispenser, weights, stats
+        self.stepped = stepped
+        self.model = weights.model
+        k = cfg.envs_per_actor
+        self.envs = [make_env(cfg.env) for _ in range(k)]
+        base_seed = cfg.seed * 1_000_003 + (actor * 997 + incarnation) * k
+        self.obs = np.stack(
+            [np.asarray(env.reset(seed=base_seed + i)[0], np.float32).ravel()
+             for i, env in enumerate(self.envs)]
+        )  # fmt: skip
+        self.ep_return = np.zeros(k)
+        self.ep_length = np.zeros(k, np.int64)
+        self.episodes: list[list[float]] = []
+        self.waits = 0
+        if not info.discrete:
+            self.act_low = np.asarray(info.act_low, np.float32)
+            self.act_high = np.asarray(info.act_high, np.float32)
+
+    def collect(self) -> dict[str, np.ndarray]:
+        """Steps every environment ``rollout_len`` times; returns the rollout's channels."""
+        k, t_len, info = self.cfg.envs_per_actor, self.cfg.rollout_len, self.info
+        gamma, scale = self.cfg.learner.gamma, self.cfg.learner.reward_scale
+        obs = np.empty((k, t_len + 1, info.obs_dim), np.float32)
+        actions = (np.empty((k, t_len), np.int64) if info.discrete
+                   else np.empty((k, t_len, info.act_dim), np.float32))  # fmt: skip
+        rewards = np.empty((k, t_len), np.float32)
+        dones = np.zeros((k, t_len), np.uint8)
+        logp = np.empty((k, t_len), np.float32)
+        versions = np.empty((k, t_len), np.int32)
+        for t in range(t_len):
+            self.weights.poll()
+            act, lp = self.model.act(self.obs)
+            obs[:, t], actions[:, t], logp[:, t] = self.obs, act, lp
+            versions[:, t] = self.weights.version
+            env_act = act if info.discrete else np.clip(act, self.act_low, self.act_high)
+            truncated_final: list[tuple[int, np.ndarray]] = []
+            for i, env in enumerate(self.envs):
+                o, r, terminated, truncated, _ = env.step(env_act[i])
+                rewards[i, t] = r
+                self.ep_return[i] += r
+                self.ep_length[i] += 1
+                if terminated or truncated:
+                    dones[i, t] = 1
+                    if truncated and not terminated:
+                        truncated_final.append((i, np.asarray(o, np.float32).ravel()))
+                    self.episodes.append([float(self.ep_return[i]), int(self.ep_length[i])])
+                    self.ep_return[i], self.ep_length[i] = 0.0, 0
+                    o, _ = env.reset()
+                self.obs[i] = np.asarray(o, np.float32).ravel()
+            if truncated_final:
+                idx = [i for i, _ in truncated_final]
+                values = self.model.value(np.stack([o for _, o in truncated_final]))
+                rewards[idx, t] += gamma * values / scale
+            self.stepped.value += k
+        obs[:, t_len] = self.obs
+        return {"obs": obs, "actions": actions, "rewards": rewards, "dones": dones,
+                "logp": logp, "versions": versions}  # fmt: skip
+
+    def report(self, final: bool = False) -> None:
+        if self.stats is None:
+            return
+        counters = {"stepped": int(self.stepped.value), "messages": self.dispenser.messages,
+                    "bytes": self.dispenser.bytes, "rollouts": self.dispenser.seq,
+                    "episodes": self.episodes, "version": self.weights.version,
+                    "throttle_waits": self.waits,
+                    "final": final}  # fmt: skip
+        self.stats.send(counters)
+        self.episodes = []
+
+    def run(self, stop: Any) -> None:
+        """Collects and dispatches rollouts until ``stop`` is set (checked between rollouts)."""
+        last_stats = time.monotonic()
+        steps = self.cfg.envs_per_actor * self.cfg.rollout_len
+        key = f"{self.dispenser.actor}:{self.dispenser.incarnation}"
+        budget = self.cfg.inflight_steps_per_actor()
+        sent = 0
+        while not stop.is_set():
+            self.dispenser.dispatch(self.collect(), steps)
+            sent += steps
+            while sent - int(self.weights.received.get(key, 0)) > budget and not stop.is_set():
+                self.waits += 1
+                self.weights.poll(THROTTLE_POLL_MS)  # back-pressure: the learner is behind
+            if time.monotonic() - last_stats >= STATS_INTERVAL_S:
+                self.report()
+                last_stats = time.monotonic()
+        self.dispenser.end_of_stream()
+        self.report(final=True)
+        for env in self.envs:
+            env.close()
+
+
+def actor_main(cfg: TrainConfig, info: EnvInfo, endpoints: topology.Endpoints, actor: int,
+               incarnation: int, stepped: multiprocessing.sharedctypes.Synchronized,
+               stop: Any) -> None:  # fmt: skip
+    """Process entry point of actor slot ``actor`` (its ``incarnation``-th start)."""
+    init_actor_process(actor)
+    import torch
+
+    from policies.actor_critic import ActorCritic
+
+    torch.manual_seed(cfg.seed)  # the same version-0 weights the trainer starts from
+    model = ActorCritic(info.obs_dim, info.act_dim, info.discrete, cfg.policy,
+                        cfg.learner.normalize_obs)  # fmt: skip
+    ctx = zmq.Context()
+    weights = _WeightsReceiver(topology.actor_weights_in(ctx, endpoints), model)
+    if incarnation > 0:
+        weights.poll(int(FIRST_WEIGHTS_WAIT_S * 1000))
+    dispenser = Dispenser(topology.actor_experience_out(ctx, endpoints), actor, incarnation)
+    stats = StatsSender(topology.telemetry_out(ctx, endpoints), f"actor-{actor}.{incarnation}")
+    logger.debug("actor %d.%d stepping %d x %s (pid %d)", actor, incarnation,
+                 cfg.envs_per_actor, cfg.env, os.getpid())  # fmt: skip
+    Actor(cfg, info, actor, incarnation, dispenser, weights, stats, stepped).run(stop)
+    ctx.destroy(linger=topology.LINGER_MS)

@@ -1,0 +1,63 @@
+"""The result document of one run (what ``autotune train --json`` writes)."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from runtime.runner import Runner
+
+logger = logging.getLogger(__name__)
+
+
+def lost_steps_by_incarnation(complete: dict[str, int], stepped: dict[str, int]) -> dict[str, int]:
+    """Steps each actor incarnation took that never reached the compressor as whole rollouts."""
+    return {key: n - int(complete.get(key, 0)) for key, n in stepped.items()}
+
+
+def build_result(runner: Runner, wall_s: float, energy: Any) -> dict[str, Any]:
+    """Assembles the JSON-ready result from the runner's telemetry and energy window.
+
+    Keys: env, env_steps (trained), sampled_steps, discarded_steps, lost_steps, wall_s,
+    steps_per_s (trained steps per second), energy {gpu_j, cpu_j, gpu_source, cpu_source, ...},
+    steps_per_joule (trained steps / (GPU + CPU joules)), return_mean (last 100 episodes),
+    policy_lag {mean, max}, config, stages {dispenser|compressor|migrator|batcher: {messages,
+    bytes}}, plus episodes, actor_restarts and malformed message counts.
+    """
+    tel = runner.telemetry
+    compressor = tel.source("compressor")
+    lost_by_inc = lost_steps_by_incarnation(compressor.get("complete_steps", {}),
+                                            runner.ended.stepped)  # fmt: skip
+    for key, n in lost_by_inc.items():
+        if n and key not in runner.ended.died:
+            logger.error("actor %s exited cleanly but %d of its steps never arrived", key, n)
+    trained = tel.trained_steps
+    lag_mean, lag_max = tel.policy_lag()
+    energy_doc = energy.to_dict() if energy is not None else {
+        "gpu_j": 0.0, "cpu_j": 0.0, "gpu_source": "none", "cpu_source": "none"}  # fmt: skip
+    total_j = energy_doc["gpu_j"] + energy_doc["cpu_j"]
+    trainer = tel.source("trainer-0")
+    malformed = {name: int(tel.source(name).get("malformed", 0))
+                 for name in ("compressor", "migrator", "trainer-0")}  # fmt: skip
+    return {
+        "env": runner.cfg.env,
+        "env_steps": trained,
+        "sampled_steps": sum(runner.ended.stepped.values()),
+        "discarded_steps": tel.discarded_steps,
+        "lost_steps": sum(lost_by_inc.values()),
+        "wall_s": wall_s,
+        "steps_per_s": trained / wall_s if wall_s > 0 else 0.0,
+        "energy": energy_doc,
+        "steps_per_joule": trained / total_j if total_j > 0 else None,
+        "return_mean": tel.return_mean,
+        "episodes": tel.episodes,
+        "policy_lag": {"mean": lag_mean, "max": lag_max},
+        "actor_restarts": runner.restarts,
+        "interrupted": runner.interrupted,
+        "trainer_device": trainer.get("device"),
+        "updates": trainer.get("version", 0),
+        "malformed": malformed,
+        "config": runner.cfg.to_dict(),
+        "stages": tel.stages(),
+    }

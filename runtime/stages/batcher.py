@@ -1,0 +1,155 @@
+"""Batcher (in each trainer): reassembles chunks and slices or stacks them into training batches.
+
+Chunk channels arrive one message each; a chunk is usable once all its channels are in. Rows
+(one trajectory of one environment) are then queued, and a batch takes exactly ``batch_rows``
+rows: slicing a chunk larger than a batch, stacking several smaller ones. Stale rows (policy
+lag above the learner's limit) are removed from a batch and counted as discarded.
+
+The steps received from each actor incarnation go back to the actors with the weights: an actor
+stops collecting while too many of its steps are still on their way (end-to-end back-pressure
+that bounds the policy lag; see ``runtime.actor``).
+
+Credits: the batcher tells the migrator how many more chunks it can take. It starts with
+``window_chunks`` and returns a slot when a chunk is complete, unless two batches are already
+queued, in which case the slot is returned after the next batch is taken. Memory is bounded by
+two batches plus the window.
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from runtime import wire
+
+
+@dataclass
+class _Chunk:
+    nch: int
+    steps: int
+    rows: int
+    rollouts: list[list[int]]
+    channels: dict[int, tuple[str, np.ndarray]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Taken:
+    """One batch (channel name -> array of ``rows`` rows) and what was left out of it."""
+
+    batch: dict[str, np.ndarray]
+    rows: int
+    steps: int
+    discarded_rows: int
+    discarded_steps: int
+
+
+class Batcher:
+    """Chunk reassembly, the row queue, and the credit window of one trainer.
+
+    Args:
+        batch_rows: Rows (trajectories) per training batch.
+        window_chunks: Chunks the migrator may have in flight to this trainer at start.
+    """
+
+    def __init__(self, batch_rows: int, window_chunks: int = 4) -> None:
+        if batch_rows < 1 or window_chunks < 1:
+            raise ValueError(f"batch_rows={batch_rows}, window_chunks={window_chunks}: need >= 1")
+        self.batch_rows = batch_rows
+        self.window_chunks = window_chunks
+        self.partial: dict[int, _Chunk] = {}
+        self.blocks: collections.deque[dict[str, np.ndarray]] = collections.deque()
+        self.queued_rows = 0
+        self.queued_steps = 0
+        self.owed_credits = 0
+        self._grant = window_chunks
+        self.received_steps: dict[str, int] = {}
+        """Steps received whole, by actor incarnation ``"actor:inc"`` (actors throttle on it)."""
+        self.counters = {"messages": 0, "bytes": 0, "chunks": 0, "batches": 0}
+
+    def add(self, msg: wire.Message) -> bool:
+        """Takes one CHUNK channel message; returns True when it completed its chunk.
+
+        Raises:
+            wire.ProtocolError: Not a chunk channel, or one that conflicts with its chunk.
+        """
+        if msg.type is not wire.MsgType.CHUNK or len(msg.arrays) != 1:
+            raise wire.ProtocolError(f"batcher expects one-array chunk messages, got {msg.type}")
+        m = msg.meta
+        try:
+            chunk_id, ci, nch = int(m["chunk"]), int(m["ci"]), int(m["nch"])
+            steps, rows, name = int(m["steps"]), int(m["rows"]), str(m["ch"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise wire.ProtocolError(f"chunk header lacks a valid field: {exc}") from None
+        array = msg.arrays[0]
+        if array.ndim < 2 or array.shape[0] != rows or not 0 <= ci < nch:
+            raise wire.ProtocolError(f"chunk {chunk_id} channel {name!r} has a bad layout")
+        rollouts = m.get("rollouts")
+        if not isinstance(rollouts, list):
+            raise wire.ProtocolError(f"chunk {chunk_id} has no rollout list")
+        chunk = self.partial.setdefault(chunk_id, _Chunk(nch, steps, rows, rollouts))
+        if ci in chunk.channels or (chunk.nch, chunk.rows) != (nch, rows):
+            raise wire.ProtocolError(f"chunk {chunk_id} channel {name!r} conflicts with its chunk")
+        chunk.channels[ci] = (name, array)
+        self.counters["messages"] += 1
+        self.counters["bytes"] += array.nbytes
+        if len(chunk.channels) < nch:
+            return False
+        del self.partial[chunk_id]
+        self.blocks.append({n: a for n, a in (chunk.channels[i] for i in range(nch))})
+        self.queued_rows += chunk.rows
+        self.queued_steps += chunk.steps
+        for actor, inc, _seq, rollout_steps, *_ in chunk.rollouts:
+            key = f"{actor}:{inc}"
+            self.received_steps[key] = self.received_steps.get(key, 0) + int(rollout_steps)
+        self.counters["chunks"] += 1
+        if self.queued_rows < 2 * self.batch_rows:
+            self._grant += 1
+        else:
+            self.owed_credits += 1
+        return True
+
+    def ready(self) -> bool:
+        """A full batch is queued."""
+        return self.queued_rows >= self.batch_rows
+
+    def take(self, version: int, max_lag: int, rows: int | None = None) -> Taken:
+        """Removes up to ``rows`` (default ``batch_rows``) rows from the queue as one batch.
+
+        Rows whose oldest step was sampled more than ``max_lag`` versions before ``version``
+        are left out and counted as discarded.
+        """
+        want = min(self.batch_rows if rows is None else rows, self.queued_rows)
+        pieces: dict[str, list[np.ndarray]] = collections.defaultdict(list)
+        got = 0
+        while got < want:
+            block = self.blocks[0]
+            n = next(iter(block.values())).shape[0]
+            use = min(n, want - got)
+            for name, array in block.items():
+                pieces[name].append(array[:use])
+            if use == n:
+                self.blocks.popleft()
+            else:
+                self.blocks[0] = {name: array[use:] for name, array in block.items()}
+            got += use
+        batch = {k: v[0] if len(v) == 1 else np.concatenate(v) for k, v in pieces.items()}
+        steps_per_row = batch["rewards"].shape[1] if got else 0
+        self.queued_rows -= got
+        self.queued_steps -= got * steps_per_row
+        fresh = batch["versions"].min(axis=1) >= version - max_lag if got else np.ones(0, bool)
+        discarded = int(got - fresh.sum())
+        if discarded:
+            batch = {k: v[fresh] for k, v in batch.items()}
+        while self.owed_credits and self.queued_rows < 2 * self.batch_rows:
+            self.owed_credits -= 1
+            self._grant += 1
+        self.counters["batches"] += 1
+        kept = got - discarded
+        return Taken(batch, kept, kept * steps_per_row, discarded, discarded * steps_per_row)
+
+    def credits_to_grant(self) -> int:
+        """Chunk slots to announce to the migrator now (resets the count)."""
+        n, self._grant = self._grant, 0
+        return n

@@ -1,0 +1,48 @@
+"""What every runtime process shares: process set-up and the telemetry sender."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from typing import Any
+
+import zmq
+
+from runtime import wire
+
+LOG_FORMAT = "%(asctime)s %(processName)s %(name)s %(levelname)s: %(message)s"
+
+
+def init_service_process(name: str, log_level: int | None = None) -> None:
+    """Set-up for a child process: Ctrl-C is the runner's to handle, logging to stderr.
+
+    Children ignore SIGINT so that Ctrl-C in the terminal (sent to the whole process group)
+    reaches only the runner, which then drains the pipeline in order. SIGTERM keeps its
+    default action (the runner uses it only after a drain timed out).
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    level = log_level if log_level is not None else int(os.environ.get("AUTOTUNE_LOG_LEVEL", "20"))
+    logging.basicConfig(level=level, format=LOG_FORMAT)
+    logging.getLogger(__name__).debug("%s started (pid %d)", name, os.getpid())
+
+
+class StatsSender:
+    """Sends STATS messages (a source name and a counter map) to the runner's telemetry socket.
+
+    Periodic reports are sent without blocking and skipped when the socket is full (they are
+    cumulative, so a skipped one loses nothing); a final report blocks until queued.
+    """
+
+    def __init__(self, sock: zmq.Socket, source: str) -> None:
+        self.sock = sock
+        self.source = source
+
+    def send(self, counters: dict[str, Any]) -> None:
+        final = bool(counters.get("final"))
+        meta = {"src": self.source, "time": time.time(), "c": counters}
+        try:
+            wire.send_msg(self.sock, wire.MsgType.STATS, meta, flags=0 if final else zmq.NOBLOCK)
+        except zmq.Again:
+            pass

@@ -1,0 +1,217 @@
+"""Compressor (system-wide service): concatenates channel messages from many actors into chunks.
+
+Channel messages of one rollout arrive separately and interleaved with other actors'. The
+compressor holds them until the rollout is complete (every channel present), then appends the
+rollout to the open chunk. The chunk is flushed as one CHUNK message per channel when its bytes
+reach ``chunk_bytes`` or ``chunk_timeout_s`` after its first rollout. Every channel message of a
+chunk lists the same rollouts in the same order, so the channels stay aligned downstream.
+
+Accounting: ``complete_steps`` per actor incarnation (what arrived whole); rollouts still
+incomplete at drain come from actors that died mid-send and are reported as ``incomplete_steps``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import zmq
+
+from runtime import topology, wire
+from runtime.stages.common import StatsSender, init_service_process
+
+logger = logging.getLogger(__name__)
+
+STATS_INTERVAL_S = 0.5
+
+
+@dataclass
+class _Rollout:
+    key: tuple[int, int, int]
+    nch: int
+    steps: int
+    rows: int
+    channels: dict[int, tuple[str, np.ndarray]] = field(default_factory=dict)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for _, a in self.channels.values())
+
+
+class Compressor:
+    """The compressor's state and loop; sockets are injected (see ``topology``)."""
+
+    def __init__(
+        self,
+        pull: zmq.Socket,
+        push: zmq.Socket,
+        control: zmq.Socket | None,
+        stats: StatsSender | None,
+        chunk_bytes: int,
+        chunk_timeout_s: float,
+    ) -> None:
+        self.pull, self.push, self.control, self.stats = pull, push, control, stats
+        self.chunk_bytes = chunk_bytes
+        self.chunk_timeout_s = chunk_timeout_s
+        self.partial: dict[tuple[int, int, int], _Rollout] = {}
+        self.pending: list[_Rollout] = []
+        self.pending_bytes = 0
+        self.pending_since = 0.0
+        self.next_chunk = 0
+        self.malformed = wire.MalformedCounter("compressor")
+        self.complete_steps: dict[str, int] = {}
+        self.eos_seen: set[tuple[int, int]] = set()
+        self.expect_eos: set[tuple[int, int]] | None = None
+        self.counters = {"messages_in": 0, "bytes_in": 0, "messages": 0, "bytes": 0,
+                         "chunks": 0, "rollouts": 0}  # fmt: skip
+
+    # --- ingestion -----------------------------------------------------------------------
+
+    def handle(self, msg: wire.Message) -> None:
+        """Takes one message from the experience socket."""
+        if msg.type is wire.MsgType.EOS:
+            self.eos_seen.add((int(msg.meta["actor"]), int(msg.meta["inc"])))
+            return
+        if msg.type is not wire.MsgType.ROLLOUT:
+            raise wire.ProtocolError(f"compressor does not take {msg.type.value} messages")
+        m = msg.meta
+        try:
+            key = (int(m["actor"]), int(m["inc"]), int(m["seq"]))
+            ci, nch, steps, rows = int(m["ci"]), int(m["nch"]), int(m["steps"]), int(m["rows"])
+            name = str(m["ch"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise wire.ProtocolError(f"rollout header lacks a valid field: {exc}") from None
+        if len(msg.arrays) != 1 or msg.arrays[0].ndim < 1 or msg.arrays[0].shape[0] != rows:
+            raise wire.ProtocolError(f"rollout channel {name!r} must be one array of {rows} rows")
+        if not 0 <= ci < nch:
+            raise wire.ProtocolError(f"channel index {ci} outside 0..{nch - 1}")
+        self.counters["messages_in"] += 1
+        self.counters["bytes_in"] += msg.nbytes
+        rollout = self.partial.get(key)
+        if rollout is None:
+            rollout = self.partial[key] = _Rollout(key, nch, steps, rows)
+        elif (rollout.nch, rollout.steps, rollout.rows) != (nch, steps, rows) or (
+            ci in rollout.channels
+        ):
+            raise wire.ProtocolError(f"channel {name!r} conflicts with rollout {key} so far")
+        rollout.channels[ci] = (name, msg.arrays[0])
+        if len(rollout.channels) == nch:
+            del self.partial[key]
+            self._append(rollout)
+
+    def _append(self, rollout: _Rollout) -> None:
+        if self.pending and not self._fits(rollout):
+            self.flush()  # a different layout (e.g. a new rollout length) starts a new chunk
+        if not self.pending:
+            self.pending_since = time.monotonic()
+        self.pending.append(rollout)
+        self.pending_bytes += rollout.nbytes
+        inc_key = f"{rollout.key[0]}:{rollout.key[1]}"
+        self.complete_steps[inc_key] = self.complete_steps.get(inc_key, 0) + rollout.steps
+        self.counters["rollouts"] += 1
+        if self.pending_bytes >= self.chunk_bytes:
+            self.flush()
+
+    def _fits(self, rollout: _Rollout) -> bool:
+        first = self.pending[0]
+        if first.nch != rollout.nch:
+            return False
+        for ci, (name, arr) in first.channels.items():
+            other_name, other = rollout.channels[ci]
+            if other_name != name or other.dtype != arr.dtype or other.shape[1:] != arr.shape[1:]:
+                return False
+        return True
+
+    # --- output --------------------------------------------------------------------------
+
+    def flush(self) -> None:
+        """Sends the open chunk as one CHUNK message per channel (no-op when empty)."""
+        if not self.pending:
+            return
+        chunk = self.next_chunk
+        self.next_chunk += 1
+        rollouts = [[*r.key, r.steps, r.rows] for r in self.pending]
+        steps = sum(r.steps for r in self.pending)
+        rows = sum(r.rows for r in self.pending)
+        nch = self.pending[0].nch
+        for ci in range(nch):
+            name = self.pending[0].channels[ci][0]
+            arrays = [r.channels[ci][1] for r in self.pending]
+            data = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+            meta = {"ch": name, "ci": ci, "nch": nch, "chunk": chunk, "rollouts": rollouts,
+                    "steps": steps, "rows": rows}  # fmt: skip
+            self.counters["bytes"] += wire.send_msg(self.push, wire.MsgType.CHUNK, meta, [data])
+            self.counters["messages"] += 1
+        self.counters["chunks"] += 1
+        self.pending = []
+        self.pending_bytes = 0
+
+    def snapshot(self, final: bool = False) -> dict[str, object]:
+        """Counters for telemetry; ``final`` marks the last report after a drain."""
+        incomplete = sum(r.steps for r in self.partial.values())
+        return {**self.counters, "malformed": self.malformed.count,
+                "complete_steps": dict(self.complete_steps),
+                "incomplete_steps": incomplete, "incomplete_rollouts": len(self.partial),
+                "final": final}  # fmt: skip
+
+    # --- loop ----------------------------------------------------------------------------
+
+    def _drained(self) -> bool:
+        return self.expect_eos is not None and self.expect_eos <= self.eos_seen
+
+    def _handle_control(self, msg: wire.Message) -> None:
+        if msg.type is wire.MsgType.CONTROL and msg.meta.get("cmd") == "drain":
+            self.expect_eos = {(int(a), int(i)) for a, i in msg.meta.get("expect", [])}
+            logger.info("compressor draining; waiting for %d actors", len(self.expect_eos))
+
+    def run(self) -> None:
+        """Serves until a drain completes, then flushes, sends EOS downstream and returns."""
+        poller = zmq.Poller()
+        poller.register(self.pull, zmq.POLLIN)
+        if self.control is not None:
+            poller.register(self.control, zmq.POLLIN)
+        last_stats = time.monotonic()
+        while not self._drained():
+            timeout_ms = max(1, int(self.chunk_timeout_s * 1000 / 2))
+            for sock, _ in poller.poll(timeout_ms):
+                while True:
+                    try:
+                        msg = wire.recv_msg(sock, zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    except wire.ProtocolError as exc:
+                        self.malformed.drop(exc)
+                        continue
+                    try:
+                        self.handle(msg) if sock is self.pull else self._handle_control(msg)
+                    except wire.ProtocolError as exc:
+                        self.malformed.drop(exc)
+            now = time.monotonic()
+            if self.pending and now - self.pending_since >= self.chunk_timeout_s:
+                self.flush()
+            if self.stats is not None and now - last_stats >= STATS_INTERVAL_S:
+                self.stats.send(self.snapshot())
+                last_stats = now
+        self.flush()
+        if self.partial:
+            logger.warning(
+                "compressor: %d incomplete rollouts (%d steps) from actors that died mid-send",
+                len(self.partial), sum(r.steps for r in self.partial.values()),
+            )  # fmt: skip
+        wire.send_msg(self.push, wire.MsgType.EOS, {"stage": "compressor"})
+        if self.stats is not None:
+            self.stats.send(self.snapshot(final=True))
+
+
+def compressor_main(
+    endpoints: topology.Endpoints, chunk_bytes: int, chunk_timeout_s: float
+) -> None:
+    """Process entry point of the compressor service."""
+    init_service_process("compressor")
+    ctx = zmq.Context()
+    pull, push, control = topology.compressor_sockets(ctx, endpoints)
+    stats = StatsSender(topology.telemetry_out(ctx, endpoints), "compressor")
+    Compressor(pull, push, control, stats, chunk_bytes, chunk_timeout_s).run()
+    ctx.destroy(linger=topology.LINGER_MS)

@@ -1,0 +1,88 @@
+"""The runner's view of a run: the newest counters of every process, and episode returns.
+
+Every process sends cumulative counters (``StatsSender``), so keeping the newest report per
+source is enough; only episode returns are deltas (each report carries the episodes finished
+since the previous one) and are appended here.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Any
+
+from runtime import wire
+
+RETURN_WINDOW = 100
+"""``return_mean`` is the mean over the last this-many finished episodes."""
+
+
+class RunTelemetry:
+    """Aggregates STATS messages into run-level figures."""
+
+    def __init__(self) -> None:
+        self.latest: dict[str, dict[str, Any]] = {}
+        self.returns: collections.deque[float] = collections.deque(maxlen=RETURN_WINDOW)
+        self.episodes = 0
+        self.malformed = wire.MalformedCounter("runner-telemetry")
+
+    def handle(self, msg: wire.Message) -> None:
+        """Takes one STATS message."""
+        if msg.type is not wire.MsgType.STATS:
+            raise wire.ProtocolError(f"telemetry takes stats messages, got {msg.type.value}")
+        source, counters = msg.meta.get("src"), msg.meta.get("c")
+        if not isinstance(source, str) or not isinstance(counters, dict):
+            raise wire.ProtocolError("stats message needs 'src' (str) and 'c' (map)")
+        for ret, _length in counters.pop("episodes", None) or []:
+            self.returns.append(float(ret))
+            self.episodes += 1
+        self.latest[source] = counters
+
+    def source(self, name: str) -> dict[str, Any]:
+        """Newest counters of one source (empty if it never reported)."""
+        return self.latest.get(name, {})
+
+    def is_final(self, name: str) -> bool:
+        """Whether ``name`` sent its final report (after its drain)."""
+        return bool(self.source(name).get("final"))
+
+    def actor_sources(self) -> list[str]:
+        return [s for s in self.latest if s.startswith("actor-")]
+
+    def trainer_sources(self) -> list[str]:
+        return [s for s in self.latest if s.startswith("trainer-")]
+
+    def sum_over(self, sources: list[str], key: str) -> int:
+        return sum(int(self.latest[s].get(key, 0)) for s in sources)
+
+    @property
+    def trained_steps(self) -> int:
+        return self.sum_over(self.trainer_sources(), "trained_steps")
+
+    @property
+    def discarded_steps(self) -> int:
+        return self.sum_over(self.trainer_sources(), "discarded_steps")
+
+    @property
+    def return_mean(self) -> float | None:
+        return sum(self.returns) / len(self.returns) if self.returns else None
+
+    def policy_lag(self) -> tuple[float, int]:
+        """(mean over trained steps, max) across trainers."""
+        trainers = self.trainer_sources()
+        steps = self.sum_over(trainers, "trained_steps")
+        if not steps:
+            return 0.0, 0
+        total = sum(self.latest[t].get("policy_lag_mean", 0.0) * self.latest[t].get(
+            "trained_steps", 0) for t in trainers)  # fmt: skip
+        return total / steps, max(int(self.latest[t].get("policy_lag_max", 0)) for t in trainers)
+
+    def stages(self) -> dict[str, dict[str, int]]:
+        """Messages and payload bytes each of the four stages handled."""
+        actors, trainers = self.actor_sources(), self.trainer_sources()
+        pick = {"messages", "bytes"}
+        return {
+            "dispenser": {k: self.sum_over(actors, k) for k in pick},
+            "compressor": {k: int(self.source("compressor").get(k, 0)) for k in pick},
+            "migrator": {k: int(self.source("migrator").get(k, 0)) for k in pick},
+            "batcher": {k: self.sum_over(trainers, k) for k in pick},
+        }

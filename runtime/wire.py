@@ -1,0 +1,224 @@
+"""The wire protocol: the one module that owns the bytes on every socket.
+
+Every message is a ZeroMQ multipart message::
+
+    frame 0   header   msgpack map {"v": PROTOCOL_VERSION, "t": <message type>,
+                                    "m": {<type-specific metadata>},
+                                    "a": [[<dtype str>, [<shape>...]], ...]}
+    frame 1.. arrays   raw C-contiguous little-endian bytes, one frame per entry of "a"
+
+Message types (``MsgType``) and who sends them:
+
+    ROLLOUT  dispenser -> compressor   one channel of one rollout ([K, T, ...] or [K, T+1, ...])
+    CHUNK    compressor -> migrator -> batcher
+                                       one channel of several rollouts, concatenated on axis 0
+    EOS      any stage -> the next     end of stream from that sender (drain)
+    CREDIT   batcher -> migrator       "I have room for n more chunks"
+    WEIGHTS  trainer -> actors         versioned policy parameters, one array per tensor
+    STATS    any process -> runner     counters for the progress display and the summary
+    CONTROL  runner -> stages          commands (drain, ...)
+
+Arrays above ``COPY_THRESHOLD`` bytes are sent zero-copy (pyzmq keeps a reference to the
+buffer until it is on the wire; senders never mutate an array after sending it).
+Nothing that comes off a socket is unpickled: only msgpack (plain types) and raw numeric
+arrays of an allowed dtype are accepted. ``decode`` raises ``ProtocolError`` for anything
+malformed; stages count and drop such messages (see ``MalformedCounter``).
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+import numpy as np
+import zmq
+
+logger = logging.getLogger(__name__)
+
+PROTOCOL_VERSION = 1
+COPY_THRESHOLD = 64 * 1024
+"""Frames at least this large are sent without copying (pyzmq's own default threshold)."""
+
+MAX_HEADER_BYTES = 1 << 20
+ALLOWED_DTYPES = frozenset(
+    np.dtype(d).str
+    for d in (
+        "bool", "uint8", "int8", "uint16", "int16", "uint32", "int32",
+        "uint64", "int64", "<f2", "<f4", "<f8",
+    )
+)  # fmt: skip
+
+
+class MsgType(str, enum.Enum):
+    """Message types; the value is what travels in the header."""
+
+    ROLLOUT = "rollout"
+    CHUNK = "chunk"
+    EOS = "eos"
+    CREDIT = "credit"
+    WEIGHTS = "weights"
+    STATS = "stats"
+    CONTROL = "control"
+
+
+_TYPES_BY_VALUE = {t.value: t for t in MsgType}
+
+
+class ProtocolError(ValueError):
+    """A message that does not follow this protocol (wrong version, type, layout or dtype)."""
+
+
+@dataclass
+class Message:
+    """A decoded message: its type, its metadata map and its arrays (read-only views)."""
+
+    type: MsgType
+    meta: dict[str, Any]
+    arrays: list[np.ndarray] = field(default_factory=list)
+
+    @property
+    def nbytes(self) -> int:
+        """Payload bytes of the arrays (the header is not counted)."""
+        return sum(a.nbytes for a in self.arrays)
+
+
+def encode(
+    msg_type: MsgType, meta: dict[str, Any], arrays: Sequence[np.ndarray] = ()
+) -> list[bytes | memoryview]:
+    """Builds the frames of one message.
+
+    Args:
+        msg_type: The message type.
+        meta: Metadata; plain msgpack types only (str, int, float, bool, None, list, dict).
+        arrays: Numeric arrays; made C-contiguous little-endian if they are not.
+
+    Returns:
+        The frames: the packed header, then one buffer per array.
+
+    Raises:
+        ProtocolError: An array has a dtype this protocol does not carry.
+    """
+    specs = []
+    frames: list[bytes | memoryview] = []
+    for arr in arrays:
+        arr = np.asarray(arr)
+        if arr.dtype.byteorder == ">":
+            arr = arr.astype(arr.dtype.newbyteorder("<"))
+        dtype_str = arr.dtype.str
+        if dtype_str not in ALLOWED_DTYPES:
+            raise ProtocolError(
+                f"cannot send an array of dtype {arr.dtype}; allowed: {sorted(ALLOWED_DTYPES)}"
+            )
+        arr = np.ascontiguousarray(arr)
+        specs.append([dtype_str, list(arr.shape)])
+        frames.append(memoryview(arr).cast("B") if arr.nbytes else b"")
+    header = msgpack.packb(
+        {"v": PROTOCOL_VERSION, "t": msg_type.value, "m": meta, "a": specs}, use_bin_type=True
+    )
+    return [header, *frames]
+
+
+def decode(frames: Sequence[bytes | zmq.Frame | memoryview]) -> Message:
+    """Parses and validates the frames of one message.
+
+    Raises:
+        ProtocolError: Malformed header, wrong protocol version, unknown type, or array frames
+            that do not match their declared dtype and shape.
+    """
+    if not frames:
+        raise ProtocolError("empty message")
+    raw_header = _as_buffer(frames[0])
+    if len(raw_header) > MAX_HEADER_BYTES:
+        raise ProtocolError(f"header of {len(raw_header)} bytes exceeds {MAX_HEADER_BYTES}")
+    try:
+        header = msgpack.unpackb(raw_header, raw=False, strict_map_key=True)
+    except Exception as exc:  # msgpack raises several unrelated exception types
+        raise ProtocolError(f"header is not valid msgpack: {exc}") from None
+    if not isinstance(header, dict):
+        raise ProtocolError(f"header must be a map, got {type(header).__name__}")
+    version = header.get("v")
+    if version != PROTOCOL_VERSION:
+        raise ProtocolError(f"protocol version {version!r}; this build speaks {PROTOCOL_VERSION}")
+    msg_type = _TYPES_BY_VALUE.get(header.get("t"))  # type: ignore[arg-type]
+    if msg_type is None:
+        raise ProtocolError(f"unknown message type {header.get('t')!r}")
+    meta = header.get("m")
+    specs = header.get("a")
+    if not isinstance(meta, dict) or not isinstance(specs, list):
+        raise ProtocolError("header needs a metadata map 'm' and an array list 'a'")
+    if len(specs) != len(frames) - 1:
+        raise ProtocolError(f"header declares {len(specs)} arrays but {len(frames) - 1} follow")
+    arrays = [_decode_array(spec, frame) for spec, frame in zip(specs, frames[1:])]
+    return Message(msg_type, meta, arrays)
+
+
+def _decode_array(spec: Any, frame: bytes | zmq.Frame | memoryview) -> np.ndarray:
+    if not (isinstance(spec, list) and len(spec) == 2 and isinstance(spec[1], list)):
+        raise ProtocolError(f"bad array spec {spec!r}; expected [dtype, shape]")
+    dtype_str, shape = spec
+    if dtype_str not in ALLOWED_DTYPES:
+        raise ProtocolError(f"array dtype {dtype_str!r} not allowed")
+    if not all(isinstance(d, int) and d >= 0 for d in shape):
+        raise ProtocolError(f"bad array shape {shape!r}")
+    dtype = np.dtype(dtype_str)
+    buf = _as_buffer(frame)
+    expected = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
+    if len(buf) != expected:
+        raise ProtocolError(
+            f"array frame has {len(buf)} bytes; {dtype_str}{shape} needs {expected}"
+        )
+    return np.frombuffer(buf, dtype=dtype).reshape(shape)
+
+
+def _as_buffer(frame: bytes | zmq.Frame | memoryview) -> memoryview:
+    if isinstance(frame, zmq.Frame):
+        return frame.buffer
+    return memoryview(frame)
+
+
+def send(sock: zmq.Socket, frames: Sequence[bytes | memoryview], flags: int = 0) -> None:
+    """Sends frames as one message, copying small frames and passing large ones zero-copy."""
+    last = len(frames) - 1
+    for i, frame in enumerate(frames):
+        more = zmq.SNDMORE if i < last else 0
+        sock.send(frame, flags | more, copy=len(frame) < COPY_THRESHOLD)
+
+
+def send_msg(
+    sock: zmq.Socket,
+    msg_type: MsgType,
+    meta: dict[str, Any],
+    arrays: Sequence[np.ndarray] = (),
+    flags: int = 0,
+) -> int:
+    """Encodes and sends one message; returns the payload bytes sent."""
+    frames = encode(msg_type, meta, arrays)
+    send(sock, frames, flags)
+    return sum(len(f) for f in frames[1:])
+
+
+def recv_msg(sock: zmq.Socket, flags: int = 0) -> Message:
+    """Receives and decodes one message (large frames are not copied).
+
+    Raises:
+        ProtocolError: The message is malformed.
+        zmq.Again: With ``zmq.NOBLOCK`` and nothing to read.
+    """
+    return decode(sock.recv_multipart(flags, copy=False))
+
+
+class MalformedCounter:
+    """Counts malformed messages a stage dropped, logging one line for each."""
+
+    def __init__(self, stage: str) -> None:
+        self.stage = stage
+        self.count = 0
+
+    def drop(self, error: Exception) -> None:
+        """Records one dropped message and logs why."""
+        self.count += 1
+        logger.warning("%s dropped malformed message #%d: %s", self.stage, self.count, error)

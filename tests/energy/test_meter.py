@@ -1,0 +1,139 @@
+"""Tests for autotune.energy.meter with injected fake sources and a fake clock."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from autotune.energy import meter as meter_mod
+from autotune.energy.cpu import CPUEnergySource
+from autotune.energy.gpu import GPUEnergySource
+from autotune.energy.meter import EnergyMeter, Measurement
+
+
+class FakeGPU(GPUEnergySource):
+    """Cumulative joules per GPU, advanced by the test."""
+
+    source = "nvml"
+
+    def __init__(self, energy_j: dict[int, float]) -> None:
+        super().__init__(energy_j)
+        self.energy_j = dict(energy_j)
+
+    def read_energy_j(self) -> dict[int, float]:
+        return dict(self.energy_j)
+
+
+class FakeCPU(CPUEnergySource):
+    """Cumulative CPU joules, advanced by the test."""
+
+    source = "model"
+
+    def __init__(self) -> None:
+        self.energy_j = 0.0
+
+    def read_energy_j(self) -> float:
+        return self.energy_j
+
+
+class FakeClock:
+    """Replaces time.monotonic in meter.py."""
+
+    def __init__(self) -> None:
+        self.t_s = 1000.0
+
+    def __call__(self) -> float:
+        return self.t_s
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
+    fake = FakeClock()
+    monkeypatch.setattr(meter_mod.time, "monotonic", fake)
+    return fake
+
+
+def test_window_gives_exact_joules_and_powers(clock: FakeClock) -> None:
+    gpu, cpu = FakeGPU({0: 100.0, 1: 50.0}), FakeCPU()
+    meter = EnergyMeter(gpu=gpu, cpu=cpu)
+    meter.begin_window("a")
+    clock.t_s += 10.0
+    gpu.energy_j = {0: 1100.0, 1: 2050.0}
+    cpu.energy_j = 300.0
+    m = meter.end_window("a")
+    assert m == Measurement(10.0, {0: 1000.0, 1: 2000.0}, 300.0, "nvml", "model")
+    assert m.gpu_total_j == 3000.0
+    assert m.total_j == 3300.0
+    assert m.gpu_power_w == 300.0
+    assert m.cpu_power_w == 30.0
+    assert m.to_dict() == {
+        "gpu_j": 3000.0,
+        "cpu_j": 300.0,
+        "gpu_source": "nvml",
+        "cpu_source": "model",
+        "elapsed_s": 10.0,
+        "gpu_w": 300.0,
+        "cpu_w": 30.0,
+        "per_gpu_j": {"0": 1000.0, "1": 2000.0},
+    }
+    assert json.loads(json.dumps(m.to_dict())) == m.to_dict()
+    assert meter.open_windows == []
+
+
+def test_nested_windows_with_different_keys(clock: FakeClock) -> None:
+    gpu, cpu = FakeGPU({0: 0.0}), FakeCPU()
+    meter = EnergyMeter(gpu=gpu, cpu=cpu)
+    meter.begin_window("outer")
+    clock.t_s += 5.0
+    gpu.energy_j[0] = 500.0
+    meter.begin_window("inner")
+    assert meter.open_windows == ["outer", "inner"]
+    clock.t_s += 2.0
+    gpu.energy_j[0] = 700.0
+    cpu.energy_j = 20.0
+    inner = meter.end_window("inner")
+    clock.t_s += 3.0
+    outer = meter.end_window("outer")
+    assert (inner.elapsed_s, inner.gpu_energy_j, inner.cpu_energy_j) == (2.0, {0: 200.0}, 20.0)
+    assert (outer.elapsed_s, outer.gpu_energy_j, outer.cpu_energy_j) == (10.0, {0: 700.0}, 20.0)
+    assert outer.gpu_power_w == 70.0
+
+
+def test_duplicate_begin_raises_and_names_key() -> None:
+    meter = EnergyMeter(gpu=FakeGPU({}), cpu=FakeCPU())
+    meter.begin_window("trial-1")
+    meter.begin_window("trial-2")
+    with pytest.raises(ValueError, match=r"'trial-1' is already open.*\['trial-1', 'trial-2'\]"):
+        meter.begin_window("trial-1")
+
+
+def test_unknown_end_raises_and_lists_open_windows() -> None:
+    meter = EnergyMeter(gpu=FakeGPU({}), cpu=FakeCPU())
+    meter.begin_window("trial-1")
+    with pytest.raises(ValueError, match=r"'nope' is not open.*\['trial-1'\]"):
+        meter.end_window("nope")
+    meter.end_window("trial-1")
+    with pytest.raises(ValueError, match="'trial-1' is not open"):
+        meter.end_window("trial-1")
+
+
+def test_zero_elapsed_guards_power(clock: FakeClock) -> None:
+    gpu, cpu = FakeGPU({0: 0.0}), FakeCPU()
+    meter = EnergyMeter(gpu=gpu, cpu=cpu)
+    meter.begin_window("w")
+    gpu.energy_j[0] = 5.0
+    cpu.energy_j = 1.0
+    m = meter.end_window("w")
+    assert m.elapsed_s == 0.0
+    assert (m.gpu_power_w, m.cpu_power_w) == (0.0, 0.0)
+
+
+def test_default_sources_are_probed() -> None:
+    meter = EnergyMeter()
+    assert meter.gpu.source in ("nvml", "nvml-power-polling", "none")
+    assert meter.cpu.source in ("rapl", "model")
+    meter.begin_window("w")
+    m = meter.end_window("w")
+    assert m.elapsed_s >= 0.0
+    assert m.gpu_source == meter.gpu.source
