@@ -1,4 +1,4 @@
-"""autotune: tunes CPU actors and GPU trainer slices of RL training for environment steps per joule."""
+"""autotune: tunes the CPU actors and GPU trainer slices of RL training for env steps per joule."""
 
 from __future__ import annotations
 

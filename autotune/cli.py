@@ -20,7 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
     d, dl = TrainConfig(), APPOConfig()
     parser = argparse.ArgumentParser(
         prog="autotune",
-        description="Tune CPU actors and GPU trainer slices of RL training for env steps per joule.",
+        description="Tune CPU actors and GPU trainer slices of RL training for steps per joule.",
     )
     parser.add_argument("--version", action="version", version=f"autotune {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)

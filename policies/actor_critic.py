@@ -110,7 +110,7 @@ class ActorCritic(nn.Module):
     def evaluate(
         self, obs: torch.Tensor, actions: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Log-probs of ``actions``, entropies and values for observations ``obs`` (same leading dims)."""
+        """Log-probs of ``actions``, entropies and values of ``obs`` (any leading dims)."""
         x = self.obs_norm(obs)
         dist = self._dist(x)
         entropy = dist.entropy()

@@ -9,6 +9,7 @@ clean drain loses nothing.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -81,10 +82,8 @@ class Trainer:
         names, arrays = self.learner.model.state_arrays()
         meta = {"version": self.learner.version, "names": names,
                 "received": self.batcher.received_steps}  # fmt: skip
-        try:
+        with contextlib.suppress(zmq.Again):  # no room for a subscriber: it gets a newer one
             wire.send_msg(self.weights, wire.MsgType.WEIGHTS, meta, arrays, zmq.NOBLOCK)
-        except zmq.Again:
-            pass  # no subscriber has room: it will get a newer version
         self.last_publish = time.monotonic()
 
     def _grant_credits(self) -> None:

@@ -152,7 +152,7 @@ def decode(frames: Sequence[bytes | zmq.Frame | memoryview]) -> Message:
         raise ProtocolError("header needs a metadata map 'm' and an array list 'a'")
     if len(specs) != len(frames) - 1:
         raise ProtocolError(f"header declares {len(specs)} arrays but {len(frames) - 1} follow")
-    arrays = [_decode_array(spec, frame) for spec, frame in zip(specs, frames[1:])]
+    arrays = [_decode_array(spec, frame) for spec, frame in zip(specs, frames[1:], strict=True)]
     return Message(msg_type, meta, arrays)
 
 

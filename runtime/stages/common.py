@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -23,8 +24,9 @@ def init_service_process(name: str, log_level: int | None = None) -> None:
     default action (the runner uses it only after a drain timed out).
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    level = log_level if log_level is not None else int(os.environ.get("AUTOTUNE_LOG_LEVEL", "20"))
-    logging.basicConfig(level=level, format=LOG_FORMAT)
+    if log_level is None:
+        log_level = int(os.environ.get("AUTOTUNE_LOG_LEVEL", str(logging.WARNING)))
+    logging.basicConfig(level=log_level, format=LOG_FORMAT)
     logging.getLogger(__name__).debug("%s started (pid %d)", name, os.getpid())
 
 
@@ -42,7 +44,5 @@ class StatsSender:
     def send(self, counters: dict[str, Any]) -> None:
         final = bool(counters.get("final"))
         meta = {"src": self.source, "time": time.time(), "c": counters}
-        try:
+        with contextlib.suppress(zmq.Again):
             wire.send_msg(self.sock, wire.MsgType.STATS, meta, flags=0 if final else zmq.NOBLOCK)
-        except zmq.Again:
-            pass
