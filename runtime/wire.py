@@ -113,7 +113,8 @@ def encode(
             raise ProtocolError(
                 f"cannot send an array of dtype {arr.dtype}; allowed: {sorted(ALLOWED_DTYPES)}"
             )
-        arr = np.ascontiguousarray(arr)
+        if not arr.flags.c_contiguous:
+            arr = arr.copy(order="C")  # (np.ascontiguousarray would make 0-d arrays 1-d)
         specs.append([dtype_str, list(arr.shape)])
         frames.append(memoryview(arr).cast("B") if arr.nbytes else b"")
     header = msgpack.packb(

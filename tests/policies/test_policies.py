@@ -1,0 +1,96 @@
+"""Policy specs, the actor-critic, V-trace and the APPO learner."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from policies.actor_critic import ActorCritic
+from policies.appo import APPOConfig, APPOLearner
+from policies.mlp import PolicySpecError, parse_spec
+from policies.vtrace import vtrace
+
+
+def test_spec_auto_forms():
+    assert parse_spec("auto", 60, 8) == [60, 64, 64, 8]
+    assert parse_spec("auto:256:128:64:auto", 60, 8) == [60, 256, 128, 64, 8]
+    assert parse_spec("60:256:128:64:8", 60, 8) == [60, 256, 128, 64, 8]
+    with pytest.raises(PolicySpecError, match="at least input:output"):
+        parse_spec("64", 60, 8)
+    with pytest.raises(PolicySpecError, match="'auto' only as the first or last"):
+        parse_spec("60:auto:8", 60, 8)
+
+
+def reference_returns(rewards, dones, bootstrap, gamma):
+    out = np.zeros_like(rewards)
+    acc = bootstrap.copy()
+    for t in range(rewards.shape[1] - 1, -1, -1):
+        acc = rewards[:, t] + gamma * (1 - dones[:, t]) * acc
+        out[:, t] = acc
+    return out
+
+
+def test_vtrace_on_policy_gives_discounted_returns():
+    rng = np.random.default_rng(0)
+    n, t, gamma = 5, 7, 0.9
+    rewards = rng.normal(size=(n, t))
+    dones = (rng.random((n, t)) < 0.2).astype(float)
+    values, bootstrap = rng.normal(size=(n, t)), rng.normal(size=n)
+    logp = torch.tensor(rng.normal(size=(n, t)))
+    ret = vtrace(logp, logp, torch.tensor(rewards), torch.tensor(values),
+                 torch.tensor(bootstrap), torch.tensor(gamma * (1 - dones)))  # fmt: skip
+    np.testing.assert_allclose(ret.vs.numpy(), reference_returns(rewards, dones, bootstrap, gamma))
+
+
+def test_vtrace_clips_off_policy_importance_weights():
+    ones = torch.ones(1, 3)
+    far_off = vtrace(ones * -5, ones * 0, ones, ones * 0, torch.zeros(1), ones * 0.9)
+    on = vtrace(ones * 0, ones * 0, ones, ones * 0, torch.zeros(1), ones * 0.9)
+    torch.testing.assert_close(far_off.vs, on.vs)  # ratios e^5 clipped to rho_bar = c_bar = 1
+
+
+def test_state_arrays_round_trip_between_models():
+    a = ActorCritic(4, 2, discrete=False, spec="4:16:2")
+    b = ActorCritic(4, 2, discrete=False, spec="4:16:2")
+    names, arrays = a.state_arrays()
+    assert "obs_norm.mean" in names and "log_std" in names
+    b.load_state_arrays(names, arrays)
+    obs = np.random.default_rng(0).normal(size=(3, 4)).astype(np.float32)
+    np.testing.assert_allclose(a.value(obs), b.value(obs))
+
+
+def bandit_batch(model: ActorCritic, n: int = 64, t: int = 4) -> dict[str, np.ndarray]:
+    """A one-state problem where action 1 pays 1 and action 0 pays 0."""
+    obs = np.zeros((n, t + 1, 2), np.float32)
+    actions, logp = model.act(obs[:, :t].reshape(-1, 2))
+    actions, logp = actions.reshape(n, t), logp.reshape(n, t)
+    return {"obs": obs, "actions": actions, "rewards": (actions == 1).astype(np.float32),
+            "dones": np.ones((n, t), np.uint8), "logp": logp,
+            "versions": np.zeros((n, t), np.int32)}  # fmt: skip
+
+
+@pytest.mark.parametrize("discrete", [True, False])
+def test_learner_improves_the_policy_and_reports_lag(discrete):
+    torch.manual_seed(0)
+    model = ActorCritic(2, 2 if discrete else 1, discrete, spec="auto", normalize_obs=False)
+    learner = APPOLearner(model, APPOConfig(lr=3e-3), torch.device("cpu"))
+    for _ in range(30):
+        if discrete:
+            batch = bandit_batch(model)
+        else:  # reward = -(a - 0.5)^2 on one state
+            obs = np.zeros((64, 5, 2), np.float32)
+            a, lp = model.act(obs[:, :4].reshape(-1, 2))
+            a, lp = a.reshape(64, 4, 1), lp.reshape(64, 4)
+            batch = {"obs": obs, "actions": a, "rewards": -((a[..., 0] - 0.5) ** 2),
+                     "dones": np.ones((64, 4), np.uint8), "logp": lp,
+                     "versions": np.zeros((64, 4), np.int32)}  # fmt: skip
+        stats = learner.update(batch)
+    assert learner.version == 30
+    assert stats.policy_lag_mean == 29 and stats.policy_lag_max == 29
+    x = torch.zeros(1, 2)
+    if discrete:
+        probs = torch.softmax(model.pi(x), -1)
+        assert probs[0, 1] > 0.9
+    else:
+        assert abs(model.pi(x).item() - 0.5) < 0.15

@@ -1,0 +1,76 @@
+"""Batcher: chunk reassembly, slicing/stacking into batches, credits, stale-row discarding."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from runtime import wire
+from runtime.stages.batcher import Batcher
+from runtime.stages.dispenser import CHANNELS
+
+T = 4
+
+
+def chunk_messages(chunk: int, rows: int, first_row: int, version: int = 0) -> list[wire.Message]:
+    ids = np.arange(first_row, first_row + rows)
+    arrays = {
+        "obs": np.repeat(ids[:, None, None], T + 1, 1).astype(np.float32),
+        "actions": np.repeat(ids[:, None], T, 1), "rewards": np.ones((rows, T), np.float32),
+        "dones": np.zeros((rows, T), np.uint8), "logp": np.zeros((rows, T), np.float32),
+        "versions": np.full((rows, T), version, np.int32),
+    }  # fmt: skip
+    meta = {"chunk": chunk, "nch": len(CHANNELS), "steps": rows * T, "rows": rows,
+            "rollouts": [[0, 0, chunk, rows * T, rows]]}  # fmt: skip
+    return [wire.Message(wire.MsgType.CHUNK, {**meta, "ch": n, "ci": i}, [arrays[n]])
+            for i, n in enumerate(CHANNELS)]  # fmt: skip
+
+
+def test_a_chunk_counts_only_when_all_channels_arrived_in_any_order():
+    b = Batcher(batch_rows=2)
+    msgs = chunk_messages(0, 3, 0)
+    assert [b.add(m) for m in reversed(msgs)] == [False] * 5 + [True]
+    assert b.queued_rows == 3 and b.queued_steps == 3 * T
+    assert b.received_steps == {"0:0": 3 * T}
+
+
+def test_slices_big_chunks_and_stacks_small_ones_in_order():
+    b = Batcher(batch_rows=4)
+    for m in chunk_messages(0, 6, 0) + chunk_messages(1, 1, 6) + chunk_messages(2, 1, 7):
+        b.add(m)
+    first, second = b.take(0, 10), b.take(0, 10)
+    assert first.batch["actions"][:, 0].tolist() == [0, 1, 2, 3]  # sliced
+    assert second.batch["actions"][:, 0].tolist() == [4, 5, 6, 7]  # stacked from three chunks
+    assert first.steps == 4 * T and b.queued_rows == 0 and not b.ready()
+
+
+def test_stale_rows_are_discarded_and_counted():
+    b = Batcher(batch_rows=4)
+    for m in chunk_messages(0, 2, 0, version=1) + chunk_messages(1, 2, 2, version=9):
+        b.add(m)
+    taken = b.take(version=10, max_lag=3)
+    assert taken.rows == 2 and taken.discarded_rows == 2 and taken.discarded_steps == 2 * T
+    assert taken.batch["actions"][:, 0].tolist() == [2, 3]
+
+
+def test_credits_start_at_the_window_and_are_withheld_while_two_batches_wait():
+    b = Batcher(batch_rows=2, window_chunks=3)
+    assert b.credits_to_grant() == 3 and b.credits_to_grant() == 0
+    for m in chunk_messages(0, 2, 0):
+        b.add(m)
+    assert b.credits_to_grant() == 1  # 2 rows < 2 batches: slot returned at once
+    for m in chunk_messages(1, 2, 2):
+        b.add(m)
+    assert b.credits_to_grant() == 0  # 4 rows = two batches waiting: slot owed
+    b.take(0, 10)
+    assert b.credits_to_grant() == 1  # paid after a batch was taken
+
+
+def test_conflicting_or_foreign_messages_are_protocol_errors():
+    b = Batcher(batch_rows=2)
+    msgs = chunk_messages(0, 2, 0)
+    b.add(msgs[0])
+    with pytest.raises(wire.ProtocolError, match="conflicts"):
+        b.add(msgs[0])
+    with pytest.raises(wire.ProtocolError):
+        b.add(wire.Message(wire.MsgType.CREDIT, {"n": 1}))

@@ -1,0 +1,58 @@
+"""Bad input: each a clear error naming the value and what is allowed, before any process."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from runtime.config import ConfigError, TrainConfig
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "needle"),
+    [
+        ({"actors": 0}, "actors=0: must be an integer >= 1"),
+        ({"envs_per_actor": -2}, "envs_per_actor=-2"),
+        ({"steps": 0}, "steps=0"),
+        ({"rollout_len": 0}, "rollout_len=0"),
+        ({"batch_size": 100, "rollout_len": 32}, "must be a multiple of rollout_len=32"),
+        ({"batch_size": 4096, "steps": 1024}, "larger than steps=1024, so no batch"),
+        ({"trainer_device": "tpu"}, "trainer_device='tpu'"),
+        ({"chunk_timeout_s": 0}, "chunk_timeout_s=0"),
+        ({"env": "CartPol-v1"}, "did you mean CartPole-v1"),
+        ({"policy": "5:64:2"}, "takes 5 inputs but the environment's observations have 4"),
+        ({"policy": "4:64:3"}, "gives 3 outputs but the environment needs 2"),
+        ({"policy": "4:x:2"}, "entry 1 is 'x'"),
+        ({"env": "Pendulum-v1", "policy": "3:64:2"}, "environment needs 1"),
+    ],
+)
+def test_bad_settings_name_the_value_and_what_is_allowed(kwargs, needle):
+    with pytest.raises(ConfigError) as err:
+        TrainConfig(**kwargs).validate()
+    assert needle in str(err.value)
+
+
+def test_every_problem_is_reported_at_once():
+    with pytest.raises(ConfigError) as err:
+        TrainConfig(actors=0, envs_per_actor=0, steps=-1).validate()
+    assert len(err.value.problems) == 3
+
+
+def test_defaults_are_valid_and_describe_the_env():
+    info = TrainConfig().validate()
+    assert (info.obs_dim, info.act_dim, info.discrete) == (4, 2, True)
+
+
+def test_cli_rejects_bad_input_before_starting_any_process():
+    start = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "autotune.cli", "train", "--actors", "0", "--batch-size", "100"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert "actors=0" in proc.stderr and "multiple of rollout_len" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert time.monotonic() - start < 30

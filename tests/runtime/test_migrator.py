@@ -1,0 +1,56 @@
+"""Migrator: credit-based, least-queued routing that keeps a chunk's channels together."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from runtime import wire
+from runtime.stages.migrator import Migrator
+
+
+class FakeRouter:
+    """Records what would be sent to each trainer identity."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[bytes, wire.Message]] = []
+
+    def send(self, frame, flags=0, copy=True):
+        self._parts = [*getattr(self, "_parts", []), frame]
+        if not flags:
+            identity, *frames = self._parts
+            self.sent.append((bytes(identity), wire.decode([bytes(f) for f in frames])))
+            self._parts = []
+
+
+def chunk(chunk_id: int, ci: int, steps: int = 10) -> tuple[wire.Message, list]:
+    meta = {"chunk": chunk_id, "ci": ci, "nch": 2, "steps": steps, "ch": f"c{ci}", "rows": 1}
+    frames = wire.encode(wire.MsgType.CHUNK, meta, [np.zeros((1, 2), np.float32)])
+    return wire.decode(frames), [bytes(f) for f in frames]
+
+
+def credit(n: int, queued: int) -> wire.Message:
+    return wire.Message(wire.MsgType.CREDIT, {"n": n, "queued_steps": queued})
+
+
+def test_routes_to_least_queued_trainer_with_credit_and_keeps_channels_together():
+    router = FakeRouter()
+    m = Migrator(pull=None, router=router, stats=None, n_trainers=2)
+    m.on_trainer(b"trainer-0", credit(1, queued=100))
+    m.on_trainer(b"trainer-1", credit(2, queued=0))
+    for cid in range(4):
+        for ci in range(2):
+            m.on_chunk(*chunk(cid, ci))
+    m.dispatch()
+    routed = [(ident, msg.meta["chunk"], msg.meta["ci"]) for ident, msg in router.sent]
+    # trainer-1 (empty queue) gets chunk 0; then queues even out and credits run out at 3 chunks
+    assert [r[0] for r in routed[:2]] == [b"trainer-1"] * 2
+    assert {(c, ident) for ident, c, _ in routed} == {
+        (0, b"trainer-1"),
+        (1, b"trainer-1"),
+        (2, b"trainer-0"),
+    }
+    assert len(m.pending) == 2  # chunk 3 waits for credit, both channels
+    m.on_trainer(b"trainer-0", credit(1, queued=0))
+    m.dispatch()
+    assert [(i, msg.meta["chunk"]) for i, msg in router.sent[-2:]] == [(b"trainer-0", 3)] * 2
+    assert not m.pending and not m.routes

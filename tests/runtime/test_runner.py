@@ -1,0 +1,90 @@
+"""Whole runs as real processes: nothing is lost, killed actors restart, Ctrl-C drains."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from runtime.config import TrainConfig
+from runtime.runner import Runner
+
+pytestmark = pytest.mark.slow
+
+
+def assert_nothing_lost(result: dict) -> None:
+    assert result["sampled_steps"] == (
+        result["env_steps"] + result["discarded_steps"] + result["lost_steps"]
+    ), result
+
+
+def small_config(**over) -> TrainConfig:
+    base = {"steps": 6_000, "actors": 2, "envs_per_actor": 4, "rollout_len": 16,
+            "batch_size": 512}  # fmt: skip
+    return TrainConfig(**{**base, **over})
+
+
+def test_clean_run_loses_nothing_and_every_stage_moves_data():
+    cfg = small_config()
+    result = Runner(cfg, cfg.validate()).run()
+    assert_nothing_lost(result)
+    assert result["lost_steps"] == 0 and result["actor_restarts"] == 0
+    assert result["env_steps"] >= cfg.steps
+    for name, stage in result["stages"].items():
+        assert stage["messages"] > 0 and stage["bytes"] > 0, name
+    # the compressor concatenates: fewer messages out than the dispensers sent
+    assert result["stages"]["compressor"]["messages"] < result["stages"]["dispenser"]["messages"]
+    assert result["stages"]["compressor"]["bytes"] == result["stages"]["dispenser"]["bytes"]
+
+
+def test_stale_experience_is_discarded_and_counted():
+    cfg = small_config(learner=TrainConfig().learner.__class__(max_policy_lag=1))
+    cfg = TrainConfig(**{**cfg.__dict__, "max_inflight_batches": 4.0})
+    result = Runner(cfg, cfg.validate()).run()
+    assert_nothing_lost(result)
+    assert result["discarded_steps"] > 0
+
+
+def test_an_actor_killed_mid_run_is_restarted_and_its_lost_steps_counted():
+    cfg = small_config(steps=20_000)
+    killed = []
+    runner: Runner
+
+    def kill_once(state):
+        if not killed and state.trained_steps >= 3_000:
+            pid = runner.slots[0].process.pid
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+
+    runner = Runner(cfg, cfg.validate(), on_progress=kill_once)
+    result = runner.run()
+    assert killed and result["actor_restarts"] == 1
+    assert_nothing_lost(result)
+    # at most the rollout it was collecting plus what it had queued but not delivered
+    assert (
+        0
+        <= result["lost_steps"]
+        <= cfg.inflight_steps_per_actor() + cfg.envs_per_actor * (cfg.rollout_len)
+    )
+
+
+def test_ctrl_c_drains_in_flight_experience_and_writes_the_result(tmp_path):
+    out = tmp_path / "r.json"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "autotune.cli", "train", "--steps", "10000000", "--quiet",
+         "--json", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    time.sleep(12)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    result = json.loads(out.read_text())
+    assert result["interrupted"] is True and result["env_steps"] > 0
+    assert_nothing_lost(result)
+    assert result["lost_steps"] == 0

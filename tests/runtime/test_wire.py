@@ -1,0 +1,115 @@
+"""The wire protocol: round trips, zero-copy sizes, and every kind of malformed message."""
+
+from __future__ import annotations
+
+import pickle
+import threading
+
+import msgpack
+import numpy as np
+import pytest
+import zmq
+
+from runtime import topology, wire
+from runtime.stages.compressor import Compressor
+from runtime.stages.dispenser import Dispenser
+
+
+def test_round_trip_keeps_types_shapes_and_values():
+    arrays = [np.arange(12, dtype=np.float32).reshape(3, 4), np.array([1, 2], np.int64),
+              np.zeros((0, 5), np.uint8), np.array(True)]  # fmt: skip
+    msg = wire.decode(wire.encode(wire.MsgType.CHUNK, {"chunk": 3, "ch": "obs"}, arrays))
+    assert msg.type is wire.MsgType.CHUNK and msg.meta == {"chunk": 3, "ch": "obs"}
+    for got, want in zip(msg.arrays, arrays, strict=True):
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_array_equal(got, want)
+
+
+def test_big_endian_and_non_contiguous_arrays_are_normalised():
+    a = np.arange(20, dtype=">f8").reshape(4, 5)[:, ::2]
+    (got,) = wire.decode(wire.encode(wire.MsgType.ROLLOUT, {}, [a])).arrays
+    np.testing.assert_array_equal(got, a)
+    assert got.dtype == np.dtype("<f8")
+
+
+@pytest.mark.parametrize("nbytes", [16, wire.COPY_THRESHOLD - 8, wire.COPY_THRESHOLD * 4])
+def test_sockets_carry_small_and_zero_copy_frames(nbytes):
+    ctx = zmq.Context()
+    a, b = ctx.socket(zmq.PAIR), ctx.socket(zmq.PAIR)
+    a.bind("inproc://w")
+    b.connect("inproc://w")
+    data = np.random.default_rng(0).integers(0, 255, nbytes, dtype=np.uint8)
+    wire.send_msg(a, wire.MsgType.ROLLOUT, {"n": nbytes}, [data])
+    msg = wire.recv_msg(b)
+    np.testing.assert_array_equal(msg.arrays[0], data)
+    ctx.destroy(linger=0)
+
+
+def test_object_arrays_are_refused_on_send():
+    with pytest.raises(wire.ProtocolError, match="dtype object"):
+        wire.encode(wire.MsgType.ROLLOUT, {}, [np.array([{"a": 1}], dtype=object)])
+
+
+def _header(**over):
+    base = {"v": wire.PROTOCOL_VERSION, "t": "rollout", "m": {}, "a": [["<f4", [2]]]}
+    base.update(over)
+    return msgpack.packb(base)
+
+
+@pytest.mark.parametrize(
+    ("frames", "match"),
+    [
+        ([], "empty"),
+        ([b"\xc1garbage"], "msgpack"),
+        ([msgpack.packb([1, 2])], "map"),
+        ([_header(v=99), b"\0" * 8], "version 99"),
+        ([_header(t="exec"), b"\0" * 8], "unknown message type"),
+        ([_header(), b"\0" * 8, b"extra"], "declares 1 arrays"),
+        ([_header(), b"\0" * 7], "needs 8"),
+        ([_header(a=[["|O", [2]]]), b"\0" * 16], "not allowed"),
+        ([_header(a=[["<f4", [-2]]]), b""], "bad array shape"),
+        ([_header(m=[1]), b"\0" * 8], "metadata map"),
+        ([pickle.dumps({"v": 1}), b""], "msgpack|map"),
+    ],
+)
+def test_malformed_messages_raise_protocol_error(frames, match):
+    with pytest.raises(wire.ProtocolError, match=match):
+        wire.decode(frames)
+
+
+def test_compressor_counts_and_drops_malformed_messages_and_keeps_serving(tmp_path):
+    ctx = zmq.Context()
+    ep = topology.Endpoints.ipc(str(tmp_path))
+    _, control = topology.runner_sockets(ctx, ep)
+    sink = ctx.socket(zmq.PULL)
+    sink.bind(ep.chunks)
+    pull, push, ctrl = topology.compressor_sockets(ctx, ep)
+    compressor = Compressor(pull, push, ctrl, None, chunk_bytes=1, chunk_timeout_s=0.01)
+    thread = threading.Thread(target=compressor.run, daemon=True)
+    thread.start()
+    actor = topology.actor_experience_out(ctx, ep)
+    actor.send_multipart([b"not msgpack"])
+    actor.send_multipart([_header(v=0), b"\0" * 8])
+    wire.send_msg(actor, wire.MsgType.ROLLOUT, {"ch": "obs"}, [np.zeros(2)])  # missing fields
+    rollout = {
+        "obs": np.ones((1, 3, 2), np.float32),
+        "actions": np.zeros((1, 2), np.int64),
+        "rewards": np.ones((1, 2), np.float32),
+        "dones": np.zeros((1, 2), np.uint8),
+        "logp": np.zeros((1, 2), np.float32),
+        "versions": np.zeros((1, 2), np.int32),
+    }
+    dispenser = Dispenser(actor, 0, 0)
+    dispenser.dispatch(rollout, 2)
+    dispenser.end_of_stream()
+    while thread.is_alive():
+        wire.send_msg(control, wire.MsgType.CONTROL, {"cmd": "drain", "expect": [[0, 0]]})
+        thread.join(0.05)
+    assert compressor.malformed.count == 3
+    assert compressor.counters["rollouts"] == 1  # the good rollout still went through
+    received = []
+    while sink.poll(100):
+        received.append(wire.recv_msg(sink))
+    assert [m.type for m in received].count(wire.MsgType.CHUNK) == 6
+    assert received[-1].type is wire.MsgType.EOS
+    ctx.destroy(linger=0)
