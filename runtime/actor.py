@@ -5,8 +5,9 @@ its dispenser. Between steps it checks (without blocking) for newer weights and 
 env stepping never waits for a weight update. Between rollouts it waits only for back-pressure:
 while more than ``TrainConfig.inflight_steps_per_actor()`` of its steps have not yet reached
 the trainer (the trainer sends the received counts with the weights), it collects nothing
-more, which bounds the queues and so the policy lag. It stops only at a rollout boundary, so a clean
-shutdown leaves no half-collected experience behind.
+more, which bounds the queues and so the policy lag. It stops only at a rollout boundary,
+and exits only once the trainer has confirmed receipt of everything it sent, so a clean
+shutdown loses nothing.
 
 Truncated episodes (time limits) are bootstrapped on the spot: ``gamma * V(final_obs)`` is added
 to the last reward and the step is marked done, so the learner needs no extra channel for it.
@@ -33,6 +34,8 @@ logger = logging.getLogger(__name__)
 
 STATS_INTERVAL_S = 0.5
 THROTTLE_POLL_MS = 20
+DELIVERY_TIMEOUT_S = 60.0
+"""How long a stopping actor waits for the trainer to confirm its last rollouts."""
 FIRST_WEIGHTS_WAIT_S = 2.0
 """A restarted actor waits this long for current weights before acting with version 0."""
 
@@ -174,9 +177,25 @@ class Actor:
                 self.report()
                 last_stats = time.monotonic()
         self.dispenser.end_of_stream()
+        self._await_delivery(key, sent)
         self.report(final=True)
         for env in self.envs:
             env.close()
+
+    def _await_delivery(self, key: str, sent: int) -> None:
+        """Waits until the trainer confirms every step sent, before the socket closes.
+
+        A ZeroMQ socket closed while its peer is applying back-pressure can drop its queued
+        tail even with LINGER set, so a clean exit waits for the receipt instead.
+        """
+        deadline = time.monotonic() + DELIVERY_TIMEOUT_S
+        while int(self.weights.received.get(key, 0)) < sent:
+            if time.monotonic() > deadline:
+                logger.error("actor %s: %d of %d steps unconfirmed after %.0f s", key,
+                             sent - int(self.weights.received.get(key, 0)), sent,
+                             DELIVERY_TIMEOUT_S)  # fmt: skip
+                return
+            self.weights.poll(THROTTLE_POLL_MS)
 
 
 def actor_main(cfg: TrainConfig, info: EnvInfo, endpoints: topology.Endpoints, actor: int,

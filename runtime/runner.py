@@ -7,9 +7,12 @@ Lifecycle:
   2. every ``TICK_S``: read telemetry, restart any actor that died (its in-flight steps are
      counted as lost), stop when the trained-step target or the wall limit is reached, or on
      Ctrl-C. A service (compressor, migrator, trainer) that dies ends the run with an error.
-  3. drain: actors finish their current rollout, send it and an EOS; the compressor is told
-     which EOS to wait for, flushes and passes EOS on; the migrator forwards everything and
-     passes EOS on; the trainer trains what is left. Then every process has exited.
+  3. drain: actors finish their current rollout, send it and an EOS, and exit once the trainer
+     confirmed receipt; the compressor is told how many steps each actor incarnation that
+     exited cleanly sent, waits for them (or their EOS), flushes and passes EOS on; the
+     migrator forwards everything and passes EOS on; the trainer trains what is left and
+     reports. Only then are the services told to exit (closing a socket earlier could drop
+     its queued tail).
 
 Accounting: ``sampled_steps`` counts every env step every actor incarnation took (a shared
 counter each actor bumps per step). An incarnation's steps that never reached the compressor
@@ -48,6 +51,7 @@ ACTOR_EXIT_TIMEOUT_S = 60.0
 SERVICE_DRAIN_TIMEOUT_S = 120.0
 """How long the drain waits for each service's final report."""
 DRAIN_RESEND_S = 0.5
+SERVICE_EXIT_TIMEOUT_S = 30.0
 
 
 class RunError(RuntimeError):
@@ -235,7 +239,7 @@ class Runner:
     def _drain(self, telemetry_sock: zmq.Socket, control_sock: zmq.Socket, started: float) -> None:
         self._stop_event.set()
         deadline = time.monotonic() + ACTOR_EXIT_TIMEOUT_S
-        clean: list[list[int]] = []
+        clean: dict[str, int] = {}
         for slot in self.slots:
             while slot.process.is_alive() and time.monotonic() < deadline:
                 self._read_telemetry(telemetry_sock, int(TICK_S * 1000))
@@ -249,15 +253,19 @@ class Runner:
             ok = slot.process.exitcode == 0
             self._end_actor(slot, died=not ok)
             if ok:
-                clean.append([slot.index, slot.incarnation])
+                key = f"{slot.index}:{slot.incarnation}"
+                clean[key] = self.ended.stepped[key]
         self.slots = []
         for name in ("compressor", "migrator", "trainer-0"):
             self._await_final(name, telemetry_sock, control_sock, clean, started)
-        for proc in self.services.values():
-            proc.join(timeout=10)
+        deadline = time.monotonic() + SERVICE_EXIT_TIMEOUT_S
+        while any(p.is_alive() for p in self.services.values()) and time.monotonic() < deadline:
+            wire.send_msg(control_sock, wire.MsgType.CONTROL, {"cmd": "exit"})
+            for proc in self.services.values():
+                proc.join(timeout=0.1)
 
     def _await_final(self, name: str, telemetry_sock: zmq.Socket, control_sock: zmq.Socket,
-                     clean: list[list[int]], started: float) -> None:  # fmt: skip
+                     clean: dict[str, int], started: float) -> None:  # fmt: skip
         deadline = time.monotonic() + SERVICE_DRAIN_TIMEOUT_S
         last_sent = 0.0
         while not self.telemetry.is_final(name):

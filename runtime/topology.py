@@ -6,7 +6,7 @@
                                             credits go up, chunk channels come down
     trainer[0]           PUB  (bind)   --> weights      SUB   actors[i]  (connect)
     every process        PUSH --connect--> telemetry    PULL  runner     (bind)
-    runner               PUB  (bind)   --> control      SUB   compressor (connect)
+    runner               PUB  (bind)   --> control      SUB   compressor, migrator (connect)
 
 Back-pressure is bounded everywhere: send/receive high-water marks below, the migrator's
 credit window, and the compressor's bounded chunk. A full experience socket blocks the
@@ -113,23 +113,28 @@ def compressor_sockets(
     pull.bind(ep.experience)
     push = _socket(ctx, zmq.PUSH, sndhwm=CHUNK_HWM)
     push.connect(ep.chunks)
+    return pull, push, _control_in(ctx, ep)
+
+
+def _control_in(ctx: zmq.Context, ep: Endpoints) -> zmq.Socket:
+    """A service's SUB for the runner's CONTROL commands (drain, exit)."""
     control = _socket(ctx, zmq.SUB)
     control.setsockopt(zmq.SUBSCRIBE, b"")
     control.connect(ep.control)
-    return pull, push, control
+    return control
 
 
 # --- migrator -------------------------------------------------------------------------------
 
 
-def migrator_sockets(ctx: zmq.Context, ep: Endpoints) -> tuple[zmq.Socket, zmq.Socket]:
-    """(chunks PULL, trainers ROUTER) of the migrator."""
+def migrator_sockets(ctx: zmq.Context, ep: Endpoints) -> tuple[zmq.Socket, zmq.Socket, zmq.Socket]:
+    """(chunks PULL, trainers ROUTER, control SUB) of the migrator."""
     pull = _socket(ctx, zmq.PULL, rcvhwm=CHUNK_HWM)
     pull.bind(ep.chunks)
     router = _socket(ctx, zmq.ROUTER, sndhwm=TRAINER_HWM, rcvhwm=TRAINER_HWM)
     router.setsockopt(zmq.ROUTER_MANDATORY, 1)
     router.bind(ep.trainers)
-    return pull, router
+    return pull, router, _control_in(ctx, ep)
 
 
 # --- trainers -------------------------------------------------------------------------------

@@ -30,6 +30,30 @@ def init_service_process(name: str, log_level: int | None = None) -> None:
     logging.getLogger(__name__).debug("%s started (pid %d)", name, os.getpid())
 
 
+EXIT_WAIT_S = 300.0
+"""A drained service keeps its sockets open at most this long waiting for the runner's exit."""
+
+
+def await_exit(control: zmq.Socket, timeout_s: float = EXIT_WAIT_S) -> None:
+    """Blocks until the runner's CONTROL ``exit`` arrives (or ``timeout_s`` passes).
+
+    A drained service must not close its output socket while the next stage may still be
+    reading it: ZeroMQ can drop the queued tail of a socket closed under back-pressure, even
+    with LINGER. The runner sends ``exit`` once the trainer has reported its final figures,
+    which proves everything upstream was consumed.
+    """
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not control.poll(100):
+            continue
+        try:
+            msg = wire.recv_msg(control)
+        except wire.ProtocolError:
+            continue
+        if msg.type is wire.MsgType.CONTROL and msg.meta.get("cmd") == "exit":
+            return
+
+
 class StatsSender:
     """Sends STATS messages (a source name and a counter map) to the runner's telemetry socket.
 

@@ -20,11 +20,13 @@ import numpy as np
 import zmq
 
 from runtime import topology, wire
-from runtime.stages.common import StatsSender, init_service_process
+from runtime.stages.common import StatsSender, await_exit, init_service_process
 
 logger = logging.getLogger(__name__)
 
 STATS_INTERVAL_S = 0.5
+DRAIN_IDLE_S = 10.0
+"""A drain stops waiting for missing actor data after this long without any input."""
 
 
 @dataclass
@@ -62,8 +64,9 @@ class Compressor:
         self.next_chunk = 0
         self.malformed = wire.MalformedCounter("compressor")
         self.complete_steps: dict[str, int] = {}
-        self.eos_seen: set[tuple[int, int]] = set()
-        self.expect_eos: set[tuple[int, int]] | None = None
+        self.eos_seen: set[str] = set()
+        self.expect: dict[str, int] | None = None
+        self.last_input = time.monotonic()
         self.counters = {"messages_in": 0, "bytes_in": 0, "messages": 0, "bytes": 0,
                          "chunks": 0, "rollouts": 0}  # fmt: skip
 
@@ -72,7 +75,7 @@ class Compressor:
     def handle(self, msg: wire.Message) -> None:
         """Takes one message from the experience socket."""
         if msg.type is wire.MsgType.EOS:
-            self.eos_seen.add((int(msg.meta["actor"]), int(msg.meta["inc"])))
+            self.eos_seen.add(f"{int(msg.meta['actor'])}:{int(msg.meta['inc'])}")
             return
         if msg.type is not wire.MsgType.ROLLOUT:
             raise wire.ProtocolError(f"compressor does not take {msg.type.value} messages")
@@ -159,12 +162,29 @@ class Compressor:
     # --- loop ----------------------------------------------------------------------------
 
     def _drained(self) -> bool:
-        return self.expect_eos is not None and self.expect_eos <= self.eos_seen
+        """After a drain command: every expected actor incarnation sent its EOS or all its
+        steps, or nothing arrived for ``DRAIN_IDLE_S`` (what is missing is then lost, and the
+        runner counts it)."""
+        if self.expect is None:
+            return False
+        waiting = [
+            key
+            for key, steps in self.expect.items()
+            if key not in self.eos_seen and self.complete_steps.get(key, 0) < steps
+        ]
+        if not waiting:
+            return True
+        if time.monotonic() - self.last_input > DRAIN_IDLE_S:
+            logger.error("compressor: drain gave up waiting for actors %s", waiting)
+            return True
+        return False
 
     def _handle_control(self, msg: wire.Message) -> None:
         if msg.type is wire.MsgType.CONTROL and msg.meta.get("cmd") == "drain":
-            self.expect_eos = {(int(a), int(i)) for a, i in msg.meta.get("expect", [])}
-            logger.info("compressor draining; waiting for %d actors", len(self.expect_eos))
+            if self.expect is None:
+                self.last_input = time.monotonic()
+            self.expect = {str(k): int(v) for k, v in dict(msg.meta.get("expect", {})).items()}
+            logger.info("compressor draining; waiting for %d actors", len(self.expect))
 
     def run(self) -> None:
         """Serves until a drain completes, then flushes, sends EOS downstream and returns."""
@@ -184,6 +204,8 @@ class Compressor:
                     except wire.ProtocolError as exc:
                         self.malformed.drop(exc)
                         continue
+                    if sock is self.pull:
+                        self.last_input = time.monotonic()
                     try:
                         self.handle(msg) if sock is self.pull else self._handle_control(msg)
                     except wire.ProtocolError as exc:
@@ -214,4 +236,5 @@ def compressor_main(
     pull, push, control = topology.compressor_sockets(ctx, endpoints)
     stats = StatsSender(topology.telemetry_out(ctx, endpoints), "compressor")
     Compressor(pull, push, control, stats, chunk_bytes, chunk_timeout_s).run()
+    await_exit(control)
     ctx.destroy(linger=topology.LINGER_MS)

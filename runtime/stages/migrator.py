@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import zmq
 
 from runtime import topology, wire
-from runtime.stages.common import StatsSender, init_service_process
+from runtime.stages.common import StatsSender, await_exit, init_service_process
 
 logger = logging.getLogger(__name__)
 
@@ -158,7 +158,8 @@ def migrator_main(endpoints: topology.Endpoints, n_trainers: int) -> None:
     """Process entry point of the migrator service."""
     init_service_process("migrator")
     ctx = zmq.Context()
-    pull, router = topology.migrator_sockets(ctx, endpoints)
+    pull, router, control = topology.migrator_sockets(ctx, endpoints)
     stats = StatsSender(topology.telemetry_out(ctx, endpoints), "migrator")
     Migrator(pull, router, stats, n_trainers).run()
+    await_exit(control)
     ctx.destroy(linger=topology.LINGER_MS)

@@ -64,7 +64,8 @@ def test_rollouts_come_back_exactly(tmp_path, chunk_bytes):
     ep = topology.Endpoints.ipc(str(tmp_path))
     _, control = topology.runner_sockets(ctx, ep)
     compressor = Compressor(*topology.compressor_sockets(ctx, ep), None, chunk_bytes, 0.005)
-    migrator = Migrator(*topology.migrator_sockets(ctx, ep), None, n_trainers=1)
+    pull, router, _ = topology.migrator_sockets(ctx, ep)
+    migrator = Migrator(pull, router, None, n_trainers=1)
     services = [threading.Thread(target=s.run, daemon=True) for s in (compressor, migrator)]
     for t in services:
         t.start()
@@ -84,7 +85,7 @@ def test_rollouts_come_back_exactly(tmp_path, chunk_bytes):
     for t in senders:
         t.start()
 
-    expect = [[a, 0] for a in range(n_actors)]
+    expect = {f"{a}:0": n_rollouts * K * T for a in range(n_actors)}
     batches, eos = [], False
     while not eos or batcher.queued_rows:
         wire.send_msg(control, wire.MsgType.CONTROL, {"cmd": "drain", "expect": expect})

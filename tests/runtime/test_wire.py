@@ -103,7 +103,7 @@ def test_compressor_counts_and_drops_malformed_messages_and_keeps_serving(tmp_pa
     dispenser.dispatch(rollout, 2)
     dispenser.end_of_stream()
     while thread.is_alive():
-        wire.send_msg(control, wire.MsgType.CONTROL, {"cmd": "drain", "expect": [[0, 0]]})
+        wire.send_msg(control, wire.MsgType.CONTROL, {"cmd": "drain", "expect": {"0:0": 2}})
         thread.join(0.05)
     assert compressor.malformed.count == 3
     assert compressor.counters["rollouts"] == 1  # the good rollout still went through

@@ -1,0 +1,1 @@
+"""Benchmarks; each script writes JSON and prints a Markdown table for docs/BENCHMARKS.md."""

@@ -1,0 +1,86 @@
+"""Trained steps/s of the whole pipeline beside the raw random-action step rate, same run.
+
+    python -m bench.end_to_end --env Ant-v5 --actors 15 --envs-per-actor 16 --steps 3000000
+
+Runs, in order on the same machine: (1) raw random-action stepping on ``--actors`` processes,
+(2) ``autotune train`` with the same actor count through the four stages. The steady-state
+trained rate is the slope of trained steps over the middle of the run (after start-up, before
+the drain); the whole-run rate includes process start-up and drain.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from dataclasses import replace
+
+from bench.raw_env_rate import raw_step_rate
+from policies.appo import APPOConfig
+from runtime.config import TrainConfig
+from runtime.runner import Runner, RunState
+
+
+def steady_rate(samples: list[tuple[float, int]], lo: float = 0.3, hi: float = 0.9) -> float:
+    """Slope of trained steps over time between fractions ``lo`` and ``hi`` of the steps."""
+    total = samples[-1][1]
+    inner = [(t, s) for t, s in samples if lo * total <= s <= hi * total]
+    if len(inner) < 2 or inner[-1][0] <= inner[0][0]:
+        return 0.0
+    return (inner[-1][1] - inner[0][1]) / (inner[-1][0] - inner[0][0])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--env", default="CartPole-v1")
+    ap.add_argument("--actors", type=int, default=max(1, (os.cpu_count() or 2) - 1))
+    ap.add_argument("--envs-per-actor", type=int, default=16)
+    ap.add_argument("--rollout-len", type=int, default=32)
+    ap.add_argument("--batch-size", type=int, default=8192)
+    ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--minibatches", type=int, default=2)
+    ap.add_argument("--policy", default="auto:256:128:64:auto")
+    ap.add_argument("--steps", type=int, default=200_000)
+    ap.add_argument("--raw-seconds", type=float, default=20.0)
+    ap.add_argument("--trainer-device", default="auto")
+    ap.add_argument("--out", default=None, help="write the JSON result here")
+    a = ap.parse_args()
+
+    raw = raw_step_rate(a.env, a.actors, a.envs_per_actor, a.raw_seconds)
+    cfg = TrainConfig(
+        env=a.env, steps=a.steps, actors=a.actors, envs_per_actor=a.envs_per_actor,
+        rollout_len=a.rollout_len, batch_size=a.batch_size, policy=a.policy,
+        trainer_device=a.trainer_device,
+        learner=replace(APPOConfig(), epochs=a.epochs, minibatches=a.minibatches),
+    )  # fmt: skip
+    info = cfg.validate()
+    samples: list[tuple[float, int]] = []
+
+    def record(state: RunState) -> None:
+        if not state.draining:
+            samples.append((state.elapsed_s, state.trained_steps))
+
+    t0 = time.time()
+    result = Runner(cfg, info, on_progress=record).run()
+    steady = steady_rate(samples)
+    doc = {
+        "date": time.strftime("%Y-%m-%d", time.gmtime(t0)), "host": platform.node(),
+        "cpus": os.cpu_count(), "env": a.env, "actors": a.actors,
+        "envs_per_actor": a.envs_per_actor, "raw_steps_per_s": raw,
+        "trained_steps_per_s_steady": steady,
+        "trained_steps_per_s_whole_run": result["steps_per_s"],
+        "ratio_steady_to_raw": steady / raw if raw else None,
+        "ratio_whole_run_to_raw": result["steps_per_s"] / raw if raw else None,
+        "result": result,
+    }  # fmt: skip
+    text = json.dumps(doc, indent=2)
+    if a.out:
+        with open(a.out, "w") as f:
+            f.write(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,248 @@
+"""The experience path alone, on synthetic rollouts: the four stages vs simpler transports.
+
+    python -m bench.pipeline_throughput --producers 2 --seconds 3
+
+For each rollout size, side by side in one run (same producers, same payload):
+  raw        pyzmq PUSH/PULL of one opaque frame per rollout (the transport's ceiling)
+  per-rollout one wire message per rollout (all channels as frames), straight to the consumer
+  stages-1   dispenser -> compressor -> migrator -> batcher with chunk_bytes=1 (no concatenation)
+  stages     the same with the compressor concatenating up to --chunk-bytes
+The consumer reports rollouts/s, payload MB/s and messages/s it received.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import platform
+import tempfile
+import time
+
+import numpy as np
+
+SIZES = {"cartpole-like": (8, 32, 4, 2), "ant-like": (16, 32, 105, 8)}
+"""name -> (envs K, rollout length T, obs dim D, action dim A)."""
+
+
+def synthetic_rollout(k: int, t: int, d: int, a: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return {
+        "obs": rng.random((k, t + 1, d), np.float32),
+        "actions": rng.random((k, t, a), np.float32),
+        "rewards": rng.random((k, t), np.float32),
+        "dones": np.zeros((k, t), np.uint8),
+        "logp": rng.random((k, t), np.float32),
+        "versions": np.zeros((k, t), np.int32),
+    }
+
+
+def _producer(mode: str, endpoint: str, index: int, size: tuple, seconds: float, start,
+              done) -> None:  # fmt: skip
+    import zmq
+
+    from runtime import topology, wire
+    from runtime.stages.dispenser import Dispenser
+
+    rollout = synthetic_rollout(*size)
+    steps = size[0] * size[1]
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.PUSH)
+    sock.setsockopt(zmq.SNDHWM, topology.EXPERIENCE_HWM)
+    sock.connect(endpoint)
+    blob = b"".join(bytes(memoryview(v).cast("B")) for v in rollout.values())
+    dispenser = Dispenser(sock, index, 0)
+    start.wait()
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < seconds:
+        if mode == "raw":
+            sock.send(blob, copy=len(blob) < wire.COPY_THRESHOLD)
+        elif mode == "per-rollout":
+            meta = {"actor": index, "steps": steps}
+            wire.send_msg(sock, wire.MsgType.ROLLOUT, meta, list(rollout.values()))
+        else:
+            dispenser.dispatch(rollout, steps)
+    if mode == "raw":
+        sock.send(b"")
+    elif mode == "per-rollout":
+        wire.send_msg(sock, wire.MsgType.EOS, {"actor": index})
+    else:
+        dispenser.end_of_stream()
+    done.wait()  # closing under back-pressure could drop the queued tail (see runtime.actor)
+    ctx.destroy(linger=0)
+
+
+def _direct_consumer(mode: str, endpoint: str, producers: int, out) -> None:
+    import zmq
+
+    from runtime import wire
+
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.PULL)
+    sock.bind(endpoint)
+    ended = messages = nbytes = rollouts = 0
+    t0 = None
+    while ended < producers:
+        frames = sock.recv_multipart(copy=False)
+        t0 = t0 or time.monotonic()
+        if mode == "raw":
+            if len(frames[0]) == 0:
+                ended += 1
+                continue
+            nbytes += len(frames[0])
+            rollouts += 1
+        else:
+            msg = wire.decode(frames)
+            if msg.type is wire.MsgType.EOS:
+                ended += 1
+                continue
+            nbytes += msg.nbytes
+            rollouts += 1
+        messages += 1
+    out.put(
+        {
+            "elapsed_s": time.monotonic() - t0,
+            "messages": messages,
+            "bytes": nbytes,
+            "rollouts": rollouts,
+        }
+    )
+    ctx.destroy(linger=0)
+
+
+def _stage_consumer(endpoints, batch_rows: int, out) -> None:
+    import zmq
+
+    from runtime import topology, wire
+    from runtime.stages.batcher import Batcher
+
+    ctx = zmq.Context()
+    dealer = topology.trainer_experience_in(ctx, endpoints, 0)
+    batcher = Batcher(batch_rows)
+    t0, eos, rollouts = None, False, 0
+    while not eos:
+        n = batcher.credits_to_grant()
+        if n:
+            wire.send_msg(dealer, wire.MsgType.CREDIT, {"n": n, "queued_steps": 0})
+        if not dealer.poll(100):
+            continue
+        msg = wire.recv_msg(dealer)
+        t0 = t0 or time.monotonic()
+        if msg.type is wire.MsgType.EOS:
+            eos = True
+        elif batcher.add(msg):
+            rollouts += len(msg.meta["rollouts"])
+        while batcher.ready():
+            batcher.take(0, 10**9)
+    c = batcher.counters
+    out.put(
+        {
+            "elapsed_s": time.monotonic() - t0,
+            "messages": c["messages"],
+            "bytes": c["bytes"],
+            "rollouts": rollouts,
+        }
+    )
+    ctx.destroy(linger=0)
+
+
+def measure(mode: str, producers: int, size: tuple, seconds: float, chunk_bytes: int) -> dict:
+    from runtime import topology, wire
+    from runtime.stages.compressor import compressor_main
+    from runtime.stages.migrator import migrator_main
+
+    ctx = mp.get_context("spawn")
+    start, out, done = ctx.Barrier(producers + 1), ctx.Queue(), ctx.Event()
+    with tempfile.TemporaryDirectory() as run_dir:
+        ep = topology.Endpoints.ipc(run_dir)
+        services = []
+        if mode.startswith("stages"):
+            import zmq
+
+            zctx = zmq.Context()
+            _, control = topology.runner_sockets(zctx, ep)
+            cb = 1 if mode == "stages-1" else chunk_bytes
+            services = [
+                ctx.Process(target=compressor_main, args=(ep, cb, 0.01)),
+                ctx.Process(target=migrator_main, args=(ep, 1)),
+                ctx.Process(target=_stage_consumer, args=(ep, size[0] * 4, out)),
+            ]
+            target = ep.experience
+        else:
+            target = ep.experience
+            services = [ctx.Process(target=_direct_consumer, args=(mode, target, producers, out))]
+        for s in services:
+            s.start()
+        prods = [
+            ctx.Process(target=_producer, args=(mode, target, i, size, seconds, start, done))
+            for i in range(producers)
+        ]
+        for p in prods:
+            p.start()
+        start.wait()
+        if mode.startswith("stages"):
+            expect = {f"{i}:0": 2**62 for i in range(producers)}  # only their EOS ends it
+            while out.empty():
+                wire.send_msg(control, wire.MsgType.CONTROL, {"cmd": "drain", "expect": expect})
+                time.sleep(0.2)
+        r = out.get(timeout=seconds + 120)
+        done.set()
+        for p in prods + services:
+            while p.is_alive():
+                if mode.startswith("stages"):
+                    wire.send_msg(control, wire.MsgType.CONTROL, {"cmd": "exit"})
+                p.join(timeout=0.1)
+        if mode.startswith("stages"):
+            zctx.destroy(linger=0)
+    e = r["elapsed_s"]
+    return {
+        "mode": mode,
+        "rollouts_per_s": r["rollouts"] / e,
+        "mb_per_s": r["bytes"] / e / 1e6,
+        "messages_per_s": r["messages"] / e,
+        "rollouts": r["rollouts"],
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--producers", type=int, default=2)
+    ap.add_argument("--seconds", type=float, default=3.0)
+    ap.add_argument("--chunk-bytes", type=int, default=256 * 1024)
+    ap.add_argument("--sizes", nargs="*", default=list(SIZES), choices=list(SIZES))
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    rows = []
+    for name in a.sizes:
+        size = SIZES[name]
+        rollout_kb = sum(v.nbytes for v in synthetic_rollout(*size).values()) / 1024
+        for mode in ("raw", "per-rollout", "stages-1", "stages"):
+            row = measure(mode, a.producers, size, a.seconds, a.chunk_bytes)
+            rows.append({"size": name, "rollout_kb": round(rollout_kb, 1), **row})
+            print(json.dumps(rows[-1]), flush=True)
+    doc = {
+        "date": time.strftime("%Y-%m-%d"),
+        "host": platform.node(),
+        "cpus": os.cpu_count(),
+        "producers": a.producers,
+        "seconds": a.seconds,
+        "chunk_bytes": a.chunk_bytes,
+        "rows": rows,
+    }
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(doc, f, indent=2)
+    print("| size | rollout KB | mode | rollouts/s | MB/s | messages/s | vs raw |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        raw = next(x for x in rows if x["size"] == r["size"] and x["mode"] == "raw")
+        print(
+            f"| {r['size']} | {r['rollout_kb']} | {r['mode']} | {r['rollouts_per_s']:,.0f} | "
+            f"{r['mb_per_s']:,.0f} | {r['messages_per_s']:,.0f} | "
+            f"{r['rollouts_per_s'] / raw['rollouts_per_s']:.2f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
