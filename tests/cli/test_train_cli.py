@@ -1,0 +1,50 @@
+"""``autotune train`` as a user runs it: a subprocess with a tiny budget, JSON checked."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+TOP_KEYS = {"env", "env_steps", "sampled_steps", "discarded_steps", "lost_steps", "wall_s",
+            "steps_per_s", "energy", "steps_per_joule", "return_mean", "policy_lag", "config",
+            "stages"}  # fmt: skip
+
+
+def run_cli(tmp_path, *args: str) -> dict:
+    out = tmp_path / "out.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "autotune.cli", "train", "--quiet", "--json", str(out), *args],
+        capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "steps per joule" in proc.stdout  # the summary table
+    return json.loads(out.read_text())
+
+
+def test_cartpole_json_has_the_documented_shape(tmp_path):
+    r = run_cli(tmp_path, "--steps", "4096", "--actors", "1", "--envs-per-actor", "4")
+    assert TOP_KEYS <= set(r)
+    assert r["env"] == "CartPole-v1" and r["env_steps"] >= 4096
+    assert r["sampled_steps"] == r["env_steps"] + r["discarded_steps"] + r["lost_steps"]
+    assert set(r["energy"]) >= {"gpu_j", "cpu_j", "gpu_source", "cpu_source"}
+    assert r["energy"]["gpu_source"] in ("nvml", "nvml-power-polling", "none")
+    assert r["energy"]["cpu_source"] in ("rapl", "model")
+    assert r["steps_per_joule"] is None or r["steps_per_joule"] > 0
+    assert set(r["policy_lag"]) == {"mean", "max"}
+    assert set(r["stages"]) == {"dispenser", "compressor", "migrator", "batcher"}
+    assert all(s["messages"] > 0 and s["bytes"] > 0 for s in r["stages"].values())
+    assert r["config"]["actors"] == 1
+
+
+def test_pendulum_continuous_control_smoke(tmp_path):
+    r = run_cli(tmp_path, "--env", "Pendulum-v1", "--steps", "8192", "--actors", "1",
+                "--reward-scale", "0.1")  # fmt: skip
+    assert r["env_steps"] >= 8192 and r["lost_steps"] == 0
+    assert r["return_mean"] is not None and math.isfinite(r["return_mean"])
+    assert r["config"]["learner"]["reward_scale"] == 0.1
