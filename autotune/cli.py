@@ -87,6 +87,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     train.add_argument("--lr", type=float, default=dl.lr, help=f"learning rate (default {dl.lr})")
     train.add_argument(
+        "--lr-schedule",
+        choices=["linear", "constant"],
+        default=dl.lr_schedule,
+        help="linear: anneal the learning rate to 0 over --steps (default); constant: keep it",
+    )
+    train.add_argument(
         "--gamma", type=float, default=dl.gamma, help=f"discount (default {dl.gamma})"
     )
     train.add_argument(
@@ -132,7 +138,8 @@ def config_from_args(args: argparse.Namespace):
     from runtime.config import TrainConfig
 
     learner = APPOConfig(
-        lr=args.lr, gamma=args.gamma, epochs=args.epochs, minibatches=args.minibatches,
+        lr=args.lr, lr_schedule=args.lr_schedule, gamma=args.gamma, epochs=args.epochs,
+        minibatches=args.minibatches,
         entropy_coef=args.entropy_coef, reward_scale=args.reward_scale,
         max_policy_lag=args.max_policy_lag,
     )  # fmt: skip

@@ -21,13 +21,17 @@ from torch import nn
 from policies.actor_critic import ActorCritic
 from policies.vtrace import vtrace
 
+LR_SCHEDULES = ("linear", "constant")
+
 
 @dataclass(frozen=True)
 class APPOConfig:
     """Learner hyper-parameters."""
 
     lr: float = 1e-3
-    """Adam learning rate."""
+    """Adam learning rate (the starting value under a linear schedule)."""
+    lr_schedule: str = "linear"
+    """``linear``: anneal to 0 over the run's step budget; ``constant``: keep ``lr``."""
     gamma: float = 0.99
     """Discount factor."""
     epochs: int = 4
@@ -59,6 +63,8 @@ class APPOConfig:
         for name in ("lr", "clip", "max_grad_norm", "rho_bar", "c_bar", "reward_scale"):
             if not getattr(self, name) > 0:
                 out.append(f"learner.{name}={getattr(self, name)!r}: must be > 0")
+        if self.lr_schedule not in LR_SCHEDULES:
+            out.append(f"learner.lr_schedule={self.lr_schedule!r}: allowed {LR_SCHEDULES}")
         if not 0.0 < self.gamma <= 1.0:
             out.append(f"learner.gamma={self.gamma!r}: must be in (0, 1]")
         for name in ("epochs", "minibatches", "max_policy_lag"):
@@ -93,14 +99,24 @@ class APPOLearner:
         model: The actor-critic (moved to ``device``).
         config: Hyper-parameters.
         device: Torch device of the trainer.
+        total_steps: The run's step budget, for the linear learning-rate schedule.
     """
 
-    def __init__(self, model: ActorCritic, config: APPOConfig, device: torch.device) -> None:
+    def __init__(self, model: ActorCritic, config: APPOConfig, device: torch.device,
+                 total_steps: int | None = None) -> None:  # fmt: skip
         self.model = model.to(device)
         self.config = config
         self.device = device
+        self.total_steps = total_steps
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.lr, eps=1e-5)
         self.version = 0
+        self.trained_steps = 0
+
+    def current_lr(self) -> float:
+        """The learning rate for the next update under the configured schedule."""
+        if self.config.lr_schedule == "constant" or not self.total_steps:
+            return self.config.lr
+        return self.config.lr * max(0.0, 1.0 - self.trained_steps / self.total_steps)
 
     def _tensors(self, batch: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
         out = {k: torch.as_tensor(np.asarray(v), device=self.device) for k, v in batch.items()}
@@ -115,6 +131,8 @@ class APPOLearner:
         lag = self.version - np.asarray(batch["versions"])
         b = self._tensors(batch)
         n, t = b["rewards"].shape
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.current_lr()
         self.model.obs_norm.update(b["obs"][:, :t])
         pi_losses, v_losses, entropies = [], [], []
         for _ in range(cfg.epochs):
@@ -138,15 +156,16 @@ class APPOLearner:
                 loss.backward()
                 nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
                 self.optimizer.step()
-                pi_losses.append(loss_pi.item())
-                v_losses.append(loss_v.item())
-                entropies.append(entropy.mean().item())
+                pi_losses.append(loss_pi.detach())
+                v_losses.append(loss_v.detach())
+                entropies.append(entropy.mean().detach())
         self.version += 1
+        self.trained_steps += n * t
         return UpdateStats(
             steps=n * t,
             policy_lag_mean=float(lag.mean()),
             policy_lag_max=int(lag.max()),
-            loss_pi=float(np.mean(pi_losses)),
-            loss_v=float(np.mean(v_losses)),
-            entropy=float(np.mean(entropies)),
+            loss_pi=torch.stack(pi_losses).mean().item(),  # one device sync per update
+            loss_v=torch.stack(v_losses).mean().item(),
+            entropy=torch.stack(entropies).mean().item(),
         )

@@ -59,16 +59,11 @@ class _WeightsReceiver:
         self.malformed = wire.MalformedCounter("actor-weights")
 
     def poll(self, timeout_ms: int = 0) -> None:
-        newest = None
         if not self.sock.poll(timeout_ms):
             return
-        while True:
-            try:
-                newest = wire.recv_msg(self.sock, zmq.NOBLOCK)
-            except zmq.Again:
-                break
-            except wire.ProtocolError as exc:
-                self.malformed.drop(exc)
+        newest = None
+        for newest in wire.recv_waiting(self.sock, self.malformed):  # noqa: B007 - keep the last
+            pass
         if newest is None or newest.type is not wire.MsgType.WEIGHTS:
             return
         received = newest.meta.get("received")

@@ -163,11 +163,9 @@ class Runner:
     def _read_telemetry(self, sock: zmq.Socket, timeout_ms: int) -> None:
         if not sock.poll(timeout_ms):
             return
-        while True:
+        for msg in wire.recv_waiting(sock, self.telemetry.malformed):
             try:
-                self.telemetry.handle(wire.recv_msg(sock, zmq.NOBLOCK))
-            except zmq.Again:
-                return
+                self.telemetry.handle(msg)
             except wire.ProtocolError as exc:
                 self.telemetry.malformed.drop(exc)
 

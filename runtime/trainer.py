@@ -63,7 +63,7 @@ class Trainer:
         torch.manual_seed(cfg.seed)  # the actors build the same version-0 weights
         model = ActorCritic(info.obs_dim, info.act_dim, info.discrete, cfg.policy,
                             cfg.learner.normalize_obs)  # fmt: skip
-        self.learner = APPOLearner(model, cfg.learner, torch.device(self.device))
+        self.learner = APPOLearner(model, cfg.learner, torch.device(self.device), cfg.steps)
         self.batcher = Batcher(cfg.batch_size // cfg.rollout_len, WINDOW_CHUNKS)
         self.malformed = wire.MalformedCounter("trainer")
         self.eos = False
@@ -95,14 +95,7 @@ class Trainer:
     def _receive(self, timeout_ms: int) -> None:
         if not self.dealer.poll(timeout_ms):
             return
-        while True:
-            try:
-                msg = wire.recv_msg(self.dealer, zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            except wire.ProtocolError as exc:
-                self.malformed.drop(exc)
-                continue
+        for msg in wire.recv_waiting(self.dealer, self.malformed):
             if msg.type is wire.MsgType.EOS:
                 self.eos = True
                 continue

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,6 +84,14 @@ class Message:
     def nbytes(self) -> int:
         """Payload bytes of the arrays (the header is not counted)."""
         return sum(a.nbytes for a in self.arrays)
+
+
+def meta_int(meta: dict[str, Any], key: str, default: int | None = None) -> int:
+    """An integer header field, or ``ProtocolError`` naming the field (or ``default`` if absent)."""
+    value = meta.get(key, default)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ProtocolError(f"header field {key!r} must be an integer, got {value!r}")
+    return value
 
 
 def encode(
@@ -210,6 +218,25 @@ def recv_msg(sock: zmq.Socket, flags: int = 0) -> Message:
         zmq.Again: With ``zmq.NOBLOCK`` and nothing to read.
     """
     return decode(sock.recv_multipart(flags, copy=False))
+
+
+def recv_waiting(sock: zmq.Socket, malformed: MalformedCounter,
+                 limit: int | None = None) -> Iterator[Message]:  # fmt: skip
+    """Yields the messages already waiting on ``sock`` (up to ``limit``), without blocking.
+
+    Malformed ones are counted on ``malformed`` and skipped.
+    """
+    received = 0
+    while limit is None or received < limit:
+        try:
+            msg = recv_msg(sock, zmq.NOBLOCK)
+        except zmq.Again:
+            return
+        except ProtocolError as exc:
+            malformed.drop(exc)
+            continue
+        received += 1
+        yield msg
 
 
 class MalformedCounter:

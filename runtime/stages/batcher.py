@@ -77,17 +77,21 @@ class Batcher:
         if msg.type is not wire.MsgType.CHUNK or len(msg.arrays) != 1:
             raise wire.ProtocolError(f"batcher expects one-array chunk messages, got {msg.type}")
         m = msg.meta
-        try:
-            chunk_id, ci, nch = int(m["chunk"]), int(m["ci"]), int(m["nch"])
-            steps, rows, name = int(m["steps"]), int(m["rows"]), str(m["ch"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise wire.ProtocolError(f"chunk header lacks a valid field: {exc}") from None
+        chunk_id, ci, nch = (
+            wire.meta_int(m, "chunk"),
+            wire.meta_int(m, "ci"),
+            wire.meta_int(m, "nch"),
+        )
+        steps, rows, name = wire.meta_int(m, "steps"), wire.meta_int(m, "rows"), str(m.get("ch"))
         array = msg.arrays[0]
         if array.ndim < 2 or array.shape[0] != rows or not 0 <= ci < nch:
             raise wire.ProtocolError(f"chunk {chunk_id} channel {name!r} has a bad layout")
         rollouts = m.get("rollouts")
-        if not isinstance(rollouts, list):
-            raise wire.ProtocolError(f"chunk {chunk_id} has no rollout list")
+        if not isinstance(rollouts, list) or not all(
+            isinstance(r, list) and len(r) >= 4 and all(isinstance(x, int) for x in r)
+            for r in rollouts
+        ):
+            raise wire.ProtocolError(f"chunk {chunk_id} needs a list of [actor, inc, seq, steps]")
         chunk = self.partial.setdefault(chunk_id, _Chunk(nch, steps, rows, rollouts))
         if ci in chunk.channels or (chunk.nch, chunk.rows) != (nch, rows):
             raise wire.ProtocolError(f"chunk {chunk_id} channel {name!r} conflicts with its chunk")

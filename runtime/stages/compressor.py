@@ -75,17 +75,15 @@ class Compressor:
     def handle(self, msg: wire.Message) -> None:
         """Takes one message from the experience socket."""
         if msg.type is wire.MsgType.EOS:
-            self.eos_seen.add(f"{int(msg.meta['actor'])}:{int(msg.meta['inc'])}")
+            actor, inc = wire.meta_int(msg.meta, "actor"), wire.meta_int(msg.meta, "inc")
+            self.eos_seen.add(f"{actor}:{inc}")
             return
         if msg.type is not wire.MsgType.ROLLOUT:
             raise wire.ProtocolError(f"compressor does not take {msg.type.value} messages")
         m = msg.meta
-        try:
-            key = (int(m["actor"]), int(m["inc"]), int(m["seq"]))
-            ci, nch, steps, rows = int(m["ci"]), int(m["nch"]), int(m["steps"]), int(m["rows"])
-            name = str(m["ch"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise wire.ProtocolError(f"rollout header lacks a valid field: {exc}") from None
+        key = (wire.meta_int(m, "actor"), wire.meta_int(m, "inc"), wire.meta_int(m, "seq"))
+        ci, nch = wire.meta_int(m, "ci"), wire.meta_int(m, "nch")
+        steps, rows, name = wire.meta_int(m, "steps"), wire.meta_int(m, "rows"), str(m.get("ch"))
         if len(msg.arrays) != 1 or msg.arrays[0].ndim < 1 or msg.arrays[0].shape[0] != rows:
             raise wire.ProtocolError(f"rollout channel {name!r} must be one array of {rows} rows")
         if not 0 <= ci < nch:
@@ -183,7 +181,10 @@ class Compressor:
         if msg.type is wire.MsgType.CONTROL and msg.meta.get("cmd") == "drain":
             if self.expect is None:
                 self.last_input = time.monotonic()
-            self.expect = {str(k): int(v) for k, v in dict(msg.meta.get("expect", {})).items()}
+            expect = msg.meta.get("expect", {})
+            if not isinstance(expect, dict):
+                raise wire.ProtocolError(f"drain 'expect' must be a map, got {expect!r}")
+            self.expect = {str(k): wire.meta_int(expect, k) for k in expect}
             logger.info("compressor draining; waiting for %d actors", len(self.expect))
 
     def run(self) -> None:
@@ -196,14 +197,7 @@ class Compressor:
         while not self._drained():
             timeout_ms = max(1, int(self.chunk_timeout_s * 1000 / 2))
             for sock, _ in poller.poll(timeout_ms):
-                while True:
-                    try:
-                        msg = wire.recv_msg(sock, zmq.NOBLOCK)
-                    except zmq.Again:
-                        break
-                    except wire.ProtocolError as exc:
-                        self.malformed.drop(exc)
-                        continue
+                for msg in wire.recv_waiting(sock, self.malformed):
                     if sock is self.pull:
                         self.last_input = time.monotonic()
                     try:

@@ -61,24 +61,30 @@ class Migrator:
         """A CREDIT message from a trainer: adds its free slots and records its queue."""
         if msg.type is not wire.MsgType.CREDIT:
             raise wire.ProtocolError(f"migrator takes only credit from trainers, got {msg.type}")
+        n = wire.meta_int(msg.meta, "n")
+        queued = wire.meta_int(msg.meta, "queued_steps", 0)
+        if n < 0:
+            raise wire.ProtocolError(f"credit of {n} slots; must be >= 0")
         trainer = self.trainers.setdefault(identity, _Trainer(identity))
-        trainer.credits += int(msg.meta.get("n", 0))
-        trainer.queued_steps = int(msg.meta.get("queued_steps", trainer.queued_steps))
+        trainer.credits += n
+        trainer.queued_steps = queued
 
     def on_chunk(self, msg: wire.Message, frames: list[zmq.Frame]) -> None:
         """A message from the compressor: a chunk channel to route, or its end of stream."""
         if msg.type is wire.MsgType.EOS:
             self.upstream_done = True
             return
-        if msg.type is not wire.MsgType.CHUNK or "chunk" not in msg.meta or "nch" not in msg.meta:
+        if msg.type is not wire.MsgType.CHUNK:
             raise wire.ProtocolError(f"migrator expects chunk messages, got {msg.type.value}")
+        for key in ("chunk", "nch", "steps"):
+            wire.meta_int(msg.meta, key)  # validated here so dispatch() cannot fail on them
         self.pending.append((msg, frames))
 
     def dispatch(self) -> None:
         """Forwards pending chunk channels, in order, as far as credits allow."""
         while self.pending:
             msg, frames = self.pending[0]
-            chunk = int(msg.meta["chunk"])
+            chunk = msg.meta["chunk"]
             route = self.routes.get(chunk)
             if route is None:
                 trainer = self._pick()
@@ -86,10 +92,10 @@ class Migrator:
                     return
                 trainer.credits -= 1
                 trainer.chunks += 1
-                trainer.steps += int(msg.meta.get("steps", 0))
-                trainer.queued_steps += int(msg.meta.get("steps", 0))
+                trainer.steps += msg.meta["steps"]
+                trainer.queued_steps += msg.meta["steps"]
                 self.counters["chunks"] += 1
-                route = (trainer, int(msg.meta["nch"]))
+                route = (trainer, msg.meta["nch"])
             trainer, remaining = route
             wire.send(self.router, [trainer.identity, *frames])
             self.counters["messages"] += 1

@@ -113,3 +113,23 @@ def test_compressor_counts_and_drops_malformed_messages_and_keeps_serving(tmp_pa
     assert [m.type for m in received].count(wire.MsgType.CHUNK) == 6
     assert received[-1].type is wire.MsgType.EOS
     ctx.destroy(linger=0)
+
+
+@pytest.mark.parametrize(
+    "meta",
+    [{"actor": "x", "inc": 0}, {"inc": 0}, {"actor": 1.5, "inc": 0}, {"actor": True, "inc": 0}],
+)
+def test_header_fields_of_the_wrong_type_are_protocol_errors_not_crashes(meta):
+    from runtime.stages.migrator import Migrator
+
+    compressor = Compressor(None, None, None, None, 1, 0.01)
+    with pytest.raises(wire.ProtocolError):
+        compressor.handle(wire.Message(wire.MsgType.EOS, meta))
+    with pytest.raises(wire.ProtocolError):
+        compressor.handle(wire.Message(wire.MsgType.ROLLOUT, {**meta, "seq": 0}, [np.zeros(1)]))
+    migrator = Migrator(None, None, None, 1)
+    with pytest.raises(wire.ProtocolError):
+        migrator.on_trainer(b"t", wire.Message(wire.MsgType.CREDIT, {"n": meta.get("actor")}))
+    with pytest.raises(wire.ProtocolError):
+        migrator.on_chunk(wire.Message(wire.MsgType.CHUNK, {"chunk": meta.get("actor"), "nch": 1,
+                                                             "steps": 1}), [])  # fmt: skip
