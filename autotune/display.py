@@ -8,6 +8,7 @@ from typing import Any
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
 from runtime.config import TrainConfig
 from runtime.runner import RunState
@@ -47,19 +48,15 @@ class ProgressDisplay:
             self._rate = (state.trained_steps - s0) / (state.elapsed_s - t0)
         self._rate_mark = (state.elapsed_s, state.trained_steps)
         self._last_render = now
-        table = Table.grid(padding=(0, 2))
         phase = "[yellow]draining[/yellow]" if state.draining else "[green]training[/green]"
-        table.add_row(
-            phase,
-            f"trained {state.trained_steps:,}/{self.cfg.steps:,}",
-            f"sampled {state.sampled_steps:,}",
-            f"{self._rate:,.0f} steps/s",
-            f"return {_fmt(state.return_mean, '.1f')} ({state.episodes:,} ep)",
-            f"lag {state.policy_lag_mean:.1f}/{state.policy_lag_max}",
-            f"restarts {state.actor_restarts}",
-            f"{state.elapsed_s:,.0f}s",
+        line = Text.from_markup(
+            f"{phase} {state.trained_steps:,}/{self.cfg.steps:,} trained "
+            f"({state.sampled_steps:,} sampled)  {self._rate:,.0f} steps/s  "
+            f"return {_fmt(state.return_mean, '.1f')} ({state.episodes:,} ep)  "
+            f"lag {state.policy_lag_mean:.1f}/{state.policy_lag_max}  "
+            f"restarts {state.actor_restarts}  {state.elapsed_s:,.0f}s"
         )
-        self.live.update(table)
+        self.live.update(line)
 
 
 def summary_table(result: dict[str, Any]) -> Table:

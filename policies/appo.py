@@ -42,7 +42,7 @@ class APPOConfig:
     """PPO ratio clip."""
     value_coef: float = 0.5
     """Weight of the value loss."""
-    entropy_coef: float = 0.0
+    entropy_coef: float = 0.01
     """Weight of the entropy bonus."""
     max_grad_norm: float = 0.5
     """Global gradient-norm clip."""
