@@ -50,6 +50,8 @@ class APPOConfig:
     """V-trace importance-weight clip."""
     c_bar: float = 1.0
     """V-trace trace clip."""
+    vtrace_lambda: float = 0.95
+    """V-trace trace decay (GAE's lambda when on-policy); 1.0 is plain V-trace."""
     reward_scale: float = 1.0
     """Multiplies rewards before learning (e.g. 0.1 for Pendulum's large negative rewards)."""
     normalize_obs: bool = True
@@ -65,8 +67,9 @@ class APPOConfig:
                 out.append(f"learner.{name}={getattr(self, name)!r}: must be > 0")
         if self.lr_schedule not in LR_SCHEDULES:
             out.append(f"learner.lr_schedule={self.lr_schedule!r}: allowed {LR_SCHEDULES}")
-        if not 0.0 < self.gamma <= 1.0:
-            out.append(f"learner.gamma={self.gamma!r}: must be in (0, 1]")
+        for name in ("gamma", "vtrace_lambda"):
+            if not 0.0 < getattr(self, name) <= 1.0:
+                out.append(f"learner.{name}={getattr(self, name)!r}: must be in (0, 1]")
         for name in ("epochs", "minibatches", "max_policy_lag"):
             if not (isinstance(getattr(self, name), int) and getattr(self, name) >= 1):
                 out.append(f"learner.{name}={getattr(self, name)!r}: must be an integer >= 1")
@@ -141,7 +144,7 @@ class APPOLearner:
                 bootstrap = self.model.values(b["obs"][:, t])
                 ret = vtrace(
                     b["logp"], target_logp, b["rewards"], values, bootstrap, b["discounts"],
-                    cfg.rho_bar, cfg.c_bar,
+                    cfg.rho_bar, cfg.c_bar, cfg.vtrace_lambda,
                 )  # fmt: skip
             for idx in torch.randperm(n, device=self.device).chunk(cfg.minibatches):
                 logp, entropy, v = self.model.evaluate(b["obs"][idx, :t], b["actions"][idx])

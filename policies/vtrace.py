@@ -25,6 +25,7 @@ def vtrace(
     discounts: torch.Tensor,
     rho_bar: float = 1.0,
     c_bar: float = 1.0,
+    lam: float = 1.0,
 ) -> VTraceReturns:
     """Computes V-trace targets for trajectories of length T.
 
@@ -37,10 +38,12 @@ def vtrace(
         discounts: ``[N, T]`` gamma * (1 - done_t).
         rho_bar: Clip of the importance weights in the TD errors.
         c_bar: Clip of the trace-cutting coefficients.
+        lam: Trace decay (IMPALA's lambda; GAE's lambda when on-policy): ``c_t = lam *
+            min(c_bar, rho_t)``. 1.0 is plain V-trace.
     """
     rhos = torch.exp(target_logp - behavior_logp)
     clipped_rhos = rhos.clamp(max=rho_bar)
-    cs = rhos.clamp(max=c_bar)
+    cs = lam * rhos.clamp(max=c_bar)
     values_tp1 = torch.cat([values[:, 1:], bootstrap_value[:, None]], dim=1)
     deltas = clipped_rhos * (rewards + discounts * values_tp1 - values)
     acc = torch.zeros_like(bootstrap_value)

@@ -54,6 +54,11 @@ DRAIN_RESEND_S = 0.5
 SERVICE_EXIT_TIMEOUT_S = 30.0
 
 
+def _raise_system_exit(signum: int, frame: Any) -> None:
+    """SIGTERM: abandon the run; ``Runner.run`` kills its children on the way out."""
+    raise SystemExit(128 + signum)
+
+
 class RunError(RuntimeError):
     """A service process died or a drain did not complete."""
 
@@ -201,6 +206,7 @@ class Runner:
                   else topology.Endpoints.tcp())  # fmt: skip
             telemetry_sock, control_sock = topology.runner_sockets(ctx, ep)
             previous = signal.signal(signal.SIGINT, self._on_sigint)
+            previous_term = signal.signal(signal.SIGTERM, _raise_system_exit)
             meter.begin_window("run")
             started = time.monotonic()
             try:
@@ -213,6 +219,7 @@ class Runner:
                 raise
             finally:
                 signal.signal(signal.SIGINT, previous)
+                signal.signal(signal.SIGTERM, previous_term)
                 wall_s = time.monotonic() - started
                 try:
                     energy = meter.end_window("run")

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import logging
+import multiprocessing
 import os
 import signal
+import sys
 import time
 from typing import Any
 
@@ -13,17 +17,20 @@ import zmq
 
 from runtime import wire
 
+PR_SET_PDEATHSIG = 1
 LOG_FORMAT = "%(asctime)s %(processName)s %(name)s %(levelname)s: %(message)s"
 
 
 def init_service_process(name: str, log_level: int | None = None) -> None:
-    """Set-up for a child process: Ctrl-C is the runner's to handle, logging to stderr.
+    """Set-up for a child process: Ctrl-C is the runner's to handle, die with the runner.
 
     Children ignore SIGINT so that Ctrl-C in the terminal (sent to the whole process group)
-    reaches only the runner, which then drains the pipeline in order. SIGTERM keeps its
-    default action (the runner uses it only after a drain timed out).
+    reaches only the runner, which then drains the pipeline in order. On Linux a child asks the
+    kernel to SIGKILL it when the runner dies, however the runner died, so no actor or trainer
+    is left running on its own.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _die_with_parent()
     if log_level is None:
         log_level = int(os.environ.get("AUTOTUNE_LOG_LEVEL", str(logging.WARNING)))
     logging.basicConfig(level=log_level, format=LOG_FORMAT)
@@ -52,6 +59,18 @@ def await_exit(control: zmq.Socket, timeout_s: float = EXIT_WAIT_S) -> None:
             continue
         if msg.type is wire.MsgType.CONTROL and msg.meta.get("cmd") == "exit":
             return
+
+
+def _die_with_parent() -> None:
+    if not sys.platform.startswith("linux"):
+        return
+    runner = multiprocessing.parent_process()  # its pid, recorded when this process spawned
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        logging.getLogger(__name__).warning("prctl(PR_SET_PDEATHSIG) failed: errno %d",
+                                            ctypes.get_errno())  # fmt: skip
+    if runner is not None and os.getppid() != runner.pid:  # it died before prctl took effect
+        os._exit(1)
 
 
 class StatsSender:

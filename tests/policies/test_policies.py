@@ -94,3 +94,39 @@ def test_learner_improves_the_policy_and_reports_lag(discrete):
         assert probs[0, 1] > 0.9
     else:
         assert abs(model.pi(x).item() - 0.5) < 0.15
+
+
+def test_linear_schedule_anneals_the_learning_rate_to_zero_over_the_budget():
+    torch.manual_seed(0)
+    model = ActorCritic(2, 2, True, spec="auto")
+    learner = APPOLearner(model, APPOConfig(lr=1e-3), torch.device("cpu"), total_steps=512)
+    assert learner.current_lr() == pytest.approx(1e-3)
+    learner.update(bandit_batch(model, n=64, t=4))  # 256 steps
+    assert learner.current_lr() == pytest.approx(5e-4)
+    assert learner.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3)  # used for that update
+    learner.update(bandit_batch(model, n=64, t=4))
+    assert learner.current_lr() == 0.0
+    constant = APPOLearner(model, APPOConfig(lr_schedule="constant"), torch.device("cpu"), 512)
+    constant.trained_steps = 10_000
+    assert constant.current_lr() == pytest.approx(APPOConfig().lr)
+
+
+def test_unknown_schedule_is_a_config_problem():
+    assert any("lr_schedule" in p for p in APPOConfig(lr_schedule="cosine").problems())
+
+
+def test_vtrace_lambda_on_policy_equals_gae():
+    rng = np.random.default_rng(1)
+    n, t, gamma, lam = 3, 6, 0.9, 0.8
+    rewards, values = rng.normal(size=(n, t)), rng.normal(size=(n, t))
+    dones, bootstrap = (rng.random((n, t)) < 0.3).astype(float), rng.normal(size=n)
+    disc = gamma * (1 - dones)
+    next_v = np.concatenate([values[:, 1:], bootstrap[:, None]], 1)
+    gae, acc = np.zeros((n, t)), np.zeros(n)
+    for i in range(t - 1, -1, -1):
+        acc = rewards[:, i] + disc[:, i] * next_v[:, i] - values[:, i] + disc[:, i] * lam * acc
+        gae[:, i] = acc
+    zero = torch.zeros(n, t, dtype=torch.float64)
+    ret = vtrace(zero, zero, torch.tensor(rewards), torch.tensor(values), torch.tensor(bootstrap),
+                 torch.tensor(disc), lam=lam)  # fmt: skip
+    np.testing.assert_allclose(ret.vs.numpy(), gae + values)

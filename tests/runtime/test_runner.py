@@ -88,3 +88,24 @@ def test_ctrl_c_drains_in_flight_experience_and_writes_the_result(tmp_path):
     assert result["interrupted"] is True and result["env_steps"] > 0
     assert_nothing_lost(result)
     assert result["lost_steps"] == 0
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_no_child_outlives_a_runner_that_is_terminated_or_killed(sig):
+    import psutil
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "autotune.cli", "train", "--steps", "10000000", "--quiet"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    children: list = []
+    while time.monotonic() < deadline and len(children) < 5:  # 3 services + 2 actors
+        time.sleep(0.5)
+        children = psutil.Process(proc.pid).children(recursive=True)
+    children = [c for c in children if "spawn_main" in " ".join(c.cmdline())]
+    assert len(children) >= 5
+    proc.send_signal(sig)
+    proc.wait(timeout=30)
+    _, alive = psutil.wait_procs(children, timeout=15)
+    assert not alive, [c.pid for c in alive]
