@@ -93,6 +93,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="linear: anneal the learning rate to 0 over --steps (default); constant: keep it",
     )
     train.add_argument(
+        "--vtrace-lambda",
+        type=float,
+        default=dl.vtrace_lambda,
+        help=f"V-trace trace decay, GAE's lambda on-policy (default {dl.vtrace_lambda})",
+    )
+    train.add_argument(
         "--gamma", type=float, default=dl.gamma, help=f"discount (default {dl.gamma})"
     )
     train.add_argument(
@@ -138,7 +144,8 @@ def config_from_args(args: argparse.Namespace):
     from runtime.config import TrainConfig
 
     learner = APPOConfig(
-        lr=args.lr, lr_schedule=args.lr_schedule, gamma=args.gamma, epochs=args.epochs,
+        lr=args.lr, lr_schedule=args.lr_schedule, vtrace_lambda=args.vtrace_lambda,
+        gamma=args.gamma, epochs=args.epochs,
         minibatches=args.minibatches,
         entropy_coef=args.entropy_coef, reward_scale=args.reward_scale,
         max_policy_lag=args.max_policy_lag,
