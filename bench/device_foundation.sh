@@ -17,7 +17,7 @@ timeout 120 $py -m autotune.cli train --quiet --json "$OUT/cartpole.json" | tail
 # 2. Ant-v5, one actor per core but one: trained steps/s beside raw random stepping, same run
 timeout 260 $py -m bench.end_to_end --env Ant-v5 --actors "$actors" --envs-per-actor 16 \
     --steps 3000000 --batch-size 8192 --raw-seconds 20 --out "$OUT/ant_e2e.json" > /dev/null
-$py -c "import json,sys; d=json.load(open(sys.argv[1])); d.pop('result'); print(d)" "$OUT/ant_e2e.json"
+$py -c "import json,sys; d=json.load(open(sys.argv[1])); r=d.pop('result'); print(d, r['return_mean'])" "$OUT/ant_e2e.json"
 # 3. Pendulum-v1 learning (continuous actions)
 timeout 90 $py -m autotune.cli train --env Pendulum-v1 --steps 300000 --reward-scale 0.1 \
     --gamma 0.95 --actors 4 --quiet --json "$OUT/pendulum.json" | tail -18

@@ -41,7 +41,8 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=8192)
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--minibatches", type=int, default=2)
-    ap.add_argument("--lr", type=float, default=3e-4)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--entropy-coef", type=float, default=0.0)
     ap.add_argument("--policy", default="auto:256:128:64:auto")
     ap.add_argument("--steps", type=int, default=200_000)
     ap.add_argument("--raw-seconds", type=float, default=20.0)
@@ -54,7 +55,8 @@ def main() -> None:
         env=a.env, steps=a.steps, actors=a.actors, envs_per_actor=a.envs_per_actor,
         rollout_len=a.rollout_len, batch_size=a.batch_size, policy=a.policy,
         trainer_device=a.trainer_device,
-        learner=replace(APPOConfig(), epochs=a.epochs, minibatches=a.minibatches, lr=a.lr),
+        learner=replace(APPOConfig(), epochs=a.epochs, minibatches=a.minibatches, lr=a.lr,
+                        entropy_coef=a.entropy_coef),
     )  # fmt: skip
     info = cfg.validate()
     samples: list[tuple[float, int]] = []
