@@ -56,3 +56,12 @@ def test_cli_rejects_bad_input_before_starting_any_process():
     assert "actors=0" in proc.stderr and "multiple of rollout_len" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert time.monotonic() - start < 30
+
+
+def test_cuda_trainer_without_cuda_is_refused():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available here")
+    with pytest.raises(ConfigError, match="CUDA is not available"):
+        TrainConfig(trainer_device="cuda").validate()
