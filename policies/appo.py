@@ -123,7 +123,8 @@ class APPOLearner:
         return self.config.lr * max(0.0, 1.0 - self.trained_steps / self.total_steps)
 
     def _tensors(self, batch: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
-        out = {k: torch.as_tensor(np.asarray(v), device=self.device) for k, v in batch.items()}
+        out = {k: torch.as_tensor(np.asarray(v), device=self.device)
+               for k, v in batch.items() if k != "versions"}  # fmt: skip
         out["obs"] = out["obs"].float()
         out["rewards"] = out["rewards"].float() * self.config.reward_scale
         out["discounts"] = self.config.gamma * (1.0 - out["dones"].float())

@@ -34,8 +34,9 @@ logger = logging.getLogger(__name__)
 
 STATS_INTERVAL_S = 0.5
 THROTTLE_POLL_MS = 20
-DELIVERY_TIMEOUT_S = 60.0
-"""How long a stopping actor waits for the trainer to confirm its last rollouts."""
+DELIVERY_TIMEOUT_S = 30.0
+"""How long a stopping actor waits for the trainer to confirm its last rollouts (less than
+``runner.ACTOR_EXIT_TIMEOUT_S``, so it reports unconfirmed steps before the runner kills it)."""
 FIRST_WEIGHTS_WAIT_S = 2.0
 """A restarted actor waits this long for current weights before acting with version 0."""
 
@@ -66,17 +67,20 @@ class _WeightsReceiver:
             pass
         if newest is None or newest.type is not wire.MsgType.WEIGHTS:
             return
-        received = newest.meta.get("received")
-        if isinstance(received, dict):
-            self.received = received
-        version = int(newest.meta.get("version", -1))
-        if version > self.version:
-            try:
-                self.model.load_state_arrays(list(newest.meta["names"]), newest.arrays)
-            except (KeyError, RuntimeError, ValueError) as exc:
-                self.malformed.drop(exc)
-                return
-            self.version = version
+        try:
+            version = wire.meta_int(newest.meta, "version")
+            received = newest.meta.get("received", {})
+            if not isinstance(received, dict):
+                raise wire.ProtocolError("'received' must be a map")
+            self.received = {str(k): wire.meta_int(received, k) for k in received}
+            if version > self.version and newest.arrays:
+                names = newest.meta.get("names")
+                if not isinstance(names, list):
+                    raise wire.ProtocolError("'names' must be a list")
+                self.model.load_state_arrays(names, newest.arrays)
+                self.version = version
+        except (wire.ProtocolError, KeyError, RuntimeError, TypeError, ValueError) as exc:
+            self.malformed.drop(exc)
 
 
 class Actor:

@@ -148,10 +148,13 @@ class Runner:
         if died:
             self.ended.died.add(key)
 
-    def _check_processes(self, ep: topology.Endpoints) -> None:
+    def _check_services(self) -> None:
         for name, proc in self.services.items():
             if not proc.is_alive() and not self.telemetry.is_final(name):
                 raise RunError(f"{name} process died (exit code {proc.exitcode})")
+
+    def _check_processes(self, ep: topology.Endpoints) -> None:
+        self._check_services()
         for i, slot in enumerate(self.slots):
             if slot.process.is_alive():
                 continue
@@ -248,6 +251,7 @@ class Runner:
         for slot in self.slots:
             while slot.process.is_alive() and time.monotonic() < deadline:
                 self._read_telemetry(telemetry_sock, int(TICK_S * 1000))
+                self._check_services()
                 if self.on_progress is not None:
                     self.on_progress(self.state(started, draining=True))
             if slot.process.is_alive():
@@ -277,11 +281,9 @@ class Runner:
             now = time.monotonic()
             if now > deadline:
                 raise RunError(f"{name} did not finish draining in {SERVICE_DRAIN_TIMEOUT_S} s")
-            if not self.services[name].is_alive() and not self.telemetry.is_final(name):
-                self._read_telemetry(telemetry_sock, 200)
-                if not self.telemetry.is_final(name):
-                    raise RunError(f"{name} died while draining "
-                                   f"(exit code {self.services[name].exitcode})")  # fmt: skip
+            if not all(p.is_alive() for p in self.services.values()):
+                self._read_telemetry(telemetry_sock, 200)  # a final report may still be queued
+                self._check_services()
             if name == "compressor" and now - last_sent >= DRAIN_RESEND_S:
                 wire.send_msg(control_sock, wire.MsgType.CONTROL, {"cmd": "drain", "expect": clean})
                 last_sent = now

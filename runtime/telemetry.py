@@ -32,7 +32,17 @@ class RunTelemetry:
         source, counters = msg.meta.get("src"), msg.meta.get("c")
         if not isinstance(source, str) or not isinstance(counters, dict):
             raise wire.ProtocolError("stats message needs 'src' (str) and 'c' (map)")
-        for ret, _length in counters.pop("episodes", None) or []:
+        episodes = counters.pop("episodes", None) or []
+        if not isinstance(episodes, list) or not all(
+            isinstance(e, list) and len(e) == 2 and all(isinstance(x, int | float) for x in e)
+            for e in episodes
+        ):
+            raise wire.ProtocolError(f"stats from {source}: 'episodes' must be [[return, length]]")
+        if not all(
+            isinstance(v, int | float | str | bool | dict | None) for v in counters.values()
+        ):
+            raise wire.ProtocolError(f"stats from {source}: counters must be plain values")
+        for ret, _length in episodes:
             self.returns.append(float(ret))
             self.episodes += 1
         self.latest[source] = counters
@@ -52,7 +62,9 @@ class RunTelemetry:
         return [s for s in self.latest if s.startswith("trainer-")]
 
     def sum_over(self, sources: list[str], key: str) -> int:
-        return sum(int(self.latest[s].get(key, 0)) for s in sources)
+        """Sum of one integer counter over sources (a non-number counts as 0)."""
+        values = (self.latest[s].get(key, 0) for s in sources)
+        return sum(int(v) for v in values if isinstance(v, int | float))
 
     @property
     def trained_steps(self) -> int:

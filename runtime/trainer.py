@@ -27,7 +27,7 @@ logger = logging.getLogger(__name__)
 STATS_INTERVAL_S = 0.5
 WINDOW_CHUNKS = 4
 REPUBLISH_S = 0.2
-"""Weights (and received-step counts) are re-sent this often while no update happens."""
+"""Received-step counts are re-sent this often while no update happens."""
 
 
 def init_trainer_process(threads: int) -> None:
@@ -75,11 +75,14 @@ class Trainer:
         self.started = time.monotonic()
         self.last_publish = 0.0
 
-    def publish(self) -> None:
-        """Sends the current weights with their version (actors keep only the newest)."""
+    def publish(self, with_weights: bool = True) -> None:
+        """Sends the version and received-step counts, and the weights unless told not to.
+
+        Actors keep only the newest weights; the counts let them throttle (back-pressure).
+        """
         if self.weights is None:
             return
-        names, arrays = self.learner.model.state_arrays()
+        names, arrays = self.learner.model.state_arrays() if with_weights else ([], [])
         meta = {"version": self.learner.version, "names": names,
                 "received": self.batcher.received_steps}  # fmt: skip
         with contextlib.suppress(zmq.Again):  # no room for a subscriber: it gets a newer one
@@ -119,7 +122,8 @@ class Trainer:
 
     def snapshot(self, final: bool = False) -> dict[str, object]:
         lag_mean = self.lag_sum / self.trained_steps if self.trained_steps else 0.0
-        return {"trained_steps": self.trained_steps, "discarded_steps": self.discarded_steps,
+        discarded = self.discarded_steps + self.batcher.dropped_steps
+        return {"trained_steps": self.trained_steps, "discarded_steps": discarded,
                 "version": self.learner.version, "policy_lag_mean": lag_mean,
                 "policy_lag_max": self.lag_max, "queued_steps": self.batcher.queued_steps,
                 "device": self.device, "malformed": self.malformed.count,
@@ -138,12 +142,11 @@ class Trainer:
                 break
             now = time.monotonic()
             if now - self.last_publish >= REPUBLISH_S:
-                self.publish()  # refreshes the actors' view of what arrived
+                self.publish(with_weights=False)  # refreshes the actors' view of what arrived
             if self.stats is not None and now - last_stats >= STATS_INTERVAL_S:
                 self.stats.send(self.snapshot())
                 last_stats = now
-        if self.batcher.partial:
-            logger.error("trainer: %d chunks incomplete at EOS", len(self.batcher.partial))
+        self.batcher.evict_partial()  # anything still partial at EOS lost a channel
         while self.batcher.queued_rows:
             self._train(self.batcher.queued_rows)
         if self.stats is not None:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,6 +45,7 @@ COPY_THRESHOLD = 64 * 1024
 """Frames at least this large are sent without copying (pyzmq's own default threshold)."""
 
 MAX_HEADER_BYTES = 1 << 20
+MAX_ARRAY_DIMS = 8
 ALLOWED_DTYPES = frozenset(
     np.dtype(d).str
     for d in (
@@ -152,7 +154,8 @@ def decode(frames: Sequence[bytes | zmq.Frame | memoryview]) -> Message:
     version = header.get("v")
     if version != PROTOCOL_VERSION:
         raise ProtocolError(f"protocol version {version!r}; this build speaks {PROTOCOL_VERSION}")
-    msg_type = _TYPES_BY_VALUE.get(header.get("t"))  # type: ignore[arg-type]
+    raw_type = header.get("t")
+    msg_type = _TYPES_BY_VALUE.get(raw_type) if isinstance(raw_type, str) else None
     if msg_type is None:
         raise ProtocolError(f"unknown message type {header.get('t')!r}")
     meta = header.get("m")
@@ -169,13 +172,15 @@ def _decode_array(spec: Any, frame: bytes | zmq.Frame | memoryview) -> np.ndarra
     if not (isinstance(spec, list) and len(spec) == 2 and isinstance(spec[1], list)):
         raise ProtocolError(f"bad array spec {spec!r}; expected [dtype, shape]")
     dtype_str, shape = spec
-    if dtype_str not in ALLOWED_DTYPES:
+    if not isinstance(dtype_str, str) or dtype_str not in ALLOWED_DTYPES:
         raise ProtocolError(f"array dtype {dtype_str!r} not allowed")
-    if not all(isinstance(d, int) and d >= 0 for d in shape):
-        raise ProtocolError(f"bad array shape {shape!r}")
+    if len(shape) > MAX_ARRAY_DIMS or not all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+    ):
+        raise ProtocolError(f"bad array shape {shape!r} (at most {MAX_ARRAY_DIMS} dims)")
     dtype = np.dtype(dtype_str)
     buf = _as_buffer(frame)
-    expected = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
+    expected = dtype.itemsize * math.prod(shape)  # Python ints: no overflow
     if len(buf) != expected:
         raise ProtocolError(
             f"array frame has {len(buf)} bytes; {dtype_str}{shape} needs {expected}"

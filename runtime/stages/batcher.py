@@ -18,11 +18,15 @@ two batches plus the window.
 from __future__ import annotations
 
 import collections
+import logging
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from runtime import wire
+from runtime.stages.dispenser import layout_problem
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -64,6 +68,8 @@ class Batcher:
         self.queued_steps = 0
         self.owed_credits = 0
         self._grant = window_chunks
+        self.dropped_steps = 0
+        """Steps of chunks rejected or left incomplete (counted as discarded by the trainer)."""
         self.received_steps: dict[str, int] = {}
         """Steps received whole, by actor incarnation ``"actor:inc"`` (actors throttle on it)."""
         self.counters = {"messages": 0, "bytes": 0, "chunks": 0, "batches": 0}
@@ -101,7 +107,13 @@ class Batcher:
         if len(chunk.channels) < nch:
             return False
         del self.partial[chunk_id]
-        self.blocks.append({n: a for n, a in (chunk.channels[i] for i in range(nch))})
+        self.evict_partial(before=chunk_id)
+        block = dict(chunk.channels[i] for i in range(nch))
+        problem = layout_problem(block, chunk.steps) or self._mismatch(block)
+        if problem:
+            self._drop(chunk.steps, f"chunk {chunk_id} rejected: {problem}")
+            raise wire.ProtocolError(f"chunk {chunk_id} rejected: {problem}")
+        self.blocks.append(block)
         self.queued_rows += chunk.rows
         self.queued_steps += chunk.steps
         for actor, inc, _seq, rollout_steps, *_ in chunk.rollouts:
@@ -113,6 +125,32 @@ class Batcher:
         else:
             self.owed_credits += 1
         return True
+
+    def _mismatch(self, block: dict[str, np.ndarray]) -> str | None:
+        """A chunk whose trajectory layout differs from the queued ones cannot be stacked."""
+        if not self.blocks:
+            return None
+        first = self.blocks[0]
+        for name, array in block.items():
+            if array.dtype != first[name].dtype or array.shape[1:] != first[name].shape[1:]:
+                return f"{name} is {array.dtype}{array.shape[1:]}, queued rows have " \
+                       f"{first[name].dtype}{first[name].shape[1:]}"  # fmt: skip
+        return None
+
+    def evict_partial(self, before: int | None = None) -> None:
+        """Drops partial chunks older than ``before`` (all of them when None, at end of stream).
+
+        Chunks reach a trainer in increasing id order, so an older one still partial lost a
+        channel on the way (a malformed message): its steps are dropped, its credit returned.
+        """
+        for old in [c for c in self.partial if before is None or c < before]:
+            chunk = self.partial.pop(old)
+            self._drop(chunk.steps, f"chunk {old} never completed (a channel was dropped)")
+
+    def _drop(self, steps: int, why: str) -> None:
+        logger.error("batcher: %s; %d steps dropped", why, steps)
+        self.dropped_steps += steps
+        self._grant += 1
 
     def ready(self) -> bool:
         """A full batch is queued."""

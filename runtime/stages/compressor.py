@@ -21,6 +21,7 @@ import zmq
 
 from runtime import topology, wire
 from runtime.stages.common import StatsSender, await_exit, init_service_process
+from runtime.stages.dispenser import layout_problem
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +69,7 @@ class Compressor:
         self.expect: dict[str, int] | None = None
         self.last_input = time.monotonic()
         self.counters = {"messages_in": 0, "bytes_in": 0, "messages": 0, "bytes": 0,
-                         "chunks": 0, "rollouts": 0}  # fmt: skip
+                         "chunks": 0, "rollouts": 0, "rejected_rollouts": 0}  # fmt: skip
 
     # --- ingestion -----------------------------------------------------------------------
 
@@ -100,6 +101,11 @@ class Compressor:
         rollout.channels[ci] = (name, msg.arrays[0])
         if len(rollout.channels) == nch:
             del self.partial[key]
+            ordered = dict(rollout.channels[i] for i in range(nch))
+            problem = layout_problem(ordered, steps)
+            if problem:  # never counted complete: the runner counts its steps as lost
+                self.counters["rejected_rollouts"] += 1
+                raise wire.ProtocolError(f"rollout {key} rejected: {problem}")
             self._append(rollout)
 
     def _append(self, rollout: _Rollout) -> None:

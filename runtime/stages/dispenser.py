@@ -22,6 +22,27 @@ ended at that step), logp ``[K, T]`` (behaviour log-probs), versions ``[K, T]`` 
 version each step was sampled with)."""
 
 
+def layout_problem(channels: Mapping[str, np.ndarray], steps: int | None = None) -> str | None:
+    """What is wrong with a rollout's or chunk's channels (None if they fit ``CHANNELS``).
+
+    Every channel in order, the same rows, obs ``[rows, T+1, D]``, the others ``[rows, T, ...]``
+    and, when ``steps`` is given, ``steps == rows * T``.
+    """
+    if list(channels) != list(CHANNELS):
+        return f"channels {list(channels)}; expected {list(CHANNELS)}"
+    obs = channels["obs"]
+    if obs.ndim != 3 or obs.shape[1] < 2:
+        return f"obs has shape {obs.shape}; expected [rows, T+1, D]"
+    rows, t = obs.shape[0], obs.shape[1] - 1
+    for name in CHANNELS[1:]:
+        shape = channels[name].shape
+        if len(shape) < 2 or shape[:2] != (rows, t):
+            return f"{name} has shape {shape}; expected [{rows}, {t}, ...]"
+    if steps is not None and steps != rows * t:
+        return f"declares {steps} steps; {rows} rows x {t} steps hold {rows * t}"
+    return None
+
+
 @dataclass(frozen=True)
 class RolloutId:
     """Who produced a rollout: actor slot, its incarnation (restart count) and sequence number."""

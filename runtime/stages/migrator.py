@@ -23,6 +23,8 @@ from runtime.stages.common import StatsSender, await_exit, init_service_process
 logger = logging.getLogger(__name__)
 
 MAX_PENDING_MESSAGES = topology.CHUNK_HWM
+TRAINER_PREFIX = b"trainer-"
+"""Only peers with this identity prefix (``topology.trainer_experience_in``) get chunks."""
 STATS_INTERVAL_S = 0.5
 
 
@@ -61,6 +63,8 @@ class Migrator:
         """A CREDIT message from a trainer: adds its free slots and records its queue."""
         if msg.type is not wire.MsgType.CREDIT:
             raise wire.ProtocolError(f"migrator takes only credit from trainers, got {msg.type}")
+        if not identity.startswith(TRAINER_PREFIX):
+            raise wire.ProtocolError(f"credit from {identity!r}, which is not a trainer")
         n = wire.meta_int(msg.meta, "n")
         queued = wire.meta_int(msg.meta, "queued_steps", 0)
         if n < 0:
@@ -113,7 +117,7 @@ class Migrator:
         return min(ready, key=lambda t: (t.queued_steps, -t.credits))
 
     def snapshot(self, final: bool = False) -> dict[str, object]:
-        per_trainer = {t.identity.decode(): {"chunks": t.chunks, "steps": t.steps}
+        per_trainer = {t.identity.decode(errors="replace"): {"chunks": t.chunks, "steps": t.steps}
                        for t in self.trainers.values()}  # fmt: skip
         return {**self.counters, "pending": len(self.pending), "malformed": self.malformed.count,
                 "trainers": per_trainer, "final": final}  # fmt: skip
@@ -124,12 +128,13 @@ class Migrator:
     def run(self) -> None:
         """Routes until the compressor's EOS has been forwarded, then sends EOS to each trainer."""
         last_stats = time.monotonic()
-        while not self._finished():
-            poller = zmq.Poller()
+        both, trainers_only = zmq.Poller(), zmq.Poller()
+        for poller in (both, trainers_only):
             poller.register(self.router, zmq.POLLIN)
-            if len(self.pending) < MAX_PENDING_MESSAGES and not self.upstream_done:
-                poller.register(self.pull, zmq.POLLIN)
-            for sock, _ in poller.poll(50):
+        both.register(self.pull, zmq.POLLIN)
+        while not self._finished():
+            reading = len(self.pending) < MAX_PENDING_MESSAGES and not self.upstream_done
+            for sock, _ in (both if reading else trainers_only).poll(50):
                 self._read(sock)
             self.dispatch()
             now = time.monotonic()

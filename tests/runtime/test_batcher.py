@@ -74,3 +74,31 @@ def test_conflicting_or_foreign_messages_are_protocol_errors():
         b.add(msgs[0])
     with pytest.raises(wire.ProtocolError):
         b.add(wire.Message(wire.MsgType.CREDIT, {"n": 1}))
+
+
+def test_a_chunk_that_lost_a_channel_is_evicted_counted_and_its_credit_returned():
+    b = Batcher(batch_rows=2, window_chunks=1)
+    assert b.credits_to_grant() == 1
+    for m in chunk_messages(0, 2, 0)[:-1]:  # its last channel was dropped on the way
+        b.add(m)
+    for m in chunk_messages(1, 2, 2):
+        b.add(m)
+    assert b.partial == {} and b.dropped_steps == 2 * T
+    assert b.credits_to_grant() == 2  # one for chunk 1, one returned for the evicted chunk 0
+    b.add(chunk_messages(2, 2, 4)[0])
+    b.evict_partial()  # end of stream
+    assert b.dropped_steps == 4 * T
+
+
+def test_a_chunk_with_another_trajectory_length_is_rejected_whole():
+    b = Batcher(batch_rows=4)
+    for m in chunk_messages(0, 2, 0):
+        b.add(m)
+    other = chunk_messages(1, 2, 2)
+    for m in other:
+        if m.meta["ch"] == "obs":
+            m.arrays[0] = np.zeros((2, T + 2, 1), np.float32)  # T+1 steps instead of T
+    with pytest.raises(wire.ProtocolError, match="rejected"):
+        for m in other:
+            b.add(m)
+    assert b.dropped_steps == 2 * T and b.queued_rows == 2

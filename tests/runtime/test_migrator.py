@@ -54,3 +54,12 @@ def test_routes_to_least_queued_trainer_with_credit_and_keeps_channels_together(
     m.dispatch()
     assert [(i, msg.meta["chunk"]) for i, msg in router.sent[-2:]] == [(b"trainer-0", 3)] * 2
     assert not m.pending and not m.routes
+
+
+def test_credit_from_a_peer_that_is_not_a_trainer_is_refused():
+    import pytest
+
+    m = Migrator(pull=None, router=FakeRouter(), stats=None, n_trainers=1)
+    with pytest.raises(wire.ProtocolError, match="not a trainer"):
+        m.on_trainer(b"\x00\x8b\x45\x67\x89", credit(5, queued=0))
+    assert m.trainers == {}

@@ -133,3 +133,37 @@ def test_header_fields_of_the_wrong_type_are_protocol_errors_not_crashes(meta):
     with pytest.raises(wire.ProtocolError):
         migrator.on_chunk(wire.Message(wire.MsgType.CHUNK, {"chunk": meta.get("actor"), "nch": 1,
                                                              "steps": 1}), [])  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("frames", "match"),
+    [
+        ([msgpack.packb({"v": wire.PROTOCOL_VERSION, "t": ["x"], "m": {}, "a": []})], "type"),
+        ([_header(a=[[["<f4"], [1]]]), b"\0" * 4], "dtype"),
+        ([_header(a=[["<f4", [1] * 65]]), b"\0" * 4], "at most"),
+        ([_header(a=[["<f4", [2**32, 2**32]]]), b""], "needs"),
+        ([_header(a=[["<f4", [True]]]), b"\0" * 4], "bad array shape"),
+    ],
+)
+def test_hostile_headers_are_protocol_errors_not_crashes(frames, match):
+    with pytest.raises(wire.ProtocolError, match=match):
+        wire.decode(frames)
+
+
+def test_compressor_rejects_a_rollout_whose_layout_cannot_be_trained():
+    compressor = Compressor(None, None, None, None, 1 << 30, 10.0)
+    shapes = {
+        "obs": (2, 3, 4),
+        "actions": (2,),
+        "rewards": (2, 2),
+        "dones": (2, 2),
+        "logp": (2, 2),
+        "versions": (2, 2),
+    }  # fmt: skip  (actions is 1-D: bad)
+    names = list(shapes)
+    with pytest.raises(wire.ProtocolError, match="actions has shape"):
+        for ci, name in enumerate(names):
+            meta = {"ch": name, "ci": ci, "nch": len(names), "actor": 0, "inc": 0, "seq": 0,
+                    "steps": 4, "rows": 2}  # fmt: skip
+            compressor.handle(wire.Message(wire.MsgType.ROLLOUT, meta, [np.zeros(shapes[name])]))
+    assert compressor.complete_steps == {} and compressor.counters["rejected_rollouts"] == 1
