@@ -12,7 +12,7 @@ A batch is a mapping of channel name to array, ``N`` trajectories of ``T`` steps
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 
 import numpy as np
 import torch
@@ -93,7 +93,6 @@ class UpdateStats:
     loss_pi: float
     loss_v: float
     entropy: float
-    extra: dict[str, float] = field(default_factory=dict)
 
 
 class APPOLearner:

@@ -72,7 +72,6 @@ class Trainer:
         self.lag_sum = 0.0
         self.lag_max = 0
         self.last: dict[str, float] = {}
-        self.started = time.monotonic()
         self.last_publish = 0.0
 
     def publish(self, with_weights: bool = True) -> None:

@@ -58,10 +58,13 @@ def dispenser_sender(sock: zmq.Socket, actor: int, rollouts: int) -> None:
     dispenser.end_of_stream()
 
 
-@pytest.mark.parametrize("chunk_bytes", [1, 2_000, 1 << 20])
-def test_rollouts_come_back_exactly(tmp_path, chunk_bytes):
+@pytest.mark.parametrize(
+    ("chunk_bytes", "transport"), [(1, "ipc"), (2_000, "ipc"), (1 << 20, "ipc"), (2_000, "inproc")]
+)
+def test_rollouts_come_back_exactly(tmp_path, chunk_bytes, transport):
     ctx = zmq.Context()
-    ep = topology.Endpoints.ipc(str(tmp_path))
+    ep = (topology.Endpoints.ipc(str(tmp_path)) if transport == "ipc"
+          else topology.Endpoints.inproc(f"align-{chunk_bytes}"))  # fmt: skip
     _, control = topology.runner_sockets(ctx, ep)
     compressor = Compressor(*topology.compressor_sockets(ctx, ep), None, chunk_bytes, 0.005)
     pull, router, _ = topology.migrator_sockets(ctx, ep)
