@@ -136,6 +136,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     train.add_argument("--quiet", action="store_true", help="no live display")
     train.set_defaults(func=cmd_train)
+
+    gpu = sub.add_parser(
+        "gpu",
+        help="show the GPUs, their SMs, MIG and MPS state and energy-counter support",
+        description="Read-only inventory: NVML for names, memory, power, MIG mode, compute mode "
+        "and the energy counter; a short-lived CUDA process for SM counts; the MPS control "
+        "daemon's state. Changes nothing on any GPU.",
+    )
+    gpu.add_argument(
+        "--no-cuda",
+        action="store_true",
+        help="skip the SM query (it starts a short-lived CUDA process)",
+    )
+    gpu.add_argument(
+        "--json", type=Path, default=None, metavar="PATH", help="write the inventory to PATH"
+    )
+    gpu.set_defaults(func=cmd_gpu)
     return parser  # fmt: skip
 
 
@@ -186,6 +203,46 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2) + "\n")
+        console.print(f"wrote {args.json}")
+    return 0
+
+
+def cmd_gpu(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from autotune.hw.gpus import list_gpus, sm_counts
+    from autotune.hw.mps import MPSControl
+
+    console = Console()
+    gpus = list_gpus()
+    sms = sm_counts() if gpus and not args.no_cuda else []
+    mps = MPSControl().state()
+    doc = {"gpus": [{**g.to_dict(), "sm_count": sms[g.index] if g.index < len(sms) else None}
+                    for g in gpus],
+           "mps": {"binary": mps.binary, "running": mps.running, "pipe_dir": mps.pipe_dir,
+                   "servers": list(mps.servers), "mode": mps.mode}}  # fmt: skip
+    if not gpus:
+        console.print("no NVIDIA GPU visible through NVML: trainers run on the CPU, "
+                      "GPU energy is reported as 'none', and there is no MPS knob")  # fmt: skip
+    else:
+        table = Table(title="GPUs (NVML indices)")
+        for col in ("index", "name", "memory", "SMs", "power", "energy counter", "MIG",
+                    "compute mode"):  # fmt: skip
+            table.add_column(col)
+        for g in doc["gpus"]:
+            table.add_row(str(g["index"]), g["name"], f"{g['memory_total_mib']:,} MiB",
+                          str(g["sm_count"] or "-"),
+                          "-" if g["power_w"] is None else f"{g['power_w']:.0f} W",
+                          "yes" if g["energy_counter"] else "no (power polling)",
+                          g["mig_mode"], g["compute_mode"])  # fmt: skip
+        console.print(table)
+    where = f"running on {mps.pipe_dir} (servers {list(mps.servers)})" if mps.running else (
+        "not running (autotune starts its own when GMIs need it)" if mps.binary
+        else "not available: nvidia-cuda-mps-control is not on PATH")  # fmt: skip
+    console.print(f"MPS control daemon: {where}")
+    if args.json is not None:
+        args.json.write_text(json.dumps(doc, indent=2) + "\n")
         console.print(f"wrote {args.json}")
     return 0
 

@@ -1,8 +1,7 @@
 """GPU energy sources behind one small interface, chosen once by a cached probe.
 
-This is the only module in the project that imports ``pynvml``. NVML errors are
-translated into :class:`GPUEnergyError` here, at the edge, so no caller needs to
-know about NVML.
+NVML comes from ``autotune.hw.nvml`` (the project's only ``pynvml`` import). NVML errors
+are translated into :class:`GPUEnergyError` here, so no caller needs to know about NVML.
 
 Three implementations, in order of preference (the Zeus pattern):
 
@@ -26,10 +25,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-try:
-    import pynvml
-except ImportError:  # pragma: no cover - depends on the environment
-    pynvml = None
+from autotune.hw.nvml import pynvml
 
 logger = logging.getLogger(__name__)
 

@@ -1,0 +1,1 @@
+"""Hardware access: NVML (the only pynvml importer), GPU inventory, and NVIDIA MPS control."""

@@ -1,0 +1,115 @@
+"""What GPUs this machine has, read without holding a CUDA context in this process.
+
+NVML gives names, memory, power, the energy-counter capability, MIG and compute modes (read
+only: nothing here changes a GPU setting). The SM count comes from CUDA, which NVML does not
+report; ``sm_counts`` asks torch in a short-lived subprocess so that the caller never holds a
+context (about 50 W on an H100). Under MPS the same query inside a client reports the SMs that
+client's active-thread percentage grants, which is how a GMI reports its slice.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+from dataclasses import asdict, dataclass
+
+from autotune.hw import nvml
+
+logger = logging.getLogger(__name__)
+
+SM_QUERY = (
+    "import json, torch\n"
+    "n = torch.cuda.device_count() if torch.cuda.is_available() else 0\n"
+    "print(json.dumps([torch.cuda.get_device_properties(i).multi_processor_count"
+    " for i in range(n)]))\n"
+)
+
+
+@dataclass(frozen=True)
+class GPUInfo:
+    """One GPU as NVML reports it (index is NVML's)."""
+
+    index: int
+    name: str
+    uuid: str
+    memory_total_mib: int
+    power_w: float | None
+    energy_counter: bool
+    """``nvmlDeviceGetTotalEnergyConsumption`` works (else power polling is needed)."""
+    mig_mode: str
+    """``enabled``, ``disabled`` or ``unsupported``: read only, never changed."""
+    compute_mode: str
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+_COMPUTE_MODES = {0: "default", 1: "exclusive-thread", 2: "prohibited", 3: "exclusive-process"}
+
+
+def list_gpus() -> list[GPUInfo]:
+    """Every GPU NVML sees; an empty list where NVML is missing or has no driver."""
+    try:
+        nvml.init()
+    except nvml.NVMLUnavailable as exc:
+        logger.info("no GPUs: %s", exc)
+        return []
+    p = nvml.pynvml
+    out = []
+    for i in range(nvml.nvml_call("count GPUs", p.nvmlDeviceGetCount)):
+        h = nvml.nvml_call(f"open GPU {i}", p.nvmlDeviceGetHandleByIndex, i)
+        out.append(GPUInfo(
+            index=i,
+            name=_text(nvml.nvml_call("read the name", p.nvmlDeviceGetName, h)),
+            uuid=_text(nvml.nvml_call("read the UUID", p.nvmlDeviceGetUUID, h)),
+            memory_total_mib=int(nvml.nvml_call("read memory", p.nvmlDeviceGetMemoryInfo, h)
+                                 .total // 2**20),
+            power_w=_optional(lambda h=h: p.nvmlDeviceGetPowerUsage(h) / 1000.0),
+            energy_counter=_optional(lambda h=h: p.nvmlDeviceGetTotalEnergyConsumption(h))
+            is not None,
+            mig_mode=_mig_mode(h),
+            compute_mode=_COMPUTE_MODES.get(
+                _optional(lambda h=h: p.nvmlDeviceGetComputeMode(h)), "unknown"),
+        ))  # fmt: skip
+    return out
+
+
+def sm_counts(env: dict[str, str] | None = None, timeout_s: float = 120.0) -> list[int]:
+    """SMs per visible CUDA device, as a fresh process sees them (under MPS: its slice).
+
+    Args:
+        env: Environment of the query process (e.g. with ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``).
+        timeout_s: How long the query may take.
+
+    Returns:
+        One count per CUDA device (CUDA's order), or ``[]`` where CUDA is unavailable.
+    """
+    try:
+        done = subprocess.run([sys.executable, "-c", SM_QUERY], env=env, capture_output=True,
+                              text=True, timeout=timeout_s, check=True)  # fmt: skip
+        return [int(x) for x in json.loads(done.stdout.strip().splitlines()[-1])]
+    except (subprocess.SubprocessError, ValueError, IndexError) as exc:
+        logger.warning("could not read SM counts through CUDA: %s", exc)
+        return []
+
+
+def _mig_mode(handle: object) -> str:
+    p = nvml.pynvml
+    try:
+        current, _pending = p.nvmlDeviceGetMigMode(handle)
+    except p.NVMLError:
+        return "unsupported"
+    return "enabled" if current == p.NVML_DEVICE_MIG_ENABLE else "disabled"
+
+
+def _optional(read):
+    try:
+        return read()
+    except nvml.pynvml.NVMLError:
+        return None
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
