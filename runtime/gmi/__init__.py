@@ -1,0 +1,1 @@
+"""GPU multiplexing instances: trainer processes bound to slices of GPUs."""
