@@ -1,0 +1,43 @@
+"""Every benchmark script runs end to end on the CPU with a tiny budget (the figures are not
+checked here; they belong in docs/BENCHMARKS.md, measured on the device machines)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def run(tmp_path, *args: str) -> dict:
+    out = tmp_path / "out.json"
+    proc = subprocess.run([sys.executable, "-m", *args, "--out", str(out)],
+                          capture_output=True, text=True, timeout=240)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(out.read_text())
+
+
+def test_pipeline_throughput_smoke(tmp_path):
+    doc = run(tmp_path, "bench.pipeline_throughput", "--seconds", "0.3", "--sizes",
+              "cartpole-like", "--producers", "1")  # fmt: skip
+    modes = {r["mode"]: r for r in doc["rows"]}
+    assert set(modes) == {"raw", "per-rollout", "stages-1", "stages"}
+    assert all(r["rollouts"] > 0 for r in modes.values())
+
+
+def test_end_to_end_smoke(tmp_path):
+    doc = run(tmp_path, "bench.end_to_end", "--actors", "1", "--envs-per-actor", "2",
+              "--steps", "2048", "--batch-size", "512", "--raw-seconds", "0.5",
+              "--policy", "auto")  # fmt: skip
+    assert doc["raw_steps_per_s"] > 0 and doc["result"]["env_steps"] >= 2048
+    assert doc["result"]["lost_steps"] == 0
+
+
+def test_grad_sync_smoke_with_gloo(tmp_path):
+    doc = run(tmp_path, "bench.grad_sync", "--gpus", "2", "--gmis-per-gpu", "1", "--steps",
+              "2", "--batch", "16", "--policy", "8:16:4", "--inter-backend", "gloo")  # fmt: skip
+    assert doc["algorithm1_choice"] == "multi-ring-reduction"
+    assert all(r["identical_weights"] for r in doc["results"].values())
