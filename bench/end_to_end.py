@@ -11,13 +11,13 @@ the drain); the whole-run rate includes process start-up and drain.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import time
 from dataclasses import replace
 
 from bench.raw_env_rate import raw_step_rate
+from bench.report import emit
 from policies.appo import APPOConfig
 from runtime.config import TrainConfig
 from runtime.runner import Runner, RunState
@@ -78,11 +78,7 @@ def main() -> None:
         "ratio_whole_run_to_raw": result["steps_per_s"] / raw if raw else None,
         "result": result,
     }  # fmt: skip
-    text = json.dumps(doc, indent=2)
-    if a.out:
-        with open(a.out, "w") as f:
-            f.write(text + "\n")
-    print(text)
+    emit(doc, a.out)
 
 
 if __name__ == "__main__":

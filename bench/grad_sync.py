@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as tmp
 
+from bench.report import emit
 from policies.mlp import build_mlp
 from runtime.gmi.grad_sync import GradientSync, SyncPlan, SyncStrategy, choose_strategy
 
@@ -99,11 +100,7 @@ def main() -> None:
            "algorithm1_choice": choose_strategy(layout).value, "policy": a.policy,
            "batch": a.batch, "steps": a.steps, "inter_backend": a.inter_backend,
            "results": results}  # fmt: skip
-    text = json.dumps(doc, indent=2)
-    if a.out:
-        with open(a.out, "w") as f:
-            f.write(text + "\n")
-    print(text)
+    emit(doc, a.out)
 
 
 if __name__ == "__main__":

@@ -77,15 +77,19 @@ class MPSControl:
         Raises:
             MPSUnavailable: No binary, or the daemon did not answer.
         """
+        return self._run([], text + "\n", f"answer {text!r}")
+
+    def _run(self, args: list[str], stdin: str | None, what: str) -> str:
+        """Runs the control binary; a failure is ``MPSUnavailable`` saying it did not ``what``."""
         if self.binary is None:
             raise MPSUnavailable(f"{CONTROL_BINARY} is not on PATH (no NVIDIA MPS here)")
         try:
-            done = subprocess.run([self.binary], input=text + "\n", env=self._env(), text=True,
+            done = subprocess.run([self.binary, *args], input=stdin, env=self._env(), text=True,
                                   capture_output=True, timeout=COMMAND_TIMEOUT_S)  # fmt: skip
         except (OSError, subprocess.TimeoutExpired) as exc:
-            raise MPSUnavailable(f"MPS control did not answer {text!r}: {exc}") from None
+            raise MPSUnavailable(f"MPS control did not {what}: {exc}") from None
         if done.returncode != 0:
-            raise MPSUnavailable(f"MPS control refused {text!r} (exit {done.returncode}): "
+            raise MPSUnavailable(f"MPS control did not {what} (exit {done.returncode}): "
                                  f"{(done.stderr or done.stdout).strip()}")  # fmt: skip
         return done.stdout
 
@@ -122,14 +126,7 @@ class MPSControl:
         self.log_dir = os.path.join(self._tmp.name, "log")
         os.makedirs(self.pipe_dir)
         os.makedirs(self.log_dir)
-        try:
-            done = subprocess.run([self.binary, "-d"], env=self._env(), capture_output=True,
-                                  text=True, timeout=COMMAND_TIMEOUT_S)  # fmt: skip
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise MPSUnavailable(f"could not start the MPS control daemon: {exc}") from None
-        if done.returncode != 0:
-            raise MPSUnavailable(f"the MPS control daemon did not start (exit "
-                                 f"{done.returncode}): {done.stderr.strip()}")  # fmt: skip
+        self._run(["-d"], None, "start the daemon")
         deadline = time.monotonic() + START_TIMEOUT_S
         while not self.running():
             if time.monotonic() > deadline:

@@ -20,7 +20,7 @@ def test_without_the_control_binary_start_says_why_and_state_is_shared(tmp_path)
 def test_a_control_binary_that_fails_is_reported_not_hidden(tmp_path):
     control = MPSControl(pipe_dir=str(tmp_path / "pipe"), binary="/bin/false")
     assert not control.running()
-    with pytest.raises(MPSUnavailable, match="did not start"):
+    with pytest.raises(MPSUnavailable, match="did not start the daemon"):
         control.start()
     assert not control.started_by_us
 
