@@ -80,6 +80,43 @@ def build_parser() -> argparse.ArgumentParser:
         help="trainer device (default auto: cuda if present)",
     )
     train.add_argument(
+        "--trainers",
+        type=int,
+        default=d.trainers,
+        help="trainer GMIs per GPU (or trainer processes on the CPU), data-parallel "
+        f"(default {d.trainers})",
+    )
+    train.add_argument(
+        "--mps-pct",
+        type=_int_list,
+        default=None,
+        metavar="P[,P...]",
+        help="MPS active-thread percentage (1..100) of every GMI, or one per GMI in GPU-major "
+        "order; starts or reuses an MPS daemon (default: no limit)",
+    )
+    train.add_argument(
+        "--gpus",
+        type=_int_list,
+        default=None,
+        metavar="I[,I...]",
+        help="CUDA device indices for the trainer GMIs (default 0)",
+    )
+    train.add_argument(
+        "--mps-change",
+        type=_mps_change,
+        action="append",
+        default=None,
+        metavar="SECONDS:P[,P...]",
+        help="at SECONDS into the run, replace the GMIs by new ones with these MPS "
+        "percentages (hand-over without losing experience); repeatable",
+    )
+    train.add_argument(
+        "--trainer-threads",
+        type=int,
+        default=d.trainer_threads,
+        help=f"torch threads per trainer GMI (default {d.trainer_threads})",
+    )
+    train.add_argument(
         "--max-wall-s",
         type=float,
         default=None,
@@ -156,6 +193,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser  # fmt: skip
 
 
+def _int_list(text: str) -> tuple[int, ...]:
+    """``"50"`` or ``"50,25"`` -> a tuple of ints (argparse type)."""
+    try:
+        values = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a comma-separated list of integers, e.g. 50 or 50,25"
+        ) from None
+    return values
+
+
+def _mps_change(text: str) -> tuple[float, tuple[int, ...]]:
+    """``"60:50"`` or ``"60:50,25"`` -> (60.0, (50, 25)) (argparse type)."""
+    when, sep, pcts = text.partition(":")
+    try:
+        seconds = float(when)
+    except ValueError:
+        seconds = -1.0
+    if not sep or seconds < 0:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected SECONDS:P[,P...] with SECONDS >= 0, e.g. 60:50 or 60:50,25"
+        )
+    return seconds, _int_list(pcts)
+
+
 def config_from_args(args: argparse.Namespace):
     from policies.appo import APPOConfig
     from runtime.config import TrainConfig
@@ -171,7 +233,8 @@ def config_from_args(args: argparse.Namespace):
         env=args.env, steps=args.steps, actors=args.actors, envs_per_actor=args.envs_per_actor,
         rollout_len=args.rollout_len, batch_size=args.batch_size, policy=args.policy,
         seed=args.seed, chunk_bytes=args.chunk_bytes, trainer_device=args.trainer_device,
-        max_wall_s=args.max_wall_s, learner=learner,
+        trainer_threads=args.trainer_threads, trainers=args.trainers, mps_pct=args.mps_pct,
+        gpus=args.gpus, max_wall_s=args.max_wall_s, learner=learner,
     )  # fmt: skip
 
 
@@ -189,10 +252,16 @@ def cmd_train(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         console.print(f"[red]error:[/red] {exc}")
         return 2
+    try:
+        runner = Runner(cfg, info, mps_changes=args.mps_change)
+    except ValueError as exc:
+        console.print(f"[red]error:[/red] --mps-change: {exc}")
+        return 2
     display = ProgressDisplay(console, cfg, enabled=not args.quiet)
+    runner.on_progress = display.update
     try:
         with display:
-            result = Runner(cfg, info, on_progress=display.update).run()
+            result = runner.run()
     except RunError as exc:
         console.print(f"[red]run failed:[/red] {exc}")
         return 1

@@ -118,7 +118,7 @@ def _stage_consumer(endpoints, batch_rows: int, out) -> None:
     from runtime.stages.batcher import Batcher
 
     ctx = zmq.Context()
-    dealer = topology.trainer_experience_in(ctx, endpoints, 0)
+    dealer = topology.trainer_experience_in(ctx, endpoints, topology.trainer_name(0))
     batcher = Batcher(batch_rows)
     t0, eos, rollouts = None, False, 0
     while not eos:

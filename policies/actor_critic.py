@@ -30,18 +30,39 @@ class RunningNorm(nn.Module):
         self.register_buffer("count", torch.tensor(1e-4, dtype=torch.float64))
 
     @torch.no_grad()
-    def update(self, x: torch.Tensor) -> None:
-        """Folds a batch of observations ``[..., dim]`` into the statistics."""
+    def batch_sums(self, x: torch.Tensor) -> torch.Tensor:
+        """``[n, sum(x), sum(x**2)]`` of a batch ``[..., dim]``, float64 on the CPU (summable
+        across data-parallel trainers before ``update_from_sums``)."""
+        x = x.reshape(-1, x.shape[-1]).to(torch.float64)
+        n = torch.tensor([float(x.shape[0])], dtype=torch.float64, device=x.device)
+        return torch.cat([n, x.sum(0), x.pow(2).sum(0)]).cpu()
+
+    @torch.no_grad()
+    def update_from_sums(self, sums: torch.Tensor) -> None:
+        """Folds a batch given as ``batch_sums`` (possibly summed over trainers) into the
+        statistics (Chan's parallel update)."""
         if not self.enabled:
             return
-        x = x.reshape(-1, x.shape[-1]).to(torch.float64)
-        batch_mean, batch_var, n = x.mean(0), x.var(0, unbiased=False), x.shape[0]
+        dim = self.mean.shape[0]
+        n = float(sums[0])
+        if n <= 0:
+            return
+        s, ss = sums[1 : 1 + dim].to(self.mean.device), sums[1 + dim :].to(self.mean.device)
+        batch_mean = s / n
+        batch_var = (ss / n - batch_mean.pow(2)).clamp_min(0.0)
         delta = batch_mean - self.mean
         total = self.count + n
         self.mean += delta * n / total
         m2 = self.var * self.count + batch_var * n + delta.pow(2) * self.count * n / total
         self.var.copy_(m2 / total)
         self.count.copy_(total)
+
+    @torch.no_grad()
+    def update(self, x: torch.Tensor) -> None:
+        """Folds a batch of observations ``[..., dim]`` into the statistics."""
+        if not self.enabled:
+            return
+        self.update_from_sums(self.batch_sums(x))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.enabled:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
+from typing import Any
 
 import numpy as np
 import torch
@@ -115,6 +116,18 @@ class APPOLearner:
         self.version = 0
         self.trained_steps = 0
 
+    def state(self) -> dict[str, Any]:
+        """Everything another learner needs to continue exactly where this one is."""
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "version": self.version, "trained_steps": self.trained_steps}  # fmt: skip
+
+    def load_state(self, state: Mapping[str, Any]) -> None:
+        """Takes over a ``state()`` (from a learner of the same model, on any device)."""
+        self.model.load_state_dict(state["model"], strict=True)
+        self.optimizer.load_state_dict(state["optimizer"])  # moves its tensors to our device
+        self.version = int(state["version"])
+        self.trained_steps = int(state["trained_steps"])
+
     def current_lr(self) -> float:
         """The learning rate for the next update under the configured schedule."""
         if self.config.lr_schedule == "constant" or not self.total_steps:
@@ -129,47 +142,83 @@ class APPOLearner:
         out["discounts"] = self.config.gamma * (1.0 - out["dones"].float())
         return out
 
-    def update(self, batch: Mapping[str, np.ndarray]) -> UpdateStats:
-        """Runs ``epochs`` x ``minibatches`` gradient steps on one batch; bumps ``version``."""
+    def update(self, batch: Mapping[str, np.ndarray] | None, group: Any = None) -> UpdateStats:
+        """Runs ``epochs`` x ``minibatches`` gradient steps on one batch; bumps ``version``.
+
+        Args:
+            batch: The batch, or None for a data-parallel trainer with no rows this update.
+            group: A ``runtime.gmi.group.TrainerGroup`` when several trainers train in
+                lockstep: observation statistics, step counts and gradients are then summed
+                over the group, so every trainer ends the update with the same weights. None
+                for a single trainer.
+        """
         cfg = self.config
-        lag = self.version - np.asarray(batch["versions"])
-        b = self._tensors(batch)
-        n, t = b["rewards"].shape
-        for group in self.optimizer.param_groups:
-            group["lr"] = self.current_lr()
-        self.model.obs_norm.update(b["obs"][:, :t])
+        if batch is None and group is None:
+            raise ValueError("an update needs a batch unless it is one of a trainer group")
+        n = t = 0
+        b: dict[str, torch.Tensor] = {}
+        lag = np.zeros(1, np.int64)
+        if batch is not None:
+            lag = self.version - np.asarray(batch["versions"])
+            b = self._tensors(batch)
+            n, t = b["rewards"].shape
+        for group_ in self.optimizer.param_groups:
+            group_["lr"] = self.current_lr()
+        dim = self.model.obs_norm.mean.shape[0]
+        sums = (self.model.obs_norm.batch_sums(b["obs"][:, :t]) if n
+                else torch.zeros(1 + 2 * dim, dtype=torch.float64))  # fmt: skip
+        sums = torch.cat([sums, torch.tensor([float(n * t)], dtype=torch.float64)])
+        if group is not None:
+            group.sum_(sums)
+        self.model.obs_norm.update_from_sums(sums[:-1])
+        total_steps = int(sums[-1].item())
         pi_losses, v_losses, entropies = [], [], []
         for _ in range(cfg.epochs):
-            with torch.no_grad():
-                target_logp, _, values = self.model.evaluate(b["obs"][:, :t], b["actions"])
-                bootstrap = self.model.values(b["obs"][:, t])
-                ret = vtrace(
-                    b["logp"], target_logp, b["rewards"], values, bootstrap, b["discounts"],
-                    cfg.rho_bar, cfg.c_bar, cfg.vtrace_lambda,
-                )  # fmt: skip
-            for idx in torch.randperm(n, device=self.device).chunk(cfg.minibatches):
-                logp, entropy, v = self.model.evaluate(b["obs"][idx, :t], b["actions"][idx])
-                adv = ret.pg_advantages[idx]
-                adv = (adv - adv.mean()) / (adv.std() + 1e-8) if adv.numel() > 1 else adv
-                ratio = torch.exp(logp - b["logp"][idx])
-                surrogate = torch.min(ratio * adv, ratio.clamp(1 - cfg.clip, 1 + cfg.clip) * adv)
-                loss_pi = -surrogate.mean()
-                loss_v = 0.5 * (v - ret.vs[idx]).pow(2).mean()
-                loss = loss_pi + cfg.value_coef * loss_v - cfg.entropy_coef * entropy.mean()
+            ret = None
+            if n:
+                with torch.no_grad():
+                    target_logp, _, values = self.model.evaluate(b["obs"][:, :t], b["actions"])
+                    bootstrap = self.model.values(b["obs"][:, t])
+                    ret = vtrace(
+                        b["logp"], target_logp, b["rewards"], values, bootstrap, b["discounts"],
+                        cfg.rho_bar, cfg.c_bar, cfg.vtrace_lambda,
+                    )  # fmt: skip
+            perm = torch.randperm(n, device=self.device)
+            for idx in torch.tensor_split(perm, cfg.minibatches):
                 self.optimizer.zero_grad(set_to_none=True)
-                loss.backward()
+                if len(idx):
+                    logp, entropy, v = self.model.evaluate(b["obs"][idx, :t], b["actions"][idx])
+                    adv = ret.pg_advantages[idx]
+                    adv = (adv - adv.mean()) / (adv.std() + 1e-8) if adv.numel() > 1 else adv
+                    ratio = torch.exp(logp - b["logp"][idx])
+                    surrogate = torch.min(ratio * adv,
+                                          ratio.clamp(1 - cfg.clip, 1 + cfg.clip) * adv)  # fmt: skip
+                    loss_pi = -surrogate.mean()
+                    loss_v = 0.5 * (v - ret.vs[idx]).pow(2).mean()
+                    loss = loss_pi + cfg.value_coef * loss_v - cfg.entropy_coef * entropy.mean()
+                    loss.backward()
+                    pi_losses.append(loss_pi.detach())
+                    v_losses.append(loss_v.detach())
+                    entropies.append(entropy.mean().detach())
+                if group is not None:
+                    if group.average_grads_(self.model, float(len(idx))) <= 0:
+                        continue  # no trainer had rows for this minibatch
+                elif not len(idx):
+                    continue
                 nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
                 self.optimizer.step()
-                pi_losses.append(loss_pi.detach())
-                v_losses.append(loss_v.detach())
-                entropies.append(entropy.mean().detach())
         self.version += 1
-        self.trained_steps += n * t
+        self.trained_steps += total_steps
         return UpdateStats(
             steps=n * t,
             policy_lag_mean=float(lag.mean()),
             policy_lag_max=int(lag.max()),
-            loss_pi=torch.stack(pi_losses).mean().item(),  # one device sync per update
-            loss_v=torch.stack(v_losses).mean().item(),
-            entropy=torch.stack(entropies).mean().item(),
+            loss_pi=_mean(pi_losses),
+            loss_v=_mean(v_losses),
+            entropy=_mean(entropies),
         )
+
+
+def _mean(values: list[torch.Tensor]) -> float:
+    """Mean of scalar tensors as a float (one device sync); 0.0 for none."""
+    return torch.stack(values).mean().item() if values else 0.0

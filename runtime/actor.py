@@ -3,11 +3,11 @@
 Each actor collects rollouts of ``rollout_len`` steps from its K environments and hands them to
 its dispenser. Between steps it checks (without blocking) for newer weights and swaps them in;
 env stepping never waits for a weight update. Between rollouts it waits only for back-pressure:
-while more than ``TrainConfig.inflight_steps_per_actor()`` of its steps have not yet reached
-the trainer (the trainer sends the received counts with the weights), it collects nothing
+while more than ``TrainConfig.inflight_steps_per_actor()`` of its steps have not yet been
+handed to a trainer (the migrator publishes the counts as receipts), it collects nothing
 more, which bounds the queues and so the policy lag. It stops only at a rollout boundary,
-and exits only once the trainer has confirmed receipt of everything it sent, so a clean
-shutdown loses nothing.
+and exits only once the receipts cover everything it sent, so a clean shutdown loses
+nothing.
 
 Truncated episodes (time limits) are bootstrapped on the spot: ``gamma * V(final_obs)`` is added
 to the last reward and the step is marked done, so the learner needs no extra channel for it.
@@ -56,7 +56,6 @@ class _WeightsReceiver:
         self.sock = sock
         self.model = model
         self.version = 0
-        self.received: dict[str, int] = {}
         self.malformed = wire.MalformedCounter("actor-weights")
 
     def poll(self, timeout_ms: int = 0) -> None:
@@ -69,10 +68,6 @@ class _WeightsReceiver:
             return
         try:
             version = wire.meta_int(newest.meta, "version")
-            received = newest.meta.get("received", {})
-            if not isinstance(received, dict):
-                raise wire.ProtocolError("'received' must be a map")
-            self.received = {str(k): wire.meta_int(received, k) for k in received}
             if version > self.version and newest.arrays:
                 names = newest.meta.get("names")
                 if not isinstance(names, list):
@@ -83,14 +78,42 @@ class _WeightsReceiver:
             self.malformed.drop(exc)
 
 
+class _Receipts:
+    """The newest RECEIPT from the migrator: steps handed to a trainer, by actor incarnation."""
+
+    def __init__(self, sock: zmq.Socket, key: str) -> None:
+        self.sock = sock
+        self.key = key
+        self.received = 0
+        self.malformed = wire.MalformedCounter("actor-receipts")
+
+    def poll(self, timeout_ms: int = 0) -> int:
+        """Takes every waiting receipt; returns this incarnation's confirmed steps."""
+        if not self.sock.poll(timeout_ms):
+            return self.received
+        for msg in wire.recv_waiting(self.sock, self.malformed):
+            try:
+                if msg.type is not wire.MsgType.RECEIPT:
+                    raise wire.ProtocolError(f"expected receipts, got {msg.type.value}")
+                received = msg.meta.get("received")
+                if not isinstance(received, dict):
+                    raise wire.ProtocolError("'received' must be a map")
+                if self.key in received:  # cumulative: never goes down
+                    self.received = max(self.received, wire.meta_int(received, self.key))
+            except wire.ProtocolError as exc:
+                self.malformed.drop(exc)
+        return self.received
+
+
 class Actor:
     """The rollout loop of one actor process."""
 
     def __init__(self, cfg: TrainConfig, info: EnvInfo, actor: int, incarnation: int,
-                 dispenser: Dispenser, weights: _WeightsReceiver, stats: StatsSender | None,
-                 stepped: Any) -> None:  # fmt: skip
+                 dispenser: Dispenser, weights: _WeightsReceiver, receipts: _Receipts,
+                 stats: StatsSender | None, stepped: Any) -> None:  # fmt: skip
         self.cfg, self.info = cfg, info
         self.dispenser, self.weights, self.stats = dispenser, weights, stats
+        self.receipts = receipts
         self.stepped = stepped
         self.model = weights.model
         k = cfg.envs_per_actor
@@ -163,38 +186,37 @@ class Actor:
         """Collects and dispatches rollouts until ``stop`` is set (checked between rollouts)."""
         last_stats = time.monotonic()
         steps = self.cfg.envs_per_actor * self.cfg.rollout_len
-        key = f"{self.dispenser.actor}:{self.dispenser.incarnation}"
         budget = self.cfg.inflight_steps_per_actor()
         sent = 0
         while not stop.is_set():
             self.dispenser.dispatch(self.collect(), steps)
             sent += steps
-            while sent - int(self.weights.received.get(key, 0)) > budget and not stop.is_set():
+            while sent - self.receipts.poll() > budget and not stop.is_set():
                 self.waits += 1
-                self.weights.poll(THROTTLE_POLL_MS)  # back-pressure: the learner is behind
+                self.receipts.poll(THROTTLE_POLL_MS)  # back-pressure: the learner is behind
+                self.weights.poll()
             if time.monotonic() - last_stats >= STATS_INTERVAL_S:
                 self.report()
                 last_stats = time.monotonic()
         self.dispenser.end_of_stream()
-        self._await_delivery(key, sent)
+        self._await_delivery(sent)
         self.report(final=True)
         for env in self.envs:
             env.close()
 
-    def _await_delivery(self, key: str, sent: int) -> None:
-        """Waits until the trainer confirms every step sent, before the socket closes.
+    def _await_delivery(self, sent: int) -> None:
+        """Waits until the receipts cover every step sent, before the socket closes.
 
         A ZeroMQ socket closed while its peer is applying back-pressure can drop its queued
         tail even with LINGER set, so a clean exit waits for the receipt instead.
         """
         deadline = time.monotonic() + DELIVERY_TIMEOUT_S
-        while int(self.weights.received.get(key, 0)) < sent:
+        while self.receipts.poll(THROTTLE_POLL_MS) < sent:
             if time.monotonic() > deadline:
-                logger.error("actor %s: %d of %d steps unconfirmed after %.0f s", key,
-                             sent - int(self.weights.received.get(key, 0)), sent,
+                logger.error("actor %s: %d of %d steps unconfirmed after %.0f s",
+                             self.receipts.key, sent - self.receipts.received, sent,
                              DELIVERY_TIMEOUT_S)  # fmt: skip
                 return
-            self.weights.poll(THROTTLE_POLL_MS)
 
 
 def actor_main(cfg: TrainConfig, info: EnvInfo, endpoints: topology.Endpoints, actor: int,
@@ -213,9 +235,11 @@ def actor_main(cfg: TrainConfig, info: EnvInfo, endpoints: topology.Endpoints, a
     weights = _WeightsReceiver(topology.actor_weights_in(ctx, endpoints), model)
     if incarnation > 0:
         weights.poll(int(FIRST_WEIGHTS_WAIT_S * 1000))
+    receipts = _Receipts(topology.actor_receipts_in(ctx, endpoints), f"{actor}:{incarnation}")
     dispenser = Dispenser(topology.actor_experience_out(ctx, endpoints), actor, incarnation)
     stats = StatsSender(topology.telemetry_out(ctx, endpoints), f"actor-{actor}.{incarnation}")
     logger.debug("actor %d.%d stepping %d x %s (pid %d)", actor, incarnation,
                  cfg.envs_per_actor, cfg.env, os.getpid())  # fmt: skip
-    Actor(cfg, info, actor, incarnation, dispenser, weights, stats, stepped).run(stop)
+    Actor(cfg, info, actor, incarnation, dispenser, weights, receipts, stats,
+          stepped).run(stop)  # fmt: skip
     ctx.destroy(linger=topology.LINGER_MS)

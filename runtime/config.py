@@ -45,7 +45,15 @@ class TrainConfig:
     trainer_device: str = "auto"
     """``cuda`` when a GPU is present (``auto``), or forced ``cpu`` / ``cuda``."""
     trainer_threads: int = 1
-    """torch threads in the trainer process."""
+    """torch threads in each trainer GMI process."""
+    trainers: int = 1
+    """Trainer GMIs per GPU (per listed GPU), or trainer processes on the CPU; data-parallel,
+    gradients averaged with the strategy the layout selects (``runtime.gmi.grad_sync``)."""
+    mps_pct: tuple[int, ...] | None = None
+    """MPS active-thread percentage: one value for every GMI or one per GMI (GPU-major order);
+    None runs GMIs without an MPS limit (and without MPS when there is one GMI per GPU)."""
+    gpus: tuple[int, ...] | None = None
+    """CUDA device indices the trainer GMIs use; None means GPU 0."""
     max_wall_s: float | None = None
     """Stop (with a clean drain) after this many seconds even if ``steps`` is not reached."""
     max_inflight_batches: float = 2.0
@@ -60,7 +68,7 @@ class TrainConfig:
         """Every invalid setting that can be judged without making the environment."""
         out = []
         for name in ("steps", "actors", "envs_per_actor", "rollout_len", "batch_size",
-                     "chunk_bytes", "trainer_threads"):  # fmt: skip
+                     "chunk_bytes", "trainer_threads", "trainers"):  # fmt: skip
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 out.append(f"{name}={value!r}: must be an integer >= 1")
@@ -83,6 +91,7 @@ class TrainConfig:
             out.append(f"chunk_timeout_s={self.chunk_timeout_s!r}: must be > 0")
         if self.trainer_device not in TRAINER_DEVICES:
             out.append(f"trainer_device={self.trainer_device!r}: allowed {TRAINER_DEVICES}")
+        out.extend(self._gmi_problems())
         if self.transport not in ("ipc", "tcp"):
             out.append(f"transport={self.transport!r}: allowed 'ipc' or 'tcp'")
         if self.max_wall_s is not None and not self.max_wall_s > 0:
@@ -113,12 +122,62 @@ class TrainConfig:
             parse_spec(self.policy, info.obs_dim, info.act_dim)
         except PolicySpecError as exc:
             raise ConfigError([str(exc)]) from None
-        if self.trainer_device == "cuda":
+        device = self.resolved_device()
+        if device == "cuda":
             import torch
 
             if not torch.cuda.is_available():
                 raise ConfigError(["trainer_device='cuda' but CUDA is not available here"])
+            count = torch.cuda.device_count()
+            bad = [g for g in self.gpu_list() if g >= count]
+            if bad:
+                raise ConfigError([f"gpus={list(self.gpu_list())}: GPU(s) {bad} do not exist; "
+                                   f"this machine has CUDA devices 0..{count - 1}"])
+        elif self.gpus is not None or self.mps_pct is not None:
+            raise ConfigError([
+                "gpus and mps_pct place trainer GMIs on GPUs, but the trainer device is cpu; "
+                "drop them or use trainer_device='cuda'"
+            ])
         return info
+
+    def resolved_device(self) -> str:
+        """The trainer device with ``auto`` resolved (``cuda`` when torch sees a GPU)."""
+        if self.trainer_device != "auto":
+            return self.trainer_device
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+
+    def gpu_list(self) -> tuple[int, ...]:
+        """The GPUs the trainer GMIs use (GPU 0 when unset)."""
+        return self.gpus if self.gpus is not None else (0,)
+
+    def gmi_count(self) -> int:
+        """Trainer GMIs in all: ``trainers`` per GPU, or ``trainers`` on the CPU."""
+        return self.trainers * (len(self.gpu_list()) if self.resolved_device() == "cuda" else 1)
+
+    def _gmi_problems(self) -> list[str]:
+        out = []
+        if self.gpus is not None:
+            if (not isinstance(self.gpus, tuple) or not self.gpus
+                    or not all(isinstance(g, int) and not isinstance(g, bool) and g >= 0
+                               for g in self.gpus)):  # fmt: skip
+                out.append(f"gpus={self.gpus!r}: must be a non-empty tuple of GPU indices >= 0")
+            elif len(set(self.gpus)) != len(self.gpus):
+                out.append(f"gpus={list(self.gpus)}: lists a GPU twice; list each GPU once")
+        if self.mps_pct is not None:
+            if (not isinstance(self.mps_pct, tuple) or not self.mps_pct
+                    or not all(isinstance(p, int) and not isinstance(p, bool) and 1 <= p <= 100
+                               for p in self.mps_pct)):  # fmt: skip
+                out.append(f"mps_pct={self.mps_pct!r}: each value must be an integer in 1..100")
+            elif isinstance(self.trainers, int) and self.trainers >= 1 and not out:
+                n = self.trainers * len(self.gpu_list())
+                if len(self.mps_pct) not in (1, n):
+                    out.append(
+                        f"mps_pct has {len(self.mps_pct)} values for {n} GMIs ({self.trainers} "
+                        f"per GPU x {len(self.gpu_list())} GPU(s)); give one value or {n}"
+                    )
+        return out
 
     def inflight_steps_per_actor(self) -> int:
         """Each actor's share of the in-flight budget, at least one rollout."""

@@ -16,6 +16,13 @@ def lost_steps_by_incarnation(complete: dict[str, int], stepped: dict[str, int])
     return {key: n - int(complete.get(key, 0)) for key, n in stepped.items()}
 
 
+def gmi_doc(name: str, counters: dict[str, Any]) -> dict[str, Any]:
+    """One trainer GMI as the result lists it (SMs as CUDA reported them inside the GMI)."""
+    keys = ("rank", "generation", "device", "gpu", "mps_pct", "sm_count", "trained_steps",
+            "resumed", "retired", "weights_digest")  # fmt: skip
+    return {"name": name, **{k: counters.get(k) for k in keys}}
+
+
 def build_result(runner: Runner, wall_s: float, energy: Any) -> dict[str, Any]:
     """Assembles the JSON-ready result from the runner's telemetry and energy window.
 
@@ -23,7 +30,11 @@ def build_result(runner: Runner, wall_s: float, energy: Any) -> dict[str, Any]:
     steps_per_s (trained steps per second), energy {gpu_j, cpu_j, gpu_source, cpu_source, ...},
     steps_per_joule (trained steps / (GPU + CPU joules)), return_mean (last 100 episodes),
     policy_lag {mean, max}, config, stages {dispenser|compressor|migrator|batcher: {messages,
-    bytes}}, plus episodes, actor_restarts and malformed message counts.
+    bytes}}, gmis (one entry per trainer GMI of every generation: rank, gpu, mps_pct,
+    sm_count, trained_steps, ...), gmi_sharing (mps|shared|exclusive|cpu), gmi_sync,
+    weights_identical (the current GMIs ended with bit-identical weights), phases (one per
+    GMI generation, with its own steps/s, GPU W, CPU W and steps per joule), plus episodes,
+    actor_restarts and malformed message counts.
     """
     tel = runner.telemetry
     compressor = tel.source("compressor")
@@ -37,9 +48,11 @@ def build_result(runner: Runner, wall_s: float, energy: Any) -> dict[str, Any]:
     energy_doc = energy.to_dict() if energy is not None else {
         "gpu_j": 0.0, "cpu_j": 0.0, "gpu_source": "none", "cpu_source": "none"}  # fmt: skip
     total_j = energy_doc["gpu_j"] + energy_doc["cpu_j"]
-    trainer = tel.source("trainer-0")
+    current = runner.trainer_names()
+    trainer = tel.source(current[0])
     malformed = {name: int(tel.source(name).get("malformed", 0))
-                 for name in ("compressor", "migrator", "trainer-0")}  # fmt: skip
+                 for name in ("compressor", "migrator", *tel.trainer_sources())}  # fmt: skip
+    digests = {tel.source(name).get("weights_digest") for name in current}
     return {
         "env": runner.cfg.env,
         "env_steps": trained,
@@ -57,6 +70,12 @@ def build_result(runner: Runner, wall_s: float, energy: Any) -> dict[str, Any]:
         "interrupted": runner.interrupted,
         "trainer_device": trainer.get("device"),
         "updates": trainer.get("version", 0),
+        "gmis": [gmi_doc(name, tel.source(name)) for name in tel.trainer_sources()],
+        "gmi_sharing": runner.sharing,
+        "gmi_sync": trainer.get("sync", "none"),
+        "mps_note": runner.mps_note,
+        "weights_identical": len(digests) == 1 and None not in digests,
+        "phases": [phase.to_dict() for phase in runner.phases],
         "malformed": malformed,
         "config": runner.cfg.to_dict(),
         "stages": tel.stages(),

@@ -39,7 +39,7 @@ class RunTelemetry:
         ):
             raise wire.ProtocolError(f"stats from {source}: 'episodes' must be [[return, length]]")
         if not all(
-            isinstance(v, int | float | str | bool | dict | None) for v in counters.values()
+            isinstance(v, int | float | str | bool | dict | list | None) for v in counters.values()
         ):
             raise wire.ProtocolError(f"stats from {source}: counters must be plain values")
         for ret, _length in episodes:

@@ -4,9 +4,16 @@
     compressor           PUSH --connect--> chunks       PULL  migrator   (bind)
     migrator             ROUTER (bind)  <-> trainers     DEALER trainer[j] (connect)
                                             credits go up, chunk channels come down
-    trainer[0]           PUB  (bind)   --> weights      SUB   actors[i]  (connect)
+    migrator             PUB  (bind)   --> receipts     SUB   actors[i]  (connect)
+    trainer[0]           PUB  --connect--> weights_in   XSUB  runner's forwarder (bind)
+    runner's forwarder   XPUB (bind)   --> weights      SUB   actors[i]  (connect)
     every process        PUSH --connect--> telemetry    PULL  runner     (bind)
     runner               PUB  (bind)   --> control      SUB   compressor, migrator (connect)
+
+The weights pass through a forwarder in the runner so that the publishing trainer can be
+replaced during a run (a GMI hand-over) without anyone rebinding an address. Receipts (the
+steps of each actor incarnation the migrator has handed to a trainer) come from the migrator,
+which outlives every trainer generation.
 
 Back-pressure is bounded everywhere: send/receive high-water marks below, the migrator's
 credit window, and the compressor's bounded chunk. A full experience socket blocks the
@@ -34,6 +41,8 @@ TRAINER_HWM = 256
 """Messages queued on each side of a migrator<->trainer link (bounded again by credits)."""
 WEIGHTS_HWM = 2
 """Weight messages queued per actor; older versions are dropped by PUB when it is full."""
+RECEIPTS_HWM = 16
+"""Receipt messages queued per actor (cumulative counts: a dropped one is superseded)."""
 TELEMETRY_HWM = 10_000
 LINGER_MS = 10_000
 """How long a closing socket keeps trying to deliver what it has queued (drain at exit)."""
@@ -41,11 +50,13 @@ LINGER_MS = 10_000
 
 @dataclass(frozen=True)
 class Endpoints:
-    """Addresses of the six links of one run."""
+    """Addresses of the links of one run."""
 
     experience: str
     chunks: str
     trainers: str
+    receipts: str
+    weights_in: str
     weights: str
     telemetry: str
     control: str
@@ -66,7 +77,8 @@ class Endpoints:
         return cls(**{name: f"inproc://{prefix}-{name}" for name in _LINKS})
 
 
-_LINKS = ("experience", "chunks", "trainers", "weights", "telemetry", "control")
+_LINKS = ("experience", "chunks", "trainers", "receipts", "weights_in", "weights", "telemetry",
+          "control")
 
 
 def _free_port(host: str) -> int:
@@ -95,10 +107,19 @@ def actor_experience_out(ctx: zmq.Context, ep: Endpoints) -> zmq.Socket:
 
 def actor_weights_in(ctx: zmq.Context, ep: Endpoints) -> zmq.Socket:
     """An actor's SUB for versioned weights."""
-    sock = _socket(ctx, zmq.SUB, rcvhwm=WEIGHTS_HWM)
+    return _subscriber(ctx, ep.weights, WEIGHTS_HWM)
+
+
+def actor_receipts_in(ctx: zmq.Context, ep: Endpoints) -> zmq.Socket:
+    """An actor's SUB for the migrator's receipts (only the newest matters)."""
+    return _subscriber(ctx, ep.receipts, RECEIPTS_HWM)
+
+
+def _subscriber(ctx: zmq.Context, endpoint: str, hwm: int) -> zmq.Socket:
+    sock = _socket(ctx, zmq.SUB, rcvhwm=hwm)
     sock.setsockopt(zmq.SUBSCRIBE, b"")
     sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(ep.weights)
+    sock.connect(endpoint)
     return sock
 
 
@@ -127,33 +148,98 @@ def _control_in(ctx: zmq.Context, ep: Endpoints) -> zmq.Socket:
 # --- migrator -------------------------------------------------------------------------------
 
 
-def migrator_sockets(ctx: zmq.Context, ep: Endpoints) -> tuple[zmq.Socket, zmq.Socket, zmq.Socket]:
-    """(chunks PULL, trainers ROUTER, control SUB) of the migrator."""
+def migrator_sockets(
+    ctx: zmq.Context, ep: Endpoints
+) -> tuple[zmq.Socket, zmq.Socket, zmq.Socket, zmq.Socket]:
+    """(chunks PULL, trainers ROUTER, receipts PUB, control SUB) of the migrator."""
     pull = _socket(ctx, zmq.PULL, rcvhwm=CHUNK_HWM)
     pull.bind(ep.chunks)
     router = _socket(ctx, zmq.ROUTER, sndhwm=TRAINER_HWM, rcvhwm=TRAINER_HWM)
     router.setsockopt(zmq.ROUTER_MANDATORY, 1)
     router.bind(ep.trainers)
-    return pull, router, _control_in(ctx, ep)
+    receipts = _socket(ctx, zmq.PUB, sndhwm=RECEIPTS_HWM)
+    receipts.setsockopt(zmq.LINGER, 0)
+    receipts.bind(ep.receipts)
+    return pull, router, receipts, _control_in(ctx, ep)
 
 
 # --- trainers -------------------------------------------------------------------------------
 
 
-def trainer_experience_in(ctx: zmq.Context, ep: Endpoints, rank: int) -> zmq.Socket:
-    """A trainer's DEALER to the migrator; its identity is ``trainer-<rank>``."""
+def trainer_name(rank: int, generation: int = 0) -> str:
+    """A trainer GMI's identity and telemetry source: ``trainer-<rank>.g<generation>``."""
+    return f"trainer-{rank}.g{generation}"
+
+
+def trainer_experience_in(ctx: zmq.Context, ep: Endpoints, name: str) -> zmq.Socket:
+    """A trainer's DEALER to the migrator, with identity ``name`` (see ``trainer_name``)."""
     sock = _socket(ctx, zmq.DEALER, sndhwm=TRAINER_HWM, rcvhwm=TRAINER_HWM)
-    sock.setsockopt(zmq.IDENTITY, f"trainer-{rank}".encode())
+    sock.setsockopt(zmq.IDENTITY, name.encode())
     sock.connect(ep.trainers)
     return sock
 
 
 def trainer_weights_out(ctx: zmq.Context, ep: Endpoints) -> zmq.Socket:
-    """The lead trainer's PUB of versioned weights."""
+    """The lead trainer's PUB of versioned weights, connected to the runner's forwarder."""
     sock = _socket(ctx, zmq.PUB, sndhwm=WEIGHTS_HWM)
     sock.setsockopt(zmq.LINGER, 0)
-    sock.bind(ep.weights)
+    sock.connect(ep.weights_in)
     return sock
+
+
+class WeightsForwarder:
+    """XSUB (``weights_in``) -> XPUB (``weights``) in a thread of the binding process.
+
+    ``zmq.proxy_steerable`` runs in C without the GIL; ``stop`` terminates it through its
+    control socket, so its sockets are only ever used by its own thread.
+    """
+
+    def __init__(self, ctx: zmq.Context, ep: Endpoints) -> None:
+        import threading
+
+        self.ctx, self.ep = ctx, ep
+        self._control_addr = f"inproc://weights-forwarder-{id(self)}"
+        self._control = ctx.socket(zmq.PAIR)
+        self._control.bind(self._control_addr)
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="weights-forwarder", daemon=True)
+
+    def start(self) -> WeightsForwarder:
+        self._thread.start()
+        self._ready.wait(10)
+        if self._error is not None:
+            raise self._error
+        return self
+
+    def _run(self) -> None:
+        try:
+            xsub = _socket(self.ctx, zmq.XSUB, rcvhwm=WEIGHTS_HWM)
+            xsub.setsockopt(zmq.LINGER, 0)
+            xsub.bind(self.ep.weights_in)
+            xpub = _socket(self.ctx, zmq.XPUB, sndhwm=WEIGHTS_HWM)
+            xpub.setsockopt(zmq.LINGER, 0)
+            xpub.bind(self.ep.weights)
+            control = self.ctx.socket(zmq.PAIR)
+            control.connect(self._control_addr)
+        except BaseException as exc:  # reported by start()
+            self._error = exc
+            self._ready.set()
+            return
+        self._ready.set()
+        try:
+            zmq.proxy_steerable(xsub, xpub, None, control)
+        except zmq.ContextTerminated:
+            pass
+        finally:
+            for sock in (xsub, xpub, control):
+                sock.close(linger=0)
+
+    def stop(self) -> None:
+        if self._thread.is_alive():
+            self._control.send(b"TERMINATE")
+            self._thread.join(5)
+        self._control.close(linger=0)
 
 
 # --- telemetry and control ----------------------------------------------------------------

@@ -1,24 +1,36 @@
-"""The trainer GMI process: batcher -> APPO learner -> versioned weights back to the actors.
+"""Trainer GMI processes: batcher -> APPO learner -> versioned weights back to the actors.
 
-A GMI (GPU multiplexing instance) is one trainer process bound to a slice of one GPU; in this
-version there is one, on CUDA when present, else on the CPU. It pulls chunk channels from the
-migrator with credits, trains as soon as a full batch is queued, and publishes its weights
-after every update. On the migrator's EOS it trains what is left (a last, smaller batch) so a
-clean drain loses nothing.
+A GMI (GPU multiplexing instance) is one trainer process bound to one GPU (under MPS, to a
+share of its SMs: ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``) or to the CPU. Several GMIs train
+data-parallel: each pulls chunk channels from the migrator with credits into its own batcher,
+and all take every update in lockstep (``runtime.gmi.group``), averaging gradients with the
+strategy the GMI-to-GPU layout selects. Rank 0 publishes the weights after every update.
+
+End of a GMI:
+  * EOS from the migrator (end of the run): train what is left, report, exit.
+  * RETIRE (a hand-over; the runner started the next generation of GMIs): the same, then
+    rank 0 writes the learner state (weights, optimiser, policy version) to the file the next
+    generation waits for. The next generation takes chunks from the migrator meanwhile, but
+    trains only once it has loaded that state, so nothing trained is lost and no experience
+    is dropped.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 import time
+from dataclasses import dataclass, field
+from typing import Any
 
 import zmq
 
 from runtime import topology, wire
 from runtime.config import TrainConfig
 from runtime.envs import EnvInfo
+from runtime.gmi.placement import GMISpec
 from runtime.stages.batcher import Batcher
 from runtime.stages.common import StatsSender, init_service_process
 
@@ -26,67 +38,116 @@ logger = logging.getLogger(__name__)
 
 STATS_INTERVAL_S = 0.5
 WINDOW_CHUNKS = 4
-REPUBLISH_S = 0.2
-"""Received-step counts are re-sent this often while no update happens."""
+RESUME_POLL_S = 0.05
 
 
-def init_trainer_process(threads: int) -> None:
-    """Process set-up: signals and logging, torch threads."""
-    init_service_process("trainer")
-    import torch
+@dataclass(frozen=True)
+class GMIRole:
+    """What one trainer GMI process is: its place, its generation and its group.
 
-    torch.set_num_threads(threads)
+    Attributes:
+        spec: Rank, GPU and MPS percentage.
+        generation: 0 for the first GMIs of a run, +1 at every hand-over.
+        layout: Per GPU, the ranks of this generation (see ``runtime.gmi.placement``).
+        run_dir: The run's private directory (rendezvous and hand-over files).
+        resume_from: The previous generation's state file to wait for, or None.
+        env: Environment for the process (MPS client variables), set before CUDA starts.
+    """
+
+    spec: GMISpec
+    generation: int
+    layout: list[list[int]]
+    run_dir: str
+    resume_from: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return topology.trainer_name(self.spec.rank, self.generation)
+
+    @property
+    def world(self) -> int:
+        return sum(len(ranks) for ranks in self.layout)
+
+    def state_file(self) -> str:
+        """Where rank 0 of this generation leaves the learner state when it retires."""
+        return os.path.join(self.run_dir, f"handover-g{self.generation}.pt")
+
+    def group_file(self) -> str:
+        return os.path.join(self.run_dir, f"group-g{self.generation}")
 
 
-def resolve_device(name: str) -> str:
-    """``auto`` -> ``cuda`` when a GPU is visible to torch, else ``cpu``."""
-    import torch
+def _bind_gpu(role: GMIRole) -> None:
+    """Makes the GMI's GPU the only visible one and applies the MPS variables (before CUDA)."""
+    os.environ.update(role.env)
+    if role.spec.gpu is not None:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if visible:  # indices are relative to what the runner was given
+            os.environ["CUDA_VISIBLE_DEVICES"] = visible.split(",")[role.spec.gpu]
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = str(role.spec.gpu)
 
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return name
+
+def weights_digest(model: Any) -> str:
+    """SHA-256 of every parameter and buffer (GMIs of a run must agree bit for bit)."""
+    h = hashlib.sha256()
+    for name, array in zip(*model.state_arrays(), strict=True):
+        h.update(name.encode())
+        h.update(array.tobytes())
+    return h.hexdigest()[:16]
 
 
 class Trainer:
-    """Owns the batcher, the learner and the trainer's sockets."""
+    """Owns the batcher, the learner and the sockets of one trainer GMI.
+
+    Args:
+        cfg: The run's configuration.
+        info: The environment description.
+        dealer: DEALER to the migrator.
+        weights: PUB for the weights (rank 0), else None.
+        stats: Telemetry sender, or None.
+        role: Place and generation; a single CPU/GPU trainer of generation 0 when None.
+        group: The data-parallel group when the generation has several GMIs, else None.
+    """
 
     def __init__(self, cfg: TrainConfig, info: EnvInfo, dealer: zmq.Socket,
-                 weights: zmq.Socket | None, stats: StatsSender | None) -> None:  # fmt: skip
+                 weights: zmq.Socket | None, stats: StatsSender | None,
+                 role: GMIRole | None = None, group: Any = None) -> None:  # fmt: skip
         import torch
 
         from policies.actor_critic import ActorCritic
         from policies.appo import APPOLearner
 
-        self.cfg = cfg
+        self.cfg, self.role, self.group = cfg, role, group
         self.dealer, self.weights, self.stats = dealer, weights, stats
-        self.device = resolve_device(cfg.trainer_device)
+        on_gpu = role.spec.gpu is not None if role is not None else cfg.resolved_device() == "cuda"
+        self.device = "cuda" if on_gpu else "cpu"
         torch.manual_seed(cfg.seed)  # the actors build the same version-0 weights
         model = ActorCritic(info.obs_dim, info.act_dim, info.discrete, cfg.policy,
                             cfg.learner.normalize_obs)  # fmt: skip
         self.learner = APPOLearner(model, cfg.learner, torch.device(self.device), cfg.steps)
+        self.sm_count = (torch.cuda.get_device_properties(0).multi_processor_count
+                         if on_gpu else None)  # fmt: skip
         self.batcher = Batcher(cfg.batch_size // cfg.rollout_len, WINDOW_CHUNKS)
         self.malformed = wire.MalformedCounter("trainer")
         self.eos = False
+        self.retiring = False
+        self.resumed = role is None or role.resume_from is None
         self.trained_steps = 0
         self.discarded_steps = 0
+        self.updates = 0
         self.lag_sum = 0.0
         self.lag_max = 0
         self.last: dict[str, float] = {}
-        self.last_publish = 0.0
 
-    def publish(self, with_weights: bool = True) -> None:
-        """Sends the version and received-step counts, and the weights unless told not to.
-
-        Actors keep only the newest weights; the counts let them throttle (back-pressure).
-        """
+    def publish(self) -> None:
+        """Sends the weights and their version (rank 0 only); actors keep only the newest."""
         if self.weights is None:
             return
-        names, arrays = self.learner.model.state_arrays() if with_weights else ([], [])
-        meta = {"version": self.learner.version, "names": names,
-                "received": self.batcher.received_steps}  # fmt: skip
+        names, arrays = self.learner.model.state_arrays()
+        meta = {"version": self.learner.version, "names": names}
         with contextlib.suppress(zmq.Again):  # no room for a subscriber: it gets a newer one
             wire.send_msg(self.weights, wire.MsgType.WEIGHTS, meta, arrays, zmq.NOBLOCK)
-        self.last_publish = time.monotonic()
 
     def _grant_credits(self) -> None:
         n = self.batcher.credits_to_grant()
@@ -101,65 +162,150 @@ class Trainer:
             if msg.type is wire.MsgType.EOS:
                 self.eos = True
                 continue
+            if msg.type is wire.MsgType.RETIRE:
+                self.retiring = True
+                continue
             try:
                 self.batcher.add(msg)
             except wire.ProtocolError as exc:
                 self.malformed.drop(exc)
 
-    def _train(self, rows: int | None = None) -> None:
-        taken = self.batcher.take(self.learner.version, self.cfg.learner.max_policy_lag, rows)
-        self.discarded_steps += taken.discarded_steps
-        if taken.rows == 0:
+    def _try_resume(self) -> None:
+        """Loads the previous generation's learner state once its file exists."""
+        import torch
+
+        path = self.role.resume_from
+        if not os.path.exists(path):
             return
-        result = self.learner.update(taken.batch)
-        self.trained_steps += result.steps
-        self.lag_sum += result.policy_lag_mean * result.steps
-        self.lag_max = max(self.lag_max, result.policy_lag_max)
-        self.last = {"loss_pi": result.loss_pi, "loss_v": result.loss_v,
-                     "entropy": result.entropy}  # fmt: skip
+        state = torch.load(path, map_location=self.device, weights_only=False)
+        self.learner.load_state(state)
+        self.resumed = True
+        logger.info("%s took over the learner at version %d", self.role.name,
+                    self.learner.version)  # fmt: skip
+        self.publish()
+
+    def _train(self, rows: int | None = None) -> None:
+        """One update on up to ``rows`` rows (a batch by default).
+
+        In a group every rank calls this once per agreed update, with 0 rows if it has none.
+        """
+        batch = None
+        if rows != 0:
+            taken = self.batcher.take(self.learner.version, self.cfg.learner.max_policy_lag, rows)
+            self.discarded_steps += taken.discarded_steps
+            batch = taken.batch if taken.rows else None
+        if batch is None and self.group is None:
+            return
+        result = self.learner.update(batch, self.group)
+        self.updates += 1
+        if result.steps:
+            self.trained_steps += result.steps
+            self.lag_sum += result.policy_lag_mean * result.steps
+            self.lag_max = max(self.lag_max, result.policy_lag_max)
+            self.last = {"loss_pi": result.loss_pi, "loss_v": result.loss_v,
+                         "entropy": result.entropy}  # fmt: skip
         self.publish()
 
     def snapshot(self, final: bool = False) -> dict[str, object]:
         lag_mean = self.lag_sum / self.trained_steps if self.trained_steps else 0.0
         discarded = self.discarded_steps + self.batcher.dropped_steps
-        return {"trained_steps": self.trained_steps, "discarded_steps": discarded,
-                "version": self.learner.version, "policy_lag_mean": lag_mean,
-                "policy_lag_max": self.lag_max, "queued_steps": self.batcher.queued_steps,
-                "device": self.device, "malformed": self.malformed.count,
-                **self.batcher.counters, **self.last, "final": final}  # fmt: skip
+        out = {"trained_steps": self.trained_steps, "discarded_steps": discarded,
+               "version": self.learner.version, "policy_lag_mean": lag_mean,
+               "policy_lag_max": self.lag_max, "queued_steps": self.batcher.queued_steps,
+               "device": self.device, "sm_count": self.sm_count, "malformed": self.malformed.count,
+               "resumed": self.resumed, "retired": final and self.retiring,
+               **self.batcher.counters, **self.last, "final": final}  # fmt: skip
+        if self.role is not None:
+            out.update(rank=self.role.spec.rank, generation=self.role.generation,
+                       gpu=self.role.spec.gpu, mps_pct=self.role.spec.mps_pct)  # fmt: skip
+        if self.group is not None:
+            out["sync"] = self.group.strategy.value
+        if final:
+            out["weights_digest"] = weights_digest(self.learner.model)
+        return out
+
+    def _finishing(self) -> bool:
+        return self.eos or self.retiring
 
     def run(self) -> None:
-        """Trains until the migrator's EOS, then trains the remainder and reports."""
-        self.publish()
+        """Trains until EOS or RETIRE, then trains the remainder, hands over and reports."""
+        if self.resumed:
+            self.publish()
         last_stats = time.monotonic()
+        last_resume_try = 0.0
         while True:
             self._grant_credits()
             self._receive(0 if self.batcher.ready() else 20)
-            if self.batcher.ready():
-                self._train()
-            elif self.eos:
-                break
             now = time.monotonic()
-            if now - self.last_publish >= REPUBLISH_S:
-                self.publish(with_weights=False)  # refreshes the actors' view of what arrived
+            if not self.resumed:
+                if now - last_resume_try >= RESUME_POLL_S:
+                    last_resume_try = now
+                    self._try_resume()
+            elif self.group is None:
+                if self.batcher.ready():
+                    self._train()
+                elif self._finishing():
+                    break
+            elif self.batcher.ready() or self._finishing():
+                if self._lockstep_round():
+                    break
             if self.stats is not None and now - last_stats >= STATS_INTERVAL_S:
                 self.stats.send(self.snapshot())
                 last_stats = now
         self.batcher.evict_partial()  # anything still partial at EOS lost a channel
-        while self.batcher.queued_rows:
+        while self.batcher.queued_rows and self.group is None:
             self._train(self.batcher.queued_rows)
+        if self.retiring and self.role is not None and self.role.spec.rank == 0:
+            self._save_state()
         if self.stats is not None:
             self.stats.send(self.snapshot(final=True))
 
+    def _lockstep_round(self) -> bool:
+        """One agreed update of the group; True once every rank has finished."""
+        ready = self.batcher.ready()
+        if not ready:
+            self.batcher.evict_partial()
+        rows = self.batcher.batch_rows if ready else self.batcher.queued_rows
+        _, all_done = self.group.agree(rows, done=rows == 0)
+        if all_done:
+            return True
+        self._train(rows)
+        return False
+
+    def _save_state(self) -> None:
+        import torch
+
+        path = self.role.state_file()
+        torch.save(self.learner.state(), path + ".tmp")
+        os.replace(path + ".tmp", path)  # the next generation sees the whole file or nothing
+        logger.info("%s handed over the learner at version %d", self.role.name,
+                    self.learner.version)  # fmt: skip
+
 
 def trainer_main(cfg: TrainConfig, info: EnvInfo, endpoints: topology.Endpoints,
-                 rank: int = 0) -> None:  # fmt: skip
-    """Process entry point of trainer GMI ``rank``."""
-    init_trainer_process(cfg.trainer_threads)
+                 role: GMIRole) -> None:  # fmt: skip
+    """Process entry point of one trainer GMI."""
+    _bind_gpu(role)
+    init_service_process(role.name)
+    import torch
+
+    torch.set_num_threads(cfg.trainer_threads)
+    group = None
+    if role.world > 1:
+        from runtime.gmi.group import TrainerGroup
+
+        if role.spec.gpu is not None:
+            torch.cuda.set_device(0)
+        group = TrainerGroup(role.spec.rank, role.layout, role.group_file(),
+                             role.spec.gpu is not None)  # fmt: skip
     ctx = zmq.Context()
-    dealer = topology.trainer_experience_in(ctx, endpoints, rank)
-    weights = topology.trainer_weights_out(ctx, endpoints) if rank == 0 else None
-    stats = StatsSender(topology.telemetry_out(ctx, endpoints), f"trainer-{rank}")
-    logger.info("trainer %d on %s (pid %d)", rank, resolve_device(cfg.trainer_device), os.getpid())
-    Trainer(cfg, info, dealer, weights, stats).run()
+    dealer = topology.trainer_experience_in(ctx, endpoints, role.name)
+    weights = topology.trainer_weights_out(ctx, endpoints) if role.spec.rank == 0 else None
+    stats = StatsSender(topology.telemetry_out(ctx, endpoints), role.name)
+    trainer = Trainer(cfg, info, dealer, weights, stats, role, group)
+    logger.info("%s on %s (gpu %s, mps %s%%, %s SMs, pid %d)", role.name, trainer.device,
+                role.spec.gpu, role.spec.mps_pct, trainer.sm_count, os.getpid())  # fmt: skip
+    trainer.run()
+    if group is not None:
+        group.close()
     ctx.destroy(linger=topology.LINGER_MS)

@@ -65,6 +65,8 @@ class MsgType(str, enum.Enum):
     WEIGHTS = "weights"
     STATS = "stats"
     CONTROL = "control"
+    RECEIPT = "receipt"
+    RETIRE = "retire"
 
 
 _TYPES_BY_VALUE = {t.value: t for t in MsgType}

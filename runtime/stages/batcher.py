@@ -5,9 +5,8 @@ Chunk channels arrive one message each; a chunk is usable once all its channels 
 rows: slicing a chunk larger than a batch, stacking several smaller ones. Stale rows (policy
 lag above the learner's limit) are removed from a batch and counted as discarded.
 
-The steps received from each actor incarnation go back to the actors with the weights: an actor
-stops collecting while too many of its steps are still on their way (end-to-end back-pressure
-that bounds the policy lag; see ``runtime.actor``).
+The steps received from each actor incarnation are counted here too (the actors throttle on the
+migrator's receipts; see ``runtime.stages.migrator``).
 
 Credits: the batcher tells the migrator how many more chunks it can take. It starts with
 ``window_chunks`` and returns a slot when a chunk is complete, unless two batches are already
@@ -57,6 +56,9 @@ class Batcher:
         window_chunks: Chunks the migrator may have in flight to this trainer at start.
     """
 
+    QUEUE_BATCHES = 1
+    """Credits are held back while this many whole batches are queued (bounds the lag)."""
+
     def __init__(self, batch_rows: int, window_chunks: int = 4) -> None:
         if batch_rows < 1 or window_chunks < 1:
             raise ValueError(f"batch_rows={batch_rows}, window_chunks={window_chunks}: need >= 1")
@@ -71,7 +73,7 @@ class Batcher:
         self.dropped_steps = 0
         """Steps of chunks rejected or left incomplete (counted as discarded by the trainer)."""
         self.received_steps: dict[str, int] = {}
-        """Steps received whole, by actor incarnation ``"actor:inc"`` (actors throttle on it)."""
+        """Steps received whole, by actor incarnation ``"actor:inc"``."""
         self.counters = {"messages": 0, "bytes": 0, "chunks": 0, "batches": 0}
 
     def add(self, msg: wire.Message) -> bool:
@@ -120,7 +122,7 @@ class Batcher:
             key = f"{actor}:{inc}"
             self.received_steps[key] = self.received_steps.get(key, 0) + int(rollout_steps)
         self.counters["chunks"] += 1
-        if self.queued_rows < 2 * self.batch_rows:
+        if self.queued_rows < self.QUEUE_BATCHES * self.batch_rows:
             self._grant += 1
         else:
             self.owed_credits += 1
@@ -184,7 +186,7 @@ class Batcher:
         discarded = int(got - fresh.sum())
         if discarded:
             batch = {k: v[fresh] for k, v in batch.items()}
-        while self.owed_credits and self.queued_rows < 2 * self.batch_rows:
+        while self.owed_credits and self.queued_rows < self.QUEUE_BATCHES * self.batch_rows:
             self.owed_credits -= 1
             self._grant += 1
         self.counters["batches"] += 1

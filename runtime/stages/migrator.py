@@ -6,11 +6,24 @@ queued steps; every channel message of that chunk follows it to the same trainer
 credit anywhere, chunks wait in a bounded queue; when that is full the migrator stops reading
 its input, and back-pressure reaches the compressor and then the actors through the sockets'
 high-water marks. Nothing is dropped.
+
+Receipts: when a chunk is handed to a trainer, the steps of each actor incarnation in it are
+added to cumulative counts that the migrator publishes (RECEIPT, at most every
+``RECEIPT_INTERVAL_S`` while they change, and every ``RECEIPT_REFRESH_S`` regardless). Actors
+throttle on them (end-to-end back-pressure) and exit only once everything they sent is
+counted. The migrator outlives every trainer, so the counts survive GMI hand-overs.
+
+Generations: trainer identities are ``trainer-<rank>.g<generation>``. The runner's CONTROL
+``retire`` for a generation stops new chunks going to its trainers; once the chunks already
+routed to one are complete, it gets RETIRE (after which nothing more comes) and hands its
+learner state to the next generation, which has been taking chunks meanwhile. The final EOS
+goes to every trainer not retired.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import time
 from dataclasses import dataclass
@@ -26,6 +39,14 @@ MAX_PENDING_MESSAGES = topology.CHUNK_HWM
 TRAINER_PREFIX = b"trainer-"
 """Only peers with this identity prefix (``topology.trainer_experience_in``) get chunks."""
 STATS_INTERVAL_S = 0.5
+RECEIPT_INTERVAL_S = 0.005
+RECEIPT_REFRESH_S = 0.25
+
+
+def generation_of(identity: bytes) -> int:
+    """The generation in a ``trainer-<rank>.g<generation>`` identity (0 when absent)."""
+    _, sep, gen = identity.rpartition(b".g")
+    return int(gen) if sep and gen.isdigit() else 0
 
 
 @dataclass
@@ -35,6 +56,9 @@ class _Trainer:
     queued_steps: int = 0
     chunks: int = 0
     steps: int = 0
+    open_routes: int = 0
+    retiring: bool = False
+    retired: bool = False
 
 
 class Migrator:
@@ -44,20 +68,31 @@ class Migrator:
         pull: Chunk input from the compressor.
         router: ROUTER to the trainers' DEALERs.
         stats: Telemetry sender, or None.
-        n_trainers: Trainers that must have said hello before the final EOS goes out.
+        n_trainers: Trainers of the current generation that must have said hello before the
+            final EOS goes out.
+        receipts: PUB for the receipts, or None (tests).
+        control: SUB for the runner's CONTROL (``retire``), or None.
     """
 
     def __init__(
-        self, pull: zmq.Socket, router: zmq.Socket, stats: StatsSender | None, n_trainers: int
-    ) -> None:
+        self, pull: zmq.Socket, router: zmq.Socket, stats: StatsSender | None, n_trainers: int,
+        receipts: zmq.Socket | None = None, control: zmq.Socket | None = None,
+    ) -> None:  # fmt: skip
         self.pull, self.router, self.stats = pull, router, stats
+        self.receipts, self.control = receipts, control
         self.n_trainers = n_trainers
+        self.generation = 0
+        self.retired_generations: set[int] = set()
         self.trainers: dict[bytes, _Trainer] = {}
         self.routes: dict[int, tuple[_Trainer, int]] = {}
         self.pending: collections.deque[tuple[wire.Message, list[zmq.Frame]]] = collections.deque()
         self.upstream_done = False
         self.malformed = wire.MalformedCounter("migrator")
-        self.counters = {"messages": 0, "bytes": 0, "chunks": 0}
+        self.counters = {"messages": 0, "bytes": 0, "chunks": 0, "retired": 0}
+        self.received: dict[str, int] = {}
+        """Steps handed to a trainer, by actor incarnation ``"actor:inc"`` (the receipts)."""
+        self._receipts_changed = False
+        self._receipts_sent = 0.0
 
     def on_trainer(self, identity: bytes, msg: wire.Message) -> None:
         """A CREDIT message from a trainer: adds its free slots and records its queue."""
@@ -69,9 +104,40 @@ class Migrator:
         queued = wire.meta_int(msg.meta, "queued_steps", 0)
         if n < 0:
             raise wire.ProtocolError(f"credit of {n} slots; must be >= 0")
-        trainer = self.trainers.setdefault(identity, _Trainer(identity))
+        trainer = self.trainers.get(identity)
+        if trainer is None:
+            trainer = self.trainers[identity] = _Trainer(identity)
+            if generation_of(identity) in self.retired_generations:
+                self._begin_retire(trainer)
+        if trainer.retiring:
+            return  # credit sent before it learned of its retirement
         trainer.credits += n
         trainer.queued_steps = queued
+
+    def retire(self, generation: int, next_trainers: int) -> None:
+        """Stops routing new chunks to ``generation``'s trainers; RETIRE follows their last.
+
+        Args:
+            generation: The generation being replaced.
+            next_trainers: Trainers in the generation that replaces it (for the final EOS).
+        """
+        self.retired_generations.add(generation)
+        self.generation = max(self.generation, generation + 1)
+        self.n_trainers = next_trainers
+        for trainer in self.trainers.values():
+            if generation_of(trainer.identity) == generation:
+                self._begin_retire(trainer)
+
+    def _begin_retire(self, trainer: _Trainer) -> None:
+        trainer.retiring = True
+        trainer.credits = 0
+        self._retire_if_done(trainer)
+
+    def _retire_if_done(self, trainer: _Trainer) -> None:
+        if trainer.retiring and not trainer.retired and trainer.open_routes == 0:
+            wire.send(self.router, [trainer.identity, *wire.encode(wire.MsgType.RETIRE, {})])
+            trainer.retired = True
+            self.counters["retired"] += 1
 
     def on_chunk(self, msg: wire.Message, frames: list[zmq.Frame]) -> None:
         """A message from the compressor: a chunk channel to route, or its end of stream."""
@@ -82,6 +148,13 @@ class Migrator:
             raise wire.ProtocolError(f"migrator expects chunk messages, got {msg.type.value}")
         for key in ("chunk", "nch", "steps"):
             wire.meta_int(msg.meta, key)  # validated here so dispatch() cannot fail on them
+        rollouts = msg.meta.get("rollouts")
+        if not isinstance(rollouts, list) or not all(
+            isinstance(r, list) and len(r) >= 4 and all(isinstance(x, int) for x in r)
+            for r in rollouts
+        ):
+            raise wire.ProtocolError("chunk message needs 'rollouts': a list of [actor, inc, "
+                                     "seq, steps]")  # fmt: skip
         self.pending.append((msg, frames))
 
     def dispatch(self) -> None:
@@ -98,8 +171,13 @@ class Migrator:
                 trainer.chunks += 1
                 trainer.steps += msg.meta["steps"]
                 trainer.queued_steps += msg.meta["steps"]
+                trainer.open_routes += 1
                 self.counters["chunks"] += 1
                 route = (trainer, msg.meta["nch"])
+                for actor, inc, _seq, steps, *_ in msg.meta["rollouts"]:
+                    key = f"{actor}:{inc}"
+                    self.received[key] = self.received.get(key, 0) + steps
+                self._receipts_changed = True
             trainer, remaining = route
             wire.send(self.router, [trainer.identity, *frames])
             self.counters["messages"] += 1
@@ -108,10 +186,24 @@ class Migrator:
                 self.routes[chunk] = (trainer, remaining - 1)
             else:
                 self.routes.pop(chunk, None)
+                trainer.open_routes -= 1
+                self._retire_if_done(trainer)
             self.pending.popleft()
 
+    def publish_receipts(self, now: float) -> None:
+        """Sends the receipts if they changed (rate-limited) or are due for a refresh."""
+        if self.receipts is None:
+            return
+        since = now - self._receipts_sent
+        if (self._receipts_changed and since >= RECEIPT_INTERVAL_S) or since >= RECEIPT_REFRESH_S:
+            with contextlib.suppress(zmq.Again):  # a slow actor gets the next, newer counts
+                wire.send_msg(self.receipts, wire.MsgType.RECEIPT, {"received": self.received},
+                              flags=zmq.NOBLOCK)  # fmt: skip
+            self._receipts_changed = False
+            self._receipts_sent = now
+
     def _pick(self) -> _Trainer | None:
-        ready = [t for t in self.trainers.values() if t.credits > 0]
+        ready = [t for t in self.trainers.values() if t.credits > 0 and not t.retiring]
         if not ready:
             return None
         return min(ready, key=lambda t: (t.queued_steps, -t.credits))
@@ -120,10 +212,14 @@ class Migrator:
         per_trainer = {t.identity.decode(errors="replace"): {"chunks": t.chunks, "steps": t.steps}
                        for t in self.trainers.values()}  # fmt: skip
         return {**self.counters, "pending": len(self.pending), "malformed": self.malformed.count,
-                "trainers": per_trainer, "final": final}  # fmt: skip
+                "trainers": per_trainer, "retired_generations": sorted(self.retired_generations),
+                "final": final}  # fmt: skip
+
+    def _active(self) -> list[_Trainer]:
+        return [t for t in self.trainers.values() if not t.retiring]
 
     def _finished(self) -> bool:
-        return self.upstream_done and not self.pending and len(self.trainers) >= self.n_trainers
+        return self.upstream_done and not self.pending and len(self._active()) >= self.n_trainers
 
     def run(self) -> None:
         """Routes until the compressor's EOS has been forwarded, then sends EOS to each trainer."""
@@ -131,20 +227,40 @@ class Migrator:
         both, trainers_only = zmq.Poller(), zmq.Poller()
         for poller in (both, trainers_only):
             poller.register(self.router, zmq.POLLIN)
+            if self.control is not None:
+                poller.register(self.control, zmq.POLLIN)
         both.register(self.pull, zmq.POLLIN)
         while not self._finished():
             reading = len(self.pending) < MAX_PENDING_MESSAGES and not self.upstream_done
-            for sock, _ in (both if reading else trainers_only).poll(50):
-                self._read(sock)
+            for sock, _ in (both if reading else trainers_only).poll(10):
+                if sock is self.control:
+                    self._read_control()
+                else:
+                    self._read(sock)
             self.dispatch()
             now = time.monotonic()
+            self.publish_receipts(now)
             if self.stats is not None and now - last_stats >= STATS_INTERVAL_S:
                 self.stats.send(self.snapshot())
                 last_stats = now
-        for trainer in self.trainers.values():
+        for trainer in self._active():
             wire.send(self.router, [trainer.identity, *wire.encode(wire.MsgType.EOS, {})])
+        self.publish_receipts(time.monotonic() + RECEIPT_REFRESH_S)
         if self.stats is not None:
             self.stats.send(self.snapshot(final=True))
+
+    def _read_control(self) -> None:
+        for msg in wire.recv_waiting(self.control, self.malformed):
+            if msg.type is not wire.MsgType.CONTROL or msg.meta.get("cmd") != "retire":
+                continue  # drain and exit are for other services / after the run
+            try:
+                self.retire(wire.meta_int(msg.meta, "generation"),
+                            wire.meta_int(msg.meta, "next_trainers"))  # fmt: skip
+            except wire.ProtocolError as exc:
+                self.malformed.drop(exc)
+                continue
+            if self.stats is not None:
+                self.stats.send(self.snapshot())  # the runner resends until it sees this
 
     def _read(self, sock: zmq.Socket) -> None:
         budget = MAX_PENDING_MESSAGES
@@ -169,8 +285,9 @@ def migrator_main(endpoints: topology.Endpoints, n_trainers: int) -> None:
     """Process entry point of the migrator service."""
     init_service_process("migrator")
     ctx = zmq.Context()
-    pull, router, control = topology.migrator_sockets(ctx, endpoints)
+    pull, router, receipts, control = topology.migrator_sockets(ctx, endpoints)
     stats = StatsSender(topology.telemetry_out(ctx, endpoints), "migrator")
-    Migrator(pull, router, stats, n_trainers).run()
+    migrator = Migrator(pull, router, stats, n_trainers, receipts, control)
+    migrator.run()
     await_exit(control)
     ctx.destroy(linger=topology.LINGER_MS)

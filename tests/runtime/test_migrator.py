@@ -23,7 +23,8 @@ class FakeRouter:
 
 
 def chunk(chunk_id: int, ci: int, steps: int = 10) -> tuple[wire.Message, list]:
-    meta = {"chunk": chunk_id, "ci": ci, "nch": 2, "steps": steps, "ch": f"c{ci}", "rows": 1}
+    meta = {"chunk": chunk_id, "ci": ci, "nch": 2, "steps": steps, "ch": f"c{ci}", "rows": 1,
+            "rollouts": [[chunk_id % 2, 0, chunk_id, steps]]}
     frames = wire.encode(wire.MsgType.CHUNK, meta, [np.zeros((1, 2), np.float32)])
     return wire.decode(frames), [bytes(f) for f in frames]
 
@@ -63,3 +64,48 @@ def test_credit_from_a_peer_that_is_not_a_trainer_is_refused():
     with pytest.raises(wire.ProtocolError, match="not a trainer"):
         m.on_trainer(b"\x00\x8b\x45\x67\x89", credit(5, queued=0))
     assert m.trainers == {}
+
+
+def test_receipts_count_the_steps_of_each_actor_incarnation_handed_to_a_trainer():
+    m = Migrator(pull=None, router=FakeRouter(), stats=None, n_trainers=1)
+    m.on_trainer(b"trainer-0.g0", credit(3, queued=0))
+    for cid in range(4):
+        for ci in range(2):
+            m.on_chunk(*chunk(cid, ci, steps=10))
+    m.dispatch()
+    # three credits: chunks 0..2 routed (actor 0 has chunks 0 and 2, actor 1 chunk 1)
+    assert m.received == {"0:0": 20, "1:0": 10}
+    assert len(m.pending) == 2
+
+
+def test_retire_stops_new_chunks_and_sends_retire_after_the_open_chunk():
+    router = FakeRouter()
+    m = Migrator(pull=None, router=router, stats=None, n_trainers=1)
+    m.on_trainer(b"trainer-0.g0", credit(4, queued=0))
+    m.on_chunk(*chunk(0, 0))  # half of chunk 0: its route stays open
+    m.dispatch()
+    m.retire(0, next_trainers=1)
+    assert [msg.type for _, msg in router.sent] == [wire.MsgType.CHUNK]  # not yet retired
+    m.on_chunk(*chunk(0, 1))
+    m.on_chunk(*chunk(1, 0))
+    m.on_chunk(*chunk(1, 1))
+    m.dispatch()
+    sent = [(ident, msg.type, msg.meta.get("chunk")) for ident, msg in router.sent]
+    assert sent == [(b"trainer-0.g0", wire.MsgType.CHUNK, 0),
+                    (b"trainer-0.g0", wire.MsgType.CHUNK, 0),
+                    (b"trainer-0.g0", wire.MsgType.RETIRE, None)]  # fmt: skip
+    assert len(m.pending) == 2  # chunk 1 waits for the next generation, whole
+    m.on_trainer(b"trainer-0.g0", credit(2, queued=0))  # a late credit of the retired one
+    m.on_trainer(b"trainer-0.g1", credit(1, queued=0))
+    m.dispatch()
+    assert [ident for ident, _ in router.sent[3:]] == [b"trainer-0.g1"] * 2
+    assert not m.pending
+
+
+def test_a_trainer_of_a_retired_generation_that_says_hello_late_is_retired_at_once():
+    router = FakeRouter()
+    m = Migrator(pull=None, router=router, stats=None, n_trainers=1)
+    m.retire(0, next_trainers=1)
+    m.on_trainer(b"trainer-1.g0", credit(4, queued=0))
+    assert [(ident, msg.type) for ident, msg in router.sent] == [
+        (b"trainer-1.g0", wire.MsgType.RETIRE)]  # fmt: skip

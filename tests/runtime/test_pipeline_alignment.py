@@ -67,12 +67,12 @@ def test_rollouts_come_back_exactly(tmp_path, chunk_bytes, transport):
           else topology.Endpoints.inproc(f"align-{chunk_bytes}"))  # fmt: skip
     _, control = topology.runner_sockets(ctx, ep)
     compressor = Compressor(*topology.compressor_sockets(ctx, ep), None, chunk_bytes, 0.005)
-    pull, router, _ = topology.migrator_sockets(ctx, ep)
+    pull, router, _, _ = topology.migrator_sockets(ctx, ep)
     migrator = Migrator(pull, router, None, n_trainers=1)
     services = [threading.Thread(target=s.run, daemon=True) for s in (compressor, migrator)]
     for t in services:
         t.start()
-    dealer = topology.trainer_experience_in(ctx, ep, 0)
+    dealer = topology.trainer_experience_in(ctx, ep, topology.trainer_name(0))
     batcher = Batcher(batch_rows=7, window_chunks=2)  # 7 rows: slices and stacks chunks
 
     n_actors, n_rollouts, rng = 4, 6, random.Random(0)
