@@ -111,6 +111,14 @@ def build_parser() -> argparse.ArgumentParser:
         "percentages (hand-over without losing experience); repeatable",
     )
     train.add_argument(
+        "--grad-sync",
+        choices=["auto", "mpr", "mrr", "har"],
+        default=d.grad_sync,
+        help="gradient sync among GMIs: auto picks from the GMI-to-GPU layout (GMI-DRL "
+        "Algorithm 1); mpr = one host all-reduce, mrr = rings (NCCL between GPUs), "
+        "har = hierarchical (default auto)",
+    )
+    train.add_argument(
         "--trainer-threads",
         type=int,
         default=d.trainer_threads,
@@ -234,7 +242,7 @@ def config_from_args(args: argparse.Namespace):
         rollout_len=args.rollout_len, batch_size=args.batch_size, policy=args.policy,
         seed=args.seed, chunk_bytes=args.chunk_bytes, trainer_device=args.trainer_device,
         trainer_threads=args.trainer_threads, trainers=args.trainers, mps_pct=args.mps_pct,
-        gpus=args.gpus, max_wall_s=args.max_wall_s, learner=learner,
+        gpus=args.gpus, grad_sync=args.grad_sync, max_wall_s=args.max_wall_s, learner=learner,
     )  # fmt: skip
 
 

@@ -8,6 +8,7 @@ from policies.appo import APPOConfig
 from runtime.envs import EnvInfo
 
 TRAINER_DEVICES = ("auto", "cpu", "cuda")
+GRAD_SYNCS = ("auto", "mpr", "mrr", "har")
 
 
 class ConfigError(ValueError):
@@ -54,6 +55,10 @@ class TrainConfig:
     None runs GMIs without an MPS limit (and without MPS when there is one GMI per GPU)."""
     gpus: tuple[int, ...] | None = None
     """CUDA device indices the trainer GMIs use; None means GPU 0."""
+    grad_sync: str = "auto"
+    """Gradient sync among GMIs: ``auto`` (GMI-DRL Algorithm 1 from the layout), or forced
+    ``mpr`` (one all-reduce through the host), ``mrr`` (rings, NCCL between GPUs; needs the
+    same GMI count on every GPU) or ``har`` (hierarchical)."""
     max_wall_s: float | None = None
     """Stop (with a clean drain) after this many seconds even if ``steps`` is not reached."""
     max_inflight_batches: float = 2.0
@@ -158,6 +163,8 @@ class TrainConfig:
 
     def _gmi_problems(self) -> list[str]:
         out = []
+        if self.grad_sync not in GRAD_SYNCS:
+            out.append(f"grad_sync={self.grad_sync!r}: allowed {GRAD_SYNCS}")
         if self.gpus is not None:
             if (not isinstance(self.gpus, tuple) or not self.gpus
                     or not all(isinstance(g, int) and not isinstance(g, bool) and g >= 0

@@ -297,7 +297,7 @@ def trainer_main(cfg: TrainConfig, info: EnvInfo, endpoints: topology.Endpoints,
         if role.spec.gpu is not None:
             torch.cuda.set_device(0)
         group = TrainerGroup(role.spec.rank, role.layout, role.group_file(),
-                             role.spec.gpu is not None)  # fmt: skip
+                             role.spec.gpu is not None, cfg.grad_sync)  # fmt: skip
     ctx = zmq.Context()
     dealer = topology.trainer_experience_in(ctx, endpoints, role.name)
     weights = topology.trainer_weights_out(ctx, endpoints) if role.spec.rank == 0 else None

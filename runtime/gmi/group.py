@@ -21,6 +21,7 @@ from runtime.gmi.grad_sync import GradientSync, SyncPlan, SyncStrategy, plan
 logger = logging.getLogger(__name__)
 
 GROUP_TIMEOUT = datetime.timedelta(minutes=10)
+FORCED = {"mpr": SyncStrategy.MPR, "mrr": SyncStrategy.MRR, "har": SyncStrategy.HAR}
 
 
 class TrainerGroup:
@@ -32,10 +33,13 @@ class TrainerGroup:
         init_file: A path in the run's private directory, unique to this generation of GMIs;
             every rank passes the same one (``torch.distributed`` file rendezvous).
         cuda: Whether the GMIs run on CUDA (then NCCL joins the GPUs).
+        strategy: ``auto`` (Algorithm 1) or ``mpr`` / ``mrr`` / ``har`` to force one.
     """
 
-    def __init__(self, rank: int, layout: list[list[int]], init_file: str, cuda: bool) -> None:
-        self.plan: SyncPlan = plan(layout)
+    def __init__(self, rank: int, layout: list[list[int]], init_file: str, cuda: bool,
+                 strategy: str = "auto") -> None:  # fmt: skip
+        self.plan: SyncPlan = (plan(layout) if strategy == "auto"
+                               else SyncPlan(FORCED[strategy], layout))  # fmt: skip
         self.rank = rank
         self.world = self.plan.world_size
         dist.init_process_group(

@@ -1,0 +1,144 @@
+"""Steady-state steps/s, GPU W, CPU W and steps per joule over a grid of trainer GMI layouts.
+
+    python -m bench.gmi_table --env Ant-v5 --actors 8,15 --devices cpu,cuda --gmis 1,2,4 \\
+        --mps 100,50,25,10 --out gmi_ant.json
+
+Each grid point is one ``Runner`` run: ``--warmup-s`` of start-up is skipped, then an energy
+window of ``--measure-s`` is taken (trained steps and joules inside it only), then the run
+drains. ``--mps`` applies to cuda rows (one percentage for every GMI); cpu rows run once per
+GMI count. A point that fails is recorded with its error and the grid goes on. Every point
+also reports the SMs each GMI said CUDA gave it, how GMIs shared the GPU, whether the GMIs
+ended with identical weights, and that nothing was lost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import platform
+import time
+from dataclasses import replace
+from typing import Any
+
+from bench.report import emit
+from policies.appo import APPOConfig
+from runtime.config import TrainConfig
+from runtime.runner import Runner, RunState
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",")]
+
+
+class SteadyWindow:
+    """Opens an energy window after ``warmup_s`` and closes it ``measure_s`` later."""
+
+    def __init__(self, meter: Any, warmup_s: float, measure_s: float) -> None:
+        self.meter, self.warmup_s, self.measure_s = meter, warmup_s, measure_s
+        self.start: tuple[float, int] | None = None
+        self.end: tuple[float, int] | None = None
+        self.energy: Any = None
+
+    def __call__(self, state: RunState) -> None:
+        if state.draining:
+            return
+        if self.start is None and state.elapsed_s >= self.warmup_s:
+            self.meter.begin_window("steady")
+            self.start = (state.elapsed_s, state.trained_steps)
+        elif self.start and self.end is None and state.elapsed_s >= self.warmup_s + self.measure_s:
+            self.energy = self.meter.end_window("steady")
+            self.end = (state.elapsed_s, state.trained_steps)
+
+    def figures(self) -> dict[str, Any]:
+        if self.start is None or self.end is None or self.energy is None:
+            return {"error": "the run ended before the measurement window closed"}
+        span = self.end[0] - self.start[0]
+        steps = self.end[1] - self.start[1]
+        e = self.energy
+        return {"steps_per_s": steps / span, "gpu_w": e.gpu_total_j / span,
+                "cpu_w": e.cpu_energy_j / span, "steps_per_joule": steps / e.total_j
+                if e.total_j > 0 else None, "window_s": span, "window_steps": steps,
+                "gpu_source": e.gpu_source, "cpu_source": e.cpu_source}  # fmt: skip
+
+
+def run_point(base: TrainConfig, warmup_s: float, measure_s: float) -> dict[str, Any]:
+    from autotune.energy import EnergyMeter
+
+    meter = EnergyMeter()
+    window = SteadyWindow(meter, warmup_s, measure_s)
+    point: dict[str, Any] = {"device": base.trainer_device, "gmis": base.trainers,
+                             "mps_pct": base.mps_pct[0] if base.mps_pct else 100,
+                             "actors": base.actors, "grad_sync": base.grad_sync}  # fmt: skip
+    try:
+        info = base.validate()
+        result = Runner(base, info, on_progress=window, meter=meter).run()
+    except Exception as exc:  # one failed point must not end the grid
+        return {**point, "error": f"{type(exc).__name__}: {exc}"}
+    point.update(window.figures())
+    point.update(
+        sms=[g["sm_count"] for g in result["gmis"]], sharing=result["gmi_sharing"],
+        sync=result["gmi_sync"], weights_identical=result["weights_identical"],
+        lost_steps=result["lost_steps"], discarded_steps=result["discarded_steps"],
+        sampled_steps=result["sampled_steps"], trained_steps=result["env_steps"],
+        policy_lag=result["policy_lag"], return_mean=result["return_mean"],
+    )  # fmt: skip
+    return point
+
+
+def grid(a: argparse.Namespace) -> list[TrainConfig]:
+    learner = replace(APPOConfig(), epochs=a.epochs, minibatches=a.minibatches, lr=a.lr,
+                      entropy_coef=0.0)  # fmt: skip
+    base = TrainConfig(env=a.env, steps=10**9, envs_per_actor=a.envs_per_actor,
+                       rollout_len=a.rollout_len, batch_size=a.batch_size, policy=a.policy,
+                       max_wall_s=a.warmup_s + a.measure_s + 2.0, grad_sync=a.grad_sync,
+                       learner=learner)  # fmt: skip
+    gpus = tuple(_ints(a.gpus)) if a.gpus else None
+    out = []
+    for device, actors, gmis in itertools.product(a.devices.split(","), _ints(a.actors),
+                                                  _ints(a.gmis)):  # fmt: skip
+        if device == "cpu":
+            out.append(replace(base, trainer_device="cpu", actors=actors, trainers=gmis))
+            continue
+        for pct in _ints(a.mps):
+            out.append(replace(base, trainer_device="cuda", actors=actors, trainers=gmis,
+                               gpus=gpus, mps_pct=None if pct == 100 else (pct,)))  # fmt: skip
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--env", default="Ant-v5")
+    ap.add_argument("--policy", default="auto:256:128:64:auto")
+    ap.add_argument("--actors", default="8,15", help="comma-separated actor counts")
+    ap.add_argument("--devices", default="cpu,cuda")
+    ap.add_argument("--gmis", default="1,2,4", help="trainer GMIs per GPU (or on the CPU)")
+    ap.add_argument("--mps", default="100,50,25,10", help="MPS %% per GMI for cuda rows")
+    ap.add_argument("--gpus", default=None, help="CUDA devices for the GMIs (default 0)")
+    ap.add_argument("--grad-sync", default="auto", choices=["auto", "mpr", "mrr", "har"])
+    ap.add_argument("--envs-per-actor", type=int, default=16)
+    ap.add_argument("--rollout-len", type=int, default=32)
+    ap.add_argument("--batch-size", type=int, default=8192)
+    ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--minibatches", type=int, default=2)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--warmup-s", type=float, default=6.0)
+    ap.add_argument("--measure-s", type=float, default=10.0)
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    t0 = time.time()
+    rows = []
+    for cfg in grid(a):
+        row = run_point(cfg, a.warmup_s, a.measure_s)
+        rows.append(row)
+        print({k: (round(v, 1) if isinstance(v, float) else v) for k, v in row.items()
+               if k in ("device", "gmis", "mps_pct", "actors", "steps_per_s", "gpu_w", "cpu_w",
+                        "steps_per_joule", "sms", "sharing", "sync", "lost_steps",
+                        "weights_identical", "error")}, flush=True)  # fmt: skip
+    doc = {"date": time.strftime("%Y-%m-%d", time.gmtime(t0)), "host": platform.node(),
+           "cpus": os.cpu_count(), "args": vars(a), "rows": rows}  # fmt: skip
+    emit(doc, a.out)
+
+
+if __name__ == "__main__":
+    main()
