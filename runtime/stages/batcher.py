@@ -56,7 +56,7 @@ class Batcher:
         window_chunks: Chunks the migrator may have in flight to this trainer at start.
     """
 
-    QUEUE_BATCHES = 1
+    QUEUE_BATCHES = 2
     """Credits are held back while this many whole batches are queued (bounds the lag)."""
 
     def __init__(self, batch_rows: int, window_chunks: int = 4) -> None:

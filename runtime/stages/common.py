@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import faulthandler
 import logging
 import multiprocessing
 import os
@@ -27,9 +28,11 @@ def init_service_process(name: str, log_level: int | None = None) -> None:
     Children ignore SIGINT so that Ctrl-C in the terminal (sent to the whole process group)
     reaches only the runner, which then drains the pipeline in order. On Linux a child asks the
     kernel to SIGKILL it when the runner dies, however the runner died, so no actor or trainer
-    is left running on its own.
+    is left running on its own. SIGUSR1 prints every thread's stack to stderr (for a process
+    that seems stuck: ``pkill -USR1 -f multiprocessing``).
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     _die_with_parent()
     if log_level is None:
         log_level = int(os.environ.get("AUTOTUNE_LOG_LEVEL", str(logging.WARNING)))

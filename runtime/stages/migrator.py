@@ -209,8 +209,9 @@ class Migrator:
         return min(ready, key=lambda t: (t.queued_steps, -t.credits))
 
     def snapshot(self, final: bool = False) -> dict[str, object]:
-        per_trainer = {t.identity.decode(errors="replace"): {"chunks": t.chunks, "steps": t.steps}
-                       for t in self.trainers.values()}  # fmt: skip
+        per_trainer = {t.identity.decode(errors="replace"): {
+            "chunks": t.chunks, "steps": t.steps, "credits": t.credits,
+            "queued_steps": t.queued_steps} for t in self.trainers.values()}  # fmt: skip
         return {**self.counters, "pending": len(self.pending), "malformed": self.malformed.count,
                 "trainers": per_trainer, "retired_generations": sorted(self.retired_generations),
                 "final": final}  # fmt: skip
