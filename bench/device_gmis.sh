@@ -10,7 +10,7 @@ py=${PYTHON:-python3}
 heavy="auto:512:512:512:256:auto"
 { date -u; hostname; nproc; nvidia-smi --query-gpu=name,power.draw,memory.total,mig.mode.current,compute_mode --format=csv; } \
     | tee "$OUT/machine.txt"
-table() { timeout 590 $py -m bench.gmi_table --warmup-s 5 --measure-s 10 "$@" 2>&1 | grep "^{'device"; }
+table() { timeout 590 $py -m bench.gmi_table --warmup-s 3 --measure-s 8 "$@" 2>&1 | grep "^{.device"; }
 case "${1:-smoke}" in
 smoke)  # GPU tests, the inventory, and one short run of 2 GMIs at 50 % each
     $py -m pytest -q -m gpu tests 2>&1 | tail -3

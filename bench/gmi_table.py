@@ -3,12 +3,15 @@
     python -m bench.gmi_table --env Ant-v5 --actors 8,15 --devices cpu,cuda --gmis 1,2,4 \\
         --mps 100,50,25,10 --out gmi_ant.json
 
-Each grid point is one ``Runner`` run: ``--warmup-s`` of start-up is skipped, then an energy
-window of ``--measure-s`` is taken (trained steps and joules inside it only), then the run
-drains. ``--mps`` applies to cuda rows (one percentage for every GMI); cpu rows run once per
-GMI count. A point that fails is recorded with its error and the grid goes on. Every point
-also reports the SMs each GMI said CUDA gave it, how GMIs shared the GPU, whether the GMIs
-ended with identical weights, and that nothing was lost.
+Each grid point is one ``Runner`` run: start-up (until the first update) and ``--warmup-s``
+after it are skipped, then an energy window of ``--measure-s`` is taken (trained steps and
+joules inside it only), then the run drains. Trained steps move in whole updates (GMIs x batch
+size), so over a short window ``steps_per_s`` is coarse and can run ahead of sampling while the
+GMIs work off their queues; ``sampled_per_s`` (actor steps in the same window) is the fine
+measure of throughput in steady state. ``--mps`` applies to cuda rows (one percentage for
+every GMI); cpu rows run once per GMI count. A point that fails is recorded with its error and
+the grid goes on. Every point also reports the SMs each GMI said CUDA gave it, how GMIs shared
+the GPU, whether the GMIs ended with identical weights, and that nothing was lost.
 """
 
 from __future__ import annotations
@@ -32,33 +35,46 @@ def _ints(text: str) -> list[int]:
 
 
 class SteadyWindow:
-    """Opens an energy window after ``warmup_s`` and closes it ``measure_s`` later."""
+    """Opens an energy window ``warmup_s`` after the first update, closes it ``measure_s``
+    later and then asks the runner to drain."""
 
     def __init__(self, meter: Any, warmup_s: float, measure_s: float) -> None:
         self.meter, self.warmup_s, self.measure_s = meter, warmup_s, measure_s
-        self.start: tuple[float, int] | None = None
-        self.end: tuple[float, int] | None = None
+        self.runner: Runner | None = None
+        self.first_update_s: float | None = None
+        self.start: tuple[float, int, int] | None = None
+        self.end: tuple[float, int, int] | None = None
         self.energy: Any = None
 
     def __call__(self, state: RunState) -> None:
         if state.draining:
             return
-        if self.start is None and state.elapsed_s >= self.warmup_s:
+        if self.first_update_s is None:
+            if state.trained_steps > 0:
+                self.first_update_s = state.elapsed_s
+            return
+        if self.start is None and state.elapsed_s >= self.first_update_s + self.warmup_s:
             self.meter.begin_window("steady")
-            self.start = (state.elapsed_s, state.trained_steps)
-        elif self.start and self.end is None and state.elapsed_s >= self.warmup_s + self.measure_s:
+            self.start = (state.elapsed_s, state.trained_steps, state.sampled_steps)
+        elif (self.start and self.end is None
+              and state.elapsed_s >= self.start[0] + self.measure_s):  # fmt: skip
             self.energy = self.meter.end_window("steady")
-            self.end = (state.elapsed_s, state.trained_steps)
+            self.end = (state.elapsed_s, state.trained_steps, state.sampled_steps)
+            if self.runner is not None:
+                self.runner.stop_requested = True
 
     def figures(self) -> dict[str, Any]:
         if self.start is None or self.end is None or self.energy is None:
             return {"error": "the run ended before the measurement window closed"}
         span = self.end[0] - self.start[0]
         steps = self.end[1] - self.start[1]
+        sampled = self.end[2] - self.start[2]
         e = self.energy
-        return {"steps_per_s": steps / span, "gpu_w": e.gpu_total_j / span,
+        return {"steps_per_s": steps / span, "sampled_per_s": sampled / span,
+                "gpu_w": e.gpu_total_j / span,
                 "cpu_w": e.cpu_energy_j / span, "steps_per_joule": steps / e.total_j
                 if e.total_j > 0 else None, "window_s": span, "window_steps": steps,
+                "first_update_s": self.first_update_s,
                 "gpu_source": e.gpu_source, "cpu_source": e.cpu_source}  # fmt: skip
 
 
@@ -72,7 +88,8 @@ def run_point(base: TrainConfig, warmup_s: float, measure_s: float) -> dict[str,
                              "actors": base.actors, "grad_sync": base.grad_sync}  # fmt: skip
     try:
         info = base.validate()
-        result = Runner(base, info, on_progress=window, meter=meter).run()
+        runner = window.runner = Runner(base, info, on_progress=window, meter=meter)
+        result = runner.run()
     except Exception as exc:  # one failed point must not end the grid
         return {**point, "error": f"{type(exc).__name__}: {exc}"}
     point.update(window.figures())
@@ -91,7 +108,7 @@ def grid(a: argparse.Namespace) -> list[TrainConfig]:
                       entropy_coef=0.0)  # fmt: skip
     base = TrainConfig(env=a.env, steps=10**9, envs_per_actor=a.envs_per_actor,
                        rollout_len=a.rollout_len, batch_size=a.batch_size, policy=a.policy,
-                       max_wall_s=a.warmup_s + a.measure_s + 2.0, grad_sync=a.grad_sync,
+                       max_wall_s=a.max_wall_s, grad_sync=a.grad_sync,
                        learner=learner)  # fmt: skip
     gpus = tuple(_ints(a.gpus)) if a.gpus else None
     out = []
@@ -122,8 +139,9 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--minibatches", type=int, default=2)
     ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--warmup-s", type=float, default=6.0)
+    ap.add_argument("--warmup-s", type=float, default=3.0, help="after the first update")
     ap.add_argument("--measure-s", type=float, default=10.0)
+    ap.add_argument("--max-wall-s", type=float, default=90.0, help="safety limit per point")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     t0 = time.time()
@@ -132,9 +150,11 @@ def main() -> None:
         row = run_point(cfg, a.warmup_s, a.measure_s)
         rows.append(row)
         print({k: (round(v, 1) if isinstance(v, float) else v) for k, v in row.items()
-               if k in ("device", "gmis", "mps_pct", "actors", "steps_per_s", "gpu_w", "cpu_w",
+               if k in ("device", "gmis", "mps_pct", "actors", "steps_per_s", "sampled_per_s",
+                        "gpu_w", "cpu_w",
                         "steps_per_joule", "sms", "sharing", "sync", "lost_steps",
-                        "weights_identical", "error")}, flush=True)  # fmt: skip
+                        "weights_identical", "first_update_s", "error")},
+              flush=True)  # fmt: skip
     doc = {"date": time.strftime("%Y-%m-%d", time.gmtime(t0)), "host": platform.node(),
            "cpus": os.cpu_count(), "args": vars(a), "rows": rows}  # fmt: skip
     emit(doc, a.out)

@@ -191,8 +191,8 @@ class APPOLearner:
                     adv = ret.pg_advantages[idx]
                     adv = (adv - adv.mean()) / (adv.std() + 1e-8) if adv.numel() > 1 else adv
                     ratio = torch.exp(logp - b["logp"][idx])
-                    surrogate = torch.min(ratio * adv,
-                                          ratio.clamp(1 - cfg.clip, 1 + cfg.clip) * adv)  # fmt: skip
+                    clipped = ratio.clamp(1 - cfg.clip, 1 + cfg.clip) * adv
+                    surrogate = torch.min(ratio * adv, clipped)
                     loss_pi = -surrogate.mean()
                     loss_v = 0.5 * (v - ret.vs[idx]).pow(2).mean()
                     loss = loss_pi + cfg.value_coef * loss_v - cfg.entropy_coef * entropy.mean()

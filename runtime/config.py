@@ -136,13 +136,19 @@ class TrainConfig:
             count = torch.cuda.device_count()
             bad = [g for g in self.gpu_list() if g >= count]
             if bad:
-                raise ConfigError([f"gpus={list(self.gpu_list())}: GPU(s) {bad} do not exist; "
-                                   f"this machine has CUDA devices 0..{count - 1}"])
+                raise ConfigError(
+                    [
+                        f"gpus={list(self.gpu_list())}: GPU(s) {bad} do not exist; "
+                        f"this machine has CUDA devices 0..{count - 1}"
+                    ]
+                )
         elif self.gpus is not None or self.mps_pct is not None:
-            raise ConfigError([
-                "gpus and mps_pct place trainer GMIs on GPUs, but the trainer device is cpu; "
-                "drop them or use trainer_device='cuda'"
-            ])
+            raise ConfigError(
+                [
+                    "gpus and mps_pct place trainer GMIs on GPUs, but the trainer device is cpu; "
+                    "drop them or use trainer_device='cuda'"
+                ]
+            )
         return info
 
     def resolved_device(self) -> str:

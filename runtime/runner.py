@@ -268,8 +268,11 @@ class Runner:
         if not self._retiring or (not force and now - self._retire_sent < DRAIN_RESEND_S):
             return
         for gen, next_trainers in self._retiring.items():
-            wire.send_msg(control_sock, wire.MsgType.CONTROL,
-                          {"cmd": "retire", "generation": gen, "next_trainers": next_trainers})
+            wire.send_msg(
+                control_sock,
+                wire.MsgType.CONTROL,
+                {"cmd": "retire", "generation": gen, "next_trainers": next_trainers},
+            )
         self._retire_sent = now
 
     def _next_phase(self, started: float) -> None:

@@ -77,8 +77,16 @@ class Endpoints:
         return cls(**{name: f"inproc://{prefix}-{name}" for name in _LINKS})
 
 
-_LINKS = ("experience", "chunks", "trainers", "receipts", "weights_in", "weights", "telemetry",
-          "control")
+_LINKS = (
+    "experience",
+    "chunks",
+    "trainers",
+    "receipts",
+    "weights_in",
+    "weights",
+    "telemetry",
+    "control",
+)
 
 
 def _free_port(host: str) -> int:

@@ -246,9 +246,8 @@ class Trainer:
                     self._train()
                 elif self._finishing():
                     break
-            elif self.batcher.ready() or self._finishing():
-                if self._lockstep_round():
-                    break
+            elif (self.batcher.ready() or self._finishing()) and self._lockstep_round():
+                break
             if self.stats is not None and now - last_stats >= STATS_INTERVAL_S:
                 self.stats.send(self.snapshot())
                 last_stats = now

@@ -84,7 +84,7 @@ class TrainerGroup:
         w = torch.full((1,), float(weight), dtype=grads[0].dtype, device=grads[0].device)
         for g in grads:
             g.mul_(weight)
-        self.sync.all_reduce_(grads + [w])  # means over ranks: sum(w g) / n and sum(w) / n
+        self.sync.all_reduce_([*grads, w])  # means over ranks: sum(w g) / n and sum(w) / n
         total = float(w.item())
         if total > 0:
             for g in grads:

@@ -23,8 +23,15 @@ class FakeRouter:
 
 
 def chunk(chunk_id: int, ci: int, steps: int = 10) -> tuple[wire.Message, list]:
-    meta = {"chunk": chunk_id, "ci": ci, "nch": 2, "steps": steps, "ch": f"c{ci}", "rows": 1,
-            "rollouts": [[chunk_id % 2, 0, chunk_id, steps]]}
+    meta = {
+        "chunk": chunk_id,
+        "ci": ci,
+        "nch": 2,
+        "steps": steps,
+        "ch": f"c{ci}",
+        "rows": 1,
+        "rollouts": [[chunk_id % 2, 0, chunk_id, steps]],
+    }
     frames = wire.encode(wire.MsgType.CHUNK, meta, [np.zeros((1, 2), np.float32)])
     return wire.decode(frames), [bytes(f) for f in frames]
 
