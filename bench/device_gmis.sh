@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue-3 GMI benchmarks on a GPU machine. Writes JSON files under ${OUT:-out}.
-#   bash bench/device_gmis.sh smoke|ant15|ant8|heavy|multigpu
+#   bash bench/device_gmis.sh smoke|ant15|ant8|heavy|sms|multigpu
 # Expects the project importable (pip install -e '.[mujoco]', or PYTHONPATH with the wheels).
 set -uo pipefail
 OUT=${OUT:-out}
@@ -30,6 +30,11 @@ heavy)  # a GPU-heavy policy at a large batch: throughput vs SMs, then an MPS ch
         --epochs 4 --minibatches 4 --lr 1e-3 --entropy-coef 0 --actors 15 \
         --envs-per-actor 16 --steps 100000000 --max-wall-s 75 --mps-change 20:100 \
         --mps-change 48:25 --quiet --json "$OUT/mps_change.json" | tail -20
+    ;;
+sms)  # the CPU/GPU-ratio experiment: a trainer heavy enough that SMs limit it, 1 GMI
+    table --env Ant-v5 --policy auto:2048:2048:2048:auto --batch-size 32768 --epochs 8 \
+        --minibatches 4 --actors 15 --devices cuda --gmis 1 --mps 100,50,25,10 \
+        --out "$OUT/gmi_sms.json"
     ;;
 multigpu)  # 2 GPUs x 2 GMIs: forced MPR vs MRR (Algorithm 1's pick) vs HAR; 1 GMI/GPU too
     for sync in mpr mrr har; do
