@@ -41,3 +41,15 @@ def test_grad_sync_smoke_with_gloo(tmp_path):
               "2", "--batch", "16", "--policy", "8:16:4", "--inter-backend", "gloo")  # fmt: skip
     assert doc["algorithm1_choice"] == "multi-ring-reduction"
     assert all(r["identical_weights"] for r in doc["results"].values())
+
+
+def test_gmi_table_smoke_on_cpu(tmp_path):
+    doc = run(tmp_path, "bench.gmi_table", "--env", "CartPole-v1", "--policy", "auto",
+              "--actors", "1", "--devices", "cpu", "--gmis", "1,2", "--envs-per-actor", "4",
+              "--batch-size", "256", "--rollout-len", "16", "--warmup-s", "0.5",
+              "--measure-s", "1")  # fmt: skip
+    assert [r["gmis"] for r in doc["rows"]] == [1, 2]
+    for row in doc["rows"]:
+        assert "error" not in row, row
+        assert row["lost_steps"] == 0 and row["weights_identical"]
+        assert row["sampled_per_s"] > 0 and row["cpu_source"] == "model"

@@ -61,3 +61,26 @@ def test_python_api_example_runs(tmp_path):
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout[proc.stdout.index("{") :])
     assert summary["env_steps"] >= 3000 and summary["lost_steps"] == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--mps-pct", "half"], "comma-separated list of integers"),
+        (["--mps-change", "soon:50"], "SECONDS:P"),
+        (["--mps-change", "10"], "SECONDS:P"),
+        (["--trainer-device", "cpu", "--mps-pct", "50"], "trainer device is cpu"),
+        (["--trainers", "2", "--mps-pct", "50,50,50"], "3 values for 2 GMIs"),
+        (["--grad-sync", "ring"], "invalid choice"),
+    ],
+)
+def test_bad_gmi_flags_are_refused_with_what_is_allowed(args, message, capsys):
+    from autotune.cli import main
+
+    try:
+        rc = main(["train", "--quiet", *args])
+    except SystemExit as exc:  # argparse errors
+        rc = exc.code
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert message in " ".join(err.split()), err
