@@ -318,10 +318,16 @@ class GradientSync:
         A parameter whose ``grad`` is None gets a zero gradient first, so every rank contributes
         the same layout; after the call it holds the mean of the other ranks' gradients.
         """
-        grads = []
-        for p in model.parameters():
-            if p.requires_grad:
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-                grads.append(p.grad)
-        self.all_reduce_(grads)
+        self.all_reduce_(model_grads(model))
+
+
+def model_grads(model: torch.nn.Module) -> list[torch.Tensor]:
+    """The gradients of ``model``'s trainable parameters, zeros where a ``grad`` is None (so
+    every rank contributes the same layout to a collective)."""
+    grads = []
+    for p in model.parameters():
+        if p.requires_grad:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            grads.append(p.grad)
+    return grads

@@ -16,7 +16,7 @@ import logging
 import torch
 import torch.distributed as dist
 
-from runtime.gmi.grad_sync import GradientSync, SyncPlan, SyncStrategy, plan
+from runtime.gmi.grad_sync import GradientSync, SyncPlan, SyncStrategy, model_grads, plan
 
 logger = logging.getLogger(__name__)
 
@@ -75,12 +75,7 @@ class TrainerGroup:
         Returns:
             The summed weight; 0 means no rank had rows, and the step must be skipped by all.
         """
-        grads = []
-        for p in model.parameters():
-            if p.requires_grad:
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-                grads.append(p.grad)
+        grads = model_grads(model)
         w = torch.full((1,), float(weight), dtype=grads[0].dtype, device=grads[0].device)
         for g in grads:
             g.mul_(weight)
