@@ -19,6 +19,18 @@ class ConfigError(ValueError):
         super().__init__("invalid configuration:\n  - " + "\n  - ".join(problems))
 
 
+def mps_pct_problem(pct: object, gmis: int | None) -> str | None:
+    """What is wrong with MPS percentages ``pct`` for ``gmis`` GMIs (None: skip the count),
+    or None if they are fine: one value for all GMIs or one per GMI, each an int in 1..100."""
+    if (not isinstance(pct, tuple) or not pct
+            or not all(isinstance(p, int) and not isinstance(p, bool) and 1 <= p <= 100
+                       for p in pct)):  # fmt: skip
+        return f"{pct!r}: each value must be an integer in 1..100"
+    if gmis is not None and len(pct) not in (1, gmis):
+        return f"{len(pct)} values for {gmis} GMIs; give one value or {gmis} (one per GMI)"
+    return None
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """Everything a training run needs; ``validate`` checks it against the environment too."""
@@ -179,17 +191,11 @@ class TrainConfig:
             elif len(set(self.gpus)) != len(self.gpus):
                 out.append(f"gpus={list(self.gpus)}: lists a GPU twice; list each GPU once")
         if self.mps_pct is not None:
-            if (not isinstance(self.mps_pct, tuple) or not self.mps_pct
-                    or not all(isinstance(p, int) and not isinstance(p, bool) and 1 <= p <= 100
-                               for p in self.mps_pct)):  # fmt: skip
-                out.append(f"mps_pct={self.mps_pct!r}: each value must be an integer in 1..100")
-            elif isinstance(self.trainers, int) and self.trainers >= 1 and not out:
-                n = self.trainers * len(self.gpu_list())
-                if len(self.mps_pct) not in (1, n):
-                    out.append(
-                        f"mps_pct has {len(self.mps_pct)} values for {n} GMIs ({self.trainers} "
-                        f"per GPU x {len(self.gpu_list())} GPU(s)); give one value or {n}"
-                    )
+            trainers_ok = isinstance(self.trainers, int) and self.trainers >= 1 and not out
+            n = self.trainers * len(self.gpu_list()) if trainers_ok else None
+            problem = mps_pct_problem(self.mps_pct, n)
+            if problem:
+                out.append(f"mps_pct: {problem}")
         return out
 
     def inflight_steps_per_actor(self) -> int:

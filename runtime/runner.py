@@ -46,12 +46,11 @@ from runtime import topology, wire
 from runtime.actor import actor_main
 from runtime.config import TrainConfig
 from runtime.envs import EnvInfo
-from runtime.gmi import placement
-from runtime.gmi.placement import GMISpec
+from runtime.gmi.fleet import GMIFleet
+from runtime.phases import PhaseLog
 from runtime.stages.compressor import compressor_main
 from runtime.stages.migrator import migrator_main
 from runtime.telemetry import RunTelemetry
-from runtime.trainer import GMIRole, trainer_main
 
 logger = logging.getLogger(__name__)
 
@@ -97,34 +96,6 @@ class RunState:
 
 
 @dataclass
-class Phase:
-    """A stretch of the run with one set of GMIs, and what it trained per joule."""
-
-    generation: int
-    mps_pct: list[int | None]
-    start_s: float
-    trained_at_start: int
-    end_s: float | None = None
-    trained_steps: int = 0
-    energy: Any = None
-
-    def to_dict(self) -> dict[str, Any]:
-        doc: dict[str, Any] = {"generation": self.generation, "mps_pct": self.mps_pct,
-                               "start_s": self.start_s, "end_s": self.end_s,
-                               "trained_steps": self.trained_steps}  # fmt: skip
-        if self.energy is not None and self.end_s is not None:
-            e = self.energy.to_dict()
-            total = e["gpu_j"] + e["cpu_j"]
-            span = self.end_s - self.start_s
-            doc.update(gpu_w=e["gpu_j"] / span if span > 0 else 0.0,
-                       cpu_w=e["cpu_j"] / span if span > 0 else 0.0,
-                       steps_per_s=self.trained_steps / span if span > 0 else 0.0,
-                       steps_per_joule=self.trained_steps / total if total > 0 else None,
-                       energy=e)  # fmt: skip
-        return doc
-
-
-@dataclass
 class _Incarnations:
     """Final step counters of every actor incarnation that has ended, by ``"actor:inc"``."""
 
@@ -150,20 +121,12 @@ class Runner:
                  mps_changes: list[tuple[float, tuple[int, ...] | None]] | None = None,
                  ) -> None:  # fmt: skip
         self.cfg, self.info = cfg, info
-        self.gmis: list[GMISpec] = placement.place(cfg)
-        self.generation = 0
-        self.sharing = "cpu"
-        self.mps: Any = None
-        self.mps_note: str | None = None
-        self.phases: list[Phase] = []
+        self.fleet = GMIFleet(cfg, info, self._spawn)
         self.mps_changes = sorted(mps_changes or [], key=lambda change: change[0])
         for _, pct in self.mps_changes:
-            placement.place(cfg, pct)  # raises ValueError now rather than mid-run
-        self.wants_mps_later = any(pct is not None for _, pct in self.mps_changes)
+            self.fleet.check(pct)  # raises ValueError now rather than mid-run
         self._requested: list[tuple[int, ...] | None] = []
-        self._retiring: dict[int, int] = {}
-        """Generations being retired (-> trainers of the next) until the migrator confirms."""
-        self._retire_sent = 0.0
+        self.phases: PhaseLog | None = None
         self.on_progress = on_progress
         self.meter = meter
         self.mp = mp.get_context("spawn")
@@ -181,53 +144,25 @@ class Runner:
         cfg = self.cfg
         specs = {
             "compressor": (compressor_main, (ep, cfg.chunk_bytes, cfg.chunk_timeout_s)),
-            "migrator": (migrator_main, (ep, len(self.gmis))),
+            "migrator": (migrator_main, (ep, len(self.fleet.gmis))),
         }
         for name, (target, args) in specs.items():
             self._spawn(name, target, args)
-        self._start_gmis(ep, None)
+        self.fleet.start(ep, self.run_dir)
 
     def _spawn(self, name: str, target: Callable[..., None], args: tuple[Any, ...]) -> None:
         proc = self.mp.Process(target=target, args=args, name=name, daemon=True)
         proc.start()
         self.services[name] = proc
 
-    def _setup_sharing(self) -> None:
-        """Decides how GMIs share their GPUs; starts or reuses MPS where it is wanted."""
-        if all(s.gpu is None for s in self.gmis):
-            self.sharing = "cpu"
-            return
-        if not (placement.wants_mps(self.gmis) or self.wants_mps_later):
-            self.sharing = "exclusive"
-            return
-        from autotune.hw.mps import MPSControl, MPSUnavailable
-
-        try:
-            self.mps = MPSControl()
-            self.mps.start()
-            self.sharing = "mps"
-        except MPSUnavailable as exc:
-            self.mps = None
-            self.sharing = "shared"
-            self.mps_note = str(exc)
-            logger.warning("MPS unavailable (%s): trainer GMIs run as plain shared processes "
-                           "and no SM percentage applies", exc)  # fmt: skip
-
-    def _gmi_env(self, spec: GMISpec) -> dict[str, str]:
-        if self.mps is None or spec.gpu is None:
-            return {}
-        return self.mps.client_env(spec.mps_pct)
-
-    def _start_gmis(self, ep: topology.Endpoints, resume_from: str | None) -> None:
-        layout = placement.layout(self.gmis)
-        for spec in self.gmis:
-            role = GMIRole(spec, self.generation, layout, self.run_dir, resume_from,
-                           self._gmi_env(spec))  # fmt: skip
-            self._spawn(role.name, trainer_main, (self.cfg, self.info, ep, role))
+    @property
+    def generation(self) -> int:
+        """The current generation of trainer GMIs (0 until the first hand-over)."""
+        return self.fleet.generation
 
     def trainer_names(self) -> list[str]:
         """Telemetry names of the current generation's GMIs."""
-        return [topology.trainer_name(s.rank, self.generation) for s in self.gmis]
+        return self.fleet.names()
 
     def request_replace(self, mps_pct: tuple[int, ...] | None = None) -> None:
         """Asks for a GMI hand-over at the next tick (from ``on_progress`` or a tuner).
@@ -235,56 +170,19 @@ class Runner:
         Raises:
             ValueError: if ``mps_pct`` does not fit the GMIs (checked now, not mid-run).
         """
-        if mps_pct is not None:
-            placement.place(self.cfg, mps_pct)
+        self.fleet.check(mps_pct)
         self._requested.append(mps_pct)
 
     def replace_gmis(self, ep: topology.Endpoints, control_sock: zmq.Socket,
-                     mps_pct: tuple[int, ...] | None, started: float) -> None:  # fmt: skip
+                     mps_pct: tuple[int, ...] | None) -> None:  # fmt: skip
         """Replaces every GMI by a new generation, with percentages ``mps_pct`` (None: same).
 
         Experience keeps flowing to the new GMIs at once; the old ones retire, train what they
-        hold and hand the learner state over (``runtime.trainer``). Nothing is dropped.
+        hold and hand the learner state over (``runtime.gmi.fleet``). Nothing is dropped.
         """
-        old = self.generation
-        resume_from = GMIRole(self.gmis[0], old, [], self.run_dir).state_file()
-        if mps_pct is not None:
-            self.gmis = placement.place(self.cfg, mps_pct)
-        self.generation = old + 1
-        self._next_phase(started)
-        logger.info("GMI hand-over: generation %d -> %d, MPS %s", old, self.generation,
-                    [s.mps_pct for s in self.gmis])  # fmt: skip
-        self._start_gmis(ep, resume_from)
-        self._retiring[old] = len(self.gmis)
-        self._send_retire(control_sock, force=True)
-
-    def _send_retire(self, control_sock: zmq.Socket, force: bool = False) -> None:
-        """(Re)sends ``retire`` until the migrator reports it (PUB/SUB may drop a message
-        sent before a subscriber has joined)."""
-        done = self.telemetry.source("migrator").get("retired_generations")
-        for gen in [g for g in self._retiring if isinstance(done, list) and g in done]:
-            del self._retiring[gen]
-        now = time.monotonic()
-        if not self._retiring or (not force and now - self._retire_sent < DRAIN_RESEND_S):
-            return
-        for gen, next_trainers in self._retiring.items():
-            wire.send_msg(
-                control_sock,
-                wire.MsgType.CONTROL,
-                {"cmd": "retire", "generation": gen, "next_trainers": next_trainers},
-            )
-        self._retire_sent = now
-
-    def _next_phase(self, started: float) -> None:
-        now = time.monotonic() - started
-        if self.phases:
-            phase = self.phases[-1]
-            phase.end_s = now
-            phase.trained_steps = self.telemetry.trained_steps - phase.trained_at_start
-            phase.energy = self._meter.end_window(f"phase-{phase.generation}")
-        self._meter.begin_window(f"phase-{self.generation}")
-        self.phases.append(Phase(self.generation, [s.mps_pct for s in self.gmis], now,
-                                 self.telemetry.trained_steps))  # fmt: skip
+        self.fleet.replace(ep, self.run_dir, control_sock, mps_pct)
+        self.phases.begin(self.fleet.generation, [s.mps_pct for s in self.fleet.gmis],
+                          self.telemetry.trained_steps)  # fmt: skip
 
     def _start_actor(self, ep: topology.Endpoints, index: int, incarnation: int) -> _ActorSlot:
         stepped = self.mp.RawValue("q", 0)
@@ -354,7 +252,7 @@ class Runner:
         from autotune.energy import EnergyMeter
         from runtime.results import build_result
 
-        meter = self._meter = self.meter if self.meter is not None else EnergyMeter()
+        meter = self.meter if self.meter is not None else EnergyMeter()
         self._stop_event = self.mp.Event()
         ctx = zmq.Context()
         with tempfile.TemporaryDirectory(prefix="autotune-") as run_dir:
@@ -365,10 +263,11 @@ class Runner:
             forwarder = topology.WeightsForwarder(ctx, ep).start()
             previous = signal.signal(signal.SIGINT, self._on_sigint)
             previous_term = signal.signal(signal.SIGTERM, _raise_system_exit)
-            self._setup_sharing()
+            self.fleet.setup_sharing(any(pct is not None for _, pct in self.mps_changes))
             meter.begin_window("run")
             started = time.monotonic()
-            self._next_phase(started)
+            self.phases = PhaseLog(meter, started)
+            self.phases.begin(0, [s.mps_pct for s in self.fleet.gmis], 0)
             try:
                 self._start_services(ep)
                 self.slots = [self._start_actor(ep, i, 0) for i in range(self.cfg.actors)]
@@ -381,27 +280,15 @@ class Runner:
                 signal.signal(signal.SIGINT, previous)
                 signal.signal(signal.SIGTERM, previous_term)
                 wall_s = time.monotonic() - started
-                self._close_phase(started)
+                self.phases.end(self.telemetry.trained_steps)
                 try:
                     energy = meter.end_window("run")
                 except ValueError:
                     energy = None
                 forwarder.stop()
                 ctx.destroy(linger=0)
-                if self.mps is not None:
-                    self.mps.stop()
+                self.fleet.stop()
         return build_result(self, wall_s, energy)
-
-    def _close_phase(self, started: float) -> None:
-        phase = self.phases[-1] if self.phases else None
-        if phase is None or phase.end_s is not None:
-            return
-        phase.end_s = time.monotonic() - started
-        phase.trained_steps = self.telemetry.trained_steps - phase.trained_at_start
-        try:
-            phase.energy = self._meter.end_window(f"phase-{phase.generation}")
-        except ValueError:
-            phase.energy = None
 
     def _serve(self, ep: topology.Endpoints, telemetry_sock: zmq.Socket,
                control_sock: zmq.Socket, started: float) -> None:  # fmt: skip
@@ -410,11 +297,11 @@ class Runner:
         while not self.stop_requested:
             self._read_telemetry(telemetry_sock, int(TICK_S * 1000))
             self._check_processes(ep)
-            self._send_retire(control_sock)
+            self.fleet.send_retire(control_sock, self.telemetry.source("migrator"))
             if changes and time.monotonic() - started >= changes[0][0]:
                 self._requested.append(changes.pop(0)[1])
             while self._requested:
-                self.replace_gmis(ep, control_sock, self._requested.pop(0), started)
+                self.replace_gmis(ep, control_sock, self._requested.pop(0))
             if self.on_progress is not None:
                 self.on_progress(self.state(started))
             if self.telemetry.trained_steps >= self.cfg.steps:
@@ -463,7 +350,7 @@ class Runner:
             if not all(p.is_alive() for p in self.services.values()):
                 self._read_telemetry(telemetry_sock, 200)  # a final report may still be queued
                 self._check_services()
-            self._send_retire(control_sock)
+            self.fleet.send_retire(control_sock, self.telemetry.source("migrator"))
             if name == "compressor" and now - last_sent >= DRAIN_RESEND_S:
                 wire.send_msg(control_sock, wire.MsgType.CONTROL, {"cmd": "drain", "expect": clean})
                 last_sent = now

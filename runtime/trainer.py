@@ -71,10 +71,15 @@ class GMIRole:
 
     def state_file(self) -> str:
         """Where rank 0 of this generation leaves the learner state when it retires."""
-        return os.path.join(self.run_dir, f"handover-g{self.generation}.pt")
+        return state_file(self.run_dir, self.generation)
 
     def group_file(self) -> str:
         return os.path.join(self.run_dir, f"group-g{self.generation}")
+
+
+def state_file(run_dir: str, generation: int) -> str:
+    """The learner-state file that generation ``generation`` leaves when it retires."""
+    return os.path.join(run_dir, f"handover-g{generation}.pt")
 
 
 def _bind_gpu(role: GMIRole) -> None:

@@ -98,6 +98,18 @@ def meta_int(meta: dict[str, Any], key: str, default: int | None = None) -> int:
     return value
 
 
+def meta_rollouts(meta: dict[str, Any]) -> list[list[int]]:
+    """A chunk header's ``rollouts``: a list of ``[actor, inc, seq, steps, ...]`` int lists,
+    or ``ProtocolError``."""
+    rollouts = meta.get("rollouts")
+    if not isinstance(rollouts, list) or not all(
+        isinstance(r, list) and len(r) >= 4 and all(isinstance(x, int) for x in r) for r in rollouts
+    ):
+        raise ProtocolError("chunk header field 'rollouts' must be a list of [actor, inc, seq, "
+                            f"steps], got {rollouts!r:.80}")  # fmt: skip
+    return rollouts
+
+
 def encode(
     msg_type: MsgType, meta: dict[str, Any], arrays: Sequence[np.ndarray] = ()
 ) -> list[bytes | memoryview]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from runtime.config import TrainConfig
+from runtime.config import TrainConfig, mps_pct_problem
 
 
 @dataclass(frozen=True)
@@ -56,12 +56,9 @@ def place(cfg: TrainConfig, mps_pct: tuple[int, ...] | None = None) -> list[GMIS
         return [GMISpec(rank, None, None) for rank in range(cfg.trainers)]
     n = cfg.gmi_count()
     if pct is not None:
-        if len(pct) not in (1, n) or not all(
-            isinstance(p, int) and not isinstance(p, bool) and 1 <= p <= 100 for p in pct
-        ):
-            raise ValueError(
-                f"MPS percentages {list(pct)}: need one value or {n} (one per GMI), each 1..100"
-            )
+        problem = mps_pct_problem(pct, n)
+        if problem:
+            raise ValueError(f"MPS percentages {problem}")
         pct = pct * n if len(pct) == 1 else pct
     specs = []
     for g, gpu in enumerate(cfg.gpu_list()):

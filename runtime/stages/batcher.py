@@ -94,12 +94,7 @@ class Batcher:
         array = msg.arrays[0]
         if array.ndim < 2 or array.shape[0] != rows or not 0 <= ci < nch:
             raise wire.ProtocolError(f"chunk {chunk_id} channel {name!r} has a bad layout")
-        rollouts = m.get("rollouts")
-        if not isinstance(rollouts, list) or not all(
-            isinstance(r, list) and len(r) >= 4 and all(isinstance(x, int) for x in r)
-            for r in rollouts
-        ):
-            raise wire.ProtocolError(f"chunk {chunk_id} needs a list of [actor, inc, seq, steps]")
+        rollouts = wire.meta_rollouts(m)
         chunk = self.partial.setdefault(chunk_id, _Chunk(nch, steps, rows, rollouts))
         if ci in chunk.channels or (chunk.nch, chunk.rows) != (nch, rows):
             raise wire.ProtocolError(f"chunk {chunk_id} channel {name!r} conflicts with its chunk")

@@ -148,13 +148,7 @@ class Migrator:
             raise wire.ProtocolError(f"migrator expects chunk messages, got {msg.type.value}")
         for key in ("chunk", "nch", "steps"):
             wire.meta_int(msg.meta, key)  # validated here so dispatch() cannot fail on them
-        rollouts = msg.meta.get("rollouts")
-        if not isinstance(rollouts, list) or not all(
-            isinstance(r, list) and len(r) >= 4 and all(isinstance(x, int) for x in r)
-            for r in rollouts
-        ):
-            raise wire.ProtocolError("chunk message needs 'rollouts': a list of [actor, inc, "
-                                     "seq, steps]")  # fmt: skip
+        wire.meta_rollouts(msg.meta)
         self.pending.append((msg, frames))
 
     def dispatch(self) -> None:

@@ -1,0 +1,135 @@
+"""The runner's trainer GMIs: their placement, how they share GPUs, and their generations.
+
+A generation is one set of GMI processes. ``GMIFleet.replace`` starts the next generation
+(an MPS client's percentage is fixed for its life, so a percentage change needs new
+processes): the new GMIs take chunks at once and train once they have loaded the learner
+state that the old ones write when they retire (``runtime.trainer``). The migrator is told to
+``retire`` the old generation by a CONTROL message that is resent until the migrator reports
+it, since PUB/SUB drops a message sent before a subscriber has joined.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import zmq
+
+from runtime import topology, wire
+from runtime.config import TrainConfig
+from runtime.envs import EnvInfo
+from runtime.gmi import placement
+from runtime.gmi.placement import GMISpec
+from runtime.trainer import GMIRole, state_file, trainer_main
+
+logger = logging.getLogger(__name__)
+
+RETIRE_RESEND_S = 0.5
+
+Spawn = Callable[[str, Callable[..., None], tuple[Any, ...]], None]
+
+
+class GMIFleet:
+    """The current generation of trainer GMIs and the MPS daemon they use.
+
+    Args:
+        cfg: The run's configuration (validated).
+        info: The environment description.
+        spawn: Starts a named service process (the runner's, so it watches them all).
+    """
+
+    def __init__(self, cfg: TrainConfig, info: EnvInfo, spawn: Spawn) -> None:
+        self.cfg, self.info, self.spawn = cfg, info, spawn
+        self.gmis: list[GMISpec] = placement.place(cfg)
+        self.generation = 0
+        self.sharing = "cpu"
+        """``mps``, ``shared``, ``exclusive`` or ``cpu`` (see ``runtime.gmi.placement``)."""
+        self.mps_note: str | None = None
+        """Why MPS could not start, when ``sharing`` is ``shared``."""
+        self.mps: Any = None
+        self._retiring: dict[int, int] = {}
+        """Generations being retired (-> GMIs of the next) until the migrator confirms."""
+        self._retire_sent = 0.0
+
+    def check(self, mps_pct: tuple[int, ...] | None) -> None:
+        """Raises ValueError now if ``mps_pct`` does not fit these GMIs."""
+        if mps_pct is not None:
+            placement.place(self.cfg, mps_pct)
+
+    def setup_sharing(self, mps_later: bool) -> None:
+        """Decides how GMIs share their GPUs; starts or reuses MPS where it is wanted.
+
+        Args:
+            mps_later: A percentage will be set during the run (MPS must run from the start).
+        """
+        if all(s.gpu is None for s in self.gmis):
+            self.sharing = "cpu"
+            return
+        if not (placement.wants_mps(self.gmis) or mps_later):
+            self.sharing = "exclusive"
+            return
+        from autotune.hw.mps import MPSControl, MPSUnavailable
+
+        try:
+            self.mps = MPSControl()
+            self.mps.start()
+            self.sharing = "mps"
+        except MPSUnavailable as exc:
+            self.mps = None
+            self.sharing = "shared"
+            self.mps_note = str(exc)
+            logger.warning("MPS unavailable (%s): trainer GMIs run as plain shared processes "
+                           "and no SM percentage applies", exc)  # fmt: skip
+
+    def start(self, ep: topology.Endpoints, run_dir: str, resume_from: str | None = None) -> None:
+        """Starts the current generation's GMI processes."""
+        layout = placement.layout(self.gmis)
+        for spec in self.gmis:
+            env = self.mps.client_env(spec.mps_pct) if self.mps and spec.gpu is not None else {}
+            role = GMIRole(spec, self.generation, layout, run_dir, resume_from, env)
+            self.spawn(role.name, trainer_main, (self.cfg, self.info, ep, role))
+
+    def names(self) -> list[str]:
+        """Telemetry names of the current generation's GMIs."""
+        return [topology.trainer_name(s.rank, self.generation) for s in self.gmis]
+
+    def replace(self, ep: topology.Endpoints, run_dir: str, control_sock: zmq.Socket,
+                mps_pct: tuple[int, ...] | None) -> None:  # fmt: skip
+        """Starts the next generation (percentages ``mps_pct``, None: the same) and retires
+        the current one."""
+        old = self.generation
+        if mps_pct is not None:
+            self.gmis = placement.place(self.cfg, mps_pct)
+        self.generation = old + 1
+        logger.info("GMI hand-over: generation %d -> %d, MPS %s", old, self.generation,
+                    [s.mps_pct for s in self.gmis])  # fmt: skip
+        self.start(ep, run_dir, state_file(run_dir, old))
+        self._retiring[old] = len(self.gmis)
+        self.send_retire(control_sock, None, force=True)
+
+    def send_retire(self, control_sock: zmq.Socket, migrator: dict[str, Any] | None,
+                    force: bool = False) -> None:  # fmt: skip
+        """(Re)sends ``retire`` for every generation the migrator has not yet reported.
+
+        Args:
+            control_sock: The runner's CONTROL PUB.
+            migrator: The migrator's newest telemetry (its ``retired_generations``), or None.
+            force: Send now rather than at most every ``RETIRE_RESEND_S``.
+        """
+        done = (migrator or {}).get("retired_generations")
+        for gen in [g for g in self._retiring if isinstance(done, list) and g in done]:
+            del self._retiring[gen]
+        now = time.monotonic()
+        if not self._retiring or (not force and now - self._retire_sent < RETIRE_RESEND_S):
+            return
+        for gen, next_gmis in self._retiring.items():
+            meta = {"cmd": "retire", "generation": gen, "next_trainers": next_gmis}
+            wire.send_msg(control_sock, wire.MsgType.CONTROL, meta)
+        self._retire_sent = now
+
+    def stop(self) -> None:
+        """Stops the MPS daemon if this run started it."""
+        if self.mps is not None:
+            self.mps.stop()
