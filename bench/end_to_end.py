@@ -14,11 +14,10 @@ import argparse
 import os
 import platform
 import time
-from dataclasses import replace
 
 from bench.raw_env_rate import raw_step_rate
 from bench.report import emit
-from policies.appo import APPOConfig
+from bench.workload import add_workload_args, learner_from_args
 from runtime.config import TrainConfig
 from runtime.runner import Runner, RunState
 
@@ -36,14 +35,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--env", default="CartPole-v1")
     ap.add_argument("--actors", type=int, default=max(1, (os.cpu_count() or 2) - 1))
-    ap.add_argument("--envs-per-actor", type=int, default=16)
-    ap.add_argument("--rollout-len", type=int, default=32)
-    ap.add_argument("--batch-size", type=int, default=8192)
-    ap.add_argument("--epochs", type=int, default=2)
-    ap.add_argument("--minibatches", type=int, default=2)
-    ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--entropy-coef", type=float, default=0.0)
-    ap.add_argument("--policy", default="auto:256:128:64:auto")
+    add_workload_args(ap)
     ap.add_argument("--steps", type=int, default=200_000)
     ap.add_argument("--raw-seconds", type=float, default=20.0)
     ap.add_argument("--trainer-device", default="auto")
@@ -55,8 +47,7 @@ def main() -> None:
         env=a.env, steps=a.steps, actors=a.actors, envs_per_actor=a.envs_per_actor,
         rollout_len=a.rollout_len, batch_size=a.batch_size, policy=a.policy,
         trainer_device=a.trainer_device,
-        learner=replace(APPOConfig(), epochs=a.epochs, minibatches=a.minibatches, lr=a.lr,
-                        entropy_coef=a.entropy_coef),
+        learner=learner_from_args(a),
     )  # fmt: skip
     info = cfg.validate()
     samples: list[tuple[float, int]] = []

@@ -25,7 +25,7 @@ from dataclasses import replace
 from typing import Any
 
 from bench.report import emit
-from policies.appo import APPOConfig
+from bench.workload import add_workload_args, learner_from_args
 from runtime.config import TrainConfig
 from runtime.runner import Runner, RunState
 
@@ -104,8 +104,7 @@ def run_point(base: TrainConfig, warmup_s: float, measure_s: float) -> dict[str,
 
 
 def grid(a: argparse.Namespace) -> list[TrainConfig]:
-    learner = replace(APPOConfig(), epochs=a.epochs, minibatches=a.minibatches, lr=a.lr,
-                      entropy_coef=0.0)  # fmt: skip
+    learner = learner_from_args(a)
     base = TrainConfig(env=a.env, steps=10**9, envs_per_actor=a.envs_per_actor,
                        rollout_len=a.rollout_len, batch_size=a.batch_size, policy=a.policy,
                        max_wall_s=a.max_wall_s, grad_sync=a.grad_sync,
@@ -126,19 +125,13 @@ def grid(a: argparse.Namespace) -> list[TrainConfig]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--env", default="Ant-v5")
-    ap.add_argument("--policy", default="auto:256:128:64:auto")
     ap.add_argument("--actors", default="8,15", help="comma-separated actor counts")
     ap.add_argument("--devices", default="cpu,cuda")
     ap.add_argument("--gmis", default="1,2,4", help="trainer GMIs per GPU (or on the CPU)")
     ap.add_argument("--mps", default="100,50,25,10", help="MPS %% per GMI for cuda rows")
     ap.add_argument("--gpus", default=None, help="CUDA devices for the GMIs (default 0)")
     ap.add_argument("--grad-sync", default="auto", choices=["auto", "mpr", "mrr", "har"])
-    ap.add_argument("--envs-per-actor", type=int, default=16)
-    ap.add_argument("--rollout-len", type=int, default=32)
-    ap.add_argument("--batch-size", type=int, default=8192)
-    ap.add_argument("--epochs", type=int, default=2)
-    ap.add_argument("--minibatches", type=int, default=2)
-    ap.add_argument("--lr", type=float, default=1e-3)
+    add_workload_args(ap)
     ap.add_argument("--warmup-s", type=float, default=3.0, help="after the first update")
     ap.add_argument("--measure-s", type=float, default=10.0)
     ap.add_argument("--max-wall-s", type=float, default=90.0, help="safety limit per point")

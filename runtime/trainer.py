@@ -140,7 +140,6 @@ class Trainer:
         self.resumed = role is None or role.resume_from is None
         self.trained_steps = 0
         self.discarded_steps = 0
-        self.updates = 0
         self.lag_sum = 0.0
         self.lag_max = 0
         self.last: dict[str, float] = {}
@@ -202,7 +201,6 @@ class Trainer:
         if batch is None and self.group is None:
             return
         result = self.learner.update(batch, self.group)
-        self.updates += 1
         if result.steps:
             self.trained_steps += result.steps
             self.lag_sum += result.policy_lag_mean * result.steps
