@@ -125,6 +125,21 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"torch threads per trainer GMI (default {d.trainer_threads})",
     )
     train.add_argument(
+        "--inference",
+        choices=["actor", "gmi"],
+        default=d.inference,
+        help="where actions are computed: actor = the policy on each actor's core; gmi = one "
+        "batched inference GMI on the trainer device that every actor sends observations to "
+        f"(default {d.inference})",
+    )
+    train.add_argument(
+        "--inference-mps-pct",
+        type=int,
+        default=None,
+        metavar="P",
+        help="MPS active-thread percentage (1..100) of the inference GMI (default: no limit)",
+    )
+    train.add_argument(
         "--max-wall-s",
         type=float,
         default=None,
@@ -242,7 +257,8 @@ def config_from_args(args: argparse.Namespace):
         rollout_len=args.rollout_len, batch_size=args.batch_size, policy=args.policy,
         seed=args.seed, chunk_bytes=args.chunk_bytes, trainer_device=args.trainer_device,
         trainer_threads=args.trainer_threads, trainers=args.trainers, mps_pct=args.mps_pct,
-        gpus=args.gpus, grad_sync=args.grad_sync, max_wall_s=args.max_wall_s, learner=learner,
+        gpus=args.gpus, grad_sync=args.grad_sync, inference=args.inference,
+        inference_mps_pct=args.inference_mps_pct, max_wall_s=args.max_wall_s, learner=learner,
     )  # fmt: skip
 
 

@@ -80,6 +80,13 @@ def summary_table(result: dict[str, Any]) -> Table:
         ("actor restarts", str(result["actor_restarts"])),
         ("trainer device", str(result["trainer_device"])),
     ]  # fmt: skip
+    inference = result.get("inference") or {}
+    if inference.get("mode") == "gmi":
+        where = inference.get("device") or "?"
+        if inference.get("gpu") is not None:
+            where += f" {inference['gpu']}, {inference.get('sm_count')} SMs"
+        rows.append(("inference GMI", f"{where}, {inference.get('rows_per_batch') or 0:.1f} "
+                     "rows/batch"))  # fmt: skip
     for name, stage in result["stages"].items():
         rows.append(
             (f"stage {name}", f"{stage['messages']:,} msgs, {stage['bytes'] / 1e6:,.1f} MB")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue-3 GMI benchmarks on a GPU machine. Writes JSON files under ${OUT:-out}.
-#   bash bench/device_gmis.sh smoke|ant15|ant8|heavy|sms|multigpu
+#   bash bench/device_gmis.sh smoke|ant15|ant8|heavy|sms|multigpu|inference
 # Expects the project importable (pip install -e '.[mujoco]', or PYTHONPATH with the wheels).
 set -uo pipefail
 OUT=${OUT:-out}
@@ -47,5 +47,15 @@ multigpu)  # 2 GPUs x 2 GMIs: forced MPR vs MRR (Algorithm 1's pick) vs HAR; 1 G
             --actors 15 --devices cuda --gmis 1 --mps 100 --gpus 0,1 --grad-sync $sync \
             --out "$OUT/multigpu_2x1_$sync.json"
     done
+    ;;
+inference)  # where actions are computed: each actor's core vs one batched inference GMI
+    table --env Ant-v5 --actors 15 --devices cpu,cuda --gmis 1 --mps 100 \
+        --inference actor,gmi --out "$OUT/inference_ant15.json"
+    table --env Ant-v5 --actors 8 --devices cuda --gmis 1 --mps 100 \
+        --inference actor,gmi --out "$OUT/inference_ant8.json"
+    table --env Ant-v5 --policy "$heavy" --actors 15 --devices cuda --gmis 1 --mps 100 \
+        --inference actor,gmi --out "$OUT/inference_heavy.json"
+    table --env Ant-v5 --policy "$heavy" --actors 15 --devices cuda --gmis 1 --mps 50 \
+        --inference gmi --inference-mps 25 --out "$OUT/inference_heavy_mps.json"
     ;;
 esac

@@ -1,7 +1,7 @@
 """Steady-state steps/s, GPU W, CPU W and steps per joule over a grid of trainer GMI layouts.
 
     python -m bench.gmi_table --env Ant-v5 --actors 8,15 --devices cpu,cuda --gmis 1,2,4 \\
-        --mps 100,50,25,10 --out gmi_ant.json
+        --mps 100,50,25,10 [--inference actor,gmi] --out gmi_ant.json
 
 Each grid point is one ``Runner`` run: start-up (until the first update) and ``--warmup-s``
 after it are skipped, then an energy window of ``--measure-s`` is taken (trained steps and
@@ -12,6 +12,8 @@ measure of throughput in steady state. ``--mps`` applies to cuda rows (one perce
 every GMI); cpu rows run once per GMI count. A point that fails is recorded with its error and
 the grid goes on. Every point also reports the SMs each GMI said CUDA gave it, how GMIs shared
 the GPU, whether the GMIs ended with identical weights, and that nothing was lost.
+``--inference actor,gmi`` adds the axis of where actions are computed (each actor's core, or
+one batched inference GMI on the trainer device, limited by ``--inference-mps``).
 """
 
 from __future__ import annotations
@@ -85,7 +87,8 @@ def run_point(base: TrainConfig, warmup_s: float, measure_s: float) -> dict[str,
     window = SteadyWindow(meter, warmup_s, measure_s)
     point: dict[str, Any] = {"device": base.trainer_device, "gmis": base.trainers,
                              "mps_pct": base.mps_pct[0] if base.mps_pct else 100,
-                             "actors": base.actors, "grad_sync": base.grad_sync}  # fmt: skip
+                             "actors": base.actors, "grad_sync": base.grad_sync,
+                             "inference": base.inference}  # fmt: skip
     try:
         info = base.validate()
         runner = window.runner = Runner(base, info, on_progress=window, meter=meter)
@@ -100,6 +103,12 @@ def run_point(base: TrainConfig, warmup_s: float, measure_s: float) -> dict[str,
         sampled_steps=result["sampled_steps"], trained_steps=result["env_steps"],
         policy_lag=result["policy_lag"], return_mean=result["return_mean"],
     )  # fmt: skip
+    inference = result["inference"]
+    if inference["mode"] == "gmi":
+        point.update(inference_sms=inference["sm_count"],
+                     rows_per_batch=inference["rows_per_batch"],
+                     inference_compute_s=inference["compute_s"],
+                     actor_wait_s=inference["actor_wait_s"])  # fmt: skip
     return point
 
 
@@ -111,14 +120,24 @@ def grid(a: argparse.Namespace) -> list[TrainConfig]:
                        learner=learner)  # fmt: skip
     gpus = tuple(_ints(a.gpus)) if a.gpus else None
     out = []
-    for device, actors, gmis in itertools.product(a.devices.split(","), _ints(a.actors),
-                                                  _ints(a.gmis)):  # fmt: skip
+    inference_pct = None if a.inference_mps == 100 else a.inference_mps
+    for device, actors, gmis, where in itertools.product(
+        a.devices.split(","), _ints(a.actors), _ints(a.gmis), a.inference.split(",")
+    ):  # fmt: skip
+        point = replace(base, actors=actors, trainers=gmis, inference=where)
         if device == "cpu":
-            out.append(replace(base, trainer_device="cpu", actors=actors, trainers=gmis))
+            out.append(replace(point, trainer_device="cpu"))
             continue
         for pct in _ints(a.mps):
-            out.append(replace(base, trainer_device="cuda", actors=actors, trainers=gmis,
-                               gpus=gpus, mps_pct=None if pct == 100 else (pct,)))  # fmt: skip
+            out.append(
+                replace(
+                    point,
+                    trainer_device="cuda",
+                    gpus=gpus,
+                    mps_pct=None if pct == 100 else (pct,),
+                    inference_mps_pct=inference_pct if where == "gmi" else None,
+                )
+            )
     return out
 
 
@@ -131,6 +150,8 @@ def main() -> None:
     ap.add_argument("--mps", default="100,50,25,10", help="MPS %% per GMI for cuda rows")
     ap.add_argument("--gpus", default=None, help="CUDA devices for the GMIs (default 0)")
     ap.add_argument("--grad-sync", default="auto", choices=["auto", "mpr", "mrr", "har"])
+    ap.add_argument("--inference", default="actor", help="comma-separated: actor, gmi")
+    ap.add_argument("--inference-mps", type=int, default=100, help="MPS %% of the inference GMI")
     add_workload_args(ap)
     ap.add_argument("--warmup-s", type=float, default=3.0, help="after the first update")
     ap.add_argument("--measure-s", type=float, default=10.0)
@@ -143,7 +164,8 @@ def main() -> None:
         row = run_point(cfg, a.warmup_s, a.measure_s)
         rows.append(row)
         print({k: (round(v, 1) if isinstance(v, float) else v) for k, v in row.items()
-               if k in ("device", "gmis", "mps_pct", "actors", "steps_per_s", "sampled_per_s",
+               if k in ("device", "gmis", "mps_pct", "actors", "inference", "steps_per_s",
+                        "sampled_per_s", "rows_per_batch", "actor_wait_s",
                         "gpu_w", "cpu_w",
                         "steps_per_joule", "sms", "sharing", "sync", "lost_steps",
                         "weights_identical", "first_update_s", "error")},

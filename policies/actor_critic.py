@@ -119,10 +119,15 @@ class ActorCritic(nn.Module):
     @torch.no_grad()
     def act(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Samples actions for a batch of observations; returns (actions, log-probs) as numpy."""
-        x = self.obs_norm(torch.from_numpy(obs))
-        dist = self._dist(x)
+        actions, logp = self.sample(torch.from_numpy(obs))
+        return actions.numpy(), logp.numpy()
+
+    @torch.no_grad()
+    def sample(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Samples actions for a batch of raw observations on the model's device."""
+        dist = self._dist(self.obs_norm(obs))
         actions = dist.sample()
-        return actions.numpy(), self._log_prob(dist, actions).numpy()
+        return actions, self._log_prob(dist, actions)
 
     @torch.no_grad()
     def value(self, obs: np.ndarray) -> np.ndarray:

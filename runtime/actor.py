@@ -1,11 +1,15 @@
-"""Actor processes: K gymnasium environments stepped with CPU policy inference.
+"""Actor processes: K gymnasium environments, and the policy on their own core or on a GMI.
 
 Each actor collects rollouts of ``rollout_len`` steps from its K environments and hands them to
-its dispenser. Between steps it checks (without blocking) for newer weights and swaps them in;
-env stepping never waits for a weight update. Between rollouts it waits only for back-pressure:
-while more than ``TrainConfig.inflight_steps_per_actor()`` of its steps have not yet been
-handed to a trainer (the migrator publishes the counts as receipts), it collects nothing
-more, which bounds the queues and so the policy lag. It stops only at a rollout boundary,
+its dispenser. With ``inference='actor'`` it runs the policy itself and checks (without
+blocking) for newer weights between steps; env stepping never waits for a weight update. With
+``inference='gmi'`` it sends observations to the inference GMI (``runtime.policy_io``) in two
+groups of environments, stepping one group while the other waits for its actions.
+
+Between rollouts it waits only for back-pressure: while more than
+``TrainConfig.inflight_steps_per_actor()`` of its steps have not yet been handed to a trainer
+(the migrator publishes the counts as receipts), it collects nothing more, which bounds the
+queues and so the policy lag. It stops only at a rollout boundary,
 and exits only once the receipts cover everything it sent, so a clean shutdown loses
 nothing.
 
@@ -27,6 +31,7 @@ import zmq
 from runtime import topology, wire
 from runtime.config import TrainConfig
 from runtime.envs import EnvInfo, make_env
+from runtime.policy_io import LocalPolicy, RemotePolicy, WeightsReceiver
 from runtime.stages.common import StatsSender, init_service_process
 from runtime.stages.dispenser import Dispenser
 
@@ -42,40 +47,11 @@ FIRST_WEIGHTS_WAIT_S = 2.0
 
 
 def init_actor_process(actor: int) -> None:
-    """Process set-up: signals and logging; one torch thread (inference is per-actor)."""
+    """Process set-up: signals and logging; one torch thread (an actor owns one core)."""
     init_service_process(f"actor-{actor}")
     import torch
 
     torch.set_num_threads(1)
-
-
-class _WeightsReceiver:
-    """Applies the newest WEIGHTS message waiting on the SUB socket, never blocking."""
-
-    def __init__(self, sock: zmq.Socket, model: Any) -> None:
-        self.sock = sock
-        self.model = model
-        self.version = 0
-        self.malformed = wire.MalformedCounter("actor-weights")
-
-    def poll(self, timeout_ms: int = 0) -> None:
-        if not self.sock.poll(timeout_ms):
-            return
-        newest = None
-        for newest in wire.recv_waiting(self.sock, self.malformed):  # noqa: B007 - keep the last
-            pass
-        if newest is None or newest.type is not wire.MsgType.WEIGHTS:
-            return
-        try:
-            version = wire.meta_int(newest.meta, "version")
-            if version > self.version and newest.arrays:
-                names = newest.meta.get("names")
-                if not isinstance(names, list):
-                    raise wire.ProtocolError("'names' must be a list")
-                self.model.load_state_arrays(names, newest.arrays)
-                self.version = version
-        except (wire.ProtocolError, KeyError, RuntimeError, TypeError, ValueError) as exc:
-            self.malformed.drop(exc)
 
 
 class _Receipts:
@@ -109,13 +85,12 @@ class Actor:
     """The rollout loop of one actor process."""
 
     def __init__(self, cfg: TrainConfig, info: EnvInfo, actor: int, incarnation: int,
-                 dispenser: Dispenser, weights: _WeightsReceiver, receipts: _Receipts,
+                 dispenser: Dispenser, policy: LocalPolicy | RemotePolicy, receipts: _Receipts,
                  stats: StatsSender | None, stepped: Any) -> None:  # fmt: skip
         self.cfg, self.info = cfg, info
-        self.dispenser, self.weights, self.stats = dispenser, weights, stats
+        self.dispenser, self.policy, self.stats = dispenser, policy, stats
         self.receipts = receipts
         self.stepped = stepped
-        self.model = weights.model
         k = cfg.envs_per_actor
         self.envs = [make_env(cfg.env) for _ in range(k)]
         base_seed = cfg.seed * 1_000_003 + (actor * 997 + incarnation) * k
@@ -123,6 +98,9 @@ class Actor:
             [np.asarray(env.reset(seed=base_seed + i)[0], np.float32).ravel()
              for i, env in enumerate(self.envs)]
         )  # fmt: skip
+        split = isinstance(policy, RemotePolicy) and k >= 2
+        self.groups = [slice(0, k // 2), slice(k // 2, k)] if split else [slice(0, k)]
+        """Environments stepped together; two groups take turns waiting for a remote policy."""
         self.ep_return = np.zeros(k)
         self.ep_length = np.zeros(k, np.int64)
         self.episodes: list[list[float]] = []
@@ -135,50 +113,63 @@ class Actor:
         """Steps every environment ``rollout_len`` times; returns the rollout's channels."""
         k, t_len, info = self.cfg.envs_per_actor, self.cfg.rollout_len, self.info
         gamma, scale = self.cfg.learner.gamma, self.cfg.learner.reward_scale
-        obs = np.empty((k, t_len + 1, info.obs_dim), np.float32)
-        actions = (np.empty((k, t_len), np.int64) if info.discrete
-                   else np.empty((k, t_len, info.act_dim), np.float32))  # fmt: skip
-        rewards = np.empty((k, t_len), np.float32)
-        dones = np.zeros((k, t_len), np.uint8)
-        logp = np.empty((k, t_len), np.float32)
-        versions = np.empty((k, t_len), np.int32)
+        buf = {
+            "obs": np.empty((k, t_len + 1, info.obs_dim), np.float32),
+            "actions": (np.empty((k, t_len), np.int64) if info.discrete
+                        else np.empty((k, t_len, info.act_dim), np.float32)),
+            "rewards": np.empty((k, t_len), np.float32),
+            "dones": np.zeros((k, t_len), np.uint8),
+            "logp": np.empty((k, t_len), np.float32),
+            "versions": np.empty((k, t_len), np.int32),
+        }  # fmt: skip
+        for g, envs in enumerate(self.groups):
+            self.policy.request(g, self.obs[envs])
         for t in range(t_len):
-            self.weights.poll()
-            act, lp = self.model.act(self.obs)
-            obs[:, t], actions[:, t], logp[:, t] = self.obs, act, lp
-            versions[:, t] = self.weights.version
-            env_act = act if info.discrete else np.clip(act, self.act_low, self.act_high)
             truncated_final: list[tuple[int, np.ndarray]] = []
-            for i, env in enumerate(self.envs):
-                o, r, terminated, truncated, _ = env.step(env_act[i])
-                rewards[i, t] = r
-                self.ep_return[i] += r
-                self.ep_length[i] += 1
-                if terminated or truncated:
-                    dones[i, t] = 1
-                    if truncated and not terminated:
-                        truncated_final.append((i, np.asarray(o, np.float32).ravel()))
-                    self.episodes.append([float(self.ep_return[i]), int(self.ep_length[i])])
-                    self.ep_return[i], self.ep_length[i] = 0.0, 0
-                    o, _ = env.reset()
-                self.obs[i] = np.asarray(o, np.float32).ravel()
+            for g, envs in enumerate(self.groups):
+                act, lp, version = self.policy.actions(g)
+                buf["obs"][envs, t], buf["actions"][envs, t] = self.obs[envs], act
+                buf["logp"][envs, t], buf["versions"][envs, t] = lp, version
+                self._step(envs, act, t, buf, truncated_final)
+                if t + 1 < t_len:
+                    self.policy.request(g, self.obs[envs])
             if truncated_final:
                 idx = [i for i, _ in truncated_final]
-                values = self.model.value(np.stack([o for _, o in truncated_final]))
-                rewards[idx, t] += gamma * values / scale
+                values = self.policy.value(np.stack([o for _, o in truncated_final]))
+                buf["rewards"][idx, t] += gamma * values / scale
             self.stepped.value += k
-        obs[:, t_len] = self.obs
-        return {"obs": obs, "actions": actions, "rewards": rewards, "dones": dones,
-                "logp": logp, "versions": versions}  # fmt: skip
+        buf["obs"][:, t_len] = self.obs
+        return buf
+
+    def _step(self, envs: slice, act: np.ndarray, t: int, buf: dict[str, np.ndarray],
+              truncated_final: list[tuple[int, np.ndarray]]) -> None:  # fmt: skip
+        """Steps the environments ``envs`` with ``act``; appends truncated episodes' final
+        observations (to bootstrap from) to ``truncated_final``."""
+        env_act = act if self.info.discrete else np.clip(act, self.act_low, self.act_high)
+        for j, i in enumerate(range(*envs.indices(len(self.envs)))):
+            env = self.envs[i]
+            o, r, terminated, truncated, _ = env.step(env_act[j])
+            buf["rewards"][i, t] = r
+            self.ep_return[i] += r
+            self.ep_length[i] += 1
+            if terminated or truncated:
+                buf["dones"][i, t] = 1
+                if truncated and not terminated:
+                    truncated_final.append((i, np.asarray(o, np.float32).ravel()))
+                self.episodes.append([float(self.ep_return[i]), int(self.ep_length[i])])
+                self.ep_return[i], self.ep_length[i] = 0.0, 0
+                o, _ = env.reset()
+            self.obs[i] = np.asarray(o, np.float32).ravel()
 
     def report(self, final: bool = False) -> None:
         if self.stats is None:
             return
         counters = {"stepped": int(self.stepped.value), "messages": self.dispenser.messages,
                     "bytes": self.dispenser.bytes, "rollouts": self.dispenser.seq,
-                    "episodes": self.episodes, "version": self.weights.version,
-                    "throttle_waits": self.waits,
-                    "final": final}  # fmt: skip
+                    "episodes": self.episodes, "version": self.policy.version,
+                    "throttle_waits": self.waits, "final": final}  # fmt: skip
+        if isinstance(self.policy, RemotePolicy):
+            counters["inference_wait_s"] = self.policy.waited_s
         self.stats.send(counters)
         self.episodes = []
 
@@ -194,7 +185,7 @@ class Actor:
             while sent - self.receipts.poll() > budget and not stop.is_set():
                 self.waits += 1
                 self.receipts.poll(THROTTLE_POLL_MS)  # back-pressure: the learner is behind
-                self.weights.poll()
+                self.policy.poll()
             if time.monotonic() - last_stats >= STATS_INTERVAL_S:
                 self.report()
                 last_stats = time.monotonic()
@@ -224,22 +215,27 @@ def actor_main(cfg: TrainConfig, info: EnvInfo, endpoints: topology.Endpoints, a
                stop: Any) -> None:  # fmt: skip
     """Process entry point of actor slot ``actor`` (its ``incarnation``-th start)."""
     init_actor_process(actor)
-    import torch
-
-    from policies.actor_critic import ActorCritic
-
-    torch.manual_seed(cfg.seed)  # the same version-0 weights the trainer starts from
-    model = ActorCritic(info.obs_dim, info.act_dim, info.discrete, cfg.policy,
-                        cfg.learner.normalize_obs)  # fmt: skip
     ctx = zmq.Context()
-    weights = _WeightsReceiver(topology.actor_weights_in(ctx, endpoints), model)
-    if incarnation > 0:
-        weights.poll(int(FIRST_WEIGHTS_WAIT_S * 1000))
+    policy: LocalPolicy | RemotePolicy
+    if cfg.inference == "gmi":
+        policy = RemotePolicy(topology.actor_inference_out(ctx, endpoints))
+    else:
+        import torch
+
+        from policies.actor_critic import ActorCritic
+
+        torch.manual_seed(cfg.seed)  # the same version-0 weights the trainer starts from
+        model = ActorCritic(info.obs_dim, info.act_dim, info.discrete, cfg.policy,
+                            cfg.learner.normalize_obs)  # fmt: skip
+        weights = WeightsReceiver(topology.actor_weights_in(ctx, endpoints), model, "actor")
+        if incarnation > 0:
+            weights.poll(int(FIRST_WEIGHTS_WAIT_S * 1000))
+        policy = LocalPolicy(weights)
     receipts = _Receipts(topology.actor_receipts_in(ctx, endpoints), f"{actor}:{incarnation}")
     dispenser = Dispenser(topology.actor_experience_out(ctx, endpoints), actor, incarnation)
     stats = StatsSender(topology.telemetry_out(ctx, endpoints), f"actor-{actor}.{incarnation}")
     logger.debug("actor %d.%d stepping %d x %s (pid %d)", actor, incarnation,
                  cfg.envs_per_actor, cfg.env, os.getpid())  # fmt: skip
-    Actor(cfg, info, actor, incarnation, dispenser, weights, receipts, stats,
+    Actor(cfg, info, actor, incarnation, dispenser, policy, receipts, stats,
           stepped).run(stop)  # fmt: skip
     ctx.destroy(linger=topology.LINGER_MS)

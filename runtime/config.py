@@ -9,6 +9,7 @@ from runtime.envs import EnvInfo
 
 TRAINER_DEVICES = ("auto", "cpu", "cuda")
 GRAD_SYNCS = ("auto", "mpr", "mrr", "har")
+INFERENCES = ("actor", "gmi")
 
 
 class ConfigError(ValueError):
@@ -71,6 +72,12 @@ class TrainConfig:
     """Gradient sync among GMIs: ``auto`` (GMI-DRL Algorithm 1 from the layout), or forced
     ``mpr`` (one all-reduce through the host), ``mrr`` (rings, NCCL between GPUs; needs the
     same GMI count on every GPU) or ``har`` (hierarchical)."""
+    inference: str = "actor"
+    """Where the policy picks actions: ``actor`` (each actor runs it on its own CPU core) or
+    ``gmi`` (one batched inference GMI on the trainer device, SEED RL-style: actors send
+    observations and step their environments in two halves while the other half waits)."""
+    inference_mps_pct: int | None = None
+    """MPS active-thread percentage of the inference GMI on a GPU (None: no limit)."""
     max_wall_s: float | None = None
     """Stop (with a clean drain) after this many seconds even if ``steps`` is not reached."""
     max_inflight_batches: float = 2.0
@@ -154,11 +161,12 @@ class TrainConfig:
                         f"this machine has CUDA devices 0..{count - 1}"
                     ]
                 )
-        elif self.gpus is not None or self.mps_pct is not None:
+        elif (self.gpus is not None or self.mps_pct is not None
+              or self.inference_mps_pct is not None):  # fmt: skip
             raise ConfigError(
                 [
-                    "gpus and mps_pct place trainer GMIs on GPUs, but the trainer device is cpu; "
-                    "drop them or use trainer_device='cuda'"
+                    "gpus, mps_pct and inference_mps_pct place GMIs on GPUs, but the trainer "
+                    "device is cpu; drop them or use trainer_device='cuda'"
                 ]
             )
         return info
@@ -190,6 +198,14 @@ class TrainConfig:
                 out.append(f"gpus={self.gpus!r}: must be a non-empty tuple of GPU indices >= 0")
             elif len(set(self.gpus)) != len(self.gpus):
                 out.append(f"gpus={list(self.gpus)}: lists a GPU twice; list each GPU once")
+        if self.inference not in INFERENCES:
+            out.append(f"inference={self.inference!r}: allowed {INFERENCES}")
+        if self.inference_mps_pct is not None:
+            problem = mps_pct_problem((self.inference_mps_pct,), None)
+            if problem or self.inference != "gmi":
+                out.append(f"inference_mps_pct={self.inference_mps_pct!r}: "
+                           + (problem.split(": ", 1)[1] if problem
+                              else "applies only with inference='gmi'"))  # fmt: skip
         if self.mps_pct is not None:
             trainers_ok = isinstance(self.trainers, int) and self.trainers >= 1 and not out
             n = self.trainers * len(self.gpu_list()) if trainers_ok else None

@@ -23,6 +23,22 @@ def gmi_doc(name: str, counters: dict[str, Any]) -> dict[str, Any]:
     return {"name": name, **{k: counters.get(k) for k in keys}}
 
 
+def inference_doc(runner: Runner) -> dict[str, Any]:
+    """Where actions were computed: ``{"mode": "actor"}``, or the inference GMI's place and
+    figures (requests, rows, batches, rows_per_batch, compute_s, SMs) and the actors' total
+    time spent waiting for it (``actor_wait_s``)."""
+    if runner.cfg.inference != "gmi":
+        return {"mode": "actor"}
+    from runtime.inference import NAME
+
+    tel = runner.telemetry
+    counters = tel.source(NAME)
+    keys = ("device", "gpu", "mps_pct", "sm_count", "requests", "rows", "value_rows", "batches",
+            "rows_per_batch", "max_batch_rows", "compute_s", "version")  # fmt: skip
+    waited = sum(float(tel.source(a).get("inference_wait_s", 0.0)) for a in tel.actor_sources())
+    return {"mode": "gmi", **{k: counters.get(k) for k in keys}, "actor_wait_s": waited}
+
+
 def build_result(runner: Runner, wall_s: float, energy: Any) -> dict[str, Any]:
     """Assembles the JSON-ready result from the runner's telemetry and energy window.
 
@@ -33,7 +49,8 @@ def build_result(runner: Runner, wall_s: float, energy: Any) -> dict[str, Any]:
     bytes}}, gmis (one entry per trainer GMI of every generation: rank, gpu, mps_pct,
     sm_count, trained_steps, ...), gmi_sharing (mps|shared|exclusive|cpu), gmi_sync,
     weights_identical (the current GMIs ended with bit-identical weights), phases (one per
-    GMI generation, with its own steps/s, GPU W, CPU W and steps per joule), plus episodes,
+    GMI generation, with its own steps/s, GPU W, CPU W and steps per joule), inference
+    (``inference_doc``), plus episodes,
     actor_restarts and malformed message counts.
     """
     tel = runner.telemetry
@@ -51,7 +68,8 @@ def build_result(runner: Runner, wall_s: float, energy: Any) -> dict[str, Any]:
     current = runner.trainer_names()
     trainer = tel.source(current[0])
     malformed = {name: int(tel.source(name).get("malformed", 0))
-                 for name in ("compressor", "migrator", *tel.trainer_sources())}  # fmt: skip
+                 for name in ("compressor", "migrator", "inference", *tel.trainer_sources())
+                 if name != "inference" or runner.cfg.inference == "gmi"}  # fmt: skip
     digests = {tel.source(name).get("weights_digest") for name in current}
     return {
         "env": runner.cfg.env,
@@ -76,6 +94,7 @@ def build_result(runner: Runner, wall_s: float, energy: Any) -> dict[str, Any]:
         "mps_note": runner.fleet.mps_note,
         "weights_identical": len(digests) == 1 and None not in digests,
         "phases": runner.phases.to_list() if runner.phases else [],
+        "inference": inference_doc(runner),
         "malformed": malformed,
         "config": runner.cfg.to_dict(),
         "stages": tel.stages(),

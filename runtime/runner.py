@@ -1,6 +1,7 @@
 """Launches one training run as processes, watches it, restarts dead actors, and drains it.
 
-    runner (this process) ── spawns ──▶ compressor, migrator, trainer GMIs, actor-0..A-1
+    runner (this process) ── spawns ──▶ compressor, migrator, trainer GMIs, actor-0..A-1,
+                                         and the inference GMI with ``inference='gmi'``
 
 Trainer GMIs are placed by ``runtime.gmi.placement`` (``trainers`` per GPU, MPS percentages);
 where MPS is wanted the runner reuses or starts an MPS daemon (``autotune.hw.mps``) and stops
@@ -47,6 +48,8 @@ from runtime.actor import actor_main
 from runtime.config import TrainConfig
 from runtime.envs import EnvInfo
 from runtime.gmi.fleet import GMIFleet
+from runtime.inference import NAME as INFERENCE
+from runtime.inference import inference_main
 from runtime.phases import PhaseLog
 from runtime.stages.compressor import compressor_main
 from runtime.stages.migrator import migrator_main
@@ -134,6 +137,8 @@ class Runner:
         self.ended = _Incarnations()
         self.slots: list[_ActorSlot] = []
         self.services: dict[str, Any] = {}
+        self.inference_place: Any = None
+        """Where the inference GMI runs (``inference='gmi'``), else None."""
         self.restarts = 0
         self.stop_requested = False
         self.interrupted = False
@@ -146,6 +151,9 @@ class Runner:
             "compressor": (compressor_main, (ep, cfg.chunk_bytes, cfg.chunk_timeout_s)),
             "migrator": (migrator_main, (ep, len(self.fleet.gmis))),
         }
+        if cfg.inference == "gmi":
+            self.inference_place = self.fleet.inference_place()
+            specs[INFERENCE] = (inference_main, (cfg, self.info, ep, self.inference_place))
         for name, (target, args) in specs.items():
             self._spawn(name, target, args)
         self.fleet.start(ep, self.run_dir)

@@ -7,6 +7,9 @@
     migrator             PUB  (bind)   --> receipts     SUB   actors[i]  (connect)
     trainer[0]           PUB  --connect--> weights_in   XSUB  runner's forwarder (bind)
     runner's forwarder   XPUB (bind)   --> weights      SUB   actors[i]  (connect)
+    actors[i] (inference=gmi) DEALER --connect--> inference ROUTER inference GMI (bind)
+                                            observations go up, actions come down
+    runner's forwarder   XPUB (bind)   --> weights      SUB   inference GMI (connect)
     every process        PUSH --connect--> telemetry    PULL  runner     (bind)
     runner               PUB  (bind)   --> control      SUB   compressor, migrator (connect)
 
@@ -43,6 +46,8 @@ WEIGHTS_HWM = 2
 """Weight messages queued per actor; older versions are dropped by PUB when it is full."""
 RECEIPTS_HWM = 16
 """Receipt messages queued per actor (cumulative counts: a dropped one is superseded)."""
+INFERENCE_HWM = 64
+"""INFER/ACTIONS messages queued per actor (each actor has at most three outstanding)."""
 TELEMETRY_HWM = 10_000
 LINGER_MS = 10_000
 """How long a closing socket keeps trying to deliver what it has queued (drain at exit)."""
@@ -58,6 +63,7 @@ class Endpoints:
     receipts: str
     weights_in: str
     weights: str
+    inference: str
     telemetry: str
     control: str
 
@@ -84,6 +90,7 @@ _LINKS = (
     "receipts",
     "weights_in",
     "weights",
+    "inference",
     "telemetry",
     "control",
 )
@@ -121,6 +128,14 @@ def actor_weights_in(ctx: zmq.Context, ep: Endpoints) -> zmq.Socket:
 def actor_receipts_in(ctx: zmq.Context, ep: Endpoints) -> zmq.Socket:
     """An actor's SUB for the migrator's receipts (only the newest matters)."""
     return _subscriber(ctx, ep.receipts, RECEIPTS_HWM)
+
+
+def actor_inference_out(ctx: zmq.Context, ep: Endpoints) -> zmq.Socket:
+    """An actor's DEALER to the inference GMI (``inference='gmi'``)."""
+    sock = _socket(ctx, zmq.DEALER, sndhwm=INFERENCE_HWM, rcvhwm=INFERENCE_HWM)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(ep.inference)
+    return sock
 
 
 def _subscriber(ctx: zmq.Context, endpoint: str, hwm: int) -> zmq.Socket:
@@ -248,6 +263,17 @@ class WeightsForwarder:
             self._control.send(b"TERMINATE")
             self._thread.join(5)
         self._control.close(linger=0)
+
+
+# --- inference GMI ---------------------------------------------------------------------------
+
+
+def inference_sockets(ctx: zmq.Context, ep: Endpoints) -> tuple[zmq.Socket, zmq.Socket, zmq.Socket]:
+    """(actors ROUTER, weights SUB, control SUB) of the inference GMI."""
+    router = _socket(ctx, zmq.ROUTER, sndhwm=INFERENCE_HWM, rcvhwm=INFERENCE_HWM)
+    router.setsockopt(zmq.LINGER, 0)
+    router.bind(ep.inference)
+    return router, _subscriber(ctx, ep.weights, WEIGHTS_HWM), _control_in(ctx, ep)
 
 
 # --- telemetry and control ----------------------------------------------------------------

@@ -30,6 +30,7 @@ import zmq
 from runtime import topology, wire
 from runtime.config import TrainConfig
 from runtime.envs import EnvInfo
+from runtime.gmi import placement
 from runtime.gmi.placement import GMISpec
 from runtime.stages.batcher import Batcher
 from runtime.stages.common import StatsSender, init_service_process
@@ -80,17 +81,6 @@ class GMIRole:
 def state_file(run_dir: str, generation: int) -> str:
     """The learner-state file that generation ``generation`` leaves when it retires."""
     return os.path.join(run_dir, f"handover-g{generation}.pt")
-
-
-def _bind_gpu(role: GMIRole) -> None:
-    """Makes the GMI's GPU the only visible one and applies the MPS variables (before CUDA)."""
-    os.environ.update(role.env)
-    if role.spec.gpu is not None:
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        if visible:  # indices are relative to what the runner was given
-            os.environ["CUDA_VISIBLE_DEVICES"] = visible.split(",")[role.spec.gpu]
-        else:
-            os.environ["CUDA_VISIBLE_DEVICES"] = str(role.spec.gpu)
 
 
 def weights_digest(model: Any) -> str:
@@ -287,7 +277,7 @@ class Trainer:
 def trainer_main(cfg: TrainConfig, info: EnvInfo, endpoints: topology.Endpoints,
                  role: GMIRole) -> None:  # fmt: skip
     """Process entry point of one trainer GMI."""
-    _bind_gpu(role)
+    placement.bind_gpu(role.spec.gpu, role.env)
     init_service_process(role.name)
     import torch
 

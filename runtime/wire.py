@@ -16,7 +16,12 @@ Message types (``MsgType``) and who sends them:
     CREDIT   batcher -> migrator       "I have room for n more chunks"
     WEIGHTS  trainer -> actors         versioned policy parameters, one array per tensor
     STATS    any process -> runner     counters for the progress display and the summary
-    CONTROL  runner -> stages          commands (drain, ...)
+    CONTROL  runner -> stages          commands (drain, retire, exit)
+    RECEIPT  migrator -> actors        steps handed to a trainer, per actor incarnation
+    RETIRE   migrator -> trainer       "train what you hold, hand the learner over, exit"
+    INFER    actor -> inference GMI    observations [n, obs_dim] to act on (or to value)
+    ACTIONS  inference GMI -> actor    the actions and log-probs (or values) for one INFER,
+                                       with the policy version that produced them
 
 Arrays above ``COPY_THRESHOLD`` bytes are sent zero-copy (pyzmq keeps a reference to the
 buffer until it is on the wire; senders never mutate an array after sending it).
@@ -67,6 +72,8 @@ class MsgType(str, enum.Enum):
     CONTROL = "control"
     RECEIPT = "receipt"
     RETIRE = "retire"
+    INFER = "infer"
+    ACTIONS = "actions"
 
 
 _TYPES_BY_VALUE = {t.value: t for t in MsgType}

@@ -22,6 +22,7 @@ from runtime.config import TrainConfig
 from runtime.envs import EnvInfo
 from runtime.gmi import placement
 from runtime.gmi.placement import GMISpec
+from runtime.inference import InferencePlace
 from runtime.trainer import GMIRole, state_file, trainer_main
 
 logger = logging.getLogger(__name__)
@@ -67,7 +68,8 @@ class GMIFleet:
         if all(s.gpu is None for s in self.gmis):
             self.sharing = "cpu"
             return
-        if not (placement.wants_mps(self.gmis) or mps_later):
+        if not (placement.wants_mps(self.gmis) or mps_later
+                or self.cfg.inference_mps_pct is not None):  # fmt: skip
             self.sharing = "exclusive"
             return
         from autotune.hw.mps import MPSControl, MPSUnavailable
@@ -90,6 +92,16 @@ class GMIFleet:
             env = self.mps.client_env(spec.mps_pct) if self.mps and spec.gpu is not None else {}
             role = GMIRole(spec, self.generation, layout, run_dir, resume_from, env)
             self.spawn(role.name, trainer_main, (self.cfg, self.info, ep, role))
+
+    def inference_place(self) -> InferencePlace:
+        """Where the inference GMI runs (``inference='gmi'``): on the first trainer GPU, an MPS
+        client when MPS runs (with ``inference_mps_pct``), else on the CPU."""
+        cfg = self.cfg
+        if all(s.gpu is None for s in self.gmis):
+            return InferencePlace(None, None, {}, cfg.trainer_threads)
+        pct = cfg.inference_mps_pct if self.mps is not None else None
+        env = self.mps.client_env(pct) if self.mps is not None else {}
+        return InferencePlace(cfg.gpu_list()[0], pct, env, 1)
 
     def names(self) -> list[str]:
         """Telemetry names of the current generation's GMIs."""

@@ -16,6 +16,7 @@ How GMIs share a GPU (``sharing``):
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass
 
 from runtime.config import TrainConfig, mps_pct_problem
@@ -82,3 +83,14 @@ def wants_mps(specs: list[GMISpec]) -> bool:
     if any(s.mps_pct is not None and s.mps_pct < 100 for s in on_gpu):
         return True
     return len({s.gpu for s in on_gpu}) < len(on_gpu)
+
+
+def bind_gpu(gpu: int | None, env: dict[str, str]) -> None:
+    """In a GMI process, before CUDA starts: applies ``env`` (the MPS client variables) and
+    makes ``gpu`` the only visible device (indices are relative to the runner's
+    ``CUDA_VISIBLE_DEVICES`` when it has one)."""
+    os.environ.update(env)
+    if gpu is None:
+        return
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    os.environ["CUDA_VISIBLE_DEVICES"] = visible.split(",")[gpu] if visible else str(gpu)

@@ -47,8 +47,10 @@ def test_gmi_table_smoke_on_cpu(tmp_path):
     doc = run(tmp_path, "bench.gmi_table", "--env", "CartPole-v1", "--policy", "auto",
               "--actors", "1", "--devices", "cpu", "--gmis", "1,2", "--envs-per-actor", "4",
               "--batch-size", "256", "--rollout-len", "16", "--warmup-s", "0.5",
-              "--measure-s", "1")  # fmt: skip
-    assert [r["gmis"] for r in doc["rows"]] == [1, 2]
+              "--measure-s", "1", "--inference", "actor,gmi")  # fmt: skip
+    assert [(r["gmis"], r["inference"]) for r in doc["rows"]] == [
+        (1, "actor"), (1, "gmi"), (2, "actor"), (2, "gmi")]  # fmt: skip
+    assert all(r["rows_per_batch"] > 0 for r in doc["rows"] if r["inference"] == "gmi")
     for row in doc["rows"]:
         assert "error" not in row, row
         assert row["lost_steps"] == 0 and row["weights_identical"]
