@@ -22,7 +22,7 @@ from runtime.runner import Runner
 class _Served:
     """An inference server on its own thread, with a client, a weights PUB and a control PUB."""
 
-    def __init__(self, env: str) -> None:
+    def __init__(self, env: str, gpu: int | None = None) -> None:
         self.cfg = TrainConfig(env=env)
         self.info = probe_env(env)
         self.ctx = zmq.Context()
@@ -44,7 +44,7 @@ class _Served:
         self.raw.connect("inproc://infer")
         self.client = RemotePolicy(dealer)
         self.server = InferenceServer(self.cfg, self.info, router, sub, None,
-                                      InferencePlace(None, None, {}, 1))  # fmt: skip
+                                      InferencePlace(gpu, None, {}, 1))  # fmt: skip
         self.thread = threading.Thread(target=self.server.run, args=(control_sub,), daemon=True)
         self.thread.start()
 
@@ -90,6 +90,26 @@ def test_answers_each_group_with_the_policys_actions_and_values(served):
                                    rtol=1e-5, atol=1e-5)  # fmt: skip
     snap = served.server.snapshot()
     assert snap["rows"] == 8 and snap["value_rows"] == 2 and snap["requests"] == 3
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_a_gpu_the_answers_match_the_cpu_policy():
+    served = _Served("Pendulum-v1", gpu=0)
+    try:
+        assert served.server.device.type == "cuda" and served.server.sm_count > 0
+        obs = np.random.default_rng(1).normal(size=(64, served.info.obs_dim)).astype(np.float32)
+        served.client.request(0, obs)
+        actions, logp, _ = served.client.actions(0)
+        ref = served.reference()
+        with torch.no_grad():
+            lp, _, _ = ref.evaluate(torch.from_numpy(obs), torch.from_numpy(actions))
+            np.testing.assert_allclose(logp, lp.numpy(), rtol=1e-4, atol=1e-4)
+            np.testing.assert_allclose(served.client.value(obs),
+                                       ref.values(torch.from_numpy(obs)).numpy(),
+                                       rtol=1e-4, atol=1e-4)  # fmt: skip
+    finally:
+        served.close()
 
 
 def test_takes_newer_weights_and_says_which_version_acted(served):
