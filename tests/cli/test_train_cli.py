@@ -72,6 +72,9 @@ def test_python_api_example_runs(tmp_path):
         (["--trainer-device", "cpu", "--mps-pct", "50"], "trainer device is cpu"),
         (["--trainers", "2", "--mps-pct", "50,50,50"], "3 values for 2 GMIs"),
         (["--grad-sync", "ring"], "invalid choice"),
+        (["--inference", "gpu"], "invalid choice"),
+        (["--inference-mps-pct", "50"], "applies only with inference='gmi'"),
+        (["--inference", "gmi", "--inference-mps-pct", "101"], "integer in 1..100"),
     ],
 )
 def test_bad_gmi_flags_are_refused_with_what_is_allowed(args, message, capsys):
