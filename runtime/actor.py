@@ -32,7 +32,7 @@ from runtime import topology, wire
 from runtime.config import TrainConfig
 from runtime.envs import EnvInfo, make_env
 from runtime.policy_io import LocalPolicy, RemotePolicy, WeightsReceiver
-from runtime.stages.common import StatsSender, init_service_process
+from runtime.stages.common import LiveSettings, StatsSender, init_service_process
 from runtime.stages.dispenser import Dispenser
 
 logger = logging.getLogger(__name__)
@@ -86,8 +86,14 @@ class Actor:
 
     def __init__(self, cfg: TrainConfig, info: EnvInfo, actor: int, incarnation: int,
                  dispenser: Dispenser, policy: LocalPolicy | RemotePolicy, receipts: _Receipts,
-                 stats: StatsSender | None, stepped: Any) -> None:  # fmt: skip
+                 stats: StatsSender | None, stepped: Any,
+                 control: zmq.Socket | None = None) -> None:  # fmt: skip
         self.cfg, self.info = cfg, info
+        self.control = control
+        self.live = LiveSettings()
+        self.budget = cfg.inflight_steps_per_actor()
+        """Steps sent but not yet handed to a trainer before this actor waits (live)."""
+        self.malformed = wire.MalformedCounter("actor-control")
         self.dispenser, self.policy, self.stats = dispenser, policy, stats
         self.receipts = receipts
         self.stepped = stepped
@@ -167,7 +173,8 @@ class Actor:
         counters = {"stepped": int(self.stepped.value), "messages": self.dispenser.messages,
                     "bytes": self.dispenser.bytes, "rollouts": self.dispenser.seq,
                     "episodes": self.episodes, "version": self.policy.version,
-                    "throttle_waits": self.waits, "final": final}  # fmt: skip
+                    "throttle_waits": self.waits, "live_epoch": self.live.epoch,
+                    "final": final}  # fmt: skip
         if isinstance(self.policy, RemotePolicy):
             counters["inference_wait_s"] = self.policy.waited_s
         self.stats.send(counters)
@@ -177,15 +184,16 @@ class Actor:
         """Collects and dispatches rollouts until ``stop`` is set (checked between rollouts)."""
         last_stats = time.monotonic()
         steps = self.cfg.envs_per_actor * self.cfg.rollout_len
-        budget = self.cfg.inflight_steps_per_actor()
         sent = 0
         while not stop.is_set():
             self.dispenser.dispatch(self.collect(), steps)
             sent += steps
-            while sent - self.receipts.poll() > budget and not stop.is_set():
+            self._take_live_settings()
+            while sent - self.receipts.poll() > self.budget and not stop.is_set():
                 self.waits += 1
                 self.receipts.poll(THROTTLE_POLL_MS)  # back-pressure: the learner is behind
                 self.policy.poll()
+                self._take_live_settings()
             if time.monotonic() - last_stats >= STATS_INTERVAL_S:
                 self.report()
                 last_stats = time.monotonic()
@@ -194,6 +202,14 @@ class Actor:
         self.report(final=True)
         for env in self.envs:
             env.close()
+
+    def _take_live_settings(self) -> None:
+        if self.control is None:
+            return
+        settings = self.live.poll(self.control, self.malformed)
+        if settings is not None:  # at least one rollout in flight, as at the start
+            rollout = self.cfg.envs_per_actor * self.cfg.rollout_len
+            self.budget = max(rollout, settings["inflight_steps_per_actor"])
 
     def _await_delivery(self, sent: int) -> None:
         """Waits until the receipts cover every step sent, before the socket closes.
@@ -236,6 +252,7 @@ def actor_main(cfg: TrainConfig, info: EnvInfo, endpoints: topology.Endpoints, a
     stats = StatsSender(topology.telemetry_out(ctx, endpoints), f"actor-{actor}.{incarnation}")
     logger.debug("actor %d.%d stepping %d x %s (pid %d)", actor, incarnation,
                  cfg.envs_per_actor, cfg.env, os.getpid())  # fmt: skip
-    Actor(cfg, info, actor, incarnation, dispenser, policy, receipts, stats,
-          stepped).run(stop)  # fmt: skip
+    control = topology.control_in(ctx, endpoints)
+    Actor(cfg, info, actor, incarnation, dispenser, policy, receipts, stats, stepped,
+          control).run(stop)  # fmt: skip
     ctx.destroy(linger=topology.LINGER_MS)

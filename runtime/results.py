@@ -95,6 +95,7 @@ def build_result(runner: Runner, wall_s: float, energy: Any) -> dict[str, Any]:
         "weights_identical": len(digests) == 1 and None not in digests,
         "phases": runner.phases.to_list() if runner.phases else [],
         "inference": inference_doc(runner),
+        "changes": runner.changes,
         "malformed": malformed,
         "config": runner.cfg.to_dict(),
         "stages": tel.stages(),

@@ -11,6 +11,11 @@ starts the new GMIs, which take
 chunks at once, the old ones get RETIRE from the migrator, train what they hold and hand the
 learner state over. Each period between changes is a phase with its own energy window.
 
+``reconfigure`` changes settings of the running job (``runtime.live``): actors are added or
+removed (a removed actor delivers what it collected before it exits), respawned with another
+env count, the compressor and trainers take chunk and batch sizes from a CONTROL ``live``
+message, and GMI settings start a new generation through the same hand-over.
+
 Lifecycle:
   1. start the services, then the actors; open an energy window.
   2. every ``TICK_S``: read telemetry, restart any actor that died (its in-flight steps are
@@ -32,20 +37,21 @@ whole is trained (``env_steps``) or discarded as too stale (``discarded_steps``)
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import multiprocessing as mp
 import signal
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import zmq
 
-from runtime import topology, wire
-from runtime.actor import actor_main
-from runtime.config import TrainConfig
+from runtime import live, topology, wire
+from runtime.actor_pool import ActorPool, Incarnations
+from runtime.config import ConfigError, TrainConfig
 from runtime.envs import EnvInfo
 from runtime.gmi.fleet import GMIFleet
 from runtime.inference import NAME as INFERENCE
@@ -76,14 +82,6 @@ class RunError(RuntimeError):
 
 
 @dataclass
-class _ActorSlot:
-    index: int
-    incarnation: int
-    process: Any
-    stepped: Any
-
-
-@dataclass
 class RunState:
     """Live figures handed to the progress callback every tick."""
 
@@ -98,14 +96,6 @@ class RunState:
     draining: bool
 
 
-@dataclass
-class _Incarnations:
-    """Final step counters of every actor incarnation that has ended, by ``"actor:inc"``."""
-
-    stepped: dict[str, int] = field(default_factory=dict)
-    died: set[str] = field(default_factory=set)
-
-
 class Runner:
     """Runs one training job to completion (see the module docstring).
 
@@ -116,14 +106,23 @@ class Runner:
         meter: Energy meter (``autotune.energy.EnergyMeter``); a default one when None.
         mps_changes: ``(seconds into the run, percentages or None)`` at which to replace the
             GMIs (see ``replace_gmis``; None keeps the percentages), in any order.
+        mps_live: Start MPS (where GMIs are on a GPU) even if nothing needs it yet, so that
+            ``reconfigure`` can set percentages later (a tuner does).
     """
 
     def __init__(self, cfg: TrainConfig, info: EnvInfo,
                  on_progress: Callable[[RunState], None] | None = None,
                  meter: Any = None,
                  mps_changes: list[tuple[float, tuple[int, ...] | None]] | None = None,
-                 ) -> None:  # fmt: skip
+                 mps_live: bool = False) -> None:  # fmt: skip
         self.cfg, self.info = cfg, info
+        self.mps_live = mps_live
+        self._pending_cfg: TrainConfig | None = None
+        self.live_epoch = 0
+        self._live_sent = 0.0
+        self.changes: list[dict[str, Any]] = []
+        """Every live change applied: ``{"t": seconds into the run, "changed": {name: value}}``."""
+        self._started = time.monotonic()
         self.fleet = GMIFleet(cfg, info, self._spawn)
         self.mps_changes = sorted(mps_changes or [], key=lambda change: change[0])
         for _, pct in self.mps_changes:
@@ -134,16 +133,74 @@ class Runner:
         self.meter = meter
         self.mp = mp.get_context("spawn")
         self.telemetry = RunTelemetry()
-        self.ended = _Incarnations()
-        self.slots: list[_ActorSlot] = []
+        self.actors = ActorPool(self.mp, info)
         self.services: dict[str, Any] = {}
         self.inference_place: Any = None
         """Where the inference GMI runs (``inference='gmi'``), else None."""
-        self.restarts = 0
         self.stop_requested = False
         self.interrupted = False
 
     # --- processes -------------------------------------------------------------------------
+
+    # --- live changes -------------------------------------------------------------------------
+
+    def reconfigure(self, **changes: Any) -> live.Plan:
+        """Asks for live changes of settings, applied at the next tick (``runtime.live``).
+
+        Safe to call from ``on_progress`` or another thread. Changes asked for before the
+        previous ones were applied are merged with them.
+
+        Returns:
+            What the change takes (actors added or removed, actors respawned, a live message
+            to the services, a GMI hand-over).
+
+        Raises:
+            ConfigError: for an unknown setting, an invalid value, a setting that needs a new
+                run, or GMIs that need MPS in a run without it; nothing changes then.
+        """
+        base = self._pending_cfg or self.cfg
+        unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(TrainConfig)})
+        if unknown:
+            raise ConfigError([f"unknown setting(s) {unknown}; live settings: "
+                               f"{', '.join(live.LIVE_FIELDS)}"])  # fmt: skip
+        new = dataclasses.replace(base, **changes)
+        new.validate()
+        plan = live.plan(self.cfg, new)
+        if plan.handover:
+            try:
+                self.fleet.check(None, new)
+            except ValueError as exc:
+                raise ConfigError([str(exc)]) from None
+        self._pending_cfg = new
+        return plan
+
+    def _apply(self, ep: topology.Endpoints, control_sock: zmq.Socket, new: TrainConfig) -> None:
+        plan = live.plan(self.cfg, new)
+        if plan.empty:
+            return
+        self.cfg = new
+        if plan.respawn_actors:
+            self.actors.respawn(new, ep)
+        if plan.actors:
+            self.actors.resize(new, ep)
+        if plan.services:
+            self.live_epoch += 1
+            self._send_live(control_sock, force=True)
+        if plan.handover:
+            self.fleet.replace(ep, self.run_dir, control_sock, None, new)
+            self.phases.begin(self.fleet.generation, [s.mps_pct for s in self.fleet.gmis],
+                              self.telemetry.trained_steps)  # fmt: skip
+        changed = {name: getattr(new, name) for name in plan.changed}
+        self.changes.append({"t": time.monotonic() - self._started, "changed": changed})
+        logger.info("live change: %s", changed)
+
+    def _send_live(self, control_sock: zmq.Socket, force: bool = False) -> None:
+        """(Re)sends the current live settings (after the first change) every RESEND_S."""
+        now = time.monotonic()
+        if self.live_epoch and (force or now - self._live_sent >= live.RESEND_S):
+            wire.send_msg(control_sock, wire.MsgType.CONTROL,
+                          live.live_meta(self.cfg, self.live_epoch))  # fmt: skip
+            self._live_sent = now
 
     def _start_services(self, ep: topology.Endpoints) -> None:
         cfg = self.cfg
@@ -192,20 +249,18 @@ class Runner:
         self.phases.begin(self.fleet.generation, [s.mps_pct for s in self.fleet.gmis],
                           self.telemetry.trained_steps)  # fmt: skip
 
-    def _start_actor(self, ep: topology.Endpoints, index: int, incarnation: int) -> _ActorSlot:
-        stepped = self.mp.RawValue("q", 0)
-        proc = self.mp.Process(
-            target=actor_main, name=f"actor-{index}.{incarnation}", daemon=True,
-            args=(self.cfg, self.info, ep, index, incarnation, stepped, self._stop_event),
-        )  # fmt: skip
-        proc.start()
-        return _ActorSlot(index, incarnation, proc, stepped)
+    @property
+    def slots(self) -> list[Any]:
+        """The running actors (``runtime.actor_pool.ActorSlot``)."""
+        return self.actors.slots
 
-    def _end_actor(self, slot: _ActorSlot, died: bool) -> None:
-        key = f"{slot.index}:{slot.incarnation}"
-        self.ended.stepped[key] = int(slot.stepped.value)
-        if died:
-            self.ended.died.add(key)
+    @property
+    def ended(self) -> Incarnations:
+        return self.actors.ended
+
+    @property
+    def restarts(self) -> int:
+        return self.actors.restarts
 
     def _check_services(self) -> None:
         for name, proc in self.services.items():
@@ -214,16 +269,7 @@ class Runner:
 
     def _check_processes(self, ep: topology.Endpoints) -> None:
         self._check_services()
-        for i, slot in enumerate(self.slots):
-            if slot.process.is_alive():
-                continue
-            self._end_actor(slot, died=True)
-            logger.warning(
-                "actor %d.%d died (exit code %s) after %d steps; restarting",
-                slot.index, slot.incarnation, slot.process.exitcode, slot.stepped.value,
-            )  # fmt: skip
-            self.restarts += 1
-            self.slots[i] = self._start_actor(ep, slot.index, slot.incarnation + 1)
+        self.actors.check(ep)
 
     # --- telemetry --------------------------------------------------------------------------
 
@@ -237,7 +283,7 @@ class Runner:
                 self.telemetry.malformed.drop(exc)
 
     def _sampled_steps(self) -> int:
-        return sum(self.ended.stepped.values()) + sum(int(s.stepped.value) for s in self.slots)
+        return self.actors.sampled_steps()
 
     def state(self, started: float, draining: bool = False) -> RunState:
         lag_mean, lag_max = self.telemetry.policy_lag()
@@ -261,7 +307,6 @@ class Runner:
         from runtime.results import build_result
 
         meter = self.meter if self.meter is not None else EnergyMeter()
-        self._stop_event = self.mp.Event()
         ctx = zmq.Context()
         with tempfile.TemporaryDirectory(prefix="autotune-") as run_dir:
             self.run_dir = run_dir
@@ -271,14 +316,16 @@ class Runner:
             forwarder = topology.WeightsForwarder(ctx, ep).start()
             previous = signal.signal(signal.SIGINT, self._on_sigint)
             previous_term = signal.signal(signal.SIGTERM, _raise_system_exit)
-            self.fleet.setup_sharing(any(pct is not None for _, pct in self.mps_changes))
+            self.fleet.setup_sharing(
+                self.mps_live or any(pct is not None for _, pct in self.mps_changes)
+            )
             meter.begin_window("run")
-            started = time.monotonic()
+            started = self._started = time.monotonic()
             self.phases = PhaseLog(meter, started)
             self.phases.begin(0, [s.mps_pct for s in self.fleet.gmis], 0)
             try:
                 self._start_services(ep)
-                self.slots = [self._start_actor(ep, i, 0) for i in range(self.cfg.actors)]
+                self.actors.start(self.cfg, ep)
                 self._serve(ep, telemetry_sock, control_sock, started)
                 self._drain(telemetry_sock, control_sock, started)
             except BaseException:
@@ -300,12 +347,15 @@ class Runner:
 
     def _serve(self, ep: topology.Endpoints, telemetry_sock: zmq.Socket,
                control_sock: zmq.Socket, started: float) -> None:  # fmt: skip
-        max_wall = self.cfg.max_wall_s
         changes = list(self.mps_changes)
         while not self.stop_requested:
             self._read_telemetry(telemetry_sock, int(TICK_S * 1000))
             self._check_processes(ep)
             self.fleet.send_retire(control_sock, self.telemetry.source("migrator"))
+            if self._pending_cfg is not None:
+                self._apply(ep, control_sock, self._pending_cfg)
+                self._pending_cfg = None
+            self._send_live(control_sock)
             if changes and time.monotonic() - started >= changes[0][0]:
                 self._requested.append(changes.pop(0)[1])
             while self._requested:
@@ -314,31 +364,20 @@ class Runner:
                 self.on_progress(self.state(started))
             if self.telemetry.trained_steps >= self.cfg.steps:
                 break
+            max_wall = self.cfg.max_wall_s
             if max_wall is not None and time.monotonic() - started >= max_wall:
                 logger.info("wall-clock limit of %.0f s reached; draining", max_wall)
                 break
 
     def _drain(self, telemetry_sock: zmq.Socket, control_sock: zmq.Socket, started: float) -> None:
-        self._stop_event.set()
-        deadline = time.monotonic() + ACTOR_EXIT_TIMEOUT_S
-        clean: dict[str, int] = {}
-        for slot in self.slots:
-            while slot.process.is_alive() and time.monotonic() < deadline:
-                self._read_telemetry(telemetry_sock, int(TICK_S * 1000))
-                self._check_services()
-                if self.on_progress is not None:
-                    self.on_progress(self.state(started, draining=True))
-            if slot.process.is_alive():
-                logger.error("actor %d.%d did not stop in time; killing it", slot.index,
-                             slot.incarnation)  # fmt: skip
-                slot.process.kill()
-                slot.process.join()
-            ok = slot.process.exitcode == 0
-            self._end_actor(slot, died=not ok)
-            if ok:
-                key = f"{slot.index}:{slot.incarnation}"
-                clean[key] = self.ended.stepped[key]
-        self.slots = []
+        def wait() -> None:
+            self._read_telemetry(telemetry_sock, int(TICK_S * 1000))
+            self._check_services()
+            if self.on_progress is not None:
+                self.on_progress(self.state(started, draining=True))
+
+        self.actors.drain(wait, ACTOR_EXIT_TIMEOUT_S)
+        clean = dict(self.ended.clean)
         for name in ("compressor", "migrator", *self.trainer_names()):
             self._await_final(name, telemetry_sock, control_sock, clean, started)
         deadline = time.monotonic() + SERVICE_EXIT_TIMEOUT_S
@@ -367,10 +406,9 @@ class Runner:
                 self.on_progress(self.state(started, draining=True))
 
     def _kill_all(self) -> None:
-        if hasattr(self, "_stop_event"):
-            self._stop_event.set()
-        for proc in [s.process for s in self.slots] + list(self.services.values()):
+        self.actors.kill_all()
+        for proc in self.services.values():
             if proc.is_alive():
                 proc.kill()
-        for proc in [s.process for s in self.slots] + list(self.services.values()):
+        for proc in self.services.values():
             proc.join(timeout=5)

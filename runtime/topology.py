@@ -157,11 +157,11 @@ def compressor_sockets(
     pull.bind(ep.experience)
     push = _socket(ctx, zmq.PUSH, sndhwm=CHUNK_HWM)
     push.connect(ep.chunks)
-    return pull, push, _control_in(ctx, ep)
+    return pull, push, control_in(ctx, ep)
 
 
-def _control_in(ctx: zmq.Context, ep: Endpoints) -> zmq.Socket:
-    """A service's SUB for the runner's CONTROL commands (drain, exit)."""
+def control_in(ctx: zmq.Context, ep: Endpoints) -> zmq.Socket:
+    """A process's SUB for the runner's CONTROL commands (drain, retire, live, exit)."""
     control = _socket(ctx, zmq.SUB)
     control.setsockopt(zmq.SUBSCRIBE, b"")
     control.connect(ep.control)
@@ -183,7 +183,7 @@ def migrator_sockets(
     receipts = _socket(ctx, zmq.PUB, sndhwm=RECEIPTS_HWM)
     receipts.setsockopt(zmq.LINGER, 0)
     receipts.bind(ep.receipts)
-    return pull, router, receipts, _control_in(ctx, ep)
+    return pull, router, receipts, control_in(ctx, ep)
 
 
 # --- trainers -------------------------------------------------------------------------------
@@ -273,7 +273,7 @@ def inference_sockets(ctx: zmq.Context, ep: Endpoints) -> tuple[zmq.Socket, zmq.
     router = _socket(ctx, zmq.ROUTER, sndhwm=INFERENCE_HWM, rcvhwm=INFERENCE_HWM)
     router.setsockopt(zmq.LINGER, 0)
     router.bind(ep.inference)
-    return router, _subscriber(ctx, ep.weights, WEIGHTS_HWM), _control_in(ctx, ep)
+    return router, _subscriber(ctx, ep.weights, WEIGHTS_HWM), control_in(ctx, ep)
 
 
 # --- telemetry and control ----------------------------------------------------------------

@@ -33,7 +33,7 @@ from runtime.envs import EnvInfo
 from runtime.gmi import placement
 from runtime.gmi.placement import GMISpec
 from runtime.stages.batcher import Batcher
-from runtime.stages.common import StatsSender, init_service_process
+from runtime.stages.common import LiveSettings, StatsSender, init_service_process
 
 logger = logging.getLogger(__name__)
 
@@ -107,7 +107,8 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig, info: EnvInfo, dealer: zmq.Socket,
                  weights: zmq.Socket | None, stats: StatsSender | None,
-                 role: GMIRole | None = None, group: Any = None) -> None:  # fmt: skip
+                 role: GMIRole | None = None, group: Any = None,
+                 control: zmq.Socket | None = None) -> None:  # fmt: skip
         import torch
 
         from policies.actor_critic import ActorCritic
@@ -115,6 +116,8 @@ class Trainer:
 
         self.cfg, self.role, self.group = cfg, role, group
         self.dealer, self.weights, self.stats = dealer, weights, stats
+        self.control = control
+        self.live = LiveSettings()
         on_gpu = role.spec.gpu is not None if role is not None else cfg.resolved_device() == "cuda"
         self.device = "cuda" if on_gpu else "cpu"
         torch.manual_seed(cfg.seed)  # the actors build the same version-0 weights
@@ -207,6 +210,8 @@ class Trainer:
                "policy_lag_max": self.lag_max, "queued_steps": self.batcher.queued_steps,
                "device": self.device, "sm_count": self.sm_count, "malformed": self.malformed.count,
                "resumed": self.resumed, "retired": final and self.retiring,
+               "batch_size": self.batcher.batch_rows * self.cfg.rollout_len,
+               "live_epoch": self.live.epoch,
                **self.batcher.counters, **self.last, "final": final}  # fmt: skip
         if self.role is not None:
             out.update(rank=self.role.spec.rank, generation=self.role.generation,
@@ -227,6 +232,7 @@ class Trainer:
         last_stats = time.monotonic()
         last_resume_try = 0.0
         while True:
+            self._take_live_settings()
             self._grant_credits()
             self._receive(0 if self.batcher.ready() else 20)
             now = time.monotonic()
@@ -251,6 +257,19 @@ class Trainer:
             self._save_state()
         if self.stats is not None:
             self.stats.send(self.snapshot(final=True))
+
+    def _take_live_settings(self) -> None:
+        if self.control is None:
+            return
+        settings = self.live.poll(self.control, self.malformed)
+        if settings is not None:
+            self.batcher.batch_rows = max(1, settings["batch_size"] // self.cfg.rollout_len)
+            logger.info("%s: batches of %d steps (live epoch %d)", self.name,
+                        settings["batch_size"], self.live.epoch)  # fmt: skip
+
+    @property
+    def name(self) -> str:
+        return self.role.name if self.role is not None else "trainer"
 
     def _lockstep_round(self) -> bool:
         """One agreed update of the group; True once every rank has finished."""
@@ -294,7 +313,8 @@ def trainer_main(cfg: TrainConfig, info: EnvInfo, endpoints: topology.Endpoints,
     dealer = topology.trainer_experience_in(ctx, endpoints, role.name)
     weights = topology.trainer_weights_out(ctx, endpoints) if role.spec.rank == 0 else None
     stats = StatsSender(topology.telemetry_out(ctx, endpoints), role.name)
-    trainer = Trainer(cfg, info, dealer, weights, stats, role, group)
+    control = topology.control_in(ctx, endpoints)
+    trainer = Trainer(cfg, info, dealer, weights, stats, role, group, control)
     logger.info("%s on %s (gpu %s, mps %s%%, %s SMs, pid %d)", role.name, trainer.device,
                 role.spec.gpu, role.spec.mps_pct, trainer.sm_count, os.getpid())  # fmt: skip
     trainer.run()

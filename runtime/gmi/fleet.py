@@ -53,11 +53,19 @@ class GMIFleet:
         self._retiring: dict[int, int] = {}
         """Generations being retired (-> GMIs of the next) until the migrator confirms."""
         self._retire_sent = 0.0
+        self._set_up = False
 
-    def check(self, mps_pct: tuple[int, ...] | None) -> None:
-        """Raises ValueError now if ``mps_pct`` does not fit these GMIs."""
-        if mps_pct is not None:
-            placement.place(self.cfg, mps_pct)
+    def check(self, mps_pct: tuple[int, ...] | None, cfg: TrainConfig | None = None) -> None:
+        """Raises ValueError now if ``mps_pct`` does not fit the GMIs of ``cfg`` (default: the
+        current config), or if those GMIs need MPS and this run has no MPS daemon."""
+        cfg = cfg or self.cfg
+        gmis = placement.place(cfg, mps_pct)
+        if (self._set_up and self.mps is None and self.sharing != "shared"
+                and placement.wants_mps(gmis)):  # fmt: skip
+            raise ValueError(
+                f"GMIs {[(g.gpu, g.mps_pct) for g in gmis]} need MPS, which this run did not "
+                "start; start the run with MPS (a planned --mps-change, or mps_live=True)"
+            )
 
     def setup_sharing(self, mps_later: bool) -> None:
         """Decides how GMIs share their GPUs; starts or reuses MPS where it is wanted.
@@ -65,6 +73,7 @@ class GMIFleet:
         Args:
             mps_later: A percentage will be set during the run (MPS must run from the start).
         """
+        self._set_up = True
         if all(s.gpu is None for s in self.gmis):
             self.sharing = "cpu"
             return
@@ -108,10 +117,24 @@ class GMIFleet:
         return [topology.trainer_name(s.rank, self.generation) for s in self.gmis]
 
     def replace(self, ep: topology.Endpoints, run_dir: str, control_sock: zmq.Socket,
-                mps_pct: tuple[int, ...] | None) -> None:  # fmt: skip
-        """Starts the next generation (percentages ``mps_pct``, None: the same) and retires
-        the current one."""
+                mps_pct: tuple[int, ...] | None,
+                cfg: TrainConfig | None = None) -> None:  # fmt: skip
+        """Starts the next generation and retires the current one.
+
+        Args:
+            mps_pct: New percentages (None: the same, or ``cfg``'s).
+            cfg: A new configuration for the GMIs (count, device, GPUs, threads, sync).
+        """
         old = self.generation
+        if cfg is not None:
+            self.cfg = cfg
+            self.gmis = placement.place(cfg)
+            if all(s.gpu is None for s in self.gmis):
+                self.sharing = "cpu"
+            elif self.mps is None and self.sharing != "shared":
+                self.sharing = "exclusive"  # check() refused anything that needs MPS
+            elif self.mps is not None:
+                self.sharing = "mps"
         if mps_pct is not None:
             self.gmis = placement.place(self.cfg, mps_pct)
         self.generation = old + 1

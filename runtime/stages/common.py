@@ -92,3 +92,45 @@ class StatsSender:
         meta = {"src": self.source, "time": time.time(), "c": counters}
         with contextlib.suppress(zmq.Again):
             wire.send_msg(self.sock, wire.MsgType.STATS, meta, flags=0 if final else zmq.NOBLOCK)
+
+
+class LiveSettings:
+    """A process's view of the CONTROL ``live`` messages: the newest epoch it has applied."""
+
+    def __init__(self) -> None:
+        self.epoch = 0
+
+    def take(self, msg: wire.Message) -> dict[str, Any] | None:
+        """The settings of ``msg`` if it is a ``live`` message newer than what was applied.
+
+        Raises:
+            wire.ProtocolError: if a ``live`` message is malformed.
+        """
+        if msg.type is not wire.MsgType.CONTROL or msg.meta.get("cmd") != "live":
+            return None
+        epoch = wire.meta_int(msg.meta, "epoch")
+        if epoch <= self.epoch:
+            return None
+        out = {k: msg.meta.get(k) for k in ("chunk_bytes", "batch_size",
+                                            "inflight_steps_per_actor")}  # fmt: skip
+        for key, value in out.items():
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise wire.ProtocolError(f"live {key}={value!r}: must be an integer >= 1")
+        timeout = msg.meta.get("chunk_timeout_s")
+        if not isinstance(timeout, int | float) or not timeout > 0:
+            raise wire.ProtocolError(f"live chunk_timeout_s={timeout!r}: must be > 0")
+        out["chunk_timeout_s"] = float(timeout)
+        self.epoch = epoch
+        return out
+
+    def poll(self, sock: zmq.Socket, malformed: wire.MalformedCounter) -> dict[str, Any] | None:
+        """Reads every waiting CONTROL message; returns the newest new settings, if any."""
+        newest = None
+        if not sock.poll(0):
+            return None
+        for msg in wire.recv_waiting(sock, malformed):
+            try:
+                newest = self.take(msg) or newest
+            except wire.ProtocolError as exc:
+                malformed.drop(exc)
+        return newest

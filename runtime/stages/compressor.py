@@ -20,7 +20,7 @@ import numpy as np
 import zmq
 
 from runtime import topology, wire
-from runtime.stages.common import StatsSender, await_exit, init_service_process
+from runtime.stages.common import LiveSettings, StatsSender, await_exit, init_service_process
 from runtime.stages.dispenser import layout_problem
 
 logger = logging.getLogger(__name__)
@@ -58,6 +58,7 @@ class Compressor:
         self.pull, self.push, self.control, self.stats = pull, push, control, stats
         self.chunk_bytes = chunk_bytes
         self.chunk_timeout_s = chunk_timeout_s
+        self.live = LiveSettings()
         self.partial: dict[tuple[int, int, int], _Rollout] = {}
         self.pending: list[_Rollout] = []
         self.pending_bytes = 0
@@ -161,6 +162,7 @@ class Compressor:
         return {**self.counters, "malformed": self.malformed.count,
                 "complete_steps": dict(self.complete_steps),
                 "incomplete_steps": incomplete, "incomplete_rollouts": len(self.partial),
+                "chunk_bytes": self.chunk_bytes, "live_epoch": self.live.epoch,
                 "final": final}  # fmt: skip
 
     # --- loop ----------------------------------------------------------------------------
@@ -184,6 +186,12 @@ class Compressor:
         return False
 
     def _handle_control(self, msg: wire.Message) -> None:
+        settings = self.live.take(msg)
+        if settings is not None:
+            self.chunk_bytes = settings["chunk_bytes"]
+            self.chunk_timeout_s = settings["chunk_timeout_s"]
+            logger.info("compressor: chunks of %d bytes, %.3f s timeout (live epoch %d)",
+                        self.chunk_bytes, self.chunk_timeout_s, self.live.epoch)  # fmt: skip
         if msg.type is wire.MsgType.CONTROL and msg.meta.get("cmd") == "drain":
             if self.expect is None:
                 self.last_input = time.monotonic()

@@ -1,0 +1,168 @@
+"""The runner's actor processes: start, restart the dead, resize and respawn live, drain.
+
+Each actor process has its own stop event, so one actor can be told to stop without the
+others: it finishes its rollout, sends it, and exits once the migrator's receipts cover every
+step it sent (``runtime.actor``), so an actor removed mid-run loses nothing. Removed and
+replaced actors stay in ``leaving`` until they have exited.
+
+Accounting: every incarnation (``"<slot>:<incarnation>"``) that ended has its final step
+count in ``ended.stepped``; those that died (killed, crashed, or stuck past the exit timeout)
+are in ``ended.died``, and ``clean`` holds the step counts of those that exited cleanly (the
+compressor's drain waits for exactly those).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from runtime import topology
+from runtime.actor import actor_main
+from runtime.config import TrainConfig
+from runtime.envs import EnvInfo
+
+logger = logging.getLogger(__name__)
+
+LEAVE_TIMEOUT_S = 60.0
+"""How long a removed actor may take to deliver its last rollout and exit before it is killed
+(and its undelivered steps counted as lost)."""
+
+
+@dataclass
+class ActorSlot:
+    """One running actor process: slot index, incarnation, process, shared step counter."""
+
+    index: int
+    incarnation: int
+    process: Any
+    stepped: Any
+    stop: Any
+    cfg: TrainConfig
+    leave_by: float | None = None
+
+    @property
+    def key(self) -> str:
+        return f"{self.index}:{self.incarnation}"
+
+
+@dataclass
+class Incarnations:
+    """Final step counters of every actor incarnation that has ended, by ``"actor:inc"``."""
+
+    stepped: dict[str, int] = field(default_factory=dict)
+    died: set[str] = field(default_factory=set)
+    clean: dict[str, int] = field(default_factory=dict)
+
+
+class ActorPool:
+    """Actor processes of one run (see the module docstring).
+
+    Args:
+        mp_ctx: The multiprocessing context (``spawn``).
+        info: The environment description.
+    """
+
+    def __init__(self, mp_ctx: Any, info: EnvInfo) -> None:
+        self.mp, self.info = mp_ctx, info
+        self.slots: list[ActorSlot] = []
+        self.leaving: list[ActorSlot] = []
+        self.ended = Incarnations()
+        self.restarts = 0
+        self._next_incarnation: dict[int, int] = {}
+
+    def _start(self, cfg: TrainConfig, ep: topology.Endpoints, index: int) -> ActorSlot:
+        incarnation = self._next_incarnation.get(index, 0)
+        self._next_incarnation[index] = incarnation + 1
+        stepped, stop = self.mp.RawValue("q", 0), self.mp.Event()
+        proc = self.mp.Process(
+            target=actor_main, name=f"actor-{index}.{incarnation}", daemon=True,
+            args=(cfg, self.info, ep, index, incarnation, stepped, stop),
+        )  # fmt: skip
+        proc.start()
+        return ActorSlot(index, incarnation, proc, stepped, stop, cfg)
+
+    def start(self, cfg: TrainConfig, ep: topology.Endpoints) -> None:
+        """Starts ``cfg.actors`` actors."""
+        self.slots = [self._start(cfg, ep, i) for i in range(cfg.actors)]
+
+    def _end(self, slot: ActorSlot, died: bool) -> None:
+        self.ended.stepped[slot.key] = int(slot.stepped.value)
+        if died:
+            self.ended.died.add(slot.key)
+        else:
+            self.ended.clean[slot.key] = int(slot.stepped.value)
+
+    def _leave(self, slot: ActorSlot) -> None:
+        slot.stop.set()
+        slot.leave_by = time.monotonic() + LEAVE_TIMEOUT_S
+        self.leaving.append(slot)
+
+    def resize(self, cfg: TrainConfig, ep: topology.Endpoints) -> None:
+        """Adds actors (new slots) or removes the highest slots to reach ``cfg.actors``."""
+        while len(self.slots) < cfg.actors:
+            used = {s.index for s in self.slots}
+            self.slots.append(self._start(cfg, ep, min(set(range(len(used) + 1)) - used)))
+        while len(self.slots) > cfg.actors:
+            self._leave(self.slots.pop(max(range(len(self.slots)),
+                                           key=lambda i: self.slots[i].index)))  # fmt: skip
+
+    def respawn(self, cfg: TrainConfig, ep: topology.Endpoints) -> None:
+        """Replaces every actor by a new incarnation started with ``cfg``."""
+        old, self.slots = self.slots, []
+        for slot in old:
+            self._leave(slot)
+            self.slots.append(self._start(cfg, ep, slot.index))
+
+    def check(self, ep: topology.Endpoints | None) -> None:
+        """Restarts actors that died; reaps (or kills, past their timeout) leaving ones."""
+        for i, slot in enumerate(self.slots):
+            if slot.process.is_alive():
+                continue
+            self._end(slot, died=True)
+            logger.warning(
+                "actor %s died (exit code %s) after %d steps; restarting",
+                slot.key, slot.process.exitcode, slot.stepped.value,
+            )  # fmt: skip
+            self.restarts += 1
+            self.slots[i] = self._start(slot.cfg, ep, slot.index)
+        for slot in list(self.leaving):
+            if slot.process.is_alive() and time.monotonic() < (slot.leave_by or 0):
+                continue
+            if slot.process.is_alive():
+                logger.error("actor %s did not stop in time; killing it", slot.key)
+                slot.process.kill()
+                slot.process.join()
+            self._end(slot, died=slot.process.exitcode != 0)
+            self.leaving.remove(slot)
+
+    def sampled_steps(self) -> int:
+        """Every env step of every incarnation so far."""
+        running = sum(int(s.stepped.value) for s in self.slots + self.leaving)
+        return sum(self.ended.stepped.values()) + running
+
+    def drain(self, wait: Callable[[], None], timeout_s: float) -> None:
+        """Stops every actor and waits (calling ``wait`` meanwhile) until all have exited;
+        kills those still running after ``timeout_s``."""
+        for slot in self.slots:
+            self._leave(slot)
+        self.slots = []
+        deadline = time.monotonic() + timeout_s
+        for slot in self.leaving:
+            slot.leave_by = min(slot.leave_by or deadline, deadline)
+        while self.leaving:
+            self.check(None)  # no slots left to restart
+            if self.leaving:
+                wait()
+
+    def kill_all(self) -> None:
+        procs = [s.process for s in self.slots + self.leaving]
+        for slot in self.slots + self.leaving:
+            slot.stop.set()
+        for proc in procs:
+            if proc.is_alive():
+                proc.kill()
+        for proc in procs:
+            proc.join(timeout=5)

@@ -1,0 +1,79 @@
+"""Changing a running job: which settings apply live, and how each kind of change is applied.
+
+Every ``TrainConfig`` field falls in one of these classes:
+
+* ``RUNNER``: the runner alone uses it (``actors``: actors are started or told to stop after
+  their current rollout, which they deliver before exiting; ``steps``, ``max_wall_s``).
+* ``ACTOR_RESPAWN``: actors read it when they start (``envs_per_actor``); every actor is
+  replaced by a new incarnation, each old one delivering what it collected.
+* ``SERVICE_LIVE``: the compressor, trainers and actors take it from a CONTROL ``live``
+  message (``chunk_bytes``, ``chunk_timeout_s``, ``batch_size``, ``max_inflight_batches``).
+  The message carries an epoch and the whole set, and the runner resends it every
+  ``RESEND_S`` (PUB/SUB can drop a message sent before a subscriber joined); a process applies
+  an epoch once (``runtime.stages.common.LiveSettings``) and reports ``live_epoch`` in its
+  telemetry.
+* ``GMI_HANDOVER``: trainer GMIs are started with it; a change starts a new generation of GMIs
+  that takes over the learner state (``runtime.gmi.fleet``): ``trainers``, ``mps_pct``,
+  ``gpus``, ``trainer_device``, ``trainer_threads``, ``grad_sync``.
+* everything else needs a new run (the environment, rollout length, policy, seed, inference
+  placement, transport, learner hyper-parameters): ``plan`` refuses it with the reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from runtime.config import ConfigError, TrainConfig
+
+RUNNER = ("actors", "steps", "max_wall_s")
+ACTOR_RESPAWN = ("envs_per_actor",)
+SERVICE_LIVE = ("chunk_bytes", "chunk_timeout_s", "batch_size", "max_inflight_batches")
+GMI_HANDOVER = ("trainers", "mps_pct", "gpus", "trainer_device", "trainer_threads", "grad_sync")
+LIVE_FIELDS = RUNNER + ACTOR_RESPAWN + SERVICE_LIVE + GMI_HANDOVER
+RESEND_S = 1.0
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a change from one config to another takes (see the module docstring)."""
+
+    changed: tuple[str, ...]
+    actors: bool
+    respawn_actors: bool
+    services: bool
+    handover: bool
+
+    @property
+    def empty(self) -> bool:
+        return not self.changed
+
+
+def plan(old: TrainConfig, new: TrainConfig) -> Plan:
+    """Classifies the fields that differ between ``old`` and ``new``.
+
+    Raises:
+        ConfigError: if a field that needs a new run differs, naming it and the live fields.
+    """
+    changed = tuple(f.name for f in fields(TrainConfig)
+                    if getattr(old, f.name) != getattr(new, f.name))  # fmt: skip
+    frozen = [name for name in changed if name not in LIVE_FIELDS]
+    if frozen:
+        raise ConfigError([f"{', '.join(frozen)} cannot change in a running job (start a new "
+                           f"run); live settings: {', '.join(LIVE_FIELDS)}"])  # fmt: skip
+    inflight_changed = old.inflight_steps_per_actor() != new.inflight_steps_per_actor()
+    return Plan(
+        changed=changed,
+        actors=new.actors != old.actors,
+        respawn_actors=any(n in ACTOR_RESPAWN for n in changed),
+        services=inflight_changed or any(n in SERVICE_LIVE for n in changed),
+        handover=any(n in GMI_HANDOVER for n in changed),
+    )
+
+
+def live_meta(cfg: TrainConfig, epoch: int) -> dict[str, Any]:
+    """The CONTROL ``live`` message for ``cfg``: every SERVICE_LIVE value, and each actor's
+    in-flight budget in steps (it depends on ``actors`` too)."""
+    return {"cmd": "live", "epoch": epoch, "chunk_bytes": cfg.chunk_bytes,
+            "chunk_timeout_s": cfg.chunk_timeout_s, "batch_size": cfg.batch_size,
+            "inflight_steps_per_actor": cfg.inflight_steps_per_actor()}  # fmt: skip
