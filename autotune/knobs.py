@@ -1,0 +1,150 @@
+"""The knob space the tuner searches: each knob's values, how it applies, and whether it applies
+on this machine.
+
+A knob is a ``TrainConfig`` field. ``apply`` says how a running job takes a new value
+(``runtime.live``): ``live`` (actors, chunk and batch sizes), ``respawn`` (new actor
+processes), ``handover`` (a new generation of trainer GMIs), or ``restart`` (a new run; the
+online tuner leaves these at the job's value, ``autotune study`` tunes them). A knob that
+cannot apply here (no GPU: no MPS percentage, no cuda trainer) is kept in the space with the
+reason, so ``status`` can say why it is not tuned.
+
+Users fix or narrow knobs with ``NAME=VALUE`` (fixed), ``NAME=LOW..HIGH`` (an integer range,
+or the allowed choices between the two) or ``NAME=A,B,C`` (a subset of the choices).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+from typing import Any
+
+from runtime import live
+
+APPLIES = {name: "live" for name in live.RUNNER + live.SERVICE_LIVE}
+APPLIES.update({name: "respawn" for name in live.ACTOR_RESPAWN})
+APPLIES.update({name: "handover" for name in live.GMI_HANDOVER})
+
+
+class KnobError(ValueError):
+    """A knob setting that is unknown, malformed, or outside what is allowed."""
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One tunable setting.
+
+    Attributes:
+        name: The ``TrainConfig`` field.
+        choices: The values the tuner may pick, in order (integers or strings).
+        apply: ``live``, ``respawn``, ``handover`` or ``restart`` (see the module docstring).
+        unavailable: Why the knob cannot apply on this machine, or None.
+    """
+
+    name: str
+    choices: tuple[Any, ...]
+    apply: str
+    unavailable: str | None = None
+
+    @property
+    def online(self) -> bool:
+        """Whether the online tuner moves it (it applies here, without a new run)."""
+        return self.unavailable is None and self.apply != "restart" and len(self.choices) > 1
+
+    def narrowed(self, spec: str) -> Knob:
+        """This knob restricted by a user's ``VALUE``, ``LOW..HIGH`` or ``A,B,C``.
+
+        Raises:
+            KnobError: naming the knob, what was given and what is allowed.
+        """
+        allowed = ", ".join(str(c) for c in self.choices)
+        if self.unavailable is not None:
+            raise KnobError(f"knob {self.name} cannot be set here: {self.unavailable}")
+        numeric = all(isinstance(c, int) for c in self.choices)
+        try:
+            if ".." in spec:
+                lo_text, hi_text = spec.split("..", 1)
+                lo, hi = int(lo_text), int(hi_text)
+                if not numeric or lo > hi:
+                    raise ValueError
+                picked = tuple(c for c in self.choices if lo <= c <= hi)
+            else:
+                values = [int(v) if numeric else v.strip() for v in spec.split(",")]
+                if any(v not in self.choices for v in values):
+                    raise ValueError
+                picked = tuple(dict.fromkeys(values))
+        except ValueError:
+            raise KnobError(f"knob {self.name}={spec!r}: allowed values are {allowed} (give one "
+                            "value, LOW..HIGH, or a comma-separated subset)") from None  # fmt: skip
+        if not picked:
+            raise KnobError(f"knob {self.name}={spec!r} leaves no value; allowed: {allowed}")
+        return replace(self, choices=picked)
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What the knob space depends on: CPU cores and GPUs (SM counts) here."""
+
+    cores: int
+    gpus: int
+
+    @classmethod
+    def here(cls) -> Machine:
+        import torch
+
+        return cls(os.cpu_count() or 1, torch.cuda.device_count() if torch.cuda.is_available()
+                   else 0)  # fmt: skip
+
+
+def _powers(lo: int, hi: int) -> tuple[int, ...]:
+    out, v = [], lo
+    while v <= hi:
+        out.append(v)
+        v *= 2
+    return tuple(out)
+
+
+def default_space(machine: Machine) -> dict[str, Knob]:
+    """Every knob with the values worth trying on ``machine``."""
+    no_gpu = None if machine.gpus else "no CUDA GPU on this machine"
+    actors = tuple(range(1, machine.cores + 1))
+    knobs = [
+        Knob("actors", actors, "live"),
+        Knob("envs_per_actor", _powers(1, 64), "respawn"),
+        Knob("rollout_len", (16, 32, 64), "restart"),
+        Knob("batch_size", _powers(512, 65536), "live"),
+        Knob("chunk_bytes", _powers(16 * 1024, 4 * 1024 * 1024), "live"),
+        Knob("trainers", (1, 2, 4), "handover"),
+        Knob("mps_pct", (10, 25, 50, 100), "handover", no_gpu),
+        Knob("trainer_device", ("cpu", "cuda") if machine.gpus else ("cpu",), "handover"),
+        Knob("inference", ("actor", "gmi"), "restart"),
+        Knob("trainer_threads", (1, 2, 4), "handover"),
+    ]
+    for k in knobs:
+        assert k.apply == APPLIES.get(k.name, "restart"), k.name
+    return {k.name: k for k in knobs}
+
+
+def build_space(machine: Machine, overrides: list[str] | None = None) -> dict[str, Knob]:
+    """The default space narrowed by ``overrides`` (``NAME=SPEC`` strings).
+
+    Raises:
+        KnobError: for an unknown knob, a malformed spec, or values that are not allowed.
+    """
+    space = default_space(machine)
+    for item in overrides or []:
+        name, sep, spec = item.partition("=")
+        name = name.strip().replace("-", "_")
+        if not sep or not spec.strip():
+            raise KnobError(f"--knob {item!r}: expected NAME=VALUE, NAME=LOW..HIGH or NAME=A,B")
+        if name not in space:
+            raise KnobError(f"--knob {item!r}: unknown knob {name!r}; knobs: {', '.join(space)}")
+        space[name] = space[name].narrowed(spec.strip())
+    return space
+
+
+def to_config_value(name: str, value: Any) -> Any:
+    """The ``TrainConfig`` value of a knob value (``mps_pct`` is one percentage for every GMI;
+    100 means no limit)."""
+    if name == "mps_pct":
+        return None if value == 100 else (int(value),)
+    return value

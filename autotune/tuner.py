@@ -1,0 +1,367 @@
+"""The online tuning loop: apply a config, warm up, measure a window, tell Optuna, repeat.
+
+``OnlineTuner.tick`` is called often (every runner tick) and never blocks; it moves through
+
+    apply -> warm-up (until the job says the change took effect, then ``warmup_s``)
+          -> measure (an energy window of ``window_s``) -> tell -> apply ...
+
+and, once ``trials`` trials are done, holds the best config and re-measures it every
+``recheck_s``; if the best has drifted down by more than ``drift_tol`` from its median, it
+explores again for ``repeat_every`` more trials.
+
+* Objective: ``steps_per_joule`` (default), ``steps_per_s``, or ``weighted`` (a weighted mean
+  of both, each relative to the first trial's value).
+* Constraints: a throughput floor and a policy-lag ceiling; a trial that breaks one is told to
+  Optuna with its constraint values (``Trial.set_constraint``) and never becomes the best.
+* Noise: every ``repeat_every`` trials the incumbent is measured again; configs are compared by
+  the median of their measurements.
+* Failures: a config the job refuses (or that fails) is marked failed and never applied again.
+* GMI-DRL's saturation heuristic: once doubling ``envs_per_actor`` gained less than
+  ``saturation_gain`` in steps/s, larger values are pruned without being applied (more envs cost
+  memory and policy lag for nothing).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import optuna
+from optuna.trial import TrialState
+
+from autotune.knobs import Knob
+
+logger = logging.getLogger(__name__)
+
+OBJECTIVES = ("steps_per_joule", "steps_per_s", "weighted")
+
+
+@dataclass(frozen=True)
+class TunerSettings:
+    """How the online tuner measures and decides (see the module docstring)."""
+
+    objective: str = "steps_per_joule"
+    weight: float = 0.5
+    """``weighted``: the share of steps/s (the rest is steps/J)."""
+    warmup_s: float = 5.0
+    window_s: float = 10.0
+    """Measurement window; >= 10 s on a GPU, so the energy counter moves enough."""
+    trials: int = 30
+    repeat_every: int = 5
+    recheck_s: float = 120.0
+    drift_tol: float = 0.15
+    saturation_gain: float = 0.05
+    min_steps_per_s: float | None = None
+    max_policy_lag: float | None = None
+
+    def problems(self) -> list[str]:
+        out = []
+        if self.objective not in OBJECTIVES:
+            out.append(f"objective={self.objective!r}: allowed {OBJECTIVES}")
+        if not 0.0 <= self.weight <= 1.0:
+            out.append(f"weight={self.weight}: must be in 0..1")
+        for name in ("warmup_s", "window_s", "recheck_s"):
+            if not getattr(self, name) > 0:
+                out.append(f"{name}={getattr(self, name)}: must be > 0")
+        for name in ("trials", "repeat_every"):
+            if getattr(self, name) < 1:
+                out.append(f"{name}={getattr(self, name)}: must be >= 1")
+        return out
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One window: trained steps/s, steps per joule (GPU + CPU), joules, mean policy lag."""
+
+    steps_per_s: float
+    steps_per_joule: float | None
+    gpu_j: float
+    cpu_j: float
+    policy_lag: float
+    window_s: float
+
+
+class Job(Protocol):
+    """What the tuner drives: a running training job (``autotune.online.RunnerJob``)."""
+
+    def apply(self, values: dict[str, Any]) -> None:
+        """Asks for the config; raises ``runtime.config.ConfigError`` if it is refused."""
+
+    def ready(self) -> bool:
+        """Whether the last change has taken effect (actors replaced, GMIs handed over)."""
+
+    def begin_window(self) -> None: ...
+
+    def end_window(self) -> Measurement: ...
+
+
+@dataclass
+class _Current:
+    trial: optuna.trial.Trial | None
+    values: dict[str, Any]
+    phase: str
+    since: float
+    ready_at: float | None = None
+
+
+@dataclass
+class History:
+    """Measurements by config (a JSON key of its knob values)."""
+
+    by_config: dict[str, list[float]] = field(default_factory=dict)
+    speed: dict[str, list[float]] = field(default_factory=dict)
+    failed: set[str] = field(default_factory=set)
+
+    def best(self) -> tuple[str, float] | None:
+        scored = [(k, statistics.median(v)) for k, v in self.by_config.items() if v]
+        return max(scored, key=lambda kv: kv[1]) if scored else None
+
+
+class StudyError(ValueError):
+    """A storage that cannot be opened, or a study that cannot be created or loaded."""
+
+
+def open_study(storage: str, name: str, seed: int | None = None) -> optuna.Study:
+    """Creates or loads the study ``name`` (maximize) in the RDB storage URL ``storage``, with
+    a TPE sampler (which honours constraints set on trials).
+
+    Raises:
+        StudyError: saying which URL or study failed and why.
+    """
+    sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=5)
+    try:
+        rdb = optuna.storages.RDBStorage(storage)
+        return optuna.create_study(storage=rdb, study_name=name, direction="maximize",
+                                   sampler=sampler, load_if_exists=True)  # fmt: skip
+    except Exception as exc:  # SQLAlchemy and Optuna raise many kinds; all mean "cannot open"
+        raise StudyError(f"cannot open study {name!r} in storage {storage!r}: "
+                         f"{type(exc).__name__}: {exc}") from None  # fmt: skip
+
+
+def config_key(values: dict[str, Any]) -> str:
+    return json.dumps(values, sort_keys=True)
+
+
+class OnlineTuner:
+    """Ask/tell tuning of a running job (see the module docstring).
+
+    Args:
+        study: The Optuna study (maximize); its storage keeps every trial.
+        space: The knobs (``autotune.knobs``); only ``Knob.online`` ones are suggested.
+        job: The running job.
+        settings: Measurement and decision settings.
+        base: The job's current values of the online knobs (the default config).
+        clock: Seconds, monotonic (injectable for tests).
+    """
+
+    def __init__(self, study: optuna.Study, space: dict[str, Knob], job: Job,
+                 settings: TunerSettings, base: dict[str, Any],
+                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+        problems = settings.problems()
+        if problems:
+            raise ValueError("invalid tuner settings: " + "; ".join(problems))
+        self.study, self.job, self.settings, self.clock = study, job, settings, clock
+        self.knobs = [k for k in space.values() if k.online]
+        self.base = {k.name: base[k.name] for k in self.knobs}
+        self.history = History()
+        self.reference: Measurement | None = None
+        self.trials_done = 0
+        self.explore_until = settings.trials
+        self.holding = False
+        self.log: list[dict[str, Any]] = []
+        """One entry per measured window: seconds since the tuner started, values, the
+        measurement, the objective and whether it was a trial or a re-check of the best."""
+        self.t0 = clock()
+        self.current: _Current | None = None
+        self._envs_cap: int | None = None
+        self._fail_orphans()
+        if self.knobs:
+            study.enqueue_trial(self.base, skip_if_exists=True)  # the default config first
+
+    def _fail_orphans(self) -> None:
+        """Trials left RUNNING by a tuner that died are marked failed (resume after a crash)."""
+        storage = self.study._storage
+        for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+            logger.warning("trial %d was left running (tuner restarted); marked failed", t.number)
+
+    # --- the loop -------------------------------------------------------------------------
+
+    def tick(self) -> None:
+        """Advances the loop; call it often. Never blocks."""
+        now = self.clock()
+        cur = self.current
+        if cur is None:
+            self._next(now)
+            return
+        if cur.phase == "warmup":
+            if cur.ready_at is None:
+                if self.job.ready():
+                    cur.ready_at = now
+                return
+            if now - cur.ready_at >= self.settings.warmup_s:
+                self.job.begin_window()
+                cur.phase, cur.since = "measure", now
+        elif cur.phase == "measure" and now - cur.since >= self.settings.window_s:
+            self._finish(self.job.end_window(), now)
+
+    def _suggest(self, trial: optuna.trial.Trial) -> dict[str, Any]:
+        values: dict[str, Any] = {}
+        for knob in self.knobs:
+            if knob.name == "mps_pct" and values.get("trainer_device", "cuda") == "cpu":
+                continue  # no MPS for CPU trainers: the knob does not exist in that branch
+            values[knob.name] = trial.suggest_categorical(knob.name, list(knob.choices))
+        return values
+
+    def _next(self, now: float) -> None:
+        if not self.knobs:
+            return
+        if self.trials_done >= self.explore_until:
+            self._hold(now)
+            return
+        best = self.history.best()
+        if self.trials_done and self.trials_done % self.settings.repeat_every == 0 and best:
+            self.study.enqueue_trial(json.loads(best[0]))  # re-measure the incumbent
+        trial = self.study.ask()
+        values = self._suggest(trial)
+        key = config_key(values)
+        if key in self.history.failed:
+            self.study.tell(trial, state=TrialState.FAIL)
+            self.trials_done += 1
+            return
+        envs = values.get("envs_per_actor")
+        if self._envs_cap is not None and envs is not None and envs > self._envs_cap:
+            self.study.tell(trial, state=TrialState.PRUNED)
+            logger.info("trial %d pruned: envs_per_actor=%d is past saturation (%d)",
+                        trial.number, envs, self._envs_cap)  # fmt: skip
+            self.trials_done += 1
+            return
+        self._start(trial, values, now)
+
+    def _start(self, trial: optuna.trial.Trial | None, values: dict[str, Any], now: float) -> None:
+        from runtime.config import ConfigError
+
+        try:
+            self.job.apply(values)
+        except ConfigError as exc:
+            self.history.failed.add(config_key(values))
+            if trial is not None:
+                trial.set_user_attr("error", str(exc))
+                self.study.tell(trial, state=TrialState.FAIL)
+                self.trials_done += 1
+            logger.warning("config %s refused: %s", values, exc)
+            return
+        self.current = _Current(trial, values, "warmup", now)
+
+    def _hold(self, now: float) -> None:
+        """Holds the best config; re-measures it every ``recheck_s``."""
+        best = self.history.best()
+        if best is None:
+            return
+        if not self.holding:
+            self.holding = True
+            self._start(None, json.loads(best[0]), now)
+            return
+        last = self.t0 + self.log[-1]["t"] if self.log else now
+        if now - last >= self.settings.recheck_s:
+            self._start(None, json.loads(best[0]), now)
+
+    # --- telling ----------------------------------------------------------------------------
+
+    def objective(self, m: Measurement) -> float:
+        s = self.settings
+        spj = m.steps_per_joule or 0.0
+        if s.objective == "steps_per_s":
+            return m.steps_per_s
+        if s.objective == "steps_per_joule":
+            return spj
+        ref = self.reference or m
+        rel_s = m.steps_per_s / ref.steps_per_s if ref.steps_per_s else 0.0
+        rel_j = spj / ref.steps_per_joule if ref.steps_per_joule else 0.0
+        return s.weight * rel_s + (1 - s.weight) * rel_j
+
+    def constraints(self, m: Measurement) -> dict[str, float]:
+        """Optuna constraint values (<= 0 is feasible): throughput floor, lag ceiling."""
+        s = self.settings
+        out = {}
+        if s.min_steps_per_s is not None:
+            out["min_steps_per_s"] = s.min_steps_per_s - m.steps_per_s
+        if s.max_policy_lag is not None:
+            out["max_policy_lag"] = m.policy_lag - s.max_policy_lag
+        return out
+
+    def _finish(self, m: Measurement, now: float) -> None:
+        cur = self.current
+        assert cur is not None
+        self.current = None
+        if self.reference is None:
+            self.reference = m
+        value = self.objective(m)
+        constraints = self.constraints(m)
+        feasible = all(c <= 0 for c in constraints.values())
+        key = config_key(cur.values)
+        best_before = self.history.best()
+        if feasible:
+            self.history.by_config.setdefault(key, []).append(value)
+        self.history.speed.setdefault(key, []).append(m.steps_per_s)
+        self._update_saturation(cur.values)
+        state = "hold" if cur.trial is None else "trial"
+        if cur.trial is not None:
+            for name, c in constraints.items():
+                cur.trial.set_constraint(name, c)
+            cur.trial.set_user_attr("steps_per_s", m.steps_per_s)
+            cur.trial.set_user_attr("steps_per_joule", m.steps_per_joule)
+            cur.trial.set_user_attr("gpu_j", m.gpu_j)
+            cur.trial.set_user_attr("cpu_j", m.cpu_j)
+            cur.trial.set_user_attr("policy_lag", m.policy_lag)
+            self.study.tell(cur.trial, value)
+            self.trials_done += 1
+        elif best_before and best_before[0] == key:
+            median = statistics.median(self.history.by_config[key][:-1] or [value])
+            if value < median * (1 - self.settings.drift_tol):
+                logger.warning("best config drifted (%.3g vs median %.3g); exploring again",
+                               value, median)  # fmt: skip
+                self.holding = False
+                self.explore_until = self.trials_done + self.settings.repeat_every
+        self.log.append({"t": now - self.t0, "values": cur.values, "objective": value,
+                         "feasible": feasible, "state": state, **m.__dict__})  # fmt: skip
+
+    def _update_saturation(self, values: dict[str, Any]) -> None:
+        """Caps envs_per_actor once doubling it stopped paying (other knobs as in ``values``)."""
+        if "envs_per_actor" not in values:
+            return
+        rest = {k: v for k, v in values.items() if k != "envs_per_actor"}
+        speeds: dict[int, float] = {}
+        for key, sps in self.history.speed.items():
+            other = json.loads(key)
+            envs = other.pop("envs_per_actor", None)
+            if other == rest and envs is not None:
+                speeds[envs] = statistics.median(sps)
+        for envs in sorted(speeds):
+            if 2 * envs in speeds and speeds[envs] > 0:
+                gain = speeds[2 * envs] / speeds[envs] - 1
+                if gain < self.settings.saturation_gain:
+                    cap = 2 * envs
+                    if self._envs_cap is None or cap < self._envs_cap:
+                        self._envs_cap = cap
+                        logger.info("envs_per_actor saturates at %d (gain %.1f %%)", cap,
+                                    100 * gain)  # fmt: skip
+                    return
+
+    def best(self) -> dict[str, Any] | None:
+        """The best config so far (median objective among feasible measurements)."""
+        best = self.history.best()
+        return (
+            None
+            if best is None
+            else {
+                "values": json.loads(best[0]),
+                "objective": best[1],
+                "measurements": len(self.history.by_config[best[0]]),
+            }
+        )

@@ -1,0 +1,155 @@
+"""The online tuner: finds a best known by construction, honours failures, constraints and
+saturation, resumes its study; ``train --tune`` drives a real run without losing steps."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import subprocess
+import sys
+
+import optuna
+import pytest
+
+from autotune.knobs import KnobError, Machine, build_space
+from autotune.tuner import Measurement, OnlineTuner, StudyError, TunerSettings, open_study
+from runtime.config import ConfigError
+
+BEST = {"actors": 6, "batch_size": 4096}
+
+
+class World:
+    """A job whose steps per joule peak at BEST by construction (2 % measurement noise)."""
+
+    def __init__(self, seed: int, refuse: dict | None = None) -> None:
+        self.t, self.values, self.rng, self.refuse = 0.0, {}, random.Random(seed), refuse
+        self.applied: list[dict] = []
+
+    def apply(self, values):
+        if values == self.refuse:
+            raise ConfigError(["refused by the job"])
+        self.values = dict(values)
+        self.applied.append(dict(values))
+
+    def ready(self):
+        return True
+
+    def begin_window(self):
+        pass
+
+    def end_window(self):
+        a, b = self.values["actors"], self.values["batch_size"]
+        spj = (100 - 4 * (a - 6) ** 2 - 6 * (math.log2(b) - 12) ** 2) * (
+            1 + self.rng.gauss(0, 0.02)
+        )
+        return Measurement(spj * 10, spj, 1.0, 1.0, a / 2, 1.0)
+
+
+def _tuner(tmp_path, world, seed=0, **settings):
+    space = build_space(Machine(cores=10, gpus=0),
+                        ["batch_size=1024..16384", "envs_per_actor=8", "chunk_bytes=262144",
+                         "trainers=1", "trainer_threads=1"])  # fmt: skip
+    study = open_study(f"sqlite:///{tmp_path}/s.db", "s", seed=seed)
+    opts = {"trials": 30, "warmup_s": 1.0, "window_s": 1.0, **settings}
+    return OnlineTuner(study, space, world, TunerSettings(**opts),
+                       {"actors": 2, "batch_size": 1024}, clock=lambda: world.t)  # fmt: skip
+
+
+def _run(tuner, world, trials):
+    while tuner.trials_done < trials:
+        world.t += 0.5
+        tuner.tick()
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_finds_the_best_known_by_construction_within_30_trials(tmp_path, seed):
+    world = World(seed)
+    tuner = _tuner(tmp_path, world, seed)
+    _run(tuner, world, 30)
+    assert tuner.best()["values"] == BEST
+    assert world.applied[0] == {"actors": 2, "batch_size": 1024}  # the default is trial 0
+    # the incumbent was measured more than once (noise handling)
+    assert tuner.best()["measurements"] >= 2
+
+
+def test_after_the_budget_it_holds_the_best_and_rechecks_it(tmp_path):
+    world = World(0)
+    tuner = _tuner(tmp_path, world, trials=20, recheck_s=10.0)
+    _run(tuner, world, 20)
+    for _ in range(100):
+        world.t += 0.5
+        tuner.tick()
+    held = [w for w in tuner.log if w["state"] == "hold"]
+    assert len(held) >= 3 and all(w["values"] == tuner.best()["values"] for w in held)
+
+
+def test_a_refused_config_is_failed_and_never_applied_again(tmp_path):
+    refused = {"actors": 6, "batch_size": 4096}
+    world = World(0, refuse=refused)
+    tuner = _tuner(tmp_path, world)
+    _run(tuner, world, 30)
+    assert refused not in world.applied
+    assert tuner.best()["values"] != refused
+    failed = tuner.study.get_trials(states=(optuna.trial.TrialState.FAIL,))
+    assert failed and "refused by the job" in failed[0].user_attrs["error"]
+
+
+def test_a_lag_ceiling_keeps_infeasible_configs_from_being_best(tmp_path):
+    world = World(0)  # lag = actors / 2: actors 6 has lag 3
+    tuner = _tuner(tmp_path, world, max_policy_lag=2.0)
+    _run(tuner, world, 30)
+    assert tuner.best()["values"]["actors"] <= 4
+
+
+def test_a_restarted_tuner_resumes_the_study_and_fails_orphaned_trials(tmp_path):
+    world = World(0)
+    tuner = _tuner(tmp_path, world)
+    _run(tuner, world, 5)
+    tuner.tick()  # asks trial 6 and applies it: RUNNING when the "crash" happens
+    assert tuner.study.get_trials(states=(optuna.trial.TrialState.RUNNING,))
+    world2 = World(1)
+    again = _tuner(tmp_path, world2)
+    trials = again.study.get_trials()
+    assert not [t for t in trials if t.state == optuna.trial.TrialState.RUNNING]
+    assert sum(t.state == optuna.trial.TrialState.COMPLETE for t in trials) == 5
+    _run(again, world2, 3)
+    assert len(again.study.get_trials()) == len(trials) + 3
+
+
+def test_bad_knobs_and_storage_are_refused_with_what_is_allowed(tmp_path):
+    machine = Machine(cores=4, gpus=0)
+    with pytest.raises(KnobError, match="unknown knob 'actor'; knobs: actors"):
+        build_space(machine, ["actor=2"])
+    with pytest.raises(KnobError, match=r"actors='9..12' leaves no value; allowed: 1, 2, 3, 4"):
+        build_space(machine, ["actors=9..12"])
+    with pytest.raises(KnobError, match="batch_size='1000': allowed values are 512, 1024"):
+        build_space(machine, ["batch_size=1000"])
+    with pytest.raises(KnobError, match="mps_pct cannot be set here: no CUDA GPU"):
+        build_space(machine, ["mps_pct=50"])
+    with pytest.raises(StudyError, match="cannot open study 'x' in storage 'nosuch://'"):
+        open_study("nosuch://", "x")
+    space = build_space(machine, ["actors=2", "batch_size=1024..4096"])
+    assert space["actors"].choices == (2,) and not space["actors"].online
+    assert space["batch_size"].choices == (1024, 2048, 4096)
+    assert not space["mps_pct"].online and space["mps_pct"].unavailable
+
+
+@pytest.mark.slow
+def test_train_tune_drives_a_real_run_and_keeps_every_step(tmp_path):
+    out, db = tmp_path / "out.json", tmp_path / "t.db"
+    cmd = [sys.executable, "-m", "autotune.cli", "train", "--tune", "--quiet", "--steps",
+           "1000000000", "--max-wall-s", "30", "--tune-window-s", "2", "--tune-warmup-s", "1",
+           "--knob", "batch_size=512,1024", "--knob", "envs_per_actor=4,8", "--knob",
+           "chunk_bytes=262144", "--knob", "trainers=1", "--knob", "trainer_threads=1",
+           "--knob", "actors=2", "--storage", f"sqlite:///{db}", "--json", str(out)]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads(out.read_text())
+    assert r["lost_steps"] == 0
+    assert r["sampled_steps"] == r["env_steps"] + r["discarded_steps"]
+    tuning = r["tuning"]
+    assert tuning["trials"] >= 2 and tuning["best"] is not None
+    assert {k for k, v in tuning["knobs"].items() if v["tuned"]} == {"batch_size", "envs_per_actor"}
+    study = optuna.load_study(study_name="online-CartPole-v1", storage=f"sqlite:///{db}")
+    assert len([t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]) >= 2
