@@ -139,51 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="P",
         help="MPS active-thread percentage (1..100) of the inference GMI (default: no limit)",
     )
-    tune = train.add_argument_group(
-        "online tuning (--tune)",
-        "move the live knobs of this run toward the objective while it trains; every trial is "
-        "kept in an Optuna study (a rerun with the same --storage and --study resumes it)",
-    )
-    tune.add_argument("--tune", action="store_true", help="tune this run online")
-    tune.add_argument(
-        "--knob",
-        action="append",
-        default=None,
-        metavar="NAME=SPEC",
-        help="fix or narrow a knob: NAME=VALUE, NAME=LOW..HIGH or NAME=A,B (repeatable); "
-        "knobs: actors, envs_per_actor, rollout_len, batch_size, chunk_bytes, trainers, "
-        "mps_pct, trainer_device, inference, trainer_threads",
-    )
-    tune.add_argument(
-        "--objective",
-        choices=["steps_per_joule", "steps_per_s", "weighted"],
-        default="steps_per_joule",
-        help="what to maximise (default steps_per_joule)",
-    )
-    tune.add_argument(
-        "--storage",
-        default="sqlite:///autotune.db",
-        help="Optuna RDB storage URL (any SQLAlchemy URL; default sqlite:///autotune.db)",
-    )
-    tune.add_argument("--study", default=None, help="study name (default online-<env>)")
-    tune.add_argument(
-        "--tune-trials", type=int, default=30, help="trials before holding the best (default 30)"
-    )
-    tune.add_argument(
-        "--tune-window-s",
-        type=float,
-        default=None,
-        help="measurement window per trial (default 10 with a GPU, 5 without)",
-    )
-    tune.add_argument(
-        "--tune-warmup-s", type=float, default=5.0, help="warm-up after a change (default 5)"
-    )
-    tune.add_argument(
-        "--min-steps-per-s", type=float, default=None, help="throughput floor (constraint)"
-    )
-    tune.add_argument(
-        "--max-lag", type=float, default=None, help="policy-lag ceiling, versions (constraint)"
-    )
+    from autotune.online import add_tune_args
+
+    add_tune_args(train)
     train.add_argument(
         "--max-wall-s",
         type=float,
@@ -332,7 +290,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     tuner = None
     if args.tune:
         try:
-            tuner, space = _online_tuner(args, cfg, runner)
+            from autotune.online import tuner_from_args
+
+            tuner, space = tuner_from_args(args, cfg, runner)
         except ValueError as exc:  # KnobError, StudyError, bad settings
             console.print(f"[red]error:[/red] {exc}")
             return 2
@@ -362,27 +322,6 @@ def cmd_train(args: argparse.Namespace) -> int:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
         console.print(f"wrote {args.json}")
     return 0
-
-
-def _online_tuner(args: argparse.Namespace, cfg, runner):
-    """The tuner for ``train --tune``: the knob space, the study and the runner as its job."""
-    from autotune.energy import EnergyMeter
-    from autotune.knobs import Machine, build_space
-    from autotune.online import RunnerJob, knob_values
-    from autotune.tuner import OnlineTuner, TunerSettings, open_study
-
-    machine = Machine.here()
-    space = build_space(machine, args.knob)
-    window = args.tune_window_s or (10.0 if machine.gpus else 5.0)
-    settings = TunerSettings(objective=args.objective, warmup_s=args.tune_warmup_s,
-                             window_s=window, trials=args.tune_trials,
-                             min_steps_per_s=args.min_steps_per_s,
-                             max_policy_lag=args.max_lag)  # fmt: skip
-    study = open_study(args.storage, args.study or f"online-{cfg.env}", seed=cfg.seed)
-    meter = runner.meter = EnergyMeter()
-    base = knob_values(cfg, {k: v for k, v in space.items() if v.online})
-    tuner = OnlineTuner(study, space, RunnerJob(runner, meter), settings, base)
-    return tuner, space
 
 
 def cmd_gpu(args: argparse.Namespace) -> int:

@@ -106,21 +106,21 @@ def _powers(lo: int, hi: int) -> tuple[int, ...]:
 def default_space(machine: Machine) -> dict[str, Knob]:
     """Every knob with the values worth trying on ``machine``."""
     no_gpu = None if machine.gpus else "no CUDA GPU on this machine"
-    actors = tuple(range(1, machine.cores + 1))
-    knobs = [
-        Knob("actors", actors, "live"),
-        Knob("envs_per_actor", _powers(1, 64), "respawn"),
-        Knob("rollout_len", (16, 32, 64), "restart"),
-        Knob("batch_size", _powers(512, 65536), "live"),
-        Knob("chunk_bytes", _powers(16 * 1024, 4 * 1024 * 1024), "live"),
-        Knob("trainers", (1, 2, 4), "handover"),
-        Knob("mps_pct", (10, 25, 50, 100), "handover", no_gpu),
-        Knob("trainer_device", ("cpu", "cuda") if machine.gpus else ("cpu",), "handover"),
-        Knob("inference", ("actor", "gmi"), "restart"),
-        Knob("trainer_threads", (1, 2, 4), "handover"),
-    ]
-    for k in knobs:
-        assert k.apply == APPLIES.get(k.name, "restart"), k.name
+    choices: dict[str, tuple[Any, ...]] = {
+        "actors": tuple(range(1, machine.cores + 1)),
+        "envs_per_actor": _powers(1, 64),
+        "rollout_len": (16, 32, 64),
+        "batch_size": _powers(512, 65536),
+        "chunk_bytes": _powers(16 * 1024, 4 * 1024 * 1024),
+        "trainers": (1, 2, 4),
+        "mps_pct": (10, 25, 50, 100),
+        "trainer_device": ("cpu", "cuda") if machine.gpus else ("cpu",),
+        "inference": ("actor", "gmi"),
+        "trainer_threads": (1, 2, 4),
+    }
+    knobs = [Knob(name, values, APPLIES.get(name, "restart"),
+                  no_gpu if name == "mps_pct" else None)
+             for name, values in choices.items()]  # fmt: skip
     return {k.name: k for k in knobs}
 
 

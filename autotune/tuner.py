@@ -185,9 +185,8 @@ class OnlineTuner:
 
     def _fail_orphans(self) -> None:
         """Trials left RUNNING by a tuner that died are marked failed (resume after a crash)."""
-        storage = self.study._storage
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+            self.study.tell(t.number, state=TrialState.FAIL)
             logger.warning("trial %d was left running (tuner restarted); marked failed", t.number)
 
     # --- the loop -------------------------------------------------------------------------

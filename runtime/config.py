@@ -202,10 +202,11 @@ class TrainConfig:
             out.append(f"inference={self.inference!r}: allowed {INFERENCES}")
         if self.inference_mps_pct is not None:
             problem = mps_pct_problem((self.inference_mps_pct,), None)
-            if problem or self.inference != "gmi":
-                out.append(f"inference_mps_pct={self.inference_mps_pct!r}: "
-                           + (problem.split(": ", 1)[1] if problem
-                              else "applies only with inference='gmi'"))  # fmt: skip
+            if self.inference != "gmi":
+                out.append(f"inference_mps_pct={self.inference_mps_pct!r}: applies only with "
+                           "inference='gmi'")  # fmt: skip
+            elif problem:
+                out.append(f"inference_mps_pct: {problem}")
         if self.mps_pct is not None:
             trainers_ok = isinstance(self.trainers, int) and self.trainers >= 1 and not out
             n = self.trainers * len(self.gpu_list()) if trainers_ok else None

@@ -29,7 +29,7 @@ from runtime.config import TrainConfig
 from runtime.envs import EnvInfo
 from runtime.gmi import placement
 from runtime.policy_io import WeightsReceiver
-from runtime.stages.common import StatsSender, init_service_process
+from runtime.stages.common import StatsSender, exit_requested, init_service_process
 
 logger = logging.getLogger(__name__)
 
@@ -172,24 +172,13 @@ class InferenceServer:
                 requests = self.take_waiting()
                 if requests:
                     self.serve(requests)
-            if control in ready and _exit_requested(control):
+            if control in ready and exit_requested(control):
                 break
             if self.stats is not None and time.monotonic() - last_stats >= STATS_INTERVAL_S:
                 self.stats.send(self.snapshot())
                 last_stats = time.monotonic()
         if self.stats is not None:
             self.stats.send(self.snapshot(final=True))
-
-
-def _exit_requested(control: zmq.Socket) -> bool:
-    exit_seen = False
-    while control.poll(0):
-        try:
-            msg = wire.recv_msg(control)
-        except wire.ProtocolError:
-            continue
-        exit_seen |= msg.type is wire.MsgType.CONTROL and msg.meta.get("cmd") == "exit"
-    return exit_seen
 
 
 def inference_main(cfg: TrainConfig, info: EnvInfo, endpoints: topology.Endpoints,

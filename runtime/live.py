@@ -21,9 +21,13 @@ Every ``TrainConfig`` field falls in one of these classes:
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, fields
 from typing import Any
 
+import zmq
+
+from runtime import wire
 from runtime.config import ConfigError, TrainConfig
 
 RUNNER = ("actors", "steps", "max_wall_s")
@@ -77,3 +81,24 @@ def live_meta(cfg: TrainConfig, epoch: int) -> dict[str, Any]:
     return {"cmd": "live", "epoch": epoch, "chunk_bytes": cfg.chunk_bytes,
             "chunk_timeout_s": cfg.chunk_timeout_s, "batch_size": cfg.batch_size,
             "inflight_steps_per_actor": cfg.inflight_steps_per_actor()}  # fmt: skip
+
+
+class LiveBroadcaster:
+    """The runner's side of the CONTROL ``live`` message: a new epoch per change, and the
+    current one resent every ``RESEND_S`` (PUB/SUB drops what a late subscriber missed)."""
+
+    def __init__(self) -> None:
+        self.epoch = 0
+        self._sent = 0.0
+
+    def bump(self, sock: zmq.Socket, cfg: TrainConfig) -> None:
+        """Sends ``cfg``'s live settings as a new epoch."""
+        self.epoch += 1
+        self.send(sock, cfg, force=True)
+
+    def send(self, sock: zmq.Socket, cfg: TrainConfig, force: bool = False) -> None:
+        """Resends the current epoch (after the first change) if ``RESEND_S`` has passed."""
+        now = time.monotonic()
+        if self.epoch and (force or now - self._sent >= RESEND_S):
+            wire.send_msg(sock, wire.MsgType.CONTROL, live_meta(cfg, self.epoch))
+            self._sent = now

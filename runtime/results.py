@@ -67,9 +67,10 @@ def build_result(runner: Runner, wall_s: float, energy: Any) -> dict[str, Any]:
     total_j = energy_doc["gpu_j"] + energy_doc["cpu_j"]
     current = runner.trainer_names()
     trainer = tel.source(current[0])
+    services = ["compressor", "migrator", *(["inference"] if runner.cfg.inference == "gmi"
+                                            else [])]  # fmt: skip
     malformed = {name: int(tel.source(name).get("malformed", 0))
-                 for name in ("compressor", "migrator", "inference", *tel.trainer_sources())
-                 if name != "inference" or runner.cfg.inference == "gmi"}  # fmt: skip
+                 for name in (*services, *tel.trainer_sources())}  # fmt: skip
     digests = {tel.source(name).get("weights_digest") for name in current}
     return {
         "env": runner.cfg.env,

@@ -118,8 +118,7 @@ class Runner:
         self.cfg, self.info = cfg, info
         self.mps_live = mps_live
         self._pending_cfg: TrainConfig | None = None
-        self.live_epoch = 0
-        self._live_sent = 0.0
+        self.live = live.LiveBroadcaster()
         self.changes: list[dict[str, Any]] = []
         """Every live change applied: ``{"t": seconds into the run, "changed": {name: value}}``."""
         self._started = time.monotonic()
@@ -184,8 +183,7 @@ class Runner:
         if plan.actors:
             self.actors.resize(new, ep)
         if plan.services:
-            self.live_epoch += 1
-            self._send_live(control_sock, force=True)
+            self.live.bump(control_sock, new)
         if plan.handover:
             self.fleet.replace(ep, self.run_dir, control_sock, None, new)
             self.phases.begin(self.fleet.generation, [s.mps_pct for s in self.fleet.gmis],
@@ -194,13 +192,15 @@ class Runner:
         self.changes.append({"t": time.monotonic() - self._started, "changed": changed})
         logger.info("live change: %s", changed)
 
-    def _send_live(self, control_sock: zmq.Socket, force: bool = False) -> None:
-        """(Re)sends the current live settings (after the first change) every RESEND_S."""
-        now = time.monotonic()
-        if self.live_epoch and (force or now - self._live_sent >= live.RESEND_S):
-            wire.send_msg(control_sock, wire.MsgType.CONTROL,
-                          live.live_meta(self.cfg, self.live_epoch))  # fmt: skip
-            self._live_sent = now
+    def settled(self) -> bool:
+        """Whether every change asked for has taken effect: none pending, no removed actor
+        still delivering, every actor stepping, every current GMI holding the learner state."""
+        if self._pending_cfg is not None or self.actors.leaving:
+            return False
+        if any(slot.stepped.value == 0 for slot in self.actors.slots):
+            return False  # a new actor is still starting
+        gmis = [self.telemetry.source(name) for name in self.trainer_names()]
+        return bool(gmis) and all(g.get("resumed") for g in gmis)
 
     def _start_services(self, ep: topology.Endpoints) -> None:
         cfg = self.cfg
@@ -355,7 +355,7 @@ class Runner:
             if self._pending_cfg is not None:
                 self._apply(ep, control_sock, self._pending_cfg)
                 self._pending_cfg = None
-            self._send_live(control_sock)
+            self.live.send(control_sock, self.cfg)
             if changes and time.monotonic() - started >= changes[0][0]:
                 self._requested.append(changes.pop(0)[1])
             while self._requested:

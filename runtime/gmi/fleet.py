@@ -45,8 +45,6 @@ class GMIFleet:
         self.cfg, self.info, self.spawn = cfg, info, spawn
         self.gmis: list[GMISpec] = placement.place(cfg)
         self.generation = 0
-        self.sharing = "cpu"
-        """``mps``, ``shared``, ``exclusive`` or ``cpu`` (see ``runtime.gmi.placement``)."""
         self.mps_note: str | None = None
         """Why MPS could not start, when ``sharing`` is ``shared``."""
         self.mps: Any = None
@@ -55,13 +53,23 @@ class GMIFleet:
         self._retire_sent = 0.0
         self._set_up = False
 
+    @property
+    def sharing(self) -> str:
+        """How the current GMIs share their GPUs: ``mps``, ``shared`` (MPS was wanted but could
+        not start), ``exclusive`` or ``cpu`` (see ``runtime.gmi.placement``)."""
+        if all(s.gpu is None for s in self.gmis):
+            return "cpu"
+        if self.mps is not None:
+            return "mps"
+        return "shared" if self.mps_note is not None else "exclusive"
+
     def check(self, mps_pct: tuple[int, ...] | None, cfg: TrainConfig | None = None) -> None:
         """Raises ValueError now if ``mps_pct`` does not fit the GMIs of ``cfg`` (default: the
         current config), or if those GMIs need MPS and this run has no MPS daemon."""
         cfg = cfg or self.cfg
         gmis = placement.place(cfg, mps_pct)
-        if (self._set_up and self.mps is None and self.sharing != "shared"
-                and placement.wants_mps(gmis)):  # fmt: skip
+        no_mps = self.mps is None and self.mps_note is None  # neither running nor tried
+        if self._set_up and no_mps and placement.wants_mps(gmis):
             raise ValueError(
                 f"GMIs {[(g.gpu, g.mps_pct) for g in gmis]} need MPS, which this run did not "
                 "start; start the run with MPS (a planned --mps-change, or mps_live=True)"
@@ -74,22 +82,16 @@ class GMIFleet:
             mps_later: A percentage will be set during the run (MPS must run from the start).
         """
         self._set_up = True
-        if all(s.gpu is None for s in self.gmis):
-            self.sharing = "cpu"
-            return
-        if not (placement.wants_mps(self.gmis) or mps_later
-                or self.cfg.inference_mps_pct is not None):  # fmt: skip
-            self.sharing = "exclusive"
+        if self.sharing == "cpu" or not (placement.wants_mps(self.gmis) or mps_later
+                                         or self.cfg.inference_mps_pct is not None):  # fmt: skip
             return
         from autotune.hw.mps import MPSControl, MPSUnavailable
 
         try:
-            self.mps = MPSControl()
-            self.mps.start()
-            self.sharing = "mps"
+            mps = MPSControl()
+            mps.start()
+            self.mps = mps
         except MPSUnavailable as exc:
-            self.mps = None
-            self.sharing = "shared"
             self.mps_note = str(exc)
             logger.warning("MPS unavailable (%s): trainer GMIs run as plain shared processes "
                            "and no SM percentage applies", exc)  # fmt: skip
@@ -126,15 +128,9 @@ class GMIFleet:
             cfg: A new configuration for the GMIs (count, device, GPUs, threads, sync).
         """
         old = self.generation
-        if cfg is not None:
+        if cfg is not None:  # check() has refused GMIs that need an MPS daemon it lacks
             self.cfg = cfg
             self.gmis = placement.place(cfg)
-            if all(s.gpu is None for s in self.gmis):
-                self.sharing = "cpu"
-            elif self.mps is None and self.sharing != "shared":
-                self.sharing = "exclusive"  # check() refused anything that needs MPS
-            elif self.mps is not None:
-                self.sharing = "mps"
         if mps_pct is not None:
             self.gmis = placement.place(self.cfg, mps_pct)
         self.generation = old + 1

@@ -54,14 +54,20 @@ def await_exit(control: zmq.Socket, timeout_s: float = EXIT_WAIT_S) -> None:
     """
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if not control.poll(100):
-            continue
+        if control.poll(100) and exit_requested(control):
+            return
+
+
+def exit_requested(control: zmq.Socket) -> bool:
+    """Reads every CONTROL message waiting (never blocks); whether one was ``exit``."""
+    seen = False
+    while control.poll(0):
         try:
             msg = wire.recv_msg(control)
         except wire.ProtocolError:
             continue
-        if msg.type is wire.MsgType.CONTROL and msg.meta.get("cmd") == "exit":
-            return
+        seen |= msg.type is wire.MsgType.CONTROL and msg.meta.get("cmd") == "exit"
+    return seen
 
 
 def _die_with_parent() -> None:
