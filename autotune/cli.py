@@ -216,6 +216,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--json", type=Path, default=None, metavar="PATH", help="write the inventory to PATH"
     )
     gpu.set_defaults(func=cmd_gpu)
+    from autotune.cli_daemon import add_daemon_commands
+
+    add_daemon_commands(sub)
     return parser  # fmt: skip
 
 
@@ -287,20 +290,21 @@ def cmd_train(args: argparse.Namespace) -> int:
         return 2
     display = ProgressDisplay(console, cfg, enabled=not args.quiet)
     runner.on_progress = display.update
-    tuner = None
+    tuning = None
     if args.tune:
         try:
-            from autotune.online import tuner_from_args
+            from autotune.online import start_tuning
 
-            tuner, space = tuner_from_args(args, cfg, runner)
-        except ValueError as exc:  # KnobError, StudyError, bad settings
+            tuning = start_tuning(args, cfg, runner)
+        except ValueError as exc:  # KnobError, StudyError, ControlError, bad settings, refusal
             console.print(f"[red]error:[/red] {exc}")
             return 2
+        console.print(f"tuning: {tuning.where}")
 
         def progress(state) -> None:
             display.update(state)
             if not state.draining:
-                tuner.tick()
+                tuning.tick()
 
         runner.on_progress = progress
     try:
@@ -312,10 +316,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         console.print("[red]aborted[/red] (second Ctrl-C): no result written")
         return 130
-    if tuner is not None:
-        from autotune.online import tuning_doc
-
-        result["tuning"] = tuning_doc(tuner, space)
+    finally:
+        doc = tuning.finish() if tuning is not None else None
+    if tuning is not None:
+        result["tuning"] = doc or {"where": tuning.where, "note": "the daemon did not answer "
+                                   "at the end; see autotune status --study"}  # fmt: skip
+        result["tuning"]["where"] = tuning.where
     Console().print(summary_table(result))
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)

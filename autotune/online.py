@@ -1,24 +1,25 @@
-"""``autotune train --tune``: the online tuner driving a running ``Runner`` in-process.
+"""``autotune train --tune``: the online tuner driving a running ``Runner``, through the daemon
+when one runs (``autotune.job_link``), else in this process.
 
-``RunnerJob`` adapts a runner to ``autotune.tuner.Job``. A config is applied with
+``RunnerJob`` adapts a runner to ``autotune.tuner.Job`` in-process. A config is applied with
 ``Runner.reconfigure`` and has taken effect once ``Runner.settled``. A window measures
 trained steps, the energy meter's GPU and CPU joules, and the policy lag of the steps trained
-inside it. ``add_tune_args`` and ``tuner_from_args`` are the CLI's side.
+inside it (``autotune.counters``). ``add_tune_args`` and ``start_tuning`` are the CLI's side.
 """
 
 from __future__ import annotations
 
 import argparse
-import time
-from typing import TYPE_CHECKING, Any
+import dataclasses
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
+from autotune.counters import Counters, Measurement, measure, read_counters
 from autotune.knobs import Knob, to_config_value
 from runtime.config import TrainConfig
 
 if TYPE_CHECKING:  # optuna is imported only when tuning
-    from autotune.tuner import Measurement, OnlineTuner
-
-WINDOW_KEY = "tune-window"
+    from autotune.tuner import OnlineTuner
 
 
 def knob_values(cfg: TrainConfig, knobs: dict[str, Knob]) -> dict[str, Any]:
@@ -33,45 +34,29 @@ def knob_values(cfg: TrainConfig, knobs: dict[str, Knob]) -> dict[str, Any]:
 class RunnerJob:
     """A running ``runtime.runner.Runner`` as the tuner's ``Job``."""
 
-    def __init__(self, runner: Any, meter: Any) -> None:
-        self.runner, self.meter = runner, meter
-        self._start: tuple[float, int, float] | None = None
+    def __init__(self, runner: Any) -> None:
+        self.runner = runner
+        self._start: Counters | None = None
 
     def apply(self, values: dict[str, Any]) -> None:
-        changes = {name: to_config_value(name, v) for name, v in values.items()}
-        if changes.get("trainer_device") == "cpu":
-            changes["mps_pct"] = None  # percentages belong to cuda GMIs
-        self.runner.reconfigure(**changes)
+        self.runner.reconfigure(**config_changes(values))
 
     def ready(self) -> bool:
         return self.runner.settled()
 
-    def _lag_total(self) -> tuple[int, float]:
-        tel = self.runner.telemetry
-        steps = tel.trained_steps
-        mean, _ = tel.policy_lag()
-        return steps, mean * steps
-
     def begin_window(self) -> None:
-        self.meter.begin_window(WINDOW_KEY)
-        steps, lag = self._lag_total()
-        self._start = (time.monotonic(), steps, lag)
+        self._start = read_counters(self.runner)
 
     def end_window(self) -> Measurement:
-        from autotune.tuner import Measurement
+        return measure(self._start, read_counters(self.runner))
 
-        energy = self.meter.end_window(WINDOW_KEY)
-        t0, steps0, lag0 = self._start
-        span = time.monotonic() - t0
-        steps, lag = self._lag_total()
-        trained = steps - steps0
-        total_j = energy.total_j
-        return Measurement(
-            steps_per_s=trained / span if span > 0 else 0.0,
-            steps_per_joule=trained / total_j if total_j > 0 else None,
-            gpu_j=energy.gpu_total_j, cpu_j=energy.cpu_energy_j,
-            policy_lag=(lag - lag0) / trained if trained else 0.0, window_s=span,
-        )  # fmt: skip
+
+def config_changes(values: dict[str, Any]) -> dict[str, Any]:
+    """``Runner.reconfigure`` arguments for knob values."""
+    changes = {name: to_config_value(name, v) for name, v in values.items()}
+    if changes.get("trainer_device") == "cpu":
+        changes["mps_pct"] = None  # percentages belong to cuda GMIs
+    return changes
 
 
 def tuning_doc(tuner: OnlineTuner, space: dict[str, Knob]) -> dict[str, Any]:
@@ -79,6 +64,7 @@ def tuning_doc(tuner: OnlineTuner, space: dict[str, Knob]) -> dict[str, Any]:
     return {
         "study": tuner.study.study_name,
         "objective": tuner.settings.objective,
+        "sampler": tuner.settings.sampler,
         "knobs": {k.name: {"choices": list(k.choices), "apply": k.apply, "tuned": k.online,
                            "unavailable": k.unavailable} for k in space.values()},
         "default": tuner.base,
@@ -130,6 +116,24 @@ def add_tune_args(parser: argparse.ArgumentParser) -> None:
         "--tune-warmup-s", type=float, default=5.0, help="warm-up after a change (default 5)"
     )
     tune.add_argument(
+        "--tune-sampler",
+        choices=["tpe", "grid"],  # autotune.tuner.SAMPLERS
+        default="tpe",
+        help="tpe (default), or grid: every combination of the tuned knobs once, the baseline "
+        "a tuner is compared with",
+    )
+    tune.add_argument(
+        "--control",
+        default=None,
+        help="the daemon's control endpoint (default $AUTOTUNE_CONTROL or the private ipc "
+        "socket of 'autotune daemon start')",
+    )
+    tune.add_argument(
+        "--in-process",
+        action="store_true",
+        help="tune in this process even if a daemon runs",
+    )
+    tune.add_argument(
         "--min-steps-per-s", type=float, default=None, help="throughput floor (constraint)"
     )
     tune.add_argument(
@@ -137,11 +141,64 @@ def add_tune_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def tuner_from_args(
-    args: argparse.Namespace, cfg: TrainConfig, runner: Any
-) -> tuple[OnlineTuner, dict[str, Knob]]:
-    """The tuner for ``train --tune``: the knob space, the study and the runner as its job."""
-    from autotune.energy import EnergyMeter
+def sqlite_absolute(url: str) -> str:
+    """``sqlite:///relative.db`` made absolute against this directory, so a daemon running
+    elsewhere opens the same file; other URLs unchanged."""
+    prefix = "sqlite:///"
+    if url.startswith(prefix) and not url.startswith(prefix + "/") and url != prefix + ":memory:":
+        return prefix + str(Path(url[len(prefix) :]).resolve())
+    return url
+
+
+class Tuning(Protocol):
+    """How ``train --tune`` is tuned: in this process or by the daemon."""
+
+    where: str
+
+    def tick(self) -> None: ...
+
+    def finish(self) -> dict[str, Any] | None:
+        """Ends tuning (a trial being measured is failed as interrupted); the result's
+        ``tuning`` section."""
+
+
+class InProcessTuning:
+    where = "in-process"
+
+    def __init__(self, tuner: OnlineTuner, space: dict[str, Knob]) -> None:
+        self.tuner, self.space = tuner, space
+
+    def tick(self) -> None:
+        self.tuner.tick()
+
+    def finish(self) -> dict[str, Any]:
+        self.tuner.close("job ended")
+        return tuning_doc(self.tuner, self.space)
+
+
+class DaemonTuning:
+    def __init__(self, link: Any) -> None:
+        self.link = link
+        self.where = f"daemon on {link.endpoint}"
+
+    def tick(self) -> None:
+        self.link.tick()
+
+    def finish(self) -> dict[str, Any] | None:
+        doc = self.link.close()
+        if doc is not None:
+            doc["registrations"] = self.link.registrations
+        return doc
+
+
+def start_tuning(args: argparse.Namespace, cfg: TrainConfig, runner: Any) -> Tuning:
+    """The tuning of ``train --tune``: registered with the daemon if one answers (unless
+    ``--in-process``), else an ``OnlineTuner`` here.
+
+    Raises:
+        ValueError: ``KnobError``, ``StudyError``, bad settings, a control endpoint that is not
+            allowed, or the daemon's refusal; nothing has started then.
+    """
     from autotune.knobs import Machine, build_space
     from autotune.tuner import OnlineTuner, TunerSettings, open_study
 
@@ -151,9 +208,30 @@ def tuner_from_args(
     settings = TunerSettings(objective=args.objective, warmup_s=args.tune_warmup_s,
                              window_s=window, trials=args.tune_trials,
                              min_steps_per_s=args.min_steps_per_s,
-                             max_policy_lag=args.max_lag)  # fmt: skip
-    study = open_study(args.storage, args.study or f"online-{cfg.env}", seed=cfg.seed)
-    meter = runner.meter = EnergyMeter()
+                             max_policy_lag=args.max_lag, sampler=args.tune_sampler)  # fmt: skip
+    problems = settings.problems()
+    if problems:
+        raise ValueError("invalid tuning settings: " + "; ".join(problems))
+    storage = sqlite_absolute(args.storage)
+    study_name = args.study or f"online-{cfg.env}"
     base = knob_values(cfg, {k: v for k, v in space.items() if v.online})
-    tuner = OnlineTuner(study, space, RunnerJob(runner, meter), settings, base)
-    return tuner, space
+    if not args.in_process:
+        from autotune import control
+        from autotune.daemon import knobs_to_wire
+        from autotune.job_link import DaemonLink, DaemonRefused
+
+        hello = {"env": cfg.env, "storage": storage, "study": study_name, "seed": cfg.seed,
+                 "settings": dataclasses.asdict(settings), "knobs": knobs_to_wire(space),
+                 "base": base}  # fmt: skip
+        link = DaemonLink(control.resolve_endpoint(args.control), hello, runner)
+        try:
+            if link.register():
+                return DaemonTuning(link)
+        except DaemonRefused as exc:
+            link.close()
+            raise ValueError(f"the daemon refused this job: {exc}") from None
+        link.close()
+    grid = ({k.name: list(k.choices) for k in space.values() if k.online}
+            if settings.sampler == "grid" else None)  # fmt: skip
+    study = open_study(storage, study_name, seed=cfg.seed, grid=grid)
+    return InProcessTuning(OnlineTuner(study, space, RunnerJob(runner), settings, base), space)

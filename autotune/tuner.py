@@ -16,6 +16,11 @@ explores again for ``repeat_every`` more trials.
 * Noise: every ``repeat_every`` trials the incumbent is measured again; configs are compared by
   the median of their measurements.
 * Failures: a config the job refuses (or that fails) is marked failed and never applied again.
+* Resume: a tuner opened on a study that already holds trials rebuilds its history from them
+  (medians, failed configs, trial count); trials left RUNNING by a tuner that died are failed.
+* Samplers: ``tpe`` (default) or ``grid`` (every combination of the knobs' choices once, in
+  random order, without the default first, incumbent repeats or saturation pruning; the
+  baseline a tuner is compared with).
 * GMI-DRL's saturation heuristic: once doubling ``envs_per_actor`` gained less than
   ``saturation_gain`` in steps/s, larger values are pruned without being applied (more envs cost
   memory and policy lag for nothing).
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -34,11 +40,13 @@ from typing import Any, Protocol
 import optuna
 from optuna.trial import TrialState
 
+from autotune.counters import Measurement
 from autotune.knobs import Knob
 
 logger = logging.getLogger(__name__)
 
 OBJECTIVES = ("steps_per_joule", "steps_per_s", "weighted")
+SAMPLERS = ("tpe", "grid")
 
 
 @dataclass(frozen=True)
@@ -58,11 +66,14 @@ class TunerSettings:
     saturation_gain: float = 0.05
     min_steps_per_s: float | None = None
     max_policy_lag: float | None = None
+    sampler: str = "tpe"
 
     def problems(self) -> list[str]:
         out = []
         if self.objective not in OBJECTIVES:
             out.append(f"objective={self.objective!r}: allowed {OBJECTIVES}")
+        if self.sampler not in SAMPLERS:
+            out.append(f"sampler={self.sampler!r}: allowed {SAMPLERS}")
         if not 0.0 <= self.weight <= 1.0:
             out.append(f"weight={self.weight}: must be in 0..1")
         for name in ("warmup_s", "window_s", "recheck_s"):
@@ -74,16 +85,7 @@ class TunerSettings:
         return out
 
 
-@dataclass(frozen=True)
-class Measurement:
-    """One window: trained steps/s, steps per joule (GPU + CPU), joules, mean policy lag."""
-
-    steps_per_s: float
-    steps_per_joule: float | None
-    gpu_j: float
-    cpu_j: float
-    policy_lag: float
-    window_s: float
+MEASURED = tuple(Measurement.__dataclass_fields__)
 
 
 class Job(Protocol):
@@ -93,7 +95,9 @@ class Job(Protocol):
         """Asks for the config; raises ``runtime.config.ConfigError`` if it is refused."""
 
     def ready(self) -> bool:
-        """Whether the last change has taken effect (actors replaced, GMIs handed over)."""
+        """Whether the last change has taken effect (actors replaced, GMIs handed over).
+        Raises ``runtime.config.ConfigError`` if it was refused or failed after ``apply``
+        (a job in another process answers later)."""
 
     def begin_window(self) -> None: ...
 
@@ -126,14 +130,25 @@ class StudyError(ValueError):
     """A storage that cannot be opened, or a study that cannot be created or loaded."""
 
 
-def open_study(storage: str, name: str, seed: int | None = None) -> optuna.Study:
+class _AskTellGrid(optuna.samplers.GridSampler):
+    """A grid sampler for ask/tell: Optuna's calls ``Study.stop`` once the grid is done, which
+    only works inside ``Study.optimize``; the tuner counts the grid's trials itself."""
+
+    def after_trial(self, study, trial, state, values) -> None:
+        return None
+
+
+def open_study(storage: str, name: str, seed: int | None = None,
+               grid: dict[str, list[Any]] | None = None) -> optuna.Study:  # fmt: skip
     """Creates or loads the study ``name`` (maximize) in the RDB storage URL ``storage``, with
-    a TPE sampler (which honours constraints set on trials).
+    a TPE sampler (which honours constraints set on trials), or a grid sampler over ``grid``.
 
     Raises:
         StudyError: saying which URL or study failed and why.
     """
-    sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=5)
+    sampler: optuna.samplers.BaseSampler = (
+        optuna.samplers.TPESampler(seed=seed, n_startup_trials=5) if grid is None
+        else _AskTellGrid(grid, seed=seed))  # fmt: skip
     try:
         rdb = optuna.storages.RDBStorage(storage)
         return optuna.create_study(storage=rdb, study_name=name, direction="maximize",
@@ -179,8 +194,12 @@ class OnlineTuner:
         self.t0 = clock()
         self.current: _Current | None = None
         self._envs_cap: int | None = None
+        self.grid = settings.sampler == "grid"
+        if self.grid:
+            self.explore_until = math.prod(len(k.choices) for k in self.knobs)
         self._fail_orphans()
-        if self.knobs:
+        self._restore()
+        if self.knobs and not self.grid:
             study.enqueue_trial(self.base, skip_if_exists=True)  # the default config first
 
     def _fail_orphans(self) -> None:
@@ -188,6 +207,45 @@ class OnlineTuner:
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             self.study.tell(t.number, state=TrialState.FAIL)
             logger.warning("trial %d was left running (tuner restarted); marked failed", t.number)
+
+    def _restore(self) -> None:
+        """Rebuilds the history from the study's finished trials (a resumed study)."""
+        for t in self.study.get_trials(deepcopy=False):
+            if t.state == TrialState.RUNNING:
+                continue
+            self.trials_done += 1
+            key = config_key(t.params)
+            if t.state == TrialState.FAIL and "error" in t.user_attrs:
+                self.history.failed.add(key)
+            if t.state != TrialState.COMPLETE:
+                continue
+            attrs = t.user_attrs
+            if attrs.get("feasible", True):
+                self.history.by_config.setdefault(key, []).append(float(t.value))
+            if "steps_per_s" in attrs:
+                self.history.speed.setdefault(key, []).append(attrs["steps_per_s"])
+                if self.reference is None:
+                    self.reference = Measurement(**{f: attrs.get(f, 0.0) for f in MEASURED})
+        if self.trials_done:
+            logger.info(
+                "resumed study %r: %d trials, %d configs measured",
+                self.study.study_name,
+                self.trials_done,
+                len(self.history.by_config),
+            )
+            if not self.grid:
+                self.explore_until = max(self.explore_until, self.trials_done)
+            for key in list(self.history.speed):
+                self._update_saturation(json.loads(key))
+
+    def close(self, reason: str) -> None:
+        """Ends the trial being measured as failed with ``reason`` (the job ended or left);
+        its config is not marked bad."""
+        cur, self.current = self.current, None
+        if cur is not None and cur.trial is not None:
+            cur.trial.set_user_attr("interrupted", reason)
+            self.study.tell(cur.trial, state=TrialState.FAIL)
+            self.trials_done += 1
 
     # --- the loop -------------------------------------------------------------------------
 
@@ -200,7 +258,15 @@ class OnlineTuner:
             return
         if cur.phase == "warmup":
             if cur.ready_at is None:
-                if self.job.ready():
+                from runtime.config import ConfigError
+
+                try:
+                    ready = self.job.ready()
+                except ConfigError as exc:
+                    self.current = None
+                    self._failed(cur.trial, cur.values, exc)
+                    return
+                if ready:
                     cur.ready_at = now
                 return
             if now - cur.ready_at >= self.settings.warmup_s:
@@ -208,6 +274,7 @@ class OnlineTuner:
                 cur.phase, cur.since = "measure", now
         elif cur.phase == "measure" and now - cur.since >= self.settings.window_s:
             self._finish(self.job.end_window(), now)
+            self._next(now)  # no tick without a config on its way
 
     def _suggest(self, trial: optuna.trial.Trial) -> dict[str, Any]:
         values: dict[str, Any] = {}
@@ -224,7 +291,8 @@ class OnlineTuner:
             self._hold(now)
             return
         best = self.history.best()
-        if self.trials_done and self.trials_done % self.settings.repeat_every == 0 and best:
+        repeat = self.trials_done and self.trials_done % self.settings.repeat_every == 0
+        if repeat and best and not self.grid:
             self.study.enqueue_trial(json.loads(best[0]))  # re-measure the incumbent
         trial = self.study.ask()
         values = self._suggest(trial)
@@ -234,7 +302,8 @@ class OnlineTuner:
             self.trials_done += 1
             return
         envs = values.get("envs_per_actor")
-        if self._envs_cap is not None and envs is not None and envs > self._envs_cap:
+        capped = self._envs_cap is not None and not self.grid
+        if capped and envs is not None and envs > self._envs_cap:
             self.study.tell(trial, state=TrialState.PRUNED)
             logger.info("trial %d pruned: envs_per_actor=%d is past saturation (%d)",
                         trial.number, envs, self._envs_cap)  # fmt: skip
@@ -248,14 +317,18 @@ class OnlineTuner:
         try:
             self.job.apply(values)
         except ConfigError as exc:
-            self.history.failed.add(config_key(values))
-            if trial is not None:
-                trial.set_user_attr("error", str(exc))
-                self.study.tell(trial, state=TrialState.FAIL)
-                self.trials_done += 1
-            logger.warning("config %s refused: %s", values, exc)
+            self._failed(trial, values, exc)
             return
         self.current = _Current(trial, values, "warmup", now)
+
+    def _failed(self, trial: optuna.trial.Trial | None, values: dict[str, Any],
+                exc: Exception) -> None:  # fmt: skip
+        self.history.failed.add(config_key(values))
+        if trial is not None:
+            trial.set_user_attr("error", str(exc))
+            self.study.tell(trial, state=TrialState.FAIL)
+            self.trials_done += 1
+        logger.warning("config %s refused: %s", values, exc)
 
     def _hold(self, now: float) -> None:
         """Holds the best config; re-measures it every ``recheck_s``."""
@@ -313,11 +386,9 @@ class OnlineTuner:
         if cur.trial is not None:
             for name, c in constraints.items():
                 cur.trial.set_constraint(name, c)
-            cur.trial.set_user_attr("steps_per_s", m.steps_per_s)
-            cur.trial.set_user_attr("steps_per_joule", m.steps_per_joule)
-            cur.trial.set_user_attr("gpu_j", m.gpu_j)
-            cur.trial.set_user_attr("cpu_j", m.cpu_j)
-            cur.trial.set_user_attr("policy_lag", m.policy_lag)
+            for name in MEASURED:
+                cur.trial.set_user_attr(name, getattr(m, name))
+            cur.trial.set_user_attr("feasible", feasible)
             self.study.tell(cur.trial, value)
             self.trials_done += 1
         elif best_before and best_before[0] == key:

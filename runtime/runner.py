@@ -64,6 +64,8 @@ from runtime.telemetry import RunTelemetry
 logger = logging.getLogger(__name__)
 
 TICK_S = 0.1
+RUN_WINDOW = "run"
+"""The energy window open for the whole run (a tuner peeks at it for cumulative joules)."""
 ACTOR_EXIT_TIMEOUT_S = 60.0
 """How long the drain waits for actors to finish their rollout and exit."""
 SERVICE_DRAIN_TIMEOUT_S = 120.0
@@ -306,7 +308,7 @@ class Runner:
         from autotune.energy import EnergyMeter
         from runtime.results import build_result
 
-        meter = self.meter if self.meter is not None else EnergyMeter()
+        meter = self.meter = self.meter if self.meter is not None else EnergyMeter()
         ctx = zmq.Context()
         with tempfile.TemporaryDirectory(prefix="autotune-") as run_dir:
             self.run_dir = run_dir
@@ -319,7 +321,7 @@ class Runner:
             self.fleet.setup_sharing(
                 self.mps_live or any(pct is not None for _, pct in self.mps_changes)
             )
-            meter.begin_window("run")
+            meter.begin_window(RUN_WINDOW)
             started = self._started = time.monotonic()
             self.phases = PhaseLog(meter, started)
             self.phases.begin(0, [s.mps_pct for s in self.fleet.gmis], 0)
@@ -337,7 +339,7 @@ class Runner:
                 wall_s = time.monotonic() - started
                 self.phases.end(self.telemetry.trained_steps)
                 try:
-                    energy = meter.end_window("run")
+                    energy = meter.end_window(RUN_WINDOW)
                 except ValueError:
                     energy = None
                 forwarder.stop()

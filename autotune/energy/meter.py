@@ -144,12 +144,23 @@ class EnergyMeter:
         Raises:
             ValueError: If no window named ``key`` is open.
         """
+        return self._measure(key, close=True)
+
+    def peek_window(self, key: str) -> Measurement:
+        """What the window ``key`` has used so far; it stays open.
+
+        Raises:
+            ValueError: If no window named ``key`` is open.
+        """
+        return self._measure(key, close=False)
+
+    def _measure(self, key: str, close: bool) -> Measurement:
         with self._lock:
             if key not in self._open:
                 raise ValueError(
                     f"energy window {key!r} is not open; open windows: {list(self._open)}"
                 )
-            start = self._open.pop(key)
+            start = self._open.pop(key) if close else self._open[key]
             end = self._snapshot()
         elapsed_s = end.t_s - start.t_s
         if self.gpu.source != "none" and elapsed_s < MIN_GPU_WINDOW_S:

@@ -100,6 +100,22 @@ def test_nested_windows_with_different_keys(clock: FakeClock) -> None:
     assert outer.gpu_power_w == 70.0
 
 
+def test_peek_reads_an_open_window_and_leaves_it_open(clock: FakeClock) -> None:
+    gpu, cpu = FakeGPU({0: 0.0}), FakeCPU()
+    meter = EnergyMeter(gpu=gpu, cpu=cpu)
+    meter.begin_window("run")
+    clock.t_s += 4.0
+    gpu.energy_j[0] = 400.0
+    first = meter.peek_window("run")
+    clock.t_s += 6.0
+    gpu.energy_j[0] = 1000.0
+    assert (first.elapsed_s, first.gpu_total_j) == (4.0, 400.0)
+    assert meter.open_windows == ["run"]
+    assert meter.end_window("run").gpu_total_j == 1000.0
+    with pytest.raises(ValueError, match="'run' is not open"):
+        meter.peek_window("run")
+
+
 def test_duplicate_begin_raises_and_names_key() -> None:
     meter = EnergyMeter(gpu=FakeGPU({}), cpu=FakeCPU())
     meter.begin_window("trial-1")

@@ -113,8 +113,29 @@ def test_a_restarted_tuner_resumes_the_study_and_fails_orphaned_trials(tmp_path)
     trials = again.study.get_trials()
     assert not [t for t in trials if t.state == optuna.trial.TrialState.RUNNING]
     assert sum(t.state == optuna.trial.TrialState.COMPLETE for t in trials) == 5
-    _run(again, world2, 3)
-    assert len(again.study.get_trials()) == len(trials) + 3
+    # the history is rebuilt from the study: trial count, medians and the best so far
+    assert again.trials_done == 6
+    assert again.best() == tuner.best()
+    _run(again, world2, 9)
+    finished = [t for t in again.study.get_trials() if t.state != optuna.trial.TrialState.RUNNING]
+    assert len(finished) == len(trials) + 3
+
+
+def test_a_grid_tuner_measures_every_combination_once(tmp_path):
+    world = World(0)
+    space = build_space(Machine(cores=10, gpus=0),
+                        ["actors=2,6", "batch_size=1024,4096,16384", "envs_per_actor=8",
+                         "chunk_bytes=262144", "trainers=1", "trainer_threads=1",
+                         "rollout_len=32", "inference=actor"])  # fmt: skip
+    grid = {k.name: list(k.choices) for k in space.values() if k.online}
+    study = open_study(f"sqlite:///{tmp_path}/g.db", "g", seed=0, grid=grid)
+    tuner = OnlineTuner(study, space, world, TunerSettings(sampler="grid", warmup_s=1.0,
+                        window_s=1.0), {"actors": 2, "batch_size": 1024},
+                        clock=lambda: world.t)  # fmt: skip
+    assert tuner.explore_until == 6
+    _run(tuner, world, 6)
+    measured = {json.dumps(t.params, sort_keys=True) for t in study.get_trials()}
+    assert len(measured) == 6 and tuner.best()["values"] == BEST
 
 
 def test_bad_knobs_and_storage_are_refused_with_what_is_allowed(tmp_path):

@@ -1,0 +1,160 @@
+"""``autotune daemon start|stop|run`` and ``autotune status`` (see ``autotune.daemon``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+START_TIMEOUT_S = 20.0
+STOP_TIMEOUT_S = 20.0
+
+
+def add_daemon_commands(sub: Any) -> None:
+    control_help = ("control endpoint: ipc://PATH or tcp://127.0.0.1:PORT (default "
+                    "$AUTOTUNE_CONTROL, else ipc://<private state dir>/control.sock)")  # fmt: skip
+    daemon = sub.add_parser(
+        "daemon",
+        help="start or stop the background tuning daemon that 'train --tune' registers with",
+        description="The daemon tunes every 'autotune train --tune' job that registers with it, "
+        "keeps their trials in each job's Optuna storage, and resumes those studies when it is "
+        "started again. Jobs keep training with their current config while no daemon runs.",
+    )
+    daemon.add_argument("action", choices=["start", "stop", "run"],
+                        help="start (background), stop (cleanly) or run (foreground)")  # fmt: skip
+    daemon.add_argument("--control", default=None, help=control_help)
+    daemon.add_argument("--log", type=Path, default=None,
+                        help="log file (default <state dir>/daemon.log)")  # fmt: skip
+    daemon.set_defaults(func=cmd_daemon)
+
+    status = sub.add_parser(
+        "status",
+        help="show what the daemon is tuning: config, steps/s, steps/J, best, trial history",
+        description="Asks the daemon for every registered job's current config, live steps/s "
+        "and steps/J (GPU and CPU parts), the best config so far and its trial history. With "
+        "no daemon, or with --study for a study no job is tuning, reads the study from "
+        "--storage instead.",
+    )
+    status.add_argument("--control", default=None, help=control_help)
+    status.add_argument("--study", default=None, help="show only this study")
+    status.add_argument("--storage", default="sqlite:///autotune.db",
+                        help="where to read --study when no daemon tunes it "
+                        "(default sqlite:///autotune.db)")  # fmt: skip
+    status.add_argument("--history", type=int, default=20, help="trials to list (default 20)")
+    status.add_argument("--json", type=Path, default=None, metavar="PATH",
+                        help="write the status document to PATH")  # fmt: skip
+    status.set_defaults(func=cmd_status)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def cmd_daemon(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from autotune import control
+
+    console = Console(stderr=True)
+    try:
+        endpoint = control.resolve_endpoint(args.control)
+    except control.ControlError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        return 2
+    if args.action == "run":
+        from autotune.daemon import main
+
+        return main(["--control", endpoint])
+    pong = control.request(endpoint, "PING", timeout_s=1.0)
+    if args.action == "stop":
+        if pong is None:
+            console.print(f"no daemon running on {endpoint}")
+            return 0
+        answer = control.request(endpoint, "STOP")
+        pid = int((answer or pong)["pid"])
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if _alive(pid):
+            console.print(f"[red]error:[/red] daemon {pid} did not stop within "
+                          f"{STOP_TIMEOUT_S:.0f} s; kill it with: kill {pid}")  # fmt: skip
+            return 1
+        console.print(f"daemon {pid} stopped (jobs keep training with their current config)")
+        return 0
+    if pong is not None:
+        console.print(f"a daemon already runs on {endpoint} (pid {pong['pid']})")
+        return 0
+    log = args.log or control.state_dir() / "daemon.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "autotune.daemon", "--control", endpoint],
+                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True, cwd="/")  # fmt: skip
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = log.read_text(errors="replace").splitlines()[-5:]
+            console.print(f"[red]error:[/red] the daemon exited ({proc.returncode}):\n"
+                          + "\n".join(tail))  # fmt: skip
+            return 1
+        pong = control.request(endpoint, "PING", timeout_s=0.5)
+        if pong is not None and pong["pid"] == proc.pid:
+            console.print(f"daemon started (pid {proc.pid}) on {endpoint}; log {log}")
+            return 0
+        time.sleep(0.1)
+    console.print(f"[red]error:[/red] the daemon (pid {proc.pid}) did not answer within "
+                  f"{START_TIMEOUT_S:.0f} s; see {log}")  # fmt: skip
+    return 1
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from autotune import control
+    from autotune.status import render, stored_status
+
+    console = Console()
+    try:
+        endpoint = control.resolve_endpoint(args.control)
+    except control.ControlError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        return 2
+    answer = control.request(endpoint, "STATUS")
+    doc: dict[str, Any] = {"daemon": None, "jobs": []}
+    if answer is None:
+        console.print(f"no daemon running on {endpoint}")
+    else:
+        doc["daemon"] = {k: v for k, v in answer["status"].items() if k != "jobs"}
+        jobs = answer["status"]["jobs"]
+        doc["jobs"] = [j for j in jobs if args.study in (None, j["study"])]
+        console.print(f"daemon {doc['daemon']['pid']} on {endpoint}, up "
+                      f"{doc['daemon']['uptime_s']:.0f} s, {len(jobs)} job(s)")  # fmt: skip
+    if args.study is not None and not doc["jobs"]:
+        from autotune.online import sqlite_absolute
+        from autotune.tuner import StudyError
+
+        try:
+            doc["jobs"] = [stored_status(sqlite_absolute(args.storage), args.study)]
+        except StudyError as exc:
+            console.print(f"[red]error:[/red] {exc}")
+            return 1
+        console.print("(read from storage: no job is tuning it now)")
+    elif answer is None:
+        console.print("give --study NAME [--storage URL] to read a stored study")
+    for job in doc["jobs"]:
+        render(console, job, args.history)
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(doc, indent=2) + "\n")
+    return 0

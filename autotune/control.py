@@ -1,0 +1,157 @@
+"""The daemon's control socket: where it lives and the messages that cross it.
+
+Where: ``ipc://<state dir>/control.sock``. The state dir is private to the user (created 0700,
+refused if another user owns it or others can write to it): ``$AUTOTUNE_HOME``, else
+``$XDG_RUNTIME_DIR/autotune``, else ``/tmp/autotune-<uid>``. ``--control`` (or
+``$AUTOTUNE_CONTROL``) picks another ``ipc://`` path or a loopback ``tcp://127.0.0.1:PORT``;
+any other address is refused, since whoever reaches the socket can reconfigure jobs.
+
+Messages: one frame, a msgpack map ``{"v": PROTOCOL_VERSION, "type": TYPE, ...}`` (a ROUTER
+adds the peer's identity frame in front). Nothing off the socket is unpickled.
+
+    job    -> daemon  HELLO    register: job id, pid, env, study, storage, settings, knobs, base
+                      REPORT   every REPORT_INTERVAL_S: counters, settled, config, applied seq
+                      BYE      the job is ending
+    daemon -> job     WELCOME  registered          ERROR  refused, with the reason
+                      APPLY    seq + knob values   WHO    unknown job: send HELLO again
+                      FAREWELL the tuning section for the job's result
+    client -> daemon  PING, STATUS, STOP;  daemon -> client  PONG, STATUS, STOPPING
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import stat
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import msgpack
+import zmq
+
+PROTOCOL_VERSION = 1
+REPORT_INTERVAL_S = 0.5
+"""How often a registered job reports its counters."""
+JOB_SILENT_S = 10.0
+"""A job that has not reported for this long is dropped by the daemon (its trial failed)."""
+REQUEST_TIMEOUT_S = 3.0
+"""How long a client or a registering job waits for the daemon's answer."""
+APPLY_RESEND_S = 2.0
+"""An APPLY the job has not acknowledged is sent again after this long."""
+
+JOB_TYPES = ("HELLO", "REPORT", "BYE")
+CLIENT_TYPES = ("PING", "STATUS", "STOP")
+
+
+class ControlError(ValueError):
+    """A control endpoint that is not allowed, or a state dir that is not private."""
+
+
+def state_dir() -> Path:
+    """The private directory for the daemon's socket, pid and log (created 0700 if missing).
+
+    Raises:
+        ControlError: if it exists but another user owns it or others can write to it.
+    """
+    if os.environ.get("AUTOTUNE_HOME"):
+        path = Path(os.environ["AUTOTUNE_HOME"])
+    elif os.environ.get("XDG_RUNTIME_DIR"):
+        path = Path(os.environ["XDG_RUNTIME_DIR"]) / "autotune"
+    else:
+        path = Path(f"/tmp/autotune-{os.getuid()}")
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = path.stat()
+    if info.st_uid != os.getuid() or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise ControlError(f"state dir {path} is not private (owner uid {info.st_uid}, mode "
+                           f"{stat.filemode(info.st_mode)}); it must be yours and writable by "
+                           "you only (set AUTOTUNE_HOME to another directory)")  # fmt: skip
+    return path
+
+
+def resolve_endpoint(endpoint: str | None = None) -> str:
+    """The control endpoint: ``endpoint``, else ``$AUTOTUNE_CONTROL``, else the state dir's.
+
+    Raises:
+        ControlError: for anything but ``ipc://PATH`` or ``tcp://`` on a loopback address.
+    """
+    endpoint = endpoint or os.environ.get("AUTOTUNE_CONTROL") or None
+    if endpoint is None:
+        return f"ipc://{state_dir() / 'control.sock'}"
+    if endpoint.startswith("ipc://") and len(endpoint) > len("ipc://"):
+        return endpoint
+    url = urlparse(endpoint)
+    if url.scheme == "tcp" and url.hostname and url.port:
+        try:
+            loopback = url.hostname == "localhost" or ipaddress.ip_address(url.hostname).is_loopback
+        except ValueError:
+            loopback = False
+        if loopback:
+            host = "127.0.0.1" if url.hostname == "localhost" else url.hostname
+            return f"tcp://{host}:{url.port}"
+    raise ControlError(f"control endpoint {endpoint!r} is not allowed: use ipc://PATH or "
+                       "tcp://127.0.0.1:PORT (loopback only: it reconfigures jobs)")  # fmt: skip
+
+
+def ipc_path(endpoint: str) -> Path | None:
+    """The socket file of an ``ipc://`` endpoint, else None."""
+    return Path(endpoint[len("ipc://") :]) if endpoint.startswith("ipc://") else None
+
+
+def encode(kind: str, **body: Any) -> bytes:
+    return msgpack.packb({"v": PROTOCOL_VERSION, "type": kind, **body}, use_bin_type=True)
+
+
+def decode(frame: bytes) -> dict[str, Any]:
+    """The message in ``frame``.
+
+    Raises:
+        ValueError: for bytes that are not a map of this protocol version with a type.
+    """
+    try:
+        msg = msgpack.unpackb(frame, raw=False, strict_map_key=False)
+    except Exception as exc:  # msgpack raises several kinds for bad bytes
+        raise ValueError(f"undecodable control message: {type(exc).__name__}: {exc}") from None
+    if not isinstance(msg, dict) or not isinstance(msg.get("type"), str):
+        raise ValueError("control message is not a map with a 'type'")
+    if msg.get("v") != PROTOCOL_VERSION:
+        raise ValueError(f"control protocol version {msg.get('v')!r}; this side speaks "
+                         f"{PROTOCOL_VERSION}")  # fmt: skip
+    return msg
+
+
+def dealer(ctx: zmq.Context, endpoint: str) -> zmq.Socket:
+    """A DEALER connected to the daemon that never queues for an absent peer (sends fail with
+    ``zmq.Again`` instead of piling up while no daemon runs) and never lingers on close."""
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.IMMEDIATE, 1)
+    sock.connect(endpoint)
+    return sock
+
+
+def daemon_present(endpoint: str) -> bool:
+    """Cheap check before waiting for an answer: an ipc socket file exists (a TCP endpoint
+    may always be present)."""
+    path = ipc_path(endpoint)
+    return path is None or path.exists()
+
+
+def request(endpoint: str, kind: str, timeout_s: float = REQUEST_TIMEOUT_S,
+            **body: Any) -> dict[str, Any] | None:  # fmt: skip
+    """Sends one client message and returns the daemon's answer, or None if no daemon
+    answered within ``timeout_s``."""
+    if not daemon_present(endpoint):
+        return None
+    ctx = zmq.Context.instance()
+    sock = dealer(ctx, endpoint)
+    try:
+        deadline_ms = int(timeout_s * 1000)
+        if not sock.poll(deadline_ms, zmq.POLLOUT):
+            return None
+        sock.send(encode(kind, **body))
+        if not sock.poll(deadline_ms):
+            return None
+        return decode(sock.recv())
+    finally:
+        sock.close(linger=0)

@@ -1,0 +1,93 @@
+"""What a tuner measures a running job by: cumulative counters read now and then, and the
+``Measurement`` of a window as the difference of two readings.
+
+A job in this process (``autotune.online.RunnerJob``) reads them at the window's edges; a job
+registered with the daemon (``autotune.daemon``) sends a reading with every report, and the
+daemon measures between the reports at the window's edges. Either way, steps, joules and time
+of one reading come from the same instant, so a window's figures are consistent.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One window: trained steps/s, steps per joule (GPU + CPU), joules, mean policy lag."""
+
+    steps_per_s: float
+    steps_per_joule: float | None
+    gpu_j: float
+    cpu_j: float
+    policy_lag: float
+    window_s: float
+
+
+@dataclass(frozen=True)
+class Counters:
+    """Totals since the job started.
+
+    Attributes:
+        t_s: The job's monotonic clock, seconds.
+        trained_steps: Env steps trained.
+        lag_steps: Sum over trained steps of their policy lag (versions), so a window's mean
+            lag is its difference over its steps.
+        gpu_j: GPU joules (NVML; 0 without a GPU).
+        cpu_j: CPU joules (``cpu_source`` says measured or modelled).
+        cpu_source: ``rapl`` or ``model``.
+    """
+
+    t_s: float
+    trained_steps: int
+    lag_steps: float
+    gpu_j: float
+    cpu_j: float
+    cpu_source: str = "model"
+
+    def to_wire(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_wire(cls, doc: dict[str, Any]) -> Counters:
+        """Raises ``ValueError`` for a malformed reading."""
+        try:
+            return cls(
+                float(doc["t_s"]),
+                int(doc["trained_steps"]),
+                float(doc["lag_steps"]),
+                float(doc["gpu_j"]),
+                float(doc["cpu_j"]),
+                str(doc["cpu_source"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:  # fmt: skip
+            raise ValueError(f"malformed counters {doc!r}: {exc}") from None
+
+
+def read_counters(runner: Any) -> Counters:
+    """Reads a running ``runtime.runner.Runner``: its telemetry and the energy window it keeps
+    open for the whole run."""
+    from runtime.runner import RUN_WINDOW
+
+    tel = runner.telemetry
+    steps = tel.trained_steps
+    mean_lag, _ = tel.policy_lag()
+    energy = runner.meter.peek_window(RUN_WINDOW)
+    return Counters(time.monotonic(), steps, mean_lag * steps, energy.gpu_total_j,
+                    energy.cpu_energy_j, energy.cpu_source)  # fmt: skip
+
+
+def measure(a: Counters, b: Counters) -> Measurement:
+    """The window from reading ``a`` to reading ``b``."""
+    span = b.t_s - a.t_s
+    trained = b.trained_steps - a.trained_steps
+    gpu_j, cpu_j = b.gpu_j - a.gpu_j, b.cpu_j - a.cpu_j
+    total_j = gpu_j + cpu_j
+    return Measurement(
+        steps_per_s=trained / span if span > 0 else 0.0,
+        steps_per_joule=trained / total_j if total_j > 0 else None,
+        gpu_j=gpu_j, cpu_j=cpu_j,
+        policy_lag=(b.lag_steps - a.lag_steps) / trained if trained else 0.0, window_s=span,
+    )  # fmt: skip

@@ -1,0 +1,334 @@
+"""The tuning daemon: one process that tunes every training job registered with it.
+
+``autotune daemon start`` runs it in the background; ``autotune train --tune`` registers with
+it (``autotune.job_link``) and otherwise tunes in-process. For each job the daemon holds an
+``OnlineTuner`` whose ``Job`` is ``RemoteJob``: configs go out as APPLY messages, and windows
+are measured between the counters the job reports (``autotune.counters``). Trials live in the
+job's Optuna storage, so a daemon killed outright and started again resumes every study: trials
+left RUNNING are failed, the others rebuild the tuner's history (``OnlineTuner._restore``).
+
+The loop never blocks on a job: it polls the control socket (``autotune.control``), ticks each
+tuner, and drops jobs silent for ``JOB_SILENT_S`` (a job that comes back is asked to register
+again). SIGTERM, SIGINT and a STOP message end it cleanly: trials being measured are failed as
+"daemon stopped" and the jobs go on training with the config they have.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import logging
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+
+from autotune import control
+from autotune.counters import Counters, Measurement, measure
+from autotune.knobs import Knob
+
+logger = logging.getLogger(__name__)
+
+TICK_S = 0.1
+LIVE_SPAN_S = 10.0
+"""The span of reports the live steps/s and watts in ``status`` are computed over."""
+
+
+class RemoteJob:
+    """A job in another process as the tuner's ``Job``: applies are sequenced messages,
+    readiness and windows come from the job's reports."""
+
+    def __init__(self, send: Any) -> None:
+        self._send = send
+        self.seq = 0
+        self.values: dict[str, Any] | None = None
+        self.sent_at = 0.0
+        self.applied = 0
+        self.refused: str | None = None
+        self.settled = False
+        self.latest: Counters | None = None
+        self._start: Counters | None = None
+
+    def apply(self, values: dict[str, Any]) -> None:
+        self.seq += 1
+        self.values = dict(values)
+        self.resend()
+
+    def resend(self) -> None:
+        self.sent_at = time.monotonic()
+        self._send("APPLY", seq=self.seq, values=self.values)
+
+    def ready(self) -> bool:
+        from runtime.config import ConfigError
+
+        if self.applied < self.seq:
+            return False
+        if self.refused is not None:
+            raise ConfigError([self.refused])
+        return self.settled
+
+    def begin_window(self) -> None:
+        self._start = self.latest
+
+    def end_window(self) -> Measurement:
+        return measure(self._start, self.latest)
+
+    def on_report(self, msg: dict[str, Any]) -> None:
+        """Takes a REPORT (raises ``ValueError`` for a malformed one)."""
+        self.latest = Counters.from_wire(msg["counters"])
+        applied = int(msg.get("applied", 0))
+        if applied == self.seq:
+            self.applied, self.refused = applied, msg.get("refused")
+            self.settled = bool(msg.get("settled"))
+        elif applied < self.seq and time.monotonic() - self.sent_at >= control.APPLY_RESEND_S:
+            self.resend()
+
+
+@dataclass
+class Session:
+    """One registered job."""
+
+    job_id: str
+    identity: bytes
+    hello: dict[str, Any]
+    tuner: Any
+    space: dict[str, Knob]
+    remote: RemoteJob
+    last_seen: float
+    config: dict[str, Any] = field(default_factory=dict)
+    recent: collections.deque = field(default_factory=lambda: collections.deque(maxlen=64))
+
+
+def knobs_to_wire(space: dict[str, Knob]) -> dict[str, Any]:
+    return {k.name: {"choices": list(k.choices), "apply": k.apply, "unavailable": k.unavailable}
+            for k in space.values()}  # fmt: skip
+
+
+def knobs_from_wire(doc: dict[str, Any]) -> dict[str, Knob]:
+    """Raises ``ValueError`` for a malformed knob space."""
+    try:
+        return {name: Knob(name, tuple(k["choices"]), str(k["apply"]), k.get("unavailable"))
+                for name, k in doc.items()}  # fmt: skip
+    except (AttributeError, KeyError, TypeError) as exc:
+        raise ValueError(f"malformed knob space: {exc}") from None
+
+
+class Daemon:
+    """The service (see the module docstring).
+
+    Args:
+        endpoint: The control endpoint to bind (``autotune.control.resolve_endpoint``).
+    """
+
+    def __init__(self, endpoint: str) -> None:
+        self.endpoint = endpoint
+        self.sessions: dict[str, Session] = {}
+        self.stopping = False
+        self.started = time.time()
+        self.ctx = zmq.Context()
+        self.sock: zmq.Socket | None = None
+
+    def bind(self) -> None:
+        """Binds the control socket.
+
+        Raises:
+            control.ControlError: if another daemon answers on the endpoint.
+        """
+        other = control.request(self.endpoint, "PING", timeout_s=1.0)
+        if other is not None:
+            raise control.ControlError(f"a daemon already runs on {self.endpoint} "
+                                       f"(pid {other.get('pid')})")  # fmt: skip
+        path = control.ipc_path(self.endpoint)
+        if path is not None and path.exists():
+            path.unlink()  # left by a daemon that was killed
+        sock = self.ctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        sock.bind(self.endpoint)
+        if path is not None:
+            path.chmod(0o600)
+        self.sock = sock
+
+    def serve(self) -> None:
+        """Runs until STOP, SIGTERM or SIGINT."""
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._on_signal)
+        logger.info("daemon %d serving on %s", os.getpid(), self.endpoint)
+        try:
+            while not self.stopping:
+                if self.sock.poll(int(TICK_S * 1000)):
+                    while self.sock.poll(0):
+                        self._receive()
+                self._tick()
+        finally:
+            for session in list(self.sessions.values()):
+                self._drop(session, "daemon stopped")
+            self.ctx.destroy(linger=0)
+            path = control.ipc_path(self.endpoint)
+            if path is not None and path.exists():
+                path.unlink()
+            logger.info("daemon %d stopped", os.getpid())
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        self.stopping = True
+
+    # --- messages ---------------------------------------------------------------------------
+
+    def _send(self, identity: bytes, kind: str, **body: Any) -> None:
+        try:
+            self.sock.send_multipart([identity, control.encode(kind, **body)], zmq.NOBLOCK)
+        except zmq.ZMQError as exc:  # the peer left (ROUTER_MANDATORY) or is not reading
+            logger.debug("cannot send %s: %s", kind, exc)
+
+    def _receive(self) -> None:
+        frames = self.sock.recv_multipart()
+        identity = frames[0]
+        try:
+            msg = control.decode(frames[-1])
+        except ValueError as exc:
+            logger.warning("dropped a control message: %s", exc)
+            self._send(identity, "ERROR", message=str(exc))
+            return
+        kind = msg["type"]
+        if kind == "PING":
+            self._send(identity, "PONG", pid=os.getpid(), endpoint=self.endpoint,
+                       jobs=len(self.sessions))  # fmt: skip
+        elif kind == "STATUS":
+            self._send(identity, "STATUS", status=self.status())
+        elif kind == "STOP":
+            self._send(identity, "STOPPING", pid=os.getpid())
+            self.stopping = True
+        elif kind == "HELLO":
+            self._hello(identity, msg)
+        elif kind in ("REPORT", "BYE"):
+            session = self.sessions.get(str(msg.get("job")))
+            if session is None:
+                self._send(identity, "WHO")
+            elif kind == "BYE":
+                doc = self._tuning_doc(session)
+                self._drop(session, "job ended")
+                self._send(identity, "FAREWELL", tuning=doc)
+            else:
+                self._report(session, identity, msg)
+        else:
+            self._send(identity, "ERROR", message=f"unknown message type {kind!r}; allowed: "
+                       f"{control.JOB_TYPES + control.CLIENT_TYPES}")  # fmt: skip
+
+    def _hello(self, identity: bytes, msg: dict[str, Any]) -> None:
+        from autotune.tuner import OnlineTuner, TunerSettings, open_study
+
+        job_id = str(msg.get("job"))
+        old = self.sessions.get(job_id)
+        if old is not None:
+            self._drop(old, "job registered again")
+        for other in self.sessions.values():
+            if (other.hello["storage"], other.hello["study"]) == (msg.get("storage"),
+                                                                  msg.get("study")):  # fmt: skip
+                self._send(identity, "ERROR", message=f"study {msg.get('study')!r} is being "
+                           f"tuned for job {other.job_id} (pid {other.hello.get('pid')}); "
+                           "give this job another --study")  # fmt: skip
+                return
+        remote = RemoteJob(lambda kind, **body: self._send(identity, kind, **body))
+        try:
+            space = knobs_from_wire(msg["knobs"])
+            settings = TunerSettings(**msg["settings"])
+            grid = ({k.name: list(k.choices) for k in space.values() if k.online}
+                    if settings.sampler == "grid" else None)  # fmt: skip
+            study = open_study(msg["storage"], msg["study"], seed=msg.get("seed"), grid=grid)
+            tuner = OnlineTuner(study, space, remote, settings, msg["base"])
+        except (KeyError, TypeError, ValueError) as exc:  # StudyError, bad settings or knobs
+            self._send(identity, "ERROR", message=f"cannot tune job {job_id}: {exc}")
+            return
+        self.sessions[job_id] = Session(job_id, identity, msg, tuner, space, remote,
+                                        time.monotonic(), config=dict(msg["base"]))  # fmt: skip
+        logger.info("job %s (pid %s, %s) registered: study %r, %d trials so far", job_id,
+                    msg.get("pid"), msg.get("env"), msg["study"], tuner.trials_done)  # fmt: skip
+        self._send(identity, "WELCOME", job=job_id, trials=tuner.trials_done)
+
+    def _report(self, session: Session, identity: bytes, msg: dict[str, Any]) -> None:
+        session.identity = identity
+        session.last_seen = time.monotonic()
+        try:
+            session.remote.on_report(msg)
+        except (KeyError, ValueError) as exc:
+            logger.warning("job %s sent a bad report: %s", session.job_id, exc)
+            return
+        session.config = dict(msg.get("config") or session.config)
+        session.recent.append(session.remote.latest)
+
+    # --- tuning -----------------------------------------------------------------------------
+
+    def _tick(self) -> None:
+        now = time.monotonic()
+        for session in list(self.sessions.values()):
+            if now - session.last_seen > control.JOB_SILENT_S:
+                logger.warning("job %s silent for %.0f s; dropped", session.job_id,
+                               now - session.last_seen)  # fmt: skip
+                self._drop(session, "job went silent")
+            elif session.remote.latest is not None:
+                try:
+                    session.tuner.tick()
+                except Exception:  # a storage failure must not take down the other jobs
+                    logger.exception("tuning job %s failed; dropped", session.job_id)
+                    self._drop(session, "tuner error")
+
+    def _drop(self, session: Session, reason: str) -> None:
+        self.sessions.pop(session.job_id, None)
+        try:
+            session.tuner.close(reason)
+        except Exception:  # the storage may be the reason; the trial is failed on resume
+            logger.exception("could not close the trial of job %s", session.job_id)
+
+    # --- reading ----------------------------------------------------------------------------
+
+    def _tuning_doc(self, session: Session) -> dict[str, Any]:
+        from autotune.online import tuning_doc
+
+        return tuning_doc(session.tuner, session.space)
+
+    def status(self) -> dict[str, Any]:
+        """What ``autotune status`` shows: the daemon and, per job, the current config, live
+        rates, the best so far and the trial history."""
+        from autotune.status import live_rates, study_summary
+
+        jobs = []
+        for s in self.sessions.values():
+            cur = s.tuner.current
+            jobs.append({
+                "job": s.job_id, "pid": s.hello.get("pid"), "env": s.hello.get("env"),
+                "storage": s.hello["storage"], "study": s.hello["study"],
+                "objective": s.tuner.settings.objective,
+                "phase": cur.phase if cur else ("hold" if s.tuner.holding else "idle"),
+                "trial": cur.trial.number if cur and cur.trial is not None else None,
+                "config": s.config, "live": live_rates(list(s.recent), LIVE_SPAN_S),
+                "knobs": knobs_to_wire(s.space), "tuned": [k.name for k in s.tuner.knobs],
+                **study_summary(s.tuner.study, s.tuner.best()),
+            })  # fmt: skip
+        return {"pid": os.getpid(), "endpoint": self.endpoint,
+                "uptime_s": time.time() - self.started, "jobs": jobs}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m autotune.daemon``: the daemon in the foreground (``autotune daemon start``
+    runs this in the background)."""
+    parser = argparse.ArgumentParser(prog="autotune-daemon", description=__doc__.split("\n")[0])
+    parser.add_argument("--control", default=None, help="control endpoint (see autotune.control)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")  # fmt: skip
+    try:
+        daemon = Daemon(control.resolve_endpoint(args.control))
+        daemon.bind()
+    except (control.ControlError, zmq.ZMQError) as exc:
+        logger.error("cannot start: %s", exc)
+        return 2
+    daemon.serve()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,170 @@
+"""The tuning daemon: control-socket rules, a real job registered with a real daemon, and a
+daemon killed with SIGKILL and started again that resumes the same study with no trial lost."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import msgpack
+import optuna
+import pytest
+
+from autotune import control
+from autotune.counters import Counters
+from autotune.status import live_rates
+
+CLI = [sys.executable, "-m", "autotune.cli"]
+
+
+def test_control_endpoints_are_private_or_loopback(tmp_path, monkeypatch):
+    monkeypatch.delenv("AUTOTUNE_CONTROL", raising=False)
+    monkeypatch.setenv("AUTOTUNE_HOME", str(tmp_path / "home"))
+    assert control.resolve_endpoint() == f"ipc://{tmp_path}/home/control.sock"
+    assert (tmp_path / "home").stat().st_mode & 0o777 == 0o700
+    assert control.resolve_endpoint("tcp://localhost:5999") == "tcp://127.0.0.1:5999"
+    assert control.resolve_endpoint("tcp://[::1]:5999") == "tcp://::1:5999"
+    for bad in ("tcp://0.0.0.0:5999", "tcp://10.1.2.3:5999", "tcp://127.0.0.1", "http://x",
+                "ipc://"):  # fmt: skip
+        with pytest.raises(control.ControlError, match="not allowed: use ipc://PATH or tcp://127"):
+            control.resolve_endpoint(bad)
+    (tmp_path / "shared").mkdir(mode=0o777)
+    (tmp_path / "shared").chmod(0o777)
+    monkeypatch.setenv("AUTOTUNE_HOME", str(tmp_path / "shared"))
+    with pytest.raises(control.ControlError, match="is not private"):
+        control.resolve_endpoint()
+
+
+def test_control_messages_are_versioned_maps():
+    assert control.decode(control.encode("PING"))["type"] == "PING"
+    with pytest.raises(ValueError, match="undecodable"):
+        control.decode(b"\xc1")
+    with pytest.raises(ValueError, match="not a map with a 'type'"):
+        control.decode(msgpack.packb([1, 2]))
+    with pytest.raises(ValueError, match="protocol version 99"):
+        control.decode(msgpack.packb({"v": 99, "type": "PING"}))
+    with pytest.raises(ValueError, match="malformed counters"):
+        Counters.from_wire({"t_s": 1.0})
+
+
+def test_live_rates_split_gpu_and_cpu_watts():
+    readings = [Counters(0.0, 0, 0.0, 0.0, 0.0, "rapl"), Counters(5.0, 5000, 0.0, 1000.0, 250.0,
+                "rapl")]  # fmt: skip
+    rates = live_rates(readings, 10.0)
+    assert rates["steps_per_s"] == 1000.0 and rates["gpu_w"] == 200.0 and rates["cpu_w"] == 50.0
+    assert rates["steps_per_joule"] == 4.0 and rates["cpu_source"] == "rapl"
+    assert live_rates(readings[:1], 10.0) is None
+
+
+def _env(tmp_path):
+    home = tmp_path / "h"
+    return {**os.environ, "AUTOTUNE_HOME": str(home), "AUTOTUNE_CONTROL": "", "COLUMNS": "250"}
+
+
+def _cli(env, *args, timeout=60):
+    return subprocess.run([*CLI, *args], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def _daemon_pid(env):
+    out = _cli(env, "daemon", "start")
+    assert out.returncode == 0, out.stderr
+    return int(out.stderr.split("(pid ")[1].split(")")[0])
+
+
+def _trials(db, study):
+    s = optuna.load_study(study_name=study, storage=f"sqlite:///{db}")
+    return {t.number: (t.state.name, t.params, t.value) for t in s.get_trials()}
+
+
+def _wait(predicate, timeout_s, what):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _complete(db, study):
+    try:
+        return sum(s == "COMPLETE" for s, _, _ in _trials(db, study).values())
+    except KeyError:  # the study is not created yet
+        return 0
+
+
+def test_sigkilled_daemon_restarts_and_resumes_the_study_with_no_trial_lost(tmp_path):
+    env = _env(tmp_path)
+    db, study = tmp_path / "s.db", "killed"
+    pid = _daemon_pid(env)
+    job = subprocess.Popen(
+        [*CLI, "train", "--tune", "--quiet", "--actors", "2", "--storage", f"sqlite:///{db}",
+         "--study", study, "--tune-window-s", "1", "--tune-warmup-s", "0.5",
+         "--knob", "actors=1..3", "--knob", "envs_per_actor=4,8", "--knob", "trainers=1",
+         "--knob", "trainer_threads=1", "--knob", "batch_size=512,1024,2048",
+         "--max-wall-s", "120", "--steps", "10000000", "--json", str(tmp_path / "r.json")],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        _wait(lambda: _complete(db, study) >= 3, 50, "3 trials under the first daemon")
+        # status from the running daemon: the job, its live rates and its trials
+        out = _cli(env, "status", "--json", str(tmp_path / "st.json"))
+        assert out.returncode == 0, out.stdout
+        st = json.loads((tmp_path / "st.json").read_text())
+        assert [j["study"] for j in st["jobs"]] == [study]
+        assert st["jobs"][0]["live"]["steps_per_s"] > 0
+        assert "mps_pct" in out.stdout and "not on this machine" in out.stdout
+        os.kill(pid, signal.SIGKILL)
+        before = _trials(db, study)
+        time.sleep(2)
+        assert job.poll() is None, "the job must keep training without its daemon"
+        pid = _daemon_pid(env)
+        done = sum(s == "COMPLETE" for s, _, _ in before.values())
+        _wait(lambda: _complete(db, study) >= done + 2, 40, "2 trials under the new daemon")
+        after = _trials(db, study)
+    finally:
+        job.send_signal(signal.SIGINT)  # a clean drain, then the result with the tuning section
+        out, _ = job.communicate(timeout=120)
+        _cli(env, "daemon", "stop")
+    assert job.returncode == 0, out
+    # every trial told before the kill is there unchanged; the one being measured is failed
+    for number, (state, params, value) in before.items():
+        if state == "RUNNING":
+            assert after[number][0] == "FAIL"
+        else:
+            assert after[number] == (state, params, value)
+    assert sorted(after) == list(range(len(after)))  # one study, numbers never reused
+    result = json.loads((tmp_path / "r.json").read_text())
+    assert result["tuning"]["registrations"] == 2
+    assert result["tuning"]["study"] == study
+    assert result["lost_steps"] == 0
+
+
+def test_the_daemon_refuses_a_storage_it_cannot_open_and_the_job_does_not_start(tmp_path):
+    env = _env(tmp_path)
+    _daemon_pid(env)
+    try:
+        out = _cli(env, "train", "--tune", "--quiet", "--storage", "nosuch://x")
+        st = _cli(env, "status")
+    finally:
+        stop = _cli(env, "daemon", "stop")
+    assert out.returncode == 2
+    assert "the daemon refused this job: cannot tune job" in out.stderr
+    assert "cannot open study 'online-CartPole-v1' in storage 'nosuch://x'" in out.stderr
+    assert "0 job(s)" in st.stdout
+    assert stop.returncode == 0 and "stopped" in stop.stderr
+    assert "no daemon running" in _cli(env, "status").stdout
+
+
+def test_a_second_daemon_on_the_same_socket_is_refused(tmp_path):
+    env = _env(tmp_path)
+    pid = _daemon_pid(env)
+    try:
+        again = _cli(env, "daemon", "run")
+        assert again.returncode == 2 and "already runs on ipc://" in again.stderr
+        assert f"(pid {pid})" in again.stderr
+    finally:
+        _cli(env, "daemon", "stop")
