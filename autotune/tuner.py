@@ -189,8 +189,9 @@ class OnlineTuner:
         self.explore_until = settings.trials
         self.holding = False
         self.log: list[dict[str, Any]] = []
-        """One entry per measured window: seconds since the tuner started, values, the
-        measurement, the objective and whether it was a trial or a re-check of the best."""
+        """One entry per measured window: seconds since the tuner started (``t``), unix time
+        (``at``), values, the measurement, the objective and whether it was a trial or a
+        re-check of the best."""
         self.t0 = clock()
         self.current: _Current | None = None
         self._envs_cap: int | None = None
@@ -398,7 +399,8 @@ class OnlineTuner:
                                value, median)  # fmt: skip
                 self.holding = False
                 self.explore_until = self.trials_done + self.settings.repeat_every
-        self.log.append({"t": now - self.t0, "values": cur.values, "objective": value,
+        self.log.append({"t": now - self.t0, "at": time.time(), "values": cur.values,
+                         "objective": value,
                          "feasible": feasible, "state": state, **m.__dict__})  # fmt: skip
 
     def _update_saturation(self, values: dict[str, Any]) -> None:

@@ -50,8 +50,9 @@ def build_result(runner: Runner, wall_s: float, energy: Any) -> dict[str, Any]:
     sm_count, trained_steps, ...), gmi_sharing (mps|shared|exclusive|cpu), gmi_sync,
     weights_identical (the current GMIs ended with bit-identical weights), phases (one per
     GMI generation, with its own steps/s, GPU W, CPU W and steps per joule), inference
-    (``inference_doc``), plus episodes,
-    actor_restarts and malformed message counts.
+    (``inference_doc``), timeline (every ``TIMELINE_S`` while serving: seconds since the
+    start, cumulative trained steps, GPU J and CPU J; ``started_unix`` dates it), plus
+    episodes, actor_restarts and malformed message counts.
     """
     tel = runner.telemetry
     compressor = tel.source("compressor")
@@ -97,6 +98,11 @@ def build_result(runner: Runner, wall_s: float, energy: Any) -> dict[str, Any]:
         "phases": runner.phases.to_list() if runner.phases else [],
         "inference": inference_doc(runner),
         "changes": runner.changes,
+        "timeline": {
+            "started_unix": runner.started_unix,
+            "columns": ["t_s", "trained_steps", "gpu_j", "cpu_j"],
+            "rows": [list(r) for r in runner.timeline],
+        },
         "malformed": malformed,
         "config": runner.cfg.to_dict(),
         "stages": tel.stages(),

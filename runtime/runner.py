@@ -66,6 +66,8 @@ logger = logging.getLogger(__name__)
 TICK_S = 0.1
 RUN_WINDOW = "run"
 """The energy window open for the whole run (a tuner peeks at it for cumulative joules)."""
+TIMELINE_S = 5.0
+"""How often the result's timeline samples trained steps and joules."""
 ACTOR_EXIT_TIMEOUT_S = 60.0
 """How long the drain waits for actors to finish their rollout and exit."""
 SERVICE_DRAIN_TIMEOUT_S = 120.0
@@ -131,6 +133,8 @@ class Runner:
         self._requested: list[tuple[int, ...] | None] = []
         self.phases: PhaseLog | None = None
         self.on_progress = on_progress
+        self.timeline: list[tuple[float, int, float, float]] = []
+        self.started_unix = 0.0
         self.meter = meter
         self.mp = mp.get_context("spawn")
         self.telemetry = RunTelemetry()
@@ -323,6 +327,7 @@ class Runner:
             )
             meter.begin_window(RUN_WINDOW)
             started = self._started = time.monotonic()
+            self.started_unix = time.time()
             self.phases = PhaseLog(meter, started)
             self.phases.begin(0, [s.mps_pct for s in self.fleet.gmis], 0)
             try:
@@ -364,12 +369,23 @@ class Runner:
                 self.replace_gmis(ep, control_sock, self._requested.pop(0))
             if self.on_progress is not None:
                 self.on_progress(self.state(started))
+            self._sample_timeline(started)
             if self.telemetry.trained_steps >= self.cfg.steps:
                 break
             max_wall = self.cfg.max_wall_s
             if max_wall is not None and time.monotonic() - started >= max_wall:
                 logger.info("wall-clock limit of %.0f s reached; draining", max_wall)
                 break
+
+    def _sample_timeline(self, started: float) -> None:
+        """Every ``TIMELINE_S``: seconds since start, trained steps, GPU J, CPU J (cumulative),
+        so any span of the run can be measured afterwards (``runtime.results``)."""
+        now = time.monotonic() - started
+        if self.timeline and now - self.timeline[-1][0] < TIMELINE_S:
+            return
+        energy = self.meter.peek_window(RUN_WINDOW)
+        self.timeline.append((now, self.telemetry.trained_steps, energy.gpu_total_j,
+                              energy.cpu_energy_j))  # fmt: skip
 
     def _drain(self, telemetry_sock: zmq.Socket, control_sock: zmq.Socket, started: float) -> None:
         def wait() -> None:

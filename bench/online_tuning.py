@@ -1,0 +1,205 @@
+"""Online tuning vs the default config vs a grid sweep of the same knobs (issue 4).
+
+Each arm is a real ``autotune train`` run, the way a user starts it:
+
+    default  the CLI's default config, untuned
+    tune     ``train --tune``; run it again on the same storage (``tune1.json``,
+             ``tune2.json``) to split a long tuning run over commands that may last 10 minutes:
+             the second part resumes the study (history, best) where the first stopped
+    grid     ``train --tune --tune-sampler grid`` over a coarse lattice of the same knobs: every
+             combination measured once, live, with the same warm-up and window
+    report   the figures and the plot from the arms' JSON files
+
+Figures (``report``): steps/J of the tuned run's final third (from the run timelines: every
+trained step and joule in that span, transitions and re-checks included), of the default run
+after its first ``--skip-s`` seconds, and of the grid's best window. The plot shows steps/J per
+tuning window and the knobs over time.
+
+Example (H100, Ant-v5; bench/device_tuning.sh runs these over three device commands):
+
+    python -m bench.online_tuning tune --seconds 510 --out out/tune1.json
+    python -m bench.online_tuning tune --seconds 390 --out out/tune2.json
+    python -m bench.online_tuning grid --seconds 330 --out out/grid.json
+    python -m bench.online_tuning default --seconds 120 --out out/default.json
+    python -m bench.online_tuning report --dir out --out out/report.json --plot out/tuning.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+FIXED = ["trainers=1", "chunk_bytes=262144", "trainer_threads=1", "trainer_device=cuda",
+         "inference=actor", "rollout_len=32"]  # fmt: skip
+TUNE_KNOBS = ["actors=4..16", "envs_per_actor=4..64", "batch_size=2048..16384",
+              "mps_pct=25,50,100", *FIXED]  # fmt: skip
+GRID_KNOBS = ["actors=5,15", "envs_per_actor=8,32", "batch_size=2048,8192", "mps_pct=25,100",
+              *FIXED]  # fmt: skip
+SHOWN = ("actors", "envs_per_actor", "batch_size", "mps_pct")
+
+
+def _train(args: argparse.Namespace, extra: list[str]) -> int:
+    cmd = [sys.executable, "-m", "autotune.cli", "train", "--env", args.env, "--steps",
+           "1000000000", "--max-wall-s", str(args.seconds), "--quiet", "--json", str(args.out),
+           *extra]  # fmt: skip
+    print(" ".join(cmd), flush=True)
+    return subprocess.run(cmd).returncode
+
+
+def _knob_args(knobs: list[str]) -> list[str]:
+    return [a for k in knobs for a in ("--knob", k)]
+
+
+def _tune_args(args: argparse.Namespace, knobs: list[str], study: str) -> list[str]:
+    return ["--tune", "--in-process", "--storage", args.storage, "--study", study,
+            "--tune-window-s", str(args.window_s), "--tune-warmup-s", str(args.warmup_s),
+            "--tune-trials", str(args.trials), *_knob_args(args.knob or knobs)]  # fmt: skip
+
+
+def span_rate(result: dict[str, Any], t0: float, t1: float) -> dict[str, float] | None:
+    """Trained steps/s and steps/J between ``t0`` and ``t1`` seconds of a run's timeline."""
+    rows = [r for r in result["timeline"]["rows"] if t0 <= r[0] <= t1]
+    if len(rows) < 2:
+        return None
+    (ta, sa, ga, ca), (tb, sb, gb, cb) = rows[0], rows[-1]
+    joules = (gb - ga) + (cb - ca)
+    return {"from_s": ta, "to_s": tb, "steps_per_s": (sb - sa) / (tb - ta),
+            "steps_per_joule": (sb - sa) / joules if joules > 0 else None,
+            "gpu_w": (gb - ga) / (tb - ta), "cpu_w": (cb - ca) / (tb - ta)}  # fmt: skip
+
+
+def report(args: argparse.Namespace) -> dict[str, Any]:
+    d = Path(args.dir)
+    parts = [json.loads(p.read_text()) for p in sorted(d.glob("tune*.json"))]
+    default = json.loads((d / "default.json").read_text())
+    grid = json.loads((d / "grid.json").read_text())
+    # the tuned run on one clock: part k starts where part k-1 ended
+    offsets = [sum(p["wall_s"] for p in parts[:k]) for k in range(len(parts))]
+    total = sum(p["wall_s"] for p in parts)
+    windows, tuned_rows, steps, joules = [], [], 0.0, 0.0
+    for offset, part in zip(offsets, parts, strict=True):
+        start = part["timeline"]["started_unix"]
+        windows += [{**w, "t_run": offset + w["at"] - start} for w in part["tuning"]["windows"]]
+        tuned_rows.append([[offset + r[0], *r[1:]] for r in part["timeline"]["rows"]])
+        rate = span_rate(part, max(0.0, 2 * total / 3 - offset), part["wall_s"])
+        if rate is not None and rate["steps_per_joule"]:
+            span = rate["to_s"] - rate["from_s"]
+            steps += rate["steps_per_s"] * span
+            joules += rate["steps_per_s"] * span / rate["steps_per_joule"]
+    tuned_final = steps / joules if joules else None
+    default_rate = span_rate(default, args.skip_s, default["wall_s"])
+    grid_windows = [w for w in grid["tuning"]["windows"] if w["state"] == "trial"]
+    grid_best = max(grid_windows, key=lambda w: w["steps_per_joule"] or 0.0)
+    doc = {
+        "tuned_total_s": total,
+        "tuned_final_third_steps_per_joule": tuned_final,
+        "tuned_best": parts[-1]["tuning"]["best"],
+        "tuned_trials": parts[-1]["tuning"]["trials"],
+        "default": default_rate,
+        "default_config": {k: default["config"][k] for k in SHOWN},
+        "grid_points": len(grid_windows),
+        "grid_best": {
+            "values": grid_best["values"],
+            "steps_per_joule": grid_best["steps_per_joule"],
+            "steps_per_s": grid_best["steps_per_s"],
+        },
+        "grid_median_steps_per_joule": statistics.median(
+            w["steps_per_joule"] or 0.0 for w in grid_windows
+        ),
+        "lost_steps": [p["lost_steps"] for p in (*parts, default, grid)],
+    }
+    if tuned_final and default_rate and default_rate["steps_per_joule"]:
+        doc["vs_default"] = tuned_final / default_rate["steps_per_joule"]
+    if tuned_final and grid_best["steps_per_joule"]:
+        doc["vs_grid_best"] = tuned_final / grid_best["steps_per_joule"]
+    if args.plot:
+        plot(windows, tuned_rows, doc, Path(args.plot))
+    return doc
+
+
+def _rolling(rows: list[list[float]], n: int = 6) -> list[tuple[float, float]]:
+    """Steps/J over the last ``n`` timeline samples (30 s at the runner's 5 s), in minutes."""
+    out = []
+    for a, b in zip(rows, rows[n:], strict=False):
+        joules = b[2] - a[2] + b[3] - a[3]
+        if joules > 0:
+            out.append((b[0] / 60, (b[1] - a[1]) / joules))
+    return out
+
+
+def plot(windows: list[dict[str, Any]], parts: list[list[list[float]]], doc: dict[str, Any],
+         path: Path) -> None:  # fmt: skip
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1 + len(SHOWN), 1, figsize=(9, 9), sharex=True,
+                             gridspec_kw={"height_ratios": [3] + [1] * len(SHOWN)})  # fmt: skip
+    ax = axes[0]
+    for state, marker in (("trial", "o"), ("hold", "s")):
+        pts = [(w["t_run"] / 60, w["steps_per_joule"]) for w in windows if w["state"] == state]
+        if pts:
+            ax.plot(*zip(*pts, strict=True), marker, ms=4, label=f"tuning window ({state})")
+    for k, rows in enumerate(parts):  # counters restart with each part
+        roll = _rolling(rows)
+        if roll:
+            ax.plot(*zip(*roll, strict=True), "-", lw=1, color="grey",
+                    label="run, 30 s rolling" if k == 0 else None)  # fmt: skip
+    if doc.get("default"):
+        ax.axhline(doc["default"]["steps_per_joule"], color="red", ls="--", label="default")
+    ax.axhline(doc["grid_best"]["steps_per_joule"], color="green", ls=":", label="grid best")
+    if doc.get("tuned_final_third_steps_per_joule"):
+        t = doc["tuned_total_s"] / 60
+        ax.hlines(doc["tuned_final_third_steps_per_joule"], 2 * t / 3, t, color="blue", lw=3,
+                  label="tuned, final third")  # fmt: skip
+    ax.set_ylabel("trained steps / J")
+    ax.legend(fontsize=7, loc="lower right")
+    for ax, knob in zip(axes[1:], SHOWN, strict=True):
+        pts = [(w["t_run"] / 60, w["values"].get(knob, 100 if knob == "mps_pct" else None))
+               for w in windows]  # fmt: skip
+        ax.step(*zip(*pts, strict=True), where="pre") if pts else None
+        ax.set_ylabel(knob, fontsize=7)
+    axes[-1].set_xlabel("minutes of tuning")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("arm", choices=["default", "tune", "grid", "report"])
+    parser.add_argument("--env", default="Ant-v5")
+    parser.add_argument("--seconds", type=float, default=300.0, help="wall time of the run")
+    parser.add_argument("--storage", default="sqlite:///tuning.db")
+    parser.add_argument("--trials", type=int, default=22)
+    parser.add_argument("--window-s", type=float, default=10.0)
+    parser.add_argument("--warmup-s", type=float, default=4.0)
+    parser.add_argument("--knob", action="append", default=None,
+                        help="replace the arm's knob list (smoke runs without a GPU)")  # fmt: skip
+    parser.add_argument("--skip-s", type=float, default=30.0,
+                        help="report: the default run's start-up span left out")  # fmt: skip
+    parser.add_argument("--dir", default="out", help="report: where the arms' JSON files are")
+    parser.add_argument("--plot", default=None, help="report: PNG path")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    if args.arm == "report":
+        doc = report(args)
+        args.out.write_text(json.dumps(doc, indent=2) + "\n")
+        print(json.dumps(doc, indent=2))
+        return 0
+    if args.arm == "default":
+        return _train(args, [])
+    if args.arm == "grid":
+        return _train(args, [*_tune_args(args, GRID_KNOBS, f"grid-{args.env}"), "--tune-sampler",
+                             "grid"])  # fmt: skip
+    return _train(args, _tune_args(args, TUNE_KNOBS, f"tune-{args.env}"))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
