@@ -200,8 +200,13 @@ class OnlineTuner:
             self.explore_until = math.prod(len(k.choices) for k in self.knobs)
         self._fail_orphans()
         self._restore()
-        if self.knobs and not self.grid:
+        if self.knobs and not self.grid and self._in_space(self.base):
             study.enqueue_trial(self.base, skip_if_exists=True)  # the default config first
+
+    def _in_space(self, values: dict[str, Any]) -> bool:
+        """Whether every value is one of its knob's choices (a job started outside the space
+        the user narrowed, or a best from an older, wider space, cannot be enqueued)."""
+        return all(k.name not in values or values[k.name] in k.choices for k in self.knobs)
 
     def _fail_orphans(self) -> None:
         """Trials left RUNNING by a tuner that died are marked failed (resume after a crash)."""
@@ -293,7 +298,7 @@ class OnlineTuner:
             return
         best = self.history.best()
         repeat = self.trials_done and self.trials_done % self.settings.repeat_every == 0
-        if repeat and best and not self.grid:
+        if repeat and best and not self.grid and self._in_space(json.loads(best[0])):
             self.study.enqueue_trial(json.loads(best[0]))  # re-measure the incumbent
         trial = self.study.ask()
         values = self._suggest(trial)

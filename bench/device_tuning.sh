@@ -3,6 +3,7 @@
 #   bash bench/device_tuning.sh tune1    # first 510 s of train --tune (study in $STATE)
 #   bash bench/device_tuning.sh tune2    # the remaining 390 s: resumes the same study
 #   bash bench/device_tuning.sh baselines  # the grid sweep of the same knobs, then the default
+#   bash bench/device_tuning.sh sidebyside TUNED GRID  # both best configs (JSON), A B A B
 # The study lives in ${STATE:-bench_state}/tuning.db and is copied to $OUT after each part, so
 # a fresh machine can carry it to the next part. Writes JSON under ${OUT:-out}.
 set -uo pipefail
@@ -21,6 +22,12 @@ tune2) arm tune --seconds 390 --out "$OUT/tune2.json" ;;
 baselines)
     arm grid --seconds 330 --out "$OUT/grid.json"
     arm default --seconds 120 --out "$OUT/default.json"
+    ;;
+sidebyside)
+    for k in 1 2; do
+        arm fixed --values "$2" --seconds 100 --out "$OUT/fixed-tuned-$k.json"
+        arm fixed --values "$3" --seconds 100 --out "$OUT/fixed-grid-$k.json"
+    done
     ;;
 esac
 cp "$STATE/tuning.db" "$OUT/tuning.db" 2>/dev/null || true

@@ -8,6 +8,8 @@ Each arm is a real ``autotune train`` run, the way a user starts it:
              the second part resumes the study (history, best) where the first stopped
     grid     ``train --tune --tune-sampler grid`` over a coarse lattice of the same knobs: every
              combination measured once, live, with the same warm-up and window
+    fixed    one config as plain ``train`` flags (``--values '{"actors": 16, ...}'``), to
+             re-measure the tuned best and the grid best side by side for the same span
     report   the figures and the plot from the arms' JSON files
 
 Figures (``report``): steps/J of the tuned run's final third (from the run timelines: every
@@ -117,6 +119,13 @@ def report(args: argparse.Namespace) -> dict[str, Any]:
         doc["vs_default"] = tuned_final / default_rate["steps_per_joule"]
     if tuned_final and grid_best["steps_per_joule"]:
         doc["vs_grid_best"] = tuned_final / grid_best["steps_per_joule"]
+    fixed = {}
+    for path in sorted(d.glob("fixed-*.json")):
+        run = json.loads(path.read_text())
+        fixed[path.stem] = {"values": {k: run["config"][k] for k in SHOWN},
+                            **(span_rate(run, args.skip_s, run["wall_s"]) or {})}  # fmt: skip
+    if fixed:
+        doc["side_by_side"] = fixed
     if args.plot:
         plot(windows, tuned_rows, doc, Path(args.plot))
     return doc
@@ -173,7 +182,8 @@ def plot(windows: list[dict[str, Any]], parts: list[list[list[float]]], doc: dic
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("arm", choices=["default", "tune", "grid", "report"])
+    parser.add_argument("arm", choices=["default", "tune", "grid", "fixed", "report"])
+    parser.add_argument("--values", default="{}", help="fixed: knob values as JSON")
     parser.add_argument("--env", default="Ant-v5")
     parser.add_argument("--seconds", type=float, default=300.0, help="wall time of the run")
     parser.add_argument("--storage", default="sqlite:///tuning.db")
@@ -195,6 +205,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.arm == "default":
         return _train(args, [])
+    if args.arm == "fixed":
+        values = json.loads(args.values)
+        flags = [a for k, v in values.items() if not (k == "mps_pct" and v == 100)
+                 for a in (f"--{k.replace('_', '-')}", str(v))]  # fmt: skip
+        return _train(args, flags)
     if args.arm == "grid":
         return _train(args, [*_tune_args(args, GRID_KNOBS, f"grid-{args.env}"), "--tune-sampler",
                              "grid"])  # fmt: skip
