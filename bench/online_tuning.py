@@ -162,7 +162,12 @@ def plot(windows: list[dict[str, Any]], parts: list[list[list[float]]], doc: dic
                     label="run, 30 s rolling" if k == 0 else None)  # fmt: skip
     if doc.get("default"):
         ax.axhline(doc["default"]["steps_per_joule"], color="red", ls="--", label="default")
-    ax.axhline(doc["grid_best"]["steps_per_joule"], color="green", ls=":", label="grid best")
+    ax.axhline(doc["grid_best"]["steps_per_joule"], color="green", ls=":",
+               label="grid best (its one window)")  # fmt: skip
+    again = [r["steps_per_joule"] for k, r in doc.get("side_by_side", {}).items() if "grid" in k]
+    if again:
+        ax.axhline(statistics.mean(again), color="green", ls="-.",
+                   label="grid best config, re-measured")  # fmt: skip
     if doc.get("tuned_final_third_steps_per_joule"):
         t = doc["tuned_total_s"] / 60
         ax.hlines(doc["tuned_final_third_steps_per_joule"], 2 * t / 3, t, color="blue", lw=3,
