@@ -96,6 +96,8 @@ def report(args: argparse.Namespace) -> dict[str, Any]:
     tuned_final = steps / joules if joules else None
     default_rate = span_rate(default, args.skip_s, default["wall_s"])
     grid_windows = [w for w in grid["tuning"]["windows"] if w["state"] == "trial"]
+    if not grid_windows:
+        raise SystemExit(f"{d / 'grid.json'} has no measured grid point; run the grid longer")
     grid_best = max(grid_windows, key=lambda w: w["steps_per_joule"] or 0.0)
     doc = {
         "tuned_total_s": total,

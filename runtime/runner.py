@@ -334,6 +334,7 @@ class Runner:
                 self._start_services(ep)
                 self.actors.start(self.cfg, ep)
                 self._serve(ep, telemetry_sock, control_sock, started)
+                self._sample_timeline(started, force=True)
                 self._drain(telemetry_sock, control_sock, started)
             except BaseException:
                 self._kill_all()
@@ -377,11 +378,11 @@ class Runner:
                 logger.info("wall-clock limit of %.0f s reached; draining", max_wall)
                 break
 
-    def _sample_timeline(self, started: float) -> None:
+    def _sample_timeline(self, started: float, force: bool = False) -> None:
         """Every ``TIMELINE_S``: seconds since start, trained steps, GPU J, CPU J (cumulative),
         so any span of the run can be measured afterwards (``runtime.results``)."""
         now = time.monotonic() - started
-        if self.timeline and now - self.timeline[-1][0] < TIMELINE_S:
+        if self.timeline and now - self.timeline[-1][0] < TIMELINE_S and not force:
             return
         energy = self.meter.peek_window(RUN_WINDOW)
         self.timeline.append((now, self.telemetry.trained_steps, energy.gpu_total_j,

@@ -55,3 +55,24 @@ def test_gmi_table_smoke_on_cpu(tmp_path):
         assert "error" not in row, row
         assert row["lost_steps"] == 0 and row["weights_identical"]
         assert row["sampled_per_s"] > 0 and row["cpu_source"] == "model"
+
+
+def test_online_tuning_smoke_on_cpu(tmp_path):
+    """Every arm of bench.online_tuning as a tiny CartPole run, then the report and its plot."""
+    knobs = ["--knob", "actors=1..2", "--knob", "envs_per_actor=4,8", "--knob", "trainers=1",
+             "--knob", "batch_size=512,1024", "--knob", "trainer_threads=1",
+             "--knob", "chunk_bytes=262144"]  # fmt: skip
+    common = ["--env", "CartPole-v1", "--storage", f"sqlite:///{tmp_path}/t.db", "--window-s",
+              "1", "--warmup-s", "0.5", *knobs]  # fmt: skip
+    for arm, seconds, name in (("tune", "5", "tune1"), ("tune", "12", "tune2"),
+                               ("grid", "10", "grid"), ("default", "8", "default")):  # fmt: skip
+        proc = subprocess.run([sys.executable, "-m", "bench.online_tuning", arm, *common,
+                               "--seconds", seconds, "--out", str(tmp_path / f"{name}.json")],
+                              capture_output=True, text=True, timeout=240)  # fmt: skip
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    doc = run(tmp_path, "bench.online_tuning", "report", "--dir", str(tmp_path), "--skip-s", "1",
+              "--plot", str(tmp_path / "tuning.png"))  # fmt: skip
+    assert doc["lost_steps"] == [0, 0, 0, 0]
+    assert doc["tuned_trials"] >= 2 and doc["grid_points"] >= 1
+    assert doc["tuned_final_third_steps_per_joule"] > 0 and doc["default"]["steps_per_joule"] > 0
+    assert (tmp_path / "tuning.png").stat().st_size > 10_000

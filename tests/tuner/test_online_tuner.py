@@ -121,6 +121,18 @@ def test_a_restarted_tuner_resumes_the_study_and_fails_orphaned_trials(tmp_path)
     assert len(finished) == len(trials) + 3
 
 
+def test_a_job_started_outside_the_narrowed_space_is_tuned_without_its_default(tmp_path):
+    world = World(0)
+    space = build_space(Machine(cores=10, gpus=0),
+                        ["actors=4..8", "batch_size=1024..16384", "envs_per_actor=8",
+                         "chunk_bytes=262144", "trainers=1", "trainer_threads=1"])  # fmt: skip
+    study = open_study(f"sqlite:///{tmp_path}/o.db", "o", seed=0)
+    tuner = OnlineTuner(study, space, world, TunerSettings(warmup_s=1.0, window_s=1.0),
+                        {"actors": 2, "batch_size": 1024}, clock=lambda: world.t)  # fmt: skip
+    _run(tuner, world, 8)
+    assert world.applied and all(4 <= v["actors"] <= 8 for v in world.applied)
+
+
 def test_a_grid_tuner_measures_every_combination_once(tmp_path):
     world = World(0)
     space = build_space(Machine(cores=10, gpus=0),
