@@ -301,7 +301,7 @@ class Daemon:
             jobs.append({
                 "job": s.job_id, "pid": s.hello.get("pid"), "env": s.hello.get("env"),
                 "storage": s.hello["storage"], "study": s.hello["study"],
-                "objective": s.tuner.settings.objective,
+                "objective": s.tuner.settings.objective, "unmet": s.tuner.unmet,
                 "phase": cur.phase if cur else ("hold" if s.tuner.holding else "idle"),
                 "trial": cur.trial.number if cur and cur.trial is not None else None,
                 "config": s.config, "live": live_rates(list(s.recent), LIVE_SPAN_S),

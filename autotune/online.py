@@ -69,6 +69,7 @@ def tuning_doc(tuner: OnlineTuner, space: dict[str, Knob]) -> dict[str, Any]:
                            "unavailable": k.unavailable} for k in space.values()},
         "default": tuner.base,
         "best": tuner.best(),
+        "unmet": tuner.unmet,
         "trials": tuner.trials_done,
         "windows": tuner.log,
     }  # fmt: skip

@@ -33,7 +33,7 @@ def _note(t: Any) -> str:
     if "error" in attrs:
         return f"refused: {attrs['error']}"
     if t.state.name == "FAIL":
-        return attrs.get("interrupted", "tuner restarted")
+        return attrs.get("skipped") or attrs.get("interrupted", "tuner restarted")
     if t.state.name == "PRUNED":
         return "pruned (past envs_per_actor saturation)"
     if attrs.get("feasible") is False:
@@ -132,6 +132,8 @@ def render(console: Any, job: dict[str, Any], history: int = 20) -> None:
             console.print(f"not tuned: {', '.join(fixed)}")
         if absent:
             console.print(f"not on this machine: {', '.join(absent)}")
+    if job.get("unmet"):
+        console.print(f"[red]{job['unmet']}[/red]")
     best = job.get("best")
     console.print("best so far: " + (f"{_values(best['values'])} -> {_fmt(best['objective'])} "
                   f"(median of {best['measurements']})" if best else "none yet"))  # fmt: skip

@@ -67,6 +67,11 @@ class TunerSettings:
     min_steps_per_s: float | None = None
     max_policy_lag: float | None = None
     sampler: str = "tpe"
+    settle_timeout_s: float = 180.0
+    """A config that has not taken effect after this long is failed."""
+    empty_windows: int = 3
+    """A config under which this many windows in a row trained nothing is failed (it stalls
+    training); an empty window is measured again before that."""
 
     def problems(self) -> list[str]:
         out = []
@@ -79,7 +84,12 @@ class TunerSettings:
         for name in ("warmup_s", "window_s", "recheck_s"):
             if not getattr(self, name) > 0:
                 out.append(f"{name}={getattr(self, name)}: must be > 0")
-        for name in ("trials", "repeat_every"):
+        if self.min_steps_per_s is not None and not self.min_steps_per_s > 0:
+            out.append(f"min_steps_per_s={self.min_steps_per_s}: must be > 0")
+        if self.max_policy_lag is not None and self.max_policy_lag < 0:
+            out.append(f"max_policy_lag={self.max_policy_lag}: no config can meet it (a policy "
+                       "lag is never negative); give a ceiling >= 0")  # fmt: skip
+        for name in ("trials", "repeat_every", "empty_windows"):
             if getattr(self, name) < 1:
                 out.append(f"{name}={getattr(self, name)}: must be >= 1")
         return out
@@ -111,6 +121,7 @@ class _Current:
     phase: str
     since: float
     ready_at: float | None = None
+    empty: int = 0
 
 
 @dataclass
@@ -188,6 +199,8 @@ class OnlineTuner:
         self.trials_done = 0
         self.explore_until = settings.trials
         self.holding = False
+        self.unmet: str | None = None
+        """Why tuning stopped without a best config (constraints nobody met), else None."""
         self.log: list[dict[str, Any]] = []
         """One entry per measured window: seconds since the tuner started (``t``), unix time
         (``at``), values, the measurement, the objective and whether it was a trial or a
@@ -262,12 +275,17 @@ class OnlineTuner:
         if cur is None:
             self._next(now)
             return
+        from runtime.config import ConfigError
+
+        s = self.settings
         if cur.phase == "warmup":
             if cur.ready_at is None:
-                from runtime.config import ConfigError
-
                 try:
                     ready = self.job.ready()
+                    if not ready and now - cur.since > s.settle_timeout_s:
+                        why = "actors not stepping or GMIs not resumed"
+                        raise ConfigError([f"did not take effect within "
+                                           f"{s.settle_timeout_s:.0f} s ({why})"])  # fmt: skip
                 except ConfigError as exc:
                     self.current = None
                     self._failed(cur.trial, cur.values, exc)
@@ -275,11 +293,24 @@ class OnlineTuner:
                 if ready:
                     cur.ready_at = now
                 return
-            if now - cur.ready_at >= self.settings.warmup_s:
+            if now - cur.ready_at >= s.warmup_s:
                 self.job.begin_window()
                 cur.phase, cur.since = "measure", now
-        elif cur.phase == "measure" and now - cur.since >= self.settings.window_s:
-            self._finish(self.job.end_window(), now)
+        elif cur.phase == "measure" and now - cur.since >= s.window_s:
+            m = self.job.end_window()
+            if m.steps_per_s <= 0:
+                cur.empty += 1
+                if cur.empty < s.empty_windows:
+                    logger.info("no step trained in a %.0f s window; measuring again", s.window_s)
+                    self.job.begin_window()
+                    cur.since = now
+                    return
+                self.current = None
+                self._failed(cur.trial, cur.values, ConfigError([
+                    f"no env step trained in {cur.empty} windows of {s.window_s:g} s: the "
+                    "config stalls training"]))  # fmt: skip
+            else:
+                self._finish(m, now)
             self._next(now)  # no tick without a config on its way
 
     def _suggest(self, trial: optuna.trial.Trial) -> dict[str, Any]:
@@ -304,6 +335,7 @@ class OnlineTuner:
         values = self._suggest(trial)
         key = config_key(values)
         if key in self.history.failed:
+            trial.set_user_attr("skipped", "this config failed before; not applied again")
             self.study.tell(trial, state=TrialState.FAIL)
             self.trials_done += 1
             return
@@ -340,6 +372,8 @@ class OnlineTuner:
         """Holds the best config; re-measures it every ``recheck_s``."""
         best = self.history.best()
         if best is None:
+            if self.history.speed and self.unmet is None:
+                self._give_up(now)
             return
         if not self.holding:
             self.holding = True
@@ -348,6 +382,18 @@ class OnlineTuner:
         last = self.t0 + self.log[-1]["t"] if self.log else now
         if now - last >= self.settings.recheck_s:
             self._start(None, json.loads(best[0]), now)
+
+    def _give_up(self, now: float) -> None:
+        """No config met the constraints: the job goes back to its default config."""
+        s = self.settings
+        fastest = max((max(v) for v in self.history.speed.values()), default=0.0)
+        self.unmet = (f"no config met the constraints in {self.trials_done} trials (floor "
+                      f"{s.min_steps_per_s} steps/s, lag ceiling {s.max_policy_lag}; fastest "
+                      f"seen {fastest:,.0f} steps/s); back to the default config, tuning "
+                      "stopped")  # fmt: skip
+        logger.error("%s", self.unmet)
+        self._start(None, self.base, now)
+        self.current = None  # applied, not measured: nothing left to compare it with
 
     # --- telling ----------------------------------------------------------------------------
 

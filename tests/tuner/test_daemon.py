@@ -123,7 +123,7 @@ def test_sigkilled_daemon_restarts_and_resumes_the_study_with_no_trial_lost(tmp_
         assert job.poll() is None, "the job must keep training without its daemon"
         pid = _daemon_pid(env)
         done = sum(s == "COMPLETE" for s, _, _ in before.values())
-        _wait(lambda: _complete(db, study) >= done + 2, 40, "2 trials under the new daemon")
+        _wait(lambda: _complete(db, study) >= done + 1, 120, "a trial under the new daemon")
         after = _trials(db, study)
     finally:
         job.send_signal(signal.SIGINT)  # a clean drain, then the result with the tuning section

@@ -22,9 +22,11 @@ BEST = {"actors": 6, "batch_size": 4096}
 class World:
     """A job whose steps per joule peak at BEST by construction (2 % measurement noise)."""
 
-    def __init__(self, seed: int, refuse: dict | None = None) -> None:
+    def __init__(self, seed: int, refuse: dict | None = None, stall: int | None = None,
+                 stuck: int | None = None) -> None:  # fmt: skip
         self.t, self.values, self.rng, self.refuse = 0.0, {}, random.Random(seed), refuse
         self.applied: list[dict] = []
+        self.stall, self.stuck = stall, stuck  # actors values that train nothing / never settle
 
     def apply(self, values):
         if values == self.refuse:
@@ -33,7 +35,7 @@ class World:
         self.applied.append(dict(values))
 
     def ready(self):
-        return True
+        return self.values.get("actors") != self.stuck
 
     def begin_window(self):
         pass
@@ -43,6 +45,8 @@ class World:
         spj = (100 - 4 * (a - 6) ** 2 - 6 * (math.log2(b) - 12) ** 2) * (
             1 + self.rng.gauss(0, 0.02)
         )
+        if a == self.stall:
+            return Measurement(0.0, 0.0, 1.0, 1.0, 0.0, 1.0)
         return Measurement(spj * 10, spj, 1.0, 1.0, a / 2, 1.0)
 
 
@@ -119,6 +123,31 @@ def test_a_restarted_tuner_resumes_the_study_and_fails_orphaned_trials(tmp_path)
     _run(again, world2, 9)
     finished = [t for t in again.study.get_trials() if t.state != optuna.trial.TrialState.RUNNING]
     assert len(finished) == len(trials) + 3
+
+
+def test_configs_that_stall_training_or_never_take_effect_are_failed(tmp_path):
+    world = World(0, stall=3, stuck=4)
+    tuner = _tuner(tmp_path, world, settle_timeout_s=20.0)
+    _run(tuner, world, 30)
+    failed = tuner.study.get_trials(states=(optuna.trial.TrialState.FAIL,))
+    errors = {t.params["actors"]: t.user_attrs["error"] for t in failed if "error" in t.user_attrs}
+    assert "no env step trained in 3 windows of 1 s" in errors[3]
+    assert "did not take effect within 20 s" in errors[4]
+    assert tuner.best()["values"] == BEST
+
+
+def test_constraints_no_config_meets_restore_the_default_and_say_so(tmp_path):
+    world = World(0)
+    tuner = _tuner(tmp_path, world, trials=8, min_steps_per_s=1e9)
+    _run(tuner, world, 8)
+    for _ in range(10):
+        world.t += 0.5
+        tuner.tick()
+    assert tuner.best() is None
+    assert "no config met the constraints in 8 trials (floor 1000000000.0 steps/s" in tuner.unmet
+    assert world.applied[-1] == {"actors": 2, "batch_size": 1024}  # back to the default
+    with pytest.raises(ValueError, match="max_policy_lag=-1: no config can meet it"):
+        _tuner(tmp_path, World(0), max_policy_lag=-1)
 
 
 def test_a_job_started_outside_the_narrowed_space_is_tuned_without_its_default(tmp_path):
