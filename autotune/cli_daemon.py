@@ -142,7 +142,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                       f"{doc['daemon']['uptime_s']:.0f} s, {len(jobs)} job(s)")  # fmt: skip
     if args.study is not None and not doc["jobs"]:
         from autotune.online import sqlite_absolute
-        from autotune.tuner import StudyError
+        from autotune.study import StudyError
 
         try:
             doc["jobs"] = [stored_status(sqlite_absolute(args.storage), args.study)]

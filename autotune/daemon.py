@@ -219,7 +219,8 @@ class Daemon:
                        f"{control.JOB_TYPES + control.CLIENT_TYPES}")  # fmt: skip
 
     def _hello(self, identity: bytes, msg: dict[str, Any]) -> None:
-        from autotune.tuner import OnlineTuner, TunerSettings, open_study
+        from autotune.study import open_study
+        from autotune.tuner import OnlineTuner, TunerSettings
 
         job_id = str(msg.get("job"))
         old = self.sessions.get(job_id)

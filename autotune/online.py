@@ -201,7 +201,8 @@ def start_tuning(args: argparse.Namespace, cfg: TrainConfig, runner: Any) -> Tun
             allowed, or the daemon's refusal; nothing has started then.
     """
     from autotune.knobs import Machine, build_space
-    from autotune.tuner import OnlineTuner, TunerSettings, open_study
+    from autotune.study import open_study
+    from autotune.tuner import OnlineTuner, TunerSettings
 
     machine = Machine.here()
     space = build_space(machine, args.knob)

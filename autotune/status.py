@@ -66,7 +66,7 @@ def stored_status(storage: str, study_name: str) -> dict[str, Any]:
     """
     import optuna
 
-    from autotune.tuner import StudyError
+    from autotune.study import StudyError
 
     try:
         study = optuna.load_study(study_name=study_name, storage=storage)

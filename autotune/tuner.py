@@ -42,6 +42,7 @@ from optuna.trial import TrialState
 
 from autotune.counters import Measurement
 from autotune.knobs import Knob
+from autotune.study import config_key
 
 logger = logging.getLogger(__name__)
 
@@ -135,42 +136,6 @@ class History:
     def best(self) -> tuple[str, float] | None:
         scored = [(k, statistics.median(v)) for k, v in self.by_config.items() if v]
         return max(scored, key=lambda kv: kv[1]) if scored else None
-
-
-class StudyError(ValueError):
-    """A storage that cannot be opened, or a study that cannot be created or loaded."""
-
-
-class _AskTellGrid(optuna.samplers.GridSampler):
-    """A grid sampler for ask/tell: Optuna's calls ``Study.stop`` once the grid is done, which
-    only works inside ``Study.optimize``; the tuner counts the grid's trials itself."""
-
-    def after_trial(self, study, trial, state, values) -> None:
-        return None
-
-
-def open_study(storage: str, name: str, seed: int | None = None,
-               grid: dict[str, list[Any]] | None = None) -> optuna.Study:  # fmt: skip
-    """Creates or loads the study ``name`` (maximize) in the RDB storage URL ``storage``, with
-    a TPE sampler (which honours constraints set on trials), or a grid sampler over ``grid``.
-
-    Raises:
-        StudyError: saying which URL or study failed and why.
-    """
-    sampler: optuna.samplers.BaseSampler = (
-        optuna.samplers.TPESampler(seed=seed, n_startup_trials=5) if grid is None
-        else _AskTellGrid(grid, seed=seed))  # fmt: skip
-    try:
-        rdb = optuna.storages.RDBStorage(storage)
-        return optuna.create_study(storage=rdb, study_name=name, direction="maximize",
-                                   sampler=sampler, load_if_exists=True)  # fmt: skip
-    except Exception as exc:  # SQLAlchemy and Optuna raise many kinds; all mean "cannot open"
-        raise StudyError(f"cannot open study {name!r} in storage {storage!r}: "
-                         f"{type(exc).__name__}: {exc}") from None  # fmt: skip
-
-
-def config_key(values: dict[str, Any]) -> str:
-    return json.dumps(values, sort_keys=True)
 
 
 class OnlineTuner:

@@ -13,7 +13,8 @@ import optuna
 import pytest
 
 from autotune.knobs import KnobError, Machine, build_space
-from autotune.tuner import Measurement, OnlineTuner, StudyError, TunerSettings, open_study
+from autotune.study import StudyError, open_study
+from autotune.tuner import Measurement, OnlineTuner, TunerSettings
 from runtime.config import ConfigError
 
 BEST = {"actors": 6, "batch_size": 4096}
