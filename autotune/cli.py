@@ -219,6 +219,9 @@ def build_parser() -> argparse.ArgumentParser:
     from autotune.cli_daemon import add_daemon_commands
 
     add_daemon_commands(sub)
+    from autotune.cli_wrap import add_wrap_command
+
+    add_wrap_command(sub)
     return parser  # fmt: skip
 
 

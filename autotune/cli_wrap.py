@@ -1,0 +1,130 @@
+"""``autotune wrap [--knob NAME=RANGE ...] -- CMD ...`` (see ``autotune.wrap``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+
+def add_wrap_command(sub: Any) -> None:
+    wrap = sub.add_parser(
+        "wrap",
+        help="tune any training script: each trial is a fresh run of CMD with new knobs",
+        description="Runs CMD once per trial with the knobs in AUTOTUNE_KNOBS (JSON), "
+        "AUTOTUNE_<NAME> and {name} placeholders in its arguments, measures the steps it "
+        "reports through autotune.client (or each run, if it reports none), its wall time and "
+        "the energy of its process tree, and keeps every trial in an Optuna study. The "
+        "script's own output passes through untouched.",
+        epilog="example: autotune wrap --knob num_envs=1..16 --knob batch_size=64,128,256 "
+        "--trials 20 -- python examples/ppo_gymnasium.py --num-envs {num_envs}",
+    )
+    wrap.add_argument("--knob", action="append", default=[], metavar="NAME=SPEC",
+                      help="a knob: NAME=LOW..HIGH (integers), NAME=A,B,C or NAME=VALUE "
+                      "(repeatable; at least one)")  # fmt: skip
+    wrap.add_argument("--objective", choices=["steps_per_joule", "steps_per_s"],
+                      default="steps_per_joule", help="what to maximise")  # fmt: skip
+    wrap.add_argument("--trials", type=int, default=20, help="runs of CMD (default 20)")
+    wrap.add_argument("--trial-s", type=float, default=None,
+                      help="stop a run after this many seconds and measure it up to there "
+                      "(default: let it finish)")  # fmt: skip
+    wrap.add_argument("--report-timeout-s", type=float, default=60.0,
+                      help="a run that reported once and then stays silent this long is hung "
+                      "(default 60)")  # fmt: skip
+    wrap.add_argument("--storage", default="sqlite:///autotune.db",
+                      help="Optuna RDB storage URL (default sqlite:///autotune.db)")  # fmt: skip
+    wrap.add_argument("--study", default=None, help="study name (default wrap-<script name>)")
+    wrap.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
+    wrap.add_argument("--json", type=Path, default=None, metavar="PATH",
+                      help="write the trials and the best config to PATH")  # fmt: skip
+    wrap.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
+    wrap.set_defaults(func=cmd_wrap)
+
+
+def cmd_wrap(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from autotune.knobs import KnobError
+    from autotune.online import sqlite_absolute
+    from autotune.study import StudyError, config_key, open_study
+    from autotune.wrap import Wrapper, parse_knob
+
+    console = Console(stderr=True)
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    try:
+        if not args.knob:
+            raise KnobError("give at least one --knob NAME=SPEC to tune")
+        if args.trials < 1:
+            raise KnobError(f"--trials {args.trials}: must be >= 1")
+        space = [parse_knob(k) for k in args.knob]
+        names = [k.name for k in space]
+        if len(set(names)) != len(names):
+            raise KnobError(f"a knob is given twice: {names}")
+        study = open_study(sqlite_absolute(args.storage),
+                           args.study or f"wrap-{Path(cmd[0] if cmd else 'cmd').stem}",
+                           seed=args.seed)  # fmt: skip
+        wrapper = Wrapper(cmd, args.trial_s, args.report_timeout_s)
+    except (KnobError, StudyError, ValueError) as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        return 2
+    from optuna.trial import TrialState
+
+    failed = {config_key(t.user_attrs.get("values", t.params))
+              for t in study.get_trials(deepcopy=False)
+              if t.state == TrialState.FAIL and "error" in t.user_attrs}  # fmt: skip
+    rows: list[dict[str, Any]] = []
+    try:
+        for _ in range(args.trials):
+            trial = study.ask()
+            values = {k.name: k.choices[0] if len(k.choices) == 1
+                      else trial.suggest_categorical(k.name, list(k.choices))
+                      for k in space}  # fmt: skip
+            if config_key(values) in failed:
+                trial.set_user_attr("skipped", "this config failed before; not run again")
+                study.tell(trial, state=TrialState.FAIL)
+                continue
+            console.print(f"[bold]trial {trial.number}[/bold]: {values}")
+            try:
+                run = wrapper.run_trial(trial.number, values)
+            except KeyboardInterrupt:
+                trial.set_user_attr("interrupted", "Ctrl-C")
+                study.tell(trial, state=TrialState.FAIL)
+                raise
+            for name, value in (("wall_s", run.wall_s), ("steps", run.steps),
+                                ("unit", run.unit), ("gpu_j", run.gpu_j), ("cpu_j", run.cpu_j),
+                                ("stopped", run.stopped), ("metrics", run.metrics),
+                                ("values", values)):  # fmt: skip
+                trial.set_user_attr(name, value)
+            row = {"number": trial.number, **run.__dict__, "unit": run.unit}
+            if run.error is not None:
+                trial.set_user_attr("error", run.error)
+                study.tell(trial, state=TrialState.FAIL)
+                failed.add(config_key(values))
+                console.print(f"  [red]failed:[/red] {run.error} (the best so far is kept)")
+            else:
+                row["objective"] = score = run.score(args.objective)
+                study.tell(trial, score)
+                per = "J" if "joule" in args.objective else "s"
+                console.print(f"  {score:.4g} {run.unit}/{per} ({run.steps or 1} {run.unit}, "
+                              f"{run.wall_s:.1f} s, "
+                              f"GPU {run.gpu_j:.0f} J + CPU {run.cpu_j:.0f} J model)")  # fmt: skip
+            rows.append(row)
+    except KeyboardInterrupt:
+        console.print("[red]interrupted[/red]: the study is consistent; rerun to go on")
+    finally:
+        wrapper.close()
+    done = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE]
+    best = max(done, key=lambda t: t.value) if done else None
+    doc = {"study": study.study_name, "objective": args.objective, "cmd": cmd, "trials": rows,
+           "best": None if best is None else {"number": best.number,
+                                              "values": best.user_attrs.get("values", best.params),
+                                              "objective": best.value}}  # fmt: skip
+    if best is None:
+        console.print("[red]no trial completed[/red]")
+    else:
+        console.print(f"best: trial {best.number} {doc['best']['values']} -> {best.value:.4g}")
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    return 0 if best is not None else 1

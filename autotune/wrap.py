@@ -1,0 +1,244 @@
+"""``autotune wrap -- CMD``: tune any training script, one fresh run of CMD per trial.
+
+A trial (``run_trial``) starts CMD with its knobs in the environment (``AUTOTUNE_KNOBS``, and
+``AUTOTUNE_<NAME>`` each) and in its arguments (``{name}`` placeholders), lets the script's own
+output through untouched, and measures the run: the steps it reports through
+``autotune.client`` (or, if it reports nothing, one run), its wall time, and the energy of its
+process tree (GPU energy of the GPUs measured, CPU energy of its processes from their busy time).
+
+The objective is steps per joule (or steps per second); a script that reports no steps is
+scored per run (runs per joule, runs per second), so it can still be tuned. A trial fails, and
+the best config so far is kept, when the script
+
+* exits with a non-zero code (a crash),
+* stops reporting for ``report_timeout_s`` after it started reporting (a hang), or
+* runs past ``trial_s`` without having reported any step (no way to measure it).
+
+A script that reports steps and runs past ``trial_s`` is stopped (SIGTERM, then SIGKILL) and
+measured up to there: long training scripts are tuned on a slice of their run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import re
+import signal
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import psutil
+import zmq
+
+from autotune import client, control
+from autotune.knobs import Knob, KnobError
+
+logger = logging.getLogger(__name__)
+
+MAX_RANGE = 256
+"""Most integers a ``LOW..HIGH`` knob may span (give a list for wider ones)."""
+TERM_GRACE_S = 10.0
+POLL_S = 0.1
+
+
+def _scalar(text: str) -> Any:
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def parse_knob(spec: str, apply: str = "restart") -> Knob:
+    """A script knob from ``NAME=LOW..HIGH`` (integers), ``NAME=A,B,C`` or ``NAME=VALUE``.
+
+    Raises:
+        KnobError: saying what was wrong and what is allowed.
+    """
+    name, sep, values = spec.partition("=")
+    name, values = name.strip(), values.strip()
+    if not sep or not values or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+        raise KnobError(f"--knob {spec!r}: expected NAME=LOW..HIGH, NAME=A,B,C or NAME=VALUE "
+                        "with NAME a Python identifier ({NAME}, AUTOTUNE_NAME)")  # fmt: skip
+    if ".." in values:
+        lo_text, _, hi_text = values.partition("..")
+        try:
+            lo, hi = int(lo_text), int(hi_text)
+        except ValueError:
+            raise KnobError(f"--knob {spec!r}: LOW..HIGH takes integers") from None
+        if lo > hi:
+            raise KnobError(f"--knob {spec!r}: LOW {lo} is above HIGH {hi}; nothing to try")
+        if hi - lo + 1 > MAX_RANGE:
+            raise KnobError(f"--knob {spec!r} spans {hi - lo + 1} integers (at most "
+                            f"{MAX_RANGE}); list the values to try instead, e.g. "
+                            f"{name}={lo},{lo * 2 or 1},{hi}")  # fmt: skip
+        choices: tuple[Any, ...] = tuple(range(lo, hi + 1))
+    else:
+        choices = tuple(dict.fromkeys(_scalar(v.strip()) for v in values.split(",")))
+        if any(v == "" for v in choices):
+            raise KnobError(f"--knob {spec!r}: an empty value in the list")
+    return Knob(name, choices, apply)
+
+
+def substitute(cmd: list[str], values: dict[str, Any]) -> list[str]:
+    """CMD with ``{name}`` placeholders of knob names replaced; other braces are left alone."""
+    pattern = re.compile(r"\{(" + "|".join(map(re.escape, values)) + r")\}") if values else None
+    return [pattern.sub(lambda m: str(values[m.group(1)]), a) if pattern else a for a in cmd]
+
+
+def knob_env(values: dict[str, Any]) -> dict[str, str]:
+    env = {client.ENV_KNOBS: json.dumps(values)}
+    env.update({f"AUTOTUNE_{k.upper()}": str(v) for k, v in values.items()})
+    return env
+
+
+def tree_pids(root: int) -> list[int]:
+    """``root`` and every descendant alive now."""
+    try:
+        proc = psutil.Process(root)
+        return [root, *(c.pid for c in proc.children(recursive=True))]
+    except psutil.NoSuchProcess:
+        return []
+
+
+@dataclass
+class TrialRun:
+    """What one run of CMD did."""
+
+    values: dict[str, Any]
+    wall_s: float = 0.0
+    steps: int | None = None
+    reports: int = 0
+    gpu_j: float = 0.0
+    cpu_j: float = 0.0
+    returncode: int | None = None
+    error: str | None = None
+    stopped: bool = False
+    """Stopped by the wrapper at ``trial_s`` (measured up to there)."""
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def unit(self) -> str:
+        return "steps" if self.steps else "runs"
+
+    def score(self, objective: str) -> float:
+        """Steps (or one run) per joule, or per second."""
+        amount = float(self.steps) if self.steps else 1.0
+        if objective == "steps_per_s":
+            return amount / self.wall_s if self.wall_s > 0 else 0.0
+        joules = self.gpu_j + self.cpu_j
+        return amount / joules if joules > 0 else 0.0
+
+
+class Wrapper:
+    """Runs CMD per trial and listens for its reports.
+
+    Args:
+        cmd: The command and its arguments (``{name}`` placeholders allowed).
+        trial_s: Longest a trial runs (None: until CMD exits).
+        report_timeout_s: Longest silence after the first report before the run counts as hung.
+        gpu: GPU energy source (``autotune.energy.gpu``); the probed one when None.
+    """
+
+    def __init__(self, cmd: list[str], trial_s: float | None = None,
+                 report_timeout_s: float = 60.0, gpu: Any = None) -> None:  # fmt: skip
+        from autotune.energy.gpu import probe_gpu_energy
+
+        if not cmd:
+            raise ValueError("no command to wrap: give it after --, e.g. autotune wrap -- "
+                             "python train.py")  # fmt: skip
+        self.cmd, self.trial_s, self.report_timeout_s = cmd, trial_s, report_timeout_s
+        self.gpu = gpu if gpu is not None else probe_gpu_energy()
+        self._dir = tempfile.TemporaryDirectory(prefix="autotune-wrap-")
+        self.endpoint = f"ipc://{self._dir.name}/wrap.sock"
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.bind(self.endpoint)
+
+    def close(self) -> None:
+        self.ctx.destroy(linger=0)
+        self._dir.cleanup()
+
+    def run_trial(self, number: int, values: dict[str, Any]) -> TrialRun:
+        """One fresh run of CMD with ``values`` (see the module docstring)."""
+        from autotune.energy.cpu import CPUModelEnergy
+
+        run = TrialRun(values)
+        env = {**os.environ, **knob_env(values), client.ENV_ENDPOINT: self.endpoint,
+               client.ENV_TRIAL: str(number)}  # fmt: skip
+        start = time.monotonic()
+        gpu0 = self.gpu.read_energy_j()
+        try:
+            proc = subprocess.Popen(substitute(self.cmd, values), env=env)
+        except OSError as exc:
+            run.error = f"cannot start {self.cmd[0]!r}: {exc}"
+            return run
+        cpu = CPUModelEnergy(pids=lambda: tree_pids(proc.pid))
+        last_report = None
+        while proc.poll() is None:
+            if self.sock.poll(int(POLL_S * 1000)):
+                while self.sock.poll(0):
+                    if self._take(run, str(number)):
+                        last_report = time.monotonic()
+            cpu.read_energy_j()  # samples the tree while its processes live
+            now = time.monotonic()
+            if last_report is not None and now - last_report > self.report_timeout_s:
+                run.error = (f"hung: no report for {self.report_timeout_s:.0f} s after "
+                             f"{run.reports} reports (--report-timeout-s)")  # fmt: skip
+            elif self.trial_s is not None and now - start > self.trial_s:
+                if run.steps:
+                    run.stopped = True
+                else:
+                    run.error = (f"ran past --trial-s {self.trial_s:.0f} without reporting a "
+                                 "step: call autotune.client.report(steps=...) or let the "
+                                 "run finish within --trial-s")  # fmt: skip
+            if run.error or run.stopped:
+                _stop(proc)
+                break
+        while self.sock.poll(0):
+            self._take(run, str(number))
+        run.returncode = proc.wait()
+        run.wall_s = time.monotonic() - start
+        gpu1 = self.gpu.read_energy_j()
+        run.gpu_j = sum(gpu1[i] - gpu0[i] for i in gpu1 if i in gpu0)
+        run.cpu_j = cpu.read_energy_j()
+        if run.error is None and not run.stopped and run.returncode != 0:
+            run.error = f"exited with code {run.returncode}"
+        return run
+
+    def _take(self, run: TrialRun, trial: str) -> bool:
+        """Reads one message; True if it was a report of this trial."""
+        frames = self.sock.recv_multipart()
+        try:
+            msg = control.decode(frames[-1])
+        except ValueError as exc:
+            logger.warning("ignored a message from the script: %s", exc)
+            return False
+        if msg["type"] != "REPORT" or str(msg.get("trial")) != trial:
+            return False
+        run.reports += 1
+        if msg.get("steps") is not None:
+            run.steps = max(run.steps or 0, int(msg["steps"]))
+        run.metrics.update(msg.get("metrics") or {})
+        return True
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM to the process tree, then SIGKILL after ``TERM_GRACE_S``."""
+    pids = tree_pids(proc.pid)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=TERM_GRACE_S)
+    except subprocess.TimeoutExpired:
+        for pid in tree_pids(proc.pid) or pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

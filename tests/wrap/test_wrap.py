@@ -1,0 +1,120 @@
+"""``autotune wrap`` with a real script in a subprocess: knobs in, reports out, energy of its
+process tree, and crashes, hangs and silent scripts failed with the best config kept."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import optuna
+import pytest
+
+from autotune import client
+from autotune.knobs import KnobError
+from autotune.wrap import parse_knob, substitute
+
+SCRIPT = """
+import os, sys, time
+from autotune import client
+k = client.knobs({"num_envs": 1, "mode": "ok"})
+env = os.environ["AUTOTUNE_NUM_ENVS"]
+print(f"script says: num_envs={k['num_envs']} flag={sys.argv[1:]} env={env}")
+if k["mode"] == "crash":
+    sys.exit(3)
+steps = 0
+for i in range(4):
+    x = sum(j * j for j in range(20000))        # some CPU work
+    steps += 1000 * k["num_envs"]
+    if k["mode"] != "silent":
+        client.report(steps=steps)
+    if k["mode"] == "hang" and i == 1:
+        time.sleep(60)
+    time.sleep(0.1)
+if k["mode"] == "silent":
+    time.sleep(60)
+"""
+
+
+def _wrap(tmp_path, *args, timeout=180):
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    cmd = [sys.executable, "-m", "autotune.cli", "wrap", "--storage",
+           f"sqlite:///{tmp_path}/w.db", "--json", str(tmp_path / "w.json"), *args, "--",
+           sys.executable, str(script), "--envs={num_envs}"]  # fmt: skip
+    env = {**os.environ, "COLUMNS": "200"}
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def test_restart_mode_tunes_a_real_script_and_keeps_its_output(tmp_path):
+    out = _wrap(tmp_path, "--knob", "num_envs=1..4", "--knob", "mode=ok", "--trials", "5")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads((tmp_path / "w.json").read_text())
+    assert len(doc["trials"]) == 5
+    for row in doc["trials"]:
+        n = row["values"]["num_envs"]
+        assert row["error"] is None and row["steps"] == 4000 * n and row["unit"] == "steps"
+        assert row["cpu_j"] > 0 and row["objective"] > 0
+        # the script saw its knobs through the client, the environment and its arguments
+        assert f"script says: num_envs={n} flag=['--envs={n}'] env={n}" in out.stdout
+    assert doc["best"]["values"]["mode"] == "ok"
+
+
+@pytest.mark.parametrize(
+    ("mode", "flags", "error"),
+    [
+        ("crash", [], "exited with code 3"),
+        ("hang", ["--report-timeout-s", "2"], "hung: no report for 2 s after"),
+        ("silent", ["--trial-s", "3"], "ran past --trial-s 3 without reporting a step"),
+    ],
+)
+def test_a_failing_script_fails_its_trial_and_the_best_is_kept(tmp_path, mode, flags, error):
+    ok = _wrap(tmp_path, "--knob", "num_envs=2", "--knob", "mode=ok", "--trials", "1",
+               "--study", "s")  # fmt: skip
+    assert ok.returncode == 0, ok.stderr
+    bad = _wrap(tmp_path, "--knob", "num_envs=2", "--knob", f"mode={mode}", "--trials", "1",
+                "--study", "s", *flags)  # fmt: skip
+    assert bad.returncode == 0, bad.stderr  # the best so far (the ok trial) is still there
+    assert error in " ".join(bad.stderr.split())
+    doc = json.loads((tmp_path / "w.json").read_text())
+    assert doc["trials"][0]["error"].startswith(error.split(":")[0])
+    assert doc["best"]["values"] == {"num_envs": 2, "mode": "ok"}
+    study = optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path}/w.db")
+    states = [t.state.name for t in study.trials]
+    assert states == ["COMPLETE", "FAIL"]
+
+
+def test_knob_specs_and_placeholders():
+    assert parse_knob("num_envs=2..5").choices == (2, 3, 4, 5)
+    assert parse_knob("device=cpu,cuda").choices == ("cpu", "cuda")
+    assert parse_knob("lr=0.001,0.0003").choices == (0.001, 0.0003)
+    for bad, why in (("n=5..2", "above HIGH"), ("n=1..1000", "spans 1000 integers"),
+                     ("2n=1", "Python identifier"), ("n=a..b", "takes integers"),
+                     ("n=", "expected NAME")):  # fmt: skip
+        with pytest.raises(KnobError, match=why):
+            parse_knob(bad)
+    assert substitute(["--n={n}", "{other}", "{{n}}"], {"n": 4}) == ["--n=4", "{other}", "{4}"]
+
+
+def test_the_client_is_harmless_outside_wrap(monkeypatch):
+    monkeypatch.delenv(client.ENV_ENDPOINT, raising=False)
+    monkeypatch.delenv(client.ENV_KNOBS, raising=False)
+    assert client.knobs({"a": 1}) == {"a": 1}
+    client.report(steps=5)
+    assert client.poll() is None
+    monkeypatch.setenv(client.ENV_KNOBS, '{"a": 2}')
+    assert client.knobs({"a": 1, "b": 3}) == {"a": 2, "b": 3}
+    monkeypatch.setenv(client.ENV_KNOBS, "[1]")
+    with pytest.raises(ValueError, match="AUTOTUNE_KNOBS must be a JSON object"):
+        client.knobs()
+
+
+def test_bad_wrap_input_is_refused(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "autotune.cli", "wrap", "--knob", "n=1..2",
+                          "--storage", f"sqlite:///{tmp_path}/x.db"],
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert out.returncode == 2 and "no command to wrap" in out.stderr
+    out = subprocess.run([sys.executable, "-m", "autotune.cli", "wrap", "--", "true"],
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert out.returncode == 2 and "give at least one --knob" in out.stderr
