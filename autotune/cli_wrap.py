@@ -25,7 +25,16 @@ def add_wrap_command(sub: Any) -> None:
                       "(repeatable; at least one)")  # fmt: skip
     wrap.add_argument("--objective", choices=["steps_per_joule", "steps_per_s"],
                       default="steps_per_joule", help="what to maximise")  # fmt: skip
-    wrap.add_argument("--trials", type=int, default=20, help="runs of CMD (default 20)")
+    wrap.add_argument("--mode", choices=["restart", "live"], default="restart",
+                      help="restart: a fresh run of CMD per trial (default); live: one run "
+                      "that takes new knobs at autotune.client.poll()")  # fmt: skip
+    wrap.add_argument("--trials", type=int, default=20,
+                      help="trials: runs of CMD, or live configs before holding the best "
+                      "(default 20)")  # fmt: skip
+    wrap.add_argument("--window-s", type=float, default=10.0,
+                      help="live: measurement window per config (default 10)")  # fmt: skip
+    wrap.add_argument("--warmup-s", type=float, default=2.0,
+                      help="live: warm-up after the script took a config (default 2)")  # fmt: skip
     wrap.add_argument("--trial-s", type=float, default=None,
                       help="stop a run after this many seconds and measure it up to there "
                       "(default: let it finish)")  # fmt: skip
@@ -57,7 +66,7 @@ def cmd_wrap(args: argparse.Namespace) -> int:
             raise KnobError("give at least one --knob NAME=SPEC to tune")
         if args.trials < 1:
             raise KnobError(f"--trials {args.trials}: must be >= 1")
-        space = [parse_knob(k) for k in args.knob]
+        space = [parse_knob(k, "live" if args.mode == "live" else "restart") for k in args.knob]
         names = [k.name for k in space]
         if len(set(names)) != len(names):
             raise KnobError(f"a knob is given twice: {names}")
@@ -68,6 +77,8 @@ def cmd_wrap(args: argparse.Namespace) -> int:
     except (KnobError, StudyError, ValueError) as exc:
         console.print(f"[red]error:[/red] {exc}")
         return 2
+    if args.mode == "live":
+        return _wrap_live(args, console, cmd, space, study, wrapper)
     from optuna.trial import TrialState
 
     failed = {config_key(t.user_attrs.get("values", t.params))
@@ -124,6 +135,44 @@ def cmd_wrap(args: argparse.Namespace) -> int:
         console.print("[red]no trial completed[/red]")
     else:
         console.print(f"best: trial {best.number} {doc['best']['values']} -> {best.value:.4g}")
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    return 0 if best is not None else 1
+
+
+def _wrap_live(args: argparse.Namespace, console: Any, cmd: list[str], space: list[Any],
+               study: Any, wrapper: Any) -> int:  # fmt: skip
+    from autotune.online import tuning_doc
+    from autotune.tuner import OnlineTuner, TunerSettings
+    from autotune.wrap_live import LiveModeUnsupported, run_live
+
+    knobs = {k.name: k for k in space}
+    base = {k.name: k.choices[0] for k in space}
+    try:
+        settings = TunerSettings(objective=args.objective, warmup_s=args.warmup_s,
+                                 window_s=args.window_s, trials=args.trials)  # fmt: skip
+
+        def factory(job: Any) -> OnlineTuner:
+            return OnlineTuner(study, knobs, job, settings, base)
+
+        tuner, code = run_live(wrapper, factory, base, args.report_timeout_s)
+    except ValueError as exc:  # bad settings
+        console.print(f"[red]error:[/red] {exc}")
+        return 2
+    except LiveModeUnsupported as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        return 2
+    except KeyboardInterrupt:
+        console.print("[red]interrupted[/red]: the study is consistent; rerun to go on")
+        return 130
+    finally:
+        wrapper.close()
+    doc = {"cmd": cmd, "mode": "live", "returncode": code, **tuning_doc(tuner, knobs)}
+    best = doc["best"]
+    said = f"{best['values']} -> {best['objective']:.4g}" if best else "none"
+    console.print(f"script exited with code {code}; {tuner.trials_done} configs tried; "
+                  f"best: {said}")  # fmt: skip
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(doc, indent=2, default=str) + "\n")

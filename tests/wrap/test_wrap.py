@@ -118,3 +118,54 @@ def test_bad_wrap_input_is_refused(tmp_path):
     out = subprocess.run([sys.executable, "-m", "autotune.cli", "wrap", "--", "true"],
                          capture_output=True, text=True, timeout=60)  # fmt: skip
     assert out.returncode == 2 and "give at least one --knob" in out.stderr
+
+
+LIVE = """
+import sys, time
+from autotune import client
+k = client.knobs({"num_envs": 1})
+poll = "nopoll" not in sys.argv
+steps, t_end = 0, time.time() + float(sys.argv[1])
+while time.time() < t_end:
+    if poll and client.poll():
+        k = client.knobs()
+        print("applied", k["num_envs"], flush=True)
+    x = sum(j * j for j in range(3000))
+    steps += 10 * k["num_envs"]
+    client.report(steps=steps)
+    time.sleep(0.01)
+"""
+
+
+def test_live_mode_changes_knobs_while_the_script_runs(tmp_path):
+    script = tmp_path / "live.py"
+    script.write_text(LIVE)
+    out = subprocess.run([sys.executable, "-m", "autotune.cli", "wrap", "--mode", "live",
+                          "--knob", "num_envs=1..4", "--trials", "4", "--window-s", "1",
+                          "--warmup-s", "0.2", "--storage", f"sqlite:///{tmp_path}/l.db",
+                          "--json", str(tmp_path / "l.json"), "--", sys.executable,
+                          str(script), "14"],
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    doc = json.loads((tmp_path / "l.json").read_text())
+    assert doc["returncode"] == 0 and doc["trials"] >= 3
+    applied = [int(line.split()[1]) for line in out.stdout.splitlines()
+               if line.startswith("applied")]  # fmt: skip
+    assert len(set(applied)) >= 2  # the script took different knobs without restarting
+    measured = [w for w in doc["windows"] if w["state"] == "trial"]
+    assert measured and all(w["steps_per_s"] > 0 and w["cpu_j"] > 0 for w in measured)
+    # more envs -> more steps per loop: the best has more than one env
+    assert doc["best"]["values"]["num_envs"] > 1
+
+
+def test_live_mode_refuses_a_script_that_never_polls(tmp_path):
+    script = tmp_path / "live.py"
+    script.write_text(LIVE)
+    out = subprocess.run([sys.executable, "-m", "autotune.cli", "wrap", "--mode", "live",
+                          "--knob", "num_envs=1..2", "--report-timeout-s", "2",
+                          "--storage", f"sqlite:///{tmp_path}/n.db", "--", sys.executable,
+                          str(script), "30", "nopoll"], capture_output=True, text=True,
+                         timeout=60, env={**os.environ, "COLUMNS": "200"})  # fmt: skip
+    assert out.returncode == 2
+    assert "has not called autotune.client.poll() for 2 s" in out.stderr
+    assert "use --mode restart" in out.stderr

@@ -1,0 +1,125 @@
+"""``autotune wrap --mode live``: one run of CMD, its knobs changed while it trains.
+
+The script calls ``autotune.client.poll()`` at safe points; the wrapper's ``ScriptJob`` is the
+online tuner's ``Job`` (``autotune.tuner``): a config goes out as a KNOBS message with a
+sequence number, has taken effect once the script polled with that number, and a window is
+measured between the script's step reports (``autotune.counters``), with the energy of its
+process tree read when each report arrives.
+
+A script that never polls cannot be tuned live: after ``report_timeout_s`` without a poll the
+wrapper says so (use restart mode) and stops it.
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import time
+from typing import Any
+
+from autotune import client, control
+from autotune.counters import Counters, Measurement, measure
+from autotune.wrap import POLL_S, Wrapper, _stop, knob_env, substitute, tree_pids
+
+logger = logging.getLogger(__name__)
+
+
+class LiveModeUnsupported(RuntimeError):
+    """The script does not call ``autotune.client.poll()``."""
+
+
+class ScriptJob:
+    """A running script as the tuner's ``Job`` (see the module docstring)."""
+
+    def __init__(self, wrapper: Wrapper, proc: subprocess.Popen, cpu: Any) -> None:
+        self.wrapper, self.proc, self.cpu = wrapper, proc, cpu
+        self.identity: bytes | None = None
+        self.seq = self.polled = 0
+        self.values: dict[str, Any] | None = None
+        self.started = self.last_poll = time.monotonic()
+        self.gpu0 = wrapper.gpu.read_energy_j()
+        self.latest = self._counters(0)
+        self._start: Counters | None = None
+
+    def _counters(self, steps: int) -> Counters:
+        gpu = self.wrapper.gpu.read_energy_j()
+        gpu_j = sum(gpu[i] - self.gpu0[i] for i in gpu if i in self.gpu0)
+        return Counters(time.monotonic(), steps, 0.0, gpu_j, self.cpu.read_energy_j())
+
+    def apply(self, values: dict[str, Any]) -> None:
+        self.seq += 1
+        self.values = dict(values)
+        self._push()
+
+    def _push(self) -> None:
+        if self.identity is not None and self.values is not None:
+            self.wrapper.sock.send_multipart(
+                [self.identity, control.encode("KNOBS", seq=self.seq, values=self.values)]
+            )
+
+    def ready(self) -> bool:
+        return self.polled >= self.seq
+
+    def begin_window(self) -> None:
+        self._start = self.latest
+
+    def end_window(self) -> Measurement:
+        return measure(self._start, self.latest)
+
+    def pump(self, report_timeout_s: float) -> None:
+        """Reads what the script sent; raises ``LiveModeUnsupported`` if it never polls."""
+        if self.wrapper.sock.poll(int(POLL_S * 1000)):
+            while self.wrapper.sock.poll(0):
+                frames = self.wrapper.sock.recv_multipart()
+                identity, frame = frames[0], frames[-1]
+                try:
+                    msg = control.decode(frame)
+                except ValueError as exc:
+                    logger.warning("ignored a message from the script: %s", exc)
+                    continue
+                first = self.identity is None
+                self.identity = identity
+                if first:
+                    self._push()  # a config asked for before the script connected
+                if msg["type"] == "POLL":
+                    self.last_poll = time.monotonic()
+                    self.polled = max(self.polled, int(msg.get("seq", 0)))
+                elif msg["type"] == "REPORT" and msg.get("steps") is not None:
+                    self.latest = self._counters(int(msg["steps"]))
+        self.cpu.read_energy_j()
+        if time.monotonic() - self.last_poll > report_timeout_s:
+            raise LiveModeUnsupported(
+                f"the script has not called autotune.client.poll() for {report_timeout_s:.0f} "
+                "s; live mode needs it at safe points (use --mode restart for scripts that "
+                "read their knobs once)")  # fmt: skip
+
+
+def run_live(wrapper: Wrapper, tuner_factory: Any, base: dict[str, Any],
+             report_timeout_s: float) -> tuple[Any, int]:  # fmt: skip
+    """Runs CMD once with ``base`` knobs and tunes it live until it exits.
+
+    Returns:
+        The tuner and the script's exit code.
+
+    Raises:
+        LiveModeUnsupported: the script stopped (it never polled).
+    """
+    import os
+
+    from autotune.energy.cpu import CPUModelEnergy
+
+    env = {**os.environ, **knob_env(base), client.ENV_ENDPOINT: wrapper.endpoint,
+           client.ENV_TRIAL: "live"}  # fmt: skip
+    proc = subprocess.Popen(substitute(wrapper.cmd, base), env=env)
+    job = ScriptJob(wrapper, proc, CPUModelEnergy(pids=lambda: tree_pids(proc.pid)))
+    tuner = tuner_factory(job)
+    try:
+        while proc.poll() is None:
+            job.pump(report_timeout_s)
+            tuner.tick()
+    except (LiveModeUnsupported, KeyboardInterrupt):
+        _stop(proc)
+        tuner.close("script stopped")
+        raise
+    tuner.close("script ended")
+    return tuner, proc.wait()
