@@ -30,6 +30,7 @@ CONNECT_WAIT_MS = 2000
 
 _link: Any = None
 _current: dict[str, Any] | None = None
+_defaults: dict[str, Any] = {}
 
 
 def wrapped() -> bool:
@@ -38,14 +39,16 @@ def wrapped() -> bool:
 
 
 def knobs(defaults: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The knobs of this run: ``defaults`` overlaid with what the tuner chose.
+    """The knobs of this run: ``defaults`` overlaid with what the tuner chose. The defaults
+    are remembered, so a later ``knobs()`` (after ``poll``) returns the whole set.
 
     Raises:
         ValueError: if ``AUTOTUNE_KNOBS`` is not a JSON object (a wrapper bug or a stray
             variable), naming the variable.
     """
-    global _current
-    out = dict(defaults or {})
+    if defaults:
+        _defaults.update(defaults)
+    out = dict(_defaults)
     text = os.environ.get(ENV_KNOBS)
     if text:
         try:

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import optuna
 import pytest
@@ -100,11 +101,13 @@ def test_knob_specs_and_placeholders():
 def test_the_client_is_harmless_outside_wrap(monkeypatch):
     monkeypatch.delenv(client.ENV_ENDPOINT, raising=False)
     monkeypatch.delenv(client.ENV_KNOBS, raising=False)
+    monkeypatch.setattr(client, "_defaults", {})
     assert client.knobs({"a": 1}) == {"a": 1}
     client.report(steps=5)
     assert client.poll() is None
     monkeypatch.setenv(client.ENV_KNOBS, '{"a": 2}')
     assert client.knobs({"a": 1, "b": 3}) == {"a": 2, "b": 3}
+    assert client.knobs() == {"a": 2, "b": 3}  # the defaults are remembered
     monkeypatch.setenv(client.ENV_KNOBS, "[1]")
     with pytest.raises(ValueError, match="AUTOTUNE_KNOBS must be a JSON object"):
         client.knobs()
@@ -169,3 +172,18 @@ def test_live_mode_refuses_a_script_that_never_polls(tmp_path):
     assert out.returncode == 2
     assert "has not called autotune.client.poll() for 2 s" in out.stderr
     assert "use --mode restart" in out.stderr
+
+
+def test_the_ppo_example_runs_under_wrap_with_its_flags_substituted(tmp_path):
+    example = Path(__file__).resolve().parents[2] / "examples" / "ppo_gymnasium.py"
+    out = subprocess.run([sys.executable, "-m", "autotune.cli", "wrap", "--knob",
+                          "num_envs=2,4", "--knob", "batch_size=256", "--trials", "2",
+                          "--storage", f"sqlite:///{tmp_path}/e.db", "--json",
+                          str(tmp_path / "e.json"), "--", sys.executable, str(example),
+                          "--total-steps", "3000", "--num-envs", "{num_envs}"],
+                         capture_output=True, text=True, timeout=180)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    doc = json.loads((tmp_path / "e.json").read_text())
+    assert [r["error"] for r in doc["trials"]] == [None, None]
+    assert all(r["steps"] >= 3000 and r["metrics"]["episode_return"] > 0 for r in doc["trials"])
+    assert out.stdout.count("steps in") == 2  # the example's own output passed through
