@@ -4,7 +4,8 @@ A trial (``run_trial``) starts CMD with its knobs in the environment (``AUTOTUNE
 ``AUTOTUNE_<NAME>`` each) and in its arguments (``{name}`` placeholders), lets the script's own
 output through untouched, and measures the run: the steps it reports through
 ``autotune.client`` (or, if it reports nothing, one run), its wall time, and the energy of its
-process tree (GPU energy of the GPUs measured, CPU energy of its processes from their busy time).
+process tree (GPU energy of the GPUs on which its processes held a compute context, CPU energy
+of its processes from their busy time).
 
 The objective is steps per joule (or steps per second); a script that reports no steps is
 scored per run (runs per joule, runs per second), so it can still be tuned. A trial fails, and
@@ -36,6 +37,7 @@ import psutil
 import zmq
 
 from autotune import client, control
+from autotune.hw.gpus import gpus_used_by
 from autotune.knobs import Knob, KnobError
 
 logger = logging.getLogger(__name__)
@@ -43,6 +45,8 @@ logger = logging.getLogger(__name__)
 MAX_RANGE = 256
 """Most integers a ``LOW..HIGH`` knob may span (give a list for wider ones)."""
 TERM_GRACE_S = 10.0
+GPU_CHECK_S = 1.0
+"""How often the wrapper asks NVML which GPUs the run's processes use."""
 POLL_S = 0.1
 
 
@@ -122,6 +126,8 @@ class TrialRun:
     stopped: bool = False
     """Stopped by the wrapper at ``trial_s`` (measured up to there)."""
     metrics: dict[str, float] = field(default_factory=dict)
+    gpus: list[int] = field(default_factory=list)
+    """NVML indices of the GPUs the run used (their energy is ``gpu_j``)."""
 
     @property
     def unit(self) -> str:
@@ -181,8 +187,11 @@ class Wrapper:
             run.error = f"cannot start {self.cmd[0]!r}: {exc}"
             return run
         cpu = CPUModelEnergy(pids=lambda: tree_pids(proc.pid))
-        last_report = None
+        last_report, used, next_gpu_check = None, set(), start
         while proc.poll() is None:
+            if time.monotonic() >= next_gpu_check:
+                used |= gpus_used_by(tree_pids(proc.pid))
+                next_gpu_check = time.monotonic() + GPU_CHECK_S
             if self.sock.poll(int(POLL_S * 1000)):
                 while self.sock.poll(0):
                     if self._take(run, str(number)):
@@ -207,7 +216,8 @@ class Wrapper:
         run.returncode = proc.wait()
         run.wall_s = time.monotonic() - start
         gpu1 = self.gpu.read_energy_j()
-        run.gpu_j = sum(gpu1[i] - gpu0[i] for i in gpu1 if i in gpu0)
+        run.gpus = sorted(i for i in used if i in gpu0 and i in gpu1)
+        run.gpu_j = sum(gpu1[i] - gpu0[i] for i in run.gpus)
         run.cpu_j = cpu.read_energy_j()
         if run.error is None and not run.stopped and run.returncode != 0:
             run.error = f"exited with code {run.returncode}"

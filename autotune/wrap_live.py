@@ -4,7 +4,8 @@ The script calls ``autotune.client.poll()`` at safe points; the wrapper's ``Scri
 online tuner's ``Job`` (``autotune.tuner``): a config goes out as a KNOBS message with a
 sequence number, has taken effect once the script polled with that number, and a window is
 measured between the script's step reports (``autotune.counters``), with the energy of its
-process tree read when each report arrives.
+process tree read when each report arrives (GPU joules of the GPUs its processes use, counted
+from when each was first seen in use).
 
 A script that never polls cannot be tuned live: after ``report_timeout_s`` without a poll the
 wrapper says so (use restart mode) and stops it.
@@ -19,7 +20,8 @@ from typing import Any
 
 from autotune import client, control
 from autotune.counters import Counters, Measurement, measure
-from autotune.wrap import POLL_S, Wrapper, _stop, knob_env, substitute, tree_pids
+from autotune.hw.gpus import gpus_used_by
+from autotune.wrap import GPU_CHECK_S, POLL_S, Wrapper, _stop, knob_env, substitute, tree_pids
 
 logger = logging.getLogger(__name__)
 
@@ -37,13 +39,21 @@ class ScriptJob:
         self.seq = self.polled = 0
         self.values: dict[str, Any] | None = None
         self.started = self.last_poll = time.monotonic()
-        self.gpu0 = wrapper.gpu.read_energy_j()
+        self.gpu0: dict[int, float] = {}
+        """Per GPU the script uses, its counter when first seen in use (joules count from
+        there, so the total never jumps)."""
+        self.next_gpu_check = 0.0
         self.latest = self._counters(0)
         self._start: Counters | None = None
 
     def _counters(self, steps: int) -> Counters:
         gpu = self.wrapper.gpu.read_energy_j()
-        gpu_j = sum(gpu[i] - self.gpu0[i] for i in gpu if i in self.gpu0)
+        if time.monotonic() >= self.next_gpu_check:
+            self.next_gpu_check = time.monotonic() + GPU_CHECK_S
+            for i in gpus_used_by(tree_pids(self.proc.pid)) - set(self.gpu0):
+                if i in gpu:
+                    self.gpu0[i] = gpu[i]
+        gpu_j = sum(gpu[i] - self.gpu0[i] for i in self.gpu0 if i in gpu)
         return Counters(time.monotonic(), steps, 0.0, gpu_j, self.cpu.read_energy_j())
 
     def apply(self, values: dict[str, Any]) -> None:

@@ -76,6 +76,22 @@ def list_gpus() -> list[GPUInfo]:
     return out
 
 
+def gpus_used_by(pids: list[int]) -> set[int]:
+    """NVML indices of the GPUs on which any of ``pids`` holds a compute context (empty where
+    NVML is missing). Under MPS, clients may show as the MPS server's process instead."""
+    try:
+        nvml.init()
+    except nvml.NVMLUnavailable:
+        return set()
+    p, wanted, used = nvml.pynvml, set(pids), set()
+    for i in range(nvml.nvml_call("count GPUs", p.nvmlDeviceGetCount)):
+        h = nvml.nvml_call(f"open GPU {i}", p.nvmlDeviceGetHandleByIndex, i)
+        procs = _optional(lambda h=h: p.nvmlDeviceGetComputeRunningProcesses(h)) or []
+        if any(proc.pid in wanted for proc in procs):
+            used.add(i)
+    return used
+
+
 def sm_counts(env: dict[str, str] | None = None, timeout_s: float = 120.0) -> list[int]:
     """SMs per visible CUDA device, as a fresh process sees them (under MPS: its slice).
 

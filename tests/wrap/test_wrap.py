@@ -187,3 +187,32 @@ def test_the_ppo_example_runs_under_wrap_with_its_flags_substituted(tmp_path):
     assert [r["error"] for r in doc["trials"]] == [None, None]
     assert all(r["steps"] >= 3000 and r["metrics"]["episode_return"] > 0 for r in doc["trials"])
     assert out.stdout.count("steps in") == 2  # the example's own output passed through
+
+
+CUDA_SCRIPT = """
+import torch
+from autotune import client
+x = torch.randn(4096, 4096, device="cuda")
+for i in range(40):
+    y = x @ x
+    torch.cuda.synchronize()
+    client.report(steps=(i + 1) * 100)
+"""
+
+
+@pytest.mark.gpu
+def test_the_gpu_a_wrapped_script_uses_is_measured(tmp_path):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    from autotune.wrap import Wrapper
+
+    script = tmp_path / "cuda.py"
+    script.write_text(CUDA_SCRIPT)
+    wrapper = Wrapper([sys.executable, str(script)])
+    try:
+        run = wrapper.run_trial(0, {})
+    finally:
+        wrapper.close()
+    assert run.error is None and run.steps == 4000
+    assert 0 in run.gpus and run.gpu_j > 0
