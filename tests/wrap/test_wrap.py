@@ -216,3 +216,18 @@ def test_the_gpu_a_wrapped_script_uses_is_measured(tmp_path):
         wrapper.close()
     assert run.error is None and run.steps == 4000
     assert 0 in run.gpus and run.gpu_j > 0
+
+
+def test_the_sb3_example_runs_under_wrap(tmp_path):
+    pytest.importorskip("stable_baselines3", reason="the sb3 extra: pip install -e '.[sb3]'")
+    example = Path(__file__).resolve().parents[2] / "examples" / "sb3_ppo.py"
+    out = subprocess.run([sys.executable, "-m", "autotune.cli", "wrap", "--knob",
+                          "num_envs=2", "--knob", "n_steps=64,128", "--trials", "2",
+                          "--storage", f"sqlite:///{tmp_path}/s.db", "--json",
+                          str(tmp_path / "s.json"), "--", sys.executable, str(example),
+                          "--total-steps", "2048"],
+                         capture_output=True, text=True, timeout=180)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    doc = json.loads((tmp_path / "s.json").read_text())
+    assert [r["error"] for r in doc["trials"]] == [None, None]
+    assert all(r["steps"] >= 2048 and r["unit"] == "steps" for r in doc["trials"])
