@@ -14,7 +14,7 @@ logger = logging.getLogger("autotune")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from policies.appo import APPOConfig
+    from policies.appo_config import APPOConfig
     from runtime.config import TrainConfig
 
     d, dl = TrainConfig(), APPOConfig()
@@ -251,7 +251,7 @@ def _mps_change(text: str) -> tuple[float, tuple[int, ...]]:
 
 
 def config_from_args(args: argparse.Namespace):
-    from policies.appo import APPOConfig
+    from policies.appo_config import APPOConfig
     from runtime.config import TrainConfig
 
     learner = APPOConfig(

@@ -12,7 +12,7 @@ A batch is a mapping of channel name to array, ``N`` trajectories of ``T`` steps
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -20,68 +20,8 @@ import torch
 from torch import nn
 
 from policies.actor_critic import ActorCritic
+from policies.appo_config import APPOConfig
 from policies.vtrace import vtrace
-
-LR_SCHEDULES = ("linear", "constant")
-
-
-@dataclass(frozen=True)
-class APPOConfig:
-    """Learner hyper-parameters."""
-
-    lr: float = 2e-3
-    """Adam learning rate (the starting value under a linear schedule). The default suits small
-    tasks such as CartPole; MuJoCo locomotion usually wants about 3e-4."""
-    lr_schedule: str = "linear"
-    """``linear``: anneal to 0 over the run's step budget; ``constant``: keep ``lr``."""
-    gamma: float = 0.99
-    """Discount factor."""
-    epochs: int = 4
-    """Passes over each batch."""
-    minibatches: int = 4
-    """Minibatches per pass (split by trajectory)."""
-    clip: float = 0.2
-    """PPO ratio clip."""
-    value_coef: float = 0.5
-    """Weight of the value loss."""
-    entropy_coef: float = 0.01
-    """Weight of the entropy bonus."""
-    max_grad_norm: float = 0.5
-    """Global gradient-norm clip."""
-    rho_bar: float = 1.0
-    """V-trace importance-weight clip."""
-    c_bar: float = 1.0
-    """V-trace trace clip."""
-    vtrace_lambda: float = 0.95
-    """V-trace trace decay (GAE's lambda when on-policy); 1.0 is plain V-trace."""
-    reward_scale: float = 1.0
-    """Multiplies rewards before learning (e.g. 0.1 for Pendulum's large negative rewards)."""
-    normalize_obs: bool = True
-    """Running observation normalisation inside the policy."""
-    max_policy_lag: int = 1000
-    """Trajectories whose oldest step lags the learner by more than this are discarded."""
-
-    def problems(self) -> list[str]:
-        """Every invalid field, described with what is allowed."""
-        out = []
-        for name in ("lr", "clip", "max_grad_norm", "rho_bar", "c_bar", "reward_scale"):
-            if not getattr(self, name) > 0:
-                out.append(f"learner.{name}={getattr(self, name)!r}: must be > 0")
-        if self.lr_schedule not in LR_SCHEDULES:
-            out.append(f"learner.lr_schedule={self.lr_schedule!r}: allowed {LR_SCHEDULES}")
-        for name in ("gamma", "vtrace_lambda"):
-            if not 0.0 < getattr(self, name) <= 1.0:
-                out.append(f"learner.{name}={getattr(self, name)!r}: must be in (0, 1]")
-        for name in ("epochs", "minibatches", "max_policy_lag"):
-            if not (isinstance(getattr(self, name), int) and getattr(self, name) >= 1):
-                out.append(f"learner.{name}={getattr(self, name)!r}: must be an integer >= 1")
-        for name in ("value_coef", "entropy_coef"):
-            if getattr(self, name) < 0:
-                out.append(f"learner.{name}={getattr(self, name)!r}: must be >= 0")
-        return out
-
-    def to_dict(self) -> dict[str, float | int | bool]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 @dataclass

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
-from policies.appo import APPOConfig
+from policies.appo_config import APPOConfig
 from runtime.envs import EnvInfo
 
 TRAINER_DEVICES = ("auto", "cpu", "cuda")
