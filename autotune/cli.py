@@ -222,6 +222,9 @@ def build_parser() -> argparse.ArgumentParser:
     from autotune.cli_wrap import add_wrap_command
 
     add_wrap_command(sub)
+    from autotune.cli_study import add_study_command
+
+    add_study_command(sub)
     return parser  # fmt: skip
 
 

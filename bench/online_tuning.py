@@ -36,6 +36,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from runtime.results import timeline_rate
+
 FIXED = ["trainers=1", "chunk_bytes=262144", "trainer_threads=1", "trainer_device=cuda",
          "inference=actor", "rollout_len=32"]  # fmt: skip
 TUNE_KNOBS = ["actors=4..16", "envs_per_actor=4..64", "batch_size=2048..16384",
@@ -63,18 +65,6 @@ def _tune_args(args: argparse.Namespace, knobs: list[str], study: str) -> list[s
             "--tune-trials", str(args.trials), *_knob_args(args.knob or knobs)]  # fmt: skip
 
 
-def span_rate(result: dict[str, Any], t0: float, t1: float) -> dict[str, float] | None:
-    """Trained steps/s and steps/J between ``t0`` and ``t1`` seconds of a run's timeline."""
-    rows = [r for r in result["timeline"]["rows"] if t0 <= r[0] <= t1]
-    if len(rows) < 2:
-        return None
-    (ta, sa, ga, ca), (tb, sb, gb, cb) = rows[0], rows[-1]
-    joules = (gb - ga) + (cb - ca)
-    return {"from_s": ta, "to_s": tb, "steps_per_s": (sb - sa) / (tb - ta),
-            "steps_per_joule": (sb - sa) / joules if joules > 0 else None,
-            "gpu_w": (gb - ga) / (tb - ta), "cpu_w": (cb - ca) / (tb - ta)}  # fmt: skip
-
-
 def report(args: argparse.Namespace) -> dict[str, Any]:
     d = Path(args.dir)
     parts = [json.loads(p.read_text()) for p in sorted(d.glob("tune*.json"))]
@@ -88,13 +78,13 @@ def report(args: argparse.Namespace) -> dict[str, Any]:
         start = part["timeline"]["started_unix"]
         windows += [{**w, "t_run": offset + w["at"] - start} for w in part["tuning"]["windows"]]
         tuned_rows.append([[offset + r[0], *r[1:]] for r in part["timeline"]["rows"]])
-        rate = span_rate(part, max(0.0, 2 * total / 3 - offset), part["wall_s"])
+        rate = timeline_rate(part, max(0.0, 2 * total / 3 - offset), part["wall_s"])
         if rate is not None and rate["steps_per_joule"]:
             span = rate["to_s"] - rate["from_s"]
             steps += rate["steps_per_s"] * span
             joules += rate["steps_per_s"] * span / rate["steps_per_joule"]
     tuned_final = steps / joules if joules else None
-    default_rate = span_rate(default, args.skip_s, default["wall_s"])
+    default_rate = timeline_rate(default, args.skip_s, default["wall_s"])
     grid_windows = [w for w in grid["tuning"]["windows"] if w["state"] == "trial"]
     if not grid_windows:
         raise SystemExit(f"{d / 'grid.json'} has no measured grid point; run the grid longer")
@@ -125,7 +115,7 @@ def report(args: argparse.Namespace) -> dict[str, Any]:
     for path in sorted(d.glob("fixed-*.json")):
         run = json.loads(path.read_text())
         fixed[path.stem] = {"values": {k: run["config"][k] for k in SHOWN},
-                            **(span_rate(run, args.skip_s, run["wall_s"]) or {})}  # fmt: skip
+                            **(timeline_rate(run, args.skip_s, run["wall_s"]) or {})}  # fmt: skip
     if fixed:
         doc["side_by_side"] = fixed
     if args.plot:

@@ -107,3 +107,16 @@ def build_result(runner: Runner, wall_s: float, energy: Any) -> dict[str, Any]:
         "config": runner.cfg.to_dict(),
         "stages": tel.stages(),
     }
+
+
+def timeline_rate(result: dict[str, Any], t0: float, t1: float) -> dict[str, float] | None:
+    """Trained steps/s, steps/J, GPU W and CPU W between ``t0`` and ``t1`` seconds of a result's
+    timeline (the first and last samples inside the span); None if fewer than two fall in it."""
+    rows = [r for r in result["timeline"]["rows"] if t0 <= r[0] <= t1]
+    if len(rows) < 2 or rows[-1][0] <= rows[0][0]:
+        return None
+    (ta, sa, ga, ca), (tb, sb, gb, cb) = rows[0], rows[-1]
+    joules = (gb - ga) + (cb - ca)
+    return {"from_s": ta, "to_s": tb, "steps_per_s": (sb - sa) / (tb - ta),
+            "steps_per_joule": (sb - sa) / joules if joules > 0 else None,
+            "gpu_w": (gb - ga) / (tb - ta), "cpu_w": (cb - ca) / (tb - ta)}  # fmt: skip
