@@ -202,7 +202,7 @@ def test_bad_knobs_and_storage_are_refused_with_what_is_allowed(tmp_path):
 def test_train_tune_drives_a_real_run_and_keeps_every_step(tmp_path):
     out, db = tmp_path / "out.json", tmp_path / "t.db"
     cmd = [sys.executable, "-m", "autotune.cli", "train", "--tune", "--quiet", "--steps",
-           "1000000000", "--max-wall-s", "30", "--tune-window-s", "2", "--tune-warmup-s", "1",
+           "1000000000", "--max-wall-s", "20", "--tune-window-s", "1.5", "--tune-warmup-s", "0.5",
            "--knob", "batch_size=512,1024", "--knob", "envs_per_actor=4,8", "--knob",
            "chunk_bytes=262144", "--knob", "trainers=1", "--knob", "trainer_threads=1",
            "--knob", "actors=2", "--storage", f"sqlite:///{db}", "--json", str(out)]  # fmt: skip
