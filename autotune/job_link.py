@@ -127,14 +127,19 @@ class DaemonLink:
             logger.warning("the daemon does not know this job (restarted?); registering again")
             self._send("HELLO", **self.hello)
         elif kind == "APPLY":
-            seq = int(msg["seq"])
+            try:
+                seq, values = int(msg["seq"]), dict(msg["values"])
+            except (KeyError, TypeError, ValueError) as exc:
+                logger.warning("ignored a malformed APPLY from the daemon: %s", exc)
+                return
             if seq <= self.applied:
                 return  # a resend of one already taken
             try:
-                self.runner.reconfigure(**config_changes(msg["values"]))
+                self.runner.reconfigure(**config_changes(values))
                 self.refused = None
-            except ConfigError as exc:
-                self.refused = str(exc)
+            except (ConfigError, TypeError, ValueError) as exc:  # nothing changed in the job
+                why = str(exc) if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}"
+                self.refused = why
             self.applied = seq
         elif kind == "FAREWELL":
             self.tuning = msg.get("tuning")

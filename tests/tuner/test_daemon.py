@@ -168,3 +168,33 @@ def test_a_second_daemon_on_the_same_socket_is_refused(tmp_path):
         assert f"(pid {pid})" in again.stderr
     finally:
         _cli(env, "daemon", "stop")
+
+
+def test_a_job_refuses_malformed_or_invalid_configs_without_changing(monkeypatch):
+    from autotune.job_link import DaemonLink
+    from runtime.config import ConfigError as CE
+
+    class Runner:
+        def __init__(self):
+            self.changes = []
+
+        def reconfigure(self, **changes):
+            if not isinstance(changes.get("actors", 1), int):
+                raise TypeError("'<' not supported between instances of 'str' and 'int'")
+            if changes.get("actors") == 99:
+                raise CE(["actors=99: more than the cores"])
+            self.changes.append(changes)
+
+    runner = Runner()
+    link = DaemonLink("ipc:///nonexistent/x.sock", {"base": {"actors": 2}}, runner)
+    try:
+        link._handle({"type": "APPLY", "seq": "x", "values": {}})  # malformed: ignored
+        link._handle({"type": "APPLY", "seq": 1, "values": {"actors": "many"}})
+        assert link.applied == 1 and link.refused.startswith("TypeError")
+        link._handle({"type": "APPLY", "seq": 2, "values": {"actors": 99}})
+        assert link.applied == 2 and "more than the cores" in link.refused
+        link._handle({"type": "APPLY", "seq": 3, "values": {"actors": 3}})
+        link._handle({"type": "APPLY", "seq": 3, "values": {"actors": 3}})  # a resend
+        assert link.refused is None and runner.changes == [{"actors": 3}]
+    finally:
+        link.close()
