@@ -228,6 +228,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser  # fmt: skip
 
 
+def write_json(path: Path | None, doc: object) -> None:
+    """Writes ``doc`` as indented JSON to ``path`` (the ``--json`` flag of every command)."""
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(doc, indent=2, default=str) + "\n")
+
+
 def _int_list(text: str) -> tuple[int, ...]:
     """``"50"`` or ``"50,25"`` -> a tuple of ints (argparse type)."""
     try:
@@ -329,9 +336,8 @@ def cmd_train(args: argparse.Namespace) -> int:
                                    "at the end; see autotune status --study"}  # fmt: skip
         result["tuning"]["where"] = tuning.where
     Console().print(summary_table(result))
+    write_json(args.json, result)
     if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
         console.print(f"wrote {args.json}")
     return 0
 
@@ -370,8 +376,8 @@ def cmd_gpu(args: argparse.Namespace) -> int:
         "not running (autotune starts its own when GMIs need it)" if mps.binary
         else "not available: nvidia-cuda-mps-control is not on PATH")  # fmt: skip
     console.print(f"MPS control daemon: {where}")
+    write_json(args.json, doc)
     if args.json is not None:
-        args.json.write_text(json.dumps(doc, indent=2) + "\n")
         console.print(f"wrote {args.json}")
     return 0
 

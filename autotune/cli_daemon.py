@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -141,11 +140,10 @@ def cmd_status(args: argparse.Namespace) -> int:
         console.print(f"daemon {doc['daemon']['pid']} on {endpoint}, up "
                       f"{doc['daemon']['uptime_s']:.0f} s, {len(jobs)} job(s)")  # fmt: skip
     if args.study is not None and not doc["jobs"]:
-        from autotune.online import sqlite_absolute
         from autotune.study import StudyError
 
         try:
-            doc["jobs"] = [stored_status(sqlite_absolute(args.storage), args.study)]
+            doc["jobs"] = [stored_status(args.storage, args.study)]
         except StudyError as exc:
             console.print(f"[red]error:[/red] {exc}")
             return 1
@@ -154,7 +152,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         console.print("give --study NAME [--storage URL] to read a stored study")
     for job in doc["jobs"]:
         render(console, job, args.history)
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(doc, indent=2) + "\n")
+    from autotune.cli import write_json
+
+    write_json(args.json, doc)
     return 0

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
@@ -41,10 +40,10 @@ def cmd_study(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
+    from autotune.cli import write_json
     from autotune.knobs import KnobError, Machine, build_space
     from autotune.offline import OfflineStudy
-    from autotune.online import sqlite_absolute
-    from autotune.study import StudyError, open_study
+    from autotune.study import StudyError, best_trial, open_study
     from runtime.config import TrainConfig
 
     console = Console(stderr=True)
@@ -56,7 +55,7 @@ def cmd_study(args: argparse.Namespace) -> int:
         space = build_space(Machine.here(), args.knob)
         base = TrainConfig(env=args.env, steps=10**12, policy=args.policy, seed=args.seed,
                            max_wall_s=args.trial_s)  # fmt: skip
-        study = open_study(sqlite_absolute(args.storage), args.study or f"study-{args.env}",
+        study = open_study(args.storage, args.study or f"study-{args.env}",
                            seed=args.seed)  # fmt: skip
         offline = OfflineStudy(study, space, base, args.warmup_s, args.objective)
     except (KnobError, StudyError, ValueError) as exc:
@@ -81,11 +80,11 @@ def cmd_study(args: argparse.Namespace) -> int:
                     progress.console.print(f"trial {row.number} {row.values}: "
                                            f"{row.steps_per_s:,.0f} steps/s, "
                                            f"{row.steps_per_joule or 0:.4g} steps/J")  # fmt: skip
-                best = _best(study)
+                best = best_trial(study)
                 progress.update(task, advance=1, best=f"{best.value:.4g}" if best else "-")
         except KeyboardInterrupt:
             interrupted = True
-    best = _best(study)
+    best = best_trial(study)
     doc = {"study": study.study_name, "objective": args.objective, "trials": rows,
            "interrupted": interrupted,
            "best": None if best is None else {"number": best.number, "values": best.params,
@@ -95,14 +94,5 @@ def cmd_study(args: argparse.Namespace) -> int:
         console.print("[red]interrupted[/red]: the study is consistent; rerun to go on")
     console.print("best: " + (f"trial {best.number} {best.params} -> {best.value:.4g}"
                               if best else "none"))  # fmt: skip
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    write_json(args.json, doc)
     return 130 if interrupted else (0 if best is not None else 1)
-
-
-def _best(study: Any) -> Any:
-    from optuna.trial import TrialState
-
-    done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))]
-    return max(done, key=lambda t: t.value) if done else None

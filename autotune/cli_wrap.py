@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
@@ -55,8 +54,7 @@ def cmd_wrap(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from autotune.knobs import KnobError
-    from autotune.online import sqlite_absolute
-    from autotune.study import StudyError, config_key, open_study
+    from autotune.study import StudyError, open_study
     from autotune.wrap import Wrapper, parse_knob
 
     console = Console(stderr=True)
@@ -70,20 +68,32 @@ def cmd_wrap(args: argparse.Namespace) -> int:
         names = [k.name for k in space]
         if len(set(names)) != len(names):
             raise KnobError(f"a knob is given twice: {names}")
-        study = open_study(sqlite_absolute(args.storage),
-                           args.study or f"wrap-{Path(cmd[0] if cmd else 'cmd').stem}",
-                           seed=args.seed)  # fmt: skip
+        name = args.study or f"wrap-{Path(cmd[0] if cmd else 'cmd').stem}"
+        study = open_study(args.storage, name, seed=args.seed)
         wrapper = Wrapper(cmd, args.trial_s, args.report_timeout_s)
     except (KnobError, StudyError, ValueError) as exc:
         console.print(f"[red]error:[/red] {exc}")
         return 2
     if args.mode == "live":
         return _wrap_live(args, console, cmd, space, study, wrapper)
-    from optuna.trial import TrialState
+    return _wrap_restart(args, console, cmd, space, study, wrapper)
 
-    failed = {config_key(t.user_attrs.get("values", t.params))
-              for t in study.get_trials(deepcopy=False)
-              if t.state == TrialState.FAIL and "error" in t.user_attrs}  # fmt: skip
+
+def _wrap_restart(args: argparse.Namespace, console: Any, cmd: list[str], space: list[Any],
+                  study: Any, wrapper: Any) -> int:  # fmt: skip
+    from autotune.cli import write_json
+    from autotune.study import (
+        best_trial,
+        fail_config,
+        fail_interrupted,
+        fail_orphans,
+        failed_configs,  # fmt: skip
+        skip_if_failed,
+        trial_values,
+    )
+
+    fail_orphans(study)
+    failed = failed_configs(study)
     rows: list[dict[str, Any]] = []
     try:
         for _ in range(args.trials):
@@ -91,16 +101,13 @@ def cmd_wrap(args: argparse.Namespace) -> int:
             values = {k.name: k.choices[0] if len(k.choices) == 1
                       else trial.suggest_categorical(k.name, list(k.choices))
                       for k in space}  # fmt: skip
-            if config_key(values) in failed:
-                trial.set_user_attr("skipped", "this config failed before; not run again")
-                study.tell(trial, state=TrialState.FAIL)
+            if skip_if_failed(study, trial, values, failed):
                 continue
             console.print(f"[bold]trial {trial.number}[/bold]: {values}")
             try:
                 run = wrapper.run_trial(trial.number, values)
             except KeyboardInterrupt:
-                trial.set_user_attr("interrupted", "Ctrl-C")
-                study.tell(trial, state=TrialState.FAIL)
+                fail_interrupted(study, trial, "Ctrl-C")
                 raise
             for name, value in (("wall_s", run.wall_s), ("steps", run.steps),
                                 ("unit", run.unit), ("gpu_j", run.gpu_j), ("cpu_j", run.cpu_j),
@@ -109,9 +116,7 @@ def cmd_wrap(args: argparse.Namespace) -> int:
                 trial.set_user_attr(name, value)
             row = {"number": trial.number, **run.__dict__, "unit": run.unit}
             if run.error is not None:
-                trial.set_user_attr("error", run.error)
-                study.tell(trial, state=TrialState.FAIL)
-                failed.add(config_key(values))
+                fail_config(study, trial, values, run.error, failed)
                 console.print(f"  [red]failed:[/red] {run.error} (the best so far is kept)")
             else:
                 row["objective"] = score = run.score(args.objective)
@@ -125,19 +130,16 @@ def cmd_wrap(args: argparse.Namespace) -> int:
         console.print("[red]interrupted[/red]: the study is consistent; rerun to go on")
     finally:
         wrapper.close()
-    done = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE]
-    best = max(done, key=lambda t: t.value) if done else None
+    best = best_trial(study)
     doc = {"study": study.study_name, "objective": args.objective, "cmd": cmd, "trials": rows,
            "best": None if best is None else {"number": best.number,
-                                              "values": best.user_attrs.get("values", best.params),
+                                              "values": trial_values(best),
                                               "objective": best.value}}  # fmt: skip
     if best is None:
         console.print("[red]no trial completed[/red]")
     else:
         console.print(f"best: trial {best.number} {doc['best']['values']} -> {best.value:.4g}")
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    write_json(args.json, doc)
     return 0 if best is not None else 1
 
 
@@ -173,7 +175,7 @@ def _wrap_live(args: argparse.Namespace, console: Any, cmd: list[str], space: li
     said = f"{best['values']} -> {best['objective']:.4g}" if best else "none"
     console.print(f"script exited with code {code}; {tuner.trials_done} configs tried; "
                   f"best: {said}")  # fmt: skip
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    from autotune.cli import write_json
+
+    write_json(args.json, doc)
     return 0 if best is not None else 1

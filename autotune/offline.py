@@ -18,7 +18,13 @@ from typing import Any
 
 from autotune.knobs import Knob
 from autotune.online import config_changes
-from autotune.study import config_key
+from autotune.study import (
+    fail_config,
+    fail_interrupted,
+    fail_orphans,
+    failed_configs,
+    skip_if_failed,  # fmt: skip
+)
 from runtime.config import ConfigError, TrainConfig
 
 logger = logging.getLogger(__name__)
@@ -81,31 +87,23 @@ class OfflineStudy:
                  ) -> None:  # fmt: skip
         if objective not in OBJECTIVES:
             raise ValueError(f"objective={objective!r}: allowed {OBJECTIVES}")
-        from optuna.trial import TrialState
-
         self.study, self.base, self.warmup_s, self.objective, self._run = (
             study, base, warmup_s, objective, run)  # fmt: skip
         self.knobs = [k for k in space.values() if k.unavailable is None and len(k.choices) > 1]
         self.fixed = {k.name: k.choices[0] for k in space.values()
                       if k.unavailable is None and len(k.choices) == 1}  # fmt: skip
-        self.failed = {config_key(t.params) for t in study.get_trials(deepcopy=False)
-                       if t.state == TrialState.FAIL and "error" in t.user_attrs}  # fmt: skip
-        for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            study.tell(t.number, state=TrialState.FAIL)  # left by a study that was killed
+        fail_orphans(study)
+        self.failed = failed_configs(study)
 
     def step(self) -> TrialResult:
         """Runs one trial."""
-        from optuna.trial import TrialState
 
         from runtime.runner import RunError
 
         trial = self.study.ask()
         values = {k.name: trial.suggest_categorical(k.name, list(k.choices)) for k in self.knobs}
         row = TrialResult(trial.number, values)
-        key = config_key(values)
-        if key in self.failed:
-            trial.set_user_attr("skipped", "this config failed before; not run again")
-            self.study.tell(trial, state=TrialState.FAIL)
+        if skip_if_failed(self.study, trial, values, self.failed):
             row.error = "skipped: failed before"
             return row
         try:
@@ -116,13 +114,10 @@ class OfflineStudy:
         except RunError as exc:
             row.error = f"run failed: {exc}"
         except KeyboardInterrupt:
-            trial.set_user_attr("interrupted", "Ctrl-C")
-            self.study.tell(trial, state=TrialState.FAIL)
+            fail_interrupted(self.study, trial, "Ctrl-C")
             raise
         if row.error is not None:
-            self.failed.add(key)
-            trial.set_user_attr("error", row.error)
-            self.study.tell(trial, state=TrialState.FAIL)
+            fail_config(self.study, trial, values, row.error, self.failed)
             return row
         row.steps_per_s, row.steps_per_joule = rate["steps_per_s"], rate["steps_per_joule"]
         row.gpu_w, row.cpu_w, row.lost_steps = rate["gpu_w"], rate["cpu_w"], result["lost_steps"]

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from autotune.counters import Counters, Measurement, measure, read_counters
@@ -142,15 +141,6 @@ def add_tune_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def sqlite_absolute(url: str) -> str:
-    """``sqlite:///relative.db`` made absolute against this directory, so a daemon running
-    elsewhere opens the same file; other URLs unchanged."""
-    prefix = "sqlite:///"
-    if url.startswith(prefix) and not url.startswith(prefix + "/") and url != prefix + ":memory:":
-        return prefix + str(Path(url[len(prefix) :]).resolve())
-    return url
-
-
 class Tuning(Protocol):
     """How ``train --tune`` is tuned: in this process or by the daemon."""
 
@@ -201,7 +191,7 @@ def start_tuning(args: argparse.Namespace, cfg: TrainConfig, runner: Any) -> Tun
             allowed, or the daemon's refusal; nothing has started then.
     """
     from autotune.knobs import Machine, build_space
-    from autotune.study import open_study
+    from autotune.study import open_study, sqlite_absolute
     from autotune.tuner import OnlineTuner, TunerSettings
 
     machine = Machine.here()

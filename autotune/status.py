@@ -66,8 +66,9 @@ def stored_status(storage: str, study_name: str) -> dict[str, Any]:
     """
     import optuna
 
-    from autotune.study import StudyError
+    from autotune.study import StudyError, sqlite_absolute
 
+    storage = sqlite_absolute(storage)
     try:
         study = optuna.load_study(study_name=study_name, storage=storage)
     except Exception as exc:  # SQLAlchemy and Optuna raise many kinds; all mean "cannot read"

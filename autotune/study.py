@@ -1,18 +1,32 @@
-"""The Optuna side of tuning: opening a study in an RDB storage, and the key a config is
-remembered by.
+"""The Optuna side of tuning, shared by the online tuner, ``wrap`` and ``study``: opening a
+study in an RDB storage, the key a config is remembered by, and the rules every tuner keeps on
+a resumed study.
 
 A study is created or loaded by name (``load_if_exists``), so a rerun, a restarted daemon or
-``autotune status`` see the same trials. Storage is any SQLAlchemy URL (SQLite by default).
+``autotune status`` see the same trials. Storage is any SQLAlchemy URL (SQLite by default; a
+relative SQLite path is made absolute, so a daemon elsewhere opens the same file).
+
+Rules: trials left RUNNING by a tuner that died are failed (``fail_orphans``); a config that
+failed (a FAIL trial with an ``error``) is never tried again (``failed_configs``,
+``skip_if_failed``, ``fail_config``); a trial's knob values are its params, or its ``values``
+user attribute where fixed knobs were not suggested.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+from pathlib import Path
 from typing import Any
 
 import optuna
+from optuna.trial import TrialState
 
-__all__ = ["StudyError", "config_key", "open_study"]
+__all__ = ["StudyError", "best_trial", "config_key", "fail_config", "fail_interrupted",
+           "fail_orphans", "failed_configs", "open_study", "skip_if_failed", "sqlite_absolute",
+           "trial_values"]  # fmt: skip
+
+logger = logging.getLogger(__name__)
 
 
 class StudyError(ValueError):
@@ -38,6 +52,7 @@ def open_study(storage: str, name: str, seed: int | None = None,
     sampler: optuna.samplers.BaseSampler = (
         optuna.samplers.TPESampler(seed=seed, n_startup_trials=5) if grid is None
         else _AskTellGrid(grid, seed=seed))  # fmt: skip
+    storage = sqlite_absolute(storage)
     try:
         rdb = optuna.storages.RDBStorage(storage)
         return optuna.create_study(storage=rdb, study_name=name, direction="maximize",
@@ -49,3 +64,60 @@ def open_study(storage: str, name: str, seed: int | None = None,
 
 def config_key(values: dict[str, Any]) -> str:
     return json.dumps(values, sort_keys=True)
+
+
+def sqlite_absolute(url: str) -> str:
+    """``sqlite:///relative.db`` made absolute against this directory; other URLs unchanged."""
+    prefix = "sqlite:///"
+    if url.startswith(prefix) and not url.startswith(prefix + "/") and url != prefix + ":memory:":
+        return prefix + str(Path(url[len(prefix) :]).resolve())
+    return url
+
+
+def trial_values(t: optuna.trial.FrozenTrial) -> dict[str, Any]:
+    return dict(t.user_attrs.get("values", t.params))
+
+
+def fail_orphans(study: optuna.Study) -> None:
+    """Trials left RUNNING by a tuner that died are marked failed (resume after a crash)."""
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        study.tell(t.number, state=TrialState.FAIL)
+        logger.warning("trial %d was left running (tuner restarted); marked failed", t.number)
+
+
+def failed_configs(study: optuna.Study) -> set[str]:
+    """Keys of the configs that failed (FAIL trials with an ``error``; not interrupted ones)."""
+    return {config_key(trial_values(t)) for t in study.get_trials(deepcopy=False)
+            if t.state == TrialState.FAIL and "error" in t.user_attrs}  # fmt: skip
+
+
+def skip_if_failed(study: optuna.Study, trial: optuna.trial.Trial, values: dict[str, Any],
+                   failed: set[str]) -> bool:  # fmt: skip
+    """Tells ``trial`` failed without trying it if ``values`` failed before; True if so."""
+    if config_key(values) not in failed:
+        return False
+    trial.set_user_attr("skipped", "this config failed before; not tried again")
+    study.tell(trial, state=TrialState.FAIL)
+    return True
+
+
+def fail_config(study: optuna.Study, trial: optuna.trial.Trial | None, values: dict[str, Any],
+                error: str, failed: set[str]) -> None:  # fmt: skip
+    """Marks ``values`` failed for good and tells ``trial`` (if any) failed with ``error``."""
+    failed.add(config_key(values))
+    if trial is not None:
+        trial.set_user_attr("error", error)
+        study.tell(trial, state=TrialState.FAIL)
+
+
+def fail_interrupted(study: optuna.Study, trial: optuna.trial.Trial, reason: str) -> None:
+    """Tells ``trial`` failed because its run was cut (Ctrl-C, the job ended); its config is
+    not marked bad."""
+    trial.set_user_attr("interrupted", reason)
+    study.tell(trial, state=TrialState.FAIL)
+
+
+def best_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
+    """The completed trial with the highest value, or None."""
+    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    return max(done, key=lambda t: t.value) if done else None

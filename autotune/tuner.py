@@ -42,7 +42,14 @@ from optuna.trial import TrialState
 
 from autotune.counters import Measurement
 from autotune.knobs import Knob
-from autotune.study import config_key
+from autotune.study import (
+    config_key,
+    fail_config,
+    fail_interrupted,
+    fail_orphans,
+    failed_configs,  # fmt: skip
+    skip_if_failed,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -176,7 +183,7 @@ class OnlineTuner:
         self.grid = settings.sampler == "grid"
         if self.grid:
             self.explore_until = math.prod(len(k.choices) for k in self.knobs)
-        self._fail_orphans()
+        fail_orphans(study)
         self._restore()
         if self.knobs and not self.grid and self._in_space(self.base):
             study.enqueue_trial(self.base, skip_if_exists=True)  # the default config first
@@ -186,21 +193,14 @@ class OnlineTuner:
         the user narrowed, or a best from an older, wider space, cannot be enqueued)."""
         return all(k.name not in values or values[k.name] in k.choices for k in self.knobs)
 
-    def _fail_orphans(self) -> None:
-        """Trials left RUNNING by a tuner that died are marked failed (resume after a crash)."""
-        for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            self.study.tell(t.number, state=TrialState.FAIL)
-            logger.warning("trial %d was left running (tuner restarted); marked failed", t.number)
-
     def _restore(self) -> None:
         """Rebuilds the history from the study's finished trials (a resumed study)."""
+        self.history.failed = failed_configs(self.study)
         for t in self.study.get_trials(deepcopy=False):
             if t.state == TrialState.RUNNING:
                 continue
             self.trials_done += 1
             key = config_key(t.params)
-            if t.state == TrialState.FAIL and "error" in t.user_attrs:
-                self.history.failed.add(key)
             if t.state != TrialState.COMPLETE:
                 continue
             attrs = t.user_attrs
@@ -227,8 +227,7 @@ class OnlineTuner:
         its config is not marked bad."""
         cur, self.current = self.current, None
         if cur is not None and cur.trial is not None:
-            cur.trial.set_user_attr("interrupted", reason)
-            self.study.tell(cur.trial, state=TrialState.FAIL)
+            fail_interrupted(self.study, cur.trial, reason)
             self.trials_done += 1
 
     # --- the loop -------------------------------------------------------------------------
@@ -298,10 +297,7 @@ class OnlineTuner:
             self.study.enqueue_trial(json.loads(best[0]))  # re-measure the incumbent
         trial = self.study.ask()
         values = self._suggest(trial)
-        key = config_key(values)
-        if key in self.history.failed:
-            trial.set_user_attr("skipped", "this config failed before; not applied again")
-            self.study.tell(trial, state=TrialState.FAIL)
+        if skip_if_failed(self.study, trial, values, self.history.failed):
             self.trials_done += 1
             return
         envs = values.get("envs_per_actor")
@@ -326,10 +322,8 @@ class OnlineTuner:
 
     def _failed(self, trial: optuna.trial.Trial | None, values: dict[str, Any],
                 exc: Exception) -> None:  # fmt: skip
-        self.history.failed.add(config_key(values))
+        fail_config(self.study, trial, values, str(exc), self.history.failed)
         if trial is not None:
-            trial.set_user_attr("error", str(exc))
-            self.study.tell(trial, state=TrialState.FAIL)
             self.trials_done += 1
         logger.warning("config %s refused: %s", values, exc)
 
@@ -338,7 +332,7 @@ class OnlineTuner:
         best = self.history.best()
         if best is None:
             if self.history.speed and self.unmet is None:
-                self._give_up(now)
+                self._give_up()
             return
         if not self.holding:
             self.holding = True
@@ -348,7 +342,7 @@ class OnlineTuner:
         if now - last >= self.settings.recheck_s:
             self._start(None, json.loads(best[0]), now)
 
-    def _give_up(self, now: float) -> None:
+    def _give_up(self) -> None:
         """No config met the constraints: the job goes back to its default config."""
         s = self.settings
         fastest = max((max(v) for v in self.history.speed.values()), default=0.0)
@@ -357,8 +351,12 @@ class OnlineTuner:
                       f"seen {fastest:,.0f} steps/s); back to the default config, tuning "
                       "stopped")  # fmt: skip
         logger.error("%s", self.unmet)
-        self._start(None, self.base, now)
-        self.current = None  # applied, not measured: nothing left to compare it with
+        from runtime.config import ConfigError
+
+        try:
+            self.job.apply(self.base)  # applied, not measured: nothing left to compare it with
+        except ConfigError as exc:
+            logger.error("the default config was refused too: %s", exc)
 
     # --- telling ----------------------------------------------------------------------------
 
