@@ -123,12 +123,15 @@ def report(args: argparse.Namespace) -> dict[str, Any]:
     return doc
 
 
-def _rolling(rows: list[list[float]], n: int = 6) -> list[tuple[float, float]]:
-    """Steps/J over the last ``n`` timeline samples (30 s at the runner's 5 s), in minutes."""
-    out = []
-    for a, b in zip(rows, rows[n:], strict=False):
+def _rolling(rows: list[list[float]], span_s: float = 30.0) -> list[tuple[float, float]]:
+    """Steps/J over the last ``span_s`` of timeline samples, against minutes."""
+    out, i = [], 0
+    for b in rows:
+        while b[0] - rows[i][0] > span_s:
+            i += 1
+        a = rows[i]
         joules = b[2] - a[2] + b[3] - a[3]
-        if joules > 0:
+        if b[0] - a[0] >= span_s * 0.8 and joules > 0:
             out.append((b[0] / 60, (b[1] - a[1]) / joules))
     return out
 

@@ -3,12 +3,43 @@
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from runtime.runner import Runner
 
 logger = logging.getLogger(__name__)
+
+TIMELINE_S = 2.0
+"""How often a run's timeline samples trained steps and joules."""
+
+
+class Timeline:
+    """Cumulative trained steps, GPU J and CPU J every ``TIMELINE_S`` of a run, so any span of
+    it can be measured afterwards (``timeline_rate``)."""
+
+    COLUMNS = ("t_s", "trained_steps", "gpu_j", "cpu_j")
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[float, int, float, float]] = []
+        self.started_unix = 0.0
+
+    def start(self) -> None:
+        self.rows.clear()
+        self.started_unix = time.time()
+
+    def sample(self, t_s: float, trained_steps: int, energy: Any, force: bool = False) -> None:
+        """Adds a row if ``TIMELINE_S`` passed since the last (or ``force``); ``energy`` is a
+        callable returning the run's energy window so far (read only when a row is added)."""
+        if self.rows and t_s - self.rows[-1][0] < TIMELINE_S and not force:
+            return
+        e = energy()
+        self.rows.append((t_s, trained_steps, e.gpu_total_j, e.cpu_energy_j))
+
+    def to_doc(self) -> dict[str, Any]:
+        return {"started_unix": self.started_unix, "columns": list(self.COLUMNS),
+                "rows": [list(r) for r in self.rows]}  # fmt: skip
 
 
 def lost_steps_by_incarnation(complete: dict[str, int], stepped: dict[str, int]) -> dict[str, int]:
@@ -98,11 +129,7 @@ def build_result(runner: Runner, wall_s: float, energy: Any) -> dict[str, Any]:
         "phases": runner.phases.to_list() if runner.phases else [],
         "inference": inference_doc(runner),
         "changes": runner.changes,
-        "timeline": {
-            "started_unix": runner.started_unix,
-            "columns": ["t_s", "trained_steps", "gpu_j", "cpu_j"],
-            "rows": [list(r) for r in runner.timeline],
-        },
+        "timeline": runner.timeline.to_doc(),
         "malformed": malformed,
         "config": runner.cfg.to_dict(),
         "stages": tel.stages(),

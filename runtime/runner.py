@@ -57,6 +57,7 @@ from runtime.gmi.fleet import GMIFleet
 from runtime.inference import NAME as INFERENCE
 from runtime.inference import inference_main
 from runtime.phases import PhaseLog
+from runtime.results import Timeline
 from runtime.stages.compressor import compressor_main
 from runtime.stages.migrator import migrator_main
 from runtime.telemetry import RunTelemetry
@@ -66,8 +67,6 @@ logger = logging.getLogger(__name__)
 TICK_S = 0.1
 RUN_WINDOW = "run"
 """The energy window open for the whole run (a tuner peeks at it for cumulative joules)."""
-TIMELINE_S = 5.0
-"""How often the result's timeline samples trained steps and joules."""
 ACTOR_EXIT_TIMEOUT_S = 60.0
 """How long the drain waits for actors to finish their rollout and exit."""
 SERVICE_DRAIN_TIMEOUT_S = 120.0
@@ -133,8 +132,7 @@ class Runner:
         self._requested: list[tuple[int, ...] | None] = []
         self.phases: PhaseLog | None = None
         self.on_progress = on_progress
-        self.timeline: list[tuple[float, int, float, float]] = []
-        self.started_unix = 0.0
+        self.timeline = Timeline()
         self.meter = meter
         self.mp = mp.get_context("spawn")
         self.telemetry = RunTelemetry()
@@ -327,7 +325,7 @@ class Runner:
             )
             meter.begin_window(RUN_WINDOW)
             started = self._started = time.monotonic()
-            self.started_unix = time.time()
+            self.timeline.start()
             self.phases = PhaseLog(meter, started)
             self.phases.begin(0, [s.mps_pct for s in self.fleet.gmis], 0)
             try:
@@ -379,14 +377,8 @@ class Runner:
                 break
 
     def _sample_timeline(self, started: float, force: bool = False) -> None:
-        """Every ``TIMELINE_S``: seconds since start, trained steps, GPU J, CPU J (cumulative),
-        so any span of the run can be measured afterwards (``runtime.results``)."""
-        now = time.monotonic() - started
-        if self.timeline and now - self.timeline[-1][0] < TIMELINE_S and not force:
-            return
-        energy = self.meter.peek_window(RUN_WINDOW)
-        self.timeline.append((now, self.telemetry.trained_steps, energy.gpu_total_j,
-                              energy.cpu_energy_j))  # fmt: skip
+        self.timeline.sample(time.monotonic() - started, self.telemetry.trained_steps,
+                             lambda: self.meter.peek_window(RUN_WINDOW), force)  # fmt: skip
 
     def _drain(self, telemetry_sock: zmq.Socket, control_sock: zmq.Socket, started: float) -> None:
         def wait() -> None:

@@ -76,7 +76,8 @@ def test_study_cli_runs_a_real_trial_and_refuses_bad_input(tmp_path):
     env = {**os.environ, "COLUMNS": "200"}
     cmd = [sys.executable, "-m", "autotune.cli", "study", "--env", "CartPole-v1",
            "--storage", f"sqlite:///{tmp_path}/s.db", "--knob", "actors=2", "--knob",
-           "envs_per_actor=8", "--knob", "trainers=1", "--knob", "trainer_threads=1"]  # fmt: skip
+           "envs_per_actor=8", "--knob", "trainers=1", "--knob", "trainer_threads=1",
+           "--knob", "batch_size=1024"]  # fmt: skip
     out = subprocess.run([*cmd, "--trials", "1", "--trial-s", "14", "--warmup-s", "1",
                           "--json", str(tmp_path / "s.json")],
                          capture_output=True, text=True, timeout=180, env=env)  # fmt: skip
