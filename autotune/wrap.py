@@ -209,7 +209,7 @@ class Wrapper:
                                  "step: call autotune.client.report(steps=...) or let the "
                                  "run finish within --trial-s")  # fmt: skip
             if run.error or run.stopped:
-                _stop(proc)
+                stop_tree(proc)
                 break
         while self.sock.poll(0):
             self._take(run, str(number))
@@ -240,7 +240,7 @@ class Wrapper:
         return True
 
 
-def _stop(proc: subprocess.Popen) -> None:
+def stop_tree(proc: subprocess.Popen) -> None:
     """SIGTERM to the process tree, then SIGKILL after ``TERM_GRACE_S``."""
     pids = tree_pids(proc.pid)
     for pid in pids:

@@ -21,7 +21,7 @@ from typing import Any
 from autotune import client, control
 from autotune.counters import Counters, Measurement, measure
 from autotune.hw.gpus import gpus_used_by
-from autotune.wrap import GPU_CHECK_S, POLL_S, Wrapper, _stop, knob_env, substitute, tree_pids
+from autotune.wrap import GPU_CHECK_S, POLL_S, Wrapper, knob_env, stop_tree, substitute, tree_pids
 
 logger = logging.getLogger(__name__)
 
@@ -128,7 +128,7 @@ def run_live(wrapper: Wrapper, tuner_factory: Any, base: dict[str, Any],
             job.pump(report_timeout_s)
             tuner.tick()
     except (LiveModeUnsupported, KeyboardInterrupt):
-        _stop(proc)
+        stop_tree(proc)
         tuner.close("script stopped")
         raise
     tuner.close("script ended")
