@@ -1,4 +1,4 @@
-"""``autotune study --env ENV --trials N``: offline tuning, one fresh run per trial."""
+"""``autotune study``: offline tuning, one fresh run per trial (see ``autotune.offline``)."""
 
 from __future__ import annotations
 
@@ -10,30 +10,133 @@ from typing import Any
 def add_study_command(sub: Any) -> None:
     study = sub.add_parser(
         "study",
-        help="offline tuning: many short training runs, one fresh run per trial, kept in an "
-        "Optuna study",
-        description="Runs short 'autotune train' jobs with configs chosen by Optuna (TPE) over "
-        "the knob space, restart-only knobs included, and keeps each trial's steps/s and "
-        "steps/J (measured after --warmup-s) in an RDB study that resumes when run again.",
+        help="offline tuning: many short runs, one fresh run per trial, kept in an Optuna study",
+        description="Runs short 'autotune train' jobs (or, after --, a wrapped script) with "
+        "configs chosen on Optuna: the default config first, then GMI-DRL's profiling (trainer "
+        "GMIs x envs per actor, each row stopped at saturation, unrunnable configs skipped), "
+        "then TPE over the whole knob space, restart-only knobs included. Each trial's steps/s "
+        "and steps/J (measured after --warmup-s) are kept in an RDB study (SQLite or "
+        "PostgreSQL) that resumes when run again and opens in optuna-dashboard.",
+        epilog="examples: autotune study --env Ant-v5 --trials 30 --trial-s 60 --warmup-s 15 | "
+        "autotune study --objective both --storage postgresql://user:pw@host/db | "
+        "autotune study --knob num_envs=1,2,4,8 --trials 8 -- python examples/ppo_gymnasium.py",
     )
-    study.add_argument("--env", default="CartPole-v1", help="gymnasium env id")
-    study.add_argument("--trials", type=int, default=20, help="trials to run now (default 20)")
-    study.add_argument("--trial-s", type=float, default=30.0,
+    study.add_argument("--env", default="CartPole-v1", help="gymnasium env id (default "
+                       "CartPole-v1; not used with -- CMD)")  # fmt: skip
+    study.add_argument("--trials", type=int, default=20,
+                       help="trials to run now, all workers together (default 20)")  # fmt: skip
+    study.add_argument("--trial-s", "--timeout", type=float, default=30.0, dest="trial_s",
                        help="wall seconds per trial run (default 30)")  # fmt: skip
     study.add_argument("--warmup-s", type=float, default=10.0,
-                       help="seconds of each run left out of its figures (default 10)")  # fmt: skip
+                       help="seconds after a run's first trained step left out of its figures "
+                       "(default 10; train trials)")  # fmt: skip
     study.add_argument("--knob", action="append", default=None, metavar="NAME=SPEC",
-                       help="fix or narrow a knob, as for train --tune (repeatable)")  # fmt: skip
-    study.add_argument("--objective", choices=["steps_per_joule", "steps_per_s"],
-                       default="steps_per_joule", help="what to maximise")  # fmt: skip
+                       help="fix or narrow a knob, as for train --tune; with -- CMD, the "
+                       "script's knobs as for wrap (repeatable)")  # fmt: skip
+    study.add_argument("--objective", choices=["steps_per_joule", "steps_per_s", "both"],
+                       default="steps_per_joule",
+                       help="what to maximise; both: steps/s and steps/J, a multi-objective "
+                       "study with a Pareto front (default steps_per_joule)")  # fmt: skip
+    study.add_argument("--no-profile", action="store_true",
+                       help="skip the profiling seeds (train runs profile by default)")  # fmt: skip
+    study.add_argument("--workers", type=int, default=1,
+                       help="trials run at once on this machine, each worker on its own slice "
+                       "of the cores (and its own GPU); run more workers on other machines with "
+                       "the same --storage and --study (default 1)")  # fmt: skip
     study.add_argument("--policy", default="auto", help="MLP spec (default auto)")
+    study.add_argument("--report-timeout-s", type=float, default=60.0,
+                       help="-- CMD: a run silent this long after its first report is hung "
+                       "(default 60)")  # fmt: skip
     study.add_argument("--storage", default="sqlite:///autotune.db",
-                       help="Optuna RDB storage URL (default sqlite:///autotune.db)")  # fmt: skip
-    study.add_argument("--study", default=None, help="study name (default study-<env>)")
+                       help="Optuna RDB storage URL: sqlite:///FILE (default "
+                       "sqlite:///autotune.db) or postgresql://USER:PASSWORD@HOST/DB")  # fmt: skip
+    study.add_argument("--study", default=None,
+                       help="study name (default study-<env>, or study-<script name>)")  # fmt: skip
     study.add_argument("--seed", type=int, default=0, help="sampler and run seed (default 0)")
     study.add_argument("--json", type=Path, default=None, metavar="PATH",
                        help="write this session's trials and the best config to PATH")  # fmt: skip
+    study.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS... (a wrapped script)")
     study.set_defaults(func=cmd_study)
+
+
+def study_name(args: argparse.Namespace) -> str:
+    if args.study:
+        return args.study
+    from autotune.wrap import script_name
+
+    return f"study-{script_name(args.cmd)}" if args.cmd else f"study-{args.env}"
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Raises ValueError saying which settings are wrong and what is allowed."""
+    args.cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if args.trials < 1 or not args.trial_s > args.warmup_s >= 0:
+        raise ValueError(f"--trials {args.trials}, --trial-s {args.trial_s}, --warmup-s "
+                         f"{args.warmup_s}: need trials >= 1, trial-s > warmup-s >= 0")  # fmt: skip
+    if args.workers < 1 or args.workers > args.trials:
+        raise ValueError(f"--workers {args.workers}: allowed 1..--trials ({args.trials})")
+    if args.cmd and not args.knob:
+        raise ValueError("-- CMD: give at least one --knob NAME=SPEC for the script")
+
+
+def make_study(args: argparse.Namespace, cores: int | None = None,
+               gpu: int | None = None) -> Any:  # fmt: skip
+    """The ``OfflineStudy`` these arguments describe; a worker passes its core count and GPU.
+
+    Raises:
+        KnobError, StudyError, ValueError: bad knobs, storage or settings.
+    """
+    import os
+
+    from autotune.knobs import KnobError, Machine, build_space
+    from autotune.offline import OBJECTIVES, OfflineStudy, ScriptTrials, TrainTrials
+    from autotune.study import open_study
+    from runtime.config import TrainConfig
+
+    meta: dict[str, Any] = {"objective": args.objective, "trial_s": args.trial_s}
+    if args.cmd:
+        from autotune.wrap import Wrapper, parse_knob
+
+        space = [parse_knob(k) for k in args.knob]
+        if len({k.name for k in space}) != len(space):
+            raise KnobError(f"a knob is given twice: {[k.name for k in space]}")
+        trials: Any = ScriptTrials(Wrapper(args.cmd, args.trial_s, args.report_timeout_s), space)
+        meta.update(kind="script", cmd=args.cmd)
+    else:
+        here = Machine.here()
+        machine = Machine(cores or here.cores, here.gpus if gpu is None else 1)
+        knobs = build_space(machine, args.knob)
+        base = TrainConfig(env=args.env, steps=10**12, policy=args.policy, seed=args.seed,
+                           max_wall_s=args.trial_s)  # fmt: skip
+        meter = None
+        if args.workers > 1:
+            meter = _worker_meter(gpu)
+        trials = TrainTrials(knobs, base, args.warmup_s, meter=meter)
+        meta.update(kind="train", env=args.env, policy=args.policy, warmup_s=args.warmup_s,
+                    base=base.to_dict(), machine={"cores": os.cpu_count(), "gpus": here.gpus,
+                                                  "worker_cores": machine.cores})  # fmt: skip
+    study = open_study(args.storage, study_name(args), seed=args.seed,
+                       metrics=OBJECTIVES[args.objective])  # fmt: skip
+    offline = OfflineStudy(study, trials, args.objective, profile=not args.no_profile)
+    if "autotune" not in study.user_attrs:
+        study.set_user_attr("autotune", {**meta, "default": trials.default()})
+    return offline
+
+
+def _worker_meter(gpu: int | None) -> Any:
+    """A local worker's meter: its own GPU and the CPU time of its own processes (RAPL and the
+    machine-wide model would charge every worker for the others)."""
+    import os
+
+    from autotune.energy import EnergyMeter
+    from autotune.energy.cpu import CPUModelEnergy, tree_pids
+    from autotune.energy.gpu import NullGPUEnergy, probe_gpu_energy
+
+    def meter() -> Any:
+        gpu_source = NullGPUEnergy() if gpu is None else probe_gpu_energy((gpu,))
+        return EnergyMeter(gpu=gpu_source, cpu=CPUModelEnergy(pids=lambda: tree_pids(os.getpid())))
+
+    return meter
 
 
 def cmd_study(args: argparse.Namespace) -> int:
@@ -41,58 +144,90 @@ def cmd_study(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
     from autotune.cli import write_json
-    from autotune.knobs import KnobError, Machine, build_space
-    from autotune.offline import OfflineStudy
-    from autotune.study import StudyError, best_trial, open_study
-    from runtime.config import TrainConfig
+    from autotune.knobs import KnobError
+    from autotune.study import StudyError
 
     console = Console(stderr=True)
     try:
-        if args.trials < 1 or not args.trial_s > args.warmup_s >= 0:
-            raise ValueError(f"--trials {args.trials}, --trial-s {args.trial_s}, "
-                             f"--warmup-s {args.warmup_s}: need trials >= 1 and "
-                             "trial-s > warmup-s >= 0")  # fmt: skip
-        space = build_space(Machine.here(), args.knob)
-        base = TrainConfig(env=args.env, steps=10**12, policy=args.policy, seed=args.seed,
-                           max_wall_s=args.trial_s)  # fmt: skip
-        study = open_study(args.storage, args.study or f"study-{args.env}",
-                           seed=args.seed)  # fmt: skip
-        offline = OfflineStudy(study, space, base, args.warmup_s, args.objective)
+        check_args(args)
+        plan = []
+        if args.workers > 1:
+            from autotune.study_workers import plan_workers
+
+            plan = plan_workers(args)
+        offline = make_study(args, cores=len(plan[0].cores) if plan else None)
     except (KnobError, StudyError, ValueError) as exc:
         console.print(f"[red]error:[/red] {exc}")
         return 2
-    rows, interrupted = [], False
     progress = Progress(TextColumn("{task.description}"), BarColumn(),
                         TextColumn("{task.completed}/{task.total} trials"),
-                        TextColumn("best {task.fields[best]}"), TimeRemainingColumn(),
+                        TextColumn("{task.fields[best]}"), TimeRemainingColumn(),
                         console=console)  # fmt: skip
+    rows: list[dict[str, Any]] = []
     with progress:
-        task = progress.add_task(f"study {study.study_name}", total=args.trials, best="-")
-        try:
-            for _ in range(args.trials):
-                row = offline.step()
-                rows.append(row.__dict__)
-                if row.error:
-                    progress.console.print(
-                        f"trial {row.number} {row.values}: [red]{row.error}[/red]"
-                    )
-                else:
-                    progress.console.print(f"trial {row.number} {row.values}: "
-                                           f"{row.steps_per_s:,.0f} steps/s, "
-                                           f"{row.steps_per_joule or 0:.4g} steps/J")  # fmt: skip
-                best = best_trial(study)
-                progress.update(task, advance=1, best=f"{best.value:.4g}" if best else "-")
-        except KeyboardInterrupt:
-            interrupted = True
-    best = best_trial(study)
-    doc = {"study": study.study_name, "objective": args.objective, "trials": rows,
-           "interrupted": interrupted,
-           "best": None if best is None else {"number": best.number, "values": best.params,
-                                              "objective": best.value,
-                                              **best.user_attrs}}  # fmt: skip
+        task = progress.add_task(f"study {offline.study.study_name}", total=args.trials,
+                                 best="")  # fmt: skip
+
+        def done(row: dict[str, Any]) -> None:
+            rows.append(row)
+            progress.console.print(describe(row))
+            progress.update(task, advance=1, best=best_text(offline))
+
+        if args.workers > 1:
+            from autotune.study_workers import run_workers
+
+            interrupted = run_workers(args, plan, done, say=progress.console.print)
+        else:
+            interrupted = _run_here(offline, args.trials, done)
+    closer = getattr(offline.trials, "wrapper", None)
+    if closer is not None:
+        closer.close()
+    doc = {"study": offline.study.study_name, "objective": args.objective, "trials": rows,
+           "interrupted": interrupted, **summary(offline.study, args.objective)}  # fmt: skip
     if interrupted:
         console.print("[red]interrupted[/red]: the study is consistent; rerun to go on")
-    console.print("best: " + (f"trial {best.number} {best.params} -> {best.value:.4g}"
-                              if best else "none"))  # fmt: skip
+    console.print(best_text(offline) or "no trial completed")
     write_json(args.json, doc)
-    return 130 if interrupted else (0 if best is not None else 1)
+    return 130 if interrupted else (0 if doc["best"] is not None else 1)
+
+
+def _run_here(offline: Any, trials: int, done: Any) -> bool:
+    """Runs ``trials`` trials in this process; True if Ctrl-C cut them."""
+    try:
+        for _ in range(trials):
+            done(offline.step().__dict__)
+    except KeyboardInterrupt:
+        return True
+    return False
+
+
+def describe(row: dict[str, Any]) -> str:
+    head = f"trial {row['number']} ({row['role']}) {row['values']}"
+    if row.get("worker") is not None:
+        head = f"[w{row['worker']}] {head}"
+    if row["error"]:
+        return f"{head}: [red]{row['error']}[/red]"
+    return (f"{head}: {row['steps_per_s']:,.0f} steps/s, "
+            f"{row['steps_per_joule'] or 0:.4g} steps/J")  # fmt: skip
+
+
+def best_text(offline: Any) -> str:
+    from autotune.study import best_trial, pareto_front
+
+    if len(offline.metrics) > 1:
+        front = pareto_front(offline.study)
+        return f"Pareto front: {len(front)} trials" if front else ""
+    best = best_trial(offline.study)
+    return f"best: trial {best.number} {best.params} -> {best.value:.4g}" if best else ""
+
+
+def summary(study: Any, objective: str) -> dict[str, Any]:
+    """The best trial (by steps/J for ``both``) and the Pareto front, for ``--json``."""
+    from autotune.study import best_trial, pareto_front
+
+    def trial_doc(t: Any) -> dict[str, Any]:
+        return {"number": t.number, "values": t.params, "objective": t.values, **t.user_attrs}
+
+    best = best_trial(study, metric=1 if objective == "both" else 0)
+    return {"best": None if best is None else trial_doc(best),
+            "pareto_front": [trial_doc(t) for t in pareto_front(study)]}  # fmt: skip

@@ -55,7 +55,7 @@ def cmd_wrap(args: argparse.Namespace) -> int:
 
     from autotune.knobs import KnobError
     from autotune.study import StudyError, open_study
-    from autotune.wrap import Wrapper, parse_knob
+    from autotune.wrap import Wrapper, parse_knob, script_name
 
     console = Console(stderr=True)
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
@@ -68,7 +68,7 @@ def cmd_wrap(args: argparse.Namespace) -> int:
         names = [k.name for k in space]
         if len(set(names)) != len(names):
             raise KnobError(f"a knob is given twice: {names}")
-        name = args.study or f"wrap-{Path(cmd[0] if cmd else 'cmd').stem}"
+        name = args.study or f"wrap-{script_name(cmd)}"
         study = open_study(args.storage, name, seed=args.seed)
         wrapper = Wrapper(cmd, args.trial_s, args.report_timeout_s)
     except (KnobError, StudyError, ValueError) as exc:
@@ -83,6 +83,7 @@ def _wrap_restart(args: argparse.Namespace, console: Any, cmd: list[str], space:
                   study: Any, wrapper: Any) -> int:  # fmt: skip
     from autotune.cli import write_json
     from autotune.study import (
+        ask,
         best_trial,
         fail_config,
         fail_interrupted,
@@ -97,7 +98,7 @@ def _wrap_restart(args: argparse.Namespace, console: Any, cmd: list[str], space:
     rows: list[dict[str, Any]] = []
     try:
         for _ in range(args.trials):
-            trial = study.ask()
+            trial = ask(study)
             values = {k.name: k.choices[0] if len(k.choices) == 1
                       else trial.suggest_categorical(k.name, list(k.choices))
                       for k in space}  # fmt: skip

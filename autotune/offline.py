@@ -1,12 +1,28 @@
-"""``autotune study``: many short training runs, one fresh run per trial, on an Optuna study.
+"""``autotune study``: many short runs, one fresh run per trial, on an Optuna study.
 
-Unlike the online tuner, a trial here is a whole new ``autotune train`` run, so every knob can
-move, the ones that need a new run included (rollout length, inference placement). Each run
-lasts ``trial_s``; its figures are read from the run's timeline from ``warmup_s`` after its
-first trained step (start-up and the first updates left out), so trials compare fairly. A config the
-runtime refuses (``TrainConfig.validate``) is a failed trial marked "not runnable" and never
-tried again; a run that fails is a failed trial with its error. The study is in RDB storage
-and resumes when run again; a trial cut by Ctrl-C is failed as interrupted.
+A trial is a whole new run, so every knob can move, the ones that need a new run included
+(rollout length, inference placement). Two kinds of trial share the study logic here:
+
+* ``TrainTrials``: an ``autotune train`` run of ``trial_s`` seconds, measured from its timeline
+  from ``warmup_s`` after its first trained step (start-up and the first updates left out), so
+  trials compare fairly. A config the runtime refuses (``TrainConfig.validate``) fails as "not
+  runnable" and is never tried again.
+* ``ScriptTrials``: a run of a wrapped script (``autotune study -- CMD``, ``autotune wrap``),
+  measured by ``autotune.wrap.Wrapper``.
+
+The order of trials in a study:
+
+1. the default config (``role`` "default"), the yardstick ``autotune export`` compares with;
+2. GMI-DRL's profiling-based exploration (``role`` "profile", train trials only): for each
+   count of trainer GMIs, ascending, environments per actor ascending, with every actor slot
+   filled; a row stops at saturation, the first point that gains less than ``SATURATION`` over
+   the best of its row, and configs that cannot run are skipped;
+3. the sampler (TPE, ``role`` "sampler") over the whole space, seeded by what came before.
+
+Single objective (steps/J or steps/s), or both (``both``: a multi-objective study whose
+Pareto front ``pareto_front`` gives). The study is in RDB storage and resumes where it stopped,
+profiling included; a trial cut by Ctrl-C is failed as interrupted and its config may run
+again.
 """
 
 from __future__ import annotations
@@ -17,37 +33,60 @@ from collections.abc import Callable
 from typing import Any
 
 from autotune.knobs import Knob
-from autotune.online import config_changes
+from autotune.online import config_changes, knob_values
 from autotune.study import (
+    ask,
+    config_key,
     fail_config,
     fail_interrupted,
     fail_orphans,
-    failed_configs,
-    skip_if_failed,  # fmt: skip
+    failed_configs,  # fmt: skip
+    skip_if_failed,
 )
 from runtime.config import ConfigError, TrainConfig
 
 logger = logging.getLogger(__name__)
 
-OBJECTIVES = ("steps_per_joule", "steps_per_s")
+OBJECTIVES: dict[str, tuple[str, ...]] = {
+    "steps_per_joule": ("steps_per_joule",),
+    "steps_per_s": ("steps_per_s",),
+    "both": ("steps_per_s", "steps_per_joule"),
+}
+"""Each ``--objective`` and the study's metric names (maximised), in order."""
+SATURATION = 0.05
+"""Profiling: a point that gains less than this over the best of its row saturates the row."""
+
+
+class TrialFailed(Exception):
+    """A trial that could not be measured; the message says why."""
+
+
+@dataclasses.dataclass
+class Measured:
+    """One trial's figures; ``attrs`` are kept as the trial's user attributes."""
+
+    steps_per_s: float
+    steps_per_joule: float
+    attrs: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
 class TrialResult:
     number: int
     values: dict[str, Any]
-    objective: float | None = None
+    role: str = "sampler"
+    objective: list[float] | None = None
     steps_per_s: float | None = None
     steps_per_joule: float | None = None
-    gpu_w: float | None = None
-    cpu_w: float | None = None
-    lost_steps: int | None = None
+    attrs: dict[str, Any] = dataclasses.field(default_factory=dict)
     error: str | None = None
 
 
-def run_config(cfg: TrainConfig, warmup_s: float) -> tuple[dict[str, Any], dict[str, Any]]:
+def run_config(cfg: TrainConfig, warmup_s: float,
+               meter: Any = None) -> tuple[dict[str, Any], dict[str, Any]]:  # fmt: skip
     """One quiet training run of ``cfg``; returns its result and its rates from ``warmup_s``
     after its first trained step to its end (process start-up is left out, however long).
+    ``meter`` is the ``EnergyMeter`` to charge (default: the machine's).
 
     Raises:
         ConfigError: the config cannot run here.
@@ -57,7 +96,9 @@ def run_config(cfg: TrainConfig, warmup_s: float) -> tuple[dict[str, Any], dict[
     from runtime.runner import RunError, Runner
 
     info = cfg.validate()
-    result = Runner(cfg, info).run()
+    runner = Runner(cfg, info)
+    runner.meter = meter
+    result = runner.run()
     rows = result["timeline"]["rows"]
     first = next((r[0] for r in rows if r[1] > 0), None)
     rate = None if first is None else timeline_rate(result, first + warmup_s, result["wall_s"])
@@ -69,62 +110,203 @@ def run_config(cfg: TrainConfig, warmup_s: float) -> tuple[dict[str, Any], dict[
     return result, rate
 
 
-class OfflineStudy:
-    """Asks, runs and tells one trial at a time (see the module docstring).
+def _tuned(space: dict[str, Knob] | list[Knob]) -> tuple[list[Knob], dict[str, Any]]:
+    knobs = list(space.values()) if isinstance(space, dict) else list(space)
+    usable = [k for k in knobs if k.unavailable is None]
+    return ([k for k in usable if len(k.choices) > 1],
+            {k.name: k.choices[0] for k in usable if len(k.choices) == 1})  # fmt: skip
+
+
+def _nearest(knob: Knob, value: Any) -> Any:
+    if value in knob.choices:
+        return value
+    if isinstance(value, int) and all(isinstance(c, int) for c in knob.choices):
+        return min(knob.choices, key=lambda c: (abs(c - value), c))
+    return knob.choices[0]
+
+
+class TrainTrials:
+    """Trials as ``autotune train`` runs of ``base`` changed by the knob values.
 
     Args:
-        study: The Optuna study (maximize).
         space: The knobs; every one with several choices that applies here is tuned.
         base: The config each trial starts from (its ``max_wall_s`` is the trial length).
-        warmup_s: Seconds of each run left out of its figures.
-        objective: ``steps_per_joule`` or ``steps_per_s``.
+        warmup_s: Seconds after the first trained step left out of each run's figures.
         run: How a config is run (injectable for tests).
+        meter: A factory of the ``EnergyMeter`` each run charges (None: the machine's).
     """
 
-    def __init__(self, study: Any, space: dict[str, Knob], base: TrainConfig, warmup_s: float,
-                 objective: str = "steps_per_joule",
-                 run: Callable[[TrainConfig, float], tuple[dict, dict]] = run_config,
-                 ) -> None:  # fmt: skip
+    kind = "train"
+
+    def __init__(self, space: dict[str, Knob], base: TrainConfig, warmup_s: float,
+                 run: Callable[..., tuple[dict, dict]] = run_config,
+                 meter: Callable[[], Any] | None = None) -> None:  # fmt: skip
+        self.base, self.warmup_s, self._run, self._meter = base, warmup_s, run, meter
+        self.knobs, self.fixed = _tuned(space)
+
+    def default(self) -> dict[str, Any]:
+        """The base config's knob values (the nearest choice where it is outside the space)."""
+        now = knob_values(self.base, {k.name: k for k in self.knobs})
+        return {k.name: _nearest(k, now[k.name]) for k in self.knobs}
+
+    def profile_rows(self) -> list[list[dict[str, Any]]]:
+        """GMI-DRL's profiling plan: one row per trainer GMI count, environments per actor
+        ascending, every actor slot filled (the most actors allowed); [] if envs are fixed."""
+        by_name = {k.name: k for k in self.knobs}
+        if "envs_per_actor" not in by_name:
+            return []
+        start = self.default()
+        if "actors" in by_name:
+            start["actors"] = max(by_name["actors"].choices)
+        gmis = sorted(by_name["trainers"].choices) if "trainers" in by_name else [None]
+        envs = sorted(by_name["envs_per_actor"].choices)
+        return [[{**start, **({} if g is None else {"trainers": g}), "envs_per_actor": e}
+                 for e in envs] for g in gmis]  # fmt: skip
+
+    def __call__(self, number: int, values: dict[str, Any]) -> Measured:
+        from runtime.runner import RunError
+
+        try:
+            cfg = dataclasses.replace(self.base, **config_changes({**self.fixed, **values}))
+            meter = None if self._meter is None else self._meter()
+            result, rate = self._run(cfg, self.warmup_s, meter)
+        except ConfigError as exc:
+            raise TrialFailed(f"not runnable: {exc}") from None
+        except RunError as exc:
+            raise TrialFailed(f"run failed: {exc}") from None
+        attrs = {"gpu_w": rate["gpu_w"], "cpu_w": rate["cpu_w"],
+                 "lost_steps": result["lost_steps"],
+                 "cpu_source": result["energy"]["cpu_source"]}  # fmt: skip
+        return Measured(rate["steps_per_s"], rate["steps_per_joule"] or 0.0, attrs)
+
+
+class ScriptTrials:
+    """Trials as runs of a wrapped script (``autotune.wrap.Wrapper``); scored per step it
+    reports, or per run if it reports none."""
+
+    kind = "script"
+
+    def __init__(self, wrapper: Any, space: list[Knob]) -> None:
+        self.wrapper = wrapper
+        self.knobs, self.fixed = _tuned(space)
+
+    def default(self) -> dict[str, Any]:
+        return {k.name: k.choices[0] for k in self.knobs}
+
+    def profile_rows(self) -> list[list[dict[str, Any]]]:
+        return []  # a script's knobs have no GMI or env meaning to profile by
+
+    def __call__(self, number: int, values: dict[str, Any]) -> Measured:
+        run = self.wrapper.run_trial(number, {**self.fixed, **values})
+        if run.error is not None:
+            raise TrialFailed(run.error)
+        attrs = {"wall_s": run.wall_s, "steps": run.steps, "unit": run.unit, "gpu_j": run.gpu_j,
+                 "cpu_j": run.cpu_j, "cpu_source": "model", "stopped": run.stopped,
+                 "gpus": run.gpus, "metrics": run.metrics}  # fmt: skip
+        return Measured(run.score("steps_per_s"), run.score("steps_per_joule"), attrs)
+
+
+class OfflineStudy:
+    """Asks, runs and tells one trial at a time, in the order the module docstring gives.
+
+    Args:
+        study: The Optuna study, opened with the metric names of ``objective``.
+        trials: ``TrainTrials`` or ``ScriptTrials``.
+        objective: A key of ``OBJECTIVES``.
+        profile: Whether to run the profiling seeds (where ``trials`` has a plan).
+    """
+
+    def __init__(self, study: Any, trials: TrainTrials | ScriptTrials,
+                 objective: str = "steps_per_joule", profile: bool = True) -> None:  # fmt: skip
         if objective not in OBJECTIVES:
-            raise ValueError(f"objective={objective!r}: allowed {OBJECTIVES}")
-        self.study, self.base, self.warmup_s, self.objective, self._run = (
-            study, base, warmup_s, objective, run)  # fmt: skip
-        self.knobs = [k for k in space.values() if k.unavailable is None and len(k.choices) > 1]
-        self.fixed = {k.name: k.choices[0] for k in space.values()
-                      if k.unavailable is None and len(k.choices) == 1}  # fmt: skip
+            raise ValueError(f"objective={objective!r}: allowed {', '.join(OBJECTIVES)}")
+        self.study, self.trials, self.objective = study, trials, objective
+        self.metrics = OBJECTIVES[objective]
+        self.rows = trials.profile_rows() if profile else []
         fail_orphans(study)
         self.failed = failed_configs(study)
 
+    @property
+    def knobs(self) -> list[Knob]:
+        return self.trials.knobs
+
+    def _history(self) -> tuple[dict[str, float | None], set[str], set[str]]:
+        """Configs measured (their saturation metric, None if failed), configs waiting or
+        running, and the roles already taken."""
+        from optuna.trial import TrialState
+
+        measured: dict[str, float | None] = {}
+        pending, roles = set(), set()
+        for t in self.study.get_trials(deepcopy=False):
+            key = config_key(t.params)
+            roles.add(t.user_attrs.get("role"))
+            if t.state == TrialState.COMPLETE:
+                measured[key] = t.user_attrs.get(self.metrics[0])
+            elif t.state == TrialState.FAIL and "interrupted" not in t.user_attrs:
+                measured[key] = None
+            elif t.state in (TrialState.RUNNING, TrialState.WAITING):
+                pending.add(key)
+        return measured, pending, roles
+
+    def next_planned(self) -> tuple[dict[str, Any], str] | None:
+        """The default config, then the next profiling seed; None when the sampler's turn."""
+        measured, pending, roles = self._history()
+        default = self.trials.default()
+        if "default" not in roles and config_key(default) not in pending and self.knobs:
+            return default, "default"
+        for row in self.rows:
+            best = None
+            for values in row:
+                key = config_key(values)
+                if key in pending:
+                    continue
+                if key not in measured:
+                    return values, "profile"
+                value = measured[key]
+                if value is None:
+                    continue  # not runnable here: skipped, the row goes on
+                if best is not None and value < best * (1 + SATURATION):
+                    break  # saturated
+                best = value if best is None else max(best, value)
+        return None
+
     def step(self) -> TrialResult:
         """Runs one trial."""
-
-        from runtime.runner import RunError
-
-        trial = self.study.ask()
-        values = {k.name: trial.suggest_categorical(k.name, list(k.choices)) for k in self.knobs}
-        row = TrialResult(trial.number, values)
+        planned = self.next_planned()
+        if planned is not None:
+            self.study.enqueue_trial(planned[0], user_attrs={"role": planned[1]},
+                                     skip_if_exists=True)  # fmt: skip
+        trial = ask(self.study)
+        try:
+            values = {k.name: trial.suggest_categorical(k.name, list(k.choices))
+                      for k in self.knobs}  # fmt: skip
+        except ValueError as exc:
+            fail_interrupted(self.study, trial, "knob space differs from the study's")
+            raise ValueError(f"study {self.study.study_name!r} was made with other choices for "
+                             f"a knob ({exc}); give the same --knob settings (and --workers) "
+                             "as when it was made, or a new --study name") from None  # fmt: skip
+        role = trial.user_attrs.get("role", "sampler")
+        if "role" not in trial.user_attrs:
+            trial.set_user_attr("role", role)
+        row = TrialResult(trial.number, values, role)
         if skip_if_failed(self.study, trial, values, self.failed):
             row.error = "skipped: failed before"
             return row
         try:
-            cfg = dataclasses.replace(self.base, **config_changes({**self.fixed, **values}))
-            result, rate = self._run(cfg, self.warmup_s)
-        except ConfigError as exc:
-            row.error = f"not runnable: {exc}"
-        except RunError as exc:
-            row.error = f"run failed: {exc}"
+            measured = self.trials(trial.number, values)
+        except TrialFailed as exc:
+            row.error = str(exc)
         except KeyboardInterrupt:
             fail_interrupted(self.study, trial, "Ctrl-C")
             raise
         if row.error is not None:
             fail_config(self.study, trial, values, row.error, self.failed)
             return row
-        row.steps_per_s, row.steps_per_joule = rate["steps_per_s"], rate["steps_per_joule"]
-        row.gpu_w, row.cpu_w, row.lost_steps = rate["gpu_w"], rate["cpu_w"], result["lost_steps"]
-        row.objective = (row.steps_per_s if self.objective == "steps_per_s"
-                         else row.steps_per_joule or 0.0)  # fmt: skip
-        for name in ("steps_per_s", "steps_per_joule", "gpu_w", "cpu_w", "lost_steps"):
-            trial.set_user_attr(name, getattr(row, name))
-        trial.set_user_attr("cpu_source", result["energy"]["cpu_source"])
-        self.study.tell(trial, row.objective)
+        row.steps_per_s, row.steps_per_joule = measured.steps_per_s, measured.steps_per_joule
+        row.attrs = measured.attrs
+        row.objective = [getattr(measured, m) for m in self.metrics]
+        attrs = {"steps_per_s": row.steps_per_s, "steps_per_joule": row.steps_per_joule}
+        for name, value in {**attrs, **row.attrs}.items():
+            trial.set_user_attr(name, value)
+        self.study.tell(trial, row.objective if len(row.objective) > 1 else row.objective[0])
         return row

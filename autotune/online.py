@@ -191,7 +191,7 @@ def start_tuning(args: argparse.Namespace, cfg: TrainConfig, runner: Any) -> Tun
             allowed, or the daemon's refusal; nothing has started then.
     """
     from autotune.knobs import Machine, build_space
-    from autotune.study import open_study, sqlite_absolute
+    from autotune.study import open_study, storage_url
     from autotune.tuner import OnlineTuner, TunerSettings
 
     machine = Machine.here()
@@ -204,7 +204,7 @@ def start_tuning(args: argparse.Namespace, cfg: TrainConfig, runner: Any) -> Tun
     problems = settings.problems()
     if problems:
         raise ValueError("invalid tuning settings: " + "; ".join(problems))
-    storage = sqlite_absolute(args.storage)
+    storage = storage_url(args.storage)
     study_name = args.study or f"online-{cfg.env}"
     base = knob_values(cfg, {k: v for k, v in space.items() if v.online})
     if not args.in_process:

@@ -66,9 +66,9 @@ def stored_status(storage: str, study_name: str) -> dict[str, Any]:
     """
     import optuna
 
-    from autotune.study import StudyError, sqlite_absolute
+    from autotune.study import StudyError, storage_url
 
-    storage = sqlite_absolute(storage)
+    storage = storage_url(storage)
     try:
         study = optuna.load_study(study_name=study_name, storage=storage)
     except Exception as exc:  # SQLAlchemy and Optuna raise many kinds; all mean "cannot read"

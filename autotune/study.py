@@ -16,15 +16,16 @@ from __future__ import annotations
 
 import json
 import logging
+import warnings
 from pathlib import Path
 from typing import Any
 
 import optuna
 from optuna.trial import TrialState
 
-__all__ = ["StudyError", "best_trial", "config_key", "fail_config", "fail_interrupted",
-           "fail_orphans", "failed_configs", "open_study", "skip_if_failed", "sqlite_absolute",
-           "trial_values"]  # fmt: skip
+__all__ = ["StudyError", "ask", "best_trial", "config_key", "fail_config", "fail_interrupted",
+           "fail_orphans", "failed_configs", "open_study", "pareto_front", "skip_if_failed",
+           "storage_url", "trial_values"]  # fmt: skip
 
 logger = logging.getLogger(__name__)
 
@@ -42,9 +43,12 @@ class _AskTellGrid(optuna.samplers.GridSampler):
 
 
 def open_study(storage: str, name: str, seed: int | None = None,
-               grid: dict[str, list[Any]] | None = None) -> optuna.Study:  # fmt: skip
-    """Creates or loads the study ``name`` (maximize) in the RDB storage URL ``storage``, with
-    a TPE sampler (which honours constraints set on trials), or a grid sampler over ``grid``.
+               grid: dict[str, list[Any]] | None = None,
+               metrics: tuple[str, ...] = ()) -> optuna.Study:  # fmt: skip
+    """Creates or loads the study ``name`` in the RDB storage URL ``storage``, every objective
+    maximised, with a TPE sampler (which honours constraints set on trials), or a grid sampler
+    over ``grid``. ``metrics`` names the objectives (two or more make a multi-objective study;
+    the names show in optuna-dashboard); an existing study must have the same number.
 
     Raises:
         StudyError: saying which URL or study failed and why.
@@ -52,25 +56,38 @@ def open_study(storage: str, name: str, seed: int | None = None,
     sampler: optuna.samplers.BaseSampler = (
         optuna.samplers.TPESampler(seed=seed, n_startup_trials=5) if grid is None
         else _AskTellGrid(grid, seed=seed))  # fmt: skip
-    storage = sqlite_absolute(storage)
+    storage = storage_url(storage)
     try:
         rdb = optuna.storages.RDBStorage(storage)
-        return optuna.create_study(storage=rdb, study_name=name, direction="maximize",
-                                   sampler=sampler, load_if_exists=True)  # fmt: skip
+        study = optuna.create_study(storage=rdb, study_name=name,
+                                    directions=["maximize"] * max(1, len(metrics)),
+                                    sampler=sampler, load_if_exists=True)  # fmt: skip
     except Exception as exc:  # SQLAlchemy and Optuna raise many kinds; all mean "cannot open"
         raise StudyError(f"cannot open study {name!r} in storage {storage!r}: "
                          f"{type(exc).__name__}: {exc}") from None  # fmt: skip
+    if len(study.directions) != max(1, len(metrics)):
+        had = study.metric_names or [f"{len(study.directions)} objectives"]
+        raise StudyError(f"study {name!r} in {storage!r} has objectives {had}, not "
+                         f"{list(metrics)}; use its objective or a new --study name")  # fmt: skip
+    if metrics and study.metric_names is None:
+        with warnings.catch_warnings():  # experimental in Optuna 3.2+, and what the dashboard reads
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study.set_metric_names(list(metrics))
+    return study
 
 
 def config_key(values: dict[str, Any]) -> str:
     return json.dumps(values, sort_keys=True)
 
 
-def sqlite_absolute(url: str) -> str:
-    """``sqlite:///relative.db`` made absolute against this directory; other URLs unchanged."""
+def storage_url(url: str) -> str:
+    """The URL Optuna opens: ``sqlite:///relative.db`` made absolute against this directory,
+    ``postgresql://`` given the psycopg (3) driver of the ``postgres`` extra; others unchanged."""
     prefix = "sqlite:///"
     if url.startswith(prefix) and not url.startswith(prefix + "/") and url != prefix + ":memory:":
         return prefix + str(Path(url[len(prefix) :]).resolve())
+    if url.startswith(("postgresql://", "postgres://")):
+        return "postgresql+psycopg://" + url.split("://", 1)[1]
     return url
 
 
@@ -78,11 +95,50 @@ def trial_values(t: optuna.trial.FrozenTrial) -> dict[str, Any]:
     return dict(t.user_attrs.get("values", t.params))
 
 
+def _me() -> str:
+    import os
+    import socket
+
+    import psutil
+
+    return f"{socket.gethostname()}:{os.getpid()}:{psutil.Process().create_time():.2f}"
+
+
+def ask(study: optuna.Study) -> optuna.trial.Trial:
+    """``study.ask()``, the trial marked as this process's (``owner``: host, pid and process
+    start time), so that ``fail_orphans`` elsewhere leaves it alone while this process lives."""
+    trial = study.ask()
+    trial.set_user_attr("owner", _me())
+    return trial
+
+
+def _orphaned(owner: str | None) -> bool:
+    """Whether a RUNNING trial's owner is gone: a process of this host that no longer runs (or
+    no owner recorded). A trial of another host is left to that host's workers."""
+    import socket
+
+    import psutil
+
+    if owner is None:
+        return True
+    host, _, rest = owner.partition(":")
+    pid, _, started = rest.partition(":")
+    if host != socket.gethostname():
+        return False
+    try:
+        return f"{psutil.Process(int(pid)).create_time():.2f}" != started
+    except (psutil.NoSuchProcess, ValueError):
+        return True
+
+
 def fail_orphans(study: optuna.Study) -> None:
-    """Trials left RUNNING by a tuner that died are marked failed (resume after a crash)."""
+    """Trials left RUNNING by a tuner that died are marked failed (resume after a crash);
+    trials other live processes are running (workers, a daemon) are left alone."""
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        study.tell(t.number, state=TrialState.FAIL)
-        logger.warning("trial %d was left running (tuner restarted); marked failed", t.number)
+        if _orphaned(t.user_attrs.get("owner")):
+            study.tell(t.number, state=TrialState.FAIL)
+            logger.warning("trial %d was left running (its tuner ended); marked failed",
+                           t.number)  # fmt: skip
 
 
 def failed_configs(study: optuna.Study) -> set[str]:
@@ -117,7 +173,20 @@ def fail_interrupted(study: optuna.Study, trial: optuna.trial.Trial, reason: str
     study.tell(trial, state=TrialState.FAIL)
 
 
-def best_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
-    """The completed trial with the highest value, or None."""
+def best_trial(study: optuna.Study, metric: int = 0) -> optuna.trial.FrozenTrial | None:
+    """The completed trial with the highest value of objective ``metric`` (0: the first or
+    only one), or None."""
     done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    return max(done, key=lambda t: t.value) if done else None
+    return max(done, key=lambda t: t.values[metric]) if done else None
+
+
+def pareto_front(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    """The completed trials no other completed trial beats on every objective (all of them
+    maximised), in trial order; for one objective, the best trial."""
+    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+
+    def beaten(t: optuna.trial.FrozenTrial) -> bool:
+        return any(all(a >= b for a, b in zip(o.values, t.values, strict=True))
+                   and o.values != t.values for o in done)  # fmt: skip
+
+    return [t for t in done if not beaten(t)]

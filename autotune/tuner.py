@@ -43,6 +43,7 @@ from optuna.trial import TrialState
 from autotune.counters import Measurement
 from autotune.knobs import Knob
 from autotune.study import (
+    ask,
     config_key,
     fail_config,
     fail_interrupted,
@@ -295,7 +296,7 @@ class OnlineTuner:
         repeat = self.trials_done and self.trials_done % self.settings.repeat_every == 0
         if repeat and best and not self.grid and self._in_space(json.loads(best[0])):
             self.study.enqueue_trial(json.loads(best[0]))  # re-measure the incumbent
-        trial = self.study.ask()
+        trial = ask(self.study)
         values = self._suggest(trial)
         if skip_if_failed(self.study, trial, values, self.history.failed):
             self.trials_done += 1

@@ -33,10 +33,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import psutil
 import zmq
 
 from autotune import client, control
+from autotune.energy.cpu import tree_pids
 from autotune.hw.gpus import gpus_used_by
 from autotune.knobs import Knob, KnobError
 
@@ -90,6 +90,14 @@ def parse_knob(spec: str, apply: str = "restart") -> Knob:
     return Knob(name, choices, apply)
 
 
+def script_name(cmd: list[str]) -> str:
+    """A short name for CMD: the stem of its first ``.py`` argument, else of the program."""
+    from pathlib import Path
+
+    script = next((a for a in cmd if a.endswith(".py")), cmd[0] if cmd else "cmd")
+    return Path(script).stem
+
+
 def substitute(cmd: list[str], values: dict[str, Any]) -> list[str]:
     """CMD with ``{name}`` placeholders of knob names replaced; other braces are left alone."""
     pattern = re.compile(r"\{(" + "|".join(map(re.escape, values)) + r")\}") if values else None
@@ -100,15 +108,6 @@ def knob_env(values: dict[str, Any]) -> dict[str, str]:
     env = {client.ENV_KNOBS: json.dumps(values)}
     env.update({f"AUTOTUNE_{k.upper()}": str(v) for k, v in values.items()})
     return env
-
-
-def tree_pids(root: int) -> list[int]:
-    """``root`` and every descendant alive now."""
-    try:
-        proc = psutil.Process(root)
-        return [root, *(c.pid for c in proc.children(recursive=True))]
-    except psutil.NoSuchProcess:
-        return []
 
 
 @dataclass

@@ -20,8 +20,9 @@ from typing import Any
 
 from autotune import client, control
 from autotune.counters import Counters, Measurement, measure
+from autotune.energy.cpu import tree_pids
 from autotune.hw.gpus import gpus_used_by
-from autotune.wrap import GPU_CHECK_S, POLL_S, Wrapper, knob_env, stop_tree, substitute, tree_pids
+from autotune.wrap import GPU_CHECK_S, POLL_S, Wrapper, knob_env, stop_tree, substitute
 
 logger = logging.getLogger(__name__)
 

@@ -29,3 +29,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             reason = reason or _gpu_missing_reason()
             if reason:
                 item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture
+def postgres_url() -> str:
+    """A PostgreSQL storage URL (``$AUTOTUNE_TEST_POSTGRES``, which ``.ci/run`` sets after
+    ``.ci/postgres.sh start``); the test is skipped, saying why, where there is none."""
+    import os
+
+    url = os.environ.get("AUTOTUNE_TEST_POSTGRES")
+    if not url:
+        pytest.skip("no PostgreSQL server: set AUTOTUNE_TEST_POSTGRES=postgresql://... "
+                    "(.ci/run starts one with .ci/postgres.sh)")  # fmt: skip
+    pytest.importorskip("psycopg", reason="the postgres extra: pip install -e '.[postgres]'")
+    import sqlalchemy
+
+    from autotune.study import storage_url
+
+    try:
+        sqlalchemy.create_engine(storage_url(url)).connect().close()
+    except Exception as exc:  # any driver error means the server cannot be used
+        pytest.skip(f"PostgreSQL at {url} does not answer: {exc}")
+    return url

@@ -117,6 +117,15 @@ class RaplEnergy(CPUEnergySource):
             return self._total_uj / 1e6
 
 
+def tree_pids(root: int) -> list[int]:
+    """``root`` and every descendant alive now (for ``CPUModelEnergy(pids=...)``)."""
+    try:
+        proc = psutil.Process(root)
+        return [root, *(c.pid for c in proc.children(recursive=True))]
+    except psutil.NoSuchProcess:
+        return []
+
+
 class CPUModelEnergy(CPUEnergySource):
     """Models CPU energy as ``watts_per_busy_core * busy_core_seconds``.
 

@@ -12,7 +12,7 @@ import optuna
 import pytest
 
 from autotune.knobs import Machine, build_space
-from autotune.offline import OfflineStudy
+from autotune.offline import OfflineStudy, TrainTrials
 from autotune.study import open_study
 from runtime.config import ConfigError, TrainConfig
 
@@ -26,7 +26,7 @@ class FakeRuns:
     def __init__(self):
         self.ran: list[TrainConfig] = []
 
-    def __call__(self, cfg: TrainConfig, warmup_s: float):
+    def __call__(self, cfg: TrainConfig, warmup_s: float, meter=None):
         if cfg.actors == 4:
             raise ConfigError(["actors=4: not enough cores (test)"])
         self.ran.append(cfg)
@@ -39,7 +39,7 @@ def _study(tmp_path, runs):
     space = build_space(Machine(cores=4, gpus=0), KNOBS)
     study = open_study(f"sqlite:///{tmp_path}/o.db", "o", seed=0)
     base = TrainConfig(env="CartPole-v1", steps=10**12, max_wall_s=10)
-    return OfflineStudy(study, space, base, warmup_s=1.0, run=runs)
+    return OfflineStudy(study, TrainTrials(space, base, warmup_s=1.0, run=runs))
 
 
 def test_offline_trials_find_the_best_and_never_rerun_an_unrunnable_config(tmp_path):
@@ -85,10 +85,11 @@ def test_study_cli_runs_a_real_trial_and_refuses_bad_input(tmp_path):
     doc = json.loads((tmp_path / "s.json").read_text())
     row = doc["trials"][0]
     assert row["error"] is None and row["steps_per_s"] > 0 and row["steps_per_joule"] > 0
-    assert row["lost_steps"] == 0 and doc["best"]["cpu_source"] == "model"
+    assert row["attrs"]["lost_steps"] == 0 and doc["best"]["cpu_source"] == "model"
+    assert row["role"] == "default" and doc["best"]["role"] == "default"
     bad = subprocess.run([*cmd, "--trial-s", "5", "--warmup-s", "9"], capture_output=True,
                          text=True, timeout=60, env=env)  # fmt: skip
-    assert bad.returncode == 2 and "need trials >= 1 and trial-s > warmup-s >= 0" in bad.stderr
+    assert bad.returncode == 2 and "need trials >= 1, trial-s > warmup-s >= 0" in bad.stderr
 
 
 @pytest.mark.parametrize("bad", ["actors=0", "nosuch=1"])
@@ -97,3 +98,116 @@ def test_study_refuses_bad_knobs(tmp_path, bad):
                           "--storage", f"sqlite:///{tmp_path}/s.db"],
                          capture_output=True, text=True, timeout=60)  # fmt: skip
     assert out.returncode == 2 and "error:" in out.stderr
+
+
+class Saturating:
+    """Steps/s grow with envs until a cap: 8 envs for 1 GMI, 16 for 2; 2 GMIs x 4 envs cannot
+    run. Steps/J fall as actors grow, steps/s rise (a trade-off for the Pareto test)."""
+
+    def __init__(self):
+        self.ran: list[tuple[int, int, int]] = []
+
+    def __call__(self, cfg: TrainConfig, warmup_s: float, meter=None):
+        if cfg.trainers == 2 and cfg.envs_per_actor == 4:
+            raise ConfigError(["trainers=2 x envs=4: not runnable (test)"])
+        self.ran.append((cfg.trainers, cfg.envs_per_actor, cfg.actors))
+        cap = 8 if cfg.trainers == 1 else 16
+        sps = 100.0 * min(cfg.envs_per_actor, cap) * cfg.actors
+        spj = 1000.0 / cfg.actors + cfg.envs_per_actor
+        rate = {"steps_per_s": sps, "steps_per_joule": spj, "gpu_w": 0.0, "cpu_w": 10.0}
+        return {"lost_steps": 0, "energy": {"cpu_source": "model"}}, rate
+
+
+def _profiled(storage, runs, objective="steps_per_s", name="p"):
+    from autotune.offline import OBJECTIVES
+
+    space = build_space(Machine(cores=4, gpus=0), ["actors=2..4", "trainers=1,2",
+                                                    "batch_size=1024", "chunk_bytes=262144",
+                                                    "trainer_threads=1", "rollout_len=32",
+                                                    "inference=actor"])  # fmt: skip
+    study = open_study(storage, name, seed=0, metrics=OBJECTIVES[objective])
+    base = TrainConfig(env="CartPole-v1", steps=10**12, max_wall_s=10)
+    return OfflineStudy(study, TrainTrials(space, base, warmup_s=1.0, run=runs), objective)
+
+
+def test_profiling_seeds_gmis_by_envs_stops_rows_at_saturation_and_resumes(tmp_path):
+    runs = Saturating()
+    storage = f"sqlite:///{tmp_path}/p.db"
+    offline = _profiled(storage, runs)
+    rows = [offline.step() for _ in range(6)]
+    assert rows[0].role == "default" and rows[0].values["actors"] == 2
+    assert [r.role for r in rows[1:]] == ["profile"] * 5
+    # row 1 GMI: envs 1, 2, 4, 8, then 16 gains nothing over 8 -> saturated
+    assert [(t, e) for t, e, a in runs.ran[1:]] == [(1, 1), (1, 2), (1, 4), (1, 8), (1, 16)]
+    assert all(a == 4 for _, _, a in runs.ran[1:])  # every actor slot filled
+    again = _profiled(storage, runs)  # a new session resumes the plan where it stopped
+    rows = [again.step() for _ in range(7)]
+    assert [(r.values["trainers"], r.values["envs_per_actor"]) for r in rows[:5]] == [
+        (2, 1), (2, 2), (2, 4), (2, 8), (2, 16)]  # fmt: skip
+    assert rows[2].error.startswith("not runnable")  # skipped, the row goes on
+    assert rows[5].values == {**rows[5].values, "trainers": 2, "envs_per_actor": 32}
+    assert rows[6].role == "sampler"  # 32 saturated the second row; the sampler's turn
+    assert len(runs.ran) == 6 + 6  # nothing ran twice, the unrunnable config not at all
+
+
+@pytest.mark.parametrize("where", ["sqlite", "postgresql"])
+def test_a_multi_objective_study_keeps_a_pareto_front(tmp_path, request, where):
+    from autotune.cli_study import summary
+    from autotune.study import StudyError, pareto_front
+
+    storage = (f"sqlite:///{tmp_path}/m.db" if where == "sqlite"
+               else request.getfixturevalue("postgres_url"))  # fmt: skip
+    name = f"pareto-{tmp_path.name}"
+    offline = _profiled(storage, Saturating(), objective="both", name=name)
+    for _ in range(8):
+        offline.step()
+    study = offline.study
+    assert study.metric_names == ["steps_per_s", "steps_per_joule"]
+    front = pareto_front(study)
+    assert len(front) >= 2  # more actors: more steps/s, fewer steps/J
+    for t in front:
+        for other in study.get_trials(states=(optuna.trial.TrialState.COMPLETE,)):
+            assert not (other.values[0] > t.values[0] and other.values[1] > t.values[1])
+    doc = summary(study, "both")
+    assert doc["best"]["steps_per_joule"] == max(t.values[1] for t in front)
+    with pytest.raises(StudyError, match="objectives"):
+        open_study(storage, name, metrics=("steps_per_joule",))
+    if where == "postgresql":  # another worker (a second client) sees the same trials
+        optuna.delete_study(study_name=name, storage=storage)
+
+
+SCRIPT = """
+import sys, time
+from autotune import client
+k = client.knobs({"num_envs": 1})
+for i in range(3):
+    sum(j * j for j in range(20000))
+    client.report(steps=(i + 1) * 100 * k["num_envs"])
+    time.sleep(0.05)
+"""
+
+
+def test_study_drives_a_wrapped_script_with_two_workers(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    out = subprocess.run([sys.executable, "-m", "autotune.cli", "study", "--knob",
+                          "num_envs=1,2,4", "--trials", "4", "--workers", "2", "--trial-s", "30",
+                          "--warmup-s", "0", "--objective", "both", "--storage",
+                          f"sqlite:///{tmp_path}/w.db", "--json", str(tmp_path / "w.json"),
+                          "--", sys.executable, str(script)],
+                         capture_output=True, text=True, timeout=180,
+                         env={**os.environ, "COLUMNS": "200"})  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    doc = json.loads((tmp_path / "w.json").read_text())
+    assert doc["study"] == "study-train" and len(doc["trials"]) == 4
+    assert {r["worker"] for r in doc["trials"]} == {0, 1}
+    assert doc["trials"][0]["role"] == "default" or doc["trials"][1]["role"] == "default"
+    done = [r for r in doc["trials"] if not r["error"]]
+    assert done and all(r["attrs"]["unit"] == "steps" for r in done)
+    assert doc["pareto_front"] and doc["best"]["objective"][1] > 0
+    study = optuna.load_study(study_name="study-train", storage=f"sqlite:///{tmp_path}/w.db")
+    assert study.user_attrs["autotune"]["kind"] == "script"
+    bad = subprocess.run([sys.executable, "-m", "autotune.cli", "study", "--trials", "2",
+                          "--workers", "3", "--storage", f"sqlite:///{tmp_path}/w.db"],
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert bad.returncode == 2 and "--workers 3: allowed 1..--trials (2)" in bad.stderr

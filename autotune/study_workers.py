@@ -1,0 +1,128 @@
+"""``autotune study --workers N``: N trials at once on this machine, one worker process each.
+
+Each worker opens the same study (so they share one sampler history through the storage) and
+runs its share of the trials on its own slice of the CPU cores (``sched_setaffinity``, which
+its actor processes inherit) and, on a GPU machine, on its own GPU (``CUDA_VISIBLE_DEVICES``);
+the actor knob is limited to the worker's cores. So that workers do not charge each other's
+energy, a worker measures only its own GPU and the CPU time of its own processes (the CPU
+model, labelled ``model``, even where RAPL is readable: RAPL counts the whole package).
+
+Workers on other machines are the same command with the same ``--storage`` (PostgreSQL) and
+``--study``. Workers report each finished trial to the parent, which shows them; Ctrl-C stops
+every worker, and each fails its running trial as interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import queue
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class WorkerPlan:
+    index: int
+    cores: tuple[int, ...]
+    gpu: int | None
+    trials: int
+
+
+def plan_workers(args: argparse.Namespace) -> list[WorkerPlan]:
+    """Splits this machine's cores (and GPUs) and the trials among ``args.workers`` workers.
+
+    Raises:
+        ValueError: too few cores or GPUs for that many workers.
+    """
+    from autotune.knobs import Machine
+
+    n = args.workers
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < n:
+        raise ValueError(f"--workers {n}: this process may use {len(cores)} cores; each local "
+                         f"worker needs at least one (allowed 1..{len(cores)})")  # fmt: skip
+    gpus = Machine.here().gpus
+    if 0 < gpus < n:
+        raise ValueError(f"--workers {n}: {gpus} GPU(s) here and each local worker needs its own "
+                         f"(allowed 1..{gpus}); run more workers on other machines with the same "
+                         "--storage and --study")  # fmt: skip
+    per, extra = divmod(len(cores), n)
+    plans, start = [], 0
+    for i in range(n):
+        size = per + (i < extra)
+        trials = args.trials // n + (i < args.trials % n)
+        plans.append(WorkerPlan(i, tuple(cores[start : start + size]), i if gpus else None,
+                                trials))  # fmt: skip
+        start += size
+    return plans
+
+
+def _worker(options: dict[str, Any], plan: WorkerPlan, out: Any) -> None:
+    """A worker process: pins itself, opens the study and runs its trials."""
+    os.sched_setaffinity(0, plan.cores)
+    if plan.gpu is not None:
+        os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # CUDA's numbering = NVML's
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(plan.gpu)
+    from autotune.cli_study import make_study
+
+    try:
+        offline = make_study(argparse.Namespace(**options), cores=len(plan.cores), gpu=plan.gpu)
+        for _ in range(plan.trials):
+            out.put({**offline.step().__dict__, "worker": plan.index})
+    except KeyboardInterrupt:
+        out.put({"worker": plan.index, "interrupted": True})
+    except ValueError as exc:  # KnobError, StudyError, a knob space other than the study's
+        out.put({"worker": plan.index, "failed": str(exc)})
+    finally:
+        out.put({"worker": plan.index, "done": True})
+
+
+def run_workers(args: argparse.Namespace, plans: list[WorkerPlan],
+                done: Callable[[dict[str, Any]], None],
+                say: Callable[[str], None] = print) -> bool:  # fmt: skip
+    """Runs the workers to the end, passing each finished trial to ``done``; True if Ctrl-C (or
+    a worker's failure) cut the session short."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    options = {k: v for k, v in vars(args).items() if k != "func"}
+    procs = [ctx.Process(target=_worker, args=(options, p, out), name=f"study-worker-{p.index}")
+             for p in plans]  # fmt: skip
+    for p in procs:
+        p.start()
+    finished: set[int] = set()
+    cut = False
+    try:
+        while len(finished) < len(procs):
+            try:
+                msg = out.get(timeout=1.0)
+            except queue.Empty:
+                for plan, p in zip(plans, procs, strict=True):
+                    if p.exitcode is not None and plan.index not in finished:
+                        say(f"worker {plan.index} ended with code {p.exitcode}")
+                        finished.add(plan.index)
+                        cut = cut or p.exitcode != 0
+                continue
+            if msg.get("done"):
+                finished.add(msg["worker"])
+            elif msg.get("interrupted"):
+                cut = True
+            elif msg.get("failed"):
+                say(f"worker {msg['worker']}: {msg['failed']}")
+                cut = True
+            else:
+                done(msg)
+    except KeyboardInterrupt:
+        cut = True
+        for p in procs:  # the terminal sent them SIGINT too; this covers a signal to us alone
+            if p.is_alive() and p.pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p.pid, signal.SIGINT)
+    for p in procs:
+        p.join()
+    return cut
