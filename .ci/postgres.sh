@@ -21,7 +21,7 @@ start)
         BIN=$(find_bin)
     fi
     [[ -n "$BIN" ]] || { echo "postgres.sh: no PostgreSQL binaries" >&2; exit 1; }
-    PORT=${PGPORT_TEST:-55432}
+    PORT=${PGPORT_TEST:-$(python3 -c "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")}
     DIR=$(mktemp -d /tmp/autotune-pg.XXXXXX)
     chmod 755 "$DIR"
     [[ $(id -u) == 0 ]] && chown postgres "$DIR"

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -104,27 +106,50 @@ def _me() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{psutil.Process().create_time():.2f}"
 
 
+BEAT_S = 30.0
+"""How often a process marks the trials it runs as alive (``beat`` user attribute)."""
+STALE_S = 150.0
+"""A running trial of another host whose ``beat`` is older than this is orphaned."""
+
+
 def ask(study: optuna.Study) -> optuna.trial.Trial:
     """``study.ask()``, the trial marked as this process's (``owner``: host, pid and process
-    start time), so that ``fail_orphans`` elsewhere leaves it alone while this process lives."""
+    start time) and kept alive (``beat``, every ``BEAT_S`` by a thread, until the trial is
+    finished), so that ``fail_orphans`` in other processes and on other hosts leaves it alone
+    while this process lives."""
     trial = study.ask()
     trial.set_user_attr("owner", _me())
+    trial.set_user_attr("beat", time.time())
+    storage, trial_id = study._storage, trial._trial_id
+
+    def beat() -> None:
+        while True:
+            time.sleep(BEAT_S)
+            try:
+                if storage.get_trial(trial_id).state != TrialState.RUNNING:
+                    return
+                storage.set_trial_user_attr(trial_id, "beat", time.time())
+            except Exception:  # finished meanwhile, or the storage is gone: stop beating
+                return
+
+    threading.Thread(target=beat, name=f"trial-{trial.number}-beat", daemon=True).start()
     return trial
 
 
-def _orphaned(owner: str | None) -> bool:
-    """Whether a RUNNING trial's owner is gone: a process of this host that no longer runs (or
-    no owner recorded). A trial of another host is left to that host's workers."""
+def _orphaned(attrs: dict[str, Any]) -> bool:
+    """Whether a RUNNING trial's process is gone: on this host, a process that no longer runs;
+    on another, one whose ``beat`` is older than ``STALE_S``; with no owner recorded, yes."""
     import socket
 
     import psutil
 
+    owner = attrs.get("owner")
     if owner is None:
         return True
     host, _, rest = owner.partition(":")
     pid, _, started = rest.partition(":")
     if host != socket.gethostname():
-        return False
+        return time.time() - float(attrs.get("beat", 0.0)) > STALE_S
     try:
         return f"{psutil.Process(int(pid)).create_time():.2f}" != started
     except (psutil.NoSuchProcess, ValueError):
@@ -135,7 +160,7 @@ def fail_orphans(study: optuna.Study) -> None:
     """Trials left RUNNING by a tuner that died are marked failed (resume after a crash);
     trials other live processes are running (workers, a daemon) are left alone."""
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if _orphaned(t.user_attrs.get("owner")):
+        if _orphaned(t.user_attrs):
             study.tell(t.number, state=TrialState.FAIL)
             logger.warning("trial %d was left running (its tuner ended); marked failed",
                            t.number)  # fmt: skip
