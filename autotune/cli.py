@@ -32,6 +32,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run one training job on this machine through the asynchronous experience "
         "pipeline, with a live progress display and a final summary.",
     )
+    train.add_argument("--config", default=None, metavar="FILE",
+                       help="run this config (an 'autotune export' file, a 'train --json' "
+                       "result or a mapping of config fields; JSON or YAML); flags given "
+                       "as well override it")  # fmt: skip
     train.add_argument("--env", default=d.env, help=f"gymnasium env id (default {d.env})")
     train.add_argument(
         "--steps",
@@ -225,6 +229,9 @@ def build_parser() -> argparse.ArgumentParser:
     from autotune.cli_study import add_study_command
 
     add_study_command(sub)
+    from autotune.cli_export import add_export_command
+
+    add_export_command(sub)
     return parser  # fmt: skip
 
 
@@ -260,6 +267,31 @@ def _mps_change(text: str) -> tuple[float, tuple[int, ...]]:
     return seconds, _int_list(pcts)
 
 
+LEARNER_FLAGS = ("lr", "lr_schedule", "vtrace_lambda", "gamma", "epochs", "minibatches",
+                 "entropy_coef", "reward_scale", "max_policy_lag")  # fmt: skip
+
+
+def explicit_flags(parser: argparse.ArgumentParser, argv: list[str]) -> set[str]:
+    """The ``dest`` of every option of ``parser`` given in ``argv`` (``--x V`` or ``--x=V``)."""
+    out = set()
+    for action in parser._actions:
+        for opt in action.option_strings:
+            if any(a == opt or (opt.startswith("--") and a.startswith(opt + "=")) for a in argv):
+                out.add(action.dest)
+    return out
+
+
+def config_with_flags(base, args: argparse.Namespace, explicit: set[str]):
+    """``base`` (from ``--config``) with the flags given explicitly on the command line."""
+    import dataclasses
+
+    fields = {f.name for f in dataclasses.fields(base)} - {"learner"}
+    changes = {k: getattr(args, k) for k in explicit & fields}
+    learner = {k: getattr(args, k) for k in explicit & set(LEARNER_FLAGS)}
+    return dataclasses.replace(base, **changes,
+                               learner=dataclasses.replace(base.learner, **learner))  # fmt: skip
+
+
 def config_from_args(args: argparse.Namespace):
     from policies.appo_config import APPOConfig
     from runtime.config import TrainConfig
@@ -289,8 +321,17 @@ def cmd_train(args: argparse.Namespace) -> int:
     from runtime.runner import RunError, Runner
 
     console = Console(stderr=True)
-    cfg = config_from_args(args)
     try:
+        if args.config is not None:
+            from autotune.export import ExportError, load_config
+
+            try:
+                cfg = config_with_flags(load_config(args.config), args, args.explicit)
+            except ExportError as exc:
+                raise ConfigError([str(exc)]) from None
+            console.print(f"config: {args.config}")
+        else:
+            cfg = config_from_args(args)
         info = cfg.validate()
     except ConfigError as exc:
         console.print(f"[red]error:[/red] {exc}")
@@ -384,7 +425,11 @@ def cmd_gpu(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "train":
+        train = parser._subparsers._group_actions[0].choices["train"]
+        args.explicit = explicit_flags(train, sys.argv[1:] if argv is None else argv)
     return int(args.func(args))
 
 

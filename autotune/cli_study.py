@@ -113,14 +113,24 @@ def make_study(args: argparse.Namespace, cores: int | None = None,
             meter = _worker_meter(gpu)
         trials = TrainTrials(knobs, base, args.warmup_s, meter=meter)
         meta.update(kind="train", env=args.env, policy=args.policy, warmup_s=args.warmup_s,
-                    base=base.to_dict(), machine={"cores": os.cpu_count(), "gpus": here.gpus,
-                                                  "worker_cores": machine.cores})  # fmt: skip
+                    base=base.to_dict(), fixed=trials.fixed,
+                    machine={"cores": os.cpu_count(), "gpus": here.gpus,
+                             "worker_cores": machine.cores,
+                             "sm_count": _sm_count(here)})  # fmt: skip
     study = open_study(args.storage, study_name(args), seed=args.seed,
                        metrics=OBJECTIVES[args.objective])  # fmt: skip
     offline = OfflineStudy(study, trials, args.objective, profile=not args.no_profile)
     if "autotune" not in study.user_attrs:
         study.set_user_attr("autotune", {**meta, "default": trials.default()})
     return offline
+
+
+def _sm_count(machine: Any) -> int | None:
+    if not machine.gpus:
+        return None
+    import torch
+
+    return int(torch.cuda.get_device_properties(0).multi_processor_count)
 
 
 def _worker_meter(gpu: int | None) -> Any:

@@ -26,8 +26,8 @@ import optuna
 from optuna.trial import TrialState
 
 __all__ = ["StudyError", "ask", "best_trial", "config_key", "fail_config", "fail_interrupted",
-           "fail_orphans", "failed_configs", "open_study", "pareto_front", "skip_if_failed",
-           "storage_url", "trial_values"]  # fmt: skip
+           "fail_orphans", "failed_configs", "load_study", "open_study", "pareto_front",
+           "skip_if_failed", "storage_url", "trial_values"]  # fmt: skip
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +76,23 @@ def open_study(storage: str, name: str, seed: int | None = None,
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             study.set_metric_names(list(metrics))
     return study
+
+
+def load_study(storage: str, name: str) -> optuna.Study:
+    """An existing study, to read.
+
+    Raises:
+        StudyError: the storage cannot be opened or has no such study (the ones it has named).
+    """
+    storage = storage_url(storage)
+    try:
+        names = optuna.get_all_study_names(storage=storage)
+    except Exception as exc:  # SQLAlchemy and Optuna raise many kinds; all mean "cannot open"
+        raise StudyError(f"cannot open storage {storage!r}: {type(exc).__name__}: {exc}") from None
+    if name not in names:
+        raise StudyError(f"no study {name!r} in {storage!r}; studies there: "
+                         f"{', '.join(names) or 'none'}")  # fmt: skip
+    return optuna.load_study(study_name=name, storage=storage)
 
 
 def config_key(values: dict[str, Any]) -> str:

@@ -221,6 +221,36 @@ class TrainConfig:
         rollout = self.envs_per_actor * self.rollout_len
         return max(rollout, int(share))
 
+    @classmethod
+    def from_dict(cls, doc: dict[str, object]) -> TrainConfig:
+        """The config ``to_dict`` wrote (lists back to tuples, the learner from its mapping);
+        missing fields take their defaults.
+
+        Raises:
+            ConfigError: unknown fields (named, with the allowed ones) or invalid values.
+        """
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(doc) - names)
+        learner = doc.get("learner", {})
+        learner_names = {f.name for f in fields(APPOConfig)}
+        problems = [f"unknown field {k!r}; allowed: {', '.join(sorted(names))}" for k in unknown]
+        if not isinstance(learner, dict):
+            problems.append(f"learner={learner!r}: must be a mapping of learner fields")
+            learner = {}
+        problems += [f"unknown learner field {k!r}; allowed: {', '.join(sorted(learner_names))}"
+                     for k in sorted(set(learner) - learner_names)]  # fmt: skip
+        if problems:
+            raise ConfigError(problems)
+        values = {k: v for k, v in doc.items() if k != "learner"}
+        for name in ("mps_pct", "gpus"):
+            if isinstance(values.get(name), list):
+                values[name] = tuple(values[name])
+        cfg = cls(**values, learner=APPOConfig(**learner))  # type: ignore[arg-type]
+        bad = cfg.problems()
+        if bad:
+            raise ConfigError(bad)
+        return cfg
+
     def to_dict(self) -> dict[str, object]:
         """Plain dict for JSON output (the learner as a nested dict)."""
         out: dict[str, object] = {}

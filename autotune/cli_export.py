@@ -1,0 +1,86 @@
+"""``autotune export --study NAME``: the recommended config and hardware sizing of a study."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+
+def add_export_command(sub: Any) -> None:
+    export = sub.add_parser(
+        "export",
+        help="write a study's recommended runtime config and hardware sizing (JSON or YAML), "
+        "with its evidence and plots",
+        description="Reads an 'autotune study --env' study and writes the config with the best "
+        "median steps/J (actors, envs per actor, GMIs per GPU, MPS %% per GMI, batch sizes, "
+        "trainer device, and a full config for 'autotune train --config'), the CPU threads "
+        "per GPU SM it needs, what a target machine would need, and the evidence: trials, and "
+        "its measured steps/J against the default config's.",
+        epilog="example: autotune export --study ant-study --format yaml --out ant.yaml "
+        "--plots plots/ --target-gpus 8 --target-cores 96",
+    )
+    export.add_argument("--study", required=True, help="study name")
+    export.add_argument("--storage", default="sqlite:///autotune.db",
+                        help="Optuna RDB storage URL (default sqlite:///autotune.db)")  # fmt: skip
+    export.add_argument("--format", choices=["json", "yaml"], default=None,
+                        help="output format (default: from --out's suffix, else json)")  # fmt: skip
+    export.add_argument("--out", type=Path, default=None,
+                        help="write to this file (default: standard output)")  # fmt: skip
+    export.add_argument("--plots", type=Path, default=None, metavar="DIR",
+                        help="also write PNG plots into DIR")  # fmt: skip
+    export.add_argument("--pick", choices=["steps_per_joule", "steps_per_s"], default=None,
+                        help="what the recommendation maximises (default: the study's "
+                        "objective; steps/J for a multi-objective study)")  # fmt: skip
+    export.add_argument("--target-gpus", type=int, default=None,
+                        help="size a machine with this many GPUs")  # fmt: skip
+    export.add_argument("--target-cores", type=int, default=None,
+                        help="size a machine with this many CPU cores")  # fmt: skip
+    export.add_argument("--sms", type=int, default=None,
+                        help="SMs per GPU where the study did not record them")  # fmt: skip
+    export.set_defaults(func=cmd_export)
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    import sys
+
+    from rich.console import Console
+
+    from autotune.export import ExportError, dump, export_doc
+    from autotune.study import StudyError, load_study
+    from runtime.config import ConfigError
+
+    console = Console(stderr=True)
+    fmt = args.format or ("yaml" if args.out and args.out.suffix in (".yaml", ".yml")
+                          else "json")  # fmt: skip
+    try:
+        for name in ("target_gpus", "target_cores", "sms"):
+            value = getattr(args, name)
+            if value is not None and value < 1:
+                raise ExportError(f"--{name.replace('_', '-')} {value}: must be >= 1")
+        study = load_study(args.storage, args.study)
+        doc = export_doc(study, args.pick, args.target_gpus, args.target_cores, args.sms)
+    except (ExportError, StudyError, ConfigError) as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        return 2
+    text = dump(doc, fmt)
+    if args.out is None:
+        sys.stdout.write(text)
+    else:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text)
+        console.print(f"wrote {args.out}")
+    if args.plots is not None:
+        from autotune.plots import write_plots
+
+        paths = write_plots(study, args.plots, doc["sizing"]["sm_count"],
+                            doc["recommended"]["values"])  # fmt: skip
+        console.print("plots: " + ", ".join(str(p) for p in paths))
+    ev = doc["evidence"]
+    rec, ratio = ev["recommended"][doc["picked_by"]]["median"], ev[f"{doc['picked_by']}_vs_default"]
+    console.print(f"recommended: {doc['recommended']['values']} -> {rec:.4g} "
+                  f"{doc['picked_by'].replace('_per_', '/')} (median of "
+                  f"{len(ev['recommended']['trials'])} trial(s))"
+                  + (f", {ratio:.2f}x the default" if ratio
+                     else ", default not measured"))  # fmt: skip
+    return 0

@@ -1,0 +1,216 @@
+"""``autotune export``: a study's recommended runtime config and hardware sizing, with evidence.
+
+From the completed trials of an ``autotune study`` (train trials), grouped by config:
+
+* **recommended**: the config with the best median objective (steps/J, or steps/s with
+  ``pick="steps_per_s"``; a multi-objective study picks on one of its two), as the knob values,
+  the runtime view (actors, envs per actor, GMIs per GPU, MPS % per GMI, batch sizes, trainer
+  device) and a full ``TrainConfig`` that ``autotune train --config`` runs as is;
+* **sizing**: the CPU threads per GPU SM the recommendation runs at (actor processes per SM
+  granted by the GMIs' MPS shares; the seed paper's CPU/GPU ratio), actors per GPU, and, for a
+  target machine (``target_gpus``, ``target_cores``), the actors and cores it would need and
+  whether its cores can feed its GPUs at that ratio;
+* **evidence**: trial counts, and the recommendation's measured steps/J and steps/s (median,
+  range, trial numbers) beside the default config's, with their ratio.
+
+The figures are the study's own short-run measurements on the machine it ran on; ``autotune
+train --config`` re-measures the recommendation at full length.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from typing import Any
+
+from autotune.study import config_key
+
+FORMAT_VERSION = 1
+SERVICE_PROCESSES = 2
+"""CPU processes besides actors and trainers in every run: the compressor and the migrator."""
+
+
+class ExportError(ValueError):
+    """A study that cannot be exported; the message says why and what to do."""
+
+
+def _stats(trials: list[Any], metric: str) -> dict[str, Any]:
+    values = [t.user_attrs[metric] for t in trials if t.user_attrs.get(metric) is not None]
+    if not values:
+        return {"median": None, "min": None, "max": None}
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def _measured(trials: list[Any]) -> dict[str, Any]:
+    return {"trials": [t.number for t in trials],
+            "steps_per_joule": _stats(trials, "steps_per_joule"),
+            "steps_per_s": _stats(trials, "steps_per_s"),
+            "gpu_w": _stats(trials, "gpu_w")["median"], "cpu_w": _stats(trials, "cpu_w")["median"],
+            "cpu_source": trials[0].user_attrs.get("cpu_source") if trials else None}  # fmt: skip
+
+
+def runtime_view(cfg: Any) -> dict[str, Any]:
+    """What the runtime will run: the GMIs, their MPS shares, batching and placement."""
+    gmis = cfg.trainers
+    pct = list(cfg.mps_pct) * (gmis if cfg.mps_pct and len(cfg.mps_pct) == 1 else 1)
+    return {"actors": cfg.actors, "envs_per_actor": cfg.envs_per_actor,
+            "envs": cfg.actors * cfg.envs_per_actor, "trainer_device": cfg.trainer_device,
+            "gpus": list(cfg.gpu_list()) if cfg.trainer_device == "cuda" else [],
+            "gmis_per_gpu": gmis,
+            "mps_pct_per_gmi": pct if cfg.mps_pct else [100] * gmis,
+            "batch_size": cfg.batch_size, "rollout_len": cfg.rollout_len,
+            "inference": cfg.inference, "trainer_threads": cfg.trainer_threads,
+            "chunk_bytes": cfg.chunk_bytes}  # fmt: skip
+
+
+def sizing(runtime: dict[str, Any], sm_count: int | None, target_gpus: int | None,
+           target_cores: int | None) -> dict[str, Any]:  # fmt: skip
+    """The CPU/GPU ratio of ``runtime`` and what a target machine would need at it."""
+    gpus = max(1, len(runtime["gpus"]))
+    actors_per_gpu = runtime["actors"] / gpus
+    cuda = runtime["trainer_device"] == "cuda"
+    sms = (sm_count * min(1.0, sum(runtime["mps_pct_per_gmi"]) / 100.0)
+           if cuda and sm_count else None)  # fmt: skip
+    per_gpu_procs = actors_per_gpu + runtime["gmis_per_gpu"] + SERVICE_PROCESSES / gpus
+    out: dict[str, Any] = {
+        "actors_per_gpu": actors_per_gpu,
+        "sm_count": sm_count,
+        "sms_granted_per_gpu": sms,
+        "cpu_threads_per_sm": None if not sms else actors_per_gpu / sms,
+        "cpu_processes_per_gpu": per_gpu_procs,
+        "note": (
+            "cpu_threads_per_sm = actor processes per GPU / SMs the GMIs' MPS shares "
+            "grant (capped at the GPU's SMs); trainer GMIs and the 2 service processes "
+            "also take cores"
+        )
+        if cuda
+        else "the trainer runs on the CPU: no GPU ratio",
+    }
+    if target_gpus is not None or target_cores is not None:
+        g = target_gpus if target_gpus is not None else gpus
+        need = round(g * actors_per_gpu) + g * runtime["gmis_per_gpu"] + SERVICE_PROCESSES
+        target: dict[str, Any] = {"gpus": g, "cores": target_cores,
+                                  "actors": round(g * actors_per_gpu),
+                                  "cpu_processes_needed": need}  # fmt: skip
+        if target_cores is not None:
+            target["fits"] = need <= target_cores
+            feedable = int((target_cores - SERVICE_PROCESSES) //
+                           (actors_per_gpu + runtime["gmis_per_gpu"]))  # fmt: skip
+            target["gpus_the_cores_can_feed"] = max(0, feedable)
+            if not target["fits"]:
+                target["note"] = (f"{target_cores} cores feed {max(0, feedable)} GPU(s) at "
+                                  f"{actors_per_gpu:g} actors per GPU; give more cores or "
+                                  "expect the GPUs to wait on the actors")  # fmt: skip
+        out["target"] = target
+    return out
+
+
+def export_doc(study: Any, pick: str | None = None, target_gpus: int | None = None,
+               target_cores: int | None = None,
+               sm_count: int | None = None) -> dict[str, Any]:  # fmt: skip
+    """The export document of ``study`` (see the module docstring).
+
+    Raises:
+        ExportError: not a train study of ``autotune study``, or no completed trial.
+    """
+    from optuna.trial import TrialState
+
+    from autotune.online import config_changes
+    from runtime.config import TrainConfig
+
+    meta = study.user_attrs.get("autotune")
+    if not meta or meta.get("kind") != "train":
+        raise ExportError(f"study {study.study_name!r} is not an 'autotune study --env' "
+                          "study (it has no runtime config to export); export studies of "
+                          "train runs")  # fmt: skip
+    metric = pick or ("steps_per_joule" if meta["objective"] in ("both", "steps_per_joule")
+                      else "steps_per_s")  # fmt: skip
+    if metric not in ("steps_per_joule", "steps_per_s"):
+        raise ExportError(f"pick={pick!r}: allowed steps_per_joule, steps_per_s")
+    trials = study.get_trials(deepcopy=False)
+    done = [t for t in trials if t.state == TrialState.COMPLETE]
+    if not done:
+        raise ExportError(f"study {study.study_name!r} has no completed trial yet; run "
+                          "autotune study first")  # fmt: skip
+    groups: dict[str, list[Any]] = {}
+    for t in done:
+        groups.setdefault(config_key(t.params), []).append(t)
+
+    def median(ts: list[Any]) -> float:
+        return statistics.median(t.user_attrs.get(metric) or 0.0 for t in ts)
+
+    best = max(groups.values(), key=lambda ts: (median(ts), len(ts)))
+    values = {**meta.get("fixed", {}), **best[0].params}
+    base = TrainConfig.from_dict(meta["base"])
+    cfg = dataclasses.replace(base, **config_changes(values), steps=TrainConfig().steps,
+                              max_wall_s=None)  # fmt: skip
+    if cfg.trainer_device == "auto":  # as it resolved where the study ran
+        gpus_there = meta.get("machine", {}).get("gpus")
+        cfg = dataclasses.replace(cfg, trainer_device="cuda" if gpus_there else "cpu")
+    runtime = runtime_view(cfg)
+    default = groups.get(config_key(meta.get("default", {})), [])
+    rec, dflt = _measured(best), _measured(default)
+    ratio = None
+    if default and rec[metric]["median"] and dflt[metric]["median"]:
+        ratio = rec[metric]["median"] / dflt[metric]["median"]
+    sms = sm_count or meta.get("machine", {}).get("sm_count")
+    return {
+        "autotune_export": FORMAT_VERSION,
+        "study": study.study_name,
+        "workload": {"env": meta.get("env"), "policy": meta.get("policy")},
+        "picked_by": metric,
+        "recommended": {"values": values, "runtime": runtime, "config": cfg.to_dict()},
+        "sizing": sizing(runtime, sms, target_gpus, target_cores),
+        "evidence": {
+            "machine": meta.get("machine"),
+            "trial_s": meta.get("trial_s"), "warmup_s": meta.get("warmup_s"),
+            "trials": {"complete": len(done), "failed": sum(t.state == TrialState.FAIL
+                                                            for t in trials),
+                       "configs": len(groups)},
+            "recommended": rec,
+            "default": {"values": meta.get("default"), **dflt},
+            f"{metric}_vs_default": ratio,
+            "note": "medians of the study's short runs (each measured from warmup_s after its "
+            "first trained step to trial_s); re-measure with autotune train --config",
+        },
+    }  # fmt: skip
+
+
+def dump(doc: dict[str, Any], fmt: str) -> str:
+    if fmt == "yaml":
+        import yaml
+
+        return yaml.safe_dump(doc, sort_keys=False)
+    if fmt == "json":
+        import json
+
+        return json.dumps(doc, indent=2) + "\n"
+    raise ExportError(f"format {fmt!r}: allowed json, yaml")
+
+
+def load_config(path: str) -> Any:
+    """A ``TrainConfig`` from an export document, a ``train --json`` result, or a bare config
+    (JSON or YAML).
+
+    Raises:
+        ExportError: the file cannot be read or holds no config.
+        runtime.config.ConfigError: the config has unknown or invalid fields.
+    """
+    from pathlib import Path
+
+    import yaml
+
+    from runtime.config import TrainConfig
+
+    try:
+        doc = yaml.safe_load(Path(path).read_text())  # YAML reads JSON too
+    except (OSError, yaml.YAMLError) as exc:
+        raise ExportError(f"--config {path}: cannot read it: {exc}") from None
+    if isinstance(doc, dict) and isinstance(doc.get("recommended"), dict):
+        doc = doc["recommended"].get("config")
+    elif isinstance(doc, dict) and isinstance(doc.get("config"), dict):
+        doc = doc["config"]
+    if not isinstance(doc, dict):
+        raise ExportError(f"--config {path}: no config in it; give an 'autotune export' file, "
+                          "a 'train --json' result or a mapping of TrainConfig fields")  # fmt: skip
+    return TrainConfig.from_dict(doc)
