@@ -52,7 +52,7 @@ def _measured(trials: list[Any]) -> dict[str, Any]:
 def runtime_view(cfg: Any) -> dict[str, Any]:
     """What the runtime will run: the GMIs, their MPS shares, batching and placement."""
     gmis = cfg.trainers
-    pct = list(cfg.mps_pct) * (gmis if cfg.mps_pct and len(cfg.mps_pct) == 1 else 1)
+    pct = list(cfg.mps_pct or ()) * (gmis if cfg.mps_pct and len(cfg.mps_pct) == 1 else 1)
     return {"actors": cfg.actors, "envs_per_actor": cfg.envs_per_actor,
             "envs": cfg.actors * cfg.envs_per_actor, "trainer_device": cfg.trainer_device,
             "gpus": list(cfg.gpu_list()) if cfg.trainer_device == "cuda" else [],

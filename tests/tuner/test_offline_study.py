@@ -10,6 +10,7 @@ import sys
 
 import optuna
 import pytest
+import yaml
 
 from autotune.knobs import Machine, build_space
 from autotune.offline import OfflineStudy, TrainTrials
@@ -87,6 +88,24 @@ def test_study_cli_runs_a_real_trial_and_refuses_bad_input(tmp_path):
     assert row["error"] is None and row["steps_per_s"] > 0 and row["steps_per_joule"] > 0
     assert row["attrs"]["lost_steps"] == 0 and doc["best"]["cpu_source"] == "model"
     assert row["role"] == "default" and doc["best"]["role"] == "default"
+    # export round-trips into train --config, which runs it as is (flags given override it)
+    export = [sys.executable, "-m", "autotune.cli", "export", "--study", "study-CartPole-v1",
+              "--storage", f"sqlite:///{tmp_path}/s.db"]  # fmt: skip
+    out = subprocess.run([*export, "--out", str(tmp_path / "e.yaml"), "--plots",
+                          str(tmp_path / "plots")], capture_output=True, text=True, timeout=120,
+                         env=env)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert {p.name for p in (tmp_path / "plots").iterdir()} >= {"pareto.png",
+                                                                "steps_per_joule_vs_actors.png"}
+    exported = yaml.safe_load((tmp_path / "e.yaml").read_text())
+    assert exported["evidence"]["steps_per_joule_vs_default"] == 1.0  # one trial: the default
+    out = subprocess.run([sys.executable, "-m", "autotune.cli", "train", "--config",
+                          str(tmp_path / "e.yaml"), "--steps", "2048", "--quiet", "--json",
+                          str(tmp_path / "r.json")], capture_output=True, text=True,
+                         timeout=120, env=env)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    ran = json.loads((tmp_path / "r.json").read_text())["config"]
+    assert ran == {**exported["recommended"]["config"], "steps": 2048}
     bad = subprocess.run([*cmd, "--trial-s", "5", "--warmup-s", "9"], capture_output=True,
                          text=True, timeout=60, env=env)  # fmt: skip
     assert bad.returncode == 2 and "need trials >= 1, trial-s > warmup-s >= 0" in bad.stderr
