@@ -13,7 +13,7 @@ def add_export_command(sub: Any) -> None:
         help="write a study's recommended runtime config and hardware sizing (JSON or YAML), "
         "with its evidence and plots",
         description="Reads an 'autotune study --env' study and writes the config with the best "
-        "median steps/J (actors, envs per actor, GMIs per GPU, MPS %% per GMI, batch sizes, "
+        "median steps/J (actors, envs per actor, GMIs per GPU, MPS % per GMI, batch sizes, "
         "trainer device, and a full config for 'autotune train --config'), the CPU threads "
         "per GPU SM it needs, what a target machine would need, and the evidence: trials, and "
         "its measured steps/J against the default config's.",

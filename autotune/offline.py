@@ -252,7 +252,8 @@ class OfflineStudy:
         """The default config, then the next profiling seed; None when the sampler's turn."""
         measured, pending, roles = self._history()
         default = self.trials.default()
-        if "default" not in roles and config_key(default) not in pending and self.knobs:
+        key = config_key(default)
+        if "default" not in roles and key not in pending and key not in measured and self.knobs:
             return default, "default"
         for row in self.rows:
             best = None
