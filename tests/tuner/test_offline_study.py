@@ -95,8 +95,10 @@ def test_study_cli_runs_a_real_trial_and_refuses_bad_input(tmp_path):
                           str(tmp_path / "plots")], capture_output=True, text=True, timeout=120,
                          env=env)  # fmt: skip
     assert out.returncode == 0, out.stderr
-    assert {p.name for p in (tmp_path / "plots").iterdir()} >= {"pareto.png",
-                                                                "steps_per_joule_vs_actors.png"}
+    assert {p.name for p in (tmp_path / "plots").iterdir()} >= {
+        "pareto.png",
+        "steps_per_joule_vs_actors.png",
+    }
     exported = yaml.safe_load((tmp_path / "e.yaml").read_text())
     assert exported["evidence"]["steps_per_joule_vs_default"] == 1.0  # one trial: the default
     out = subprocess.run([sys.executable, "-m", "autotune.cli", "train", "--config",

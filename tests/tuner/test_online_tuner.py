@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
+import socket
 import subprocess
 import sys
 
@@ -112,7 +114,11 @@ def test_a_restarted_tuner_resumes_the_study_and_fails_orphaned_trials(tmp_path)
     tuner = _tuner(tmp_path, world)
     _run(tuner, world, 5)
     tuner.tick()  # asks trial 6 and applies it: RUNNING when the "crash" happens
-    assert tuner.study.get_trials(states=(optuna.trial.TrialState.RUNNING,))
+    running = tuner.study.get_trials(states=(optuna.trial.TrialState.RUNNING,))
+    assert running and running[0].user_attrs["owner"].split(":")[1] == str(os.getpid())
+    # the tuner's process "dies": its trial now names a process that no longer runs
+    dead = f"{socket.gethostname()}:{os.getpid()}:0.00"  # same pid, another start time
+    tuner.study._storage.set_trial_user_attr(running[0]._trial_id, "owner", dead)
     world2 = World(1)
     again = _tuner(tmp_path, world2)
     trials = again.study.get_trials()
