@@ -201,6 +201,11 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument(
         "--json", type=Path, default=None, metavar="PATH", help="write the result document to PATH"
     )
+    train.add_argument(
+        "--progress", type=Path, default=None, metavar="PATH",
+        help="write the learning curve to PATH as JSON lines, about once a second: Unix time, "
+        "trained steps, mean return of the last 100 episodes, episodes (autotune/progress_log.py)",
+    )  # fmt: skip
     train.add_argument("--quiet", action="store_true", help="no live display")
     train.set_defaults(func=cmd_train)
 
@@ -343,7 +348,18 @@ def cmd_train(args: argparse.Namespace) -> int:
         console.print(f"[red]error:[/red] --mps-change: {exc}")
         return 2
     display = ProgressDisplay(console, cfg, enabled=not args.quiet)
-    runner.on_progress = display.update
+    curve = None
+    if args.progress is not None:
+        from autotune.progress_log import ProgressLog
+
+        curve = ProgressLog(args.progress)
+
+    def show(state) -> None:
+        display.update(state)
+        if curve is not None:
+            curve.write(state.trained_steps, state.return_mean, state.episodes)
+
+    runner.on_progress = show
     tuning = None
     if args.tune:
         try:
@@ -356,11 +372,12 @@ def cmd_train(args: argparse.Namespace) -> int:
         console.print(f"tuning: {tuning.where}")
 
         def progress(state) -> None:
-            display.update(state)
+            show(state)
             if not state.draining:
                 tuning.tick()
 
         runner.on_progress = progress
+    result = None
     try:
         with display:
             result = runner.run()
@@ -372,6 +389,11 @@ def cmd_train(args: argparse.Namespace) -> int:
         return 130
     finally:
         doc = tuning.finish() if tuning is not None else None
+        if curve is not None:
+            if result is not None:  # the final count, after the drain
+                curve.write(result["env_steps"], result["return_mean"], result["episodes"],
+                            force=True)  # fmt: skip
+            curve.close()
     if tuning is not None:
         result["tuning"] = doc or {"where": tuning.where, "note": "the daemon did not answer "
                                    "at the end; see autotune status --study"}  # fmt: skip

@@ -1,0 +1,97 @@
+"""A learning curve as JSON lines: wall time, trained steps and mean return, about once a second.
+
+``autotune train --progress FILE`` writes one, and so do the benchmark peers in ``bench/peers``,
+so every run can be put on one time axis and one step axis. Each line is an object:
+
+    {"t": 1763769600.12, "steps": 81920, "return": 512.3, "episodes": 140}
+
+``t`` is Unix time, ``steps`` the trained env steps so far (steps the learner has consumed),
+``return`` the mean undiscounted return of the last 100 finished episodes (``null`` before the
+first) and ``episodes`` the episodes finished so far (``null`` where a peer does not count them).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+
+class ProgressLog:
+    """Appends progress lines to ``path`` (truncated first), at most one per ``every_s``.
+
+    Args:
+        path: The JSON-lines file.
+        every_s: Minimum seconds between lines; ``write(force=True)`` ignores it.
+    """
+
+    def __init__(self, path: str | Path, every_s: float = 1.0) -> None:
+        if every_s < 0:
+            raise ValueError(f"every_s={every_s!r}: must be >= 0")
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.every_s = every_s
+        self._f = self.path.open("w", buffering=1)
+        self._last_t = -math.inf
+        self._last_steps = -1
+
+    def write(
+        self,
+        steps: int,
+        episode_return: float | None = None,
+        episodes: int | None = None,
+        force: bool = False,
+    ) -> bool:
+        """Adds a line unless one was written less than ``every_s`` ago (or nothing changed
+        since the last line); returns whether it did."""
+        now = time.time()
+        if not force and (now - self._last_t < self.every_s or steps == self._last_steps):
+            return False
+        ret = (
+            None
+            if episode_return is None or not math.isfinite(episode_return)
+            else float(episode_return)
+        )
+        line = {"t": now, "steps": int(steps), "return": ret, "episodes": episodes}
+        self._f.write(json.dumps(line) + "\n")
+        self._last_t, self._last_steps = now, int(steps)
+        return True
+
+    def close(self) -> None:
+        self._f.close()
+
+    def __enter__(self) -> ProgressLog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def read_progress(path: str | Path) -> list[dict[str, Any]]:
+    """The lines of a progress file in order. A cut-off last line (a run killed mid-write) is
+    left out; any other malformed line raises ``ValueError`` naming the file and line."""
+    lines = Path(path).read_text().splitlines()
+    out = []
+    for i, text in enumerate(lines, 1):
+        try:
+            row = json.loads(text)
+            if not isinstance(row, dict) or not {"t", "steps"} <= row.keys():
+                raise ValueError("not an object with 't' and 'steps'")
+        except ValueError as exc:
+            if i == len(lines):
+                break
+            raise ValueError(
+                f"{path}:{i}: malformed progress line ({exc}): {text[:80]!r}"
+            ) from None
+        out.append(row)
+    return out
+
+
+def value_at_steps(rows: list[dict[str, Any]], steps: int, key: str = "return") -> float | None:
+    """``key`` of the first line with at least ``steps`` trained steps (None if none reached)."""
+    for row in rows:
+        if row["steps"] >= steps:
+            return row.get(key)
+    return None

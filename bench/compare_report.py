@@ -1,0 +1,192 @@
+"""Tables, ratios, goals and plots from ``bench.compare run`` directories.
+
+Arms are grouped by run directory, env and policy; every ratio is between arms of one group,
+so between runs made side by side on one machine.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from bench.compare import ARMS, OURS
+
+GOAL_RATE_VS_LIMIT = 0.8
+GOAL_SPJ_VS_SB3 = 7.0
+GOAL_SPJ_VS_LIMIT = 0.8
+
+
+def load_groups(root: Path) -> dict[tuple[str, str, str], dict[str, dict[str, Any]]]:
+    """``(run dir, env, policy) -> {arm: doc}`` for every arm document under ``root``."""
+    groups: dict[tuple[str, str, str], dict[str, dict[str, Any]]] = {}
+    for path in sorted(root.rglob("*.json")):
+        try:
+            doc = json.loads(path.read_text())
+        except ValueError:
+            continue
+        if not isinstance(doc, dict) or doc.get("arm") not in ARMS or "command" not in doc:
+            continue
+        key = (str(path.parent.relative_to(root)), doc["env"], doc["policy"])
+        groups.setdefault(key, {})[doc["arm"]] = doc
+    if not groups:
+        raise SystemExit(f"no `bench.compare run` arm documents under {root}")
+    limits = {(k[0], k[1]): arms["limit"] for k, arms in groups.items() if "limit" in arms}
+    for (run, env, _), arms in groups.items():  # the limit takes no policy: share it in a run
+        if "limit" not in arms and (run, env) in limits:
+            arms["limit"] = limits[(run, env)]
+    return {
+        k: arms
+        for k, arms in groups.items()
+        if set(arms) != {"limit"} or not any(kk[:2] == k[:2] and kk != k for kk in groups)
+    }
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a and b else None
+
+
+def group_summary(arms: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Each arm's ratios to the limit and to the peers, and the issue's goals for the group."""
+    limit = arms.get("limit", {})
+    sb3 = [arms[k] for k in ("sb3-cpu", "sb3-cuda") if arms.get(k, {}).get("steps_per_joule")]
+    sb3_best = max(sb3, key=lambda d: d["steps_per_joule"]) if sb3 else {}
+    rows = {}
+    for name in ARMS:
+        d = arms.get(name)
+        if d is None:
+            continue
+        rows[name] = {
+            "steps_per_s_vs_limit": _ratio(d.get("steps_per_s"), limit.get("steps_per_s")),
+            "steps_per_joule_vs_limit": _ratio(
+                d.get("steps_per_joule"), limit.get("steps_per_joule")
+            ),
+            "steps_per_joule_vs_sb3_best": _ratio(
+                d.get("steps_per_joule"), sb3_best.get("steps_per_joule")
+            ),
+            "steps_per_joule_vs_cleanrl": _ratio(
+                d.get("steps_per_joule"), arms.get("cleanrl", {}).get("steps_per_joule")
+            ),
+        }
+    ours = [arms[k] for k in OURS if arms.get(k, {}).get("steps_per_joule")]
+    goals: dict[str, Any] = {}
+    if ours:
+        fast = max(ours, key=lambda d: d["steps_per_s"])
+        thrifty = max(ours, key=lambda d: d["steps_per_joule"])
+        checks = (
+            (
+                "trained steps/s vs limit",
+                fast,
+                rows[fast["arm"]]["steps_per_s_vs_limit"],
+                GOAL_RATE_VS_LIMIT,
+            ),
+            (
+                "steps/J vs SB3 best",
+                thrifty,
+                rows[thrifty["arm"]]["steps_per_joule_vs_sb3_best"],
+                GOAL_SPJ_VS_SB3,
+            ),
+            (
+                "steps/J vs limit",
+                thrifty,
+                rows[thrifty["arm"]]["steps_per_joule_vs_limit"],
+                GOAL_SPJ_VS_LIMIT,
+            ),
+        )
+        for name, d, value, goal in checks:
+            goals[name] = {
+                "arm": d["arm"],
+                "ratio": value,
+                "goal": goal,
+                "met": None if value is None else value >= goal,
+            }
+    return {"ratios": rows, "sb3_best": sb3_best.get("arm"), "goals": goals}
+
+
+def _num(v: float | None, digits: int = 0) -> str:
+    return "-" if v is None else f"{v:,.{digits}f}"
+
+
+def markdown(key: tuple[str, str, str], arms: dict[str, dict], summary: dict[str, Any]) -> str:
+    run, env, policy = key
+    first = next(iter(arms.values()))
+    out = [
+        f"**{env}**, policy `{policy}` (run `{run}`; GPU energy {first['gpu']}, "
+        f"CPU energy {first['cpu']})",
+        "",
+        "| arm | trained steps/s | GPU W | CPU W | steps/J | steps/s / limit | steps/J / limit "
+        "| steps/J / SB3 best | steps/J / CleanRL | return at end (steps) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, r in summary["ratios"].items():
+        d = arms[name]
+        if "error" in d:
+            out.append(f"| {name} | failed: {d['error']} |||||||||")
+            continue
+        ret = (
+            "-"
+            if d.get("final_return") is None
+            else (f"{d['final_return']:,.0f} ({d['final_steps'] / 1e6:.2f}M)")
+        )
+        out.append(
+            f"| {name} | {_num(d['steps_per_s'])} | {_num(d['gpu_w'])} | "
+            f"{_num(d['cpu_w'])} | {_num(d['steps_per_joule'], 1)} | "
+            f"{_num(r['steps_per_s_vs_limit'], 2)} | "
+            f"{_num(r['steps_per_joule_vs_limit'], 2)} | "
+            f"{_num(r['steps_per_joule_vs_sb3_best'], 2)} | "
+            f"{_num(r['steps_per_joule_vs_cleanrl'], 2)} | {ret} |"
+        )
+    if summary["goals"]:
+        out.append("")
+    for name, g in summary["goals"].items():
+        verdict = "not measured" if g["met"] is None else ("met" if g["met"] else "NOT met")
+        out.append(f"- {name}: {_num(g['ratio'], 2)} ({g['arm']}), goal >= {g['goal']}: {verdict}")
+    return "\n".join(out) + "\n"
+
+
+def plot(key: tuple[str, str, str], arms: dict[str, dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [n for n in ARMS if n in arms and "error" not in arms[n]]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 0.45 * len(names) + 1.6))
+    for ax, metric, label in (
+        (axes[0], "steps_per_s", "trained steps/s"),
+        (axes[1], "steps_per_joule", "trained steps/J"),
+    ):
+        values = [arms[n].get(metric) or 0.0 for n in names]
+        colors = [
+            "grey" if n == "limit" else ("tab:blue" if n in OURS else "tab:orange") for n in names
+        ]
+        ax.barh(names, values, color=colors)
+        if "limit" in arms and arms["limit"].get(metric):
+            ax.axvline(arms["limit"][metric], color="grey", ls="--", lw=1)
+        ax.set_xlabel(label)
+        ax.invert_yaxis()
+    fig.suptitle(
+        f"{key[1]}, policy {key[2]} (grey: limit, orange: peers, blue: autotune)", fontsize=9
+    )
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def report(root: Path, markdown_path: str | None, plots: str | None) -> dict[str, Any]:
+    groups = load_groups(root)
+    text, doc = [], {"groups": [], "goals": {}}
+    for key, arms in groups.items():
+        summary = group_summary(arms)
+        text.append(markdown(key, arms, summary))
+        doc["groups"].append({"run": key[0], "env": key[1], "policy": key[2], **summary})
+        doc["goals"][f"{key[1]} {key[2]} ({key[0]})"] = summary["goals"]
+        if plots:
+            slug = f"{key[0].replace('/', '_')}-{key[1]}-{key[2].replace(':', '_')}"
+            plot(key, arms, Path(plots) / f"compare-{slug.strip('.-_')}.png")
+    if markdown_path:
+        Path(markdown_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(markdown_path).write_text("\n".join(text))
+    (root / "report.json").write_text(json.dumps(doc, indent=2) + "\n")
+    return doc

@@ -1,0 +1,63 @@
+"""What the peer scripts share: their flags, the MLP sizes and the stop rule."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+
+def add_peer_args(ap: argparse.ArgumentParser) -> None:
+    """The flags every peer takes (env, vector size, MLP, device, threads, seed, budget, curve)."""
+    ap.add_argument("--env", default="Pendulum-v1")
+    ap.add_argument("--num-envs", type=int, default=0, help="vector envs (0: one per core)")
+    ap.add_argument(
+        "--net",
+        default="64,64",
+        help="hidden sizes of the policy and of the value MLP, e.g. 256,128,64",
+    )
+    ap.add_argument("--device", default="cpu", help="cpu, cuda or auto")
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--total-steps", type=int, default=1_000_000)
+    ap.add_argument(
+        "--seconds", type=float, default=0.0, help="stop after this wall time (0: none)"
+    )
+    ap.add_argument(
+        "--progress",
+        default=None,
+        metavar="FILE",
+        help="write the learning curve here (autotune/progress_log.py)",
+    )
+
+
+def check_peer_args(ap: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    """Fills --num-envs 0, --device auto and ``a.hidden``; refuses bad values, saying what is
+    allowed."""
+    a.num_envs = a.num_envs or os.cpu_count() or 1
+    try:
+        a.hidden = [int(x) for x in a.net.split(",")]
+    except ValueError:
+        a.hidden = []
+    if not a.hidden or min(a.hidden) < 1:
+        ap.error(f"--net {a.net!r}: expected comma-separated positive integers, e.g. 256,128,64")
+    if a.num_envs < 1 or a.threads < 1 or a.total_steps < 1 or a.seconds < 0:
+        ap.error("--num-envs, --threads and --total-steps must be >= 1 and --seconds >= 0")
+    if a.device == "auto":
+        import torch
+
+        a.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if a.device not in ("cpu", "cuda"):
+        ap.error(f"--device {a.device!r}: allowed cpu, cuda, auto")
+
+
+def deadline(a: argparse.Namespace) -> float:
+    """When a run that starts training now must stop (``--seconds`` after now; inf without it)."""
+    return time.time() + a.seconds if a.seconds else float("inf")
+
+
+def hidden_from_policy(spec: str) -> str:
+    """``auto:256:128:64:auto`` (``autotune train --policy``) -> ``256,128,64`` (``--net``)."""
+    parts = spec.split(":")
+    inner = parts[1:-1] if parts[0] == "auto" or parts[-1] == "auto" else parts
+    return ",".join(inner)

@@ -1,0 +1,89 @@
+"""Stable-Baselines3 PPO as a user would run it on MuJoCo, as a benchmark peer.
+
+    python -m bench.peers.sb3_ppo --env Ant-v5 --num-envs 16 --device cuda --net 256,128,64 \\
+        --seconds 60 --progress sb3.jsonl
+
+The RL Zoo's MuJoCo settings: SubprocVecEnv with ``--num-envs`` processes and VecNormalize
+(observations and rewards), rollouts of 2048 steps in all (``n_steps`` = 2048 / num_envs per env),
+minibatches of 64, 10 epochs, lr 3e-4, GAE 0.95. The policy and the value function are separate
+tanh MLPs of ``--net`` sizes. The progress curve counts trained steps: it is written when a
+rollout starts, after the previous rollout's update; returns are SB3's (Monitor, last 100
+episodes, unnormalised rewards).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from bench.peers.common import add_peer_args, check_peer_args, deadline
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_peer_args(ap)
+    ap.add_argument("--rollout", type=int, default=2048, help="steps per rollout, all envs")
+    ap.add_argument("--batch-size", type=int, default=64, help="SB3's minibatch size")
+    ap.add_argument("--dummy", action="store_true", help="DummyVecEnv (one process) instead")
+    a = ap.parse_args(argv)
+    check_peer_args(ap, a)
+    import torch
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecNormalize
+
+    from autotune.progress_log import ProgressLog
+
+    torch.set_num_threads(a.threads)
+    log = ProgressLog(a.progress) if a.progress else None
+
+    class Progress(BaseCallback):
+        stop_at = float("inf")
+
+        def _on_training_start(self) -> None:
+            self.stop_at = deadline(a)
+
+        def _on_step(self) -> bool:
+            return time.time() < self.stop_at
+
+        def _on_rollout_start(self) -> None:
+            if log:
+                buf = self.model.ep_info_buffer
+                ret = sum(ep["r"] for ep in buf) / len(buf) if buf else None
+                log.write(self.num_timesteps, ret, None, force=True)
+
+    env = make_vec_env(
+        a.env, n_envs=a.num_envs, seed=a.seed, vec_env_cls=DummyVecEnv if a.dummy else SubprocVecEnv
+    )
+    env = VecNormalize(env, gamma=0.99)
+    model = PPO(
+        "MlpPolicy",
+        env,
+        n_steps=max(1, a.rollout // a.num_envs),
+        batch_size=a.batch_size,
+        n_epochs=10,
+        learning_rate=3e-4,
+        gae_lambda=0.95,
+        policy_kwargs={
+            "net_arch": {"pi": a.hidden, "vf": a.hidden},
+            "activation_fn": torch.nn.Tanh,
+        },
+        device=a.device,
+        seed=a.seed,
+        verbose=0,
+    )
+    model.learn(total_timesteps=a.total_steps, callback=Progress())
+    buf = model.ep_info_buffer
+    ret = sum(ep["r"] for ep in buf) / len(buf) if buf else None
+    if log:  # the last rollout was trained only if learn() was not stopped inside it
+        if model.num_timesteps >= a.total_steps:
+            log.write(model.num_timesteps, ret, None, force=True)
+        log.close()
+    print(f"sb3 ppo {a.env}: {model.num_timesteps} steps sampled, mean return {ret}")
+    env.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
