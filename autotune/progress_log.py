@@ -20,20 +20,25 @@ from typing import Any
 
 
 class ProgressLog:
-    """Appends progress lines to ``path`` (truncated first), at most one per ``every_s``.
+    """Appends progress lines to ``path``, at most one per ``every_s``.
 
     Args:
         path: The JSON-lines file.
         every_s: Minimum seconds between lines; ``write(force=True)`` ignores it.
+        append: Go on with an existing file (a resumed run) instead of truncating it; a cut-off
+            last line left by a killed run is dropped first.
     """
 
-    def __init__(self, path: str | Path, every_s: float = 1.0) -> None:
+    def __init__(self, path: str | Path, every_s: float = 1.0, append: bool = False) -> None:
         if every_s < 0:
             raise ValueError(f"every_s={every_s!r}: must be >= 0")
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.every_s = every_s
-        self._f = self.path.open("w", buffering=1)
+        if append and self.path.exists():
+            kept = "".join(json.dumps(r) + "\n" for r in read_progress(self.path))
+            self.path.write_text(kept)
+        self._f = self.path.open("a" if append else "w", buffering=1)
         self._last_t = -math.inf
         self._last_steps = -1
 
@@ -90,8 +95,10 @@ def read_progress(path: str | Path) -> list[dict[str, Any]]:
 
 
 def value_at_steps(rows: list[dict[str, Any]], steps: int, key: str = "return") -> float | None:
-    """``key`` of the first line with at least ``steps`` trained steps (None if none reached)."""
+    """``key`` of the first line with at least ``steps`` trained steps that has one (None if
+    no line reached ``steps`` with a value: a resumed run's first lines may have no return
+    yet)."""
     for row in rows:
-        if row["steps"] >= steps:
-            return row.get(key)
+        if row["steps"] >= steps and row.get(key) is not None:
+            return row[key]
     return None

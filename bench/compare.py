@@ -19,7 +19,9 @@ Arms (``--arms``, comma-separated):
   sb3-cuda  the same with the trainer on cuda
   cleanrl   CleanRL-style PPO on AsyncVectorEnv (one env per core), cuda where there is one
   default   ``autotune train`` with its default config (only --policy set)
-  exported  ``autotune train --config FILE`` (``--exported``; --policy set)
+  exported  ``autotune train --config FILE`` (``--exported FILE``; --policy set); more exported
+            configs side by side: ``--exported LABEL=FILE`` (repeatable), each run as the arm
+            ``exported-LABEL`` wherever ``exported`` is listed
   tuned     ``autotune train --tune`` for ``--tuned-s``, measured over its final third
 """
 
@@ -43,6 +45,37 @@ from bench.peers.common import hidden_from_policy
 ARMS = ("limit", "sb3-cpu", "sb3-cuda", "cleanrl", "default", "exported", "tuned")
 PEERS = ("sb3-cpu", "sb3-cuda", "cleanrl")
 OURS = ("default", "exported", "tuned")
+
+
+def arm_kind(name: str) -> str:
+    """The arm an arm name stands for (``exported-cpu`` is an ``exported`` arm)."""
+    return "exported" if name.startswith("exported-") else name
+
+
+def exported_arms(specs: list[str] | None) -> dict[str, Path]:
+    """``--exported`` values (``FILE`` or ``LABEL=FILE``) -> ``{arm name: file}``.
+
+    Raises:
+        SystemExit: a file that does not exist, a bad or repeated label.
+    """
+    out: dict[str, Path] = {}
+    for spec in specs or []:
+        label, sep, file = spec.partition("=")
+        if not sep or Path(spec).is_file():
+            label, file = "", spec
+        elif not label.replace("_", "").isalnum():
+            raise SystemExit(f"--exported {spec!r}: a label is letters, digits and _ (LABEL=FILE)")
+        name = f"exported-{label}" if label else "exported"
+        if name in out:
+            raise SystemExit(f"--exported {spec!r}: the arm {name!r} is given twice")
+        if not Path(file).is_file():
+            raise SystemExit(
+                f"--exported {spec!r}: no such file {file!r} (an `autotune export` file)"
+            )
+        out[name] = Path(file)
+    return out
+
+
 TUNE_KNOBS = [
     "actors=4..16",
     "envs_per_actor=4..64",
@@ -56,8 +89,9 @@ TUNE_KNOBS = [
     "trainer_device=cuda",
 ]
 TRAIN_STARTUP_S = 15.0
-"""Added to ``autotune train``'s wall budget: its process start-up (Ant-v5 on the H100 machine:
-about 12 s to the first trained step), which the peers' ``--seconds`` do not count."""
+"""Added to ``autotune train``'s wall budget by default (``--startup-s``): its process start-up
+(Ant-v5 on the H100 machine: about 12 s to the first trained step), which the peers'
+``--seconds`` do not count."""
 START_ALLOWANCE_S = 180.0
 """How long past its budget an arm may run (start-up, drain) before it is stopped."""
 
@@ -115,11 +149,11 @@ def arm_command(arm: str, a: argparse.Namespace, progress: Path, out: Path) -> l
         return [py, "-m", "bench.peers.sb3_ppo", *peer, "--device", arm.split("-")[1]]
     if arm == "cleanrl":
         return [py, "-m", "bench.peers.cleanrl_ppo", *peer, "--device", "auto"]
-    wall = str(a.seconds + TRAIN_STARTUP_S)  # the peers' --seconds start at their training
+    wall = str(a.seconds + a.startup_s)  # the peers' --seconds start at their training
     if arm == "default":
         return [*train, "--env", a.env, "--max-wall-s", wall]
-    if arm == "exported":
-        return [*train, "--config", str(a.exported), "--env", a.env, "--max-wall-s", wall]
+    if arm_kind(arm) == "exported":
+        return [*train, "--config", str(a.exports[arm]), "--env", a.env, "--max-wall-s", wall]
     knobs = [x for k in (a.knob or TUNE_KNOBS) for x in ("--knob", k)]
     return [
         *train,
@@ -256,11 +290,12 @@ def cmd_run(a: argparse.Namespace) -> int:
     bad = [x for x in arms if x not in ARMS]
     if bad or not arms:
         raise SystemExit(f"--arms: unknown {bad or 'nothing given'}; allowed {', '.join(ARMS)}")
-    if "exported" in arms and (a.exported is None or not Path(a.exported).is_file()):
-        raise SystemExit(
-            f"the exported arm needs --exported FILE (an `autotune export` file); "
-            f"got {a.exported!r}"
-        )
+    a.exports = exported_arms(a.exported)
+    if "exported" in arms:
+        if not a.exports:
+            raise SystemExit("the exported arm needs --exported FILE (an `autotune export` file)")
+        at = arms.index("exported")
+        arms[at : at + 1] = list(a.exports)
     out_dir = Path(a.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "machine.json").write_text(json.dumps(machine_doc(), indent=2) + "\n")
@@ -305,7 +340,19 @@ def main(argv: list[str] | None = None) -> int:
         "--warmup-s", type=float, default=10.0, help="left out after an arm's first trained step"
     )
     run.add_argument("--settle-s", type=float, default=5.0, help="pause between arms")
-    run.add_argument("--exported", default=None, metavar="FILE", help="the exported arm's config")
+    run.add_argument(
+        "--startup-s",
+        type=float,
+        default=TRAIN_STARTUP_S,
+        help="added to the default and exported arms' wall budget for their start-up",
+    )
+    run.add_argument(
+        "--exported",
+        action="append",
+        default=None,
+        metavar="[LABEL=]FILE",
+        help="an exported config for the exported arm; repeat with LABEL=FILE for more arms",
+    )
     run.add_argument(
         "--knob",
         action="append",
@@ -320,8 +367,10 @@ def main(argv: list[str] | None = None) -> int:
     rep.add_argument("--plots", default=None, metavar="DIR")
     rep.set_defaults(func=cmd_report)
     a = ap.parse_args(argv)
-    if a.command == "run" and (a.seconds <= 0 or a.tuned_s <= 0 or a.warmup_s < 0):
-        ap.error("--seconds and --tuned-s must be > 0 and --warmup-s >= 0")
+    if a.command == "run" and (
+        a.seconds <= 0 or a.tuned_s <= 0 or min(a.warmup_s, a.settle_s, a.startup_s) < 0
+    ):
+        ap.error("--seconds and --tuned-s must be > 0; --warmup-s, --settle-s, --startup-s >= 0")
     return a.func(a)
 
 

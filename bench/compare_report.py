@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bench.compare import ARMS, OURS
+from bench.compare import ARMS, OURS, arm_kind
 
 GOAL_RATE_VS_LIMIT = 0.8
 GOAL_SPJ_VS_SB3 = 7.0
@@ -25,7 +25,11 @@ def load_groups(root: Path) -> dict[tuple[str, str, str], dict[str, dict[str, An
             doc = json.loads(path.read_text())
         except ValueError:
             continue
-        if not isinstance(doc, dict) or doc.get("arm") not in ARMS or "command" not in doc:
+        if (
+            not isinstance(doc, dict)
+            or arm_kind(str(doc.get("arm"))) not in ARMS
+            or "command" not in doc
+        ):
             continue
         key = (str(path.parent.relative_to(root)), doc["env"], doc["policy"])
         groups.setdefault(key, {})[doc["arm"]] = doc
@@ -42,6 +46,11 @@ def load_groups(root: Path) -> dict[tuple[str, str, str], dict[str, dict[str, An
     }
 
 
+def ordered(arms: dict[str, Any]) -> list[str]:
+    """Arm names in ``ARMS`` order (labelled exported arms after ``exported``, by label)."""
+    return sorted(arms, key=lambda n: (ARMS.index(arm_kind(n)), n))
+
+
 def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a and b else None
 
@@ -52,10 +61,8 @@ def group_summary(arms: dict[str, dict[str, Any]]) -> dict[str, Any]:
     sb3 = [arms[k] for k in ("sb3-cpu", "sb3-cuda") if arms.get(k, {}).get("steps_per_joule")]
     sb3_best = max(sb3, key=lambda d: d["steps_per_joule"]) if sb3 else {}
     rows = {}
-    for name in ARMS:
-        d = arms.get(name)
-        if d is None:
-            continue
+    for name in ordered(arms):
+        d = arms[name]
         rows[name] = {
             "steps_per_s_vs_limit": _ratio(d.get("steps_per_s"), limit.get("steps_per_s")),
             "steps_per_joule_vs_limit": _ratio(
@@ -68,7 +75,7 @@ def group_summary(arms: dict[str, dict[str, Any]]) -> dict[str, Any]:
                 d.get("steps_per_joule"), arms.get("cleanrl", {}).get("steps_per_joule")
             ),
         }
-    ours = [arms[k] for k in OURS if arms.get(k, {}).get("steps_per_joule")]
+    ours = [d for k, d in arms.items() if arm_kind(k) in OURS and d.get("steps_per_joule")]
     goals: dict[str, Any] = {}
     if ours:
         fast = max(ours, key=lambda d: d["steps_per_s"])
@@ -150,7 +157,7 @@ def plot(key: tuple[str, str, str], arms: dict[str, dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = [n for n in ARMS if n in arms and "error" not in arms[n]]
+    names = [n for n in ordered(arms) if "error" not in arms[n]]
     fig, axes = plt.subplots(1, 2, figsize=(10, 0.45 * len(names) + 1.6))
     for ax, metric, label in (
         (axes[0], "steps_per_s", "trained steps/s"),
@@ -158,7 +165,8 @@ def plot(key: tuple[str, str, str], arms: dict[str, dict], path: Path) -> None:
     ):
         values = [arms[n].get(metric) or 0.0 for n in names]
         colors = [
-            "grey" if n == "limit" else ("tab:blue" if n in OURS else "tab:orange") for n in names
+            "grey" if n == "limit" else ("tab:blue" if arm_kind(n) in OURS else "tab:orange")
+            for n in names
         ]
         ax.barh(names, values, color=colors)
         if "limit" in arms and arms["limit"].get(metric):

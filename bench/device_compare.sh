@@ -5,6 +5,7 @@
 #   bash bench/device_compare.sh others     # HalfCheetah-v5, Humanoid-v5, and Ant-v5 with a
 #                                           # GPU-heavy policy (fewer arms each)
 #   bash bench/device_compare.sh learning   # Ant-v5 returns at 1M steps, 3 seeds, ours and SB3
+#                                           # (twice: the second sitting resumes SB3)
 # Writes under ${OUT:-out}/<part>/; then `python -m bench.compare report --dir ...` and
 # `python -m bench.learning report --dir ...` make the tables and plots.
 set -uo pipefail
@@ -13,6 +14,11 @@ export PYTHONUNBUFFERED=1 COLUMNS=160
 py=${PYTHON:-python3}
 EXPORT=${EXPORT:-docs/results/2026-11-22/study/ant-export.json}
 SB3_ARM=${SB3_ARM:-sb3-cuda}
+STATE=${STATE:-bench_state}
+# ours in the learning part: PPO's MuJoCo learner settings (the zoo's minibatch size, epochs and
+# lr, no entropy bonus) on 2 actors x 8 envs; the steps/J-tuned export (batches of 16,384) is
+# measured for speed, not for returns at 1M steps
+OURS_LEARNER=${OURS_LEARNER:-"--envs-per-actor 8 --batch-size 2048 --epochs 10 --minibatches 32 --lr 3e-4 --entropy-coef 0"}
 mkdir -p "$OUT/$1"
 { date -u; hostname; nproc; nvidia-smi --query-gpu=name,power.draw,memory.total,mig.mode.current,compute_mode --format=csv; } \
     | tee "$OUT/$1/machine.txt"
@@ -23,16 +29,20 @@ ant)
         --arms limit,sb3-cpu,sb3-cuda,cleanrl,default,exported,tuned --out "$OUT/ant/run"
     ;;
 others)
-    cmp --env HalfCheetah-v5 --policy auto:256:128:64:auto --seconds 25 --warmup-s 8 \
+    cmp --env HalfCheetah-v5 --policy auto:256:128:64:auto --seconds 20 --warmup-s 8 \
         --arms limit,$SB3_ARM,default,exported --out "$OUT/others/halfcheetah"
-    cmp --env Humanoid-v5 --policy auto:400:200:100:auto --seconds 25 --warmup-s 8 \
+    cmp --env Humanoid-v5 --policy auto:400:200:100:auto --seconds 20 --warmup-s 8 \
         --arms limit,$SB3_ARM,default,exported --out "$OUT/others/humanoid"
-    cmp --env Ant-v5 --policy auto:1024:1024:512:auto --seconds 25 --warmup-s 8 \
+    cmp --env Ant-v5 --policy auto:1024:1024:512:auto --seconds 20 --warmup-s 8 \
         --arms limit,$SB3_ARM,default,exported --out "$OUT/others/ant-heavy"
     ;;
 learning)
+    # six runs at once on 2-core slices; SB3 (about 1,000 steps/s) needs two sittings: run this
+    # part again on the same machine (or carry $STATE back) and it resumes from checkpoints
     $py -m bench.learning run --env Ant-v5 --steps 1000000 --seeds 0,1,2 --arms sb3,ours \
-        --parallel 3 --policy auto:256:128:64:auto --config "$EXPORT" --out "$OUT/learning/run"
+        --parallel 6 --policy auto:256:128:64:auto --max-wall-s "${MAX_WALL_S:-540}" \
+        --ours-args "$OURS_LEARNER" --out "$STATE/learning"
+    rm -rf "$OUT/learning/run" && cp -r "$STATE/learning" "$OUT/learning/run"
     ;;
 *)
     echo "usage: bash bench/device_compare.sh ant|others|learning" >&2

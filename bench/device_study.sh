@@ -3,6 +3,8 @@
 # <= 10 minutes:
 #   bash bench/device_study.sh study [TRIALS]   # TRIALS more trials of the study (resumes it)
 #   bash bench/device_study.sh remeasure FILE   # train --config FILE vs the default, A B A B
+#   bash bench/device_study.sh study-cpu [TRIALS]  # a study of the trainer on the CPU (the GPU
+#                                       # left idle) around the cuda export, and its export
 # The study lives in ${STATE:-bench_state}/study.db and is copied to $OUT after each part, so a
 # fresh machine can carry it to the next part. Writes JSON and logs under ${OUT:-out}.
 set -uo pipefail
@@ -23,6 +25,19 @@ study)
         --knob trainers=1,2 --knob mps_pct=25,50,100 --knob inference=actor,gmi \
         --knob trainer_device=cuda --knob chunk_bytes=262144 --knob trainer_threads=1 \
         --knob rollout_len=32 --json "$OUT/study-$stamp.json" 2>&1 | grep -v "^\[I " | tail -40
+    ;;
+study-cpu)
+    # Ant-v5 with bench.compare's policy; the actors and trainer threads split the 16 cores
+    cpu_db="sqlite:///$(realpath "$STATE")/study-cpu.db"
+    $py -m autotune.cli study --env Ant-v5 --study ant-study-cpu --storage "$cpu_db" \
+        --policy auto:256:128:64:auto --trials "${2:-6}" --trial-s 35 --warmup-s 10 --no-profile \
+        --knob trainer_device=cpu --knob actors=12,13,14,15 --knob trainer_threads=1,2,4 \
+        --knob envs_per_actor=32 --knob batch_size=16384 --knob trainers=1 --knob mps_pct=100 \
+        --knob inference=actor --knob chunk_bytes=262144 --knob rollout_len=32 \
+        --json "$OUT/study-cpu.json" 2>&1 | grep -v "^\[I " | tail -30
+    $py -m autotune.cli export --study ant-study-cpu --storage "$cpu_db" \
+        --out "$OUT/ant-export-cpu.json" --plots "$OUT/plots-cpu" 2>&1 | tail -20
+    cp "$STATE/study-cpu.db" "$OUT/study-cpu.db" 2>/dev/null || true
     ;;
 remeasure)
     # the default and the exported config, each a fresh 100 s run, twice, interleaved

@@ -13,8 +13,14 @@ the mean, the min and the max over seeds. Speed is not compared here (parallel r
 machine); ``bench.compare`` does that.
 
 Arms: ``ours`` (``autotune train``; ``--config`` an exported config, its actor count set to the
-slice's cores), ``sb3`` (``bench.peers.sb3_ppo``, the RL Zoo's MuJoCo settings) and ``cleanrl``
+slice's cores; ``--ours-args`` adds train flags such as the learner's), ``sb3``
+(``bench.peers.sb3_ppo``, the RL Zoo's MuJoCo settings) and ``cleanrl``
 (``bench.peers.cleanrl_ppo``). Every arm gets the hidden sizes of ``--policy``.
+
+Runs longer than one sitting: ``--max-wall-s`` stops every run after that many seconds; an
+``sb3`` run saves a checkpoint then, and running the same command again (same ``--out``) skips
+the runs that reached ``--steps`` and resumes the ``sb3`` ones from their checkpoints. The other
+arms cannot resume: a stopped ``ours`` or ``cleanrl`` run starts again from the beginning.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -61,8 +68,13 @@ def run_command(
             "--json",
             str(out),
         ]
-        return cmd + (["--config", str(a.config)] if a.config else [])
+        if a.max_wall_s:
+            cmd += ["--max-wall-s", str(a.max_wall_s)]
+        return cmd + (["--config", str(a.config)] if a.config else []) + shlex.split(a.ours_args)
     peer = "sb3_ppo" if arm == "sb3" else "cleanrl_ppo"
+    extra = ["--seconds", str(a.max_wall_s)] if a.max_wall_s else []
+    if arm == "sb3":
+        extra += ["--checkpoint", str(out.with_suffix("").with_suffix(".checkpoint"))]
     return [
         py,
         "-m",
@@ -81,7 +93,21 @@ def run_command(
         a.peer_device,
         "--progress",
         str(progress),
+        *extra,
     ]
+
+
+def finished(out_dir: Path, stem: str, steps: int) -> bool:
+    """Whether an earlier sitting's run ``stem`` reached ``steps`` trained steps."""
+    doc, curve = out_dir / f"{stem}.json", out_dir / f"{stem}.progress.jsonl"
+    if not doc.exists() or not curve.exists():
+        return False
+    rows = read_progress(curve)
+    return (
+        json.loads(doc.read_text()).get("returncode") == 0
+        and bool(rows)
+        and (rows[-1]["steps"] >= steps)
+    )
 
 
 def core_slices(parallel: int) -> list[list[int]]:
@@ -106,6 +132,10 @@ def cmd_run(a: argparse.Namespace) -> int:
     out_dir = Path(a.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     jobs = [(arm, seed) for arm in arms for seed in seeds]
+    done = [j for j in jobs if finished(out_dir, f"{a.env}-{j[0]}-seed{j[1]}", a.steps)]
+    if done:
+        print(f"already at {a.steps} steps, skipped: {done}", flush=True)
+    jobs = [j for j in jobs if j not in done]
     slices, running, failed = core_slices(a.parallel), {}, 0
     while jobs or running:
         free = [i for i in range(len(slices)) if i not in running]
@@ -136,6 +166,7 @@ def cmd_run(a: argparse.Namespace) -> int:
                 continue
             log.close()
             del running[slot]
+            reached = finished_steps(out_dir / f"{stem}.progress.jsonl")
             failed += proc.returncode != 0
             doc = {
                 "arm": arm,
@@ -146,10 +177,21 @@ def cmd_run(a: argparse.Namespace) -> int:
                 "command": cmd,
                 "returncode": proc.returncode,
                 "wall_s": time.time() - t0,
+                "trained_steps": reached,
+                "finished": proc.returncode == 0 and reached >= a.steps,
             }
             (out_dir / f"{stem}.json").write_text(json.dumps(doc, indent=2) + "\n")
-            print(f"[{stem}] rc {proc.returncode} after {doc['wall_s']:.0f} s", flush=True)
+            print(f"[{stem}] rc {proc.returncode} after {doc['wall_s']:.0f} s, "
+                  f"{reached} trained steps", flush=True)  # fmt: skip
     return 1 if failed else 0
+
+
+def finished_steps(curve: Path) -> int:
+    try:
+        rows = read_progress(curve)
+    except (OSError, ValueError):
+        return 0
+    return rows[-1]["steps"] if rows else 0
 
 
 def load_runs(root: Path) -> dict[tuple[str, str], dict[int, list[dict[str, Any]]]]:
@@ -266,6 +308,15 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--policy", default="auto:256:128:64:auto")
     run.add_argument("--config", default=None, metavar="FILE", help="ours: an exported config")
     run.add_argument("--peer-device", default="cpu", help="the peers' trainer device")
+    run.add_argument(
+        "--ours-args", default="", help="more `autotune train` flags for ours, e.g. '--lr 3e-4'"
+    )
+    run.add_argument(
+        "--max-wall-s",
+        type=float,
+        default=0.0,
+        help="stop each run after this many seconds (0: none); run again to resume sb3 runs",
+    )
     run.add_argument("--out", required=True)
     run.set_defaults(func=cmd_run)
     rep = sub.add_parser("report", help="returns at given step counts, and the curves")
@@ -275,8 +326,8 @@ def main(argv: list[str] | None = None) -> int:
     rep.add_argument("--plot", default=None, metavar="PNG")
     rep.set_defaults(func=cmd_report)
     a = ap.parse_args(argv)
-    if a.command == "run" and (a.steps < 1 or a.parallel < 1):
-        ap.error("--steps and --parallel must be >= 1")
+    if a.command == "run" and (a.steps < 1 or a.parallel < 1 or a.max_wall_s < 0):
+        ap.error("--steps and --parallel must be >= 1 and --max-wall-s >= 0")
     return a.func(a)
 
 
