@@ -5,7 +5,10 @@
 #   bash bench/device_compare.sh others     # HalfCheetah-v5, Humanoid-v5, and Ant-v5 with a
 #                                           # GPU-heavy policy (fewer arms each)
 #   bash bench/device_compare.sh learning   # Ant-v5 returns at 1M steps, 3 seeds, ours and SB3
-#                                           # (twice: the second sitting resumes SB3)
+#                                           # (several sittings: each resumes from checkpoints)
+#   bash bench/device_compare.sh cpu-trainer  # a study of the trainer on the CPU (GPU idle, no
+#                                           # context) and its export beside the limit and the
+#                                           # cuda export, Ant-v5
 # Writes under ${OUT:-out}/<part>/; then `python -m bench.compare report --dir ...` and
 # `python -m bench.learning report --dir ...` make the tables and plots.
 set -uo pipefail
@@ -37,15 +40,23 @@ others)
         --arms limit,$SB3_ARM,default,exported --out "$OUT/others/ant-heavy"
     ;;
 learning)
-    # six runs at once on 2-core slices; SB3 (about 1,000 steps/s) needs two sittings: run this
-    # part again on the same machine (or carry $STATE back) and it resumes from checkpoints
-    $py -m bench.learning run --env Ant-v5 --steps 1000000 --seeds 0,1,2 --arms sb3,ours \
+    # six runs at once on 2-core slices; SB3 (about 600 steps/s here) needs several sittings: run this
+    # part again with LEARN_ARMS=sb3 (on the same machine, or carry $STATE) to resume from checkpoints
+    $py -m bench.learning run --env Ant-v5 --steps 1000000 --seeds 0,1,2 --arms "${LEARN_ARMS:-sb3,ours}" \
         --parallel 6 --policy auto:256:128:64:auto --max-wall-s "${MAX_WALL_S:-540}" \
         --ours-args "$OURS_LEARNER" --out "$STATE/learning"
     rm -rf "$OUT/learning/run" && cp -r "$STATE/learning" "$OUT/learning/run"
     ;;
+cpu-trainer)
+    # the steps/J-vs-limit goal: the limit leaves the GPU idle with no CUDA context (~70 W on
+    # the H100, ~120 W with one), so a trainer on the CPU is the other candidate
+    STATE=$STATE OUT=$OUT/cpu-trainer bash bench/device_study.sh study-cpu "${TRIALS:-5}"
+    cmp --env Ant-v5 --policy auto:256:128:64:auto --seconds 40 --warmup-s 10 \
+        --arms limit,exported --exported "cpu=$OUT/cpu-trainer/ant-export-cpu.json" \
+        --out "$OUT/cpu-trainer/compare"
+    ;;
 *)
-    echo "usage: bash bench/device_compare.sh ant|others|learning" >&2
+    echo "usage: bash bench/device_compare.sh ant|others|learning|cpu-trainer" >&2
     exit 2
     ;;
 esac
