@@ -206,6 +206,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="write the learning curve to PATH as JSON lines, about once a second: Unix time, "
         "trained steps, mean return of the last 100 episodes, episodes (autotune/progress_log.py)",
     )  # fmt: skip
+    train.add_argument(
+        "--checkpoint", default=None, metavar="DIR",
+        help="keep the learner's state in DIR: a run whose DIR holds one goes on from it (--steps "
+        "then counts every run's trained steps; --progress is appended to), and every run "
+        "saves its state there when it ends (runtime/checkpoint.py)",
+    )  # fmt: skip
     train.add_argument("--quiet", action="store_true", help="no live display")
     train.set_defaults(func=cmd_train)
 
@@ -314,7 +320,8 @@ def config_from_args(args: argparse.Namespace):
         seed=args.seed, chunk_bytes=args.chunk_bytes, trainer_device=args.trainer_device,
         trainer_threads=args.trainer_threads, trainers=args.trainers, mps_pct=args.mps_pct,
         gpus=args.gpus, grad_sync=args.grad_sync, inference=args.inference,
-        inference_mps_pct=args.inference_mps_pct, max_wall_s=args.max_wall_s, learner=learner,
+        inference_mps_pct=args.inference_mps_pct, max_wall_s=args.max_wall_s,
+        checkpoint=args.checkpoint, learner=learner,
     )  # fmt: skip
 
 
@@ -344,20 +351,27 @@ def cmd_train(args: argparse.Namespace) -> int:
     try:
         runner = Runner(cfg, info, mps_changes=args.mps_change,
                         mps_live=args.tune and cfg.resolved_device() == "cuda")  # fmt: skip
+    except ConfigError as exc:  # the checkpoint
+        console.print(f"[red]error:[/red] {exc}")
+        return 2
     except ValueError as exc:
         console.print(f"[red]error:[/red] --mps-change: {exc}")
         return 2
-    display = ProgressDisplay(console, cfg, enabled=not args.quiet)
+    done = runner.resumed_steps
+    if runner.resume is not None:
+        console.print(f"checkpoint: {cfg.checkpoint}: going on from {done} trained steps "
+                      f"(learner version {runner.resume.version}) to {cfg.steps}")  # fmt: skip
+    display = ProgressDisplay(console, cfg, enabled=not args.quiet, steps_before=done)
     curve = None
     if args.progress is not None:
         from autotune.progress_log import ProgressLog
 
-        curve = ProgressLog(args.progress)
+        curve = ProgressLog(args.progress, append=runner.resume is not None)
 
     def show(state) -> None:
         display.update(state)
         if curve is not None:
-            curve.write(state.trained_steps, state.return_mean, state.episodes)
+            curve.write(done + state.trained_steps, state.return_mean, state.episodes)
 
     runner.on_progress = show
     tuning = None
@@ -391,8 +405,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         doc = tuning.finish() if tuning is not None else None
         if curve is not None:
             if result is not None:  # the final count, after the drain
-                curve.write(result["env_steps"], result["return_mean"], result["episodes"],
-                            force=True)  # fmt: skip
+                curve.write(done + result["env_steps"], result["return_mean"],
+                            result["episodes"], force=True)  # fmt: skip
             curve.close()
     if tuning is not None:
         result["tuning"] = doc or {"where": tuning.where, "note": "the daemon did not answer "

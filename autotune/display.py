@@ -23,8 +23,11 @@ def _fmt(value: float | None, spec: str = ",.0f") -> str:
 class ProgressDisplay:
     """A rich ``Live`` view refreshed from the runner's progress callback."""
 
-    def __init__(self, console: Console, cfg: TrainConfig, enabled: bool = True) -> None:
+    def __init__(self, console: Console, cfg: TrainConfig, enabled: bool = True,
+                 steps_before: int = 0) -> None:  # fmt: skip
         self.console, self.cfg, self.enabled = console, cfg, enabled
+        self.steps_before = steps_before
+        """Trained steps of the runs before (a run resumed from a checkpoint)."""
         self.live = Live(console=console, refresh_per_second=4, transient=False)
         self._last_render = 0.0
         self._rate_mark: tuple[float, int] = (0.0, 0)
@@ -50,7 +53,7 @@ class ProgressDisplay:
         self._last_render = now
         phase = "[yellow]draining[/yellow]" if state.draining else "[green]training[/green]"
         line = Text.from_markup(
-            f"{phase} {state.trained_steps:,}/{self.cfg.steps:,} trained "
+            f"{phase} {self.steps_before + state.trained_steps:,}/{self.cfg.steps:,} trained "
             f"({state.sampled_steps:,} sampled)  {self._rate:,.0f} steps/s  "
             f"return {_fmt(state.return_mean, '.1f')} ({state.episodes:,} ep)  "
             f"lag {state.policy_lag_mean:.1f}/{state.policy_lag_max}  "

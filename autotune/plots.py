@@ -5,6 +5,7 @@ steps/J)."""
 from __future__ import annotations
 
 import logging
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -98,9 +99,11 @@ def write_plots(study: Any, out_dir: Path, sm_count: int | None,
     save(fig, "pareto.png")
 
     try:
-        importance = optuna.importance.get_param_importances(  # PED-ANOVA ranks for low
-            study, evaluator=optuna.importance.PedAnovaImportanceEvaluator(),  # targets, so
-            target=lambda t: -t.user_attrs["steps_per_joule"])  # fmt: skip   # minus steps/J
+        with warnings.catch_warnings():  # its note that it ranks for low targets: hence minus
+            warnings.filterwarnings("ignore", message="PedAnovaImportanceEvaluator computes")
+            importance = optuna.importance.get_param_importances(
+                study, evaluator=optuna.importance.PedAnovaImportanceEvaluator(),
+                target=lambda t: -t.user_attrs["steps_per_joule"])  # fmt: skip
     except (RuntimeError, ValueError) as exc:  # too few trials or one value per knob
         logger.warning("knob importance not plotted: %s", exc)
     else:

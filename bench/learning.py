@@ -18,9 +18,10 @@ slice's cores; ``--ours-args`` adds train flags such as the learner's), ``sb3``
 (``bench.peers.cleanrl_ppo``). Every arm gets the hidden sizes of ``--policy``.
 
 Runs longer than one sitting: ``--max-wall-s`` stops every run after that many seconds; an
-``sb3`` run saves a checkpoint then, and running the same command again (same ``--out``) skips
-the runs that reached ``--steps`` and resumes the ``sb3`` ones from their checkpoints. The other
-arms cannot resume: a stopped ``ours`` or ``cleanrl`` run starts again from the beginning.
+``ours`` run (``autotune train --checkpoint``) or an ``sb3`` run saves a checkpoint then, and
+running the same command again (same ``--out``) skips the runs that reached ``--steps`` and
+resumes the others from their checkpoints, appending to their progress curves. ``cleanrl``
+cannot resume: a stopped ``cleanrl`` run starts again from the beginning.
 """
 
 from __future__ import annotations
@@ -70,11 +71,12 @@ def run_command(
         ]
         if a.max_wall_s:
             cmd += ["--max-wall-s", str(a.max_wall_s)]
+        cmd += ["--checkpoint", str(checkpoint_dir(out))]
         return cmd + (["--config", str(a.config)] if a.config else []) + shlex.split(a.ours_args)
     peer = "sb3_ppo" if arm == "sb3" else "cleanrl_ppo"
     extra = ["--seconds", str(a.max_wall_s)] if a.max_wall_s else []
     if arm == "sb3":
-        extra += ["--checkpoint", str(out.with_suffix("").with_suffix(".checkpoint"))]
+        extra += ["--checkpoint", str(checkpoint_dir(out))]
     return [
         py,
         "-m",
@@ -95,6 +97,11 @@ def run_command(
         str(progress),
         *extra,
     ]
+
+
+def checkpoint_dir(result: Path) -> Path:
+    """Where the run writing ``STEM.result.json`` keeps its checkpoint: ``STEM.checkpoint``."""
+    return result.with_suffix("").with_suffix(".checkpoint")
 
 
 def finished(out_dir: Path, stem: str, steps: int) -> bool:
@@ -151,7 +158,7 @@ def cmd_run(a: argparse.Namespace) -> int:
                 out_dir / f"{stem}.result.json",
             )
             print(f"[{stem}] cores {slices[slot]}: {' '.join(cmd)}", flush=True)
-            log = (out_dir / f"{stem}.log").open("w")
+            log = (out_dir / f"{stem}.log").open("a")  # every sitting's output
             cores = slices[slot]
             proc = subprocess.Popen(
                 cmd,

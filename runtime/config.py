@@ -85,6 +85,10 @@ class TrainConfig:
     among the actors (each keeps at least one rollout in flight)."""
     transport: str = "ipc"
     """``ipc`` (Unix sockets in a private temp dir) or ``tcp`` (loopback)."""
+    checkpoint: str | None = None
+    """Directory of the learner's state across runs (``runtime.checkpoint``): loaded at the start
+    when it holds one (``steps`` then counts every run's trained steps), written when the run
+    ends; None keeps no state."""
     learner: APPOConfig = field(default_factory=APPOConfig)
     """Learner hyper-parameters."""
 
@@ -120,6 +124,9 @@ class TrainConfig:
             out.append(f"transport={self.transport!r}: allowed 'ipc' or 'tcp'")
         if self.max_wall_s is not None and not self.max_wall_s > 0:
             out.append(f"max_wall_s={self.max_wall_s!r}: must be > 0 (or unset)")
+        if self.checkpoint is not None and not (isinstance(self.checkpoint, str)
+                                                and self.checkpoint.strip()):  # fmt: skip
+            out.append(f"checkpoint={self.checkpoint!r}: must be a directory path (or unset)")
         out.extend(self.learner.problems())
         return out
 

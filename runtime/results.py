@@ -6,6 +6,8 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
+from runtime import checkpoint
+
 if TYPE_CHECKING:
     from runtime.runner import Runner
 
@@ -82,8 +84,9 @@ def build_result(runner: Runner, wall_s: float, energy: Any) -> dict[str, Any]:
     weights_identical (the current GMIs ended with bit-identical weights), phases (one per
     GMI generation, with its own steps/s, GPU W, CPU W and steps per joule), inference
     (``inference_doc``), timeline (every ``TIMELINE_S`` while serving: seconds since the
-    start, cumulative trained steps, GPU J and CPU J; ``started_unix`` dates it), plus
-    episodes, actor_restarts and malformed message counts.
+    start, cumulative trained steps, GPU J and CPU J; ``started_unix`` dates it), checkpoint
+    (``runtime.checkpoint.result_doc``, None without one), plus episodes, actor_restarts and
+    malformed message counts. Every count is this run's, also in a run resumed from a checkpoint.
     """
     tel = runner.telemetry
     compressor = tel.source("compressor")
@@ -129,6 +132,7 @@ def build_result(runner: Runner, wall_s: float, energy: Any) -> dict[str, Any]:
         "phases": runner.phases.to_list() if runner.phases else [],
         "inference": inference_doc(runner),
         "changes": runner.changes,
+        "checkpoint": checkpoint.result_doc(runner.cfg, runner.resume),
         "timeline": runner.timeline.to_doc(),
         "malformed": malformed,
         "config": runner.cfg.to_dict(),

@@ -49,7 +49,7 @@ from typing import Any
 
 import zmq
 
-from runtime import live, topology, wire
+from runtime import checkpoint, live, topology, wire
 from runtime.actor_pool import ActorPool, Incarnations
 from runtime.config import ConfigError, TrainConfig
 from runtime.envs import EnvInfo
@@ -111,6 +111,10 @@ class Runner:
             GMIs (see ``replace_gmis``; None keeps the percentages), in any order.
         mps_live: Start MPS (where GMIs are on a GPU) even if nothing needs it yet, so that
             ``reconfigure`` can set percentages later (a tuner does).
+
+    Raises:
+        ConfigError: ``cfg.checkpoint`` holds a state this run cannot resume
+            (``runtime.checkpoint.check``).
     """
 
     def __init__(self, cfg: TrainConfig, info: EnvInfo,
@@ -119,6 +123,10 @@ class Runner:
                  mps_changes: list[tuple[float, tuple[int, ...] | None]] | None = None,
                  mps_live: bool = False) -> None:  # fmt: skip
         self.cfg, self.info = cfg, info
+        self.resume = checkpoint.check(cfg, info)
+        """The checkpoint this run starts from (``cfg.checkpoint``), or None."""
+        self.resumed_steps = self.resume.trained_steps if self.resume is not None else 0
+        """Trained steps of the runs before this one, counted toward ``cfg.steps``."""
         self.mps_live = mps_live
         self._pending_cfg: TrainConfig | None = None
         self.live = live.LiveBroadcaster()
@@ -369,7 +377,7 @@ class Runner:
             if self.on_progress is not None:
                 self.on_progress(self.state(started))
             self._sample_timeline(started)
-            if self.telemetry.trained_steps >= self.cfg.steps:
+            if self.resumed_steps + self.telemetry.trained_steps >= self.cfg.steps:
                 break
             max_wall = self.cfg.max_wall_s
             if max_wall is not None and time.monotonic() - started >= max_wall:

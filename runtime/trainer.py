@@ -27,7 +27,7 @@ from typing import Any
 
 import zmq
 
-from runtime import topology, wire
+from runtime import checkpoint, topology, wire
 from runtime.config import TrainConfig
 from runtime.envs import EnvInfo
 from runtime.gmi import placement
@@ -130,7 +130,15 @@ class Trainer:
         self.malformed = wire.MalformedCounter("trainer")
         self.eos = False
         self.retiring = False
-        self.resumed = role is None or role.resume_from is None
+        self.env_info = info
+        self.resume_from = role.resume_from if role is not None else None
+        if self.resume_from is None and (role is None or role.generation == 0):
+            start = checkpoint.check(cfg, info)  # the runner has checked it already
+            self.resume_from = start.state_file if start is not None else None
+        self.resumed = self.resume_from is None
+        self.floor_version = 0
+        """Experience sampled with an older version is discarded (a run resumed from a
+        checkpoint: the actors' first weights are not the loaded ones)."""
         self.trained_steps = 0
         self.discarded_steps = 0
         self.lag_sum = 0.0
@@ -171,13 +179,15 @@ class Trainer:
         """Loads the previous generation's learner state once its file exists."""
         import torch
 
-        path = self.role.resume_from
+        path = self.resume_from
         if not os.path.exists(path):
             return
         state = torch.load(path, map_location=self.device, weights_only=False)
         self.learner.load_state(state)
         self.resumed = True
-        logger.info("%s took over the learner at version %d", self.role.name,
+        if self.role is None or self.role.resume_from is None:  # from the checkpoint
+            self.floor_version = self.learner.version
+        logger.info("%s took over the learner at version %d", self.name,
                     self.learner.version)  # fmt: skip
         self.publish()
 
@@ -188,10 +198,13 @@ class Trainer:
         """
         batch = None
         if rows != 0:
-            taken = self.batcher.take(self.learner.version, self.cfg.learner.max_policy_lag, rows)
+            lag = self.cfg.learner.max_policy_lag
+            taken = self.batcher.take(self.learner.version, lag, rows, self.floor_version)
             self.discarded_steps += taken.discarded_steps
             batch = taken.batch if taken.rows else None
         if batch is None and self.group is None:
+            if rows != 0:  # only stale rows: announce the weights again for late subscribers
+                self.publish()
             return
         result = self.learner.update(batch, self.group)
         if result.steps:
@@ -255,6 +268,10 @@ class Trainer:
             self._train(self.batcher.queued_rows)
         if self.retiring and self.role is not None and self.role.spec.rank == 0:
             self._save_state()
+        elif self.cfg.checkpoint is not None and (self.role is None or self.role.spec.rank == 0):
+            checkpoint.save(self.cfg.checkpoint, self.learner.state(), self.cfg, self.env_info)
+            logger.info("%s saved the learner at version %d to %s", self.name,
+                        self.learner.version, self.cfg.checkpoint)  # fmt: skip
         if self.stats is not None:
             self.stats.send(self.snapshot(final=True))
 

@@ -153,11 +153,12 @@ class Batcher:
         """A full batch is queued."""
         return self.queued_rows >= self.batch_rows
 
-    def take(self, version: int, max_lag: int, rows: int | None = None) -> Taken:
+    def take(self, version: int, max_lag: int, rows: int | None = None,
+             floor_version: int = 0) -> Taken:  # fmt: skip
         """Removes up to ``rows`` (default ``batch_rows``) rows from the queue as one batch.
 
-        Rows whose oldest step was sampled more than ``max_lag`` versions before ``version``
-        are left out and counted as discarded.
+        Rows whose oldest step was sampled more than ``max_lag`` versions before ``version``,
+        or with a version older than ``floor_version``, are left out and counted as discarded.
         """
         want = min(self.batch_rows if rows is None else rows, self.queued_rows)
         pieces: dict[str, list[np.ndarray]] = collections.defaultdict(list)
@@ -177,7 +178,8 @@ class Batcher:
         steps_per_row = batch["rewards"].shape[1] if got else 0
         self.queued_rows -= got
         self.queued_steps -= got * steps_per_row
-        fresh = batch["versions"].min(axis=1) >= version - max_lag if got else np.ones(0, bool)
+        oldest_ok = max(version - max_lag, floor_version)
+        fresh = batch["versions"].min(axis=1) >= oldest_ok if got else np.ones(0, bool)
         discarded = int(got - fresh.sum())
         if discarded:
             batch = {k: v[fresh] for k, v in batch.items()}

@@ -66,7 +66,7 @@ def test_online_tuning_smoke_on_cpu(tmp_path):
     common = ["--env", "CartPole-v1", "--storage", f"sqlite:///{tmp_path}/t.db", "--window-s",
               "1", "--warmup-s", "0.5", *knobs]  # fmt: skip
     for arm, seconds, name in (("tune", "5", "tune1"), ("tune", "20", "tune2"),
-                               ("grid", "10", "grid"), ("default", "8", "default")):  # fmt: skip
+                               ("grid", "8", "grid"), ("default", "6", "default")):  # fmt: skip
         proc = subprocess.run([sys.executable, "-m", "bench.online_tuning", arm, *common,
                                "--seconds", seconds, "--out", str(tmp_path / f"{name}.json")],
                               capture_output=True, text=True, timeout=240)  # fmt: skip

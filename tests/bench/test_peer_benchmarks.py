@@ -3,6 +3,7 @@ docs/BENCHMARKS.md, measured on the device machine), and their refusals of bad i
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -10,6 +11,7 @@ import sys
 import pytest
 
 from autotune.progress_log import read_progress
+from bench import compare
 
 
 def bench(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -25,24 +27,21 @@ def config(path, **fields) -> str:
 
 
 @pytest.mark.slow
-def test_compare_every_arm_then_report(tmp_path):
-    """Every arm, a labelled second exported config, and the report's table, goals and plots."""
+def test_compare_arms_then_report(tmp_path):
+    """The limit, both peers, the default and two exported configs run and are measured; then
+    the report's table, goals and plots. (The tuned arm is ``train --tune``, run end to end by
+    the tuner's tests; its command and final-third window are checked below.)"""
     out = tmp_path / "run"
-    knobs = ["--knob", "actors=1", "--knob", "envs_per_actor=2,4", "--knob", "trainers=1",
-             "--knob", "batch_size=512", "--knob", "trainer_threads=1",
-             "--knob", "chunk_bytes=262144", "--knob", "inference=actor",
-             "--knob", "rollout_len=32", "--knob", "trainer_device=cpu"]  # fmt: skip
     proc = bench("bench.compare", "run", "--env", "Pendulum-v1", "--policy", "auto:32:auto",
-                 "--seconds", "5", "--startup-s", "4", "--tuned-s", "24", "--warmup-s", "1",
-                 "--settle-s", "0", "--arms", "limit,sb3-cpu,cleanrl,default,exported,tuned",
+                 "--seconds", "4", "--startup-s", "4", "--warmup-s", "1", "--settle-s", "0",
+                 "--arms", "limit,sb3-cpu,cleanrl,default,exported",
                  "--exported", config(tmp_path / "a.json"),
                  "--exported", "two=" + config(tmp_path / "b.json", envs_per_actor=8),
-                 *knobs, "--out", str(out))  # fmt: skip
+                 "--out", str(out))  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     docs = [p for p in out.glob("Pendulum-v1-*.json") if not p.name.endswith(".result.json")]
     arms = {p.stem.split("-", 2)[-1]: json.loads(p.read_text()) for p in docs}
-    assert set(arms) == {"limit", "sb3-cpu", "cleanrl", "default", "exported", "exported-two",
-                         "tuned"}  # fmt: skip
+    assert set(arms) == {"limit", "sb3-cpu", "cleanrl", "default", "exported", "exported-two"}
     for name, doc in arms.items():
         assert "error" not in doc, (name, doc)
         assert doc["steps_per_s"] > 0 and doc["steps_per_joule"] > 0, name
@@ -52,7 +51,7 @@ def test_compare_every_arm_then_report(tmp_path):
         assert steps == sorted(steps) and steps[-1] > 0, name
     assert arms["exported-two"]["config"]["envs_per_actor"] == 8
     assert arms["exported"]["config"]["envs_per_actor"] == 4
-    for name in ("default", "exported", "exported-two", "tuned"):
+    for name in ("default", "exported", "exported-two"):
         assert arms[name]["lost_steps"] == 0, name
     md, plots = tmp_path / "table.md", tmp_path / "plots"
     proc = bench("bench.compare", "report", "--dir", str(tmp_path), "--markdown", str(md),
@@ -68,44 +67,67 @@ def test_compare_every_arm_then_report(tmp_path):
     assert png.stat().st_size > 10_000
 
 
+def test_tuned_arm_command_and_final_third_window(tmp_path):
+    a = argparse.Namespace(
+        env="Pendulum-v1", policy="auto:32:auto", seconds=5.0, startup_s=4.0, tuned_s=30.0,
+        knob=["batch_size=512,1024"], out=str(tmp_path), exports={})  # fmt: skip
+    cmd = compare.arm_command("tuned", a, tmp_path / "p.jsonl", tmp_path / "r.json")
+    assert cmd[cmd.index("--max-wall-s") + 1] == "30.0" and "--tune" in cmd
+    assert cmd[cmd.index("--knob") + 1] == "batch_size=512,1024"
+    assert cmd[cmd.index("--storage") + 1] == f"sqlite:///{tmp_path.resolve()}/tuned.db"
+    rows = [{"t": t, "steps": s} for t, s in ((0, 0), (10, 100), (20, 1100), (30, 2100),
+                                              (40, 4100), (49, 6000))]  # fmt: skip
+    first, last = compare.window(rows, warmup_s=2, final_third=True)
+    assert (first["t"], last["t"]) == (40, 49)  # the trained span 10..49: its last 13 s
+    first, last = compare.window(rows, warmup_s=2, final_third=False)
+    assert (first["t"], last["t"]) == (20, 49)
+    with pytest.raises(ValueError, match="run the arm longer"):
+        compare.window(rows[:3], warmup_s=15, final_third=False)
+
+
 @pytest.mark.slow
 def test_learning_runs_resume_and_report(tmp_path):
-    """Every arm and two seeds on two core slices; then an sb3 run stopped by --max-wall-s and
-    resumed from its checkpoint by the same command; then the report at two step counts."""
+    """ours and cleanrl at once on two core slices; then sb3 and ours runs stopped by
+    --max-wall-s and resumed from their checkpoints by the same command; then the report."""
     out = tmp_path / "learn"
     common = ["bench.learning", "run", "--env", "Pendulum-v1", "--policy", "auto:32:auto",
-              "--out", str(out)]  # fmt: skip
-    ours = "--batch-size 512 --envs-per-actor 4"
-    proc = bench(*common, "--arms", "ours,sb3,cleanrl", "--seeds", "0,1", "--steps", "4096",
-                 "--parallel", "2", "--ours-args", ours)  # fmt: skip
+              "--out", str(out), "--ours-args", "--batch-size 512 --envs-per-actor 4"]  # fmt: skip
+    proc = bench(*common, "--arms", "ours,cleanrl", "--seeds", "0", "--steps", "4096",
+                 "--parallel", "2")  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
-    for arm in ("ours", "sb3", "cleanrl"):
-        for seed in (0, 1):
-            doc = json.loads((out / f"Pendulum-v1-{arm}-seed{seed}.json").read_text())
-            assert doc["finished"] and doc["trained_steps"] >= 4096, doc
-    long = [*common, "--arms", "sb3", "--seeds", "7", "--steps", "30000"]
-    proc = bench(*long, "--max-wall-s", "3")
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
-    first = json.loads((out / "Pendulum-v1-sb3-seed7.json").read_text())
-    assert not first["finished"] and 0 < first["trained_steps"] < 30000
-    assert (out / "Pendulum-v1-sb3-seed7.checkpoint" / "model.zip").is_file()
-    proc = bench(*long)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    for arm in ("ours", "cleanrl"):
+        doc = json.loads((out / f"Pendulum-v1-{arm}-seed0.json").read_text())
+        assert doc["finished"] and doc["trained_steps"] >= 4096, doc
+    # ours' start-up takes seconds of its wall budget, sb3's --seconds start at its training
+    for arm, steps, wall in (("sb3", 8192, "2"), ("ours", 60000, "8")):
+        long = [*common, "--arms", arm, "--seeds", "7", "--steps", str(steps)]
+        proc = bench(*long, "--max-wall-s", wall)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+        first = json.loads((out / f"Pendulum-v1-{arm}-seed7.json").read_text())
+        assert not first["finished"] and 0 < first["trained_steps"] < steps, first
+        assert any((out / f"Pendulum-v1-{arm}-seed7.checkpoint").iterdir())
+        proc = bench(*long)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+        second = json.loads((out / f"Pendulum-v1-{arm}-seed7.json").read_text())
+        assert second["finished"], second
+        curve = read_progress(out / f"Pendulum-v1-{arm}-seed7.progress.jsonl")
+        steps_seen = [r["steps"] for r in curve]
+        assert steps_seen == sorted(steps_seen) and steps_seen[0] == 0
+        assert steps_seen[-1] >= steps and first["trained_steps"] in steps_seen
     log = (out / "Pendulum-v1-sb3-seed7.log").read_text()
     assert f"resumed from {out / 'Pendulum-v1-sb3-seed7.checkpoint'} at" in log
-    second = json.loads((out / "Pendulum-v1-sb3-seed7.json").read_text())
-    assert second["finished"]
-    steps = [r["steps"] for r in read_progress(out / "Pendulum-v1-sb3-seed7.progress.jsonl")]
-    assert steps == sorted(steps) and steps[0] == 0 and steps[-1] >= 30000
+    log = (out / "Pendulum-v1-ours-seed7.log").read_text()
+    assert "going on from" in log
     proc = bench(*long)  # finished runs are skipped
-    assert "already at 30000 steps, skipped" in proc.stdout
+    assert "already at 60000 steps, skipped" in proc.stdout
     md = tmp_path / "t.md"
     proc = bench("bench.learning", "report", "--dir", str(out), "--at", "2048,4096", "--markdown",
                  str(md), "--plot", str(tmp_path / "r.png"))  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = {r["arm"]: r for r in json.loads(proc.stdout)}
-    assert rows["ours"]["4096"]["n"] == 2 and rows["cleanrl"]["2048"]["n"] == 2
-    assert rows["sb3"]["seeds"] == [0, 1, 7] and rows["sb3"]["4096"]["n"] == 3
+    assert rows["ours"]["seeds"] == [0, 7] and rows["ours"]["4096"]["n"] == 2
+    assert rows["cleanrl"]["2048"]["n"] == 1
+    assert rows["sb3"]["seeds"] == [7] and rows["sb3"]["4096"]["n"] == 1
     assert "| Pendulum-v1 | ours | 2 |" in md.read_text()
     assert (tmp_path / "r.png").stat().st_size > 10_000
 

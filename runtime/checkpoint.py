@@ -1,0 +1,131 @@
+"""The learner's state kept across runs: ``autotune train --checkpoint DIR``.
+
+A run given ``DIR`` writes two files there when it ends (its steps or its wall-clock limit
+reached, or a Ctrl-C drain), from rank 0 of its trainer GMIs, each written aside and then
+renamed, so a reader sees a whole file or the previous one:
+
+* ``learner.pt``: the learner's ``state()`` (the model with its observation statistics, the
+  optimiser, the version and the trained steps), as a GMI hand-over passes it on;
+* ``learner.json``: what a later run checks before loading it (the environment, the policy, the
+  observation and action sizes, the trained steps, the version and when it was saved).
+
+A run whose ``DIR`` holds them starts its trainers from that state. ``steps`` then counts the
+trained steps of every run together (the learning-rate schedule goes on where it stopped), and
+experience the actors sampled before they had the loaded weights is discarded and counted
+(``discarded_steps``), never trained on. A ``DIR`` that does not exist yet is created at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from runtime.config import ConfigError, TrainConfig
+from runtime.envs import EnvInfo
+
+STATE_NAME = "learner.pt"
+INFO_NAME = "learner.json"
+FORMAT = 1
+
+
+@dataclass(frozen=True)
+class Resume:
+    """A checkpoint a run starts from."""
+
+    state_file: str
+    """The ``learner.pt`` to load."""
+    trained_steps: int
+    """Trained env steps of the runs before (counted toward ``steps``)."""
+    version: int
+    """The learner version saved; experience of an older version is not trained on."""
+
+
+def read_info(directory: str) -> dict[str, Any] | None:
+    """``learner.json`` of ``directory``, or None where there is none.
+
+    Raises:
+        ConfigError: ``directory`` is a file, or its checkpoint is incomplete or unreadable.
+    """
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        raise ConfigError([f"checkpoint={directory!r}: is a file; give a directory"])
+    info_path = os.path.join(directory, INFO_NAME)
+    state_path = os.path.join(directory, STATE_NAME)
+    if not os.path.exists(info_path) and not os.path.exists(state_path):
+        return None
+    if not (os.path.exists(info_path) and os.path.exists(state_path)):
+        raise ConfigError([f"checkpoint={directory!r}: holds only one of {STATE_NAME} and "
+                           f"{INFO_NAME}; a checkpoint needs both (move the directory aside "
+                           "to start from scratch)"])  # fmt: skip
+    try:
+        with open(info_path) as f:
+            doc = json.load(f)
+        int(doc["trained_steps"]), int(doc["version"])  # checked, not used
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError([f"checkpoint={directory!r}: unreadable {INFO_NAME} ({exc})"]) from None
+    return doc
+
+
+def check(cfg: TrainConfig, info: EnvInfo) -> Resume | None:
+    """What the run ``cfg`` resumes from: None without ``cfg.checkpoint`` or with an empty one.
+
+    Raises:
+        ConfigError: the checkpoint belongs to another environment, policy or model size, or
+            already holds ``cfg.steps`` trained steps (each said with what would be allowed).
+    """
+    if cfg.checkpoint is None:
+        return None
+    doc = read_info(cfg.checkpoint)
+    if doc is None:
+        return None
+    problems = []
+    for name, ours in (("env", cfg.env), ("policy", cfg.policy), ("obs_dim", info.obs_dim),
+                       ("act_dim", info.act_dim)):  # fmt: skip
+        if doc.get(name) != ours:
+            problems.append(f"checkpoint={cfg.checkpoint!r}: saved with {name}="
+                            f"{doc.get(name)!r}, this run has {ours!r}; resume with the same "
+                            "env and policy, or give another directory")  # fmt: skip
+    steps = int(doc["trained_steps"])
+    if steps >= cfg.steps:
+        problems.append(f"checkpoint={cfg.checkpoint!r}: already holds {steps} trained steps, "
+                        f"steps={cfg.steps} counts every run together; give steps > {steps} "
+                        "to train on")  # fmt: skip
+    if problems:
+        raise ConfigError(problems)
+    return Resume(os.path.join(cfg.checkpoint, STATE_NAME), steps, int(doc["version"]))
+
+
+def save(directory: str, state: dict[str, Any], cfg: TrainConfig, info: EnvInfo) -> None:
+    """Writes ``state`` (a learner's ``state()``) and its ``learner.json`` into ``directory``."""
+    import torch
+
+    os.makedirs(directory, exist_ok=True)
+    state_path = os.path.join(directory, STATE_NAME)
+    torch.save(state, state_path + ".tmp")
+    os.replace(state_path + ".tmp", state_path)
+    doc = {"format": FORMAT, "env": cfg.env, "policy": cfg.policy, "obs_dim": info.obs_dim,
+           "act_dim": info.act_dim, "trained_steps": int(state["trained_steps"]),
+           "version": int(state["version"]), "saved_unix": time.time()}  # fmt: skip
+    info_path = os.path.join(directory, INFO_NAME)
+    with open(info_path + ".tmp", "w") as f:
+        json.dump(doc, f, indent=2)
+    os.replace(info_path + ".tmp", info_path)
+
+
+def result_doc(cfg: TrainConfig, resume: Resume | None) -> dict[str, Any] | None:
+    """The ``checkpoint`` entry of a run's result: where, what it resumed from, what is saved."""
+    if cfg.checkpoint is None:
+        return None
+    try:
+        doc = read_info(cfg.checkpoint)
+    except ConfigError:
+        doc = None
+    return {
+        "dir": os.path.abspath(cfg.checkpoint),
+        "resumed_from_steps": resume.trained_steps if resume is not None else 0,
+        "resumed_from_version": resume.version if resume is not None else None,
+        "saved_steps": int(doc["trained_steps"]) if doc else None,
+        "saved_version": int(doc["version"]) if doc else None,
+    }

@@ -1,0 +1,73 @@
+"""``TrainConfig.checkpoint``: a run saves the learner, the next one goes on from it (the step
+budget, the version and the weights carry over; stale experience is discarded, not trained on),
+and checkpoints that cannot be resumed are refused before anything starts."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from runtime import checkpoint
+from runtime.config import ConfigError, TrainConfig
+from runtime.runner import Runner
+
+
+def cfg_for(directory, **over) -> TrainConfig:
+    base = {"steps": 4096, "actors": 2, "envs_per_actor": 4, "rollout_len": 16,
+            "batch_size": 512, "checkpoint": str(directory)}  # fmt: skip
+    return TrainConfig(**{**base, **over})
+
+
+@pytest.mark.slow
+def test_a_second_run_goes_on_from_the_first_and_loses_nothing(tmp_path):
+    ck = tmp_path / "ck"
+    first_cfg = cfg_for(ck)
+    first = Runner(first_cfg, first_cfg.validate()).run()
+    saved = json.loads((ck / checkpoint.INFO_NAME).read_text())
+    assert saved["trained_steps"] == first["env_steps"] >= 4096
+    assert saved["version"] == first["updates"] > 0
+    assert first["checkpoint"]["resumed_from_steps"] == 0
+    state = torch.load(ck / checkpoint.STATE_NAME, weights_only=False)
+    assert state["trained_steps"] == saved["trained_steps"]
+
+    second_cfg = cfg_for(ck, steps=saved["trained_steps"] + 4096)
+    runner = Runner(second_cfg, second_cfg.validate())
+    assert runner.resumed_steps == saved["trained_steps"]
+    second = runner.run()
+    assert second["sampled_steps"] == (second["env_steps"] + second["discarded_steps"]
+                                       + second["lost_steps"])  # fmt: skip
+    assert second["lost_steps"] == 0
+    # the budget counts both runs: this one trained only what was left of it
+    assert 4096 <= second["env_steps"] < second_cfg.steps, (second["env_steps"], saved)
+    doc = second["checkpoint"]
+    assert doc["resumed_from_steps"] == saved["trained_steps"]
+    assert doc["resumed_from_version"] == saved["version"]
+    assert doc["saved_steps"] == saved["trained_steps"] + second["env_steps"]
+    assert doc["saved_version"] == second["updates"] > saved["version"]
+
+
+def test_unresumable_checkpoints_are_refused_before_the_run(tmp_path):
+    ck = tmp_path / "ck"
+    cfg = cfg_for(ck, env="CartPole-v1")
+    info = cfg.validate()
+    assert checkpoint.check(cfg, info) is None  # nothing saved yet: a fresh start
+    state = {"trained_steps": 5000, "version": 9}
+    checkpoint.save(str(ck), state, cfg, info)
+    with pytest.raises(ConfigError, match="already holds 5000 trained steps"):
+        checkpoint.check(cfg, info)  # steps=4096 < 5000
+    other = dataclasses.replace(cfg, env="Pendulum-v1", steps=10_000)
+    with pytest.raises(ConfigError, match="saved with env='CartPole-v1', this run has"):
+        Runner(other, other.validate())
+    resume = checkpoint.check(dataclasses.replace(cfg, steps=10_000), info)
+    assert resume == checkpoint.Resume(str(ck / checkpoint.STATE_NAME), 5000, 9)
+    (ck / checkpoint.INFO_NAME).unlink()
+    with pytest.raises(ConfigError, match="holds only one of"):
+        checkpoint.check(dataclasses.replace(cfg, steps=10_000), info)
+    a_file = tmp_path / "f"
+    a_file.write_text("x")
+    with pytest.raises(ConfigError, match="is a file; give a directory"):
+        checkpoint.check(cfg_for(a_file), info)
+    assert "checkpoint='': must be a directory path" in str(TrainConfig(checkpoint="").problems())
