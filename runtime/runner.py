@@ -225,7 +225,9 @@ class Runner:
             specs[INFERENCE] = (inference_main, (cfg, self.info, ep, self.inference_place))
         for name, (target, args) in specs.items():
             self._spawn(name, target, args)
-        self.fleet.start(ep, self.run_dir)
+        self.fleet.start(
+            ep, self.run_dir, self.resume.state_file if self.resume is not None else None
+        )
 
     def _spawn(self, name: str, target: Callable[..., None], args: tuple[Any, ...]) -> None:
         proc = self.mp.Process(target=target, args=args, name=name, daemon=True)

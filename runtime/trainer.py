@@ -51,7 +51,8 @@ class GMIRole:
         generation: 0 for the first GMIs of a run, +1 at every hand-over.
         layout: Per GPU, the ranks of this generation (see ``runtime.gmi.placement``).
         run_dir: The run's private directory (rendezvous and hand-over files).
-        resume_from: The previous generation's state file to wait for, or None.
+        resume_from: The previous generation's state file to wait for (generation 0: the
+            checkpoint the run resumes from), or None.
         env: Environment for the process (MPS client variables), set before CUDA starts.
     """
 
@@ -132,9 +133,8 @@ class Trainer:
         self.retiring = False
         self.env_info = info
         self.resume_from = role.resume_from if role is not None else None
-        if self.resume_from is None and (role is None or role.generation == 0):
-            start = checkpoint.check(cfg, info)  # the runner has checked it already
-            self.resume_from = start.state_file if start is not None else None
+        """The hand-over file of the previous generation, or for generation 0 the checkpoint
+        the runner resumes from (``runtime.checkpoint``)."""
         self.resumed = self.resume_from is None
         self.floor_version = 0
         """Experience sampled with an older version is discarded (a run resumed from a
@@ -185,7 +185,7 @@ class Trainer:
         state = torch.load(path, map_location=self.device, weights_only=False)
         self.learner.load_state(state)
         self.resumed = True
-        if self.role is None or self.role.resume_from is None:  # from the checkpoint
+        if self.role is not None and self.role.generation == 0:  # from the checkpoint
             self.floor_version = self.learner.version
         logger.info("%s took over the learner at version %d", self.name,
                     self.learner.version)  # fmt: skip
