@@ -4,8 +4,9 @@
 #                                           # exported, online-tuned
 #   bash bench/device_compare.sh others     # HalfCheetah-v5, Humanoid-v5, and Ant-v5 with a
 #                                           # GPU-heavy policy (fewer arms each)
-#   bash bench/device_compare.sh learning   # Ant-v5 returns at 1M steps, 3 seeds, ours and SB3
-#                                           # (several sittings: each resumes from checkpoints)
+#   bash bench/device_compare.sh learning   # Ant-v5 returns at 1M and 3M steps, 3 seeds, ours
+#                                           # and SB3 (several sittings: each resumes from
+#                                           # checkpoints)
 #   bash bench/device_compare.sh cpu-trainer  # a study of the trainer on the CPU (GPU idle, no
 #                                           # context) and its export beside the limit and the
 #                                           # cuda export, Ant-v5
@@ -40,12 +41,14 @@ others)
         --arms limit,$SB3_ARM,default,exported --out "$OUT/others/ant-heavy"
     ;;
 learning)
-    # six runs at once on 2-core slices; SB3 (about 600 steps/s here) needs several sittings: run this
-    # part again with LEARN_ARMS=sb3 (on the same machine, or carry $STATE) to resume from checkpoints
-    $py -m bench.learning run --env Ant-v5 --steps 1000000 --seeds 0,1,2 --arms "${LEARN_ARMS:-sb3,ours}" \
-        --parallel 6 --policy auto:256:128:64:auto --max-wall-s "${MAX_WALL_S:-540}" \
-        --ours-args "$OURS_LEARNER" --out "$STATE/learning"
-    rm -rf "$OUT/learning/run" && cp -r "$STATE/learning" "$OUT/learning/run"
+    # six runs at once, 3 seeds each of ours and SB3 (16 cores: ours on 3-core slices, SB3 on
+    # 3/2/2 cores with 2 envs each). SB3 (about 600 steps/s here) and ours (about 1,000) need
+    # several sittings for 1M and 3M steps: run this part again (with $STATE carried) and each
+    # run goes on from its checkpoint; $OUT/learning/state.tgz holds $STATE/learning after each.
+    $py -m bench.learning run --env Ant-v5 --steps "${LEARN_STEPS:-3000000}" --seeds 0,1,2 \
+        --arms "${LEARN_ARMS:-ours,sb3}" --parallel 6 --peer-envs 2 --policy auto:256:128:64:auto \
+        --max-wall-s "${MAX_WALL_S:-500}" --ours-args "$OURS_LEARNER" --out "$STATE/learning"
+    tar -czf "$OUT/learning/state.tgz" "$STATE/learning"
     ;;
 cpu-trainer)
     # the steps/J-vs-limit goal: the limit leaves the GPU idle with no CUDA context (~70 W on

@@ -6,7 +6,8 @@
         --markdown out/learning/table.md --plot out/learning/returns.png
 
 ``run`` trains every (arm, seed) pair to ``--steps`` trained env steps, ``--parallel`` at a time,
-each on its own slice of the cores (``sched_setaffinity``, which its processes inherit), each
+in ``--arms`` order, each on its own slice of the cores (``sched_setaffinity``, which its
+processes inherit; the first slices are one core larger when the cores do not divide evenly), each
 writing a progress curve (``autotune/progress_log.py``). ``report`` reads the mean return of
 the last 100 episodes at the first line reaching each ``--at`` step count, per seed, and gives
 the mean, the min and the max over seeds. Speed is not compared here (parallel runs share the
@@ -84,7 +85,7 @@ def run_command(
         "--env",
         a.env,
         "--num-envs",
-        str(cores),
+        str(a.peer_envs or cores),
         "--net",
         hidden_from_policy(a.policy),
         "--total-steps",
@@ -118,11 +119,18 @@ def finished(out_dir: Path, stem: str, steps: int) -> bool:
 
 
 def core_slices(parallel: int) -> list[list[int]]:
+    """``parallel`` disjoint slices of this process's cores; the first ``len % parallel`` slices
+    get one core more, so none is left idle (16 cores, 6 runs: 3,3,3,3,2,2)."""
     cores = sorted(os.sched_getaffinity(0))
     if parallel > len(cores):
         raise SystemExit(f"--parallel {parallel}: more runs at once than the {len(cores)} cores")
-    size = len(cores) // parallel
-    return [cores[i * size : (i + 1) * size] for i in range(parallel)]
+    size, extra = divmod(len(cores), parallel)
+    out, start = [], 0
+    for i in range(parallel):
+        n = size + (i < extra)
+        out.append(cores[start : start + n])
+        start += n
+    return out
 
 
 def cmd_run(a: argparse.Namespace) -> int:
@@ -316,6 +324,13 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--config", default=None, metavar="FILE", help="ours: an exported config")
     run.add_argument("--peer-device", default="cpu", help="the peers' trainer device")
     run.add_argument(
+        "--peer-envs",
+        type=int,
+        default=0,
+        help="the peers' vector envs (0: one per core of the slice); fixed, the peers'"
+        " rollouts keep one shape whatever slice a run gets",
+    )
+    run.add_argument(
         "--ours-args", default="", help="more `autotune train` flags for ours, e.g. '--lr 3e-4'"
     )
     run.add_argument(
@@ -333,8 +348,10 @@ def main(argv: list[str] | None = None) -> int:
     rep.add_argument("--plot", default=None, metavar="PNG")
     rep.set_defaults(func=cmd_report)
     a = ap.parse_args(argv)
-    if a.command == "run" and (a.steps < 1 or a.parallel < 1 or a.max_wall_s < 0):
-        ap.error("--steps and --parallel must be >= 1 and --max-wall-s >= 0")
+    if a.command == "run" and (
+        a.steps < 1 or a.parallel < 1 or a.max_wall_s < 0 or a.peer_envs < 0
+    ):
+        ap.error("--steps and --parallel must be >= 1, --max-wall-s and --peer-envs >= 0")
     return a.func(a)
 
 
