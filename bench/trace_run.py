@@ -16,7 +16,8 @@ import os
 import signal
 import sys
 
-from autotune.cli import build_parser, config_from_args
+from autotune.cli import build_parser
+from autotune.cli_train import config_from_args
 from runtime.runner import Runner, RunState
 
 

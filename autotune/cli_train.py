@@ -1,0 +1,372 @@
+"""``autotune train``: one training job through the experience pipeline, its flags and its
+config (``--config`` files, explicit flags over them), with a live display and a summary."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from autotune.cli import write_json
+
+
+def add_train_command(sub: Any) -> None:
+    from policies.appo_config import APPOConfig
+    from runtime.config import TrainConfig
+
+    d, dl = TrainConfig(), APPOConfig()
+    train = sub.add_parser(
+        "train",
+        help="run an RL training job (actors -> dispenser -> compressor -> migrator -> "
+        "batcher -> trainer) and report steps/s and steps per joule",
+        description="Run one training job on this machine through the asynchronous experience "
+        "pipeline, with a live progress display and a final summary.",
+    )
+    train.add_argument("--config", default=None, metavar="FILE",
+                       help="run this config (an 'autotune export' file, a 'train --json' "
+                       "result or a mapping of config fields; JSON or YAML); flags given "
+                       "as well override it")  # fmt: skip
+    train.add_argument("--env", default=d.env, help=f"gymnasium env id (default {d.env})")
+    train.add_argument(
+        "--steps",
+        type=int,
+        default=d.steps,
+        help=f"trained env steps to run for (default {d.steps})",
+    )
+    train.add_argument(
+        "--actors", type=int, default=d.actors, help=f"actor processes (default {d.actors})"
+    )
+    train.add_argument(
+        "--envs-per-actor",
+        type=int,
+        default=d.envs_per_actor,
+        help=f"environments per actor (default {d.envs_per_actor})",
+    )
+    train.add_argument(
+        "--rollout-len",
+        type=int,
+        default=d.rollout_len,
+        help=f"steps per env per rollout (default {d.rollout_len})",
+    )
+    train.add_argument(
+        "--batch-size",
+        type=int,
+        default=d.batch_size,
+        help=f"env steps per training batch, a multiple of --rollout-len (default {d.batch_size})",
+    )
+    train.add_argument(
+        "--policy",
+        default=d.policy,
+        help="MLP spec, e.g. 60:256:128:64:8; 'auto' takes the env's sizes "
+        "(default auto = auto:64:64:auto)",
+    )
+    train.add_argument("--seed", type=int, default=d.seed, help=f"seed (default {d.seed})")
+    train.add_argument(
+        "--chunk-bytes",
+        type=int,
+        default=d.chunk_bytes,
+        help=f"compressor chunk size in bytes (default {d.chunk_bytes})",
+    )
+    train.add_argument(
+        "--trainer-device",
+        choices=["auto", "cpu", "cuda"],
+        default=d.trainer_device,
+        help="trainer device (default auto: cuda if present)",
+    )
+    train.add_argument(
+        "--trainers",
+        type=int,
+        default=d.trainers,
+        help="trainer GMIs per GPU (or trainer processes on the CPU), data-parallel "
+        f"(default {d.trainers})",
+    )
+    train.add_argument(
+        "--mps-pct",
+        type=_int_list,
+        default=None,
+        metavar="P[,P...]",
+        help="MPS active-thread percentage (1..100) of every GMI, or one per GMI in GPU-major "
+        "order; starts or reuses an MPS daemon (default: no limit)",
+    )
+    train.add_argument(
+        "--gpus",
+        type=_int_list,
+        default=None,
+        metavar="I[,I...]",
+        help="CUDA device indices for the trainer GMIs (default 0)",
+    )
+    train.add_argument(
+        "--mps-change",
+        type=_mps_change,
+        action="append",
+        default=None,
+        metavar="SECONDS:P[,P...]",
+        help="at SECONDS into the run, replace the GMIs by new ones with these MPS "
+        "percentages (hand-over without losing experience); repeatable",
+    )
+    train.add_argument(
+        "--grad-sync",
+        choices=["auto", "mpr", "mrr", "har"],
+        default=d.grad_sync,
+        help="gradient sync among GMIs: auto picks from the GMI-to-GPU layout (GMI-DRL "
+        "Algorithm 1); mpr = one host all-reduce, mrr = rings (NCCL between GPUs), "
+        "har = hierarchical (default auto)",
+    )
+    train.add_argument(
+        "--trainer-threads",
+        type=int,
+        default=d.trainer_threads,
+        help=f"torch threads per trainer GMI (default {d.trainer_threads})",
+    )
+    train.add_argument(
+        "--inference",
+        choices=["actor", "gmi"],
+        default=d.inference,
+        help="where actions are computed: actor = the policy on each actor's core; gmi = one "
+        "batched inference GMI on the trainer device that every actor sends observations to "
+        f"(default {d.inference})",
+    )
+    train.add_argument(
+        "--inference-mps-pct",
+        type=int,
+        default=None,
+        metavar="P",
+        help="MPS active-thread percentage (1..100) of the inference GMI (default: no limit)",
+    )
+    from autotune.online import add_tune_args
+
+    add_tune_args(train)
+    train.add_argument(
+        "--max-wall-s",
+        type=float,
+        default=None,
+        help="stop (with a clean drain) after this many seconds",
+    )
+    train.add_argument("--lr", type=float, default=dl.lr, help=f"learning rate (default {dl.lr})")
+    train.add_argument(
+        "--lr-schedule",
+        choices=["linear", "constant"],
+        default=dl.lr_schedule,
+        help="linear: anneal the learning rate to 0 over --steps (default); constant: keep it",
+    )
+    train.add_argument(
+        "--vtrace-lambda",
+        type=float,
+        default=dl.vtrace_lambda,
+        help=f"V-trace trace decay, GAE's lambda on-policy (default {dl.vtrace_lambda})",
+    )
+    train.add_argument(
+        "--gamma", type=float, default=dl.gamma, help=f"discount (default {dl.gamma})"
+    )
+    train.add_argument(
+        "--epochs",
+        type=int,
+        default=dl.epochs,
+        help=f"passes over each batch (default {dl.epochs})",
+    )
+    train.add_argument(
+        "--minibatches",
+        type=int,
+        default=dl.minibatches,
+        help=f"minibatches per pass (default {dl.minibatches})",
+    )
+    train.add_argument(
+        "--entropy-coef",
+        type=float,
+        default=dl.entropy_coef,
+        help=f"entropy bonus weight (default {dl.entropy_coef})",
+    )
+    train.add_argument(
+        "--reward-scale",
+        type=float,
+        default=dl.reward_scale,
+        help=f"reward multiplier for learning (default {dl.reward_scale})",
+    )
+    train.add_argument(
+        "--max-policy-lag",
+        type=int,
+        default=dl.max_policy_lag,
+        help=f"discard experience older than this many versions (default {dl.max_policy_lag})",
+    )
+    train.add_argument(
+        "--json", type=Path, default=None, metavar="PATH", help="write the result document to PATH"
+    )
+    train.add_argument(
+        "--progress", type=Path, default=None, metavar="PATH",
+        help="write the learning curve to PATH as JSON lines, about once a second: Unix time, "
+        "trained steps, mean return of the last 100 episodes, episodes (autotune/progress_log.py)",
+    )  # fmt: skip
+    train.add_argument(
+        "--checkpoint", default=None, metavar="DIR",
+        help="keep the learner's state in DIR: a run whose DIR holds one goes on from it (--steps "
+        "then counts every run's trained steps; --progress is appended to), and every run "
+        "saves its state there when it ends (runtime/checkpoint.py)",
+    )  # fmt: skip
+    train.add_argument("--quiet", action="store_true", help="no live display")
+    train.set_defaults(func=cmd_train)
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    """``"50"`` or ``"50,25"`` -> a tuple of ints (argparse type)."""
+    try:
+        values = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a comma-separated list of integers, e.g. 50 or 50,25"
+        ) from None
+    return values
+
+
+def _mps_change(text: str) -> tuple[float, tuple[int, ...]]:
+    """``"60:50"`` or ``"60:50,25"`` -> (60.0, (50, 25)) (argparse type)."""
+    when, sep, pcts = text.partition(":")
+    try:
+        seconds = float(when)
+    except ValueError:
+        seconds = -1.0
+    if not sep or seconds < 0:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected SECONDS:P[,P...] with SECONDS >= 0, e.g. 60:50 or 60:50,25"
+        )
+    return seconds, _int_list(pcts)
+
+
+LEARNER_FLAGS = ("lr", "lr_schedule", "vtrace_lambda", "gamma", "epochs", "minibatches",
+                 "entropy_coef", "reward_scale", "max_policy_lag")  # fmt: skip
+
+
+def explicit_flags(parser: argparse.ArgumentParser, argv: list[str]) -> set[str]:
+    """The ``dest`` of every option of ``parser`` given in ``argv`` (``--x V`` or ``--x=V``)."""
+    out = set()
+    for action in parser._actions:
+        for opt in action.option_strings:
+            if any(a == opt or (opt.startswith("--") and a.startswith(opt + "=")) for a in argv):
+                out.add(action.dest)
+    return out
+
+
+def config_with_flags(base, args: argparse.Namespace, explicit: set[str]):
+    """``base`` (from ``--config``) with the flags given explicitly on the command line."""
+    import dataclasses
+
+    fields = {f.name for f in dataclasses.fields(base)} - {"learner"}
+    changes = {k: getattr(args, k) for k in explicit & fields}
+    learner = {k: getattr(args, k) for k in explicit & set(LEARNER_FLAGS)}
+    return dataclasses.replace(base, **changes,
+                               learner=dataclasses.replace(base.learner, **learner))  # fmt: skip
+
+
+def config_from_args(args: argparse.Namespace):
+    from policies.appo_config import APPOConfig
+    from runtime.config import TrainConfig
+
+    learner = APPOConfig(
+        lr=args.lr, lr_schedule=args.lr_schedule, vtrace_lambda=args.vtrace_lambda,
+        gamma=args.gamma, epochs=args.epochs,
+        minibatches=args.minibatches,
+        entropy_coef=args.entropy_coef, reward_scale=args.reward_scale,
+        max_policy_lag=args.max_policy_lag,
+    )  # fmt: skip
+    return TrainConfig(
+        env=args.env, steps=args.steps, actors=args.actors, envs_per_actor=args.envs_per_actor,
+        rollout_len=args.rollout_len, batch_size=args.batch_size, policy=args.policy,
+        seed=args.seed, chunk_bytes=args.chunk_bytes, trainer_device=args.trainer_device,
+        trainer_threads=args.trainer_threads, trainers=args.trainers, mps_pct=args.mps_pct,
+        gpus=args.gpus, grad_sync=args.grad_sync, inference=args.inference,
+        inference_mps_pct=args.inference_mps_pct, max_wall_s=args.max_wall_s,
+        checkpoint=args.checkpoint, learner=learner,
+    )  # fmt: skip
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from autotune.display import ProgressDisplay, summary_table
+    from runtime.config import ConfigError
+    from runtime.runner import RunError, Runner
+
+    console = Console(stderr=True)
+    try:
+        if args.config is not None:
+            from autotune.export import ExportError, load_config
+
+            try:
+                cfg = config_with_flags(load_config(args.config), args, args.explicit)
+            except ExportError as exc:
+                raise ConfigError([str(exc)]) from None
+            console.print(f"config: {args.config}")
+        else:
+            cfg = config_from_args(args)
+        info = cfg.validate()
+    except ConfigError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        return 2
+    try:
+        runner = Runner(cfg, info, mps_changes=args.mps_change,
+                        mps_live=args.tune and cfg.resolved_device() == "cuda")  # fmt: skip
+    except ConfigError as exc:  # the checkpoint
+        console.print(f"[red]error:[/red] {exc}")
+        return 2
+    except ValueError as exc:
+        console.print(f"[red]error:[/red] --mps-change: {exc}")
+        return 2
+    done = runner.resumed_steps
+    if runner.resume is not None:
+        console.print(f"checkpoint: {cfg.checkpoint}: going on from {done} trained steps "
+                      f"(learner version {runner.resume.version}) to {cfg.steps}")  # fmt: skip
+    display = ProgressDisplay(console, cfg, enabled=not args.quiet, steps_before=done)
+    curve = None
+    if args.progress is not None:
+        from autotune.progress_log import ProgressLog
+
+        curve = ProgressLog(args.progress, append=runner.resume is not None)
+
+    def show(state) -> None:
+        display.update(state)
+        if curve is not None:
+            curve.write(done + state.trained_steps, state.return_mean, state.episodes)
+
+    runner.on_progress = show
+    tuning = None
+    if args.tune:
+        try:
+            from autotune.online import start_tuning
+
+            tuning = start_tuning(args, cfg, runner)
+        except ValueError as exc:  # KnobError, StudyError, ControlError, bad settings, refusal
+            console.print(f"[red]error:[/red] {exc}")
+            return 2
+        console.print(f"tuning: {tuning.where}")
+
+        def progress(state) -> None:
+            show(state)
+            if not state.draining:
+                tuning.tick()
+
+        runner.on_progress = progress
+    result = None
+    try:
+        with display:
+            result = runner.run()
+    except RunError as exc:
+        console.print(f"[red]run failed:[/red] {exc}")
+        return 1
+    except KeyboardInterrupt:
+        console.print("[red]aborted[/red] (second Ctrl-C): no result written")
+        return 130
+    finally:
+        doc = tuning.finish() if tuning is not None else None
+        if curve is not None:
+            if result is not None:  # the final count, after the drain
+                curve.write(done + result["env_steps"], result["return_mean"],
+                            result["episodes"], force=True)  # fmt: skip
+            curve.close()
+    if tuning is not None:
+        result["tuning"] = doc or {"where": tuning.where, "note": "the daemon did not answer "
+                                   "at the end; see autotune status --study"}  # fmt: skip
+        result["tuning"]["where"] = tuning.where
+    Console().print(summary_table(result))
+    write_json(args.json, result)
+    if args.json is not None:
+        console.print(f"wrote {args.json}")
+    return 0
