@@ -1,13 +1,19 @@
 """The learner's state kept across runs: ``autotune train --checkpoint DIR``.
 
 A run given ``DIR`` writes two files there when it ends (its steps or its wall-clock limit
-reached, or a Ctrl-C drain), from rank 0 of its trainer GMIs, each written aside and then
-renamed, so a reader sees a whole file or the previous one:
+reached, or a Ctrl-C drain), from rank 0 of its trainer GMIs:
 
 * ``learner.pt``: the learner's ``state()`` (the model with its observation statistics, the
   optimiser, the version and the trained steps), as a GMI hand-over passes it on;
 * ``learner.json``: what a later run checks before loading it (the environment, the policy, the
-  observation and action sizes, the trained steps, the version and when it was saved).
+  observation and action sizes, the trained steps, the version, when it was saved, and the
+  SHA-256 of the ``learner.pt`` it describes).
+
+Both are written whole beside their names, synced, then renamed, ``learner.pt`` first, so a
+reader never sees half a file. A crash between the two renames leaves the new ``learner.pt``
+with the previous save's ``learner.json``; the digest shows it, and the trained steps and
+version are then read from ``learner.pt`` itself (the env, policy and sizes cannot differ
+between two saves of one directory: a run of another kind is refused before it starts).
 
 A run whose ``DIR`` holds them starts its trainers from that state. ``steps`` then counts the
 trained steps of every run together (the learning-rate schedule goes on where it stopped), and
@@ -17,7 +23,9 @@ experience the actors sampled before they had the loaded weights is discarded an
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import os
 import time
 from dataclasses import dataclass
@@ -28,7 +36,9 @@ from runtime.envs import EnvInfo
 
 STATE_NAME = "learner.pt"
 INFO_NAME = "learner.json"
-FORMAT = 1
+FORMAT = 2  # 2: learner.json has state_sha256 (format 1 files, without it, are still read)
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -65,7 +75,38 @@ def read_info(directory: str) -> dict[str, Any] | None:
         int(doc["trained_steps"]), int(doc["version"])  # checked, not used
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ConfigError([f"checkpoint={directory!r}: unreadable {INFO_NAME} ({exc})"]) from None
+    if "state_sha256" in doc and doc["state_sha256"] != _sha256(state_path):
+        doc.update(_counts_from_state(directory, state_path))
     return doc
+
+
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _counts_from_state(directory: str, state_path: str) -> dict[str, int]:
+    """The trained steps and version of ``learner.pt`` itself, for a ``learner.json`` that is
+    one save behind it."""
+    import torch
+
+    try:
+        state = torch.load(state_path, map_location="cpu", weights_only=False)
+        counts = {"trained_steps": int(state["trained_steps"]), "version": int(state["version"])}
+    except Exception as exc:  # any unreadable file is reported the same way
+        raise ConfigError(
+            [
+                f"checkpoint={directory!r}: {INFO_NAME} does not describe "
+                f"{STATE_NAME}, and {STATE_NAME} is unreadable ({exc})"
+            ]
+        ) from None
+    logger.warning("checkpoint %s: %s is one save behind %s (a stop between the two renames); "
+                   "resuming from %s's %d trained steps, version %d", directory, INFO_NAME,
+                   STATE_NAME, STATE_NAME, counts["trained_steps"], counts["version"])  # fmt: skip
+    return counts
 
 
 def check(cfg: TrainConfig, info: EnvInfo) -> Resume | None:
@@ -103,14 +144,20 @@ def save(directory: str, state: dict[str, Any], cfg: TrainConfig, info: EnvInfo)
 
     os.makedirs(directory, exist_ok=True)
     state_path = os.path.join(directory, STATE_NAME)
-    torch.save(state, state_path + ".tmp")
-    os.replace(state_path + ".tmp", state_path)
+    info_path = os.path.join(directory, INFO_NAME)
+    with open(state_path + ".tmp", "wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
     doc = {"format": FORMAT, "env": cfg.env, "policy": cfg.policy, "obs_dim": info.obs_dim,
            "act_dim": info.act_dim, "trained_steps": int(state["trained_steps"]),
-           "version": int(state["version"]), "saved_unix": time.time()}  # fmt: skip
-    info_path = os.path.join(directory, INFO_NAME)
+           "version": int(state["version"]), "saved_unix": time.time(),
+           "state_sha256": _sha256(state_path + ".tmp")}  # fmt: skip
     with open(info_path + ".tmp", "w") as f:
         json.dump(doc, f, indent=2)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(state_path + ".tmp", state_path)
     os.replace(info_path + ".tmp", info_path)
 
 

@@ -71,3 +71,24 @@ def test_unresumable_checkpoints_are_refused_before_the_run(tmp_path):
     with pytest.raises(ConfigError, match="is a file; give a directory"):
         checkpoint.check(cfg_for(a_file), info)
     assert "checkpoint='': must be a directory path" in str(TrainConfig(checkpoint="").problems())
+
+
+def test_a_json_one_save_behind_its_state_resumes_from_the_state(tmp_path, caplog):
+    """A stop between the two renames of ``save`` leaves the new ``learner.pt`` beside the
+    previous ``learner.json``: the digest shows it and the counts come from ``learner.pt``."""
+    ck = tmp_path / "ck"
+    cfg = cfg_for(ck, env="CartPole-v1", steps=10_000)
+    info = cfg.validate()
+    checkpoint.save(str(ck), {"trained_steps": 3000, "version": 4}, cfg, info)
+    behind = (ck / checkpoint.INFO_NAME).read_text()
+    checkpoint.save(str(ck), {"trained_steps": 5000, "version": 9}, cfg, info)
+    assert checkpoint.check(cfg, info).trained_steps == 5000
+    assert not list(ck.glob("*.tmp"))
+    (ck / checkpoint.INFO_NAME).write_text(behind)  # as if stopped before the second rename
+    with caplog.at_level("WARNING"):
+        resume = checkpoint.check(cfg, info)
+    assert (resume.trained_steps, resume.version) == (5000, 9)
+    assert "one save behind" in caplog.text
+    (ck / checkpoint.STATE_NAME).write_bytes(b"not a torch file")
+    with pytest.raises(ConfigError, match=r"not describe learner\.pt, and learner\.pt is unread"):
+        checkpoint.check(cfg, info)
