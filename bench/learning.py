@@ -351,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.command == "run" and (
         a.steps < 1 or a.parallel < 1 or a.max_wall_s < 0 or a.peer_envs < 0
     ):
-        ap.error("--steps and --parallel must be >= 1, --max-wall-s and --peer-envs >= 0")
+        ap.error("--steps and --parallel must be >= 1, --max-wall-s >= 0 and --peer-envs >= 0")
     return a.func(a)
 
 

@@ -184,3 +184,12 @@ def test_learning_refuses_bad_input(tmp_path, args, message):
     proc = bench("bench.learning", *args, where, str(tmp_path), timeout=60)
     assert proc.returncode != 0
     assert message in proc.stderr, proc.stderr
+
+
+def test_core_slices_leave_no_core_idle(monkeypatch):
+    from bench import learning
+
+    monkeypatch.setattr(learning.os, "sched_getaffinity", lambda pid: set(range(16)))
+    slices = learning.core_slices(6)
+    assert [len(s) for s in slices] == [3, 3, 3, 3, 2, 2]
+    assert sorted(c for s in slices for c in s) == list(range(16))
