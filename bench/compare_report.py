@@ -147,7 +147,7 @@ def markdown(key: tuple[str, str, str], arms: dict[str, dict], summary: dict[str
         out.append("")
     for name, g in summary["goals"].items():
         verdict = "not measured" if g["met"] is None else ("met" if g["met"] else "NOT met")
-        out.append(f"- {name}: {_num(g['ratio'], 2)} ({g['arm']}), goal >= {g['goal']}: {verdict}")
+        out.append(f"- {name}: {_num(g['ratio'], 3)} ({g['arm']}), goal >= {g['goal']}: {verdict}")
     return "\n".join(out) + "\n"
 
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -28,20 +30,19 @@ def config(path, **fields) -> str:
 
 @pytest.mark.slow
 def test_compare_arms_then_report(tmp_path):
-    """The limit, both peers, the default and two exported configs run and are measured; then
+    """The limit, both peers, the default and an exported config run and are measured; then
     the report's table, goals and plots. (The tuned arm is ``train --tune``, run end to end by
-    the tuner's tests; its command and final-third window are checked below.)"""
+    the tuner's tests; its command and final-third window, and labelled exported arms, are
+    checked below.)"""
     out = tmp_path / "run"
     proc = bench("bench.compare", "run", "--env", "Pendulum-v1", "--policy", "auto:32:auto",
                  "--seconds", "4", "--startup-s", "4", "--warmup-s", "1", "--settle-s", "0",
                  "--arms", "limit,sb3-cpu,cleanrl,default,exported",
-                 "--exported", config(tmp_path / "a.json"),
-                 "--exported", "two=" + config(tmp_path / "b.json", envs_per_actor=8),
-                 "--out", str(out))  # fmt: skip
+                 "--exported", config(tmp_path / "a.json"), "--out", str(out))  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     docs = [p for p in out.glob("Pendulum-v1-*.json") if not p.name.endswith(".result.json")]
     arms = {p.stem.split("-", 2)[-1]: json.loads(p.read_text()) for p in docs}
-    assert set(arms) == {"limit", "sb3-cpu", "cleanrl", "default", "exported", "exported-two"}
+    assert set(arms) == {"limit", "sb3-cpu", "cleanrl", "default", "exported"}
     for name, doc in arms.items():
         assert "error" not in doc, (name, doc)
         assert doc["steps_per_s"] > 0 and doc["steps_per_joule"] > 0, name
@@ -49,9 +50,8 @@ def test_compare_arms_then_report(tmp_path):
         curve = read_progress(out / f"Pendulum-v1-{name}.progress.jsonl")
         steps = [r["steps"] for r in curve]
         assert steps == sorted(steps) and steps[-1] > 0, name
-    assert arms["exported-two"]["config"]["envs_per_actor"] == 8
     assert arms["exported"]["config"]["envs_per_actor"] == 4
-    for name in ("default", "exported", "exported-two"):
+    for name in ("default", "exported"):
         assert arms[name]["lost_steps"] == 0, name
     md, plots = tmp_path / "table.md", tmp_path / "plots"
     proc = bench("bench.compare", "report", "--dir", str(tmp_path), "--markdown", str(md),
@@ -62,9 +62,39 @@ def test_compare_arms_then_report(tmp_path):
     assert set(group) == {"trained steps/s vs limit", "steps/J vs SB3 best", "steps/J vs limit"}
     assert all(g["ratio"] > 0 and isinstance(g["met"], bool) for g in group.values())
     text = md.read_text()
-    assert "| exported-two |" in text and "| limit | " in text and "goal >= 7.0" in text
+    assert "| exported |" in text and "| limit | " in text and "goal >= 7.0" in text
     (png,) = plots.glob("*.png")
     assert png.stat().st_size > 10_000
+
+
+def test_labelled_exported_arms_run_their_own_files(tmp_path):
+    a_file, b_file = config(tmp_path / "a.json"), config(tmp_path / "b.json", envs_per_actor=8)
+    exports = compare.exported_arms([a_file, f"two={b_file}"])
+    assert exports == {"exported": tmp_path / "a.json", "exported-two": tmp_path / "b.json"}
+    a = argparse.Namespace(env="Pendulum-v1", policy="auto:32:auto", seconds=5.0, startup_s=4.0,
+                           exports=exports)  # fmt: skip
+    for arm, file in exports.items():
+        assert compare.arm_kind(arm) == "exported"
+        cmd = compare.arm_command(arm, a, tmp_path / "p.jsonl", tmp_path / "r.json")
+        assert cmd[cmd.index("--config") + 1] == str(file)
+        assert cmd[cmd.index("--max-wall-s") + 1] == "9.0"
+
+
+def test_report_of_the_stored_h100_cpu_trainer_run_keeps_its_figures(tmp_path):
+    """The report on the device's stored results (a labelled exported arm beside the limit and
+    the cuda export) gives the figures docs/BENCHMARKS.md quotes."""
+    from bench.compare_report import report
+
+    src = Path(__file__).parents[2] / "docs/results/2026-11-22/compare/cpu-trainer/compare"
+    shutil.copytree(src, tmp_path / "run")
+    doc = report(tmp_path, str(tmp_path / "t.md"), None)
+    (group,) = doc["groups"]
+    assert list(group["ratios"]) == ["limit", "exported", "exported-cpu"]
+    assert round(group["ratios"]["exported-cpu"]["steps_per_joule_vs_limit"], 3) == 0.782
+    text = (tmp_path / "t.md").read_text()
+    assert "| limit | 24,099 | 72 | 160 | 103.7 |" in text
+    assert "| exported-cpu | 15,312 | 73 | 115 | 81.1 | 0.64 | 0.78 |" in text
+    assert "- steps/J vs limit: 0.796 (exported), goal >= 0.8: NOT met" in text
 
 
 def test_tuned_arm_command_and_final_third_window(tmp_path):
