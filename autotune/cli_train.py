@@ -310,7 +310,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     except ValueError as exc:
         console.print(f"[red]error:[/red] --mps-change: {exc}")
         return 2
-    done = runner.resumed_steps
+    done, episodes = runner.resumed_steps, runner.resumed_episodes  # of the runs before
     if runner.resume is not None:
         console.print(f"checkpoint: {cfg.checkpoint}: going on from {done} trained steps "
                       f"(learner version {runner.resume.version}) to {cfg.steps}")  # fmt: skip
@@ -324,7 +324,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     def show(state) -> None:
         display.update(state)
         if curve is not None:
-            curve.write(done + state.trained_steps, state.return_mean, state.episodes)
+            curve.write(done + state.trained_steps, state.return_mean, episodes + state.episodes)
 
     runner.on_progress = show
     tuning = None
@@ -359,7 +359,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         if curve is not None:
             if result is not None:  # the final count, after the drain
                 curve.write(done + result["env_steps"], result["return_mean"],
-                            result["episodes"], force=True)  # fmt: skip
+                            episodes + result["episodes"], force=True)  # fmt: skip
             curve.close()
     if tuning is not None:
         result["tuning"] = doc or {"where": tuning.where, "note": "the daemon did not answer "

@@ -15,6 +15,12 @@ with the previous save's ``learner.json``; the digest shows it, and the trained 
 version are then read from ``learner.pt`` itself (the env, policy and sizes cannot differ
 between two saves of one directory: a run of another kind is refused before it starts).
 
+The runner adds ``returns.json`` when the run has ended: the last 100 episode returns and the
+episodes of every run so far, tagged with the trained steps of the ``learner.pt`` beside it. A
+resumed run starts its return window from them (as SB3 keeps its episode buffer), so its
+"mean return of the last 100 episodes" does not restart from the first, shortest episodes of
+freshly reset environments. A ``returns.json`` of another save is ignored.
+
 A run whose ``DIR`` holds them starts its trainers from that state. ``steps`` then counts the
 trained steps of every run together (the learning-rate schedule goes on where it stopped), and
 experience the actors sampled before they had the loaded weights is discarded and counted
@@ -36,6 +42,7 @@ from runtime.envs import EnvInfo
 
 STATE_NAME = "learner.pt"
 INFO_NAME = "learner.json"
+RETURNS_NAME = "returns.json"
 FORMAT = 2  # 2: learner.json has state_sha256 (format 1 files, without it, are still read)
 
 logger = logging.getLogger(__name__)
@@ -159,6 +166,37 @@ def save(directory: str, state: dict[str, Any], cfg: TrainConfig, info: EnvInfo)
         os.fsync(f.fileno())
     os.replace(state_path + ".tmp", state_path)
     os.replace(info_path + ".tmp", info_path)
+
+
+def save_returns(directory: str, returns: list[float], episodes: int) -> None:
+    """Writes the return window and the episode count of all runs beside the saved learner
+    (nothing where no learner was saved)."""
+    try:
+        doc = read_info(directory)
+    except ConfigError:
+        doc = None
+    if doc is None:
+        return
+    path = os.path.join(directory, RETURNS_NAME)
+    with open(path + ".tmp", "w") as f:
+        json.dump({"trained_steps": int(doc["trained_steps"]), "episodes": episodes,
+                   "returns": [float(r) for r in returns]}, f)  # fmt: skip
+    os.replace(path + ".tmp", path)
+
+
+def load_returns(directory: str, trained_steps: int) -> tuple[list[float], int]:
+    """The return window and episode count saved with the learner of ``trained_steps`` steps;
+    ``([], 0)`` where there are none or they belong to another save."""
+    try:
+        with open(os.path.join(directory, RETURNS_NAME)) as f:
+            doc = json.load(f)
+        if int(doc["trained_steps"]) == trained_steps:
+            return [float(r) for r in doc["returns"]], int(doc["episodes"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    logger.info("checkpoint %s: no episode returns of this save; the return window starts empty",
+                directory)  # fmt: skip
+    return [], 0
 
 
 def result_doc(cfg: TrainConfig, resume: Resume | None) -> dict[str, Any] | None:

@@ -86,7 +86,8 @@ def build_result(runner: Runner, wall_s: float, energy: Any) -> dict[str, Any]:
     (``inference_doc``), timeline (every ``TIMELINE_S`` while serving: seconds since the
     start, cumulative trained steps, GPU J and CPU J; ``started_unix`` dates it), checkpoint
     (``runtime.checkpoint.result_doc``, None without one), plus episodes, actor_restarts and
-    malformed message counts. Every count is this run's, also in a run resumed from a checkpoint.
+    malformed message counts. Every count is this run's, also in a run resumed from a checkpoint;
+    a resumed run's return window starts with the 100 returns its checkpoint kept.
     """
     tel = runner.telemetry
     compressor = tel.source("compressor")

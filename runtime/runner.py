@@ -144,6 +144,12 @@ class Runner:
         self.meter = meter
         self.mp = mp.get_context("spawn")
         self.telemetry = RunTelemetry()
+        self.resumed_episodes = 0
+        """Episodes of the runs before this one (the return window goes on from theirs)."""
+        if self.resume is not None:
+            returns, self.resumed_episodes = checkpoint.load_returns(
+                str(cfg.checkpoint), self.resume.trained_steps)  # fmt: skip
+            self.telemetry.returns.extend(returns)
         self.actors = ActorPool(self.mp, info)
         self.services: dict[str, Any] = {}
         self.inference_place: Any = None
@@ -344,6 +350,10 @@ class Runner:
                 self._serve(ep, telemetry_sock, control_sock, started)
                 self._sample_timeline(started, force=True)
                 self._drain(telemetry_sock, control_sock, started)
+                if self.cfg.checkpoint is not None:
+                    episodes = self.resumed_episodes + self.telemetry.episodes
+                    checkpoint.save_returns(self.cfg.checkpoint, list(self.telemetry.returns),
+                                            episodes)  # fmt: skip
             except BaseException:
                 self._kill_all()
                 raise

@@ -33,9 +33,17 @@ def test_a_second_run_goes_on_from_the_first_and_loses_nothing(tmp_path):
     state = torch.load(ck / checkpoint.STATE_NAME, weights_only=False)
     assert state["trained_steps"] == saved["trained_steps"]
 
+    kept = json.loads((ck / checkpoint.RETURNS_NAME).read_text())
+    assert kept["trained_steps"] == saved["trained_steps"] and kept["episodes"] == first["episodes"]
+    assert len(kept["returns"]) == min(100, first["episodes"]) > 0
+    assert sum(kept["returns"]) / len(kept["returns"]) == pytest.approx(first["return_mean"])
+
     second_cfg = cfg_for(ck, steps=saved["trained_steps"] + 4096)
     runner = Runner(second_cfg, second_cfg.validate())
     assert runner.resumed_steps == saved["trained_steps"]
+    # the return window goes on from the first run's episodes
+    assert list(runner.telemetry.returns) == kept["returns"]
+    assert runner.resumed_episodes == first["episodes"]
     second = runner.run()
     assert second["sampled_steps"] == (second["env_steps"] + second["discarded_steps"]
                                        + second["lost_steps"])  # fmt: skip
@@ -83,6 +91,9 @@ def test_a_json_one_save_behind_its_state_resumes_from_the_state(tmp_path, caplo
     behind = (ck / checkpoint.INFO_NAME).read_text()
     checkpoint.save(str(ck), {"trained_steps": 5000, "version": 9}, cfg, info)
     assert checkpoint.check(cfg, info).trained_steps == 5000
+    checkpoint.save_returns(str(ck), [1.0, 3.0], episodes=7)
+    assert checkpoint.load_returns(str(ck), 5000) == ([1.0, 3.0], 7)
+    assert checkpoint.load_returns(str(ck), 3000) == ([], 0)  # another save's window
     assert not list(ck.glob("*.tmp"))
     (ck / checkpoint.INFO_NAME).write_text(behind)  # as if stopped before the second rename
     with caplog.at_level("WARNING"):
