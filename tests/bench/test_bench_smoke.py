@@ -59,14 +59,15 @@ def test_gmi_table_smoke_on_cpu(tmp_path):
 def test_online_tuning_smoke_on_cpu(tmp_path):
     """Every arm of bench.online_tuning as a tiny CartPole run, then the report and its plot.
     Training starts about 5 s into each run here (more on a loaded 2-core CI machine), so the
-    second tuned part runs 20 s for its final third to hold trained steps."""
+    second tuned part runs 20 s for its final third to hold trained steps, and the grid 11 s for
+    one grid point after the baseline window (8 s left none once on a CI machine)."""
     knobs = ["--knob", "actors=1..2", "--knob", "envs_per_actor=4,8", "--knob", "trainers=1",
              "--knob", "batch_size=512,1024", "--knob", "trainer_threads=1",
              "--knob", "chunk_bytes=262144"]  # fmt: skip
     common = ["--env", "CartPole-v1", "--storage", f"sqlite:///{tmp_path}/t.db", "--window-s",
               "1", "--warmup-s", "0.5", *knobs]  # fmt: skip
     for arm, seconds, name in (("tune", "5", "tune1"), ("tune", "20", "tune2"),
-                               ("grid", "8", "grid"), ("default", "6", "default")):  # fmt: skip
+                               ("grid", "11", "grid"), ("default", "6", "default")):  # fmt: skip
         proc = subprocess.run([sys.executable, "-m", "bench.online_tuning", arm, *common,
                                "--seconds", seconds, "--out", str(tmp_path / f"{name}.json")],
                               capture_output=True, text=True, timeout=240)  # fmt: skip
