@@ -199,8 +199,9 @@ def add_train_command(sub: Any) -> None:
     train.add_argument(
         "--checkpoint", default=None, metavar="DIR",
         help="keep the learner's state in DIR: a run whose DIR holds one goes on from it (--steps "
-        "then counts every run's trained steps; --progress is appended to), and every run "
-        "saves its state there when it ends (runtime/checkpoint.py)",
+        "then counts every run's trained steps, the return window and episode count go on, and "
+        "--progress is appended to), and every run saves its state there when it ends "
+        "(runtime/checkpoint.py)",
     )  # fmt: skip
     train.add_argument("--quiet", action="store_true", help="no live display")
     train.set_defaults(func=cmd_train)
