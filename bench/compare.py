@@ -113,6 +113,8 @@ def arm_command(arm: str, a: argparse.Namespace, progress: Path, out: Path) -> l
         "1000000000",
         "--progress",
         str(progress),
+        "--rollout",
+        str(a.peer_rollout),
     ]
     train = [
         py,
@@ -341,6 +343,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     run.add_argument("--settle-s", type=float, default=5.0, help="pause between arms")
     run.add_argument(
+        "--peer-rollout",
+        type=int,
+        default=2048,
+        help="steps per rollout of the peers, all envs (default 2048, the RL Zoo's); a peer's "
+        "trained steps show once per rollout, so a short --seconds needs short rollouts",
+    )
+    run.add_argument(
         "--startup-s",
         type=float,
         default=TRAIN_STARTUP_S,
@@ -368,9 +377,15 @@ def main(argv: list[str] | None = None) -> int:
     rep.set_defaults(func=cmd_report)
     a = ap.parse_args(argv)
     if a.command == "run" and (
-        a.seconds <= 0 or a.tuned_s <= 0 or min(a.warmup_s, a.settle_s, a.startup_s) < 0
+        a.seconds <= 0
+        or a.tuned_s <= 0
+        or a.peer_rollout < 1
+        or min(a.warmup_s, a.settle_s, a.startup_s) < 0
     ):
-        ap.error("--seconds and --tuned-s must be > 0; --warmup-s, --settle-s, --startup-s >= 0")
+        ap.error(
+            "--seconds and --tuned-s must be > 0, --peer-rollout >= 1; --warmup-s, --settle-s,"
+            " --startup-s >= 0"
+        )
     return a.func(a)
 
 

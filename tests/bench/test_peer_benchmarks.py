@@ -37,6 +37,7 @@ def test_compare_arms_then_report(tmp_path):
     out = tmp_path / "run"
     proc = bench("bench.compare", "run", "--env", "Pendulum-v1", "--policy", "auto:32:auto",
                  "--seconds", "4", "--startup-s", "4", "--warmup-s", "1", "--settle-s", "0",
+                 "--peer-rollout", "256",
                  "--arms", "limit,sb3-cpu,cleanrl,default,exported",
                  "--exported", config(tmp_path / "a.json"), "--out", str(out))  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
@@ -72,7 +73,10 @@ def test_labelled_exported_arms_run_their_own_files(tmp_path):
     exports = compare.exported_arms([a_file, f"two={b_file}"])
     assert exports == {"exported": tmp_path / "a.json", "exported-two": tmp_path / "b.json"}
     a = argparse.Namespace(env="Pendulum-v1", policy="auto:32:auto", seconds=5.0, startup_s=4.0,
-                           exports=exports)  # fmt: skip
+                           exports=exports, peer_rollout=512)  # fmt: skip
+    for peer in ("sb3-cpu", "cleanrl"):
+        cmd = compare.arm_command(peer, a, tmp_path / "p.jsonl", tmp_path / "r.json")
+        assert cmd[cmd.index("--rollout") + 1] == "512"
     for arm, file in exports.items():
         assert compare.arm_kind(arm) == "exported"
         cmd = compare.arm_command(arm, a, tmp_path / "p.jsonl", tmp_path / "r.json")
@@ -100,7 +104,7 @@ def test_report_of_the_stored_h100_cpu_trainer_run_keeps_its_figures(tmp_path):
 def test_tuned_arm_command_and_final_third_window(tmp_path):
     a = argparse.Namespace(
         env="Pendulum-v1", policy="auto:32:auto", seconds=5.0, startup_s=4.0, tuned_s=30.0,
-        knob=["batch_size=512,1024"], out=str(tmp_path), exports={})  # fmt: skip
+        knob=["batch_size=512,1024"], out=str(tmp_path), exports={}, peer_rollout=2048)  # fmt: skip
     cmd = compare.arm_command("tuned", a, tmp_path / "p.jsonl", tmp_path / "r.json")
     assert cmd[cmd.index("--max-wall-s") + 1] == "30.0" and "--tune" in cmd
     assert cmd[cmd.index("--knob") + 1] == "batch_size=512,1024"
@@ -177,6 +181,7 @@ def test_learning_runs_resume_and_report(tmp_path):
         (["--arms", "exported", "--exported", "x y=a.json"], "a label is letters, digits"),
         (["--arms", "exported", "--exported", "nothing.json"], "no such file 'nothing.json'"),
         (["--seconds", "0"], "--seconds and --tuned-s must be > 0"),
+        (["--peer-rollout", "0"], "--peer-rollout >= 1"),
     ],
 )
 def test_compare_refuses_bad_input(tmp_path, args, message):
