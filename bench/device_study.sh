@@ -31,8 +31,9 @@ study-cpu)
     cpu_db="sqlite:///$(realpath "$STATE")/study-cpu.db"
     $py -m autotune.cli study --env Ant-v5 --study ant-study-cpu --storage "$cpu_db" \
         --policy auto:256:128:64:auto --trials "${2:-6}" --trial-s 35 --warmup-s 10 --no-profile \
-        --knob trainer_device=cpu --knob actors=12,13,14,15 --knob trainer_threads=1,2,4 \
-        --knob envs_per_actor=32 --knob batch_size=16384 --knob trainers=1 --knob mps_pct=100 \
+        --knob trainer_device=cpu --knob actors=11..15 --knob trainer_threads=1,2,4 \
+        --knob envs_per_actor=16,32,64 --knob batch_size=8192,16384,32768 --knob trainers=1 \
+        --knob mps_pct=100 \
         --knob inference=actor --knob chunk_bytes=262144 --knob rollout_len=32 \
         --json "$OUT/study-cpu.json" 2>&1 | grep -v "^\[I " | tail -30
     $py -m autotune.cli export --study ant-study-cpu --storage "$cpu_db" \
