@@ -36,7 +36,7 @@ def test_compare_arms_then_report(tmp_path):
     checked below.)"""
     out = tmp_path / "run"
     proc = bench("bench.compare", "run", "--env", "Pendulum-v1", "--policy", "auto:32:auto",
-                 "--seconds", "4", "--startup-s", "4", "--warmup-s", "1", "--settle-s", "0",
+                 "--seconds", "4", "--startup-s", "6", "--warmup-s", "1", "--settle-s", "0",
                  "--peer-rollout", "256",
                  "--arms", "limit,sb3-cpu,cleanrl,default,exported",
                  "--exported", config(tmp_path / "a.json"), "--out", str(out))  # fmt: skip
