@@ -127,6 +127,10 @@ BEAT_S = 30.0
 """How often a process marks the trials it runs as alive (``beat`` user attribute)."""
 STALE_S = 150.0
 """A running trial of another host whose ``beat`` is older than this is orphaned."""
+ASK_GRACE_S = 60.0
+"""A running trial with no ``owner`` yet may be inside another process's ``ask`` (between
+``study.ask()`` and its first attribute): it counts as orphaned only this long after it
+started."""
 
 
 def ask(study: optuna.Study) -> optuna.trial.Trial:
@@ -153,16 +157,21 @@ def ask(study: optuna.Study) -> optuna.trial.Trial:
     return trial
 
 
-def _orphaned(attrs: dict[str, Any]) -> bool:
+def _orphaned(trial: optuna.trial.FrozenTrial) -> bool:
     """Whether a RUNNING trial's process is gone: on this host, a process that no longer runs;
-    on another, one whose ``beat`` is older than ``STALE_S``; with no owner recorded, yes."""
+    on another, one whose ``beat`` is older than ``STALE_S``; with no owner recorded, one that
+    started more than ``ASK_GRACE_S`` ago."""
+    import datetime
     import socket
 
     import psutil
 
+    attrs = trial.user_attrs
     owner = attrs.get("owner")
     if owner is None:
-        return True
+        started = trial.datetime_start  # optuna's: naive local time
+        age_s = (datetime.datetime.now() - started).total_seconds() if started else float("inf")
+        return age_s > ASK_GRACE_S
     host, _, rest = owner.partition(":")
     pid, _, started = rest.partition(":")
     if host != socket.gethostname():
@@ -177,7 +186,7 @@ def fail_orphans(study: optuna.Study) -> None:
     """Trials left RUNNING by a tuner that died are marked failed (resume after a crash);
     trials other live processes are running (workers, a daemon) are left alone."""
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if _orphaned(t.user_attrs):
+        if _orphaned(t):
             study.tell(t.number, state=TrialState.FAIL)
             logger.warning("trial %d was left running (its tuner ended); marked failed",
                            t.number)  # fmt: skip

@@ -77,6 +77,9 @@ def _worker(options: dict[str, Any], plan: WorkerPlan, out: Any) -> None:
         out.put({"worker": plan.index, "interrupted": True})
     except ValueError as exc:  # KnobError, StudyError, a knob space other than the study's
         out.put({"worker": plan.index, "failed": str(exc)})
+    except Exception as exc:  # anything else cuts the session short too, and says so
+        out.put({"worker": plan.index, "failed": f"{type(exc).__name__}: {exc}"})
+        raise
     finally:
         out.put({"worker": plan.index, "done": True})
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 
@@ -62,7 +63,8 @@ def test_a_resumed_offline_study_keeps_its_trials_and_fails_orphans(tmp_path):
     offline = _study(tmp_path, FakeRuns())
     for _ in range(3):
         offline.step()
-    offline.study.ask()  # a trial left RUNNING by a killed study
+    left = offline.study.ask()  # a trial left RUNNING by a killed study: its owner is gone
+    left.set_user_attr("owner", f"{socket.gethostname()}:{os.getpid()}:0.00")
     again = _study(tmp_path, FakeRuns())
     states = [t.state for t in again.study.get_trials()]
     assert (

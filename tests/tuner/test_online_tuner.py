@@ -132,6 +132,22 @@ def test_a_restarted_tuner_resumes_the_study_and_fails_orphaned_trials(tmp_path)
     assert len(finished) == len(trials) + 3
 
 
+def test_a_trial_being_asked_elsewhere_is_not_failed_as_an_orphan(tmp_path, monkeypatch):
+    """Between ``study.ask()`` and its ``owner`` attribute a trial is RUNNING with no owner;
+    another process opening the study then (a second study worker) must leave it alone. It
+    failed it once, and the asking worker crashed on its next attribute."""
+    from autotune import study as study_mod
+
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path}/o.db", study_name="o")
+    trial = study.ask()  # no owner yet: as if the other process were inside ask()
+    study_mod.fail_orphans(study)
+    assert study.get_trials()[0].state == optuna.trial.TrialState.RUNNING
+    trial.set_user_attr("beat", 1.0)  # what used to raise UpdateFinishedTrialError
+    monkeypatch.setattr(study_mod, "ASK_GRACE_S", -1.0)  # long past: a crash left it ownerless
+    study_mod.fail_orphans(study)
+    assert study.get_trials()[0].state == optuna.trial.TrialState.FAIL
+
+
 def test_configs_that_stall_training_or_never_take_effect_are_failed(tmp_path):
     world = World(0, stall=3, stuck=4)
     tuner = _tuner(tmp_path, world, settle_timeout_s=20.0)
