@@ -30,6 +30,7 @@ experience the actors sampled before they had the loaded weights is discarded an
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import logging
 import os
@@ -82,8 +83,6 @@ def read_info(directory: str) -> dict[str, Any] | None:
         int(doc["trained_steps"]), int(doc["version"])  # checked, not used
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ConfigError([f"checkpoint={directory!r}: unreadable {INFO_NAME} ({exc})"]) from None
-    if "state_sha256" in doc and doc["state_sha256"] != _sha256(state_path):
-        doc.update(_counts_from_state(directory, state_path))
     return doc
 
 
@@ -128,6 +127,9 @@ def check(cfg: TrainConfig, info: EnvInfo) -> Resume | None:
     doc = read_info(cfg.checkpoint)
     if doc is None:
         return None
+    state_path = os.path.join(cfg.checkpoint, STATE_NAME)
+    if "state_sha256" in doc and doc["state_sha256"] != _sha256(state_path):
+        doc.update(_counts_from_state(cfg.checkpoint, state_path))
     problems = []
     for name, ours in (("env", cfg.env), ("policy", cfg.policy), ("obs_dim", info.obs_dim),
                        ("act_dim", info.act_dim)):  # fmt: skip
@@ -142,7 +144,7 @@ def check(cfg: TrainConfig, info: EnvInfo) -> Resume | None:
                         "to train on")  # fmt: skip
     if problems:
         raise ConfigError(problems)
-    return Resume(os.path.join(cfg.checkpoint, STATE_NAME), steps, int(doc["version"]))
+    return Resume(state_path, steps, int(doc["version"]))
 
 
 def save(directory: str, state: dict[str, Any], cfg: TrainConfig, info: EnvInfo) -> None:
@@ -152,14 +154,17 @@ def save(directory: str, state: dict[str, Any], cfg: TrainConfig, info: EnvInfo)
     os.makedirs(directory, exist_ok=True)
     state_path = os.path.join(directory, STATE_NAME)
     info_path = os.path.join(directory, INFO_NAME)
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    data = buf.getvalue()
     with open(state_path + ".tmp", "wb") as f:
-        torch.save(state, f)
+        f.write(data)
         f.flush()
         os.fsync(f.fileno())
     doc = {"format": FORMAT, "env": cfg.env, "policy": cfg.policy, "obs_dim": info.obs_dim,
            "act_dim": info.act_dim, "trained_steps": int(state["trained_steps"]),
            "version": int(state["version"]), "saved_unix": time.time(),
-           "state_sha256": _sha256(state_path + ".tmp")}  # fmt: skip
+           "state_sha256": hashlib.sha256(data).hexdigest()}  # fmt: skip
     with open(info_path + ".tmp", "w") as f:
         json.dump(doc, f, indent=2)
         f.flush()
