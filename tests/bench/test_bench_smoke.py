@@ -78,3 +78,11 @@ def test_online_tuning_smoke_on_cpu(tmp_path):
     assert doc["tuned_trials"] >= 2 and doc["grid_points"] >= 1
     assert doc["tuned_final_third_steps_per_joule"] > 0 and doc["default"]["steps_per_joule"] > 0
     assert (tmp_path / "tuning.png").stat().st_size > 10_000
+
+
+def test_trainer_update_smoke(tmp_path):
+    doc = run(tmp_path, "bench.trainer_update", "--envs", "8", "--rollout-len", "4",
+              "--threads", "1", "--repeats", "1")  # fmt: skip
+    (row,) = doc["results"]
+    assert row["rows"] == 32 and set(row["median_s"]) == {"nn.Tanh", "fast_tanh"}
+    assert row["fast_over_nn"] > 0
