@@ -39,7 +39,8 @@ def test_a_second_run_goes_on_from_the_first_and_loses_nothing(tmp_path):
     assert sum(kept["returns"]) / len(kept["returns"]) == pytest.approx(first["return_mean"])
 
     second_cfg = cfg_for(ck, steps=saved["trained_steps"] + 4096)
-    runner = Runner(second_cfg, second_cfg.validate())
+    ticks = []
+    runner = Runner(second_cfg, second_cfg.validate(), on_progress=ticks.append)
     assert runner.resumed_steps == saved["trained_steps"]
     # the return window goes on from the first run's episodes
     assert list(runner.telemetry.returns) == kept["returns"]
@@ -48,8 +49,12 @@ def test_a_second_run_goes_on_from_the_first_and_loses_nothing(tmp_path):
     assert second["sampled_steps"] == (second["env_steps"] + second["discarded_steps"]
                                        + second["lost_steps"])  # fmt: skip
     assert second["lost_steps"] == 0
-    # the budget counts both runs: this one trained only what was left of it
-    assert 4096 <= second["env_steps"] < second_cfg.steps, (second["env_steps"], saved)
+    # the budget counts both runs: this one stopped sampling at the first tick that saw the
+    # 4096 steps left of it trained (the drain then trains what was in flight, more on a
+    # loaded machine, so the final count is no test of the budget)
+    assert second["env_steps"] >= 4096
+    past = [t.trained_steps for t in ticks if not t.draining and t.trained_steps >= 4096]
+    assert len(past) == 1, (past, saved)
     doc = second["checkpoint"]
     assert doc["resumed_from_steps"] == saved["trained_steps"]
     assert doc["resumed_from_version"] == saved["version"]
