@@ -7,9 +7,11 @@
 #   bash bench/device_compare.sh learning   # Ant-v5 returns at 1M and 3M steps, 3 seeds, ours
 #                                           # and SB3 (several sittings: each resumes from
 #                                           # checkpoints)
-#   bash bench/device_compare.sh cpu-trainer  # a study of the trainer on the CPU (GPU idle, no
-#                                           # context) and its export beside the limit and the
-#                                           # cuda export, Ant-v5
+#   bash bench/device_compare.sh cpu-study  # a study of the trainer on the CPU (GPU idle, no
+#                                           # context) and its export (TRIALS, default 8)
+#   bash bench/device_compare.sh cpu-trainer  # that export (CPU_EXPORT) beside the limit and
+#                                           # the cuda export, Ant-v5
+#   bash bench/device_compare.sh trainer-update  # one CPU learner update, nn.Tanh vs fast_tanh
 # Writes under ${OUT:-out}/<part>/; then `python -m bench.compare report --dir ...` and
 # `python -m bench.learning report --dir ...` make the tables and plots.
 set -uo pipefail
@@ -50,16 +52,23 @@ learning)
         --max-wall-s "${MAX_WALL_S:-500}" --ours-args "$OURS_LEARNER" --out "$STATE/learning"
     tar -czf "$OUT/learning/state.tgz" "$STATE/learning"
     ;;
-cpu-trainer)
+cpu-study)
     # the steps/J-vs-limit goal: the limit leaves the GPU idle with no CUDA context (~70 W on
-    # the H100, ~120 W with one), so a trainer on the CPU is the other candidate
-    STATE=$STATE OUT=$OUT/cpu-trainer bash bench/device_study.sh study-cpu "${TRIALS:-5}"
+    # the H100, ~120 W with one), so a trainer on the CPU is the other candidate. About 55 s
+    # per trial: 8 trials fit one 10-minute device command
+    STATE=$STATE OUT=$OUT/cpu-study bash bench/device_study.sh study-cpu "${TRIALS:-8}"
+    ;;
+cpu-trainer)
+    # a separate command from cpu-study (both do not fit one): carry the export it wrote
     cmp --env Ant-v5 --policy auto:256:128:64:auto --seconds 40 --warmup-s 10 \
-        --arms limit,exported --exported "cpu=$OUT/cpu-trainer/ant-export-cpu.json" \
+        --arms limit,exported --exported "cpu=${CPU_EXPORT:-$OUT/cpu-study/ant-export-cpu.json}" \
         --out "$OUT/cpu-trainer/compare"
     ;;
+trainer-update)
+    $py -m bench.trainer_update --threads 1,2,4 --out "$OUT/trainer-update/trainer_update.json"
+    ;;
 *)
-    echo "usage: bash bench/device_compare.sh ant|others|learning|cpu-trainer" >&2
+    echo "usage: bash bench/device_compare.sh ant|others|learning|cpu-study|cpu-trainer|trainer-update" >&2
     exit 2
     ;;
 esac
