@@ -1,4 +1,5 @@
 """Policies and learners: MLP actor-critics built from spec strings, and the APPO/V-trace learner.
 
-Importing this package imports torch; the runtime's stage processes do not import it.
+Importing this package imports no torch; its modules do. The actors use `numpy_policy` only,
+so actor and stage processes never import torch.
 """

@@ -158,3 +158,14 @@ class ActorCritic(nn.Module):
         """Loads a state produced by ``state_arrays``; names and shapes must match exactly."""
         state = {n: torch.from_numpy(np.array(a)) for n, a in zip(names, arrays, strict=True)}
         self.load_state_dict(state, strict=True)
+
+
+def initial_state_arrays(
+    obs_dim: int, act_dim: int, discrete: bool, spec: str, normalize_obs: bool, seed: int
+) -> tuple[list[str], list[np.ndarray]]:
+    """The version-0 weights of a run, as ``state_arrays``: those the trainer and the inference
+    GMI build after ``torch.manual_seed(seed)``. The caller's torch generator is left as it
+    was (the runner hands these to actors, which do not import torch)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return ActorCritic(obs_dim, act_dim, discrete, spec, normalize_obs).state_arrays()

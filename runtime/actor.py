@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import zmq
 
+from policies.numpy_policy import NumpyPolicy
 from runtime import topology, wire
 from runtime.config import TrainConfig
 from runtime.envs import EnvInfo, make_env
@@ -47,11 +48,10 @@ FIRST_WEIGHTS_WAIT_S = 2.0
 
 
 def init_actor_process(actor: int) -> None:
-    """Process set-up: signals and logging; one torch thread (an actor owns one core)."""
+    """Process set-up: signals and logging. An actor owns one core: it acts with a numpy copy
+    of the policy (no torch), and the pool starts it with one BLAS thread
+    (``runtime.actor_pool.one_blas_thread``)."""
     init_service_process(f"actor-{actor}")
-    import torch
-
-    torch.set_num_threads(1)
 
 
 class _Receipts:
@@ -228,21 +228,22 @@ class Actor:
 
 def actor_main(cfg: TrainConfig, info: EnvInfo, endpoints: topology.Endpoints, actor: int,
                incarnation: int, stepped: multiprocessing.sharedctypes.Synchronized,
-               stop: Any) -> None:  # fmt: skip
-    """Process entry point of actor slot ``actor`` (its ``incarnation``-th start)."""
+               stop: Any, initial: tuple[list[str], list[np.ndarray]] | None) -> None:  # fmt: skip
+    """Process entry point of actor slot ``actor`` (its ``incarnation``-th start).
+
+    ``initial`` holds the run's version-0 weights (``policies.actor_critic.initial_state_arrays``)
+    for ``inference='actor'``; None with an inference GMI.
+    """
     init_actor_process(actor)
     ctx = zmq.Context()
     policy: LocalPolicy | RemotePolicy
     if cfg.inference == "gmi":
         policy = RemotePolicy(topology.actor_inference_out(ctx, endpoints))
     else:
-        import torch
-
-        from policies.actor_critic import ActorCritic
-
-        torch.manual_seed(cfg.seed)  # the same version-0 weights the trainer starts from
-        model = ActorCritic(info.obs_dim, info.act_dim, info.discrete, cfg.policy,
-                            cfg.learner.normalize_obs)  # fmt: skip
+        if initial is None:
+            raise ValueError("inference='actor' needs the version-0 weights")
+        seed = np.random.SeedSequence([cfg.seed & (2**64 - 1), actor, incarnation])
+        model = NumpyPolicy(info.discrete, cfg.learner.normalize_obs, *initial, seed=seed)
         weights = WeightsReceiver(topology.actor_weights_in(ctx, endpoints), model, "actor")
         if incarnation > 0:
             weights.poll(int(FIRST_WEIGHTS_WAIT_S * 1000))

@@ -13,11 +13,15 @@ compressor's drain waits for exactly those).
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from runtime import topology
 from runtime.actor import actor_main
@@ -29,6 +33,27 @@ logger = logging.getLogger(__name__)
 LEAVE_TIMEOUT_S = 60.0
 """How long a removed actor may take to deliver its last rollout and exit before it is killed
 (and its undelivered steps counted as lost)."""
+
+
+BLAS_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+@contextlib.contextmanager
+def one_blas_thread() -> Iterator[None]:
+    """Processes started inside get one BLAS/OpenMP thread: an actor owns one core, and numpy's
+    OpenBLAS would otherwise start a thread per core (and spin them) for the policy's matrix
+    products. The variables are read when the child loads numpy, so they are set in this
+    process's environment for the start and restored after it."""
+    saved = {name: os.environ.get(name) for name in BLAS_THREAD_VARS}
+    os.environ.update(dict.fromkeys(BLAS_THREAD_VARS, "1"))
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 @dataclass
@@ -72,6 +97,23 @@ class ActorPool:
         self.ended = Incarnations()
         self.restarts = 0
         self._next_incarnation: dict[int, int] = {}
+        self._initial: dict[tuple[Any, ...], tuple[list[str], list[np.ndarray]]] = {}
+
+    def initial_weights(self, cfg: TrainConfig) -> tuple[list[str], list[np.ndarray]] | None:
+        """The version-0 weights actors with ``inference='actor'`` act with until the trainer's
+        arrive (built here once per policy and seed; torch is imported in this process only)."""
+        if cfg.inference != "actor":
+            return None
+        key = (cfg.policy, cfg.seed, cfg.learner.normalize_obs)
+        if key not in self._initial:
+            from policies.actor_critic import initial_state_arrays
+
+            info = self.info
+            self._initial[key] = initial_state_arrays(
+                info.obs_dim, info.act_dim, info.discrete, cfg.policy,
+                cfg.learner.normalize_obs, cfg.seed,
+            )  # fmt: skip
+        return self._initial[key]
 
     def _start(self, cfg: TrainConfig, ep: topology.Endpoints, index: int) -> ActorSlot:
         incarnation = self._next_incarnation.get(index, 0)
@@ -79,9 +121,10 @@ class ActorPool:
         stepped, stop = self.mp.RawValue("q", 0), self.mp.Event()
         proc = self.mp.Process(
             target=actor_main, name=f"actor-{index}.{incarnation}", daemon=True,
-            args=(cfg, self.info, ep, index, incarnation, stepped, stop),
+            args=(cfg, self.info, ep, index, incarnation, stepped, stop, self.initial_weights(cfg)),
         )  # fmt: skip
-        proc.start()
+        with one_blas_thread():
+            proc.start()
         return ActorSlot(index, incarnation, proc, stepped, stop, cfg)
 
     def start(self, cfg: TrainConfig, ep: topology.Endpoints) -> None:

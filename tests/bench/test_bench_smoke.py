@@ -86,3 +86,11 @@ def test_trainer_update_smoke(tmp_path):
     (row,) = doc["results"]
     assert row["rows"] == 32 and set(row["median_s"]) == {"nn.Tanh", "fast_tanh"}
     assert row["fast_over_nn"] > 0
+
+
+def test_actor_inference_smoke(tmp_path):
+    doc = run(tmp_path, "bench.actor_inference", "--envs", "4", "--calls", "5", "--repeats", "1",
+              "--obs", "4", "--act", "2", "--discrete", "--policy", "auto:16:auto")  # fmt: skip
+    (row,) = doc["rows"]
+    assert row["envs"] == 4 and set(row["us_per_call"]) == {"torch", "numpy"}
+    assert doc["import_s"]["numpy"] > 0 and doc["import_s"]["torch"] > 0
