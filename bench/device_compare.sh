@@ -11,7 +11,7 @@
 #                                           # context) and its export (TRIALS, default 8)
 #   bash bench/device_compare.sh cpu-trainer  # that export (CPU_EXPORT) beside the limit and
 #                                           # the cuda export, Ant-v5
-#   bash bench/device_compare.sh trainer-update  # one CPU learner update, nn.Tanh vs fast_tanh
+#   bash bench/device_compare.sh actor-inference  # an actor's policy call, torch vs numpy
 # Writes under ${OUT:-out}/<part>/; then `python -m bench.compare report --dir ...` and
 # `python -m bench.learning report --dir ...` make the tables and plots.
 set -uo pipefail
@@ -64,11 +64,11 @@ cpu-trainer)
         --arms limit,exported --exported "cpu=${CPU_EXPORT:-$OUT/cpu-study/ant-export-cpu.json}" \
         --out "$OUT/cpu-trainer/compare"
     ;;
-trainer-update)
-    $py -m bench.trainer_update --threads 1,2,4 --out "$OUT/trainer-update/trainer_update.json"
+actor-inference)
+    $py -m bench.actor_inference --envs 8,32,64 --out "$OUT/actor-inference/actor_inference.json"
     ;;
 *)
-    echo "usage: bash bench/device_compare.sh ant|others|learning|cpu-study|cpu-trainer|trainer-update" >&2
+    echo "usage: bash bench/device_compare.sh ant|others|learning|cpu-study|cpu-trainer|actor-inference" >&2
     exit 2
     ;;
 esac

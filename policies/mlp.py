@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from torch import nn
 
-from policies.fast_tanh import Tanh
-
 DEFAULT_HIDDEN = (64, 64)
 
 
@@ -61,7 +59,7 @@ def parse_spec(spec: str, obs_dim: int, act_dim: int) -> list[int]:
     return sizes
 
 
-def build_mlp(sizes: list[int], activation: type[nn.Module] = Tanh) -> nn.Sequential:
+def build_mlp(sizes: list[int], activation: type[nn.Module] = nn.Tanh) -> nn.Sequential:
     """An MLP with ``activation`` between layers and a linear output layer."""
     layers: list[nn.Module] = []
     for i in range(len(sizes) - 1):

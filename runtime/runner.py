@@ -416,6 +416,10 @@ class Runner:
             wire.send_msg(control_sock, wire.MsgType.CONTROL, {"cmd": "exit"})
             for proc in self.services.values():
                 proc.join(timeout=0.1)
+        # the inference GMI reports its final counters as it exits: read them
+        while (INFERENCE in self.services and not self.telemetry.is_final(INFERENCE)
+               and time.monotonic() < deadline):  # fmt: skip
+            self._read_telemetry(telemetry_sock, int(TICK_S * 1000))
 
     def _await_final(self, name: str, telemetry_sock: zmq.Socket, control_sock: zmq.Socket,
                      clean: dict[str, int], started: float) -> None:  # fmt: skip

@@ -80,14 +80,6 @@ def test_online_tuning_smoke_on_cpu(tmp_path):
     assert (tmp_path / "tuning.png").stat().st_size > 10_000
 
 
-def test_trainer_update_smoke(tmp_path):
-    doc = run(tmp_path, "bench.trainer_update", "--envs", "8", "--rollout-len", "4",
-              "--threads", "1", "--repeats", "1")  # fmt: skip
-    (row,) = doc["results"]
-    assert row["rows"] == 32 and set(row["median_s"]) == {"nn.Tanh", "fast_tanh"}
-    assert row["fast_over_nn"] > 0
-
-
 def test_actor_inference_smoke(tmp_path):
     doc = run(tmp_path, "bench.actor_inference", "--envs", "4", "--calls", "5", "--repeats", "1",
               "--obs", "4", "--act", "2", "--discrete", "--policy", "auto:16:auto")  # fmt: skip
