@@ -101,6 +101,23 @@ def test_report_of_the_stored_h100_cpu_trainer_run_keeps_its_figures(tmp_path):
     assert "- steps/J vs limit: 0.796 (exported), goal >= 0.8: NOT met" in text
 
 
+def test_report_of_the_stored_numpy_actor_runs_keeps_the_quoted_ratios(tmp_path):
+    """docs/BENCHMARKS.md section 10 quotes these three runs' steps/J ratios to the limit."""
+    from bench.compare_report import report
+
+    src = Path(__file__).parents[2] / "docs/results/2026-11-22/compare/cpu-trainer-numpy-actors"
+    for run in ("run1", "run2", "run3"):
+        shutil.copytree(src / run, tmp_path / run)
+    doc = report(tmp_path, None, None)
+    ratios = {g["run"]: {arm: round(r["steps_per_joule_vs_limit"], 2)
+                         for arm, r in g["ratios"].items()} for g in doc["groups"]}  # fmt: skip
+    assert ratios == {
+        "run1": {"limit": 1.0, "exported": 0.84, "exported-cpu": 0.92},
+        "run2": {"limit": 1.0, "exported": 0.73, "exported-cpu": 0.7},
+        "run3": {"limit": 1.0, "exported": 0.85, "exported-cpu": 0.93},
+    }
+
+
 def test_tuned_arm_command_and_final_third_window(tmp_path):
     a = argparse.Namespace(
         env="Pendulum-v1", policy="auto:32:auto", seconds=5.0, startup_s=4.0, tuned_s=30.0,
