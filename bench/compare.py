@@ -23,6 +23,10 @@ Arms (``--arms``, comma-separated):
             configs side by side: ``--exported LABEL=FILE`` (repeatable), each run as the arm
             ``exported-LABEL`` wherever ``exported`` is listed
   tuned     ``autotune train --tune`` for ``--tuned-s``, measured over its final third
+
+``--limit-again`` runs the limit once more after every other arm (``limit-end``): the report's
+ratios are then to the mean of the two limits, and it prints their drift, since a shared
+machine's raw stepping rate can move by 25 % between two runs minutes apart.
 """
 
 from __future__ import annotations
@@ -47,8 +51,15 @@ PEERS = ("sb3-cpu", "sb3-cuda", "cleanrl")
 OURS = ("default", "exported", "tuned")
 
 
+LIMIT_END = "limit-end"
+"""The limit measured again after every other arm (``--limit-again``)."""
+
+
 def arm_kind(name: str) -> str:
-    """The arm an arm name stands for (``exported-cpu`` is an ``exported`` arm)."""
+    """The arm an arm name stands for (``exported-cpu`` is an ``exported`` arm, ``limit-end`` a
+    ``limit`` arm)."""
+    if name == LIMIT_END:
+        return "limit"
     return "exported" if name.startswith("exported-") else name
 
 
@@ -131,7 +142,7 @@ def arm_command(arm: str, a: argparse.Namespace, progress: Path, out: Path) -> l
         "--json",
         str(out),
     ]
-    if arm == "limit":
+    if arm_kind(arm) == "limit":
         return [
             py,
             "-m",
@@ -298,6 +309,10 @@ def cmd_run(a: argparse.Namespace) -> int:
             raise SystemExit("the exported arm needs --exported FILE (an `autotune export` file)")
         at = arms.index("exported")
         arms[at : at + 1] = list(a.exports)
+    if a.limit_again:
+        if "limit" not in arms:
+            raise SystemExit("--limit-again measures the limit arm again: add limit to --arms")
+        arms.append(LIMIT_END)
     out_dir = Path(a.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "machine.json").write_text(json.dumps(machine_doc(), indent=2) + "\n")
@@ -367,6 +382,13 @@ def main(argv: list[str] | None = None) -> int:
         action="append",
         default=None,
         help="the tuned arm's knobs (replaces its list; as in `autotune train --knob`)",
+    )
+    run.add_argument(
+        "--limit-again",
+        action="store_true",
+        help="measure the limit again after every other arm (as limit-end); the report then "
+        "takes the two limits' mean and prints their ratio, so a machine whose speed drifted "
+        "during the run shows it",
     )
     run.add_argument("--out", required=True, help="directory for every arm's files")
     run.set_defaults(func=cmd_run)

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bench.compare import ARMS, OURS, arm_kind
+from bench.compare import ARMS, LIMIT_END, OURS, arm_kind
 
 GOAL_RATE_VS_LIMIT = 0.8
 GOAL_SPJ_VS_SB3 = 7.0
@@ -35,14 +35,16 @@ def load_groups(root: Path) -> dict[tuple[str, str, str], dict[str, dict[str, An
         groups.setdefault(key, {})[doc["arm"]] = doc
     if not groups:
         raise SystemExit(f"no `bench.compare run` arm documents under {root}")
-    limits = {(k[0], k[1]): arms["limit"] for k, arms in groups.items() if "limit" in arms}
+    limits = {(k[0], k[1]): {n: arms[n] for n in ("limit", LIMIT_END) if n in arms}
+              for k, arms in groups.items() if "limit" in arms}  # fmt: skip
     for (run, env, _), arms in groups.items():  # the limit takes no policy: share it in a run
         if "limit" not in arms and (run, env) in limits:
-            arms["limit"] = limits[(run, env)]
+            arms.update(limits[(run, env)])
     return {
         k: arms
         for k, arms in groups.items()
-        if set(arms) != {"limit"} or not any(kk[:2] == k[:2] and kk != k for kk in groups)
+        if not set(arms) <= {"limit", LIMIT_END}
+        or not any(kk[:2] == k[:2] and kk != k for kk in groups)
     }
 
 
@@ -55,9 +57,20 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a and b else None
 
 
+def limit_reference(arms: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The limit the ratios are taken to: the limit arm's figures, or with a ``limit-end`` arm
+    (``--limit-again``) the mean of the two, with ``drift`` = end / start steps/s."""
+    start, end = arms.get("limit", {}), arms.get(LIMIT_END, {})
+    keys = ("steps_per_s", "steps_per_joule")
+    if not all(start.get(k) and end.get(k) for k in keys):
+        return start
+    return {**{k: (start[k] + end[k]) / 2 for k in keys},
+            "drift": end["steps_per_s"] / start["steps_per_s"]}  # fmt: skip
+
+
 def group_summary(arms: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Each arm's ratios to the limit and to the peers, and the issue's goals for the group."""
-    limit = arms.get("limit", {})
+    limit = limit_reference(arms)
     sb3 = [arms[k] for k in ("sb3-cpu", "sb3-cuda") if arms.get(k, {}).get("steps_per_joule")]
     sb3_best = max(sb3, key=lambda d: d["steps_per_joule"]) if sb3 else {}
     rows = {}
@@ -107,7 +120,8 @@ def group_summary(arms: dict[str, dict[str, Any]]) -> dict[str, Any]:
                 "goal": goal,
                 "met": None if value is None else value >= goal,
             }
-    return {"ratios": rows, "sb3_best": sb3_best.get("arm"), "goals": goals}
+    return {"ratios": rows, "sb3_best": sb3_best.get("arm"), "goals": goals,
+            "limit_drift": limit.get("drift")}  # fmt: skip
 
 
 def _num(v: float | None, digits: int = 0) -> str:
@@ -143,8 +157,11 @@ def markdown(key: tuple[str, str, str], arms: dict[str, dict], summary: dict[str
             f"{_num(r['steps_per_joule_vs_sb3_best'], 2)} | "
             f"{_num(r['steps_per_joule_vs_cleanrl'], 2)} | {ret} |"
         )
-    if summary["goals"]:
+    if summary["goals"] or summary.get("limit_drift"):
         out.append("")
+    if summary.get("limit_drift"):
+        out.append(f"- limit drift: {summary['limit_drift']:.3f} (limit-end / limit steps/s); "
+                   "the ratios are to the two limits' mean")  # fmt: skip
     for name, g in summary["goals"].items():
         verdict = "not measured" if g["met"] is None else ("met" if g["met"] else "NOT met")
         out.append(f"- {name}: {_num(g['ratio'], 3)} ({g['arm']}), goal >= {g['goal']}: {verdict}")
@@ -165,7 +182,7 @@ def plot(key: tuple[str, str, str], arms: dict[str, dict], path: Path) -> None:
     ):
         values = [arms[n].get(metric) or 0.0 for n in names]
         colors = [
-            "grey" if n == "limit" else ("tab:blue" if arm_kind(n) in OURS else "tab:orange")
+            {"limit": "grey"}.get(arm_kind(n), "tab:blue" if arm_kind(n) in OURS else "tab:orange")
             for n in names
         ]
         ax.barh(names, values, color=colors)

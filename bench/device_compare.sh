@@ -36,11 +36,11 @@ ant)
     ;;
 others)
     cmp --env HalfCheetah-v5 --policy auto:256:128:64:auto --seconds 20 --warmup-s 8 \
-        --arms limit,$SB3_ARM,default,exported --out "$OUT/others/halfcheetah"
+        --arms limit,$SB3_ARM,default,exported --limit-again --out "$OUT/others/halfcheetah"
     cmp --env Humanoid-v5 --policy auto:400:200:100:auto --seconds 20 --warmup-s 8 \
-        --arms limit,$SB3_ARM,default,exported --out "$OUT/others/humanoid"
+        --arms limit,$SB3_ARM,default,exported --limit-again --out "$OUT/others/humanoid"
     cmp --env Ant-v5 --policy auto:1024:1024:512:auto --seconds 20 --warmup-s 8 \
-        --arms limit,$SB3_ARM,default,exported --out "$OUT/others/ant-heavy"
+        --arms limit,$SB3_ARM,default,exported --limit-again --out "$OUT/others/ant-heavy"
     ;;
 learning)
     # six runs at once, 3 seeds each of ours and SB3 (16 cores: ours on 3-core slices, SB3 on
@@ -61,7 +61,7 @@ cpu-study)
 cpu-trainer)
     # a separate command from cpu-study (both do not fit one): carry the export it wrote
     cmp --env Ant-v5 --policy auto:256:128:64:auto --seconds 40 --warmup-s 10 \
-        --arms limit,exported --exported "cpu=${CPU_EXPORT:-$OUT/cpu-study/ant-export-cpu.json}" \
+        --arms limit,exported --exported "cpu=${CPU_EXPORT:-$OUT/cpu-study/ant-export-cpu.json}" --limit-again \
         --out "$OUT/cpu-trainer/compare"
     ;;
 actor-inference)

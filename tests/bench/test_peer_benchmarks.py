@@ -118,6 +118,28 @@ def test_report_of_the_stored_numpy_actor_runs_keeps_the_quoted_ratios(tmp_path)
     }
 
 
+def test_a_limit_measured_again_gives_the_mean_and_its_drift(tmp_path):
+    """``--limit-again``: the ratios are to the mean of the two limits, and the drift between
+    them is printed (here run 2's limit, 25 % faster, stands in for the second)."""
+    from bench.compare_report import report
+
+    src = Path(__file__).parents[2] / "docs/results/2026-11-22/compare/cpu-trainer-numpy-actors"
+    shutil.copytree(src / "run1", tmp_path / "run")
+    end = json.loads((src / "run2" / "Ant-v5-limit.json").read_text())
+    end["arm"] = compare.LIMIT_END
+    (tmp_path / "run" / "Ant-v5-limit-end.json").write_text(json.dumps(end))
+    doc = report(tmp_path, str(tmp_path / "t.md"), None)
+    (group,) = doc["groups"]
+    mean_spj = (136.48 + 170.01) / 2
+    assert group["limit_drift"] == pytest.approx(39781.21 / 31934.61, rel=1e-4)
+    got = group["ratios"]["exported-cpu"]["steps_per_joule_vs_limit"]
+    assert got == pytest.approx(125.14 / mean_spj, rel=1e-3)
+    text = (tmp_path / "t.md").read_text()
+    assert "| limit-end | 39,781 |" in text and "- limit drift: 1.246" in text
+    with pytest.raises(SystemExit, match="add limit to --arms"):
+        compare.main(["run", "--arms", "default", "--limit-again", "--out", str(tmp_path)])
+
+
 def test_tuned_arm_command_and_final_third_window(tmp_path):
     a = argparse.Namespace(
         env="Pendulum-v1", policy="auto:32:auto", seconds=5.0, startup_s=4.0, tuned_s=30.0,
