@@ -40,25 +40,28 @@ def test_values_and_log_probs_match_the_torch_model(discrete, normalize):
     assert actions.shape == ((64,) if discrete else (64, 3))
 
 
-def test_continuous_samples_have_the_model_mean_and_std():
-    model = trained_model(False)
-    policy = NumpyPolicy(False, True, *model.state_arrays(), seed=5)
-    obs = np.repeat(np.random.default_rng(2).standard_normal((1, 11)).astype(np.float32), 40_000, 0)
-    actions, _ = policy.act(obs)
+def sampled(discrete: bool, seed: int) -> tuple[ActorCritic, np.ndarray, np.ndarray]:
+    """The model, its policy head's output for one observation, and 40,000 numpy samples."""
+    model = trained_model(discrete)
+    policy = NumpyPolicy(discrete, True, *model.state_arrays(), seed=seed)
+    dim = model.obs_norm.mean.shape[0]
+    obs = np.repeat(np.random.default_rng(seed).standard_normal((1, dim)), 40_000, 0)
+    actions, _ = policy.act(obs.astype(np.float32))
     with torch.no_grad():
-        mean = model.pi(model.obs_norm(torch.from_numpy(obs[:1]))).numpy()[0]
+        out = model.pi(model.obs_norm(torch.from_numpy(obs[:1]).float())).numpy()[0]
+    return model, out, actions
+
+
+def test_continuous_samples_have_the_model_mean_and_std():
+    model, mean, actions = sampled(False, seed=5)
     std = model.log_std.detach().clamp(-5, 2).exp().numpy()
     np.testing.assert_allclose(actions.mean(0), mean, atol=4 * std.max() / 200)
     np.testing.assert_allclose(actions.std(0), std, rtol=0.03)
 
 
 def test_discrete_samples_follow_the_softmax():
-    model = trained_model(True)
-    policy = NumpyPolicy(True, True, *model.state_arrays(), seed=7)
-    obs = np.repeat(np.random.default_rng(4).standard_normal((1, 6)).astype(np.float32), 40_000, 0)
-    actions, _ = policy.act(obs)
-    with torch.no_grad():
-        probs = torch.softmax(model.pi(model.obs_norm(torch.from_numpy(obs[:1]))), -1).numpy()[0]
+    _, logits, actions = sampled(True, seed=7)
+    probs = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()
     freq = np.bincount(actions, minlength=4) / len(actions)
     np.testing.assert_allclose(freq, probs, atol=0.01)
 
