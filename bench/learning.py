@@ -76,6 +76,7 @@ def run_command(
         return cmd + (["--config", str(a.config)] if a.config else []) + shlex.split(a.ours_args)
     peer = "sb3_ppo" if arm == "sb3" else "cleanrl_ppo"
     extra = ["--seconds", str(a.max_wall_s)] if a.max_wall_s else []
+    extra += ["--rollout", str(a.peer_rollout)]
     if arm == "sb3":
         extra += ["--checkpoint", str(checkpoint_dir(out))]
     return [
@@ -331,6 +332,12 @@ def main(argv: list[str] | None = None) -> int:
         " rollouts keep one shape whatever slice a run gets",
     )
     run.add_argument(
+        "--peer-rollout",
+        type=int,
+        default=2048,
+        help="the peers' steps per rollout, all envs together (the RL Zoo's 2048)",
+    )
+    run.add_argument(
         "--ours-args", default="", help="more `autotune train` flags for ours, e.g. '--lr 3e-4'"
     )
     run.add_argument(
@@ -349,9 +356,12 @@ def main(argv: list[str] | None = None) -> int:
     rep.set_defaults(func=cmd_report)
     a = ap.parse_args(argv)
     if a.command == "run" and (
-        a.steps < 1 or a.parallel < 1 or a.max_wall_s < 0 or a.peer_envs < 0
+        a.steps < 1 or a.parallel < 1 or a.max_wall_s < 0 or a.peer_envs < 0 or a.peer_rollout < 1
     ):
-        ap.error("--steps and --parallel must be >= 1, --max-wall-s >= 0 and --peer-envs >= 0")
+        ap.error(
+            "--steps, --parallel and --peer-rollout must be >= 1, --max-wall-s >= 0 and "
+            "--peer-envs >= 0"
+        )
     return a.func(a)
 
 

@@ -165,8 +165,10 @@ def test_learning_runs_resume_and_report(tmp_path):
     runs in the compare test.)"""
     out = tmp_path / "learn"
     common = ["bench.learning", "run", "--env", "Pendulum-v1", "--policy", "auto:32:auto",
-              "--out", str(out), "--ours-args", "--batch-size 512 --envs-per-actor 4"]  # fmt: skip
-    # sb3: stopped by --max-wall-s (its --seconds start at its training), then resumed to the end
+              "--out", str(out), "--ours-args", "--batch-size 512 --envs-per-actor 4",
+              "--peer-rollout", "256"]  # fmt: skip
+    # sb3: stopped by --max-wall-s (its --seconds start at its training), then resumed to the end;
+    # rollouts of 256 so that it trains some in 2 s on a loaded machine (2048 trained none once)
     long = [*common, "--arms", "sb3", "--seeds", "7", "--steps", "8192"]
     proc = bench(*long, "--max-wall-s", "2")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
@@ -243,6 +245,7 @@ def test_compare_exported_twice_refused(tmp_path):
         (["run", "--seeds", "a,b"], "--seeds 'a,b': expected integers"),
         (["run", "--parallel", "999"], "--parallel 999: more runs at once"),
         (["run", "--max-wall-s", "-1"], "--max-wall-s >= 0"),
+        (["run", "--peer-rollout", "0"], "--peer-rollout must be >= 1"),
         (["report"], "no `bench.learning run` results under"),
         (["report", "--at", "x"], "--at 'x': expected step counts"),
     ],
@@ -259,12 +262,13 @@ def test_learning_arm_commands(tmp_path):
 
     a = argparse.Namespace(env="Ant-v5", steps=3000, policy="auto:256:128:64:auto", config=None,
                            ours_args="--lr 3e-4", max_wall_s=60.0, peer_device="cpu",
-                           peer_envs=2)  # fmt: skip
+                           peer_envs=2, peer_rollout=1024)  # fmt: skip
     result = tmp_path / "Ant-v5-x-seed1.result.json"
     for arm, module in (("sb3", "bench.peers.sb3_ppo"), ("cleanrl", "bench.peers.cleanrl_ppo")):
         cmd = learning.run_command(arm, 1, 3, a, tmp_path / "p.jsonl", result)
         assert cmd[2] == module and cmd[cmd.index("--num-envs") + 1] == "2"
         assert cmd[cmd.index("--net") + 1] == "256,128,64" and "--seconds" in cmd
+        assert cmd[cmd.index("--rollout") + 1] == "1024"
         assert ("--checkpoint" in cmd) == (arm == "sb3")  # cleanrl cannot resume
     cmd = learning.run_command("ours", 1, 3, a, tmp_path / "p.jsonl", result)
     assert cmd[cmd.index("--actors") + 1] == "3" and cmd[-2:] == ["--lr", "3e-4"]
