@@ -60,14 +60,15 @@ def main() -> None:
     ap.add_argument("--envs", default="8,32,64", help="batch sizes (envs per actor) to time")
     ap.add_argument("--calls", type=int, default=2000, help="calls per timed block")
     ap.add_argument("--repeats", type=int, default=5, help="timed blocks per kind and size")
+    ap.add_argument("--import-repeats", type=int, default=3, help="fresh processes per kind")
     ap.add_argument("--out", default=None, help="also write the JSON document here")
     a = ap.parse_args()
     try:
         sizes = [int(x) for x in a.envs.split(",")]
     except ValueError:
         ap.error(f"--envs {a.envs!r}: expected integers, e.g. 8,32,64")
-    if min(sizes) < 1 or min(a.obs, a.act, a.calls, a.repeats) < 1:
-        ap.error("--envs, --obs, --act, --calls and --repeats must be >= 1")
+    if min(sizes) < 1 or min(a.obs, a.act, a.calls, a.repeats, a.import_repeats) < 1:
+        ap.error("--envs, --obs, --act, --calls, --repeats and --import-repeats must be >= 1")
     torch.set_num_threads(1)
     torch.manual_seed(0)
     model = ActorCritic(a.obs, a.act, a.discrete, a.policy)
@@ -96,7 +97,7 @@ def main() -> None:
         "obs": a.obs,
         "act": a.act,
         "rows": rows,
-        "import_s": {k: import_s(code, 3) for k, code in IMPORTS.items()},
+        "import_s": {k: import_s(code, a.import_repeats) for k, code in IMPORTS.items()},
     }
     emit(doc, a.out)
 

@@ -82,7 +82,8 @@ def test_online_tuning_smoke_on_cpu(tmp_path):
 
 def test_actor_inference_smoke(tmp_path):
     doc = run(tmp_path, "bench.actor_inference", "--envs", "4", "--calls", "5", "--repeats", "1",
-              "--obs", "4", "--act", "2", "--discrete", "--policy", "auto:16:auto")  # fmt: skip
+              "--obs", "4", "--act", "2", "--discrete", "--policy", "auto:16:auto",
+              "--import-repeats", "1")  # fmt: skip
     (row,) = doc["rows"]
     assert row["envs"] == 4 and set(row["us_per_call"]) == {"torch", "numpy"}
     assert doc["import_s"]["numpy"] > 0 and doc["import_s"]["torch"] > 0
