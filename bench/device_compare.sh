@@ -2,6 +2,8 @@
 # Issue-6 side-by-side benchmarks on a GPU machine, in parts of <= 10 minutes each:
 #   bash bench/device_compare.sh ant        # Ant-v5: limit, SB3 cpu/cuda, CleanRL, default,
 #                                           # exported, online-tuned
+#   bash bench/device_compare.sh ant-tuned  # Ant-v5: the online-tuned arm for 400 s between
+#                                           # two limits (the ant part gives it 170 s)
 #   bash bench/device_compare.sh others     # HalfCheetah-v5, Humanoid-v5, and Ant-v5 with a
 #                                           # GPU-heavy policy (fewer arms each)
 #   bash bench/device_compare.sh learning   # Ant-v5 returns at 1M and 3M steps, 3 seeds, ours
@@ -33,6 +35,10 @@ case "$1" in
 ant)
     cmp --env Ant-v5 --policy auto:256:128:64:auto --seconds 40 --tuned-s 170 --warmup-s 10 \
         --arms limit,sb3-cpu,sb3-cuda,cleanrl,default,exported,tuned --out "$OUT/ant/run"
+    ;;
+ant-tuned)
+    cmp --env Ant-v5 --policy auto:256:128:64:auto --seconds 40 --tuned-s 400 --warmup-s 10 \
+        --arms limit,tuned --limit-again --out "$OUT/ant-tuned/run"
     ;;
 others)
     cmp --env HalfCheetah-v5 --policy auto:256:128:64:auto --seconds 20 --warmup-s 8 \
@@ -68,7 +74,7 @@ actor-inference)
     $py -m bench.actor_inference --envs 8,32,64 --out "$OUT/actor-inference/actor_inference.json"
     ;;
 *)
-    echo "usage: bash bench/device_compare.sh ant|others|learning|cpu-study|cpu-trainer|actor-inference" >&2
+    echo "usage: bash bench/device_compare.sh ant|ant-tuned|others|learning|cpu-study|cpu-trainer|actor-inference" >&2
     exit 2
     ;;
 esac
