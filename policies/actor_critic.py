@@ -15,8 +15,7 @@ from torch import nn
 from torch.distributions import Categorical, Normal
 
 from policies.mlp import build_mlp, parse_spec
-
-OBS_CLIP = 10.0
+from policies.numpy_policy import LOG_STD_MAX, LOG_STD_MIN, OBS_CLIP
 
 
 class RunningNorm(nn.Module):
@@ -109,7 +108,7 @@ class ActorCritic(nn.Module):
         out = self.pi(x)
         if self.discrete:  # argument validation off: it costs ~20 % of an actor's inference
             return Categorical(logits=out, validate_args=False)
-        std = self.log_std.clamp(-5.0, 2.0).exp().expand_as(out)
+        std = self.log_std.clamp(LOG_STD_MIN, LOG_STD_MAX).exp().expand_as(out)
         return Normal(out, std, validate_args=False)
 
     def _log_prob(self, dist: Categorical | Normal, actions: torch.Tensor) -> torch.Tensor:

@@ -20,8 +20,11 @@ import re
 
 import numpy as np
 
-OBS_CLIP = 10.0  # policies.actor_critic.OBS_CLIP (not imported: that module imports torch)
+OBS_CLIP = 10.0
+"""Normalised observations are clipped to +-this (here and in ``ActorCritic``, which imports it:
+this module must not import torch)."""
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
+"""The Gaussian policy's log-std is clamped to this range (here and in ``ActorCritic``)."""
 _LOG_SQRT_2PI = math.log(math.sqrt(2 * math.pi))
 _LAYER = re.compile(r"^(pi|v)\.(\d+)\.(weight|bias)$")
 
