@@ -43,147 +43,17 @@ from pathlib import Path
 from typing import Any
 
 from autotune.progress_log import read_progress
+from bench.compare_arms import (
+    ARMS,
+    LIMIT_END,
+    TRAIN_STARTUP_S,
+    arm_command,
+    exported_arms,
+)
 from bench.machine_meter import MachineMeter
-from bench.peers.common import hidden_from_policy
 
-ARMS = ("limit", "sb3-cpu", "sb3-cuda", "cleanrl", "default", "exported", "tuned")
-PEERS = ("sb3-cpu", "sb3-cuda", "cleanrl")
-OURS = ("default", "exported", "tuned")
-
-
-LIMIT_END = "limit-end"
-"""The limit measured again after every other arm (``--limit-again``)."""
-
-
-def arm_kind(name: str) -> str:
-    """The arm an arm name stands for (``exported-cpu`` is an ``exported`` arm, ``limit-end`` a
-    ``limit`` arm)."""
-    if name == LIMIT_END:
-        return "limit"
-    return "exported" if name.startswith("exported-") else name
-
-
-def exported_arms(specs: list[str] | None) -> dict[str, Path]:
-    """``--exported`` values (``FILE`` or ``LABEL=FILE``) -> ``{arm name: file}``.
-
-    Raises:
-        SystemExit: a file that does not exist, a bad or repeated label.
-    """
-    out: dict[str, Path] = {}
-    for spec in specs or []:
-        label, sep, file = spec.partition("=")
-        if not sep or Path(spec).is_file():
-            label, file = "", spec
-        elif not label.replace("_", "").isalnum():
-            raise SystemExit(f"--exported {spec!r}: a label is letters, digits and _ (LABEL=FILE)")
-        name = f"exported-{label}" if label else "exported"
-        if name in out:
-            raise SystemExit(f"--exported {spec!r}: the arm {name!r} is given twice")
-        if not Path(file).is_file():
-            raise SystemExit(
-                f"--exported {spec!r}: no such file {file!r} (an `autotune export` file)"
-            )
-        out[name] = Path(file)
-    return out
-
-
-TUNE_KNOBS = [
-    "actors=4..16",
-    "envs_per_actor=4..64",
-    "batch_size=2048..16384",
-    "mps_pct=25,50,100",
-    "trainers=1",
-    "chunk_bytes=262144",
-    "trainer_threads=1",
-    "inference=actor",
-    "rollout_len=32",
-    "trainer_device=cuda",
-]
-TRAIN_STARTUP_S = 15.0
-"""Added to ``autotune train``'s wall budget by default (``--startup-s``): its process start-up
-(Ant-v5 on the H100 machine: about 12 s to the first trained step), which the peers'
-``--seconds`` do not count."""
 START_ALLOWANCE_S = 180.0
 """How long past its budget an arm may run (start-up, drain) before it is stopped."""
-
-
-def arm_command(arm: str, a: argparse.Namespace, progress: Path, out: Path) -> list[str]:
-    """The command line of one arm."""
-    py, cores, secs = sys.executable, str(os.cpu_count() or 1), str(a.seconds)
-    net = hidden_from_policy(a.policy)
-    peer = [
-        "--env",
-        a.env,
-        "--num-envs",
-        cores,
-        "--net",
-        net,
-        "--seconds",
-        secs,
-        "--total-steps",
-        "1000000000",
-        "--progress",
-        str(progress),
-        "--rollout",
-        str(a.peer_rollout),
-    ]
-    train = [
-        py,
-        "-m",
-        "autotune.cli",
-        "train",
-        "--steps",
-        "1000000000",
-        "--quiet",
-        "--policy",
-        a.policy,
-        "--progress",
-        str(progress),
-        "--json",
-        str(out),
-    ]
-    if arm_kind(arm) == "limit":
-        return [
-            py,
-            "-m",
-            "bench.raw_env_rate",
-            "--env",
-            a.env,
-            "--processes",
-            "0",
-            "--envs-per-process",
-            "16",
-            "--seconds",
-            secs,
-            "--progress",
-            str(progress),
-        ]
-    if arm in ("sb3-cpu", "sb3-cuda"):
-        return [py, "-m", "bench.peers.sb3_ppo", *peer, "--device", arm.split("-")[1]]
-    if arm == "cleanrl":
-        return [py, "-m", "bench.peers.cleanrl_ppo", *peer, "--device", "auto"]
-    wall = str(a.seconds + a.startup_s)  # the peers' --seconds start at their training
-    if arm == "default":
-        return [*train, "--env", a.env, "--max-wall-s", wall]
-    if arm_kind(arm) == "exported":
-        return [*train, "--config", str(a.exports[arm]), "--env", a.env, "--max-wall-s", wall]
-    knobs = [x for k in (a.knob or TUNE_KNOBS) for x in ("--knob", k)]
-    return [
-        *train,
-        "--env",
-        a.env,
-        "--max-wall-s",
-        str(a.tuned_s),
-        "--tune",
-        "--in-process",
-        "--storage",
-        f"sqlite:///{Path(a.out).resolve()}/tuned.db",
-        "--study",
-        f"compare-{a.env}-{int(time.time())}",
-        "--tune-warmup-s",
-        "4",
-        *knobs,
-    ]
 
 
 def window(rows: list[dict[str, Any]], warmup_s: float, final_third: bool) -> tuple[dict, dict]:

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bench.compare import ARMS, LIMIT_END, OURS, arm_kind
+from bench.compare_arms import ARMS, LIMIT_END, OURS, arm_kind
 
 GOAL_RATE_VS_LIMIT = 0.8
 GOAL_SPJ_VS_SB3 = 7.0
@@ -168,6 +168,14 @@ def markdown(key: tuple[str, str, str], arms: dict[str, dict], summary: dict[str
     return "\n".join(out) + "\n"
 
 
+def _color(arm: str) -> str:
+    """grey: the limit; blue: this project; orange: the peers."""
+    kind = arm_kind(arm)
+    if kind == "limit":
+        return "grey"
+    return "tab:blue" if kind in OURS else "tab:orange"
+
+
 def plot(key: tuple[str, str, str], arms: dict[str, dict], path: Path) -> None:
     import matplotlib
 
@@ -181,10 +189,7 @@ def plot(key: tuple[str, str, str], arms: dict[str, dict], path: Path) -> None:
         (axes[1], "steps_per_joule", "trained steps/J"),
     ):
         values = [arms[n].get(metric) or 0.0 for n in names]
-        colors = [
-            {"limit": "grey"}.get(arm_kind(n), "tab:blue" if arm_kind(n) in OURS else "tab:orange")
-            for n in names
-        ]
+        colors = [_color(n) for n in names]
         ax.barh(names, values, color=colors)
         if "limit" in arms and arms["limit"].get(metric):
             ax.axvline(arms["limit"][metric], color="grey", ls="--", lw=1)

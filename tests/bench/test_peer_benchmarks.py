@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from autotune.progress_log import read_progress
-from bench import compare
+from bench import compare, compare_arms
 
 
 def bench(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -70,16 +70,16 @@ def test_compare_arms_then_report(tmp_path):
 
 def test_labelled_exported_arms_run_their_own_files(tmp_path):
     a_file, b_file = config(tmp_path / "a.json"), config(tmp_path / "b.json", envs_per_actor=8)
-    exports = compare.exported_arms([a_file, f"two={b_file}"])
+    exports = compare_arms.exported_arms([a_file, f"two={b_file}"])
     assert exports == {"exported": tmp_path / "a.json", "exported-two": tmp_path / "b.json"}
     a = argparse.Namespace(env="Pendulum-v1", policy="auto:32:auto", seconds=5.0, startup_s=4.0,
                            exports=exports, peer_rollout=512)  # fmt: skip
     for peer in ("sb3-cpu", "cleanrl"):
-        cmd = compare.arm_command(peer, a, tmp_path / "p.jsonl", tmp_path / "r.json")
+        cmd = compare_arms.arm_command(peer, a, tmp_path / "p.jsonl", tmp_path / "r.json")
         assert cmd[cmd.index("--rollout") + 1] == "512"
     for arm, file in exports.items():
-        assert compare.arm_kind(arm) == "exported"
-        cmd = compare.arm_command(arm, a, tmp_path / "p.jsonl", tmp_path / "r.json")
+        assert compare_arms.arm_kind(arm) == "exported"
+        cmd = compare_arms.arm_command(arm, a, tmp_path / "p.jsonl", tmp_path / "r.json")
         assert cmd[cmd.index("--config") + 1] == str(file)
         assert cmd[cmd.index("--max-wall-s") + 1] == "9.0"
 
@@ -126,7 +126,7 @@ def test_a_limit_measured_again_gives_the_mean_and_its_drift(tmp_path):
     src = Path(__file__).parents[2] / "docs/results/2026-11-22/compare/cpu-trainer-numpy-actors"
     shutil.copytree(src / "run1", tmp_path / "run")
     end = json.loads((src / "run2" / "Ant-v5-limit.json").read_text())
-    end["arm"] = compare.LIMIT_END
+    end["arm"] = compare_arms.LIMIT_END
     (tmp_path / "run" / "Ant-v5-limit-end.json").write_text(json.dumps(end))
     doc = report(tmp_path, str(tmp_path / "t.md"), None)
     (group,) = doc["groups"]
@@ -144,7 +144,7 @@ def test_tuned_arm_command_and_final_third_window(tmp_path):
     a = argparse.Namespace(
         env="Pendulum-v1", policy="auto:32:auto", seconds=5.0, startup_s=4.0, tuned_s=30.0,
         knob=["batch_size=512,1024"], out=str(tmp_path), exports={}, peer_rollout=2048)  # fmt: skip
-    cmd = compare.arm_command("tuned", a, tmp_path / "p.jsonl", tmp_path / "r.json")
+    cmd = compare_arms.arm_command("tuned", a, tmp_path / "p.jsonl", tmp_path / "r.json")
     assert cmd[cmd.index("--max-wall-s") + 1] == "30.0" and "--tune" in cmd
     assert cmd[cmd.index("--knob") + 1] == "batch_size=512,1024"
     assert cmd[cmd.index("--storage") + 1] == f"sqlite:///{tmp_path.resolve()}/tuned.db"
