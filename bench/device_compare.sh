@@ -5,7 +5,8 @@
 #   bash bench/device_compare.sh ant-tuned  # Ant-v5: the online-tuned arm for 400 s between
 #                                           # two limits (the ant part gives it 170 s)
 #   bash bench/device_compare.sh others     # HalfCheetah-v5, Humanoid-v5, and Ant-v5 with a
-#                                           # GPU-heavy policy (fewer arms each)
+#                                           # GPU-heavy policy (fewer arms each; OTHERS="humanoid
+#                                           # ant-heavy" picks some)
 #   bash bench/device_compare.sh learning   # Ant-v5 returns at 1M and 3M steps, 3 seeds, ours
 #                                           # and SB3 (several sittings: each resumes from
 #                                           # checkpoints)
@@ -41,12 +42,17 @@ ant-tuned)
         --arms limit,tuned --limit-again --out "$OUT/ant-tuned/run"
     ;;
 others)
-    cmp --env HalfCheetah-v5 --policy auto:256:128:64:auto --seconds 20 --warmup-s 8 \
-        --arms limit,$SB3_ARM,default,exported --limit-again --out "$OUT/others/halfcheetah"
-    cmp --env Humanoid-v5 --policy auto:400:200:100:auto --seconds 20 --warmup-s 8 \
-        --arms limit,$SB3_ARM,default,exported --limit-again --out "$OUT/others/humanoid"
-    cmp --env Ant-v5 --policy auto:1024:1024:512:auto --seconds 20 --warmup-s 8 \
-        --arms limit,$SB3_ARM,default,exported --limit-again --out "$OUT/others/ant-heavy"
+    # OTHERS picks the workloads (default all three: halfcheetah,humanoid,ant-heavy)
+    for w in ${OTHERS:-halfcheetah humanoid ant-heavy}; do
+        case "$w" in
+        halfcheetah) env=HalfCheetah-v5 pol=auto:256:128:64:auto ;;
+        humanoid) env=Humanoid-v5 pol=auto:400:200:100:auto ;;
+        ant-heavy) env=Ant-v5 pol=auto:1024:1024:512:auto ;;
+        *) echo "OTHERS: unknown workload '$w' (halfcheetah, humanoid, ant-heavy)" >&2; exit 2 ;;
+        esac
+        cmp --env $env --policy $pol --seconds 20 --warmup-s 8 \
+            --arms limit,$SB3_ARM,default,exported --limit-again --out "$OUT/others/$w"
+    done
     ;;
 learning)
     # six runs at once, 3 seeds each of ours and SB3 (16 cores: ours on 3-core slices, SB3 on
