@@ -7,6 +7,8 @@
 #   bash bench/device_compare.sh others     # HalfCheetah-v5, Humanoid-v5, and Ant-v5 with a
 #                                           # GPU-heavy policy (fewer arms each; OTHERS="humanoid
 #                                           # ant-heavy" picks some)
+#   WORKLOAD=humanoid bash bench/device_compare.sh study-other  # that workload's own study and
+#                                           # export (others runs it with OWN_EXPORTS=DIR)
 #   bash bench/device_compare.sh learning   # Ant-v5 returns at 1M and 3M steps, 3 seeds, ours
 #                                           # and SB3 (several sittings: each resumes from
 #                                           # checkpoints)
@@ -31,6 +33,14 @@ OURS_LEARNER=${OURS_LEARNER:-"--envs-per-actor 8 --batch-size 2048 --epochs 10 -
 mkdir -p "$OUT/$1"
 { date -u; hostname; nproc; nvidia-smi --query-gpu=name,power.draw,memory.total,mig.mode.current,compute_mode --format=csv; } \
     | tee "$OUT/$1/machine.txt"
+workload() {  # sets env and pol for a workload name of the others part
+    case "$1" in
+    halfcheetah) env=HalfCheetah-v5 pol=auto:256:128:64:auto ;;
+    humanoid) env=Humanoid-v5 pol=auto:400:200:100:auto ;;
+    ant-heavy) env=Ant-v5 pol=auto:1024:1024:512:auto ;;
+    *) echo "unknown workload '$1' (halfcheetah, humanoid, ant-heavy)" >&2; return 1 ;;
+    esac
+}
 cmp() { $py -m bench.compare run --exported "$EXPORT" "$@" 2>&1 | grep -v "^\[I "; }
 case "$1" in
 ant)
@@ -42,17 +52,35 @@ ant-tuned)
         --arms limit,tuned --limit-again --out "$OUT/ant-tuned/run"
     ;;
 others)
-    # OTHERS picks the workloads (default all three: halfcheetah,humanoid,ant-heavy)
+    # OTHERS picks the workloads (default all three: halfcheetah humanoid ant-heavy). Each runs
+    # section 9's Ant export; a workload's own export from `study-other`, if OWN_EXPORTS holds
+    # one (<workload>-export.json), runs beside it as the exported-own arm. ARMS sets the arms.
     for w in ${OTHERS:-halfcheetah humanoid ant-heavy}; do
-        case "$w" in
-        halfcheetah) env=HalfCheetah-v5 pol=auto:256:128:64:auto ;;
-        humanoid) env=Humanoid-v5 pol=auto:400:200:100:auto ;;
-        ant-heavy) env=Ant-v5 pol=auto:1024:1024:512:auto ;;
-        *) echo "OTHERS: unknown workload '$w' (halfcheetah, humanoid, ant-heavy)" >&2; exit 2 ;;
-        esac
-        cmp --env $env --policy $pol --seconds 20 --warmup-s 8 \
-            --arms limit,$SB3_ARM,default,exported --limit-again --out "$OUT/others/$w"
+        workload "$w" || exit 2
+        own=()
+        [ -f "${OWN_EXPORTS:-}/$w-export.json" ] && own=(--exported "own=$OWN_EXPORTS/$w-export.json")
+        cmp --env $env --policy $pol --seconds 20 --warmup-s 8 "${own[@]}" \
+            --arms ${ARMS:-limit,$SB3_ARM,default,exported${own:+,exported-own}} --limit-again \
+            --out "$OUT/others/$w"
     done
+    ;;
+study-other)
+    # a study of one of the other workloads (WORKLOAD) and its export, so that workload runs a
+    # config of its own rather than the Ant export: TRIALS (default 8) of 30 s around the Ant
+    # export, the GPU trainer's knobs and where actions are computed open
+    w=${WORKLOAD:?WORKLOAD=halfcheetah, humanoid or ant-heavy}
+    workload "$w" || exit 2
+    db="sqlite:///$(realpath "$STATE")/study-$w.db"
+    mkdir -p "$OUT/study-other"
+    $py -m autotune.cli study --env $env --study "study-$w" --storage "$db" --policy $pol \
+        --trials "${TRIALS:-8}" --trial-s 30 --warmup-s 8 --no-profile \
+        --knob actors=11..15 --knob envs_per_actor=16,32,64 --knob batch_size=8192,16384,32768 \
+        --knob trainers=1,2 --knob mps_pct=50,100 --knob inference=actor,gmi \
+        --knob trainer_device=cuda --knob trainer_threads=1 --knob chunk_bytes=262144 \
+        --knob rollout_len=32 --json "$OUT/study-other/study-$w.json" 2>&1 | grep -v "^\[I " | tail -30
+    $py -m autotune.cli export --study "study-$w" --storage "$db" \
+        --out "$OUT/study-other/$w-export.json" --plots "$OUT/study-other/plots-$w" 2>&1 | tail -20
+    cp "$STATE/study-$w.db" "$OUT/study-other/" 2>/dev/null || true
     ;;
 learning)
     # six runs at once, 3 seeds each of ours and SB3 (16 cores: ours on 3-core slices, SB3 on
@@ -80,7 +108,7 @@ actor-inference)
     $py -m bench.actor_inference --envs 8,32,64 --out "$OUT/actor-inference/actor_inference.json"
     ;;
 *)
-    echo "usage: bash bench/device_compare.sh ant|ant-tuned|others|learning|cpu-study|cpu-trainer|actor-inference" >&2
+    echo "usage: bash bench/device_compare.sh ant|ant-tuned|others|study-other|learning|cpu-study|cpu-trainer|actor-inference" >&2
     exit 2
     ;;
 esac
