@@ -69,6 +69,7 @@ study-other)
     # config of its own rather than the Ant export: TRIALS (default 8) of 30 s around the Ant
     # export, the GPU trainer's knobs and where actions are computed open
     w=${WORKLOAD:?WORKLOAD=halfcheetah, humanoid or ant-heavy}
+    mkdir -p "$STATE"
     workload "$w" || exit 2
     db="sqlite:///$(realpath "$STATE")/study-$w.db"
     mkdir -p "$OUT/study-other"
