@@ -6,7 +6,10 @@ For a run that is slower than expected or seems stuck: one line per second with 
 sampled steps, each GMI's queued steps and version, and the migrator's pending messages and
 per-trainer credits. ``--dump-at S`` also sends SIGUSR1 to every service (compressor, migrator,
 trainer GMIs) at S seconds, which
-prints their Python stacks to stderr.
+prints their Python stacks to stderr. ``--cpu`` adds, each second, the share of a core each
+process used (the runner, every service and GMI, the actors' mean, min and max) and the whole
+machine's busy share; the run's means after ``--cpu-warmup-s`` close the trace. An actor well
+under 100 % waits on the pipeline or the trainer; a service near 100 % is a bottleneck.
 """
 
 from __future__ import annotations
@@ -15,21 +18,77 @@ import argparse
 import os
 import signal
 import sys
+import time
+
+import psutil
 
 from autotune.cli import build_parser
 from autotune.cli_train import config_from_args
 from runtime.runner import Runner, RunState
 
 
+class CpuSplit:
+    """Each process's CPU seconds per wall second between two calls of ``sample``."""
+
+    def __init__(self) -> None:
+        self.last: dict[int, float] = {}
+        self.t = time.monotonic()
+        self.sums: dict[str, float] = {}
+        self.samples = 0
+        psutil.cpu_percent()  # starts the machine-wide counter
+
+    @staticmethod
+    def _cpu_s(pid: int) -> float | None:
+        try:
+            t = psutil.Process(pid).cpu_times()
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            return None
+        return t.user + t.system
+
+    def sample(self, procs: dict[str, int], actors: list[int], keep: bool) -> str:
+        """One line of per-process core shares (%); ``keep`` adds them to the run's means."""
+        now = time.monotonic()
+        dt, self.t = max(now - self.t, 1e-6), now
+        share: dict[str, float] = {}
+        actor_share: list[float] = []
+        for name, pid in [*procs.items(), *((f"actor{i}", p) for i, p in enumerate(actors))]:
+            cpu = self._cpu_s(pid)
+            if cpu is None:
+                continue
+            before, self.last[pid] = self.last.get(pid), cpu
+            if before is None:
+                continue
+            pct = 100.0 * (cpu - before) / dt
+            (actor_share.append(pct) if name.startswith("actor") else share.__setitem__(name, pct))
+        if actor_share:
+            share["actors mean"] = sum(actor_share) / len(actor_share)
+            share["actors min"], share["actors max"] = min(actor_share), max(actor_share)
+            share["actors sum"] = sum(actor_share)
+        share["machine busy"] = psutil.cpu_percent()
+        if keep:
+            self.samples += 1
+            for k, v in share.items():
+                self.sums[k] = self.sums.get(k, 0.0) + v
+        return " ".join(f"{k} {v:.0f}%" for k, v in share.items())
+
+    def means(self) -> str:
+        n = max(self.samples, 1)
+        return " ".join(f"{k} {v / n:.0f}%" for k, v in self.sums.items())
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dump-at", type=float, default=None)
+    ap.add_argument("--cpu", action="store_true", help="per-process CPU shares each second")
+    ap.add_argument("--cpu-warmup-s", type=float, default=10.0,
+                    help="seconds left out of the closing CPU means (default 10)")  # fmt: skip
     ap.add_argument("train_args", nargs=argparse.REMAINDER)
     a = ap.parse_args()
     args = build_parser().parse_args(["train", *[x for x in a.train_args if x != "--"]])
     cfg = config_from_args(args)
     runner = Runner(cfg, cfg.validate(), mps_changes=args.mps_change)
     marks = {"next": 1.0, "dumped": False}
+    split = CpuSplit() if a.cpu else None
 
     def show(state: RunState) -> None:
         if a.dump_at is not None and not marks["dumped"] and state.elapsed_s >= a.dump_at:
@@ -48,11 +107,19 @@ def main() -> None:
         print(f"{state.elapsed_s:5.1f}s trained {state.trained_steps:>9,} sampled "
               f"{state.sampled_steps:>9,} gmis {gmis} pending {mig.get('pending')} "
               f"credits {credits}", file=sys.stderr, flush=True)  # fmt: skip
+        if split is not None:
+            procs = {"runner": os.getpid(), **{n: p.pid for n, p in runner.services.items()
+                                               if p.pid}}  # fmt: skip
+            actors = [s.process.pid for s in runner.slots if s.process.pid]
+            line = split.sample(procs, actors, keep=state.elapsed_s >= a.cpu_warmup_s)
+            print(f"{state.elapsed_s:5.1f}s cpu {line}", file=sys.stderr, flush=True)
 
     runner.on_progress = show
     result = runner.run()
     print({k: result[k] for k in ("env_steps", "sampled_steps", "lost_steps", "steps_per_s",
                                   "gmi_sharing", "weights_identical")})  # fmt: skip
+    if split is not None:
+        print(f"cpu means after {a.cpu_warmup_s:g} s: {split.means()}")
 
 
 if __name__ == "__main__":
