@@ -279,6 +279,25 @@ def config_from_args(args: argparse.Namespace):
     )  # fmt: skip
 
 
+def train_config(args: argparse.Namespace):
+    """The run's ``TrainConfig``: the ``--config`` file with the flags given explicitly
+    (``args.explicit``) over it, or the flags alone.
+
+    Raises:
+        ConfigError: a ``--config`` file that cannot be read as a config.
+    """
+    from runtime.config import ConfigError
+
+    if args.config is None:
+        return config_from_args(args)
+    from autotune.export import ExportError, load_config
+
+    try:
+        return config_with_flags(load_config(args.config), args, args.explicit)
+    except ExportError as exc:
+        raise ConfigError([str(exc)]) from None
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from rich.console import Console
 
@@ -288,16 +307,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     console = Console(stderr=True)
     try:
+        cfg = train_config(args)
         if args.config is not None:
-            from autotune.export import ExportError, load_config
-
-            try:
-                cfg = config_with_flags(load_config(args.config), args, args.explicit)
-            except ExportError as exc:
-                raise ConfigError([str(exc)]) from None
             console.print(f"config: {args.config}")
-        else:
-            cfg = config_from_args(args)
         info = cfg.validate()
     except ConfigError as exc:
         console.print(f"[red]error:[/red] {exc}")

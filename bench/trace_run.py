@@ -23,7 +23,7 @@ import time
 import psutil
 
 from autotune.cli import build_parser
-from autotune.cli_train import config_from_args
+from autotune.cli_train import explicit_flags, train_config
 from runtime.runner import Runner, RunState
 
 
@@ -84,8 +84,11 @@ def main() -> None:
                     help="seconds left out of the closing CPU means (default 10)")  # fmt: skip
     ap.add_argument("train_args", nargs=argparse.REMAINDER)
     a = ap.parse_args()
-    args = build_parser().parse_args(["train", *[x for x in a.train_args if x != "--"]])
-    cfg = config_from_args(args)
+    argv = ["train", *[x for x in a.train_args if x != "--"]]
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    args.explicit = explicit_flags(parser._subparsers._group_actions[0].choices["train"], argv)
+    cfg = train_config(args)  # --config files too, with the flags given over them
     runner = Runner(cfg, cfg.validate(), mps_changes=args.mps_change)
     marks = {"next": 1.0, "dumped": False}
     split = CpuSplit() if a.cpu else None
