@@ -60,7 +60,7 @@ others)
         own=()
         [ -f "${OWN_EXPORTS:-}/$w-export.json" ] && own=(--exported "own=$OWN_EXPORTS/$w-export.json")
         cmp --env $env --policy $pol --seconds 20 --warmup-s 8 "${own[@]}" \
-            --arms ${ARMS:-limit,$SB3_ARM,default,exported${own:+,exported-own}} --limit-again \
+            --arms ${ARMS:-limit,$SB3_ARM,default,exported} --limit-again \
             --out "$OUT/others/$w"
     done
     ;;
