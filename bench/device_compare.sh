@@ -54,14 +54,19 @@ ant-tuned)
 others)
     # OTHERS picks the workloads (default all three: halfcheetah humanoid ant-heavy). Each runs
     # section 9's Ant export; a workload's own export from `study-other`, if OWN_EXPORTS holds
-    # one (<workload>-export.json), runs beside it as the exported-own arm. ARMS sets the arms.
+    # one (<workload>-export.json), runs beside it as the exported-own arm. ARMS sets the arms,
+    # EXPORT the unlabelled export, ROUNDS how many times each workload's arms run (each round
+    # between its own two limits).
     for w in ${OTHERS:-halfcheetah humanoid ant-heavy}; do
         workload "$w" || exit 2
         own=()
         [ -f "${OWN_EXPORTS:-}/$w-export.json" ] && own=(--exported "own=$OWN_EXPORTS/$w-export.json")
-        cmp --env $env --policy $pol --seconds 20 --warmup-s 8 "${own[@]}" \
-            --arms ${ARMS:-limit,$SB3_ARM,default,exported} --limit-again \
-            --out "$OUT/others/$w"
+        for k in $(seq 1 "${ROUNDS:-1}"); do  # ROUNDS > 1: the same arms again, in round<k>/
+            sub=$w; [ "${ROUNDS:-1}" -gt 1 ] && sub=$w/round$k
+            cmp --env $env --policy $pol --seconds 20 --warmup-s 8 "${own[@]}" \
+                --arms ${ARMS:-limit,$SB3_ARM,default,exported} --limit-again \
+                --out "$OUT/others/$sub"
+        done
     done
     ;;
 study-other)
