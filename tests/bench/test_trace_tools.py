@@ -1,0 +1,83 @@
+"""bench.trace_run's CPU split, train_config's --config handling, and bench/device_compare.sh's
+command lines (a dry run with PYTHON=echo: nothing is run)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from autotune.cli import build_parser
+from autotune.cli_train import explicit_flags, train_config
+from bench.trace_run import CpuSplit
+from runtime.config import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _train_args(argv: list[str]):
+    parser = build_parser()
+    args = parser.parse_args(["train", *argv])
+    args.explicit = explicit_flags(parser._subparsers._group_actions[0].choices["train"],
+                                   ["train", *argv])  # fmt: skip
+    return args
+
+
+def test_train_config_takes_the_file_and_the_flags_given_over_it(tmp_path):
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"env": "CartPole-v1", "actors": 3, "envs_per_actor": 4,
+                                "trainer_device": "cpu"}))  # fmt: skip
+    cfg = train_config(_train_args(["--config", str(path), "--envs-per-actor", "6"]))
+    assert (cfg.env, cfg.actors, cfg.envs_per_actor) == ("CartPole-v1", 3, 6)
+    assert train_config(_train_args(["--actors", "5"])).actors == 5  # no file: the flags
+    path.write_text(json.dumps({"actros": 3}))
+    with pytest.raises(ConfigError, match="actros"):
+        train_config(_train_args(["--config", str(path)]))
+
+
+def test_cpu_split_shares_a_busy_process():
+    split = CpuSplit()
+    split.sample({"me": os.getpid()}, [], keep=False)  # the first sample only sets the base
+    t = time.process_time()
+    while time.process_time() - t < 0.3:  # keep one core busy
+        pass
+    line = split.sample({"me": os.getpid(), "gone": 2**22 + 12345}, [os.getpid()], keep=True)
+    shares = dict(x.rsplit(" ", 1) for x in line.split("% ") if x)
+    assert 50 <= float(shares["me"]) <= 150, line  # one busy thread: about a whole core
+    assert "gone" not in shares  # a process that ended is left out, not an error
+    assert "actors mean" in line and "machine busy" in line
+    assert split.means().startswith("me ")
+
+
+def _dry_run(part: str, tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "bench/device_compare.sh", part], cwd=ROOT,
+                          env={**os.environ, "PYTHON": "echo", "OUT": str(tmp_path), **env},
+                          capture_output=True, text=True, timeout=30)  # fmt: skip
+
+
+def test_device_compare_others_picks_workloads_rounds_and_own_exports(tmp_path):
+    (tmp_path / "humanoid-export.json").write_text("{}")
+    out = _dry_run("others", tmp_path / "o", OTHERS="humanoid ant-heavy", ROUNDS="2",
+                   OWN_EXPORTS=str(tmp_path), ARMS="limit,exported")  # fmt: skip
+    runs = [x for x in out.stdout.splitlines() if x.startswith("-m bench.compare run")]
+    assert len(runs) == 4, out.stdout + out.stderr
+    assert all("--limit-again" in x and "--arms limit,exported" in x for x in runs)
+    own = f"--exported own={tmp_path}/humanoid-export.json"
+    assert [own in x for x in runs] == [True, True, False, False]
+    assert runs[0].endswith("others/humanoid/round1") and runs[3].endswith("ant-heavy/round2")
+    assert "--policy auto:1024:1024:512:auto" in runs[2]
+    bad = _dry_run("others", tmp_path / "b", OTHERS="walker")
+    assert bad.returncode == 2 and "unknown workload 'walker'" in bad.stderr
+
+
+def test_device_compare_study_other_needs_a_workload(tmp_path):
+    out = _dry_run("study-other", tmp_path, WORKLOAD="humanoid", STATE=str(tmp_path / "s"))
+    study = [x for x in out.stdout.splitlines() if x.startswith("-m autotune.cli study")]
+    assert len(study) == 1 and "--env Humanoid-v5" in study[0] and "--trials 8" in study[0]
+    assert (tmp_path / "s").is_dir()
+    missing = _dry_run("study-other", tmp_path, WORKLOAD="")
+    assert missing.returncode != 0 and "WORKLOAD" in missing.stderr
