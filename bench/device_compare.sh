@@ -13,9 +13,10 @@
 #                                           # and SB3 (several sittings: each resumes from
 #                                           # checkpoints)
 #   bash bench/device_compare.sh cpu-study  # a study of the trainer on the CPU (GPU idle, no
-#                                           # context) and its export (TRIALS, default 8)
+#                                           # context) and its export (TRIALS, default 8;
+#                                           # WORKLOAD, default ant)
 #   bash bench/device_compare.sh cpu-trainer  # that export (CPU_EXPORT) beside the limit and
-#                                           # the cuda export, Ant-v5
+#                                           # the cuda export (WORKLOAD, default ant)
 #   bash bench/device_compare.sh actor-inference  # an actor's policy call, torch vs numpy
 # Writes under ${OUT:-out}/<part>/; then `python -m bench.compare report --dir ...` and
 # `python -m bench.learning report --dir ...` make the tables and plots.
@@ -35,10 +36,11 @@ mkdir -p "$OUT/$1"
     | tee "$OUT/$1/machine.txt"
 workload() {  # sets env and pol for a workload name of the others part
     case "$1" in
+    ant) env=Ant-v5 pol=auto:256:128:64:auto ;;
     halfcheetah) env=HalfCheetah-v5 pol=auto:256:128:64:auto ;;
     humanoid) env=Humanoid-v5 pol=auto:400:200:100:auto ;;
     ant-heavy) env=Ant-v5 pol=auto:1024:1024:512:auto ;;
-    *) echo "unknown workload '$1' (halfcheetah, humanoid, ant-heavy)" >&2; return 1 ;;
+    *) echo "unknown workload '$1' (ant, halfcheetah, humanoid, ant-heavy)" >&2; return 1 ;;
     esac
 }
 cmp() { $py -m bench.compare run --exported "$EXPORT" "$@" 2>&1 | grep -v "^\[I "; }
@@ -101,14 +103,20 @@ learning)
 cpu-study)
     # the steps/J-vs-limit goal: the limit leaves the GPU idle with no CUDA context (~70 W on
     # the H100, ~120 W with one), so a trainer on the CPU is the other candidate. About 55 s
-    # per trial: 8 trials fit one 10-minute device command
-    STATE=$STATE OUT=$OUT/cpu-study bash bench/device_study.sh study-cpu "${TRIALS:-8}"
+    # per trial: 8 trials fit one 10-minute device command. WORKLOAD (default ant) picks the
+    # env and policy as in the others part
+    w=${WORKLOAD:-ant}
+    workload "$w" || exit 2
+    ENV=$env POLICY=$pol NAME=$w STATE=$STATE OUT=$OUT/cpu-study \
+        bash bench/device_study.sh study-cpu "${TRIALS:-8}"
     ;;
 cpu-trainer)
     # a separate command from cpu-study (both do not fit one): carry the export it wrote
-    cmp --env Ant-v5 --policy auto:256:128:64:auto --seconds 40 --warmup-s 10 \
-        --arms limit,exported --exported "cpu=${CPU_EXPORT:-$OUT/cpu-study/ant-export-cpu.json}" --limit-again \
-        --out "$OUT/cpu-trainer/compare"
+    w=${WORKLOAD:-ant}
+    workload "$w" || exit 2
+    cmp --env $env --policy $pol --seconds 40 --warmup-s 10 \
+        --arms limit,exported --exported "cpu=${CPU_EXPORT:-$OUT/cpu-study/$w-export-cpu.json}" --limit-again \
+        --out "$OUT/cpu-trainer/$w"
     ;;
 actor-inference)
     $py -m bench.actor_inference --envs 8,32,64 --out "$OUT/actor-inference/actor_inference.json"

@@ -5,6 +5,7 @@
 #   bash bench/device_study.sh remeasure FILE   # train --config FILE vs the default, A B A B
 #   bash bench/device_study.sh study-cpu [TRIALS]  # a study of the trainer on the CPU (the GPU
 #                                       # left idle) around the cuda export, and its export
+#                                       # (ENV, POLICY and NAME for a workload other than Ant)
 # The study lives in ${STATE:-bench_state}/study.db and is copied to $OUT after each part, so a
 # fresh machine can carry it to the next part. Writes JSON and logs under ${OUT:-out}.
 set -uo pipefail
@@ -27,18 +28,20 @@ study)
         --knob rollout_len=32 --json "$OUT/study-$stamp.json" 2>&1 | grep -v "^\[I " | tail -40
     ;;
 study-cpu)
-    # Ant-v5 with bench.compare's policy; the actors and trainer threads split the 16 cores
-    cpu_db="sqlite:///$(realpath "$STATE")/study-cpu.db"
-    $py -m autotune.cli study --env Ant-v5 --study ant-study-cpu --storage "$cpu_db" \
-        --policy auto:256:128:64:auto --trials "${2:-6}" --trial-s 35 --warmup-s 10 --no-profile \
+    # Ant-v5 with bench.compare's policy (ENV and POLICY pick another workload, NAME its study
+    # and files); the actors and trainer threads split the 16 cores
+    name=${NAME:-ant}
+    cpu_db="sqlite:///$(realpath "$STATE")/study-cpu-$name.db"
+    $py -m autotune.cli study --env "${ENV:-Ant-v5}" --study "$name-study-cpu" --storage "$cpu_db" \
+        --policy "${POLICY:-auto:256:128:64:auto}" --trials "${2:-6}" --trial-s 35 --warmup-s 10 --no-profile \
         --knob trainer_device=cpu --knob actors=11..15 --knob trainer_threads=1,2,4 \
         --knob envs_per_actor=16,32,64 --knob batch_size=8192,16384,32768 --knob trainers=1 \
         --knob mps_pct=100 \
         --knob inference=actor --knob chunk_bytes=262144 --knob rollout_len=32 \
-        --json "$OUT/study-cpu.json" 2>&1 | grep -v "^\[I " | tail -30
-    $py -m autotune.cli export --study ant-study-cpu --storage "$cpu_db" \
-        --out "$OUT/ant-export-cpu.json" --plots "$OUT/plots-cpu" 2>&1 | tail -20
-    cp "$STATE/study-cpu.db" "$OUT/study-cpu.db" 2>/dev/null || true
+        --json "$OUT/study-cpu-$name.json" 2>&1 | grep -v "^\[I " | tail -30
+    $py -m autotune.cli export --study "$name-study-cpu" --storage "$cpu_db" \
+        --out "$OUT/$name-export-cpu.json" --plots "$OUT/plots-cpu-$name" 2>&1 | tail -20
+    cp "$STATE/study-cpu-$name.db" "$OUT/" 2>/dev/null || true
     ;;
 remeasure)
     # the default and the exported config, each a fresh 100 s run, twice, interleaved
