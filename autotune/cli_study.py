@@ -37,6 +37,10 @@ def add_study_command(sub: Any) -> None:
                        default="steps_per_joule",
                        help="what to maximise; both: steps/s and steps/J, a multi-objective "
                        "study with a Pareto front (default steps_per_joule)")  # fmt: skip
+    study.add_argument("--confirm", type=int, default=0, metavar="K",
+                       help="the last K of --trials re-measure the best configs so far, so "
+                       "a lucky short trial is measured again before export picks it "
+                       "(default 0)")  # fmt: skip
     study.add_argument("--no-profile", action="store_true",
                        help="skip the profiling seeds (train runs profile by default)")  # fmt: skip
     study.add_argument("--workers", type=int, default=1,
@@ -73,6 +77,8 @@ def check_args(args: argparse.Namespace) -> None:
     if args.trials < 1 or not args.trial_s > args.warmup_s >= 0:
         raise ValueError(f"--trials {args.trials}, --trial-s {args.trial_s}, --warmup-s "
                          f"{args.warmup_s}: need trials >= 1, trial-s > warmup-s >= 0")  # fmt: skip
+    if not 0 <= args.confirm <= args.trials:
+        raise ValueError(f"--confirm {args.confirm}: allowed 0..--trials ({args.trials})")
     if args.workers < 1 or args.workers > args.trials:
         raise ValueError(f"--workers {args.workers}: allowed 1..--trials ({args.trials})")
     if args.cmd and not args.knob:
@@ -188,7 +194,7 @@ def cmd_study(args: argparse.Namespace) -> int:
 
             interrupted = run_workers(args, plan, done, say=progress.console.print)
         else:
-            interrupted = _run_here(offline, args.trials, done)
+            interrupted = _run_here(offline, args.trials, args.confirm, done)
     closer = getattr(offline.trials, "wrapper", None)
     if closer is not None:
         closer.close()
@@ -201,11 +207,12 @@ def cmd_study(args: argparse.Namespace) -> int:
     return 130 if interrupted else (0 if doc["best"] is not None else 1)
 
 
-def _run_here(offline: Any, trials: int, done: Any) -> bool:
-    """Runs ``trials`` trials in this process; True if Ctrl-C cut them."""
+def _run_here(offline: Any, trials: int, confirm: int, done: Any) -> bool:
+    """Runs ``trials`` trials in this process, the last ``confirm`` of them confirmations;
+    True if Ctrl-C cut them."""
     try:
-        for _ in range(trials):
-            done(offline.step().__dict__)
+        for i in range(trials):
+            done(offline.step(confirm=i >= trials - confirm).__dict__)
     except KeyboardInterrupt:
         return True
     return False

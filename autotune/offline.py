@@ -17,7 +17,12 @@ The order of trials in a study:
    count of trainer GMIs, ascending, environments per actor ascending, with every actor slot
    filled; a row stops at saturation, the first point that gains less than ``SATURATION`` over
    the best of its row, and configs that cannot run are skipped;
-3. the sampler (TPE, ``role`` "sampler") over the whole space, seeded by what came before.
+3. the sampler (TPE, ``role`` "sampler") over the whole space, seeded by what came before;
+4. with ``--confirm K``, the session's last K trials re-measure the leaders (``role``
+   "confirm"): of the ``CONFIRM_TOP`` configs with the best medians, the one measured fewest
+   times (the better one on a tie). On a shared machine one short trial can be lucky by tens of
+   percent; ``autotune export`` picks by the median of a config's trials, so a lucky single
+   trial is measured again before it can be recommended.
 
 Single objective (steps/J or steps/s), or both (``both``: a multi-objective study whose
 Pareto front ``pareto_front`` gives). The study is in RDB storage and resumes where it stopped,
@@ -29,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import statistics
 from collections.abc import Callable
 from typing import Any
 
@@ -55,6 +61,8 @@ OBJECTIVES: dict[str, tuple[str, ...]] = {
 """Each ``--objective`` and the study's metric names (maximised), in order."""
 SATURATION = 0.05
 """Profiling: a point that gains less than this over the best of its row saturates the row."""
+CONFIRM_TOP = 3
+"""Confirmation trials re-measure among this many best configs (by median)."""
 
 
 class TrialFailed(Exception):
@@ -271,10 +279,36 @@ class OfflineStudy:
                 best = value if best is None else max(best, value)
         return None
 
-    def step(self) -> TrialResult:
-        """Runs one trial."""
-        planned = self.next_planned()
-        if planned is not None:
+    def confirm_pick(self) -> dict[str, Any] | None:
+        """The config a confirmation trial re-measures (see the module docstring); None while
+        no trial has completed. Trials running elsewhere count as measurements."""
+        from optuna.trial import TrialState
+
+        metric = "steps_per_joule" if "steps_per_joule" in self.metrics else self.metrics[0]
+        scores: dict[str, list[float]] = {}
+        counts: dict[str, int] = {}
+        params: dict[str, dict[str, Any]] = {}
+        for t in self.study.get_trials(deepcopy=False):
+            key = config_key(t.params)
+            if t.state == TrialState.COMPLETE and t.user_attrs.get(metric) is not None:
+                scores.setdefault(key, []).append(float(t.user_attrs[metric]))
+                params[key] = dict(t.params)
+            if t.state in (TrialState.COMPLETE, TrialState.RUNNING, TrialState.WAITING):
+                counts[key] = counts.get(key, 0) + 1
+        ranked = sorted(scores, key=lambda k: statistics.median(scores[k]), reverse=True)
+        top = ranked[:CONFIRM_TOP]
+        if not top:
+            return None
+        return params[min(top, key=lambda k: (counts[k], top.index(k)))]
+
+    def step(self, confirm: bool = False) -> TrialResult:
+        """Runs one trial; ``confirm``: a confirmation trial (once a trial has completed)."""
+        picked = self.confirm_pick() if confirm else None
+        planned = None if picked is not None else self.next_planned()
+        if picked is not None:
+            self.study.enqueue_trial(picked, user_attrs={"role": "confirm"},
+                                     skip_if_exists=False)  # fmt: skip
+        elif planned is not None:
             self.study.enqueue_trial(planned[0], user_attrs={"role": planned[1]},
                                      skip_if_exists=True)  # fmt: skip
         trial = ask(self.study)

@@ -30,6 +30,8 @@ class WorkerPlan:
     cores: tuple[int, ...]
     gpu: int | None
     trials: int
+    confirm: int = 0
+    """How many of ``trials`` (the last) are confirmations (``autotune study --confirm``)."""
 
 
 def plan_workers(args: argparse.Namespace) -> list[WorkerPlan]:
@@ -55,8 +57,10 @@ def plan_workers(args: argparse.Namespace) -> list[WorkerPlan]:
     for i in range(n):
         size = per + (i < extra)
         trials = args.trials // n + (i < args.trials % n)
+        confirm = getattr(args, "confirm", 0)
+        confirm = confirm // n + (i < confirm % n)  # <= trials, as confirm <= args.trials
         plans.append(WorkerPlan(i, tuple(cores[start : start + size]), i if gpus else None,
-                                trials))  # fmt: skip
+                                trials, confirm))  # fmt: skip
         start += size
     return plans
 
@@ -71,8 +75,9 @@ def _worker(options: dict[str, Any], plan: WorkerPlan, out: Any) -> None:
 
     try:
         offline = make_study(argparse.Namespace(**options), cores=len(plan.cores), gpu=plan.gpu)
-        for _ in range(plan.trials):
-            out.put({**offline.step().__dict__, "worker": plan.index})
+        for i in range(plan.trials):
+            row = offline.step(confirm=i >= plan.trials - plan.confirm)
+            out.put({**row.__dict__, "worker": plan.index})
     except KeyboardInterrupt:
         out.put({"worker": plan.index, "interrupted": True})
     except ValueError as exc:  # KnobError, StudyError, a knob space other than the study's

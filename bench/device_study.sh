@@ -33,7 +33,7 @@ study-cpu)
     name=${NAME:-ant}
     cpu_db="sqlite:///$(realpath "$STATE")/study-cpu-$name.db"
     $py -m autotune.cli study --env "${ENV:-Ant-v5}" --study "$name-study-cpu" --storage "$cpu_db" \
-        --policy "${POLICY:-auto:256:128:64:auto}" --trials "${2:-6}" --trial-s 35 --warmup-s 10 --no-profile \
+        --policy "${POLICY:-auto:256:128:64:auto}" --trials "${2:-6}" --confirm "${CONFIRM:-2}" --trial-s 35 --warmup-s 10 --no-profile \
         --knob trainer_device=cpu --knob actors=11..15 --knob trainer_threads=1,2,4 \
         --knob envs_per_actor=16,32,64 --knob batch_size=8192,16384,32768 --knob trainers=1 \
         --knob mps_pct=100 \

@@ -234,3 +234,67 @@ def test_study_drives_a_wrapped_script_with_two_workers(tmp_path):
                           "--workers", "3", "--storage", f"sqlite:///{tmp_path}/w.db"],
                          capture_output=True, text=True, timeout=60)  # fmt: skip
     assert bad.returncode == 2 and "--workers 3: allowed 1..--trials (2)" in bad.stderr
+
+
+class LuckyRuns(FakeRuns):
+    """As FakeRuns, but 2 actors with batch 512 is lucky once: 150 steps/J, then 60."""
+
+    def __call__(self, cfg: TrainConfig, warmup_s: float, meter=None):
+        doc, rate = super().__call__(cfg, warmup_s, meter)
+        if (cfg.actors, cfg.batch_size) == (2, 512):
+            lucky = not any((c.actors, c.batch_size) == (2, 512) for c in self.ran[:-1])
+            rate = {**rate, "steps_per_joule": 150.0 if lucky else 60.0}
+        return doc, rate
+
+
+def test_confirmation_trials_measure_a_lucky_leader_again(tmp_path):
+    runs = LuckyRuns()
+    offline = _study(tmp_path, runs)
+    assert offline.step().values == {"actors": 2, "batch_size": 1024}  # the default: 90
+    for actors, batch in ((2, 512), (3, 1024), (1, 2048)):
+        offline.study.enqueue_trial({"actors": actors, "batch_size": batch})
+        assert offline.step().error is None
+    assert offline.confirm_pick() == {"actors": 2, "batch_size": 512}  # best, measured once
+    picks = []
+    for _ in range(4):
+        row = offline.step(confirm=True)
+        assert row.role == "confirm" and row.error is None
+        picks.append(((row.values["actors"], row.values["batch_size"]), row.steps_per_joule))
+    # the lucky leader (150, then 60: median 105), then the other two of the top 3, measured
+    # once each (better first), then the best median among them, all measured twice
+    assert picks == [((2, 512), 60.0), ((3, 1024), 100.0), ((2, 1024), 90.0), ((2, 512), 60.0)]
+    trials = offline.study.get_trials(deepcopy=False)
+    assert [t.user_attrs["role"] for t in trials[-4:]] == ["confirm"] * 4
+    lucky = [t.user_attrs["steps_per_joule"] for t in trials if t.params["actors"] == 2
+             and t.params["batch_size"] == 512]  # fmt: skip
+    assert sorted(lucky) == [60.0, 60.0, 150.0]  # median 60: no longer the leader
+    assert offline.confirm_pick() == {"actors": 3, "batch_size": 1024}
+
+
+def test_confirmation_without_a_completed_trial_is_an_ordinary_trial(tmp_path):
+    offline = _study(tmp_path, FakeRuns())
+    assert offline.confirm_pick() is None
+    row = offline.step(confirm=True)
+    assert row.role == "default" and row.error is None
+
+
+@pytest.mark.parametrize("confirm", [-1, 4])
+def test_study_refuses_more_confirmations_than_trials(confirm):
+    from autotune.cli import build_parser
+    from autotune.cli_study import check_args
+
+    args = build_parser().parse_args(["study", "--trials", "3", "--confirm", str(confirm)])
+    with pytest.raises(ValueError, match=r"--confirm .*allowed 0\.\.--trials \(3\)"):
+        check_args(args)
+
+
+def test_workers_split_the_confirmations_with_the_trials(tmp_path):
+    from autotune.cli import build_parser
+    from autotune.study_workers import plan_workers
+
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("two workers need two cores")
+    args = build_parser().parse_args(["study", "--trials", "5", "--confirm", "3",
+                                      "--workers", "2"])  # fmt: skip
+    plans = plan_workers(args)
+    assert [(p.trials, p.confirm) for p in plans] == [(3, 2), (2, 1)]
