@@ -59,7 +59,10 @@ class CpuSplit:
             if before is None:
                 continue
             pct = 100.0 * (cpu - before) / dt
-            (actor_share.append(pct) if name.startswith("actor") else share.__setitem__(name, pct))
+            if name.startswith("actor"):
+                actor_share.append(pct)
+            else:
+                share[name] = pct
         if actor_share:
             share["actors mean"] = sum(actor_share) / len(actor_share)
             share["actors min"], share["actors max"] = min(actor_share), max(actor_share)
