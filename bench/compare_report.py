@@ -1,7 +1,9 @@
 """Tables, ratios, goals and plots from ``bench.compare run`` directories.
 
 Arms are grouped by run directory, env and policy; every ratio is between arms of one group,
-so between runs made side by side on one machine.
+so between runs made side by side on one machine. Where an env and policy were measured in
+several runs (repeated commands, ``device_compare.sh`` ``ROUNDS``), a table across them lists
+each run's ratios to its own limit, their median and how many runs met the goal.
 """
 
 from __future__ import annotations
@@ -124,6 +126,56 @@ def group_summary(arms: dict[str, dict[str, Any]]) -> dict[str, Any]:
             "limit_drift": limit.get("drift")}  # fmt: skip
 
 
+def across_runs(summaries: list[tuple[tuple[str, str, str], dict[str, Any]]]) -> list[dict]:
+    """For each env and policy measured in two or more runs, each arm's ratios to its own run's
+    limit across those runs: every value in run order, the median, and how many met the goal."""
+    import statistics
+
+    by_workload: dict[tuple[str, str], list[tuple[str, dict[str, Any]]]] = {}
+    for (run, env, policy), summary in summaries:
+        by_workload.setdefault((env, policy), []).append((run, summary))
+    out = []
+    for (env, policy), runs in by_workload.items():
+        if len(runs) < 2:
+            continue
+        arms: dict[str, dict[str, list[float]]] = {}
+        for _, summary in runs:
+            for arm, ratios in summary["ratios"].items():
+                if arm_kind(arm) == "limit":
+                    continue
+                for key in ("steps_per_s_vs_limit", "steps_per_joule_vs_limit"):
+                    if ratios.get(key) is not None:
+                        arms.setdefault(arm, {}).setdefault(key, []).append(ratios[key])
+        rows = {}
+        for arm, values in arms.items():
+            rows[arm] = {
+                key: {"values": v, "median": statistics.median(v),
+                      "met": sum(x >= goal for x in v), "runs": len(v)}
+                for key, goal in (("steps_per_s_vs_limit", GOAL_RATE_VS_LIMIT),
+                                  ("steps_per_joule_vs_limit", GOAL_SPJ_VS_LIMIT))
+                if (v := values.get(key))
+            }  # fmt: skip
+        out.append({"env": env, "policy": policy, "runs": [r for r, _ in runs], "arms": rows})
+    return out
+
+
+def across_markdown(entry: dict[str, Any]) -> str:
+    head = (f"**{entry['env']}**, policy `{entry['policy']}`, across {len(entry['runs'])} runs "
+            f"({', '.join(entry['runs'])}): each run's ratio to its own limit, in run order, "
+            "the median, and the runs that met the goal (>= 0.8)")  # fmt: skip
+    lines = [head, "", "| arm | steps/s / limit | median | met | steps/J / limit | median | met |",
+             "|---|---|---:|---:|---|---:|---:|"]  # fmt: skip
+    for arm in ordered(entry["arms"]):
+        cells = []
+        for key in ("steps_per_s_vs_limit", "steps_per_joule_vs_limit"):
+            r = entry["arms"][arm].get(key)
+            cells += (["-", "-", "-"] if r is None else
+                      [", ".join(f"{x:.2f}" for x in r["values"]), f"{r['median']:.2f}",
+                       f"{r['met']} of {r['runs']}"])  # fmt: skip
+        lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def _num(v: float | None, digits: int = 0) -> str:
     return "-" if v is None else f"{v:,.{digits}f}"
 
@@ -207,14 +259,18 @@ def plot(key: tuple[str, str, str], arms: dict[str, dict], path: Path) -> None:
 def report(root: Path, markdown_path: str | None, plots: str | None) -> dict[str, Any]:
     groups = load_groups(root)
     text, doc = [], {"groups": [], "goals": {}}
+    summaries = []
     for key, arms in groups.items():
         summary = group_summary(arms)
+        summaries.append((key, summary))
         text.append(markdown(key, arms, summary))
         doc["groups"].append({"run": key[0], "env": key[1], "policy": key[2], **summary})
         doc["goals"][f"{key[1]} {key[2]} ({key[0]})"] = summary["goals"]
         if plots:
             slug = f"{key[0].replace('/', '_')}-{key[1]}-{key[2].replace(':', '_')}"
             plot(key, arms, Path(plots) / f"compare-{slug.strip('.-_')}.png")
+    doc["across_runs"] = across_runs(summaries)
+    text += [across_markdown(entry) for entry in doc["across_runs"]]
     if markdown_path:
         Path(markdown_path).parent.mkdir(parents=True, exist_ok=True)
         Path(markdown_path).write_text("\n".join(text))

@@ -116,6 +116,32 @@ def test_report_of_the_stored_numpy_actor_runs_keeps_the_quoted_ratios(tmp_path)
         "run2": {"limit": 1.0, "exported": 0.73, "exported-cpu": 0.7},
         "run3": {"limit": 1.0, "exported": 0.85, "exported-cpu": 0.93},
     }
+    (across,) = doc["across_runs"]  # the three runs, each arm's ratios side by side
+    assert across["runs"] == ["run1", "run2", "run3"]
+    spj = across["arms"]["exported-cpu"]["steps_per_joule_vs_limit"]
+    assert [round(x, 2) for x in spj["values"]] == [0.92, 0.7, 0.93]
+    assert (round(spj["median"], 2), spj["met"], spj["runs"]) == (0.92, 2, 3)
+
+
+def test_report_of_the_stored_rounds_counts_the_runs_that_met_each_goal(tmp_path):
+    """docs/BENCHMARKS.md section 10 quotes these rounds (2026-11-23, each between its own
+    two limits)."""
+    from bench.compare_report import report
+
+    src = Path(__file__).parents[2] / "docs/results/2026-11-23/compare/others-rounds"
+    shutil.copytree(src, tmp_path / "rounds")
+    md = tmp_path / "t.md"
+    doc = report(tmp_path / "rounds", str(md), None)
+    across = {a["env"] + " " + a["policy"]: a["arms"]["exported"] for a in doc["across_runs"]}
+    humanoid = across["Humanoid-v5 auto:400:200:100:auto"]
+    heavy = across["Ant-v5 auto:1024:1024:512:auto"]
+    assert [round(x, 2) for x in humanoid["steps_per_s_vs_limit"]["values"]] == [0.81, 0.75]
+    assert humanoid["steps_per_s_vs_limit"]["met"] == 1
+    assert [round(x, 2) for x in heavy["steps_per_s_vs_limit"]["values"]] == [0.91, 0.81]
+    assert heavy["steps_per_s_vs_limit"]["met"] == 2
+    assert heavy["steps_per_joule_vs_limit"]["met"] == 0
+    row = "| exported | 0.81, 0.75 | 0.78 | 1 of 2 | 0.71, 0.64 | 0.67 | 0 of 2 |"
+    assert row in md.read_text()
 
 
 def test_a_limit_measured_again_gives_the_mean_and_its_drift(tmp_path):
