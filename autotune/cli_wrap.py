@@ -147,7 +147,8 @@ def _wrap_restart(args: argparse.Namespace, console: Any, cmd: list[str], space:
 def _wrap_live(args: argparse.Namespace, console: Any, cmd: list[str], space: list[Any],
                study: Any, wrapper: Any) -> int:  # fmt: skip
     from autotune.online import tuning_doc
-    from autotune.tuner import OnlineTuner, TunerSettings
+    from autotune.tuner import OnlineTuner
+    from autotune.tuner_settings import TunerSettings
     from autotune.wrap_live import LiveModeUnsupported, run_live
 
     knobs = {k.name: k for k in space}

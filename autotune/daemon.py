@@ -220,7 +220,8 @@ class Daemon:
 
     def _hello(self, identity: bytes, msg: dict[str, Any]) -> None:
         from autotune.study import open_study
-        from autotune.tuner import OnlineTuner, TunerSettings
+        from autotune.tuner import OnlineTuner
+        from autotune.tuner_settings import TunerSettings
 
         job_id = str(msg.get("job"))
         old = self.sessions.get(job_id)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from autotune.counters import Counters, Measurement, measure, read_counters
 from autotune.knobs import Knob, to_config_value
+from autotune.tuner_settings import OBJECTIVES, SAMPLERS, TunerSettings
 from runtime.config import TrainConfig
 
 if TYPE_CHECKING:  # optuna is imported only when tuning
@@ -93,7 +94,7 @@ def add_tune_args(parser: argparse.ArgumentParser) -> None:
     )
     tune.add_argument(
         "--objective",
-        choices=["steps_per_joule", "steps_per_s", "weighted"],  # autotune.tuner.OBJECTIVES
+        choices=list(OBJECTIVES),
         default="steps_per_joule",
         help="what to maximise (default steps_per_joule)",
     )
@@ -117,7 +118,7 @@ def add_tune_args(parser: argparse.ArgumentParser) -> None:
     )
     tune.add_argument(
         "--tune-sampler",
-        choices=["tpe", "grid"],  # autotune.tuner.SAMPLERS
+        choices=list(SAMPLERS),
         default="tpe",
         help="tpe (default), or grid: every combination of the tuned knobs once, the baseline "
         "a tuner is compared with",
@@ -192,7 +193,7 @@ def start_tuning(args: argparse.Namespace, cfg: TrainConfig, runner: Any) -> Tun
     """
     from autotune.knobs import Machine, build_space
     from autotune.study import open_study, storage_url
-    from autotune.tuner import OnlineTuner, TunerSettings
+    from autotune.tuner import OnlineTuner
 
     machine = Machine.here()
     space = build_space(machine, args.knob)

@@ -51,58 +51,9 @@ from autotune.study import (
     failed_configs,  # fmt: skip
     skip_if_failed,
 )
+from autotune.tuner_settings import TunerSettings, constraint_values, objective_value
 
 logger = logging.getLogger(__name__)
-
-OBJECTIVES = ("steps_per_joule", "steps_per_s", "weighted")
-SAMPLERS = ("tpe", "grid")
-
-
-@dataclass(frozen=True)
-class TunerSettings:
-    """How the online tuner measures and decides (see the module docstring)."""
-
-    objective: str = "steps_per_joule"
-    weight: float = 0.5
-    """``weighted``: the share of steps/s (the rest is steps/J)."""
-    warmup_s: float = 5.0
-    window_s: float = 10.0
-    """Measurement window; >= 10 s on a GPU, so the energy counter moves enough."""
-    trials: int = 30
-    repeat_every: int = 5
-    recheck_s: float = 120.0
-    drift_tol: float = 0.15
-    saturation_gain: float = 0.05
-    min_steps_per_s: float | None = None
-    max_policy_lag: float | None = None
-    sampler: str = "tpe"
-    settle_timeout_s: float = 180.0
-    """A config that has not taken effect after this long is failed."""
-    empty_windows: int = 3
-    """A config under which this many windows in a row trained nothing is failed (it stalls
-    training); an empty window is measured again before that."""
-
-    def problems(self) -> list[str]:
-        out = []
-        if self.objective not in OBJECTIVES:
-            out.append(f"objective={self.objective!r}: allowed {OBJECTIVES}")
-        if self.sampler not in SAMPLERS:
-            out.append(f"sampler={self.sampler!r}: allowed {SAMPLERS}")
-        if not 0.0 <= self.weight <= 1.0:
-            out.append(f"weight={self.weight}: must be in 0..1")
-        for name in ("warmup_s", "window_s", "recheck_s"):
-            if not getattr(self, name) > 0:
-                out.append(f"{name}={getattr(self, name)}: must be > 0")
-        if self.min_steps_per_s is not None and not self.min_steps_per_s > 0:
-            out.append(f"min_steps_per_s={self.min_steps_per_s}: must be > 0")
-        if self.max_policy_lag is not None and self.max_policy_lag < 0:
-            out.append(f"max_policy_lag={self.max_policy_lag}: no config can meet it (a policy "
-                       "lag is never negative); give a ceiling >= 0")  # fmt: skip
-        for name in ("trials", "repeat_every", "empty_windows"):
-            if getattr(self, name) < 1:
-                out.append(f"{name}={getattr(self, name)}: must be >= 1")
-        return out
-
 
 MEASURED = tuple(Measurement.__dataclass_fields__)
 
@@ -361,36 +312,14 @@ class OnlineTuner:
 
     # --- telling ----------------------------------------------------------------------------
 
-    def objective(self, m: Measurement) -> float:
-        s = self.settings
-        spj = m.steps_per_joule or 0.0
-        if s.objective == "steps_per_s":
-            return m.steps_per_s
-        if s.objective == "steps_per_joule":
-            return spj
-        ref = self.reference or m
-        rel_s = m.steps_per_s / ref.steps_per_s if ref.steps_per_s else 0.0
-        rel_j = spj / ref.steps_per_joule if ref.steps_per_joule else 0.0
-        return s.weight * rel_s + (1 - s.weight) * rel_j
-
-    def constraints(self, m: Measurement) -> dict[str, float]:
-        """Optuna constraint values (<= 0 is feasible): throughput floor, lag ceiling."""
-        s = self.settings
-        out = {}
-        if s.min_steps_per_s is not None:
-            out["min_steps_per_s"] = s.min_steps_per_s - m.steps_per_s
-        if s.max_policy_lag is not None:
-            out["max_policy_lag"] = m.policy_lag - s.max_policy_lag
-        return out
-
     def _finish(self, m: Measurement, now: float) -> None:
         cur = self.current
         assert cur is not None
         self.current = None
         if self.reference is None:
             self.reference = m
-        value = self.objective(m)
-        constraints = self.constraints(m)
+        value = objective_value(self.settings, m, self.reference)
+        constraints = constraint_values(self.settings, m)
         feasible = all(c <= 0 for c in constraints.values())
         key = config_key(cur.values)
         best_before = self.history.best()

@@ -1,0 +1,88 @@
+"""What the online tuner maximises and under which constraints, and how it measures and decides
+(``TunerSettings``); the loop itself is ``autotune.tuner``.
+
+* Objective: ``steps_per_joule`` (default), ``steps_per_s``, or ``weighted`` (a weighted mean
+  of both, each relative to a reference window, the first trial's).
+* Constraints: a throughput floor and a policy-lag ceiling, as Optuna constraint values
+  (<= 0 is feasible).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autotune.counters import Measurement
+
+OBJECTIVES = ("steps_per_joule", "steps_per_s", "weighted")
+SAMPLERS = ("tpe", "grid")
+
+
+@dataclass(frozen=True)
+class TunerSettings:
+    """How the online tuner measures and decides (see the module docstring)."""
+
+    objective: str = "steps_per_joule"
+    weight: float = 0.5
+    """``weighted``: the share of steps/s (the rest is steps/J)."""
+    warmup_s: float = 5.0
+    window_s: float = 10.0
+    """Measurement window; >= 10 s on a GPU, so the energy counter moves enough."""
+    trials: int = 30
+    repeat_every: int = 5
+    recheck_s: float = 120.0
+    drift_tol: float = 0.15
+    saturation_gain: float = 0.05
+    min_steps_per_s: float | None = None
+    max_policy_lag: float | None = None
+    sampler: str = "tpe"
+    settle_timeout_s: float = 180.0
+    """A config that has not taken effect after this long is failed."""
+    empty_windows: int = 3
+    """A config under which this many windows in a row trained nothing is failed (it stalls
+    training); an empty window is measured again before that."""
+
+    def problems(self) -> list[str]:
+        out = []
+        if self.objective not in OBJECTIVES:
+            out.append(f"objective={self.objective!r}: allowed {OBJECTIVES}")
+        if self.sampler not in SAMPLERS:
+            out.append(f"sampler={self.sampler!r}: allowed {SAMPLERS}")
+        if not 0.0 <= self.weight <= 1.0:
+            out.append(f"weight={self.weight}: must be in 0..1")
+        for name in ("warmup_s", "window_s", "recheck_s"):
+            if not getattr(self, name) > 0:
+                out.append(f"{name}={getattr(self, name)}: must be > 0")
+        if self.min_steps_per_s is not None and not self.min_steps_per_s > 0:
+            out.append(f"min_steps_per_s={self.min_steps_per_s}: must be > 0")
+        if self.max_policy_lag is not None and self.max_policy_lag < 0:
+            out.append(f"max_policy_lag={self.max_policy_lag}: no config can meet it (a policy "
+                       "lag is never negative); give a ceiling >= 0")  # fmt: skip
+        for name in ("trials", "repeat_every", "empty_windows"):
+            if getattr(self, name) < 1:
+                out.append(f"{name}={getattr(self, name)}: must be >= 1")
+        return out
+
+
+def objective_value(settings: TunerSettings, m: Measurement,
+                    reference: Measurement | None = None) -> float:  # fmt: skip
+    """The value told to Optuna for window ``m`` (``reference``: the first trial's window, for
+    ``weighted``; ``m`` itself when None)."""
+    spj = m.steps_per_joule or 0.0
+    if settings.objective == "steps_per_s":
+        return m.steps_per_s
+    if settings.objective == "steps_per_joule":
+        return spj
+    ref = reference or m
+    rel_s = m.steps_per_s / ref.steps_per_s if ref.steps_per_s else 0.0
+    rel_j = spj / ref.steps_per_joule if ref.steps_per_joule else 0.0
+    return settings.weight * rel_s + (1 - settings.weight) * rel_j
+
+
+def constraint_values(settings: TunerSettings, m: Measurement) -> dict[str, float]:
+    """Optuna constraint values (<= 0 is feasible): throughput floor, lag ceiling."""
+    out = {}
+    if settings.min_steps_per_s is not None:
+        out["min_steps_per_s"] = settings.min_steps_per_s - m.steps_per_s
+    if settings.max_policy_lag is not None:
+        out["max_policy_lag"] = m.policy_lag - settings.max_policy_lag
+    return out
