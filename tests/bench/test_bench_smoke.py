@@ -47,9 +47,9 @@ def test_gmi_table_smoke_on_cpu(tmp_path):
     doc = run(tmp_path, "bench.gmi_table", "--env", "CartPole-v1", "--policy", "auto",
               "--actors", "1", "--devices", "cpu", "--gmis", "2", "--envs-per-actor", "4",
               "--batch-size", "256", "--rollout-len", "16", "--warmup-s", "0.5",
-              "--measure-s", "1", "--inference", "actor,gmi")  # fmt: skip
-    assert [(r["gmis"], r["inference"]) for r in doc["rows"]] == [(2, "actor"), (2, "gmi")]
-    assert all(r["rows_per_batch"] > 0 for r in doc["rows"] if r["inference"] == "gmi")
+              "--measure-s", "1", "--inference", "gmi")  # fmt: skip
+    assert [(r["gmis"], r["inference"]) for r in doc["rows"]] == [(2, "gmi")]
+    assert all(r["rows_per_batch"] > 0 for r in doc["rows"])
     for row in doc["rows"]:
         assert "error" not in row, row
         assert row["lost_steps"] == 0 and row["weights_identical"]
@@ -59,22 +59,23 @@ def test_gmi_table_smoke_on_cpu(tmp_path):
 def test_online_tuning_smoke_on_cpu(tmp_path):
     """Every arm of bench.online_tuning as a tiny CartPole run, then the report and its plot.
     Training starts about 5 s into each run here (more on a loaded 2-core CI machine), so the
-    second tuned part runs 20 s for its final third to hold trained steps, and the grid 11 s for
-    one grid point after the baseline window (8 s left none once on a CI machine)."""
+    tuned run lasts 20 s for its final third to hold trained steps, and the grid 11 s for one
+    grid point after the baseline window (8 s left none once on a CI machine)."""
     knobs = ["--knob", "actors=1..2", "--knob", "envs_per_actor=4,8", "--knob", "trainers=1",
              "--knob", "batch_size=512,1024", "--knob", "trainer_threads=1",
              "--knob", "chunk_bytes=262144"]  # fmt: skip
     common = ["--env", "CartPole-v1", "--storage", f"sqlite:///{tmp_path}/t.db", "--window-s",
               "1", "--warmup-s", "0.5", *knobs]  # fmt: skip
-    for arm, seconds, name in (("tune", "5", "tune1"), ("tune", "20", "tune2"),
-                               ("grid", "11", "grid"), ("default", "6", "default")):  # fmt: skip
+    # one tune part (a study resumed by a second part is the daemon and tuner tests' subject)
+    for arm, seconds, name in (("tune", "20", "tune1"), ("grid", "11", "grid"),
+                               ("default", "6", "default")):  # fmt: skip
         proc = subprocess.run([sys.executable, "-m", "bench.online_tuning", arm, *common,
                                "--seconds", seconds, "--out", str(tmp_path / f"{name}.json")],
                               capture_output=True, text=True, timeout=240)  # fmt: skip
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     doc = run(tmp_path, "bench.online_tuning", "report", "--dir", str(tmp_path), "--skip-s", "1",
               "--plot", str(tmp_path / "tuning.png"))  # fmt: skip
-    assert doc["lost_steps"] == [0, 0, 0, 0]
+    assert doc["lost_steps"] == [0, 0, 0]
     assert doc["tuned_trials"] >= 2 and doc["grid_points"] >= 1
     assert doc["tuned_final_third_steps_per_joule"] > 0 and doc["default"]["steps_per_joule"] > 0
     assert (tmp_path / "tuning.png").stat().st_size > 10_000

@@ -30,20 +30,20 @@ def config(path, **fields) -> str:
 
 @pytest.mark.slow
 def test_compare_arms_then_report(tmp_path):
-    """The limit, both peers, the default and an exported config run and are measured; then
-    the report's table, goals and plots. (The tuned arm is ``train --tune``, run end to end by
-    the tuner's tests; its command and final-third window, and labelled exported arms, are
-    checked below.)"""
+    """The limit, both peers and an exported config run and are measured; then the report's
+    table, goals and plots. (The default arm is plain ``autotune train`` and the tuned arm
+    ``train --tune``, both run end to end by the CLI's and the tuner's tests; their commands,
+    the final-third window and labelled exported arms are checked below.)"""
     out = tmp_path / "run"
     proc = bench("bench.compare", "run", "--env", "Pendulum-v1", "--policy", "auto:32:auto",
                  "--seconds", "4", "--startup-s", "6", "--warmup-s", "1", "--settle-s", "0",
                  "--peer-rollout", "256",
-                 "--arms", "limit,sb3-cpu,cleanrl,default,exported",
+                 "--arms", "limit,sb3-cpu,cleanrl,exported",
                  "--exported", config(tmp_path / "a.json"), "--out", str(out))  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     docs = [p for p in out.glob("Pendulum-v1-*.json") if not p.name.endswith(".result.json")]
     arms = {p.stem.split("-", 2)[-1]: json.loads(p.read_text()) for p in docs}
-    assert set(arms) == {"limit", "sb3-cpu", "cleanrl", "default", "exported"}
+    assert set(arms) == {"limit", "sb3-cpu", "cleanrl", "exported"}
     for name, doc in arms.items():
         assert "error" not in doc, (name, doc)
         assert doc["steps_per_s"] > 0 and doc["steps_per_joule"] > 0, name
@@ -52,8 +52,7 @@ def test_compare_arms_then_report(tmp_path):
         steps = [r["steps"] for r in curve]
         assert steps == sorted(steps) and steps[-1] > 0, name
     assert arms["exported"]["config"]["envs_per_actor"] == 4
-    for name in ("default", "exported"):
-        assert arms[name]["lost_steps"] == 0, name
+    assert arms["exported"]["lost_steps"] == 0
     md, plots = tmp_path / "table.md", tmp_path / "plots"
     proc = bench("bench.compare", "report", "--dir", str(tmp_path), "--markdown", str(md),
                  "--plots", str(plots))  # fmt: skip
@@ -82,6 +81,13 @@ def test_labelled_exported_arms_run_their_own_files(tmp_path):
         cmd = compare_arms.arm_command(arm, a, tmp_path / "p.jsonl", tmp_path / "r.json")
         assert cmd[cmd.index("--config") + 1] == str(file)
         assert cmd[cmd.index("--max-wall-s") + 1] == "9.0"
+    # the default arm: `autotune train` as a newcomer runs it (the CLI's runs are tested in
+    # tests/cli), with the arm's wall budget and the shared policy
+    cmd = compare_arms.arm_command("default", a, tmp_path / "p.jsonl", tmp_path / "r.json")
+    assert cmd[2:4] == ["autotune.cli", "train"] and "--config" not in cmd
+    assert cmd[cmd.index("--env") + 1] == "Pendulum-v1"
+    assert cmd[cmd.index("--policy") + 1] == "auto:32:auto"
+    assert cmd[cmd.index("--max-wall-s") + 1] == "9.0"
 
 
 def test_report_of_the_stored_h100_cpu_trainer_run_keeps_its_figures(tmp_path):
