@@ -59,6 +59,9 @@ others)
     # one (<workload>-export.json), runs beside it as the exported-own arm. ARMS sets the arms,
     # EXPORT the unlabelled export, ROUNDS how many times each workload's arms run (each round
     # between its own two limits).
+    case "${ROUNDS:-1}" in
+    '' | *[!0-9]* | 0) echo "ROUNDS=$ROUNDS: a whole number >= 1" >&2; exit 2 ;;
+    esac
     for w in ${OTHERS:-halfcheetah humanoid ant-heavy}; do
         workload "$w" || exit 2
         own=()

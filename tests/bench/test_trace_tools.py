@@ -76,6 +76,8 @@ def test_device_compare_others_picks_workloads_rounds_and_own_exports(tmp_path):
     assert "--policy auto:1024:1024:512:auto" in runs[2]
     bad = _dry_run("others", tmp_path / "b", OTHERS="walker")
     assert bad.returncode == 2 and "unknown workload 'walker'" in bad.stderr
+    bad = _dry_run("others", tmp_path / "b", ROUNDS="two")
+    assert bad.returncode == 2 and "ROUNDS=two: a whole number >= 1" in bad.stderr
 
 
 def test_device_compare_study_other_needs_a_workload(tmp_path):
