@@ -103,15 +103,22 @@ def cmd_gpu(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """``argv`` parsed; for ``train``, ``explicit`` holds the flags given on the command line
+    (they override a ``--config`` file: ``autotune.cli_train.train_config``)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "train":
-        train = parser._subparsers._group_actions[0].choices["train"]
         from autotune.cli_train import explicit_flags
 
-        args.explicit = explicit_flags(train, sys.argv[1:] if argv is None else argv)
+        train = parser._subparsers._group_actions[0].choices["train"]
+        args.explicit = explicit_flags(train, argv)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    args = parse_args(sys.argv[1:] if argv is None else argv)
     return int(args.func(args))
 
 

@@ -9,6 +9,7 @@ each run's ratios to its own limit, their median and how many runs met the goal.
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -129,8 +130,6 @@ def group_summary(arms: dict[str, dict[str, Any]]) -> dict[str, Any]:
 def across_runs(summaries: list[tuple[tuple[str, str, str], dict[str, Any]]]) -> list[dict]:
     """For each env and policy measured in two or more runs, each arm's ratios to its own run's
     limit across those runs: every value in run order, the median, and how many met the goal."""
-    import statistics
-
     by_workload: dict[tuple[str, str], list[tuple[str, dict[str, Any]]]] = {}
     for (run, env, policy), summary in summaries:
         by_workload.setdefault((env, policy), []).append((run, summary))

@@ -22,8 +22,8 @@ import time
 
 import psutil
 
-from autotune.cli import build_parser
-from autotune.cli_train import explicit_flags, train_config
+from autotune.cli import parse_args
+from autotune.cli_train import train_config
 from runtime.runner import Runner, RunState
 
 
@@ -87,10 +87,7 @@ def main() -> None:
                     help="seconds left out of the closing CPU means (default 10)")  # fmt: skip
     ap.add_argument("train_args", nargs=argparse.REMAINDER)
     a = ap.parse_args()
-    argv = ["train", *[x for x in a.train_args if x != "--"]]
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    args.explicit = explicit_flags(parser._subparsers._group_actions[0].choices["train"], argv)
+    args = parse_args(["train", *[x for x in a.train_args if x != "--"]])
     cfg = train_config(args)  # --config files too, with the flags given over them
     runner = Runner(cfg, cfg.validate(), mps_changes=args.mps_change)
     marks = {"next": 1.0, "dumped": False}

@@ -12,8 +12,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from autotune.cli import build_parser
-from autotune.cli_train import explicit_flags, train_config
+from autotune.cli import parse_args
+from autotune.cli_train import train_config
 from bench.trace_run import CpuSplit
 from runtime.config import ConfigError
 
@@ -21,11 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _train_args(argv: list[str]):
-    parser = build_parser()
-    args = parser.parse_args(["train", *argv])
-    args.explicit = explicit_flags(parser._subparsers._group_actions[0].choices["train"],
-                                   ["train", *argv])  # fmt: skip
-    return args
+    return parse_args(["train", *argv])
 
 
 def test_train_config_takes_the_file_and_the_flags_given_over_it(tmp_path):
