@@ -113,6 +113,14 @@ def add_train_command(sub: Any) -> None:
         "har = hierarchical (default auto)",
     )
     train.add_argument(
+        "--actor-nice",
+        type=int,
+        default=d.actor_nice,
+        help="niceness the actors add to their own (0..19): with as many actors as cores, a "
+        "positive value lets the stages and the trainer run first (default "
+        f"{d.actor_nice})",
+    )
+    train.add_argument(
         "--trainer-threads",
         type=int,
         default=d.trainer_threads,
@@ -270,6 +278,7 @@ def config_from_args(args: argparse.Namespace):
     )  # fmt: skip
     return TrainConfig(
         env=args.env, steps=args.steps, actors=args.actors, envs_per_actor=args.envs_per_actor,
+        actor_nice=args.actor_nice,
         rollout_len=args.rollout_len, batch_size=args.batch_size, policy=args.policy,
         seed=args.seed, chunk_bytes=args.chunk_bytes, trainer_device=args.trainer_device,
         trainer_threads=args.trainer_threads, trainers=args.trainers, mps_pct=args.mps_pct,

@@ -47,11 +47,13 @@ FIRST_WEIGHTS_WAIT_S = 2.0
 """A restarted actor waits this long for current weights before acting with version 0."""
 
 
-def init_actor_process(actor: int) -> None:
-    """Process set-up: signals and logging. An actor owns one core: it acts with a numpy copy
-    of the policy (no torch), and the pool starts it with one BLAS thread
-    (``runtime.actor_pool.one_blas_thread``)."""
+def init_actor_process(actor: int, nice: int = 0) -> None:
+    """Process set-up: signals, logging and ``nice`` added to the process's niceness. An actor
+    owns one core: it acts with a numpy copy of the policy (no torch), and the pool starts it
+    with one BLAS thread (``runtime.actor_pool.one_blas_thread``)."""
     init_service_process(f"actor-{actor}")
+    if nice:
+        os.nice(nice)
 
 
 class _Receipts:
@@ -234,7 +236,7 @@ def actor_main(cfg: TrainConfig, info: EnvInfo, endpoints: topology.Endpoints, a
     ``initial`` holds the run's version-0 weights (``policies.actor_critic.initial_state_arrays``)
     for ``inference='actor'``; None with an inference GMI.
     """
-    init_actor_process(actor)
+    init_actor_process(actor, cfg.actor_nice)
     ctx = zmq.Context()
     policy: LocalPolicy | RemotePolicy
     if cfg.inference == "gmi":

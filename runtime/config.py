@@ -10,6 +10,8 @@ from runtime.envs import EnvInfo
 TRAINER_DEVICES = ("auto", "cpu", "cuda")
 GRAD_SYNCS = ("auto", "mpr", "mrr", "har")
 INFERENCES = ("actor", "gmi")
+ACTOR_NICE_MAX = 19
+"""The largest niceness an unprivileged process can add (``nice(2)``)."""
 
 
 class ConfigError(ValueError):
@@ -44,6 +46,10 @@ class TrainConfig:
     """Actor processes, each stepping ``envs_per_actor`` environments."""
     envs_per_actor: int = 8
     """Environments per actor, stepped as one batch for policy inference."""
+    actor_nice: int = 0
+    """Niceness the actors add to their own (``os.nice``, 0..19): with as many actors as cores,
+    a positive value lets the pipeline stages and the trainer run as soon as they have work
+    instead of waiting for an actor's time slice."""
     rollout_len: int = 32
     """Steps per environment in one rollout (the trajectory length the learner sees)."""
     batch_size: int = 1024
@@ -113,6 +119,9 @@ class TrainConfig:
                     f"could ever arrive; allowed: rollout_len..steps ({self.rollout_len}.."
                     f"{self.steps})"
                 )
+        if (not isinstance(self.actor_nice, int) or isinstance(self.actor_nice, bool)
+                or not 0 <= self.actor_nice <= ACTOR_NICE_MAX):  # fmt: skip
+            out.append(f"actor_nice={self.actor_nice!r}: allowed an integer 0..{ACTOR_NICE_MAX}")
         if not self.max_inflight_batches > 0:
             out.append(f"max_inflight_batches={self.max_inflight_batches!r}: must be > 0")
         if not self.chunk_timeout_s > 0:

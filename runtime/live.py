@@ -4,8 +4,8 @@ Every ``TrainConfig`` field falls in one of these classes:
 
 * ``RUNNER``: the runner alone uses it (``actors``: actors are started or told to stop after
   their current rollout, which they deliver before exiting; ``steps``, ``max_wall_s``).
-* ``ACTOR_RESPAWN``: actors read it when they start (``envs_per_actor``); every actor is
-  replaced by a new incarnation, each old one delivering what it collected.
+* ``ACTOR_RESPAWN``: actors read it when they start (``envs_per_actor``, ``actor_nice``);
+  every actor is replaced by a new incarnation, each old one delivering what it collected.
 * ``SERVICE_LIVE``: the compressor, trainers and actors take it from a CONTROL ``live``
   message (``chunk_bytes``, ``chunk_timeout_s``, ``batch_size``, ``max_inflight_batches``).
   The message carries an epoch and the whole set, and the runner resends it every
@@ -31,7 +31,7 @@ from runtime import wire
 from runtime.config import ConfigError, TrainConfig
 
 RUNNER = ("actors", "steps", "max_wall_s")
-ACTOR_RESPAWN = ("envs_per_actor",)
+ACTOR_RESPAWN = ("envs_per_actor", "actor_nice")
 SERVICE_LIVE = ("chunk_bytes", "chunk_timeout_s", "batch_size", "max_inflight_batches")
 GMI_HANDOVER = ("trainers", "mps_pct", "gpus", "trainer_device", "trainer_threads", "grad_sync")
 LIVE_FIELDS = RUNNER + ACTOR_RESPAWN + SERVICE_LIVE + GMI_HANDOVER

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 import subprocess
 import sys
 import time
@@ -27,6 +29,8 @@ from runtime.config import ConfigError, TrainConfig
         ({"policy": "4:64:3"}, "gives 3 outputs but the environment needs 2"),
         ({"policy": "4:x:2"}, "entry 1 is 'x'"),
         ({"env": "Pendulum-v1", "policy": "3:64:2"}, "environment needs 1"),
+        ({"actor_nice": 20}, "actor_nice=20: allowed an integer 0..19"),
+        ({"actor_nice": -1}, "actor_nice=-1: allowed an integer 0..19"),
     ],
 )
 def test_bad_settings_name_the_value_and_what_is_allowed(kwargs, needle):
@@ -65,3 +69,22 @@ def test_cuda_trainer_without_cuda_is_refused():
         pytest.skip("CUDA is available here")
     with pytest.raises(ConfigError, match="CUDA is not available"):
         TrainConfig(trainer_device="cuda").validate()
+
+
+def _niceness_after_actor_setup(nice, out):
+    from runtime.actor import init_actor_process
+
+    init_actor_process(0, nice)
+    out.put(os.nice(0))
+
+
+def test_an_actor_adds_actor_nice_to_its_niceness_and_the_runner_keeps_its_own():
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    base = os.nice(0)
+    proc = ctx.Process(target=_niceness_after_actor_setup, args=(5, out))
+    proc.start()
+    got = out.get(timeout=60)
+    proc.join(30)
+    assert got == min(base + 5, 19) and os.nice(0) == base
+

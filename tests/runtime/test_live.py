@@ -63,3 +63,13 @@ def test_changes_that_need_a_new_run_or_are_invalid_are_refused_and_change_nothi
     assert runner._pending_cfg is None and runner.cfg == cfg
     plan = runner.reconfigure(actors=3, batch_size=1024)
     assert plan.actors and plan.services and not plan.handover and not plan.respawn_actors
+
+
+def test_actor_niceness_changes_by_respawning_the_actors():
+    from dataclasses import replace
+
+    from runtime import live
+
+    cfg = TrainConfig(actors=2)
+    plan = live.plan(cfg, replace(cfg, actor_nice=5))
+    assert plan.changed == ("actor_nice",) and plan.respawn_actors and not plan.handover

@@ -81,7 +81,7 @@ def test_bad_exports_and_configs_say_what_is_wrong(study, tmp_path):
     with pytest.raises(ExportError, match="pick='nope'"):
         export_doc(study, pick="nope")
     (tmp_path / "bad.json").write_text(json.dumps({"actors": 2, "actros": 3}))
-    with pytest.raises(ConfigError, match="unknown field 'actros'; allowed: actors"):
+    with pytest.raises(ConfigError, match="unknown field 'actros'; allowed: actor_nice, actors"):
         load_config(str(tmp_path / "bad.json"))
     (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
     with pytest.raises(ExportError, match="no config in it"):
