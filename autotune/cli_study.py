@@ -21,8 +21,13 @@ def add_study_command(sub: Any) -> None:
         "autotune study --objective both --storage postgresql://user:pw@host/db | "
         "autotune study --knob num_envs=1,2,4,8 --trials 8 -- python examples/ppo_gymnasium.py",
     )
-    study.add_argument("--env", default="CartPole-v1", help="gymnasium env id (default "
-                       "CartPole-v1; not used with -- CMD)")  # fmt: skip
+    study.add_argument("--env", default=None, help="gymnasium env id (default: the --from "
+                       "config's, else CartPole-v1; not used with -- CMD)")  # fmt: skip
+    study.add_argument("--from", dest="from_config", default=None, metavar="FILE",
+                       help="start from this config (an 'autotune export' file, a 'train "
+                       "--json' result or a config mapping): every trial runs it with the "
+                       "knobs' values, and the first trial runs it as it is; --env and "
+                       "--policy, if given, replace its own")  # fmt: skip
     study.add_argument("--trials", type=int, default=20,
                        help="trials to run now, all workers together (default 20)")  # fmt: skip
     study.add_argument("--trial-s", "--timeout", type=float, default=30.0, dest="trial_s",
@@ -47,7 +52,8 @@ def add_study_command(sub: Any) -> None:
                        help="trials run at once on this machine, each worker on its own slice "
                        "of the cores (and its own GPU); run more workers on other machines with "
                        "the same --storage and --study (default 1)")  # fmt: skip
-    study.add_argument("--policy", default="auto", help="MLP spec (default auto)")
+    study.add_argument("--policy", default=None,
+                       help="MLP spec (default: the --from config's, else auto)")  # fmt: skip
     study.add_argument("--report-timeout-s", type=float, default=60.0,
                        help="-- CMD: a run silent this long after its first report is hung "
                        "(default 60)")  # fmt: skip
@@ -83,6 +89,35 @@ def check_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--workers {args.workers}: allowed 1..--trials ({args.trials})")
     if args.cmd and not args.knob:
         raise ValueError("-- CMD: give at least one --knob NAME=SPEC for the script")
+    resolve_base(args)
+
+
+def resolve_base(args: argparse.Namespace) -> None:
+    """Sets ``args.env``, ``args.policy`` and ``args.base`` (the ``--from`` config as a dict,
+    or None): the flags given win over the file's, the file's over the defaults.
+
+    Raises:
+        ValueError: a ``--from`` file that holds no valid config, or one given with -- CMD.
+    """
+    args.base = None
+    if getattr(args, "from_config", None) is not None:
+        if args.cmd:
+            raise ValueError("--from: a train config; a wrapped script (-- CMD) takes its "
+                             "settings from --knob")  # fmt: skip
+        from autotune.export import ExportError, load_config
+        from runtime.config import ConfigError
+
+        try:
+            cfg = load_config(args.from_config, flag="--from")
+        except ExportError as exc:
+            raise ValueError(str(exc)) from None
+        except ConfigError as exc:
+            raise ValueError(f"--from {args.from_config}: {exc}") from None
+        args.env = args.env or cfg.env
+        args.policy = args.policy or cfg.policy
+        args.base = cfg.to_dict()
+    args.env = args.env or "CartPole-v1"
+    args.policy = args.policy or "auto"
 
 
 def make_study(args: argparse.Namespace, cores: int | None = None,
@@ -97,7 +132,6 @@ def make_study(args: argparse.Namespace, cores: int | None = None,
     from autotune.knobs import KnobError, Machine, build_space
     from autotune.offline import OBJECTIVES, OfflineStudy, ScriptTrials, TrainTrials
     from autotune.study import open_study
-    from runtime.config import TrainConfig
 
     meta: dict[str, Any] = {"objective": args.objective, "trial_s": args.trial_s}
     if args.cmd:
@@ -112,8 +146,7 @@ def make_study(args: argparse.Namespace, cores: int | None = None,
         here = Machine.here()
         machine = Machine(cores or here.cores, here.gpus if gpu is None else 1)
         knobs = build_space(machine, args.knob)
-        base = TrainConfig(env=args.env, steps=10**12, policy=args.policy, seed=args.seed,
-                           max_wall_s=args.trial_s)  # fmt: skip
+        base = _base_config(args)
         meter = None
         if args.workers > 1:
             meter = _worker_meter(gpu)
@@ -129,6 +162,17 @@ def make_study(args: argparse.Namespace, cores: int | None = None,
     if "autotune" not in study.user_attrs:
         study.set_user_attr("autotune", {**meta, "default": trials.default()})
     return offline
+
+
+def _base_config(args: argparse.Namespace) -> Any:
+    """The config every trial starts from: the ``--from`` one (or the defaults) on this
+    study's env, policy and seed, running for ``--trial-s`` with no checkpoint."""
+    from runtime.config import TrainConfig
+
+    doc = dict(args.base or {})
+    doc.update(env=args.env, policy=args.policy, seed=args.seed, steps=10**12,
+               max_wall_s=args.trial_s, checkpoint=None)  # fmt: skip
+    return TrainConfig.from_dict(doc)
 
 
 def _sm_count(machine: Any) -> int | None:

@@ -188,9 +188,9 @@ def dump(doc: dict[str, Any], fmt: str) -> str:
     raise ExportError(f"format {fmt!r}: allowed json, yaml")
 
 
-def load_config(path: str) -> Any:
+def load_config(path: str, flag: str = "--config") -> Any:
     """A ``TrainConfig`` from an export document, a ``train --json`` result, or a bare config
-    (JSON or YAML).
+    (JSON or YAML); ``flag`` names the option that gave ``path`` in the messages.
 
     Raises:
         ExportError: the file cannot be read or holds no config.
@@ -205,12 +205,12 @@ def load_config(path: str) -> Any:
     try:
         doc = yaml.safe_load(Path(path).read_text())  # YAML reads JSON too
     except (OSError, yaml.YAMLError) as exc:
-        raise ExportError(f"--config {path}: cannot read it: {exc}") from None
+        raise ExportError(f"{flag} {path}: cannot read it: {exc}") from None
     if isinstance(doc, dict) and isinstance(doc.get("recommended"), dict):
         doc = doc["recommended"].get("config")
     elif isinstance(doc, dict) and isinstance(doc.get("config"), dict):
         doc = doc["config"]
     if not isinstance(doc, dict):
-        raise ExportError(f"--config {path}: no config in it; give an 'autotune export' file, "
+        raise ExportError(f"{flag} {path}: no config in it; give an 'autotune export' file, "
                           "a 'train --json' result or a mapping of TrainConfig fields")  # fmt: skip
     return TrainConfig.from_dict(doc)

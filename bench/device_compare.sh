@@ -76,15 +76,16 @@ others)
     ;;
 study-other)
     # a study of one of the other workloads (WORKLOAD) and its export, so that workload runs a
-    # config of its own rather than the Ant export: TRIALS (default 10) of 30 s around the Ant
-    # export, the GPU trainer's knobs and where actions are computed open; the last CONFIRM
-    # (default 3) re-measure the leaders (one lucky 30 s trial picked Humanoid's first export)
+    # config of its own rather than the Ant export: TRIALS (default 10) of 30 s that start from
+    # the Ant export (EXPORT, its first trial) with the GPU trainer's knobs and where actions
+    # are computed open; the last CONFIRM (default 3) re-measure the leaders (one lucky 30 s
+    # trial picked Humanoid's first export)
     w=${WORKLOAD:?WORKLOAD=halfcheetah, humanoid or ant-heavy}
     mkdir -p "$STATE"
     workload "$w" || exit 2
     db="sqlite:///$(realpath "$STATE")/study-$w.db"
     mkdir -p "$OUT/study-other"
-    $py -m autotune.cli study --env $env --study "study-$w" --storage "$db" --policy $pol \
+    $py -m autotune.cli study --from "$EXPORT" --env $env --study "study-$w" --storage "$db" --policy $pol \
         --trials "${TRIALS:-10}" --confirm "${CONFIRM:-3}" --trial-s 30 --warmup-s 8 --no-profile \
         --knob actors=11..15 --knob envs_per_actor=16,32,64 --knob batch_size=8192,16384,32768 \
         --knob trainers=1,2 --knob mps_pct=50,100 --knob inference=actor,gmi \

@@ -87,4 +87,3 @@ def test_an_actor_adds_actor_nice_to_its_niceness_and_the_runner_keeps_its_own()
     got = out.get(timeout=60)
     proc.join(30)
     assert got == min(base + 5, 19) and os.nice(0) == base
-

@@ -301,3 +301,63 @@ def test_workers_split_the_confirmations_with_the_trials(tmp_path):
                                       "--workers", "2"])  # fmt: skip
     plans = plan_workers(args)
     assert [(p.trials, p.confirm) for p in plans] == [(3, 2), (2, 1)]
+
+
+def test_a_study_from_a_config_starts_from_it_and_the_flags_given_win(tmp_path):
+    from autotune.cli import build_parser
+    from autotune.cli_study import check_args, make_study
+
+    cfg = TrainConfig(env="Pendulum-v1", policy="auto:32:auto", actors=3, envs_per_actor=4,
+                      batch_size=2048, chunk_bytes=65536, trainer_device="cpu",
+                      learner=TrainConfig().learner.__class__(lr=1e-3))  # fmt: skip
+    (tmp_path / "c.json").write_text(json.dumps({"config": cfg.to_dict()}))
+    storage = f"sqlite:///{tmp_path}/s.db"
+    args = build_parser().parse_args(["study", "--from", str(tmp_path / "c.json"), "--storage",
+                                      storage, "--knob", "actors=1..4", "--knob",
+                                      "envs_per_actor=2,4,8", "--trial-s", "12"])  # fmt: skip
+    check_args(args)
+    assert (args.env, args.policy) == ("Pendulum-v1", "auto:32:auto")
+    offline = make_study(args, cores=4)
+    base = offline.trials.base
+    assert (base.learner.lr, base.batch_size, base.max_wall_s, base.steps) == (1e-3, 2048, 12,
+                                                                              10**12)  # fmt: skip
+    assert offline.study.study_name == "study-Pendulum-v1"
+    default = offline.trials.default()
+    assert default["actors"] == 3 and default["envs_per_actor"] == 4
+    assert default["batch_size"] == 2048 and default["chunk_bytes"] == 65536
+    # --env and --policy given replace the file's
+    args = build_parser().parse_args(["study", "--from", str(tmp_path / "c.json"), "--env",
+                                      "CartPole-v1", "--policy", "auto:16:auto"])  # fmt: skip
+    check_args(args)
+    assert (args.env, args.policy) == ("CartPole-v1", "auto:16:auto")
+    # without --from, the defaults
+    args = build_parser().parse_args(["study"])
+    check_args(args)
+    assert (args.env, args.policy, args.base) == ("CartPole-v1", "auto", None)
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    (None, "cannot read it"),
+    ("[1, 2]", "no config in it"),
+    ('{"actors": 0}', "actors=0: must be an integer >= 1"),
+])  # fmt: skip
+def test_a_study_from_a_bad_config_says_what_is_wrong(tmp_path, content, message, capsys):
+    from autotune.cli import main
+
+    path = tmp_path / "c.json"
+    if content is not None:
+        path.write_text(content)
+    assert main(["study", "--from", str(path), "--storage", f"sqlite:///{tmp_path}/s.db"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"--from {path}" in err and message in err
+    assert not (tmp_path / "s.db").exists()  # refused before the study was opened
+
+
+def test_a_study_from_a_config_refuses_a_wrapped_script(tmp_path):
+    from autotune.cli import build_parser
+    from autotune.cli_study import check_args
+
+    args = build_parser().parse_args(["study", "--from", "x.json", "--knob", "n=1,2", "--",
+                                      "python", "s.py"])  # fmt: skip
+    with pytest.raises(ValueError, match="--from: a train config"):
+        check_args(args)
