@@ -42,7 +42,7 @@ STATS_INTERVAL_S = 0.5
 THROTTLE_POLL_MS = 20
 DELIVERY_TIMEOUT_S = 30.0
 """How long a stopping actor waits for the trainer to confirm its last rollouts (less than
-``runner.ACTOR_EXIT_TIMEOUT_S``, so it reports unconfirmed steps before the runner kills it)."""
+``drain.ACTOR_EXIT_TIMEOUT_S``, so it reports unconfirmed steps before the runner kills it)."""
 FIRST_WEIGHTS_WAIT_S = 2.0
 """A restarted actor waits this long for current weights before acting with version 0."""
 

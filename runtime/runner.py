@@ -21,12 +21,9 @@ Lifecycle:
   2. every ``TICK_S``: read telemetry, restart any actor that died (its in-flight steps are
      counted as lost), stop when the trained-step target or the wall limit is reached, or on
      Ctrl-C. A service (compressor, migrator, trainer) that dies ends the run with an error.
-  3. drain: actors finish their current rollout, send it and an EOS, and exit once the trainer
-     confirmed receipt; the compressor is told how many steps each actor incarnation that
-     exited cleanly sent, waits for them (or their EOS), flushes and passes EOS on; the
-     migrator forwards everything and passes EOS on; the trainer trains what is left and
-     reports. Only then are the services told to exit (closing a socket earlier could drop
-     its queued tail).
+  3. drain (``runtime.drain``): actors deliver their last rollouts, every stage passes
+     everything and an EOS on, the trainers train what is left and report; only then do the
+     services (``runtime.services``) exit.
 
 Accounting: ``sampled_steps`` counts every env step every actor incarnation took (a shared
 counter each actor bumps per step). An incarnation's steps that never reached the compressor
@@ -52,36 +49,29 @@ import zmq
 from runtime import checkpoint, live, topology, wire
 from runtime.actor_pool import ActorPool, Incarnations
 from runtime.config import ConfigError, TrainConfig
+from runtime.drain import TICK_S, Drain
 from runtime.envs import EnvInfo
 from runtime.gmi.fleet import GMIFleet
 from runtime.inference import NAME as INFERENCE
 from runtime.inference import inference_main
 from runtime.phases import PhaseLog
 from runtime.results import Timeline
+from runtime.services import RunError, Services
 from runtime.stages.compressor import compressor_main
 from runtime.stages.migrator import migrator_main
 from runtime.telemetry import RunTelemetry
 
+__all__ = ["RUN_WINDOW", "RunError", "RunState", "Runner"]
+
 logger = logging.getLogger(__name__)
 
-TICK_S = 0.1
 RUN_WINDOW = "run"
 """The energy window open for the whole run (a tuner peeks at it for cumulative joules)."""
-ACTOR_EXIT_TIMEOUT_S = 60.0
-"""How long the drain waits for actors to finish their rollout and exit."""
-SERVICE_DRAIN_TIMEOUT_S = 120.0
-"""How long the drain waits for each service's final report."""
-DRAIN_RESEND_S = 0.5
-SERVICE_EXIT_TIMEOUT_S = 30.0
 
 
 def _raise_system_exit(signum: int, frame: Any) -> None:
     """SIGTERM: abandon the run; ``Runner.run`` kills its children on the way out."""
     raise SystemExit(128 + signum)
-
-
-class RunError(RuntimeError):
-    """A service process died or a drain did not complete."""
 
 
 @dataclass
@@ -133,7 +123,9 @@ class Runner:
         self.changes: list[dict[str, Any]] = []
         """Every live change applied: ``{"t": seconds into the run, "changed": {name: value}}``."""
         self._started = time.monotonic()
-        self.fleet = GMIFleet(cfg, info, self._spawn)
+        self.mp = mp.get_context("spawn")
+        self.services = Services(self.mp)
+        self.fleet = GMIFleet(cfg, info, self.services.spawn)
         self.mps_changes = sorted(mps_changes or [], key=lambda change: change[0])
         for _, pct in self.mps_changes:
             self.fleet.check(pct)  # raises ValueError now rather than mid-run
@@ -142,7 +134,6 @@ class Runner:
         self.on_progress = on_progress
         self.timeline = Timeline()
         self.meter = meter
-        self.mp = mp.get_context("spawn")
         self.telemetry = RunTelemetry()
         self.resumed_episodes = 0
         """Episodes of the runs before this one (the return window goes on from theirs)."""
@@ -151,13 +142,10 @@ class Runner:
                 str(cfg.checkpoint), self.resume.trained_steps)  # fmt: skip
             self.telemetry.returns.extend(returns)
         self.actors = ActorPool(self.mp, info)
-        self.services: dict[str, Any] = {}
         self.inference_place: Any = None
         """Where the inference GMI runs (``inference='gmi'``), else None."""
         self.stop_requested = False
         self.interrupted = False
-
-    # --- processes -------------------------------------------------------------------------
 
     # --- live changes -------------------------------------------------------------------------
 
@@ -230,15 +218,10 @@ class Runner:
             self.inference_place = self.fleet.inference_place()
             specs[INFERENCE] = (inference_main, (cfg, self.info, ep, self.inference_place))
         for name, (target, args) in specs.items():
-            self._spawn(name, target, args)
+            self.services.spawn(name, target, args)
         self.fleet.start(
             ep, self.run_dir, self.resume.state_file if self.resume is not None else None
         )
-
-    def _spawn(self, name: str, target: Callable[..., None], args: tuple[Any, ...]) -> None:
-        proc = self.mp.Process(target=target, args=args, name=name, daemon=True)
-        proc.start()
-        self.services[name] = proc
 
     @property
     def generation(self) -> int:
@@ -282,13 +265,8 @@ class Runner:
     def restarts(self) -> int:
         return self.actors.restarts
 
-    def _check_services(self) -> None:
-        for name, proc in self.services.items():
-            if not proc.is_alive() and not self.telemetry.is_final(name):
-                raise RunError(f"{name} process died (exit code {proc.exitcode})")
-
     def _check_processes(self, ep: topology.Endpoints) -> None:
-        self._check_services()
+        self.services.check(self.telemetry.is_final)
         self.actors.check(ep)
 
     # --- telemetry --------------------------------------------------------------------------
@@ -401,49 +379,13 @@ class Runner:
                              lambda: self.meter.peek_window(RUN_WINDOW), force)  # fmt: skip
 
     def _drain(self, telemetry_sock: zmq.Socket, control_sock: zmq.Socket, started: float) -> None:
-        def wait() -> None:
-            self._read_telemetry(telemetry_sock, int(TICK_S * 1000))
-            self._check_services()
+        def report() -> None:
             if self.on_progress is not None:
                 self.on_progress(self.state(started, draining=True))
 
-        self.actors.drain(wait, ACTOR_EXIT_TIMEOUT_S)
-        clean = dict(self.ended.clean)
-        for name in ("compressor", "migrator", *self.trainer_names()):
-            self._await_final(name, telemetry_sock, control_sock, clean, started)
-        deadline = time.monotonic() + SERVICE_EXIT_TIMEOUT_S
-        while any(p.is_alive() for p in self.services.values()) and time.monotonic() < deadline:
-            wire.send_msg(control_sock, wire.MsgType.CONTROL, {"cmd": "exit"})
-            for proc in self.services.values():
-                proc.join(timeout=0.1)
-        # the inference GMI reports its final counters as it exits: read them
-        while (INFERENCE in self.services and not self.telemetry.is_final(INFERENCE)
-               and time.monotonic() < deadline):  # fmt: skip
-            self._read_telemetry(telemetry_sock, int(TICK_S * 1000))
-
-    def _await_final(self, name: str, telemetry_sock: zmq.Socket, control_sock: zmq.Socket,
-                     clean: dict[str, int], started: float) -> None:  # fmt: skip
-        deadline = time.monotonic() + SERVICE_DRAIN_TIMEOUT_S
-        last_sent = 0.0
-        while not self.telemetry.is_final(name):
-            now = time.monotonic()
-            if now > deadline:
-                raise RunError(f"{name} did not finish draining in {SERVICE_DRAIN_TIMEOUT_S} s")
-            if not all(p.is_alive() for p in self.services.values()):
-                self._read_telemetry(telemetry_sock, 200)  # a final report may still be queued
-                self._check_services()
-            self.fleet.send_retire(control_sock, self.telemetry.source("migrator"))
-            if name == "compressor" and now - last_sent >= DRAIN_RESEND_S:
-                wire.send_msg(control_sock, wire.MsgType.CONTROL, {"cmd": "drain", "expect": clean})
-                last_sent = now
-            self._read_telemetry(telemetry_sock, int(TICK_S * 1000))
-            if self.on_progress is not None:
-                self.on_progress(self.state(started, draining=True))
+        Drain(self.actors, self.services, self.fleet, self.telemetry, self._read_telemetry,
+              report).run(telemetry_sock, control_sock)  # fmt: skip
 
     def _kill_all(self) -> None:
         self.actors.kill_all()
-        for proc in self.services.values():
-            if proc.is_alive():
-                proc.kill()
-        for proc in self.services.values():
-            proc.join(timeout=5)
+        self.services.kill_all()

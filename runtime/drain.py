@@ -1,0 +1,91 @@
+"""Ending a run without losing experience (the runner's last step).
+
+Actors finish their current rollout, send it and an EOS, and exit once the trainer confirmed
+receipt. The compressor is told how many steps each actor incarnation that exited cleanly sent,
+waits for them (or their EOS), flushes and passes EOS on; the migrator forwards everything and
+passes EOS on; each trainer GMI trains what is left and reports. Only then are the services
+told to exit: closing a socket earlier could drop its queued tail.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+
+from runtime import wire
+from runtime.inference import NAME as INFERENCE
+from runtime.services import RunError, Services
+
+TICK_S = 0.1
+ACTOR_EXIT_TIMEOUT_S = 60.0
+"""How long the drain waits for actors to finish their rollout and exit."""
+SERVICE_DRAIN_TIMEOUT_S = 120.0
+"""How long the drain waits for each service's final report."""
+DRAIN_RESEND_S = 0.5
+SERVICE_EXIT_TIMEOUT_S = 30.0
+
+
+@dataclass
+class Drain:
+    """The drain of one run.
+
+    Attributes:
+        actors: The run's ``runtime.actor_pool.ActorPool``.
+        services: Its service processes.
+        fleet: Its ``runtime.gmi.fleet.GMIFleet`` (retiring GMIs still get RETIRE).
+        telemetry: Its ``runtime.telemetry.RunTelemetry``.
+        read: Reads telemetry from a socket for up to the given milliseconds.
+        report: Called every tick while draining (the progress display).
+    """
+
+    actors: Any
+    services: Services
+    fleet: Any
+    telemetry: Any
+    read: Callable[[zmq.Socket, int], None]
+    report: Callable[[], None]
+
+    def run(self, telemetry_sock: zmq.Socket, control_sock: zmq.Socket) -> None:
+        """Drains the pipeline in order, then lets the services exit.
+
+        Raises:
+            RunError: a service died, or did not report its final counters in time.
+        """
+
+        def wait() -> None:
+            self.read(telemetry_sock, int(TICK_S * 1000))
+            self.services.check(self.telemetry.is_final)
+            self.report()
+
+        self.actors.drain(wait, ACTOR_EXIT_TIMEOUT_S)
+        clean = dict(self.actors.ended.clean)
+        for name in ("compressor", "migrator", *self.fleet.names()):
+            self._await_final(name, telemetry_sock, control_sock, clean)
+        deadline = time.monotonic() + SERVICE_EXIT_TIMEOUT_S
+        self.services.exit_all(control_sock, deadline)
+        # the inference GMI reports its final counters as it exits: read them
+        while (INFERENCE in self.services and not self.telemetry.is_final(INFERENCE)
+               and time.monotonic() < deadline):  # fmt: skip
+            self.read(telemetry_sock, int(TICK_S * 1000))
+
+    def _await_final(self, name: str, telemetry_sock: zmq.Socket, control_sock: zmq.Socket,
+                     clean: dict[str, int]) -> None:  # fmt: skip
+        deadline = time.monotonic() + SERVICE_DRAIN_TIMEOUT_S
+        last_sent = 0.0
+        while not self.telemetry.is_final(name):
+            now = time.monotonic()
+            if now > deadline:
+                raise RunError(f"{name} did not finish draining in {SERVICE_DRAIN_TIMEOUT_S} s")
+            if not self.services.all_alive():
+                self.read(telemetry_sock, 200)  # a final report may still be queued
+                self.services.check(self.telemetry.is_final)
+            self.fleet.send_retire(control_sock, self.telemetry.source("migrator"))
+            if name == "compressor" and now - last_sent >= DRAIN_RESEND_S:
+                wire.send_msg(control_sock, wire.MsgType.CONTROL, {"cmd": "drain", "expect": clean})
+                last_sent = now
+            self.read(telemetry_sock, int(TICK_S * 1000))
+            self.report()

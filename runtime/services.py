@@ -1,0 +1,63 @@
+"""The runner's service processes: the compressor, the migrator, the trainer GMIs and, with
+``inference='gmi'``, the inference GMI. Started by name, watched every tick (one that dies
+before its final report ends the run), told to exit once the drain is done, and killed when a
+run is abandoned."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, ItemsView, ValuesView
+from typing import Any
+
+import zmq
+
+from runtime import wire
+
+
+class RunError(RuntimeError):
+    """A service process died or a drain did not complete."""
+
+
+class Services:
+    """The service processes of one run, by name (``spawn`` context ``ctx``)."""
+
+    def __init__(self, ctx: Any) -> None:
+        self.ctx = ctx
+        self.procs: dict[str, Any] = {}
+
+    def spawn(self, name: str, target: Callable[..., None], args: tuple[Any, ...]) -> None:
+        proc = self.ctx.Process(target=target, args=args, name=name, daemon=True)
+        proc.start()
+        self.procs[name] = proc
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.procs
+
+    def items(self) -> ItemsView[str, Any]:
+        return self.procs.items()
+
+    def values(self) -> ValuesView[Any]:
+        return self.procs.values()
+
+    def all_alive(self) -> bool:
+        return all(p.is_alive() for p in self.procs.values())
+
+    def check(self, is_final: Callable[[str], bool]) -> None:
+        """Raises ``RunError`` for a service that exited before its final report."""
+        for name, proc in self.procs.items():
+            if not proc.is_alive() and not is_final(name):
+                raise RunError(f"{name} process died (exit code {proc.exitcode})")
+
+    def exit_all(self, control_sock: zmq.Socket, deadline: float) -> None:
+        """Tells every service to exit (resent: PUB/SUB) until all have, or ``deadline``."""
+        while any(p.is_alive() for p in self.procs.values()) and time.monotonic() < deadline:
+            wire.send_msg(control_sock, wire.MsgType.CONTROL, {"cmd": "exit"})
+            for proc in self.procs.values():
+                proc.join(timeout=0.1)
+
+    def kill_all(self) -> None:
+        for proc in self.procs.values():
+            if proc.is_alive():
+                proc.kill()
+        for proc in self.procs.values():
+            proc.join(timeout=5)
