@@ -103,9 +103,21 @@ class ActorCritic(nn.Module):
         _init_layers(self.v, 1.0)
         if not discrete:
             self.log_std = nn.Parameter(torch.zeros(act_dim))
+        self.matmul_dtype: torch.dtype | None = None
+        """None: every op in float32. ``torch.bfloat16``: the two MLPs run under
+        ``torch.autocast`` (their matmuls in bfloat16) and hand float32 outputs on, so the
+        weights, log-probs, entropies and values stay float32
+        (``TrainConfig.trainer_precision``)."""
+
+    def _mlp(self, net: nn.Sequential, x: torch.Tensor) -> torch.Tensor:
+        if self.matmul_dtype is None:
+            return net(x)
+        with torch.autocast(x.device.type, dtype=self.matmul_dtype):
+            out = net(x)
+        return out.float()
 
     def _dist(self, x: torch.Tensor) -> Categorical | Normal:
-        out = self.pi(x)
+        out = self._mlp(self.pi, x)
         if self.discrete:  # argument validation off: it costs ~20 % of an actor's inference
             return Categorical(logits=out, validate_args=False)
         std = self.log_std.clamp(LOG_STD_MIN, LOG_STD_MAX).exp().expand_as(out)
@@ -142,11 +154,11 @@ class ActorCritic(nn.Module):
         entropy = dist.entropy()
         if not self.discrete:
             entropy = entropy.sum(-1)
-        return self._log_prob(dist, actions), entropy, self.v(x).squeeze(-1)
+        return self._log_prob(dist, actions), entropy, self._mlp(self.v, x).squeeze(-1)
 
     def values(self, obs: torch.Tensor) -> torch.Tensor:
         """Values for observations of any leading shape."""
-        return self.v(self.obs_norm(obs)).squeeze(-1)
+        return self._mlp(self.v, self.obs_norm(obs)).squeeze(-1)
 
     def state_arrays(self) -> tuple[list[str], list[np.ndarray]]:
         """The full state (parameters and buffers) as names and CPU numpy arrays."""

@@ -14,7 +14,7 @@ Every ``TrainConfig`` field falls in one of these classes:
   telemetry.
 * ``GMI_HANDOVER``: trainer GMIs are started with it; a change starts a new generation of GMIs
   that takes over the learner state (``runtime.gmi.fleet``): ``trainers``, ``mps_pct``,
-  ``gpus``, ``trainer_device``, ``trainer_threads``, ``grad_sync``.
+  ``gpus``, ``trainer_device``, ``trainer_threads``, ``trainer_precision``, ``grad_sync``.
 * everything else needs a new run (the environment, rollout length, policy, seed, inference
   placement, transport, learner hyper-parameters): ``plan`` refuses it with the reason.
 """
@@ -33,7 +33,15 @@ from runtime.config import ConfigError, TrainConfig
 RUNNER = ("actors", "steps", "max_wall_s")
 ACTOR_RESPAWN = ("envs_per_actor", "actor_nice")
 SERVICE_LIVE = ("chunk_bytes", "chunk_timeout_s", "batch_size", "max_inflight_batches")
-GMI_HANDOVER = ("trainers", "mps_pct", "gpus", "trainer_device", "trainer_threads", "grad_sync")
+GMI_HANDOVER = (
+    "trainers",
+    "mps_pct",
+    "gpus",
+    "trainer_device",
+    "trainer_threads",
+    "trainer_precision",
+    "grad_sync",
+)
 LIVE_FIELDS = RUNNER + ACTOR_RESPAWN + SERVICE_LIVE + GMI_HANDOVER
 RESEND_S = 1.0
 

@@ -124,6 +124,7 @@ class Trainer:
         torch.manual_seed(cfg.seed)  # the actors build the same version-0 weights
         model = ActorCritic(info.obs_dim, info.act_dim, info.discrete, cfg.policy,
                             cfg.learner.normalize_obs)  # fmt: skip
+        model.matmul_dtype = torch.bfloat16 if cfg.trainer_precision == "bf16" else None
         self.learner = APPOLearner(model, cfg.learner, torch.device(self.device), cfg.steps)
         self.sm_count = (torch.cuda.get_device_properties(0).multi_processor_count
                          if on_gpu else None)  # fmt: skip

@@ -130,3 +130,25 @@ def test_vtrace_lambda_on_policy_equals_gae():
     ret = vtrace(zero, zero, torch.tensor(rewards), torch.tensor(values), torch.tensor(bootstrap),
                  torch.tensor(disc), lam=lam)  # fmt: skip
     np.testing.assert_allclose(ret.vs.numpy(), gae + values)
+
+
+def test_bf16_matmuls_keep_float32_outputs_and_weights_and_stay_close_to_fp32():
+    torch.manual_seed(0)
+    model = ActorCritic(12, 3, False, "auto:64:32:auto")
+    obs, actions = torch.randn(64, 9, 12), torch.randn(64, 8, 3)
+    ref = model.evaluate(obs[:, :8], actions)
+    model.matmul_dtype = torch.bfloat16
+    got = model.evaluate(obs[:, :8], actions)
+    for r, g in zip(ref, got, strict=True):
+        assert g.dtype == torch.float32 and torch.allclose(r, g, rtol=0.05, atol=0.05)
+    assert not torch.equal(ref[0], got[0]) and not torch.equal(ref[2], got[2])  # bf16 ran
+    # (the entropy of a Gaussian policy depends on its std alone: no matmul)
+    assert model.values(obs).dtype == torch.float32
+    before = [p.detach().clone() for p in model.parameters()]
+    batch = {"obs": obs.numpy(), "actions": actions.numpy(), "logp": ref[0].detach().numpy(),
+             "rewards": np.ones((64, 8), np.float32), "dones": np.zeros((64, 8), np.float32),
+             "versions": np.zeros((64, 8), np.int64)}  # fmt: skip
+    stats = APPOLearner(model, APPOConfig(), torch.device("cpu")).update(batch)
+    assert stats.steps == 64 * 8 and np.isfinite([stats.loss_pi, stats.loss_v]).all()
+    for b, p in zip(before, model.parameters(), strict=True):
+        assert p.dtype == torch.float32 and not torch.equal(b, p)

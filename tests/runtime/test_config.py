@@ -31,6 +31,7 @@ from runtime.config import ConfigError, TrainConfig
         ({"env": "Pendulum-v1", "policy": "3:64:2"}, "environment needs 1"),
         ({"actor_nice": 20}, "actor_nice=20: allowed an integer 0..19"),
         ({"actor_nice": -1}, "actor_nice=-1: allowed an integer 0..19"),
+        ({"trainer_precision": "fp16"}, "trainer_precision='fp16': allowed ('fp32', 'bf16')"),
     ],
 )
 def test_bad_settings_name_the_value_and_what_is_allowed(kwargs, needle):
