@@ -10,6 +10,10 @@ reason, so ``status`` can say why it is not tuned.
 
 Users fix or narrow knobs with ``NAME=VALUE`` (fixed), ``NAME=LOW..HIGH`` (an integer range,
 or the allowed choices between the two) or ``NAME=A,B,C`` (a subset of the choices).
+
+Knobs in ``OPT_IN`` change what the run computes, not only where and how fast
+(``trainer_precision``: bfloat16 matmuls in the trainer); they are tuned only when a ``--knob``
+names them, and otherwise keep the job's value.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from runtime import live
 APPLIES = {name: "live" for name in live.RUNNER + live.SERVICE_LIVE}
 APPLIES.update({name: "respawn" for name in live.ACTOR_RESPAWN})
 APPLIES.update({name: "handover" for name in live.GMI_HANDOVER})
+OPT_IN = ("trainer_precision",)
 
 
 class KnobError(ValueError):
@@ -117,6 +122,7 @@ def default_space(machine: Machine) -> dict[str, Knob]:
         "trainer_device": ("cpu", "cuda") if machine.gpus else ("cpu",),
         "inference": ("actor", "gmi"),
         "trainer_threads": (1, 2, 4),
+        "trainer_precision": ("fp32", "bf16"),
     }
     knobs = [Knob(name, values, APPLIES.get(name, "restart"),
                   no_gpu if name == "mps_pct" else None)
@@ -125,7 +131,8 @@ def default_space(machine: Machine) -> dict[str, Knob]:
 
 
 def build_space(machine: Machine, overrides: list[str] | None = None) -> dict[str, Knob]:
-    """The default space narrowed by ``overrides`` (``NAME=SPEC`` strings).
+    """The default space narrowed by ``overrides`` (``NAME=SPEC`` strings), without the
+    ``OPT_IN`` knobs they do not name.
 
     Raises:
         KnobError: for an unknown knob, a malformed spec, or values that are not allowed.
@@ -139,7 +146,8 @@ def build_space(machine: Machine, overrides: list[str] | None = None) -> dict[st
         if name not in space:
             raise KnobError(f"--knob {item!r}: unknown knob {name!r}; knobs: {', '.join(space)}")
         space[name] = space[name].narrowed(spec.strip())
-    return space
+    named = {item.partition("=")[0].strip().replace("-", "_") for item in overrides or []}
+    return {name: k for name, k in space.items() if name not in OPT_IN or name in named}
 
 
 def to_config_value(name: str, value: Any) -> Any:

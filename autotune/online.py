@@ -90,7 +90,8 @@ def add_tune_args(parser: argparse.ArgumentParser) -> None:
         metavar="NAME=SPEC",
         help="fix or narrow a knob: NAME=VALUE, NAME=LOW..HIGH or NAME=A,B (repeatable); "
         "knobs: actors, envs_per_actor, rollout_len, batch_size, chunk_bytes, trainers, "
-        "mps_pct, trainer_device, inference, trainer_threads",
+        "mps_pct, trainer_device, inference, trainer_threads; tuned only when named: "
+        "trainer_precision (fp32,bf16)",
     )
     tune.add_argument(
         "--objective",

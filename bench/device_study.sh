@@ -29,14 +29,15 @@ study)
     ;;
 study-cpu)
     # Ant-v5 with bench.compare's policy (ENV and POLICY pick another workload, NAME its study
-    # and files); the actors and trainer threads split the 16 cores
+    # and files); the actors and trainer threads split the 16 cores; PRECISIONS=fp32,bf16 opens
+    # the trainer's precision too (default fp32, as in the studies of 2026-11-22 and -23)
     name=${NAME:-ant}
     cpu_db="sqlite:///$(realpath "$STATE")/study-cpu-$name.db"
     $py -m autotune.cli study --env "${ENV:-Ant-v5}" --study "$name-study-cpu" --storage "$cpu_db" \
         --policy "${POLICY:-auto:256:128:64:auto}" --trials "${2:-6}" --confirm "${CONFIRM:-2}" --trial-s 35 --warmup-s 10 --no-profile \
         --knob trainer_device=cpu --knob actors=11..15 --knob trainer_threads=1,2,4 \
         --knob envs_per_actor=16,32,64 --knob batch_size=8192,16384,32768 --knob trainers=1 \
-        --knob mps_pct=100 \
+        --knob mps_pct=100 --knob trainer_precision="${PRECISIONS:-fp32}" \
         --knob inference=actor --knob chunk_bytes=262144 --knob rollout_len=32 \
         --json "$OUT/study-cpu-$name.json" 2>&1 | grep -v "^\[I " | tail -30
     $py -m autotune.cli export --study "$name-study-cpu" --storage "$cpu_db" \

@@ -81,6 +81,7 @@ def test_device_compare_study_other_needs_a_workload(tmp_path):
     study = [x for x in out.stdout.splitlines() if x.startswith("-m autotune.cli study")]
     assert len(study) == 1 and "--env Humanoid-v5" in study[0]
     assert "--trials 10 --confirm 3" in study[0]
+    assert "--from docs/results/2026-11-22/study/ant-export.json" in study[0]
     assert (tmp_path / "s").is_dir()
     missing = _dry_run("study-other", tmp_path, WORKLOAD="")
     assert missing.returncode != 0 and "WORKLOAD" in missing.stderr
@@ -92,6 +93,9 @@ def test_device_compare_cpu_study_and_cpu_trainer_take_a_workload(tmp_path):
     assert len(study) == 1, out.stdout + out.stderr
     assert "--env Humanoid-v5" in study[0] and "--study humanoid-study-cpu" in study[0]
     assert "--knob trainer_device=cpu" in study[0]
+    assert "--knob trainer_precision=fp32" in study[0]
+    out = _dry_run("cpu-study", tmp_path, STATE=str(tmp_path / "s"), PRECISIONS="fp32,bf16")
+    assert "--knob trainer_precision=fp32,bf16" in out.stdout
     out = _dry_run("cpu-trainer", tmp_path)  # Ant by default, its export from cpu-study
     run = [x for x in out.stdout.splitlines() if x.startswith("-m bench.compare run")]
     assert len(run) == 1 and "--env Ant-v5" in run[0]

@@ -218,6 +218,13 @@ def test_bad_knobs_and_storage_are_refused_with_what_is_allowed(tmp_path):
     assert space["actors"].choices == (2,) and not space["actors"].online
     assert space["batch_size"].choices == (1024, 2048, 4096)
     assert not space["mps_pct"].online and space["mps_pct"].unavailable
+    # an opt-in knob (it changes what the learner computes) is tuned only when named
+    assert "trainer_precision" not in space
+    space = build_space(machine, ["trainer-precision=fp32,bf16"])
+    knob = space["trainer_precision"]
+    assert knob.choices == ("fp32", "bf16") and knob.apply == "handover" and knob.online
+    with pytest.raises(KnobError, match="trainer_precision='fp16': allowed values are fp32, bf16"):
+        build_space(machine, ["trainer_precision=fp16"])
 
 
 @pytest.mark.slow
