@@ -62,7 +62,12 @@ def add_study_command(sub: Any) -> None:
                        "sqlite:///autotune.db) or postgresql://USER:PASSWORD@HOST/DB")  # fmt: skip
     study.add_argument("--study", default=None,
                        help="study name (default study-<env>, or study-<script name>)")  # fmt: skip
-    study.add_argument("--seed", type=int, default=0, help="sampler and run seed (default 0)")
+    study.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="sampler and run seed (default: the --from config's, else 0)",
+    )
     study.add_argument("--json", type=Path, default=None, metavar="PATH",
                        help="write this session's trials and the best config to PATH")  # fmt: skip
     study.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS... (a wrapped script)")
@@ -115,9 +120,11 @@ def resolve_base(args: argparse.Namespace) -> None:
             raise ValueError(f"--from {args.from_config}: {exc}") from None
         args.env = args.env or cfg.env
         args.policy = args.policy or cfg.policy
+        args.seed = cfg.seed if args.seed is None else args.seed
         args.base = cfg.to_dict()
     args.env = args.env or "CartPole-v1"
     args.policy = args.policy or "auto"
+    args.seed = 0 if args.seed is None else args.seed
 
 
 def make_study(args: argparse.Namespace, cores: int | None = None,
@@ -147,6 +154,7 @@ def make_study(args: argparse.Namespace, cores: int | None = None,
         machine = Machine(cores or here.cores, here.gpus if gpu is None else 1)
         knobs = build_space(machine, args.knob)
         base = _base_config(args)
+        _check_workload(base)
         meter = None
         if args.workers > 1:
             meter = _worker_meter(gpu)
@@ -161,7 +169,36 @@ def make_study(args: argparse.Namespace, cores: int | None = None,
     offline = OfflineStudy(study, trials, args.objective, profile=not args.no_profile)
     if "autotune" not in study.user_attrs:
         study.set_user_attr("autotune", {**meta, "default": trials.default()})
+    elif "base" in meta:
+        _check_same_base(study, meta["base"])
     return offline
+
+
+def _check_same_base(study: Any, base: dict[str, Any]) -> None:
+    """Raises ValueError if a resumed study's trials would start from another config than its
+    first session's (``export`` builds its config from that one)."""
+    import json
+
+    stored = study.user_attrs["autotune"].get("base") or {}
+    now = json.loads(json.dumps(base))  # tuples as the storage keeps them: lists
+    differ = sorted(k for k in stored if k != "max_wall_s" and stored[k] != now.get(k))
+    if differ:
+        changes = ", ".join(f"{k}: {stored[k]!r} -> {now.get(k)!r}" for k in differ)
+        raise ValueError(f"study {study.study_name!r} was started from another config ({changes}); "
+                         "its trials and export assume that one: give the same --from, --env, "
+                         "--policy and --seed, or a new --study")  # fmt: skip
+
+
+def _check_workload(base: Any) -> None:
+    """Raises ValueError, before any trial, for an env or a policy spec that cannot run."""
+    from policies.mlp import PolicySpecError, parse_spec
+    from runtime.envs import EnvError, probe_env
+
+    try:
+        info = probe_env(base.env)
+        parse_spec(base.policy, info.obs_dim, info.act_dim)
+    except (EnvError, PolicySpecError) as exc:
+        raise ValueError(f"--env {base.env} --policy {base.policy}: {exc}") from None
 
 
 def _base_config(args: argparse.Namespace) -> Any:

@@ -60,6 +60,7 @@ def runtime_view(cfg: Any) -> dict[str, Any]:
             "mps_pct_per_gmi": pct if cfg.mps_pct else [100] * gmis,
             "batch_size": cfg.batch_size, "rollout_len": cfg.rollout_len,
             "inference": cfg.inference, "trainer_threads": cfg.trainer_threads,
+            "trainer_precision": cfg.trainer_precision, "actor_nice": cfg.actor_nice,
             "chunk_bytes": cfg.chunk_bytes}  # fmt: skip
 
 

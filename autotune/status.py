@@ -87,7 +87,8 @@ def _fmt(value: Any, digits: int = 3) -> str:
 
 SHORT = {"actors": "act", "envs_per_actor": "envs", "rollout_len": "roll", "batch_size": "batch",
          "chunk_bytes": "chunk", "trainers": "gmis", "mps_pct": "mps%", "trainer_device": "dev",
-         "inference": "inf", "trainer_threads": "thr"}  # fmt: skip
+         "inference": "inf", "trainer_threads": "thr", "trainer_precision": "prec",
+         "actor_nice": "nice"}  # fmt: skip
 """Column headers of the trial table (``autotune status`` prints what they stand for)."""
 
 

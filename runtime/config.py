@@ -68,9 +68,9 @@ class TrainConfig:
     trainer_threads: int = 1
     """torch threads in each trainer GMI process."""
     trainer_precision: str = "fp32"
-    """``fp32``, or ``bf16``: the trainer's MLP matmuls run in bfloat16 under
-    ``torch.autocast`` (weights, optimiser, log-probs, V-trace and losses stay float32); about
-    2x the update rate of a CPU trainer with bfloat16 instructions."""
+    """``fp32``, or ``bf16``: the trainer's hidden-layer matmuls run in bfloat16 under
+    ``torch.autocast`` (output layers, weights, optimiser, log-probs, V-trace and losses stay
+    float32); about 2x the update rate of a CPU trainer with bfloat16 instructions."""
     trainers: int = 1
     """Trainer GMIs per GPU (per listed GPU), or trainer processes on the CPU; data-parallel,
     gradients averaged with the strategy the layout selects (``runtime.gmi.grad_sync``)."""

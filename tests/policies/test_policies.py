@@ -141,6 +141,11 @@ def test_bf16_matmuls_keep_float32_outputs_and_weights_and_stay_close_to_fp32():
     got = model.evaluate(obs[:, :8], actions)
     for r, g in zip(ref, got, strict=True):
         assert g.dtype == torch.float32 and torch.allclose(r, g, rtol=0.05, atol=0.05)
+    # the output layers run in float32: values of 300 are not rounded to bf16's steps of 2
+    with torch.no_grad():
+        model.v[-1].bias.fill_(300.0)
+    values = model.values(obs)
+    assert (values - values.round()).abs().max() > 0.01
     assert not torch.equal(ref[0], got[0]) and not torch.equal(ref[2], got[2])  # bf16 ran
     # (the entropy of a Gaussian policy depends on its std alone: no matmul)
     assert model.values(obs).dtype == torch.float32

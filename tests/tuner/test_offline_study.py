@@ -308,7 +308,7 @@ def test_a_study_from_a_config_starts_from_it_and_the_flags_given_win(tmp_path):
     from autotune.cli_study import check_args, make_study
 
     cfg = TrainConfig(env="Pendulum-v1", policy="auto:32:auto", actors=3, envs_per_actor=4,
-                      batch_size=2048, chunk_bytes=65536, trainer_device="cpu",
+                      batch_size=2048, chunk_bytes=65536, trainer_device="cpu", seed=5,
                       learner=TrainConfig().learner.__class__(lr=1e-3))  # fmt: skip
     (tmp_path / "c.json").write_text(json.dumps({"config": cfg.to_dict()}))
     storage = f"sqlite:///{tmp_path}/s.db"
@@ -316,7 +316,7 @@ def test_a_study_from_a_config_starts_from_it_and_the_flags_given_win(tmp_path):
                                       storage, "--knob", "actors=1..4", "--knob",
                                       "envs_per_actor=2,4,8", "--trial-s", "12"])  # fmt: skip
     check_args(args)
-    assert (args.env, args.policy) == ("Pendulum-v1", "auto:32:auto")
+    assert (args.env, args.policy, args.seed) == ("Pendulum-v1", "auto:32:auto", 5)
     offline = make_study(args, cores=4)
     base = offline.trials.base
     assert (base.learner.lr, base.batch_size, base.max_wall_s, base.steps) == (1e-3, 2048, 12,
@@ -325,15 +325,31 @@ def test_a_study_from_a_config_starts_from_it_and_the_flags_given_win(tmp_path):
     default = offline.trials.default()
     assert default["actors"] == 3 and default["envs_per_actor"] == 4
     assert default["batch_size"] == 2048 and default["chunk_bytes"] == 65536
-    # --env and --policy given replace the file's
-    args = build_parser().parse_args(["study", "--from", str(tmp_path / "c.json"), "--env",
-                                      "CartPole-v1", "--policy", "auto:16:auto"])  # fmt: skip
+    # resumed from another config: refused, naming what differs (export assumes the first)
+    other = TrainConfig.from_dict({**cfg.to_dict(), "learner": {"lr": 1e-2}})
+    (tmp_path / "d.json").write_text(json.dumps(other.to_dict()))
+    args = build_parser().parse_args(["study", "--from", str(tmp_path / "d.json"), "--storage",
+                                      storage, "--knob", "actors=1..4", "--knob",
+                                      "envs_per_actor=2,4,8"])  # fmt: skip
     check_args(args)
-    assert (args.env, args.policy) == ("CartPole-v1", "auto:16:auto")
+    with pytest.raises(ValueError, match=r"was started from another config \(learner: .*0\.01"):
+        make_study(args, cores=4)
+    # --env, --policy and --seed given replace the file's; a policy that cannot fit is refused
+    args = build_parser().parse_args(["study", "--from", str(tmp_path / "c.json"), "--env",
+                                      "CartPole-v1", "--policy", "auto:16:auto", "--seed",
+                                      "2"])  # fmt: skip
+    check_args(args)
+    assert (args.env, args.policy, args.seed) == ("CartPole-v1", "auto:16:auto", 2)
+    args = build_parser().parse_args(["study", "--from", str(tmp_path / "c.json"), "--env",
+                                      "CartPole-v1", "--policy", "3:16:1", "--storage",
+                                      f"sqlite:///{tmp_path}/e.db"])  # fmt: skip
+    check_args(args)
+    with pytest.raises(ValueError, match=r"--env CartPole-v1 --policy 3:16:1: .*takes 3 inputs"):
+        make_study(args, cores=4)
     # without --from, the defaults
     args = build_parser().parse_args(["study"])
     check_args(args)
-    assert (args.env, args.policy, args.base) == ("CartPole-v1", "auto", None)
+    assert (args.env, args.policy, args.base, args.seed) == ("CartPole-v1", "auto", None, 0)
 
 
 @pytest.mark.parametrize(("content", "message"), [
