@@ -14,7 +14,8 @@
 #                                           # checkpoints)
 #   bash bench/device_compare.sh cpu-study  # a study of the trainer on the CPU (GPU idle, no
 #                                           # context) and its export (TRIALS, default 8;
-#                                           # WORKLOAD, default ant)
+#                                           # WORKLOAD, default ant; PRECISIONS=fp32,bf16
+#                                           # opens the trainer's precision)
 #   bash bench/device_compare.sh cpu-trainer  # that export (CPU_EXPORT) beside the limit and
 #                                           # the cuda export (WORKLOAD, default ant)
 #   bash bench/device_compare.sh actor-inference  # an actor's policy call, torch vs numpy
