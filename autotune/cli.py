@@ -105,11 +105,11 @@ def cmd_gpu(args: argparse.Namespace) -> int:
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     """``argv`` parsed; for ``train``, ``explicit`` holds the flags given on the command line
-    (they override a ``--config`` file: ``autotune.cli_train.train_config``)."""
+    (they override a ``--config`` file: ``autotune.train_config.train_config``)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "train":
-        from autotune.cli_train import explicit_flags
+        from autotune.train_config import explicit_flags
 
         train = parser._subparsers._group_actions[0].choices["train"]
         args.explicit = explicit_flags(train, argv)

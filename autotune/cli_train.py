@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.cli import write_json
+from autotune.train_config import train_config
 
 
 def add_train_command(sub: Any) -> None:
@@ -248,74 +249,6 @@ def _mps_change(text: str) -> tuple[float, tuple[int, ...]]:
             f"{text!r}: expected SECONDS:P[,P...] with SECONDS >= 0, e.g. 60:50 or 60:50,25"
         )
     return seconds, _int_list(pcts)
-
-
-LEARNER_FLAGS = ("lr", "lr_schedule", "vtrace_lambda", "gamma", "epochs", "minibatches",
-                 "entropy_coef", "reward_scale", "max_policy_lag")  # fmt: skip
-
-
-def explicit_flags(parser: argparse.ArgumentParser, argv: list[str]) -> set[str]:
-    """The ``dest`` of every option of ``parser`` given in ``argv`` (``--x V`` or ``--x=V``)."""
-    out = set()
-    for action in parser._actions:
-        for opt in action.option_strings:
-            if any(a == opt or (opt.startswith("--") and a.startswith(opt + "=")) for a in argv):
-                out.add(action.dest)
-    return out
-
-
-def config_with_flags(base, args: argparse.Namespace, explicit: set[str]):
-    """``base`` (from ``--config``) with the flags given explicitly on the command line."""
-    import dataclasses
-
-    fields = {f.name for f in dataclasses.fields(base)} - {"learner"}
-    changes = {k: getattr(args, k) for k in explicit & fields}
-    learner = {k: getattr(args, k) for k in explicit & set(LEARNER_FLAGS)}
-    return dataclasses.replace(base, **changes,
-                               learner=dataclasses.replace(base.learner, **learner))  # fmt: skip
-
-
-def config_from_args(args: argparse.Namespace):
-    from policies.appo_config import APPOConfig
-    from runtime.config import TrainConfig
-
-    learner = APPOConfig(
-        lr=args.lr, lr_schedule=args.lr_schedule, vtrace_lambda=args.vtrace_lambda,
-        gamma=args.gamma, epochs=args.epochs,
-        minibatches=args.minibatches,
-        entropy_coef=args.entropy_coef, reward_scale=args.reward_scale,
-        max_policy_lag=args.max_policy_lag,
-    )  # fmt: skip
-    return TrainConfig(
-        env=args.env, steps=args.steps, actors=args.actors, envs_per_actor=args.envs_per_actor,
-        actor_nice=args.actor_nice,
-        rollout_len=args.rollout_len, batch_size=args.batch_size, policy=args.policy,
-        seed=args.seed, chunk_bytes=args.chunk_bytes, trainer_device=args.trainer_device,
-        trainer_threads=args.trainer_threads, trainer_precision=args.trainer_precision,
-        trainers=args.trainers, mps_pct=args.mps_pct,
-        gpus=args.gpus, grad_sync=args.grad_sync, inference=args.inference,
-        inference_mps_pct=args.inference_mps_pct, max_wall_s=args.max_wall_s,
-        checkpoint=args.checkpoint, learner=learner,
-    )  # fmt: skip
-
-
-def train_config(args: argparse.Namespace):
-    """The run's ``TrainConfig``: the ``--config`` file with the flags given explicitly
-    (``args.explicit``) over it, or the flags alone.
-
-    Raises:
-        ConfigError: a ``--config`` file that cannot be read as a config.
-    """
-    from runtime.config import ConfigError
-
-    if args.config is None:
-        return config_from_args(args)
-    from autotune.export import ExportError, load_config
-
-    try:
-        return config_with_flags(load_config(args.config), args, args.explicit)
-    except ExportError as exc:
-        raise ConfigError([str(exc)]) from None
 
 
 def cmd_train(args: argparse.Namespace) -> int:

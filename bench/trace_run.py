@@ -23,7 +23,7 @@ import time
 import psutil
 
 from autotune.cli import parse_args
-from autotune.cli_train import train_config
+from autotune.train_config import train_config
 from runtime.runner import Runner, RunState
 
 

@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from autotune.cli import parse_args
-from autotune.cli_train import train_config
+from autotune.train_config import train_config
 from bench.trace_run import CpuSplit
 from runtime.config import ConfigError
 
