@@ -185,6 +185,12 @@ class TrainConfig:
                         f"this machine has CUDA devices 0..{count - 1}"
                     ]
                 )
+            if self.trainer_precision == "bf16":  # NVML: no CUDA context in this process
+                from autotune.hw.gpus import bf16_problem, list_gpus
+
+                problem = bf16_problem(list_gpus())
+                if problem:
+                    raise ConfigError([problem])
         elif (self.gpus is not None or self.mps_pct is not None
               or self.inference_mps_pct is not None):  # fmt: skip
             raise ConfigError(

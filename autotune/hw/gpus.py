@@ -41,9 +41,29 @@ class GPUInfo:
     mig_mode: str
     """``enabled``, ``disabled`` or ``unsupported``: read only, never changed."""
     compute_mode: str
+    compute_capability: tuple[int, int] | None = None
+    """CUDA's (major, minor), None where NVML cannot say."""
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
+
+
+BF16_CAPABILITY = (8, 0)
+"""bfloat16 tensor-core matmuls came with Ampere (compute capability 8.0)."""
+
+
+def bf16_problem(gpus: list[GPUInfo]) -> str | None:
+    """Why a bfloat16 trainer cannot run on these GPUs, or None. Only a machine none of whose
+    GPUs reports capability 8.0 or later is refused: NVML's order of GPUs need not be CUDA's,
+    so on a mixed machine the GPU a trainer lands on cannot be told from here."""
+    known = [g for g in gpus if g.compute_capability is not None]
+    if not known or any(tuple(g.compute_capability) >= BF16_CAPABILITY for g in known):
+        return None
+    have = ", ".join(f"{g.name} ({g.compute_capability[0]}.{g.compute_capability[1]})"
+                     for g in known)  # fmt: skip
+    return (f"trainer_precision='bf16' on cuda needs a GPU of compute capability 8.0 or later "
+            f"(Ampere on); this machine has {have}: use trainer_precision='fp32', or "
+            "trainer_device='cpu' on a CPU with bfloat16 instructions")  # fmt: skip
 
 
 _COMPUTE_MODES = {0: "default", 1: "exclusive-thread", 2: "prohibited", 3: "exclusive-process"}
@@ -72,6 +92,7 @@ def list_gpus() -> list[GPUInfo]:
             mig_mode=_mig_mode(h),
             compute_mode=_COMPUTE_MODES.get(
                 _optional(lambda h=h: p.nvmlDeviceGetComputeMode(h)), "unknown"),
+            compute_capability=_capability(h),
         ))  # fmt: skip
     return out
 
@@ -109,6 +130,14 @@ def sm_counts(env: dict[str, str] | None = None, timeout_s: float = 120.0) -> li
     except (subprocess.SubprocessError, ValueError, IndexError) as exc:
         logger.warning("could not read SM counts through CUDA: %s", exc)
         return []
+
+
+def _capability(handle: object) -> tuple[int, int] | None:
+    try:
+        major, minor = nvml.pynvml.nvmlDeviceGetCudaComputeCapability(handle)
+    except (nvml.pynvml.NVMLError, AttributeError):  # an old driver or nvidia-ml-py
+        return None
+    return int(major), int(minor)
 
 
 def _mig_mode(handle: object) -> str:

@@ -34,4 +34,22 @@ def test_inventory_on_a_real_gpu_reads_energy_counter_and_sms():
     found = gpus.list_gpus()
     assert found and all(g.memory_total_mib > 0 for g in found)
     assert all(g.mig_mode in ("enabled", "disabled", "unsupported") for g in found)
+    assert all(g.compute_capability is not None and g.compute_capability >= (3, 0)
+               for g in found)  # fmt: skip
     assert gpus.sm_counts()[0] > 0
+
+
+def _gpu(name, capability):
+    return gpus.GPUInfo(index=0, name=name, uuid="GPU-x", memory_total_mib=16384, power_w=None,
+                        energy_counter=True, mig_mode="unsupported", compute_mode="default",
+                        compute_capability=capability)  # fmt: skip
+
+
+def test_bf16_is_refused_only_where_no_gpu_has_capability_8():
+    assert gpus.bf16_problem([_gpu("NVIDIA H100", (9, 0))]) is None
+    assert gpus.bf16_problem([_gpu("NVIDIA A100", (8, 0)), _gpu("Tesla T4", (7, 5))]) is None
+    assert gpus.bf16_problem([_gpu("Tesla T4", None)]) is None  # unknown: not refused
+    assert gpus.bf16_problem([]) is None
+    problem = gpus.bf16_problem([_gpu("Tesla V100", (7, 0)), _gpu("Tesla T4", (7, 5))])
+    assert "compute capability 8.0 or later" in problem
+    assert "Tesla V100 (7.0), Tesla T4 (7.5)" in problem and "trainer_precision='fp32'" in problem
