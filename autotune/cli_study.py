@@ -191,14 +191,13 @@ def _check_same_base(study: Any, base: dict[str, Any]) -> None:
 
 def _check_workload(base: Any) -> None:
     """Raises ValueError, before any trial, for an env or a policy spec that cannot run."""
-    from policies.mlp import PolicySpecError, parse_spec
-    from runtime.envs import EnvError, probe_env
+    from runtime.config import ConfigError
 
     try:
-        info = probe_env(base.env)
-        parse_spec(base.policy, info.obs_dim, info.act_dim)
-    except (EnvError, PolicySpecError) as exc:
-        raise ValueError(f"--env {base.env} --policy {base.policy}: {exc}") from None
+        base.check_workload()
+    except ConfigError as exc:
+        raise ValueError(f"--env {base.env} --policy {base.policy}: "
+                         f"{'; '.join(exc.problems)}") from None  # fmt: skip
 
 
 def _base_config(args: argparse.Namespace) -> Any:

@@ -13,7 +13,7 @@ from autotune.train_config import train_config
 
 def add_train_command(sub: Any) -> None:
     from policies.appo_config import APPOConfig
-    from runtime.config import TrainConfig
+    from runtime.config import TRAINER_PRECISIONS, TrainConfig
 
     d, dl = TrainConfig(), APPOConfig()
     train = sub.add_parser(
@@ -129,7 +129,7 @@ def add_train_command(sub: Any) -> None:
     )
     train.add_argument(
         "--trainer-precision",
-        choices=["fp32", "bf16"],
+        choices=list(TRAINER_PRECISIONS),
         default=d.trainer_precision,
         help="bf16: the trainer's hidden-layer matmuls in bfloat16 (torch.autocast; output "
         "layers, weights, log-probs and losses stay float32); on CPUs with bfloat16 "

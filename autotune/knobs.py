@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from runtime import live
+from runtime.config import TRAINER_PRECISIONS
 
 APPLIES = {name: "live" for name in live.RUNNER + live.SERVICE_LIVE}
 APPLIES.update({name: "respawn" for name in live.ACTOR_RESPAWN})
@@ -122,7 +123,7 @@ def default_space(machine: Machine) -> dict[str, Knob]:
         "trainer_device": ("cpu", "cuda") if machine.gpus else ("cpu",),
         "inference": ("actor", "gmi"),
         "trainer_threads": (1, 2, 4),
-        "trainer_precision": ("fp32", "bf16"),
+        "trainer_precision": TRAINER_PRECISIONS,
     }
     knobs = [Knob(name, values, APPLIES.get(name, "restart"),
                   no_gpu if name == "mps_pct" else None)
@@ -137,16 +138,16 @@ def build_space(machine: Machine, overrides: list[str] | None = None) -> dict[st
     Raises:
         KnobError: for an unknown knob, a malformed spec, or values that are not allowed.
     """
-    space = default_space(machine)
+    space, named = default_space(machine), set()
     for item in overrides or []:
         name, sep, spec = item.partition("=")
         name = name.strip().replace("-", "_")
+        named.add(name)
         if not sep or not spec.strip():
             raise KnobError(f"--knob {item!r}: expected NAME=VALUE, NAME=LOW..HIGH or NAME=A,B")
         if name not in space:
             raise KnobError(f"--knob {item!r}: unknown knob {name!r}; knobs: {', '.join(space)}")
         space[name] = space[name].narrowed(spec.strip())
-    named = {item.partition("=")[0].strip().replace("-", "_") for item in overrides or []}
     return {name: k for name, k in space.items() if name not in OPT_IN or name in named}
 
 

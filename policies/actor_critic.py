@@ -113,9 +113,11 @@ class ActorCritic(nn.Module):
     def _mlp(self, net: nn.Sequential, x: torch.Tensor) -> torch.Tensor:
         if self.matmul_dtype is None:
             return net(x)
+        *hidden_layers, output = net  # (slicing a Sequential would build a new one per call)
         with torch.autocast(x.device.type, dtype=self.matmul_dtype):
-            hidden = net[:-1](x)
-        return net[-1](hidden.float())
+            for layer in hidden_layers:
+                x = layer(x)
+        return output(x.float())
 
     def _dist(self, x: torch.Tensor) -> Categorical | Normal:
         out = self._mlp(self.pi, x)

@@ -159,17 +159,7 @@ class TrainConfig:
         problems = self.problems()
         if problems:
             raise ConfigError(problems)
-        from policies.mlp import PolicySpecError, parse_spec
-        from runtime.envs import EnvError, probe_env
-
-        try:
-            info = probe_env(self.env)
-        except EnvError as exc:
-            raise ConfigError([str(exc)]) from None
-        try:
-            parse_spec(self.policy, info.obs_dim, info.act_dim)
-        except PolicySpecError as exc:
-            raise ConfigError([str(exc)]) from None
+        info = self.check_workload()
         device = self.resolved_device()
         if device == "cuda":
             import torch
@@ -199,6 +189,25 @@ class TrainConfig:
                     "device is cpu; drop them or use trainer_device='cuda'"
                 ]
             )
+        return info
+
+    def check_workload(self) -> EnvInfo:
+        """The environment's description, once the env exists and the policy spec fits it.
+
+        Raises:
+            ConfigError: naming the env or the spec entry that does not fit.
+        """
+        from policies.mlp import PolicySpecError, parse_spec
+        from runtime.envs import EnvError, probe_env
+
+        try:
+            info = probe_env(self.env)
+        except EnvError as exc:
+            raise ConfigError([str(exc)]) from None
+        try:
+            parse_spec(self.policy, info.obs_dim, info.act_dim)
+        except PolicySpecError as exc:
+            raise ConfigError([str(exc)]) from None
         return info
 
     def resolved_device(self) -> str:
