@@ -44,12 +44,15 @@ class Knob:
         choices: The values the tuner may pick, in order (integers or strings).
         apply: ``live``, ``respawn``, ``handover`` or ``restart`` (see the module docstring).
         unavailable: Why the knob cannot apply on this machine, or None.
+        allowed: The values a user may narrow it to, where they are more than ``choices``
+            (``trainer_threads``: any count up to the cores; the tuner tries 1, 2 and 4).
     """
 
     name: str
     choices: tuple[Any, ...]
     apply: str
     unavailable: str | None = None
+    allowed: tuple[Any, ...] = ()
 
     @property
     def online(self) -> bool:
@@ -62,20 +65,21 @@ class Knob:
         Raises:
             KnobError: naming the knob, what was given and what is allowed.
         """
-        allowed = ", ".join(str(c) for c in self.choices)
+        pool = self.allowed or self.choices
+        allowed = _listed(pool)
         if self.unavailable is not None:
             raise KnobError(f"knob {self.name} cannot be set here: {self.unavailable}")
-        numeric = all(isinstance(c, int) for c in self.choices)
+        numeric = all(isinstance(c, int) for c in pool)
         try:
             if ".." in spec:
                 lo_text, hi_text = spec.split("..", 1)
                 lo, hi = int(lo_text), int(hi_text)
                 if not numeric or lo > hi:
                     raise ValueError
-                picked = tuple(c for c in self.choices if lo <= c <= hi)
+                picked = tuple(c for c in pool if lo <= c <= hi)
             else:
                 values = [int(v) if numeric else v.strip() for v in spec.split(",")]
-                if any(v not in self.choices for v in values):
+                if any(v not in pool for v in values):
                     raise ValueError
                 picked = tuple(dict.fromkeys(values))
         except ValueError:
@@ -99,6 +103,14 @@ class Machine:
 
         return cls(os.cpu_count() or 1, torch.cuda.device_count() if torch.cuda.is_available()
                    else 0)  # fmt: skip
+
+
+def _listed(values: tuple[Any, ...]) -> str:
+    """``values`` for an error message: a run of consecutive integers as ``LOW..HIGH``."""
+    ints = all(isinstance(v, int) for v in values)
+    if ints and len(values) > 3 and list(values) == list(range(values[0], values[-1] + 1)):
+        return f"{values[0]}..{values[-1]}"
+    return ", ".join(str(v) for v in values)
 
 
 def _powers(lo: int, hi: int) -> tuple[int, ...]:
@@ -125,8 +137,10 @@ def default_space(machine: Machine) -> dict[str, Knob]:
         "trainer_threads": (1, 2, 4),
         "trainer_precision": TRAINER_PRECISIONS,
     }
+    threads = choices["trainer_threads"]
+    allowed = {"trainer_threads": tuple(sorted({*threads, *range(1, machine.cores + 1)}))}
     knobs = [Knob(name, values, APPLIES.get(name, "restart"),
-                  no_gpu if name == "mps_pct" else None)
+                  no_gpu if name == "mps_pct" else None, allowed.get(name, ()))
              for name, values in choices.items()]  # fmt: skip
     return {k.name: k for k in knobs}
 

@@ -110,7 +110,7 @@ cpu-study)
     # the steps/J-vs-limit goal: the limit leaves the GPU idle with no CUDA context (~70 W on
     # the H100, ~120 W with one), so a trainer on the CPU is the other candidate. About 55 s
     # per trial: 8 trials fit one 10-minute device command. WORKLOAD (default ant) picks the
-    # env and policy as in the others part
+    # env and policy as in the others part; PRECISIONS, THREADS and FROM go to study-cpu
     w=${WORKLOAD:-ant}
     workload "$w" || exit 2
     ENV=$env POLICY=$pol NAME=$w STATE=$STATE OUT=$OUT/cpu-study \

@@ -5,7 +5,9 @@
 #   bash bench/device_study.sh remeasure FILE   # train --config FILE vs the default, A B A B
 #   bash bench/device_study.sh study-cpu [TRIALS]  # a study of the trainer on the CPU (the GPU
 #                                       # left idle) around the cuda export, and its export
-#                                       # (ENV, POLICY and NAME for a workload other than Ant)
+#                                       # (ENV, POLICY and NAME for a workload other than Ant;
+#                                       # THREADS the trainer threads tried, FROM a config
+#                                       # file to start from)
 # The study lives in ${STATE:-bench_state}/study.db and is copied to $OUT after each part, so a
 # fresh machine can carry it to the next part. Writes JSON and logs under ${OUT:-out}.
 set -uo pipefail
@@ -30,12 +32,14 @@ study)
 study-cpu)
     # Ant-v5 with bench.compare's policy (ENV and POLICY pick another workload, NAME its study
     # and files); the actors and trainer threads split the 16 cores; PRECISIONS=fp32,bf16 opens
-    # the trainer's precision too (default fp32, as in the studies of 2026-11-22 and -23)
+    # the trainer's precision too (default fp32, as in the studies of 2026-11-22 and -23);
+    # THREADS (default 1,2,4) the trainer threads; FROM=FILE starts the study from that config
     name=${NAME:-ant}
+    from=(); [ -n "${FROM:-}" ] && from=(--from "$FROM")
     cpu_db="sqlite:///$(realpath "$STATE")/study-cpu-$name.db"
-    $py -m autotune.cli study --env "${ENV:-Ant-v5}" --study "$name-study-cpu" --storage "$cpu_db" \
+    $py -m autotune.cli study "${from[@]}" --env "${ENV:-Ant-v5}" --study "$name-study-cpu" --storage "$cpu_db" \
         --policy "${POLICY:-auto:256:128:64:auto}" --trials "${2:-6}" --confirm "${CONFIRM:-2}" --trial-s 35 --warmup-s 10 --no-profile \
-        --knob trainer_device=cpu --knob actors=11..15 --knob trainer_threads=1,2,4 \
+        --knob trainer_device=cpu --knob actors=11..15 --knob trainer_threads="${THREADS:-1,2,4}" \
         --knob envs_per_actor=16,32,64 --knob batch_size=8192,16384,32768 --knob trainers=1 \
         --knob mps_pct=100 --knob trainer_precision="${PRECISIONS:-fp32}" \
         --knob inference=actor --knob chunk_bytes=262144 --knob rollout_len=32 \
