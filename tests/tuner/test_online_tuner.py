@@ -14,7 +14,7 @@ import sys
 import optuna
 import pytest
 
-from autotune.knobs import KnobError, Machine, build_space
+from autotune.knobs import KnobError, Machine, build_space, default_space
 from autotune.study import StudyError, open_study
 from autotune.tuner import Measurement, OnlineTuner, TunerSettings
 from runtime.config import ConfigError
@@ -206,7 +206,7 @@ def test_bad_knobs_and_storage_are_refused_with_what_is_allowed(tmp_path):
     machine = Machine(cores=4, gpus=0)
     with pytest.raises(KnobError, match="unknown knob 'actor'; knobs: actors"):
         build_space(machine, ["actor=2"])
-    with pytest.raises(KnobError, match=r"actors='9..12' leaves no value; allowed: 1, 2, 3, 4"):
+    with pytest.raises(KnobError, match=r"actors='9..12' leaves no value; allowed: 1\.\.4"):
         build_space(machine, ["actors=9..12"])
     with pytest.raises(KnobError, match="batch_size='1000': allowed values are 512, 1024"):
         build_space(machine, ["batch_size=1000"])
@@ -225,6 +225,16 @@ def test_bad_knobs_and_storage_are_refused_with_what_is_allowed(tmp_path):
     assert knob.choices == ("fp32", "bf16") and knob.apply == "handover" and knob.online
     with pytest.raises(KnobError, match="trainer_precision='fp16': allowed values are fp32, bf16"):
         build_space(machine, ["trainer_precision=fp16"])
+    # the tuner tries 1, 2 and 4 trainer threads; a user may name any count up to the cores
+    assert default_space(machine)["trainer_threads"].choices == (1, 2, 4)
+    assert build_space(Machine(16, 0), ["trainer_threads=3,5,6"])["trainer_threads"].choices == (
+        3,
+        5,
+        6,
+    )
+    assert build_space(machine, ["trainer_threads=2..8"])["trainer_threads"].choices == (2, 3, 4)
+    with pytest.raises(KnobError, match=r"trainer_threads='5': allowed values are 1\.\.4"):
+        build_space(machine, ["trainer_threads=5"])
 
 
 @pytest.mark.slow
