@@ -1,0 +1,100 @@
+"""What holding a GPU costs before any work: its mean power with no CUDA context, with one idle
+context, and with an idle context through MPS (the MPS server's own context besides the client's).
+
+The physical limit of issue 6 steps envs with the GPU left without a context, so any trainer or
+inference GMI on the GPU starts from the difference between the first two rows. Each phase runs
+its holder in a child process (this process never creates a context), lets the card settle for
+``--settle-s``, then charges ``--seconds`` of the NVML energy counter (or power polling).
+
+    python -m bench.gpu_idle_power --seconds 15 --json out/gpu_idle_power.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from autotune.energy import probe_gpu_energy
+
+# a child that opens a CUDA context on GPU 0, says so, and holds it until its stdin closes
+HOLDER = (
+    "import sys, torch; x = torch.ones(1, device='cuda'); torch.cuda.synchronize(); "
+    "print('ready', flush=True); sys.stdin.read()"
+)
+
+
+def mean_w(seconds: float) -> dict[str, float]:
+    """Each GPU's mean power over the next ``seconds`` (GPU index -> W)."""
+    meter = probe_gpu_energy()
+    if not meter.sources:
+        raise SystemExit("no GPU that NVML can read: nothing to measure")
+    t0, e0 = time.monotonic(), meter.read_energy_j()
+    time.sleep(seconds)
+    t1, e1 = time.monotonic(), meter.read_energy_j()
+    return {str(g): round((e1[g] - e0[g]) / (t1 - t0), 2) for g in e0}
+
+
+def held(env: dict[str, str] | None, settle_s: float, seconds: float) -> dict[str, float]:
+    """Mean power while a child holds an idle context (with ``env`` added to its environment)."""
+    import os
+
+    child = subprocess.Popen([sys.executable, "-c", HOLDER], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, **(env or {})})  # fmt: skip
+    try:
+        line = child.stdout.readline() if child.stdout else ""
+        if line.strip() != "ready":
+            raise SystemExit(f"the context holder did not start (exit {child.poll()})")
+        time.sleep(settle_s)
+        return mean_w(seconds)
+    finally:
+        if child.stdin:
+            child.stdin.close()
+        child.wait(timeout=60)
+
+
+def measure(seconds: float, settle_s: float, mps: bool) -> dict[str, Any]:
+    rows: dict[str, Any] = {"no context": mean_w(seconds)}
+    rows["idle context"] = held(None, settle_s, seconds)
+    time.sleep(settle_s)
+    rows["no context, after"] = mean_w(seconds)
+    if mps:
+        from autotune.hw.mps import MPSControl, MPSUnavailable
+
+        try:
+            with MPSControl() as control:
+                rows["idle context through MPS"] = held(control.client_env(None), settle_s,
+                                                        seconds)  # fmt: skip
+        except MPSUnavailable as exc:
+            rows["idle context through MPS"] = f"MPS unavailable: {exc}"
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.gpu_idle_power", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap.add_argument("--seconds", type=float, default=15.0, help="seconds charged per phase")
+    ap.add_argument("--settle-s", type=float, default=5.0,
+                    help="seconds after a context opens (or closes) before charging")  # fmt: skip
+    ap.add_argument("--no-mps", action="store_true", help="leave out the MPS phase")
+    ap.add_argument("--json", type=Path, default=None, help="write the rows here")
+    args = ap.parse_args(argv)
+    if not args.seconds > 0 or args.settle_s < 0:
+        ap.error(f"--seconds {args.seconds} must be > 0 and --settle-s {args.settle_s} >= 0")
+    rows = measure(args.seconds, args.settle_s, not args.no_mps)
+    for name, value in rows.items():
+        print(f"{name:26s} {value}")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"seconds": args.seconds, "settle_s": args.settle_s,
+                                         "mean_w": rows}, indent=2))  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
