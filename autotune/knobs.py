@@ -11,9 +11,11 @@ reason, so ``status`` can say why it is not tuned.
 Users fix or narrow knobs with ``NAME=VALUE`` (fixed), ``NAME=LOW..HIGH`` (an integer range,
 or the allowed choices between the two) or ``NAME=A,B,C`` (a subset of the choices).
 
-Knobs in ``OPT_IN`` change what the run computes, not only where and how fast
-(``trainer_precision``: bfloat16 matmuls in the trainer); they are tuned only when a ``--knob``
-names them, and otherwise keep the job's value.
+Knobs in ``OPT_IN`` are tuned only when a ``--knob`` names them, and otherwise keep the job's
+value: ``trainer_precision`` changes what the run computes, not only where and how fast
+(bfloat16 matmuls in the trainer), and ``actor_nice`` pays on some workloads only (Humanoid-v5's
+expensive steps, where the stages and the trainer wait behind 15 busy actors; not Ant-v5 or
+HalfCheetah-v5, docs/BENCHMARKS.md section 10).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from runtime.config import TRAINER_PRECISIONS
 APPLIES = {name: "live" for name in live.RUNNER + live.SERVICE_LIVE}
 APPLIES.update({name: "respawn" for name in live.ACTOR_RESPAWN})
 APPLIES.update({name: "handover" for name in live.GMI_HANDOVER})
-OPT_IN = ("trainer_precision",)
+OPT_IN = ("trainer_precision", "actor_nice")
 
 
 class KnobError(ValueError):
@@ -45,7 +47,8 @@ class Knob:
         apply: ``live``, ``respawn``, ``handover`` or ``restart`` (see the module docstring).
         unavailable: Why the knob cannot apply on this machine, or None.
         allowed: The values a user may narrow it to, where they are more than ``choices``
-            (``trainer_threads``: any count up to the cores; the tuner tries 1, 2 and 4).
+            (``trainer_threads``: any count up to the cores, the tuner tries 1, 2 and 4;
+            ``actor_nice``: 0..19, the tuner tries 0, 5 and 10).
     """
 
     name: str
@@ -136,9 +139,11 @@ def default_space(machine: Machine) -> dict[str, Knob]:
         "inference": ("actor", "gmi"),
         "trainer_threads": (1, 2, 4),
         "trainer_precision": TRAINER_PRECISIONS,
+        "actor_nice": (0, 5, 10),
     }
     threads = choices["trainer_threads"]
-    allowed = {"trainer_threads": tuple(sorted({*threads, *range(1, machine.cores + 1)}))}
+    allowed = {"trainer_threads": tuple(sorted({*threads, *range(1, machine.cores + 1)})),
+               "actor_nice": tuple(range(20))}  # fmt: skip
     knobs = [Knob(name, values, APPLIES.get(name, "restart"),
                   no_gpu if name == "mps_pct" else None, allowed.get(name, ()))
              for name, values in choices.items()]  # fmt: skip

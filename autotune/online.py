@@ -91,7 +91,7 @@ def add_tune_args(parser: argparse.ArgumentParser) -> None:
         help="fix or narrow a knob: NAME=VALUE, NAME=LOW..HIGH or NAME=A,B (repeatable); "
         "knobs: actors, envs_per_actor, rollout_len, batch_size, chunk_bytes, trainers, "
         "mps_pct, trainer_device, inference, trainer_threads; tuned only when named: "
-        "trainer_precision (fp32,bf16)",
+        "trainer_precision (fp32,bf16), actor_nice (0,5,10; any of 0..19)",
     )
     tune.add_argument(
         "--objective",

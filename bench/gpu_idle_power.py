@@ -6,7 +6,7 @@ inference GMI on the GPU starts from the difference between the first two rows. 
 its holder in a child process (this process never creates a context), lets the card settle for
 ``--settle-s``, then charges ``--seconds`` of the NVML energy counter (or power polling).
 
-    python -m bench.gpu_idle_power --seconds 15 --json out/gpu_idle_power.json
+    python -m bench.gpu_idle_power --seconds 15 --out out/gpu_idle_power.json
 """
 
 from __future__ import annotations
@@ -82,16 +82,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--settle-s", type=float, default=5.0,
                     help="seconds after a context opens (or closes) before charging")  # fmt: skip
     ap.add_argument("--no-mps", action="store_true", help="leave out the MPS phase")
-    ap.add_argument("--json", type=Path, default=None, help="write the rows here")
+    ap.add_argument("--out", type=Path, default=None, help="write the rows here (JSON)")
     args = ap.parse_args(argv)
     if not args.seconds > 0 or args.settle_s < 0:
         ap.error(f"--seconds {args.seconds} must be > 0 and --settle-s {args.settle_s} >= 0")
     rows = measure(args.seconds, args.settle_s, not args.no_mps)
     for name, value in rows.items():
         print(f"{name:26s} {value}")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"seconds": args.seconds, "settle_s": args.settle_s,
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"seconds": args.seconds, "settle_s": args.settle_s,
                                          "mean_w": rows}, indent=2))  # fmt: skip
     return 0
 

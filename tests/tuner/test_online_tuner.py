@@ -225,6 +225,12 @@ def test_bad_knobs_and_storage_are_refused_with_what_is_allowed(tmp_path):
     assert knob.choices == ("fp32", "bf16") and knob.apply == "handover" and knob.online
     with pytest.raises(KnobError, match="trainer_precision='fp16': allowed values are fp32, bf16"):
         build_space(machine, ["trainer_precision=fp16"])
+    # actor niceness pays on some workloads only: tuned when named, any of 0..19
+    assert "actor_nice" not in build_space(machine)
+    knob = build_space(machine, ["actor_nice=0,10"])["actor_nice"]
+    assert knob.choices == (0, 10) and knob.apply == "respawn" and knob.online
+    with pytest.raises(KnobError, match=r"actor_nice='20': allowed values are 0\.\.19"):
+        build_space(machine, ["actor_nice=20"])
     # the tuner tries 1, 2 and 4 trainer threads; a user may name any count up to the cores
     assert default_space(machine)["trainer_threads"].choices == (1, 2, 4)
     assert build_space(Machine(16, 0), ["trainer_threads=3,5,6"])["trainer_threads"].choices == (
