@@ -76,11 +76,18 @@ def cmd_export(args: argparse.Namespace) -> int:
         paths = write_plots(study, args.plots, doc["sizing"]["sm_count"],
                             doc["recommended"]["values"])  # fmt: skip
         console.print("plots: " + ", ".join(str(p) for p in paths))
-    ev = doc["evidence"]
-    rec, ratio = ev["recommended"][doc["picked_by"]]["median"], ev[f"{doc['picked_by']}_vs_default"]
-    console.print(f"recommended: {doc['recommended']['values']} -> {rec:.4g} "
-                  f"{doc['picked_by'].replace('_per_', '/')} (median of "
+    ev, metric = doc["evidence"], doc["picked_by"]
+    rec, ratio = ev["recommended"][metric]["median"], ev[f"{metric}_vs_default"]
+    scaled, refs = ev["recommended"][f"scaled_{metric}"]["median"], ev.get("reference_runs")
+    unit = metric.replace("_per_", "/")
+    console.print(f"recommended: {doc['recommended']['values']} -> {rec:.4g} {unit} (median of "
                   f"{len(ev['recommended']['trials'])} trial(s))"
+                  + (f", {scaled:.4g} scaled" if refs and refs["count"] > 1 and scaled else "")
                   + (f", {ratio:.2f}x the default" if ratio
                      else ", default not measured"))  # fmt: skip
+    if refs and refs["count"] > 1:
+        console.print(
+            f"reference runs: {refs['count']}, the default's raw {unit} "
+            f"{refs['min']:.4g}..{refs['max']:.4g} ({refs['spread']:.2f}x)"
+        )
     return 0

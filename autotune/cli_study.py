@@ -46,6 +46,11 @@ def add_study_command(sub: Any) -> None:
                        help="the last K of --trials re-measure the best configs so far, so "
                        "a lucky short trial is measured again before export picks it "
                        "(default 0)")  # fmt: skip
+    study.add_argument("--reference-every", type=int, default=0, metavar="K",
+                       help="after every K trials run the default (or --from) config again, "
+                       "and rank every trial by its figures scaled to the machine state of "
+                       "the first run: for a shared machine that drifts over minutes (default "
+                       "0: never)")  # fmt: skip
     study.add_argument("--no-profile", action="store_true",
                        help="skip the profiling seeds (train runs profile by default)")  # fmt: skip
     study.add_argument("--workers", type=int, default=1,
@@ -88,6 +93,9 @@ def check_args(args: argparse.Namespace) -> None:
     if args.trials < 1 or not args.trial_s > args.warmup_s >= 0:
         raise ValueError(f"--trials {args.trials}, --trial-s {args.trial_s}, --warmup-s "
                          f"{args.warmup_s}: need trials >= 1, trial-s > warmup-s >= 0")  # fmt: skip
+    if args.reference_every < 0:
+        raise ValueError(f"--reference-every {args.reference_every}: allowed 0 (never) or K "
+                         ">= 1 (a reference run after every K trials)")  # fmt: skip
     if not 0 <= args.confirm <= args.trials:
         raise ValueError(f"--confirm {args.confirm}: allowed 0..--trials ({args.trials})")
     if args.workers < 1 or args.workers > args.trials:
@@ -166,7 +174,8 @@ def make_study(args: argparse.Namespace, cores: int | None = None,
                              "sm_count": _sm_count(here)})  # fmt: skip
     study = open_study(args.storage, study_name(args), seed=args.seed,
                        metrics=OBJECTIVES[args.objective])  # fmt: skip
-    offline = OfflineStudy(study, trials, args.objective, profile=not args.no_profile)
+    offline = OfflineStudy(study, trials, args.objective, profile=not args.no_profile,
+                           reference_every=args.reference_every)  # fmt: skip
     if "autotune" not in study.user_attrs:
         study.set_user_attr("autotune", {**meta, "default": trials.default()})
     elif "base" in meta:
@@ -304,8 +313,11 @@ def describe(row: dict[str, Any]) -> str:
         head = f"[w{row['worker']}] {head}"
     if row["error"]:
         return f"{head}: [red]{row['error']}[/red]"
-    return (f"{head}: {row['steps_per_s']:,.0f} steps/s, "
-            f"{row['steps_per_joule'] or 0:.4g} steps/J")  # fmt: skip
+    text = f"{head}: {row['steps_per_s']:,.0f} steps/s, {row['steps_per_joule'] or 0:.4g} steps/J"
+    scaled = row["attrs"].get("scaled_steps_per_joule")
+    if scaled and row["steps_per_joule"] and abs(scaled / row["steps_per_joule"] - 1) > 1e-9:
+        text += f" (scaled {scaled:.4g} by reference trial {row['attrs']['reference_trial']})"
+    return text
 
 
 def best_text(offline: Any) -> str:

@@ -11,7 +11,8 @@ From the completed trials of an ``autotune study`` (train trials), grouped by co
   target machine (``target_gpus``, ``target_cores``), the actors and cores it would need and
   whether its cores can feed its GPUs at that ratio;
 * **evidence**: trial counts, and the recommendation's measured steps/J and steps/s (median,
-  range, trial numbers) beside the default config's, with their ratio.
+  range, trial numbers; raw and scaled by the study's reference runs, ``autotune.reference``)
+  beside the default config's, with their ratio (scaled), and the reference runs' spread.
 
 The figures are the study's own short-run measurements on the machine it ran on; ``autotune
 train --config`` re-measures the recommendation at full length.
@@ -23,6 +24,7 @@ import dataclasses
 import statistics
 from typing import Any
 
+from autotune.reference import reference_runs, scaled_name, score
 from autotune.study import config_key
 
 FORMAT_VERSION = 1
@@ -45,6 +47,8 @@ def _measured(trials: list[Any]) -> dict[str, Any]:
     return {"trials": [t.number for t in trials],
             "steps_per_joule": _stats(trials, "steps_per_joule"),
             "steps_per_s": _stats(trials, "steps_per_s"),
+            "scaled_steps_per_joule": _stats(trials, scaled_name("steps_per_joule")),
+            "scaled_steps_per_s": _stats(trials, scaled_name("steps_per_s")),
             "gpu_w": _stats(trials, "gpu_w")["median"], "cpu_w": _stats(trials, "cpu_w")["median"],
             "cpu_source": trials[0].user_attrs.get("cpu_source") if trials else None}  # fmt: skip
 
@@ -138,7 +142,7 @@ def export_doc(study: Any, pick: str | None = None, target_gpus: int | None = No
         groups.setdefault(config_key(t.params), []).append(t)
 
     def median(ts: list[Any]) -> float:
-        return statistics.median(t.user_attrs.get(metric) or 0.0 for t in ts)
+        return statistics.median(score(t, metric) or 0.0 for t in ts)
 
     best = max(groups.values(), key=lambda ts: (median(ts), len(ts)))
     values = {**meta.get("fixed", {}), **best[0].params}
@@ -152,8 +156,8 @@ def export_doc(study: Any, pick: str | None = None, target_gpus: int | None = No
     default = groups.get(config_key(meta.get("default", {})), [])
     rec, dflt = _measured(best), _measured(default)
     ratio = None
-    if default and rec[metric]["median"] and dflt[metric]["median"]:
-        ratio = rec[metric]["median"] / dflt[metric]["median"]
+    if default and median(best) and median(default):
+        ratio = median(best) / median(default)
     sms = sm_count or meta.get("machine", {}).get("sm_count")
     return {
         "autotune_export": FORMAT_VERSION,
@@ -171,8 +175,11 @@ def export_doc(study: Any, pick: str | None = None, target_gpus: int | None = No
             "recommended": rec,
             "default": {"values": meta.get("default"), **dflt},
             f"{metric}_vs_default": ratio,
+            "reference_runs": reference_runs(trials, metric),
             "note": "medians of the study's short runs (each measured from warmup_s after its "
-            "first trained step to trial_s); re-measure with autotune train --config",
+            "first trained step to trial_s), picked and compared by the scaled figures "
+            "(raw x first reference / latest reference; equal to the raw ones in a study "
+            "without --reference-every); re-measure with autotune train --config",
         },
     }  # fmt: skip
 

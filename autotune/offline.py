@@ -22,7 +22,10 @@ The order of trials in a study:
    "confirm"): of the ``CONFIRM_TOP`` configs with the best medians, the one measured fewest
    times (the better one on a tie). On a shared machine one short trial can be lucky by tens of
    percent; ``autotune export`` picks by the median of a config's trials, so a lucky single
-   trial is measured again before it can be recommended.
+   trial is measured again before it can be recommended;
+5. with ``--reference-every K``, after every K trials the default config runs again (``role``
+   "reference", before anything else that is due), and every trial is ranked by its figures
+   scaled to the machine state of the first reference (``autotune.reference``).
 
 Single objective (steps/J or steps/s), or both (``both``: a multi-objective study whose
 Pareto front ``pareto_front`` gives). The study is in RDB storage and resumes where it stopped,
@@ -40,6 +43,7 @@ from typing import Any
 
 from autotune.knobs import Knob
 from autotune.online import config_changes, knob_values
+from autotune.reference import METRICS, REFERENCE_ROLES, reference_due, scale, scaled_name, score
 from autotune.study import (
     ask,
     config_key,
@@ -222,12 +226,18 @@ class OfflineStudy:
         trials: ``TrainTrials`` or ``ScriptTrials``.
         objective: A key of ``OBJECTIVES``.
         profile: Whether to run the profiling seeds (where ``trials`` has a plan).
+        reference_every: Re-run the default config after this many other trials and scale
+            every trial by the latest such reference (``autotune.reference``); 0: never.
     """
 
     def __init__(self, study: Any, trials: TrainTrials | ScriptTrials,
-                 objective: str = "steps_per_joule", profile: bool = True) -> None:  # fmt: skip
+                 objective: str = "steps_per_joule", profile: bool = True,
+                 reference_every: int = 0) -> None:  # fmt: skip
         if objective not in OBJECTIVES:
             raise ValueError(f"objective={objective!r}: allowed {', '.join(OBJECTIVES)}")
+        if reference_every < 0:
+            raise ValueError(f"reference_every={reference_every}: allowed 0 (never) or more")
+        self.reference_every = reference_every
         self.study, self.trials, self.objective = study, trials, objective
         self.metrics = OBJECTIVES[objective]
         self.rows = trials.profile_rows() if profile else []
@@ -249,7 +259,7 @@ class OfflineStudy:
             key = config_key(t.params)
             roles.add(t.user_attrs.get("role"))
             if t.state == TrialState.COMPLETE:
-                measured[key] = t.user_attrs.get(self.metrics[0])
+                measured[key] = score(t, self.metrics[0])
             elif t.state == TrialState.FAIL and "interrupted" not in t.user_attrs:
                 measured[key] = None
             elif t.state in (TrialState.RUNNING, TrialState.WAITING):
@@ -279,6 +289,16 @@ class OfflineStudy:
                 best = value if best is None else max(best, value)
         return None
 
+    def _enqueue_next(self, confirm: bool) -> None:
+        picked = self.confirm_pick() if confirm else None
+        planned = None if picked is not None else self.next_planned()
+        if picked is not None:
+            self.study.enqueue_trial(picked, user_attrs={"role": "confirm"},
+                                     skip_if_exists=False)  # fmt: skip
+        elif planned is not None:
+            self.study.enqueue_trial(planned[0], user_attrs={"role": planned[1]},
+                                     skip_if_exists=True)  # fmt: skip
+
     def confirm_pick(self) -> dict[str, Any] | None:
         """The config a confirmation trial re-measures (see the module docstring); None while
         no trial has completed. Trials running elsewhere count as measurements."""
@@ -290,8 +310,9 @@ class OfflineStudy:
         params: dict[str, dict[str, Any]] = {}
         for t in self.study.get_trials(deepcopy=False):
             key = config_key(t.params)
-            if t.state == TrialState.COMPLETE and t.user_attrs.get(metric) is not None:
-                scores.setdefault(key, []).append(float(t.user_attrs[metric]))
+            value = score(t, metric) if t.state == TrialState.COMPLETE else None
+            if value is not None:
+                scores.setdefault(key, []).append(float(value))
                 params[key] = dict(t.params)
             if t.state in (TrialState.COMPLETE, TrialState.RUNNING, TrialState.WAITING):
                 counts[key] = counts.get(key, 0) + 1
@@ -302,15 +323,15 @@ class OfflineStudy:
         return params[min(top, key=lambda k: (counts[k], top.index(k)))]
 
     def step(self, confirm: bool = False) -> TrialResult:
-        """Runs one trial; ``confirm``: a confirmation trial (once a trial has completed)."""
-        picked = self.confirm_pick() if confirm else None
-        planned = None if picked is not None else self.next_planned()
-        if picked is not None:
-            self.study.enqueue_trial(picked, user_attrs={"role": "confirm"},
+        """Runs one trial: a reference run when one is due, else a confirmation (``confirm``,
+        once a trial has completed), else the next planned trial or the sampler's."""
+        default_ok = config_key(self.trials.default()) not in self.failed
+        if default_ok and reference_due(self.study.get_trials(deepcopy=False),
+                                        self.reference_every):  # fmt: skip
+            self.study.enqueue_trial(self.trials.default(), user_attrs={"role": "reference"},
                                      skip_if_exists=False)  # fmt: skip
-        elif planned is not None:
-            self.study.enqueue_trial(planned[0], user_attrs={"role": planned[1]},
-                                     skip_if_exists=True)  # fmt: skip
+        else:
+            self._enqueue_next(confirm)
         trial = ask(self.study)
         try:
             values = {k.name: trial.suggest_categorical(k.name, list(k.choices))
@@ -338,10 +359,13 @@ class OfflineStudy:
             fail_config(self.study, trial, values, row.error, self.failed)
             return row
         row.steps_per_s, row.steps_per_joule = measured.steps_per_s, measured.steps_per_joule
-        row.attrs = measured.attrs
-        row.objective = [getattr(measured, m) for m in self.metrics]
-        attrs = {"steps_per_s": row.steps_per_s, "steps_per_joule": row.steps_per_joule}
-        for name, value in {**attrs, **row.attrs}.items():
+        raw = {m: getattr(measured, m) for m in METRICS}
+        ref, factors = scale(self.study.get_trials(deepcopy=False), trial.number,
+                             raw if role in REFERENCE_ROLES else None)  # fmt: skip
+        scaled = {scaled_name(m): None if v is None else v * factors[m] for m, v in raw.items()}
+        row.attrs = {**measured.attrs, **scaled, "reference_trial": ref}
+        row.objective = [scaled[scaled_name(m)] for m in self.metrics]
+        for name, value in {**raw, **row.attrs}.items():
             trial.set_user_attr(name, value)
         self.study.tell(trial, row.objective if len(row.objective) > 1 else row.objective[0])
         return row

@@ -1,0 +1,116 @@
+"""``autotune study --reference-every K``: the default config re-run as a reference, and every
+trial ranked by its figures scaled to the first reference's machine state."""
+
+from __future__ import annotations
+
+import pytest
+
+from autotune.export import export_doc
+from autotune.knobs import Machine, build_space
+from autotune.offline import OfflineStudy, TrainTrials
+from autotune.study import open_study
+from runtime.config import TrainConfig
+
+KNOBS = ["actors=1..3", "batch_size=1024", "envs_per_actor=8", "chunk_bytes=262144",
+         "trainers=1", "trainer_threads=1", "rollout_len=32", "inference=actor"]  # fmt: skip
+TRUE_SPJ = {1: 80.0, 2: 90.0, 3: 100.0}
+"""Each actor count's steps/J on an unloaded machine; the default config has 2 actors."""
+
+
+class SlowingMachine:
+    """Runs measured on a machine that gets 30 % slower after every ``every`` runs."""
+
+    def __init__(self, every: int) -> None:
+        self.every, self.runs = every, 0
+
+    def speed(self, run: int) -> float:
+        return 0.7 ** (run // self.every)
+
+    def __call__(self, cfg: TrainConfig, warmup_s: float, meter=None):
+        spj = TRUE_SPJ[cfg.actors] * self.speed(self.runs)
+        self.runs += 1
+        rate = {"steps_per_s": spj * 10, "steps_per_joule": spj, "gpu_w": 0.0, "cpu_w": 10.0}
+        return {"lost_steps": 0, "energy": {"cpu_source": "model"}}, rate
+
+
+def _study(tmp_path, runs, every: int) -> OfflineStudy:
+    space = build_space(Machine(cores=4, gpus=0), KNOBS)
+    study = open_study(f"sqlite:///{tmp_path}/r.db", "r", seed=0)
+    base = TrainConfig(env="CartPole-v1", steps=10**12, max_wall_s=10)
+    trials = TrainTrials(space, base, warmup_s=1.0, run=runs)
+    study.set_user_attr("autotune", {"kind": "train", "objective": "steps_per_joule",
+                                     "env": "CartPole-v1", "policy": "auto", "trial_s": 10,
+                                     "warmup_s": 1.0, "base": base.to_dict(),
+                                     "fixed": trials.fixed, "default": trials.default(),
+                                     "machine": {"cores": 4, "gpus": 0}})  # fmt: skip
+    return OfflineStudy(study, trials, profile=False, reference_every=every)
+
+
+def test_reference_runs_undo_the_drift_of_a_slowing_machine(tmp_path):
+    # the machine slows just before each reference run (trials 3, 6 and 9: after every 2
+    # trials), so a reference measures each stretch's machine exactly
+    offline = _study(tmp_path, SlowingMachine(every=3), every=2)
+    rows = [offline.step() for _ in range(10)]
+    assert [r.role for r in rows][::3] == ["default", "reference", "reference", "reference"]
+    assert all(r.values == {"actors": 2} for r in rows[::3])
+    assert all(r.role not in ("default", "reference") for i, r in enumerate(rows) if i % 3)
+    for i, row in enumerate(rows):
+        raw = TRUE_SPJ[row.values["actors"]] * 0.7 ** (i // 3)
+        assert row.steps_per_joule == pytest.approx(raw)
+        assert row.attrs["reference_trial"] == 3 * (i // 3)
+        # scaled to the first reference's machine: each config's own figure, at any time
+        assert row.attrs["scaled_steps_per_joule"] == pytest.approx(TRUE_SPJ[row.values["actors"]])
+        assert row.objective == [pytest.approx(TRUE_SPJ[row.values["actors"]])]
+    doc = export_doc(offline.study)
+    ev = doc["evidence"]
+    best = max({r.values["actors"] for r in rows})
+    assert doc["recommended"]["values"]["actors"] == best
+    assert ev["recommended"]["scaled_steps_per_joule"]["median"] == pytest.approx(TRUE_SPJ[best])
+    assert ev["steps_per_joule_vs_default"] == pytest.approx(TRUE_SPJ[best] / 90.0)
+    refs = ev["reference_runs"]
+    assert refs["count"] == 4 and refs["spread"] == pytest.approx(0.7**-3)
+    assert ev["default"]["scaled_steps_per_joule"]["median"] == pytest.approx(90.0)
+
+
+def test_without_reference_runs_the_scaled_figures_are_the_raw_ones(tmp_path):
+    offline = _study(tmp_path, SlowingMachine(every=3), every=0)
+    rows = [offline.step() for _ in range(5)]
+    assert rows[0].role == "default"
+    assert "reference" not in [r.role for r in rows]
+    for row in rows:
+        assert row.attrs["reference_trial"] == 0
+        assert row.attrs["scaled_steps_per_joule"] == row.steps_per_joule
+        assert row.attrs["scaled_steps_per_s"] == row.steps_per_s
+
+
+def test_a_failed_default_config_is_not_run_again_as_a_reference(tmp_path):
+    from runtime.config import ConfigError
+
+    class DefaultFails(SlowingMachine):
+        def __call__(self, cfg, warmup_s, meter=None):
+            if cfg.actors == 2:
+                raise ConfigError(["actors=2: not runnable (test)"])
+            return super().__call__(cfg, warmup_s, meter)
+
+    offline = _study(tmp_path, DefaultFails(every=100), every=1)
+    rows = [offline.step() for _ in range(5)]
+    assert rows[0].role == "default" and rows[0].error.startswith("not runnable")
+    assert "reference" not in [r.role for r in rows]
+    done = [r for r in rows if r.error is None]
+    assert done and all(r.attrs["reference_trial"] is None for r in done)
+
+
+@pytest.mark.parametrize("every", ["-1", "x"])
+def test_study_refuses_a_bad_reference_interval(every, capsys):
+    from autotune.cli import build_parser
+    from autotune.cli_study import check_args
+
+    parser = build_parser()
+    if every == "x":
+        with pytest.raises(SystemExit):
+            parser.parse_args(["study", "--reference-every", every])
+        assert "--reference-every: invalid int value: 'x'" in capsys.readouterr().err
+        return
+    args = parser.parse_args(["study", "--reference-every", every])
+    with pytest.raises(ValueError, match=r"--reference-every -1: allowed 0 \(never\) or K >= 1"):
+        check_args(args)
