@@ -80,7 +80,8 @@ study-other)
     # config of its own rather than the Ant export: TRIALS (default 10) of 30 s that start from
     # the Ant export (EXPORT, its first trial) with the GPU trainer's knobs and where actions
     # are computed open; the last CONFIRM (default 3) re-measure the leaders (one lucky 30 s
-    # trial picked Humanoid's first export)
+    # trial picked Humanoid's first export); REFERENCE_EVERY=K re-runs the start config after
+    # every K trials and ranks trials scaled by it; NICE=0,10 opens the actors' niceness
     w=${WORKLOAD:?WORKLOAD=halfcheetah, humanoid or ant-heavy}
     mkdir -p "$STATE"
     workload "$w" || exit 2
@@ -88,6 +89,7 @@ study-other)
     mkdir -p "$OUT/study-other"
     $py -m autotune.cli study --from "$EXPORT" --env $env --study "study-$w" --storage "$db" --policy $pol \
         --trials "${TRIALS:-10}" --confirm "${CONFIRM:-3}" --trial-s 30 --warmup-s 8 --no-profile \
+        --reference-every "${REFERENCE_EVERY:-0}" ${NICE:+--knob actor_nice=$NICE} \
         --knob actors=11..15 --knob envs_per_actor=16,32,64 --knob batch_size=8192,16384,32768 \
         --knob trainers=1,2 --knob mps_pct=50,100 --knob inference=actor,gmi \
         --knob trainer_device=cuda --knob trainer_threads=1 --knob chunk_bytes=262144 \
