@@ -189,7 +189,10 @@ def test_the_ppo_example_runs_under_wrap_with_its_flags_substituted(tmp_path):
     assert out.stdout.count("steps in") == 2  # the example's own output passed through
 
 
+# holds its context for about 3 s, past several of the wrapper's once-a-second GPU checks (40
+# bare matmuls take a tenth of a second on an H100: a check could miss them)
 CUDA_SCRIPT = """
+import time
 import torch
 from autotune import client
 x = torch.randn(4096, 4096, device="cuda")
@@ -197,6 +200,7 @@ for i in range(40):
     y = x @ x
     torch.cuda.synchronize()
     client.report(steps=(i + 1) * 100)
+    time.sleep(0.075)
 """
 
 
