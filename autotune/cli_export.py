@@ -88,6 +88,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     if refs and refs["count"] > 1:
         console.print(
             f"reference runs: {refs['count']}, the default's raw {unit} "
-            f"{refs['min']:.4g}..{refs['max']:.4g} ({refs['spread']:.2f}x)"
+            f"{refs['min']:.4g}..{refs['max']:.4g}"
+            + (f" ({refs['spread']:.2f}x)" if refs["spread"] else "")
         )
     return 0

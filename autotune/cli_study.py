@@ -47,10 +47,10 @@ def add_study_command(sub: Any) -> None:
                        "a lucky short trial is measured again before export picks it "
                        "(default 0)")  # fmt: skip
     study.add_argument("--reference-every", type=int, default=0, metavar="K",
-                       help="after every K trials run the default (or --from) config again, "
-                       "and rank every trial by its figures scaled to the machine state of "
-                       "the first run: for a shared machine that drifts over minutes (default "
-                       "0: never)")  # fmt: skip
+                       help="after every K trials run the default (or --from) config again "
+                       "(counted in --trials; not among the confirmations), and rank every "
+                       "trial by its figures scaled to the machine state of the first run: for "
+                       "a shared machine that drifts over minutes (default 0: never)")  # fmt: skip
     study.add_argument("--no-profile", action="store_true",
                        help="skip the profiling seeds (train runs profile by default)")  # fmt: skip
     study.add_argument("--workers", type=int, default=1,

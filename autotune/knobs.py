@@ -90,7 +90,7 @@ class Knob:
                             "value, LOW..HIGH, or a comma-separated subset)") from None  # fmt: skip
         if not picked:
             raise KnobError(f"knob {self.name}={spec!r} leaves no value; allowed: {allowed}")
-        return replace(self, choices=picked)
+        return replace(self, choices=picked, allowed=())  # narrowing again keeps within these
 
 
 @dataclass(frozen=True)

@@ -23,9 +23,10 @@ The order of trials in a study:
    times (the better one on a tie). On a shared machine one short trial can be lucky by tens of
    percent; ``autotune export`` picks by the median of a config's trials, so a lucky single
    trial is measured again before it can be recommended;
-5. with ``--reference-every K``, after every K trials the default config runs again (``role``
-   "reference", before anything else that is due), and every trial is ranked by its figures
-   scaled to the machine state of the first reference (``autotune.reference``).
+5. with ``--reference-every K``, after every K trials of this process the default config runs
+   again (``role`` "reference", before a planned or sampled trial; not among the
+   confirmations), and every trial is ranked by its figures scaled to the machine state of the
+   study's first reference (``autotune.reference``).
 
 Single objective (steps/J or steps/s), or both (``both``: a multi-objective study whose
 Pareto front ``pareto_front`` gives). The study is in RDB storage and resumes where it stopped,
@@ -51,6 +52,7 @@ from autotune.study import (
     fail_interrupted,
     fail_orphans,
     failed_configs,  # fmt: skip
+    owner_id,
     skip_if_failed,
 )
 from runtime.config import ConfigError, TrainConfig
@@ -326,8 +328,13 @@ class OfflineStudy:
         """Runs one trial: a reference run when one is due, else a confirmation (``confirm``,
         once a trial has completed), else the next planned trial or the sampler's."""
         default_ok = config_key(self.trials.default()) not in self.failed
-        if default_ok and reference_due(self.study.get_trials(deepcopy=False),
-                                        self.reference_every):  # fmt: skip
+        if (
+            default_ok
+            and not confirm
+            and reference_due(
+                self.study.get_trials(deepcopy=False), self.reference_every, owner_id()
+            )
+        ):
             self.study.enqueue_trial(self.trials.default(), user_attrs={"role": "reference"},
                                      skip_if_exists=False)  # fmt: skip
         else:
@@ -355,12 +362,20 @@ class OfflineStudy:
         except KeyboardInterrupt:
             fail_interrupted(self.study, trial, "Ctrl-C")
             raise
+        if row.error is not None and role == "reference":
+            logger.warning("reference trial %d failed (%s): no more reference runs this "
+                           "session", trial.number, row.error)  # fmt: skip
+            self.reference_every = 0
+            # failed, not marked unrunnable: the default config may run again (a cut run's way)
+            fail_interrupted(self.study, trial, f"reference run failed: {row.error}")
+            return row
         if row.error is not None:
             fail_config(self.study, trial, values, row.error, self.failed)
             return row
         row.steps_per_s, row.steps_per_joule = measured.steps_per_s, measured.steps_per_joule
         raw = {m: getattr(measured, m) for m in METRICS}
-        ref, factors = scale(self.study.get_trials(deepcopy=False), trial.number,
+        ref, factors = scale(self.study.get_trials(deepcopy=False), trial.number, owner_id(),
+                             measured.attrs.get("unit"),
                              raw if role in REFERENCE_ROLES else None)  # fmt: skip
         scaled = {scaled_name(m): None if v is None else v * factors[m] for m, v in raw.items()}
         row.attrs = {**measured.attrs, **scaled, "reference_trial": ref}

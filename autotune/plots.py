@@ -1,6 +1,7 @@
 """The PNG plots of ``autotune export --plots DIR``: steps/J vs actors, steps/s vs SMs granted,
 the Pareto front of steps/s and steps/J, and knob importance (Optuna's PED-ANOVA, for high
-steps/J)."""
+steps/J). The figures are the ones export ranks by: scaled by the study's reference runs
+(``autotune.reference``), which equal the raw ones in a study without them."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ def write_plots(study: Any, out_dir: Path, sm_count: int | None,
     import optuna
     from optuna.trial import TrialState
 
+    from autotune.reference import score
     from autotune.study import config_key
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -40,8 +42,8 @@ def write_plots(study: Any, out_dir: Path, sm_count: int | None,
     done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
             if t.user_attrs.get("steps_per_joule") is not None]  # fmt: skip
     rec_key = config_key(recommended) if recommended else None
-    spj = [t.user_attrs["steps_per_joule"] for t in done]
-    sps = [t.user_attrs["steps_per_s"] for t in done]
+    spj = [score(t, "steps_per_joule") for t in done]
+    sps = [score(t, "steps_per_s") for t in done]
     is_rec = [rec_key is not None and config_key({**fixed, **t.params}) == rec_key for t in done]
     title = f"{meta.get('env', '')} study {study.study_name}: {len(done)} trials"
     paths = []
@@ -77,7 +79,7 @@ def write_plots(study: Any, out_dir: Path, sm_count: int | None,
         if pairs:
             fig, ax = plt.subplots(figsize=(7, 4.5))
             xs = [s for s, _ in pairs]
-            ys = [t.user_attrs["steps_per_s"] for _, t in pairs]
+            ys = [score(t, "steps_per_s") for _, t in pairs]
             ax.scatter(xs, ys, c=[t.params.get("actors", 0) for _, t in pairs], cmap="plasma")
             ax.set(xlabel=f"SMs granted to trainer GMIs (of {sm_count}; GMIs x MPS %)",
                    ylabel="trained steps per second", title=title)  # fmt: skip
@@ -103,7 +105,7 @@ def write_plots(study: Any, out_dir: Path, sm_count: int | None,
             warnings.filterwarnings("ignore", message="PedAnovaImportanceEvaluator computes")
             importance = optuna.importance.get_param_importances(
                 study, evaluator=optuna.importance.PedAnovaImportanceEvaluator(),
-                target=lambda t: -t.user_attrs["steps_per_joule"])  # fmt: skip
+                target=lambda t: -score(t, "steps_per_joule"))  # fmt: skip
     except (RuntimeError, ValueError) as exc:  # too few trials or one value per knob
         logger.warning("knob importance not plotted: %s", exc)
     else:

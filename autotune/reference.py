@@ -17,6 +17,12 @@ is 1 and the scaled figures equal the raw ones. The raw figures stay in the tria
 objective, its confirmations, its profiling and ``autotune export`` all rank by the scaled
 figures (``score``).
 
+Each process scales by its own references: with ``--workers`` (each on its own slice of the
+cores) or several hosts, or in a resumed session, a process runs a reference of its own first,
+and its trials count as their ratio to it, times the study's first reference. References count
+against ``--trials``; none runs among the confirmations. A reference that fails stops them for
+the session (its config is not marked unrunnable for that).
+
 This corrects drift over minutes, not the jitter between two adjacent windows: a single
 reference run carries that jitter into every trial it scales. Use it where the references
 themselves drift (the export's ``reference_runs`` shows their spread).
@@ -46,34 +52,50 @@ def _is_reference(trial: Any) -> bool:
     return trial.user_attrs.get("role") in REFERENCE_ROLES
 
 
-def reference_due(trials: list[Any], every: int) -> bool:
-    """Whether the next trial should be a reference run: ``every`` > 0, a default trial exists,
-    and at least ``every`` trials were asked since the last reference (failed ones count: they
-    took the machine's time too)."""
-    if every <= 0:
+def _live_or_done(trial: Any) -> bool:
+    from optuna.trial import TrialState
+
+    return trial.state in (TrialState.COMPLETE, TrialState.RUNNING, TrialState.WAITING)
+
+
+def reference_due(trials: list[Any], every: int, owner: str) -> bool:
+    """Whether this process (``owner``, the trials' ``owner`` attribute) should run a reference
+    next: ``every`` > 0, the default trial exists (it comes first and is the first reference),
+    and this process has no reference yet (a resumed study, another worker) or has asked at
+    least ``every`` trials since its last one (failed trials count: they took the machine's
+    time too; a failed or interrupted reference does not)."""
+    if every <= 0 or not any(_is_reference(t) for t in trials):
         return False
-    numbers = [t.number for t in trials if _is_reference(t)]
-    if not numbers:
-        return False  # the default trial comes first and is the first reference
-    return sum(t.number > max(numbers) for t in trials) >= every
+    mine = [t for t in trials if t.user_attrs.get("owner") == owner]
+    refs = [t.number for t in mine if _is_reference(t) and _live_or_done(t)]
+    return not refs or sum(t.number > max(refs) for t in mine) >= every
 
 
 Figures = dict[str, Any]
 
 
-def scale(trials: list[Any], number: int,
+def scale(trials: list[Any], number: int, owner: str | None, unit: str | None = None,
           own: Figures | None = None) -> tuple[int | None, dict[str, float]]:  # fmt: skip
-    """The reference for trial ``number`` and each metric's factor (first reference / that one;
-    1 where either is missing or zero). The reference is the completed one with the highest
-    number below ``number``, or, for a reference trial (``own``: its raw figures), itself."""
+    """The reference for trial ``number`` and each metric's factor.
+
+    The factor is first reference / latest reference: the study's first completed reference,
+    and the latest completed one of this process (``owner``) before ``number``, or, for a
+    reference trial (``own``: its raw figures), itself. A reference of another process ran on
+    another slice of the cores or another host, or in another session, so it does not scale
+    this one's trials. Only references scored in the same ``unit`` count (a wrapped script's
+    run that reported no steps is scored per run). A factor is 1 where a figure is missing or 0,
+    and every factor is 1 (reference None) where this process has no reference yet.
+    """
     from optuna.trial import TrialState
 
     refs = sorted((t for t in trials if t.state == TrialState.COMPLETE and _is_reference(t)
-                   and t.number < number), key=lambda t: t.number)  # fmt: skip
+                   and t.number < number and t.user_attrs.get("unit") == unit),
+                  key=lambda t: t.number)  # fmt: skip
+    mine = [t for t in refs if t.user_attrs.get("owner") == owner]
     if own is not None:
         first, latest, ref = (refs[0].user_attrs if refs else own), own, number
-    elif refs:
-        first, latest, ref = refs[0].user_attrs, refs[-1].user_attrs, refs[-1].number
+    elif mine:
+        first, latest, ref = refs[0].user_attrs, mine[-1].user_attrs, mine[-1].number
     else:
         return None, {m: 1.0 for m in METRICS}
     factors = {}

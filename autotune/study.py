@@ -114,7 +114,8 @@ def trial_values(t: optuna.trial.FrozenTrial) -> dict[str, Any]:
     return dict(t.user_attrs.get("values", t.params))
 
 
-def _me() -> str:
+def owner_id() -> str:
+    """This process, as trials record it in ``owner``: host, pid and process start time."""
     import os
     import socket
 
@@ -139,7 +140,7 @@ def ask(study: optuna.Study) -> optuna.trial.Trial:
     finished), so that ``fail_orphans`` in other processes and on other hosts leaves it alone
     while this process lives."""
     trial = study.ask()
-    trial.set_user_attr("owner", _me())
+    trial.set_user_attr("owner", owner_id())
     trial.set_user_attr("beat", time.time())
     storage, trial_id = study._storage, trial._trial_id
 

@@ -39,23 +39,32 @@ def mean_w(seconds: float) -> dict[str, float]:
     return {str(g): round((e1[g] - e0[g]) / (t1 - t0), 2) for g in e0}
 
 
-def held(env: dict[str, str] | None, settle_s: float, seconds: float) -> dict[str, float]:
+def held(env: dict[str, str] | None, settle_s: float, seconds: float,
+         start_timeout_s: float = 120.0) -> dict[str, float]:  # fmt: skip
     """Mean power while a child holds an idle context (with ``env`` added to its environment)."""
     import os
+    import select
 
     child = subprocess.Popen([sys.executable, "-c", HOLDER], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, text=True,
                              env={**os.environ, **(env or {})})  # fmt: skip
     try:
-        line = child.stdout.readline() if child.stdout else ""
+        assert child.stdout is not None and child.stdin is not None
+        ready, _, _ = select.select([child.stdout], [], [], start_timeout_s)
+        line = child.stdout.readline() if ready else ""
         if line.strip() != "ready":
-            raise SystemExit(f"the context holder did not start (exit {child.poll()})")
+            raise SystemExit(f"the context holder did not open a CUDA context within "
+                             f"{start_timeout_s:.0f} s (exit code {child.poll()})")  # fmt: skip
         time.sleep(settle_s)
         return mean_w(seconds)
     finally:
         if child.stdin:
             child.stdin.close()
-        child.wait(timeout=60)
+        try:
+            child.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
 
 
 def measure(seconds: float, settle_s: float, mps: bool) -> dict[str, Any]:

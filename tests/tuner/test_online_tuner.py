@@ -239,6 +239,8 @@ def test_bad_knobs_and_storage_are_refused_with_what_is_allowed(tmp_path):
         6,
     )
     assert build_space(machine, ["trainer_threads=2..8"])["trainer_threads"].choices == (2, 3, 4)
+    twice = build_space(machine, ["trainer_threads=2..3", "trainer_threads=1..4"])
+    assert twice["trainer_threads"].choices == (2, 3)  # a second --knob narrows, never widens
     with pytest.raises(KnobError, match=r"trainer_threads='5': allowed values are 1\.\.4"):
         build_space(machine, ["trainer_threads=5"])
 

@@ -100,6 +100,85 @@ def test_a_failed_default_config_is_not_run_again_as_a_reference(tmp_path):
     assert done and all(r.attrs["reference_trial"] is None for r in done)
 
 
+def test_each_process_scales_by_its_own_references(tmp_path, monkeypatch):
+    import autotune.offline
+    import autotune.study
+
+    def as_process(owner: str) -> None:  # trials record it as their owner, too
+        monkeypatch.setattr(autotune.offline, "owner_id", lambda: owner)
+        monkeypatch.setattr(autotune.study, "owner_id", lambda: owner)
+
+    # session A on the whole machine; session B (a resumed study, another worker or host) on a
+    # machine half as fast: B runs a reference of its own first and counts against it
+    as_process("host-a:1:0.00")
+    a = _study(tmp_path, SlowingMachine(every=100), every=3)
+    rows = [a.step() for _ in range(3)]
+    as_process("host-b:2:0.00")
+
+    class HalfSpeed(SlowingMachine):
+        def speed(self, run: int) -> float:
+            return 0.5
+
+    b = _study(tmp_path, HalfSpeed(every=100), every=3)
+    later = [b.step() for _ in range(3)]
+    assert rows[0].role == "default" and "reference" not in [r.role for r in rows]
+    assert later[0].role == "reference" and later[0].steps_per_joule == pytest.approx(45.0)
+    assert all(r.role not in ("default", "reference") for r in later[1:])
+    for row in rows + later:
+        assert row.attrs["scaled_steps_per_joule"] == pytest.approx(TRUE_SPJ[row.values["actors"]])
+    assert [r.attrs["reference_trial"] for r in later] == [3, 3, 3]
+
+
+def test_a_failed_reference_stops_references_but_not_the_default_config(tmp_path):
+    class SecondDefaultFails(SlowingMachine):
+        def __call__(self, cfg, warmup_s, meter=None):
+            if cfg.actors == 2 and self.runs > 0:
+                from runtime.runner import RunError
+
+                self.runs += 1
+                raise RunError("the run died (test)")
+            return super().__call__(cfg, warmup_s, meter)
+
+    offline = _study(tmp_path, SecondDefaultFails(every=100), every=1)
+    rows = [offline.step()]
+    offline.study.enqueue_trial({"actors": 3})  # not the default config: it runs
+    rows += [offline.step() for _ in range(3)]
+    assert [r.role for r in rows[:3]] == ["default", "sampler", "reference"]
+    assert rows[2].error.startswith("run failed: the run died")
+    assert offline.reference_every == 0 and "reference" not in [r.role for r in rows[3:]]
+    failed = offline.study.get_trials(deepcopy=False)[2]
+    assert failed.user_attrs["interrupted"].startswith("reference run failed")
+    assert "error" not in failed.user_attrs  # the default config is not marked unrunnable
+
+
+def test_confirmations_run_no_reference(tmp_path):
+    offline = _study(tmp_path, SlowingMachine(every=100), every=1)
+    rows = [offline.step(confirm=i >= 2) for i in range(5)]
+    assert [r.role for r in rows[:2]] == ["default", "sampler"]
+    assert [r.role for r in rows[2:]] == ["confirm"] * 3
+
+
+def test_reference_runs_of_zero_have_no_spread():
+    from optuna.trial import TrialState
+
+    from autotune.reference import reference_runs
+
+    class T:
+        def __init__(self, value):
+            self.state, self.user_attrs = (
+                TrialState.COMPLETE,
+                {"role": "reference", "steps_per_joule": value},
+            )
+
+    assert reference_runs([T(0.0), T(5.0)], "steps_per_joule") == {
+        "count": 2,
+        "min": 0.0,
+        "max": 5.0,
+        "spread": None,
+    }
+    assert reference_runs([], "steps_per_joule") is None
+
+
 @pytest.mark.parametrize("every", ["-1", "x"])
 def test_study_refuses_a_bad_reference_interval(every, capsys):
     from autotune.cli import build_parser
