@@ -47,10 +47,12 @@ def add_study_command(sub: Any) -> None:
                        "a lucky short trial is measured again before export picks it "
                        "(default 0)")  # fmt: skip
     study.add_argument("--reference-every", type=int, default=0, metavar="K",
-                       help="after every K trials run the default (or --from) config again "
-                       "(counted in --trials; not among the confirmations), and rank every "
-                       "trial by its figures scaled to the machine state of the first run: for "
-                       "a shared machine that drifts over minutes (default 0: never)")  # fmt: skip
+                       help="run the default (or --from) config again first in each "
+                       "session and then after every K trials (counted in --trials; not among "
+                       "the confirmations), and rank every trial by its figures scaled to the "
+                       "machine state of the study's first run: for a shared machine that "
+                       "drifts over minutes; one process only (not with --workers) (default 0: "
+                       "never)")  # fmt: skip
     study.add_argument("--no-profile", action="store_true",
                        help="skip the profiling seeds (train runs profile by default)")  # fmt: skip
     study.add_argument("--workers", type=int, default=1,
@@ -96,6 +98,10 @@ def check_args(args: argparse.Namespace) -> None:
     if args.reference_every < 0:
         raise ValueError(f"--reference-every {args.reference_every}: allowed 0 (never) or K "
                          ">= 1 (a reference run after every K trials)")  # fmt: skip
+    if args.reference_every and args.workers > 1:
+        raise ValueError(f"--reference-every with --workers {args.workers}: each worker runs on "
+                         "its own slice of the machine, which one reference cannot scale; run "
+                         "the study in one process (--workers 1)")  # fmt: skip
     if not 0 <= args.confirm <= args.trials:
         raise ValueError(f"--confirm {args.confirm}: allowed 0..--trials ({args.trials})")
     if args.workers < 1 or args.workers > args.trials:

@@ -291,6 +291,21 @@ class OfflineStudy:
                 best = value if best is None else max(best, value)
         return None
 
+    def _ask_reference(self, taken: Any) -> Any:
+        """The reference this step enqueued, where ``ask`` returned an older waiting trial
+        (one a killed session enqueued) instead: each such trial is failed as interrupted and
+        enqueued again, behind the reference, so it runs once this session can scale it."""
+        for _ in range(1000):  # each waiting trial ahead of the reference is taken once
+            stale = self.study._storage.get_trial(taken._trial_id)
+            fail_interrupted(self.study, taken, "asked before this session's reference run")
+            self.study.enqueue_trial(stale.system_attrs.get("fixed_params", {}),
+                                     user_attrs={"role": stale.user_attrs.get("role")},
+                                     skip_if_exists=False)  # fmt: skip
+            taken = ask(self.study)
+            if taken.user_attrs.get("role") in REFERENCE_ROLES:
+                break
+        return taken
+
     def _enqueue_next(self, confirm: bool) -> None:
         picked = self.confirm_pick() if confirm else None
         planned = None if picked is not None else self.next_planned()
@@ -328,18 +343,17 @@ class OfflineStudy:
         """Runs one trial: a reference run when one is due, else a confirmation (``confirm``,
         once a trial has completed), else the next planned trial or the sampler's."""
         default_ok = config_key(self.trials.default()) not in self.failed
-        if (
-            default_ok
-            and not confirm
-            and reference_due(
-                self.study.get_trials(deepcopy=False), self.reference_every, owner_id()
-            )
-        ):
+        trials = self.study.get_trials(deepcopy=False)
+        want_reference = default_ok and reference_due(trials, self.reference_every, owner_id(),
+                                                      confirm)  # fmt: skip
+        if want_reference:
             self.study.enqueue_trial(self.trials.default(), user_attrs={"role": "reference"},
                                      skip_if_exists=False)  # fmt: skip
         else:
             self._enqueue_next(confirm)
         trial = ask(self.study)
+        if want_reference and trial.user_attrs.get("role") not in REFERENCE_ROLES:
+            trial = self._ask_reference(trial)
         try:
             values = {k.name: trial.suggest_categorical(k.name, list(k.choices))
                       for k in self.knobs}  # fmt: skip

@@ -17,11 +17,13 @@ is 1 and the scaled figures equal the raw ones. The raw figures stay in the tria
 objective, its confirmations, its profiling and ``autotune export`` all rank by the scaled
 figures (``score``).
 
-Each process scales by its own references: with ``--workers`` (each on its own slice of the
-cores) or several hosts, or in a resumed session, a process runs a reference of its own first,
-and its trials count as their ratio to it, times the study's first reference. References count
-against ``--trials``; none runs among the confirmations. A reference that fails stops them for
-the session (its config is not marked unrunnable for that).
+Each process scales by its own references: in a resumed session a process runs a reference of
+its own first, and its trials count as their ratio to it, times the study's first reference.
+One process runs the study at a time: ``--reference-every`` is refused with ``--workers``, and
+workers on other hosts sharing the storage would each scale by references of their own against
+a first reference none of them shares the machine state of. References count against
+``--trials``; none runs among the confirmations, unless the session has none yet. A reference
+that fails stops them for the session (its config is not marked unrunnable for that).
 
 This corrects drift over minutes, not the jitter between two adjacent windows: a single
 reference run carries that jitter into every trial it scales. Use it where the references
@@ -52,23 +54,26 @@ def _is_reference(trial: Any) -> bool:
     return trial.user_attrs.get("role") in REFERENCE_ROLES
 
 
-def _live_or_done(trial: Any) -> bool:
+def _running_or_done(trial: Any) -> bool:
     from optuna.trial import TrialState
 
-    return trial.state in (TrialState.COMPLETE, TrialState.RUNNING, TrialState.WAITING)
+    return trial.state in (TrialState.COMPLETE, TrialState.RUNNING)
 
 
-def reference_due(trials: list[Any], every: int, owner: str) -> bool:
+def reference_due(trials: list[Any], every: int, owner: str, confirm: bool = False) -> bool:
     """Whether this process (``owner``, the trials' ``owner`` attribute) should run a reference
     next: ``every`` > 0, the default trial exists (it comes first and is the first reference),
-    and this process has no reference yet (a resumed study, another worker) or has asked at
-    least ``every`` trials since its last one (failed trials count: they took the machine's
-    time too; a failed or interrupted reference does not)."""
-    if every <= 0 or not any(_is_reference(t) for t in trials):
+    and this process has no reference yet (a resumed session) or, unless the next trial is a
+    confirmation (``confirm``), has asked at least ``every`` trials since its last one (failed
+    trials count: they took the machine's time too; a failed or interrupted reference does
+    not)."""
+    if every <= 0 or not any(_is_reference(t) and _running_or_done(t) for t in trials):
         return False
     mine = [t for t in trials if t.user_attrs.get("owner") == owner]
-    refs = [t.number for t in mine if _is_reference(t) and _live_or_done(t)]
-    return not refs or sum(t.number > max(refs) for t in mine) >= every
+    refs = [t.number for t in mine if _is_reference(t) and _running_or_done(t)]
+    if not refs:
+        return True
+    return not confirm and sum(t.number > max(refs) for t in mine) >= every
 
 
 Figures = dict[str, Any]

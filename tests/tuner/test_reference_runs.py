@@ -100,25 +100,31 @@ def test_a_failed_default_config_is_not_run_again_as_a_reference(tmp_path):
     assert done and all(r.attrs["reference_trial"] is None for r in done)
 
 
-def test_each_process_scales_by_its_own_references(tmp_path, monkeypatch):
+@pytest.fixture
+def as_process(monkeypatch):
+    """Makes this test's studies act as the process ``owner`` (trials record it too)."""
     import autotune.offline
     import autotune.study
 
-    def as_process(owner: str) -> None:  # trials record it as their owner, too
+    def become(owner: str) -> None:
         monkeypatch.setattr(autotune.offline, "owner_id", lambda: owner)
         monkeypatch.setattr(autotune.study, "owner_id", lambda: owner)
 
-    # session A on the whole machine; session B (a resumed study, another worker or host) on a
-    # machine half as fast: B runs a reference of its own first and counts against it
-    as_process("host-a:1:0.00")
+    return become
+
+
+class HalfSpeed(SlowingMachine):
+    def speed(self, run: int) -> float:
+        return 0.5
+
+
+def test_a_resumed_session_runs_its_own_reference_first(tmp_path, as_process):
+    # session A on the whole machine; session B, resumed later on a machine half as fast:
+    # B runs a reference of its own first and counts against it
+    as_process("host:1:0.00")
     a = _study(tmp_path, SlowingMachine(every=100), every=3)
     rows = [a.step() for _ in range(3)]
-    as_process("host-b:2:0.00")
-
-    class HalfSpeed(SlowingMachine):
-        def speed(self, run: int) -> float:
-            return 0.5
-
+    as_process("host:2:9.00")
     b = _study(tmp_path, HalfSpeed(every=100), every=3)
     later = [b.step() for _ in range(3)]
     assert rows[0].role == "default" and "reference" not in [r.role for r in rows]
@@ -127,6 +133,45 @@ def test_each_process_scales_by_its_own_references(tmp_path, monkeypatch):
     for row in rows + later:
         assert row.attrs["scaled_steps_per_joule"] == pytest.approx(TRUE_SPJ[row.values["actors"]])
     assert [r.attrs["reference_trial"] for r in later] == [3, 3, 3]
+
+
+def test_a_session_of_confirmations_runs_a_reference_first(tmp_path, as_process):
+    as_process("host:1:0.00")
+    a = _study(tmp_path, SlowingMachine(every=100), every=5)
+    rows = [a.step() for _ in range(3)]
+    as_process("host:2:9.00")
+    b = _study(tmp_path, HalfSpeed(every=100), every=5)
+    later = [b.step(confirm=True) for _ in range(3)]
+    assert [r.role for r in later] == ["reference", "confirm", "confirm"]
+    for row in rows + later:
+        assert row.attrs["scaled_steps_per_joule"] == pytest.approx(TRUE_SPJ[row.values["actors"]])
+
+
+def test_a_waiting_trial_of_a_killed_session_runs_after_the_reference(tmp_path, as_process):
+    as_process("host:1:0.00")
+    a = _study(tmp_path, SlowingMachine(every=100), every=5)
+    a.step()
+    a.study.enqueue_trial({"actors": 3}, user_attrs={"role": "profile"})  # then killed
+    as_process("host:2:9.00")
+    b = _study(tmp_path, HalfSpeed(every=100), every=5)
+    later = [b.step() for _ in range(2)]
+    assert [r.role for r in later] == ["reference", "profile"]
+    assert later[1].values == {"actors": 3}
+    assert later[1].attrs["scaled_steps_per_joule"] == pytest.approx(100.0)
+    cut = [t for t in b.study.get_trials(deepcopy=False) if "interrupted" in t.user_attrs]
+    assert [t.user_attrs["interrupted"] for t in cut] == [
+        "asked before this session's reference run"
+    ]
+
+
+def test_reference_runs_are_refused_with_workers():
+    from autotune.cli import build_parser
+    from autotune.cli_study import check_args
+
+    args = build_parser().parse_args(["study", "--trials", "4", "--workers", "2",
+                                      "--reference-every", "2"])  # fmt: skip
+    with pytest.raises(ValueError, match=r"--reference-every with --workers 2: .*--workers 1"):
+        check_args(args)
 
 
 def test_a_failed_reference_stops_references_but_not_the_default_config(tmp_path):
