@@ -4,7 +4,8 @@ context, and with an idle context through MPS (the MPS server's own context besi
 The physical limit of issue 6 steps envs with the GPU left without a context, so any trainer or
 inference GMI on the GPU starts from the difference between the first two rows. Each phase runs
 its holder in a child process (this process never creates a context), lets the card settle for
-``--settle-s``, then charges ``--seconds`` of the NVML energy counter (or power polling).
+``--settle-s`` (before the first phase too), then charges ``--seconds`` of the NVML energy
+counter (or power polling).
 
     python -m bench.gpu_idle_power --seconds 15 --out out/gpu_idle_power.json
 """
@@ -68,6 +69,9 @@ def held(env: dict[str, str] | None, settle_s: float, seconds: float,
 
 
 def measure(seconds: float, settle_s: float, mps: bool) -> dict[str, Any]:
+    if not probe_gpu_energy().sources:
+        raise SystemExit("no GPU that NVML can read: nothing to measure")
+    time.sleep(settle_s)  # the card may still be clocked up from work just before (89.6 W, once)
     rows: dict[str, Any] = {"no context": mean_w(seconds)}
     rows["idle context"] = held(None, settle_s, seconds)
     time.sleep(settle_s)
