@@ -20,7 +20,6 @@ from runtime import wire
 from runtime.inference import NAME as INFERENCE
 from runtime.services import RunError, Services
 
-TICK_S = 0.1
 ACTOR_EXIT_TIMEOUT_S = 60.0
 """How long the drain waits for actors to finish their rollout and exit."""
 SERVICE_DRAIN_TIMEOUT_S = 120.0
@@ -40,6 +39,7 @@ class Drain:
         telemetry: Its ``runtime.telemetry.RunTelemetry``.
         read: Reads telemetry from a socket for up to the given milliseconds.
         report: Called every tick while draining (the progress display).
+        tick_s: The runner's tick: how long each wait reads telemetry.
     """
 
     actors: Any
@@ -48,6 +48,7 @@ class Drain:
     telemetry: Any
     read: Callable[[zmq.Socket, int], None]
     report: Callable[[], None]
+    tick_s: float
 
     def run(self, telemetry_sock: zmq.Socket, control_sock: zmq.Socket) -> None:
         """Drains the pipeline in order, then lets the services exit.
@@ -57,7 +58,7 @@ class Drain:
         """
 
         def wait() -> None:
-            self.read(telemetry_sock, int(TICK_S * 1000))
+            self.read(telemetry_sock, int(self.tick_s * 1000))
             self.services.check(self.telemetry.is_final)
             self.report()
 
@@ -70,7 +71,7 @@ class Drain:
         # the inference GMI reports its final counters as it exits: read them
         while (INFERENCE in self.services and not self.telemetry.is_final(INFERENCE)
                and time.monotonic() < deadline):  # fmt: skip
-            self.read(telemetry_sock, int(TICK_S * 1000))
+            self.read(telemetry_sock, int(self.tick_s * 1000))
 
     def _await_final(self, name: str, telemetry_sock: zmq.Socket, control_sock: zmq.Socket,
                      clean: dict[str, int]) -> None:  # fmt: skip
@@ -87,5 +88,5 @@ class Drain:
             if name == "compressor" and now - last_sent >= DRAIN_RESEND_S:
                 wire.send_msg(control_sock, wire.MsgType.CONTROL, {"cmd": "drain", "expect": clean})
                 last_sent = now
-            self.read(telemetry_sock, int(TICK_S * 1000))
+            self.read(telemetry_sock, int(self.tick_s * 1000))
             self.report()

@@ -49,7 +49,7 @@ import zmq
 from runtime import checkpoint, live, topology, wire
 from runtime.actor_pool import ActorPool, Incarnations
 from runtime.config import ConfigError, TrainConfig
-from runtime.drain import TICK_S, Drain
+from runtime.drain import Drain
 from runtime.envs import EnvInfo
 from runtime.gmi.fleet import GMIFleet
 from runtime.inference import NAME as INFERENCE
@@ -65,6 +65,8 @@ __all__ = ["RUN_WINDOW", "RunError", "RunState", "Runner"]
 
 logger = logging.getLogger(__name__)
 
+TICK_S = 0.1
+"""The main loop's tick: how long each pass reads telemetry (and each drain wait)."""
 RUN_WINDOW = "run"
 """The energy window open for the whole run (a tuner peeks at it for cumulative joules)."""
 
@@ -384,7 +386,7 @@ class Runner:
                 self.on_progress(self.state(started, draining=True))
 
         Drain(self.actors, self.services, self.fleet, self.telemetry, self._read_telemetry,
-              report).run(telemetry_sock, control_sock)  # fmt: skip
+              report, TICK_S).run(telemetry_sock, control_sock)  # fmt: skip
 
     def _kill_all(self) -> None:
         self.actors.kill_all()
