@@ -118,33 +118,31 @@ class HalfSpeed(SlowingMachine):
         return 0.5
 
 
-def test_a_resumed_session_runs_its_own_reference_first(tmp_path, as_process):
-    # session A on the whole machine; session B, resumed later on a machine half as fast:
-    # B runs a reference of its own first and counts against it
+def _two_sessions(tmp_path, as_process, every: int, confirm: bool):
+    """Session A (3 trials) on the whole machine; session B (3 trials, confirmations if
+    ``confirm``), resumed later on a machine half as fast. Returns both sessions' rows."""
     as_process("host:1:0.00")
-    a = _study(tmp_path, SlowingMachine(every=100), every=3)
+    a = _study(tmp_path, SlowingMachine(every=100), every=every)
     rows = [a.step() for _ in range(3)]
     as_process("host:2:9.00")
-    b = _study(tmp_path, HalfSpeed(every=100), every=3)
-    later = [b.step() for _ in range(3)]
+    b = _study(tmp_path, HalfSpeed(every=100), every=every)
+    later = [b.step(confirm=confirm) for _ in range(3)]
+    for row in rows + later:  # B's trials count against its own reference
+        assert row.attrs["scaled_steps_per_joule"] == pytest.approx(TRUE_SPJ[row.values["actors"]])
+    return rows, later
+
+
+def test_a_resumed_session_runs_its_own_reference_first(tmp_path, as_process):
+    rows, later = _two_sessions(tmp_path, as_process, every=3, confirm=False)
     assert rows[0].role == "default" and "reference" not in [r.role for r in rows]
     assert later[0].role == "reference" and later[0].steps_per_joule == pytest.approx(45.0)
     assert all(r.role not in ("default", "reference") for r in later[1:])
-    for row in rows + later:
-        assert row.attrs["scaled_steps_per_joule"] == pytest.approx(TRUE_SPJ[row.values["actors"]])
     assert [r.attrs["reference_trial"] for r in later] == [3, 3, 3]
 
 
 def test_a_session_of_confirmations_runs_a_reference_first(tmp_path, as_process):
-    as_process("host:1:0.00")
-    a = _study(tmp_path, SlowingMachine(every=100), every=5)
-    rows = [a.step() for _ in range(3)]
-    as_process("host:2:9.00")
-    b = _study(tmp_path, HalfSpeed(every=100), every=5)
-    later = [b.step(confirm=True) for _ in range(3)]
+    _, later = _two_sessions(tmp_path, as_process, every=5, confirm=True)
     assert [r.role for r in later] == ["reference", "confirm", "confirm"]
-    for row in rows + later:
-        assert row.attrs["scaled_steps_per_joule"] == pytest.approx(TRUE_SPJ[row.values["actors"]])
 
 
 def test_a_waiting_trial_of_a_killed_session_runs_after_the_reference(tmp_path, as_process):
