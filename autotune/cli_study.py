@@ -48,8 +48,9 @@ def add_study_command(sub: Any) -> None:
                        "(default 0)")  # fmt: skip
     study.add_argument("--reference-every", type=int, default=0, metavar="K",
                        help="run the default (or --from) config again first in each "
-                       "session and then after every K trials (counted in --trials; not among "
-                       "the confirmations), and rank every trial by its figures scaled to the "
+                       "session and then after every K trials (counted in --trials; during "
+                       "the confirmations only the first), and rank every trial by its figures "
+                       "scaled to the "
                        "machine state of the study's first run: for a shared machine that "
                        "drifts over minutes; one process only (not with --workers) (default 0: "
                        "never)")  # fmt: skip
