@@ -23,10 +23,11 @@ The order of trials in a study:
    times (the better one on a tie). On a shared machine one short trial can be lucky by tens of
    percent; ``autotune export`` picks by the median of a config's trials, so a lucky single
    trial is measured again before it can be recommended;
-5. with ``--reference-every K``, after every K trials of this process the default config runs
-   again (``role`` "reference", before a planned or sampled trial; not among the
-   confirmations), and every trial is ranked by its figures scaled to the machine state of the
-   study's first reference (``autotune.reference``).
+5. with ``--reference-every K``, first in each session and then after every K trials of this
+   process the default config runs again (``role`` "reference", before a planned or sampled
+   trial; among the confirmations only as the session's first), and every trial is ranked by
+   its figures scaled to the machine state of the study's first reference
+   (``autotune.reference``).
 
 Single objective (steps/J or steps/s), or both (``both``: a multi-objective study whose
 Pareto front ``pareto_front`` gives). The study is in RDB storage and resumes where it stopped,
@@ -297,9 +298,10 @@ class OfflineStudy:
         enqueued again, behind the reference, so it runs once this session can scale it."""
         for _ in range(1000):  # each waiting trial ahead of the reference is taken once
             stale = self.study._storage.get_trial(taken._trial_id)
+            role = stale.user_attrs.get("role")  # none: the sampler's role is set when it runs
             fail_interrupted(self.study, taken, "asked before this session's reference run")
             self.study.enqueue_trial(stale.system_attrs.get("fixed_params", {}),
-                                     user_attrs={"role": stale.user_attrs.get("role")},
+                                     user_attrs={"role": role} if role else None,
                                      skip_if_exists=False)  # fmt: skip
             taken = ask(self.study)
             if taken.user_attrs.get("role") in REFERENCE_ROLES:

@@ -150,16 +150,17 @@ def test_a_waiting_trial_of_a_killed_session_runs_after_the_reference(tmp_path, 
     a = _study(tmp_path, SlowingMachine(every=100), every=5)
     a.step()
     a.study.enqueue_trial({"actors": 3}, user_attrs={"role": "profile"})  # then killed
+    a.study.enqueue_trial({"actors": 1})  # one with no role, as a user may enqueue
     as_process("host:2:9.00")
     b = _study(tmp_path, HalfSpeed(every=100), every=5)
-    later = [b.step() for _ in range(2)]
-    assert [r.role for r in later] == ["reference", "profile"]
-    assert later[1].values == {"actors": 3}
+    later = [b.step() for _ in range(3)]
+    assert [r.role for r in later] == ["reference", "profile", "sampler"]
+    assert later[1].values == {"actors": 3} and later[2].values == {"actors": 1}
     assert later[1].attrs["scaled_steps_per_joule"] == pytest.approx(100.0)
     cut = [t for t in b.study.get_trials(deepcopy=False) if "interrupted" in t.user_attrs]
     assert [t.user_attrs["interrupted"] for t in cut] == [
         "asked before this session's reference run"
-    ]
+    ] * 2
 
 
 def test_reference_runs_are_refused_with_workers():
