@@ -1,7 +1,7 @@
 """Side by side on one machine: the physical limit, the peers and this project, one env per run.
 
     python -m bench.compare run --env Ant-v5 --policy auto:256:128:64:auto --seconds 60 \\
-        --exported docs/results/2026-11-22/study/ant-export.json --out out/compare
+        --exported bench/exports/ant-export.json --out out/compare
     python -m bench.compare report --dir out/compare --markdown out/compare/table.md \\
         --plots out/compare/plots
 

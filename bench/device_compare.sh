@@ -25,7 +25,7 @@ set -uo pipefail
 OUT=${OUT:-out}
 export PYTHONUNBUFFERED=1 COLUMNS=160
 py=${PYTHON:-python3}
-EXPORT=${EXPORT:-docs/results/2026-11-22/study/ant-export.json}
+EXPORT=${EXPORT:-bench/exports/ant-export.json}
 SB3_ARM=${SB3_ARM:-sb3-cuda}
 STATE=${STATE:-bench_state}
 # ours in the learning part: PPO's MuJoCo learner settings (the zoo's minibatch size, epochs and

@@ -1,7 +1,7 @@
 """Learning quality at equal env steps: this project beside its peers, several seeds, one machine.
 
     python -m bench.learning run --env Ant-v5 --steps 1000000 --seeds 0,1,2 --arms ours,sb3 \\
-        --parallel 3 --config docs/results/2026-11-22/study/ant-export.json --out out/learning
+        --parallel 3 --config bench/exports/ant-export.json --out out/learning
     python -m bench.learning report --dir out/learning --at 1000000,3000000 \\
         --markdown out/learning/table.md --plot out/learning/returns.png
 

@@ -95,7 +95,7 @@ def test_report_of_the_stored_h100_cpu_trainer_run_keeps_its_figures(tmp_path):
     the cuda export) gives the figures docs/BENCHMARKS.md quotes."""
     from bench.compare_report import report
 
-    src = Path(__file__).parents[2] / "docs/results/2026-11-22/compare/cpu-trainer/compare"
+    src = Path(__file__).parents[1] / "fixtures/compare/cpu-trainer"
     shutil.copytree(src, tmp_path / "run")
     doc = report(tmp_path, str(tmp_path / "t.md"), None)
     (group,) = doc["groups"]
@@ -111,7 +111,7 @@ def test_report_of_the_stored_numpy_actor_runs_keeps_the_quoted_ratios(tmp_path)
     """docs/BENCHMARKS.md section 10 quotes these three runs' steps/J ratios to the limit."""
     from bench.compare_report import report
 
-    src = Path(__file__).parents[2] / "docs/results/2026-11-22/compare/cpu-trainer-numpy-actors"
+    src = Path(__file__).parents[1] / "fixtures/compare/numpy-actors"
     for run in ("run1", "run2", "run3"):
         shutil.copytree(src / run, tmp_path / run)
     doc = report(tmp_path, None, None)
@@ -134,7 +134,7 @@ def test_report_of_the_stored_rounds_counts_the_runs_that_met_each_goal(tmp_path
     two limits)."""
     from bench.compare_report import report
 
-    src = Path(__file__).parents[2] / "docs/results/2026-11-23/compare/others-rounds"
+    src = Path(__file__).parents[1] / "fixtures/compare/others-rounds"
     shutil.copytree(src, tmp_path / "rounds")
     md = tmp_path / "t.md"
     doc = report(tmp_path / "rounds", str(md), None)
@@ -155,7 +155,7 @@ def test_a_limit_measured_again_gives_the_mean_and_its_drift(tmp_path):
     them is printed (here run 2's limit, 25 % faster, stands in for the second)."""
     from bench.compare_report import report
 
-    src = Path(__file__).parents[2] / "docs/results/2026-11-22/compare/cpu-trainer-numpy-actors"
+    src = Path(__file__).parents[1] / "fixtures/compare/numpy-actors"
     shutil.copytree(src / "run1", tmp_path / "run")
     end = json.loads((src / "run2" / "Ant-v5-limit.json").read_text())
     end["arm"] = compare_arms.LIMIT_END

@@ -81,7 +81,7 @@ def test_device_compare_study_other_needs_a_workload(tmp_path):
     study = [x for x in out.stdout.splitlines() if x.startswith("-m autotune.cli study")]
     assert len(study) == 1 and "--env Humanoid-v5" in study[0]
     assert "--trials 10 --confirm 3" in study[0]
-    assert "--from docs/results/2026-11-22/study/ant-export.json" in study[0]
+    assert "--from bench/exports/ant-export.json" in study[0]
     assert (tmp_path / "s").is_dir()
     missing = _dry_run("study-other", tmp_path, WORKLOAD="")
     assert missing.returncode != 0 and "WORKLOAD" in missing.stderr
