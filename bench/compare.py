@@ -7,7 +7,7 @@
 
 ``run`` starts each arm as its own process, one after the other, while ``MachineMeter`` samples
 the whole machine's energy (every GPU through NVML; the CPU through RAPL or the labelled model).
-Each arm writes a progress curve (``autotune/progress_log.py``). Its figures are taken over a
+Each arm writes a progress curve (``autotune/workflows/progress_log.py``). Its figures are taken over a
 window of that curve: from ``--warmup-s`` after its first trained step to its last line (the
 ``tuned`` arm: the final third of its trained span, after the tuner has had its time). The
 window's trained steps divided by its seconds and by the machine's joules in it give steps/s,
@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from autotune.progress_log import read_progress
+from autotune.workflows.progress_log import read_progress
 from bench.compare_arms import (
     ARMS,
     LIMIT_END,
@@ -160,7 +160,7 @@ def machine_doc() -> dict[str, Any]:
         "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
     }
     try:
-        from autotune.hw.gpus import list_gpus
+        from runtime.hw.gpus import list_gpus
 
         doc["gpus"] = [g.name for g in list_gpus()]
     except Exception as exc:  # an inventory failure must not stop a benchmark

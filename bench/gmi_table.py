@@ -81,7 +81,7 @@ class SteadyWindow:
 
 
 def run_point(base: TrainConfig, warmup_s: float, measure_s: float) -> dict[str, Any]:
-    from autotune.energy import EnergyMeter
+    from runtime.energy import EnergyMeter
 
     meter = EnergyMeter()
     window = SteadyWindow(meter, warmup_s, measure_s)

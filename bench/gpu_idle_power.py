@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from autotune.energy import probe_gpu_energy
+from runtime.energy import probe_gpu_energy
 
 # a child that opens a CUDA context on GPU 0, says so, and holds it until its stdin closes
 HOLDER = (
@@ -77,7 +77,7 @@ def measure(seconds: float, settle_s: float, mps: bool) -> dict[str, Any]:
     time.sleep(settle_s)
     rows["no context, after"] = mean_w(seconds)
     if mps:
-        from autotune.hw.mps import MPSControl, MPSUnavailable
+        from runtime.hw.mps import MPSControl, MPSUnavailable
 
         try:
             with MPSControl() as control:

@@ -8,7 +8,7 @@
 ``run`` trains every (arm, seed) pair to ``--steps`` trained env steps, ``--parallel`` at a time,
 in ``--arms`` order, each on its own slice of the cores (``sched_setaffinity``, which its
 processes inherit; the first slices are one core larger when the cores do not divide evenly), each
-writing a progress curve (``autotune/progress_log.py``). ``report`` reads the mean return of
+writing a progress curve (``autotune/workflows/progress_log.py``). ``report`` reads the mean return of
 the last 100 episodes at the first line reaching each ``--at`` step count, per seed, and gives
 the mean, the min and the max over seeds. Speed is not compared here (parallel runs share the
 machine); ``bench.compare`` does that.
@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from autotune.progress_log import read_progress, value_at_steps
+from autotune.workflows.progress_log import read_progress, value_at_steps
 from bench.peers.common import hidden_from_policy
 
 ARMS = ("ours", "sb3", "cleanrl")

@@ -1,7 +1,7 @@
 """Whole-machine energy sampled on a clock, so any arm's span can be charged the same way.
 
 Every GPU NVML sees (its energy counter, or power polling where a GPU has none) and the CPU
-(RAPL package counters, or the busy-core model of ``autotune/energy/cpu.py``, labelled
+(RAPL package counters, or the busy-core model of ``runtime/energy/cpu.py``, labelled
 ``model``), sampled every ``interval_s`` in a thread. Nothing here creates a CUDA context, so a
 run measured with the GPU idle really has it idle.
 """
@@ -12,7 +12,7 @@ import bisect
 import threading
 import time
 
-from autotune.energy import probe_cpu_energy, probe_gpu_energy
+from runtime.energy import probe_cpu_energy, probe_gpu_energy
 
 
 class MachineMeter:

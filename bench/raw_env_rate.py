@@ -4,7 +4,7 @@
 
 Nothing here imports torch or touches CUDA, so the GPU stays idle with no context on it (the
 limit arm of ``bench.compare``). With ``--progress FILE`` the summed step count is written as a
-progress curve (``autotune/progress_log.py``) every half second.
+progress curve (``autotune/workflows/progress_log.py``) every half second.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def raw_step_rate(
     env_id: str, processes: int, envs_per_process: int, seconds: float, progress: str | None = None
 ) -> float:
     """Aggregate env steps/s of ``processes`` processes stepping random actions together."""
-    from autotune.progress_log import ProgressLog
+    from autotune.workflows.progress_log import ProgressLog
 
     ctx = mp.get_context("spawn")
     start, out = ctx.Barrier(processes + 1), ctx.Queue()

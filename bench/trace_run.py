@@ -22,8 +22,8 @@ import time
 
 import psutil
 
-from autotune.cli import parse_args
-from autotune.train_config import train_config
+from autotune.cli.main import parse_args
+from autotune.cli.train_config import train_config
 from runtime.runner import Runner, RunState
 
 

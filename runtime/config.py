@@ -176,7 +176,7 @@ class TrainConfig:
                     ]
                 )
             if self.trainer_precision == "bf16":  # NVML: no CUDA context in this process
-                from autotune.hw.gpus import bf16_problem, list_gpus
+                from runtime.hw.gpus import bf16_problem, list_gpus
 
                 problem = bf16_problem(list_gpus())
                 if problem:

@@ -39,7 +39,7 @@ class PhaseLog:
     """Opens and closes the phases of one run on an energy meter.
 
     Args:
-        meter: ``autotune.energy.EnergyMeter`` (one window per phase, ``phase-<generation>``).
+        meter: ``runtime.energy.EnergyMeter`` (one window per phase, ``phase-<generation>``).
         started: The run's ``time.monotonic()`` start.
     """
 

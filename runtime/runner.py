@@ -4,7 +4,7 @@
                                          and the inference GMI with ``inference='gmi'``
 
 Trainer GMIs are placed by ``runtime.gmi.placement`` (``trainers`` per GPU, MPS percentages);
-where MPS is wanted the runner reuses or starts an MPS daemon (``autotune.hw.mps``) and stops
+where MPS is wanted the runner reuses or starts an MPS daemon (``runtime.hw.mps``) and stops
 it at the end if it started it. A percentage change replaces every GMI by a new generation
 with other percentages (an MPS client's percentage is fixed for its life): ``replace_gmis``
 starts the new GMIs, which take
@@ -98,7 +98,7 @@ class Runner:
         cfg: The validated configuration.
         info: The environment description from ``cfg.validate()``.
         on_progress: Called with a ``RunState`` every tick (the CLI's live display).
-        meter: Energy meter (``autotune.energy.EnergyMeter``); a default one when None.
+        meter: Energy meter (``runtime.energy.EnergyMeter``); a default one when None.
         mps_changes: ``(seconds into the run, percentages or None)`` at which to replace the
             GMIs (see ``replace_gmis``; None keeps the percentages), in any order.
         mps_live: Start MPS (where GMIs are on a GPU) even if nothing needs it yet, so that
@@ -303,7 +303,7 @@ class Runner:
 
     def run(self) -> dict[str, Any]:
         """Runs the job; returns the result document (see ``runtime.results``)."""
-        from autotune.energy import EnergyMeter
+        from runtime.energy import EnergyMeter
         from runtime.results import build_result
 
         meter = self.meter = self.meter if self.meter is not None else EnergyMeter()

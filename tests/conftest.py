@@ -44,7 +44,7 @@ def postgres_url() -> str:
     pytest.importorskip("psycopg", reason="the postgres extra: pip install -e '.[postgres]'")
     import sqlalchemy
 
-    from autotune.study import storage_url
+    from autotune.tuning.storage import storage_url
 
     try:
         sqlalchemy.create_engine(storage_url(url)).connect().close()

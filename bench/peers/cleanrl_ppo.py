@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from torch import nn
 
-    from autotune.progress_log import ProgressLog
+    from autotune.workflows.progress_log import ProgressLog
 
     gamma, lam, clip, ent_coef, vf_coef, max_grad = 0.99, 0.95, 0.2, 0.0, 0.5, 0.5
     torch.set_num_threads(a.threads)

@@ -27,7 +27,7 @@ def add_peer_args(ap: argparse.ArgumentParser) -> None:
         "--progress",
         default=None,
         metavar="FILE",
-        help="write the learning curve here (autotune/progress_log.py)",
+        help="write the learning curve here (autotune/workflows/progress_log.py)",
     )
 
 

@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     from stable_baselines3.common.env_util import make_vec_env
     from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecNormalize
 
-    from autotune.progress_log import ProgressLog
+    from autotune.workflows.progress_log import ProgressLog
 
     torch.set_num_threads(a.threads)
     saved = Path(a.checkpoint) if a.checkpoint else None

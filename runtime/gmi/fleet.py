@@ -85,7 +85,7 @@ class GMIFleet:
         if self.sharing == "cpu" or not (placement.wants_mps(self.gmis) or mps_later
                                          or self.cfg.inference_mps_pct is not None):  # fmt: skip
             return
-        from autotune.hw.mps import MPSControl, MPSUnavailable
+        from runtime.hw.mps import MPSControl, MPSUnavailable
 
         try:
             mps = MPSControl()

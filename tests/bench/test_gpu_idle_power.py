@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from autotune.energy.gpu import NullGPUEnergy
+from runtime.energy.gpu import NullGPUEnergy
 from bench import gpu_idle_power
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.progress_log import read_progress
+from autotune.workflows.progress_log import read_progress
 from bench import compare, compare_arms
 
 
@@ -84,7 +84,7 @@ def test_labelled_exported_arms_run_their_own_files(tmp_path):
     # the default arm: `autotune train` as a newcomer runs it (the CLI's runs are tested in
     # tests/cli), with the arm's wall budget and the shared policy
     cmd = compare_arms.arm_command("default", a, tmp_path / "p.jsonl", tmp_path / "r.json")
-    assert cmd[2:4] == ["autotune.cli", "train"] and "--config" not in cmd
+    assert cmd[2:4] == ["autotune.cli.main", "train"] and "--config" not in cmd
     assert cmd[cmd.index("--env") + 1] == "Pendulum-v1"
     assert cmd[cmd.index("--policy") + 1] == "auto:32:auto"
     assert cmd[cmd.index("--max-wall-s") + 1] == "9.0"

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from autotune.progress_log import ProgressLog, read_progress, value_at_steps
+from autotune.workflows.progress_log import ProgressLog, read_progress, value_at_steps
 
 
 def test_lines_rate_limited_unless_forced(tmp_path):

@@ -12,8 +12,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from autotune.cli import parse_args
-from autotune.train_config import train_config
+from autotune.cli.main import parse_args
+from autotune.cli.train_config import train_config
 from bench.trace_run import CpuSplit
 from runtime.config import ConfigError
 

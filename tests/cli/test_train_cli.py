@@ -78,7 +78,7 @@ def test_python_api_example_runs(tmp_path):
     ],
 )
 def test_bad_gmi_flags_are_refused_with_what_is_allowed(args, message, capsys):
-    from autotune.cli import main
+    from autotune.cli.main import main
 
     try:
         rc = main(["train", "--quiet", *args])

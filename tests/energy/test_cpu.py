@@ -1,4 +1,4 @@
-"""Tests for autotune.energy.cpu against a fake powercap tree and patched psutil."""
+"""Tests for runtime.energy.cpu against a fake powercap tree and patched psutil."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.energy import cpu
+from runtime.energy import cpu
 
 MAX_UJ = 1_000_000_000
 

@@ -1,4 +1,4 @@
-"""Tests for autotune.energy.gpu with pynvml replaced by a fake module."""
+"""Tests for runtime.energy.gpu with pynvml replaced by a fake module."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from autotune.energy import gpu
+from runtime.energy import gpu
 
 
 class FakeNVMLError(Exception):

@@ -1,4 +1,4 @@
-"""Tests for autotune.energy.meter with injected fake sources and a fake clock."""
+"""Tests for runtime.energy.meter with injected fake sources and a fake clock."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from autotune.energy import meter as meter_mod
-from autotune.energy.cpu import CPUEnergySource
-from autotune.energy.gpu import GPUEnergySource
-from autotune.energy.meter import EnergyMeter, Measurement
+from runtime.energy import meter as meter_mod
+from runtime.energy.cpu import CPUEnergySource
+from runtime.energy.gpu import GPUEnergySource
+from runtime.energy.meter import EnergyMeter, Measurement
 
 
 class FakeGPU(GPUEnergySource):

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from autotune.hw import gpus, nvml
+from runtime.hw import gpus, nvml
 
 
 def test_no_nvml_means_no_gpus(monkeypatch):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.hw.gpus import sm_counts
-from autotune.hw.mps import MPSControl, MPSUnavailable
+from runtime.hw.gpus import sm_counts
+from runtime.hw.mps import MPSControl, MPSUnavailable
 
 
 def test_without_the_control_binary_start_says_why_and_state_is_shared(tmp_path):

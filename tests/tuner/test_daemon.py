@@ -14,9 +14,9 @@ import msgpack
 import optuna
 import pytest
 
-from autotune import control
-from autotune.counters import Counters
-from autotune.status import live_rates
+from autotune.control import protocol
+from autotune.tuning.counters import Counters
+from autotune.control.status import live_rates
 
 CLI = [sys.executable, "-m", "autotune.cli"]
 
@@ -24,29 +24,29 @@ CLI = [sys.executable, "-m", "autotune.cli"]
 def test_control_endpoints_are_private_or_loopback(tmp_path, monkeypatch):
     monkeypatch.delenv("AUTOTUNE_CONTROL", raising=False)
     monkeypatch.setenv("AUTOTUNE_HOME", str(tmp_path / "home"))
-    assert control.resolve_endpoint() == f"ipc://{tmp_path}/home/control.sock"
+    assert protocol.resolve_endpoint() == f"ipc://{tmp_path}/home/control.sock"
     assert (tmp_path / "home").stat().st_mode & 0o777 == 0o700
-    assert control.resolve_endpoint("tcp://localhost:5999") == "tcp://127.0.0.1:5999"
-    assert control.resolve_endpoint("tcp://[::1]:5999") == "tcp://::1:5999"
+    assert protocol.resolve_endpoint("tcp://localhost:5999") == "tcp://127.0.0.1:5999"
+    assert protocol.resolve_endpoint("tcp://[::1]:5999") == "tcp://::1:5999"
     for bad in ("tcp://0.0.0.0:5999", "tcp://10.1.2.3:5999", "tcp://127.0.0.1", "http://x",
                 "ipc://"):  # fmt: skip
-        with pytest.raises(control.ControlError, match="not allowed: use ipc://PATH or tcp://127"):
-            control.resolve_endpoint(bad)
+        with pytest.raises(protocol.ControlError, match="not allowed: use ipc://PATH or tcp://127"):
+            protocol.resolve_endpoint(bad)
     (tmp_path / "shared").mkdir(mode=0o777)
     (tmp_path / "shared").chmod(0o777)
     monkeypatch.setenv("AUTOTUNE_HOME", str(tmp_path / "shared"))
-    with pytest.raises(control.ControlError, match="is not private"):
-        control.resolve_endpoint()
+    with pytest.raises(protocol.ControlError, match="is not private"):
+        protocol.resolve_endpoint()
 
 
 def test_control_messages_are_versioned_maps():
-    assert control.decode(control.encode("PING"))["type"] == "PING"
+    assert protocol.decode(protocol.encode("PING"))["type"] == "PING"
     with pytest.raises(ValueError, match="undecodable"):
-        control.decode(b"\xc1")
+        protocol.decode(b"\xc1")
     with pytest.raises(ValueError, match="not a map with a 'type'"):
-        control.decode(msgpack.packb([1, 2]))
+        protocol.decode(msgpack.packb([1, 2]))
     with pytest.raises(ValueError, match="protocol version 99"):
-        control.decode(msgpack.packb({"v": 99, "type": "PING"}))
+        protocol.decode(msgpack.packb({"v": 99, "type": "PING"}))
     with pytest.raises(ValueError, match="malformed counters"):
         Counters.from_wire({"t_s": 1.0})
 
@@ -171,7 +171,7 @@ def test_a_second_daemon_on_the_same_socket_is_refused(tmp_path):
 
 
 def test_a_job_refuses_malformed_or_invalid_configs_without_changing(monkeypatch):
-    from autotune.job_link import DaemonLink
+    from autotune.control.job_link import DaemonLink
     from runtime.config import ConfigError as CE
 
     class Runner:

@@ -9,10 +9,10 @@ import sys
 
 import pytest
 
-from autotune.export import ExportError, dump, export_doc, load_config
-from autotune.knobs import Machine, build_space
-from autotune.offline import OfflineStudy, TrainTrials
-from autotune.study import open_study
+from autotune.workflows.export import ExportError, dump, export_doc, load_config
+from autotune.tuning.knobs import Machine, build_space
+from autotune.tuning.offline_study import OfflineStudy, TrainTrials
+from autotune.tuning.storage import open_study
 from runtime.config import ConfigError, TrainConfig
 
 
@@ -86,7 +86,7 @@ def test_bad_exports_and_configs_say_what_is_wrong(study, tmp_path):
     (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
     with pytest.raises(ExportError, match="no config in it"):
         load_config(str(tmp_path / "list.yaml"))
-    out = subprocess.run([sys.executable, "-m", "autotune.cli", "export", "--study", "nosuch",
+    out = subprocess.run([sys.executable, "-m", "autotune.cli.main", "export", "--study", "nosuch",
                           "--storage", f"sqlite:///{tmp_path}/e.db"], capture_output=True,
                          text=True, timeout=60)  # fmt: skip
     assert (
@@ -94,7 +94,7 @@ def test_bad_exports_and_configs_say_what_is_wrong(study, tmp_path):
         and "no study 'nosuch'" in out.stderr
         and "studies there: e" in out.stderr
     )
-    out = subprocess.run([sys.executable, "-m", "autotune.cli", "train", "--config",
+    out = subprocess.run([sys.executable, "-m", "autotune.cli.main", "train", "--config",
                           str(tmp_path / "bad.json")], capture_output=True, text=True,
                          timeout=60)  # fmt: skip
     assert out.returncode == 2 and "actros" in out.stderr

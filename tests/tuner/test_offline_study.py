@@ -13,9 +13,9 @@ import optuna
 import pytest
 import yaml
 
-from autotune.knobs import Machine, build_space
-from autotune.offline import OfflineStudy, TrainTrials
-from autotune.study import open_study
+from autotune.tuning.knobs import Machine, build_space
+from autotune.tuning.offline_study import OfflineStudy, TrainTrials
+from autotune.tuning.storage import open_study
 from runtime.config import ConfigError, TrainConfig
 
 KNOBS = ["actors=1..4", "batch_size=512,1024,2048", "envs_per_actor=8", "chunk_bytes=262144",
@@ -77,7 +77,7 @@ def test_a_resumed_offline_study_keeps_its_trials_and_fails_orphans(tmp_path):
 
 def test_study_cli_runs_a_real_trial_and_refuses_bad_input(tmp_path, capsys):
     env = {**os.environ, "COLUMNS": "200"}
-    cmd = [sys.executable, "-m", "autotune.cli", "study", "--env", "CartPole-v1",
+    cmd = [sys.executable, "-m", "autotune.cli.main", "study", "--env", "CartPole-v1",
            "--storage", f"sqlite:///{tmp_path}/s.db", "--knob", "actors=2", "--knob",
            "envs_per_actor=8", "--knob", "trainers=1", "--knob", "trainer_threads=1",
            "--knob", "batch_size=1024"]  # fmt: skip
@@ -91,7 +91,7 @@ def test_study_cli_runs_a_real_trial_and_refuses_bad_input(tmp_path, capsys):
     assert row["attrs"]["lost_steps"] == 0 and doc["best"]["cpu_source"] == "model"
     assert row["role"] == "default" and doc["best"]["role"] == "default"
     # export round-trips into train --config, which runs it as is (flags given override it)
-    export = [sys.executable, "-m", "autotune.cli", "export", "--study", "study-CartPole-v1",
+    export = [sys.executable, "-m", "autotune.cli.main", "export", "--study", "study-CartPole-v1",
               "--storage", f"sqlite:///{tmp_path}/s.db"]  # fmt: skip
     out = subprocess.run([*export, "--out", str(tmp_path / "e.yaml"), "--plots",
                           str(tmp_path / "plots")], capture_output=True, text=True, timeout=120,
@@ -103,14 +103,14 @@ def test_study_cli_runs_a_real_trial_and_refuses_bad_input(tmp_path, capsys):
     }
     exported = yaml.safe_load((tmp_path / "e.yaml").read_text())
     assert exported["evidence"]["steps_per_joule_vs_default"] == 1.0  # one trial: the default
-    out = subprocess.run([sys.executable, "-m", "autotune.cli", "train", "--config",
+    out = subprocess.run([sys.executable, "-m", "autotune.cli.main", "train", "--config",
                           str(tmp_path / "e.yaml"), "--steps", "2048", "--quiet", "--json",
                           str(tmp_path / "r.json")], capture_output=True, text=True,
                          timeout=120, env=env)  # fmt: skip
     assert out.returncode == 0, out.stderr
     ran = json.loads((tmp_path / "r.json").read_text())["config"]
     assert ran == {**exported["recommended"]["config"], "steps": 2048}
-    from autotune.cli import main  # the refusal, in this process (no run starts)
+    from autotune.cli.main import main  # the refusal, in this process (no run starts)
 
     assert main([*cmd[3:], "--trial-s", "5", "--warmup-s", "9"]) == 2
     err = " ".join(capsys.readouterr().err.split())  # rich wraps at the console's width
@@ -119,7 +119,7 @@ def test_study_cli_runs_a_real_trial_and_refuses_bad_input(tmp_path, capsys):
 
 @pytest.mark.parametrize(("bad", "message"), [("actors=0", "actors"), ("nosuch=1", "nosuch")])
 def test_study_refuses_bad_knobs(tmp_path, bad, message, capsys):
-    from autotune.cli import main
+    from autotune.cli.main import main
 
     assert main(["study", "--knob", bad, "--storage", f"sqlite:///{tmp_path}/s.db"]) == 2
     err = capsys.readouterr().err
@@ -145,7 +145,7 @@ class Saturating:
 
 
 def _profiled(storage, runs, objective="steps_per_s", name="p"):
-    from autotune.offline import OBJECTIVES
+    from autotune.tuning.offline_study import OBJECTIVES
 
     space = build_space(Machine(cores=4, gpus=0), ["actors=2..4", "trainers=1,2",
                                                     "batch_size=1024", "chunk_bytes=262144",
@@ -178,8 +178,8 @@ def test_profiling_seeds_gmis_by_envs_stops_rows_at_saturation_and_resumes(tmp_p
 
 @pytest.mark.parametrize("where", ["sqlite", "postgresql"])
 def test_a_multi_objective_study_keeps_a_pareto_front(tmp_path, request, where):
-    from autotune.cli_study import summary
-    from autotune.study import StudyError, pareto_front
+    from autotune.cli.study import summary
+    from autotune.tuning.storage import StudyError, pareto_front
 
     storage = (f"sqlite:///{tmp_path}/m.db" if where == "sqlite"
                else request.getfixturevalue("postgres_url"))  # fmt: skip
@@ -216,7 +216,7 @@ for i in range(3):
 def test_study_drives_a_wrapped_script_with_two_workers(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
-    out = subprocess.run([sys.executable, "-m", "autotune.cli", "study", "--knob",
+    out = subprocess.run([sys.executable, "-m", "autotune.cli.main", "study", "--knob",
                           "num_envs=1,2,4", "--trials", "4", "--workers", "2", "--trial-s", "30",
                           "--warmup-s", "0", "--objective", "both", "--storage",
                           f"sqlite:///{tmp_path}/w.db", "--json", str(tmp_path / "w.json"),
@@ -233,7 +233,7 @@ def test_study_drives_a_wrapped_script_with_two_workers(tmp_path):
     assert doc["pareto_front"] and doc["best"]["objective"][1] > 0
     study = optuna.load_study(study_name="study-train", storage=f"sqlite:///{tmp_path}/w.db")
     assert study.user_attrs["autotune"]["kind"] == "script"
-    bad = subprocess.run([sys.executable, "-m", "autotune.cli", "study", "--trials", "2",
+    bad = subprocess.run([sys.executable, "-m", "autotune.cli.main", "study", "--trials", "2",
                           "--workers", "3", "--storage", f"sqlite:///{tmp_path}/w.db"],
                          capture_output=True, text=True, timeout=60)  # fmt: skip
     assert bad.returncode == 2 and "--workers 3: allowed 1..--trials (2)" in bad.stderr
@@ -283,8 +283,8 @@ def test_confirmation_without_a_completed_trial_is_an_ordinary_trial(tmp_path):
 
 @pytest.mark.parametrize("confirm", [-1, 4])
 def test_study_refuses_more_confirmations_than_trials(confirm):
-    from autotune.cli import build_parser
-    from autotune.cli_study import check_args
+    from autotune.cli.main import build_parser
+    from autotune.cli.study import check_args
 
     args = build_parser().parse_args(["study", "--trials", "3", "--confirm", str(confirm)])
     with pytest.raises(ValueError, match=r"--confirm .*allowed 0\.\.--trials \(3\)"):
@@ -292,8 +292,8 @@ def test_study_refuses_more_confirmations_than_trials(confirm):
 
 
 def test_workers_split_the_confirmations_with_the_trials(tmp_path):
-    from autotune.cli import build_parser
-    from autotune.study_workers import plan_workers
+    from autotune.cli.main import build_parser
+    from autotune.workflows.study_workers import plan_workers
 
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("two workers need two cores")
@@ -304,8 +304,8 @@ def test_workers_split_the_confirmations_with_the_trials(tmp_path):
 
 
 def test_a_study_from_a_config_starts_from_it_and_the_flags_given_win(tmp_path):
-    from autotune.cli import build_parser
-    from autotune.cli_study import check_args, make_study
+    from autotune.cli.main import build_parser
+    from autotune.cli.study import check_args, make_study
 
     cfg = TrainConfig(env="Pendulum-v1", policy="auto:32:auto", actors=3, envs_per_actor=4,
                       batch_size=2048, chunk_bytes=65536, trainer_device="cpu", seed=5,
@@ -358,7 +358,7 @@ def test_a_study_from_a_config_starts_from_it_and_the_flags_given_win(tmp_path):
     ('{"actors": 0}', "actors=0: must be an integer >= 1"),
 ])  # fmt: skip
 def test_a_study_from_a_bad_config_says_what_is_wrong(tmp_path, content, message, capsys):
-    from autotune.cli import main
+    from autotune.cli.main import main
 
     path = tmp_path / "c.json"
     if content is not None:
@@ -370,8 +370,8 @@ def test_a_study_from_a_bad_config_says_what_is_wrong(tmp_path, content, message
 
 
 def test_a_study_from_a_config_refuses_a_wrapped_script(tmp_path):
-    from autotune.cli import build_parser
-    from autotune.cli_study import check_args
+    from autotune.cli.main import build_parser
+    from autotune.cli.study import check_args
 
     args = build_parser().parse_args(["study", "--from", "x.json", "--knob", "n=1,2", "--",
                                       "python", "s.py"])  # fmt: skip

@@ -14,9 +14,9 @@ import sys
 import optuna
 import pytest
 
-from autotune.knobs import KnobError, Machine, build_space, default_space
-from autotune.study import StudyError, open_study
-from autotune.tuner import Measurement, OnlineTuner, TunerSettings
+from autotune.tuning.knobs import KnobError, Machine, build_space, default_space
+from autotune.tuning.storage import StudyError, open_study
+from autotune.tuning.online_tuner import Measurement, OnlineTuner, TunerSettings
 from runtime.config import ConfigError
 
 BEST = {"actors": 6, "batch_size": 4096}
@@ -136,7 +136,7 @@ def test_a_trial_being_asked_elsewhere_is_not_failed_as_an_orphan(tmp_path, monk
     """Between ``study.ask()`` and its ``owner`` attribute a trial is RUNNING with no owner;
     another process opening the study then (a second study worker) must leave it alone. It
     failed it once, and the asking worker crashed on its next attribute."""
-    from autotune import study as study_mod
+    from autotune.tuning import storage as study_mod
 
     study = optuna.create_study(storage=f"sqlite:///{tmp_path}/o.db", study_name="o")
     trial = study.ask()  # no owner yet: as if the other process were inside ask()

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.export import export_doc
-from autotune.knobs import Machine, build_space
-from autotune.offline import OfflineStudy, TrainTrials
-from autotune.study import open_study
+from autotune.workflows.export import export_doc
+from autotune.tuning.knobs import Machine, build_space
+from autotune.tuning.offline_study import OfflineStudy, TrainTrials
+from autotune.tuning.storage import open_study
 from runtime.config import TrainConfig
 
 KNOBS = ["actors=1..3", "batch_size=1024", "envs_per_actor=8", "chunk_bytes=262144",
@@ -103,12 +103,12 @@ def test_a_failed_default_config_is_not_run_again_as_a_reference(tmp_path):
 @pytest.fixture
 def as_process(monkeypatch):
     """Makes this test's studies act as the process ``owner`` (trials record it too)."""
-    import autotune.offline
-    import autotune.study
+    import autotune.tuning.offline_study
+    import autotune.tuning.storage
 
     def become(owner: str) -> None:
-        monkeypatch.setattr(autotune.offline, "owner_id", lambda: owner)
-        monkeypatch.setattr(autotune.study, "owner_id", lambda: owner)
+        monkeypatch.setattr(autotune.tuning.offline_study, "owner_id", lambda: owner)
+        monkeypatch.setattr(autotune.tuning.storage, "owner_id", lambda: owner)
 
     return become
 
@@ -164,8 +164,8 @@ def test_a_waiting_trial_of_a_killed_session_runs_after_the_reference(tmp_path, 
 
 
 def test_reference_runs_are_refused_with_workers():
-    from autotune.cli import build_parser
-    from autotune.cli_study import check_args
+    from autotune.cli.main import build_parser
+    from autotune.cli.study import check_args
 
     args = build_parser().parse_args(["study", "--trials", "4", "--workers", "2",
                                       "--reference-every", "2"])  # fmt: skip
@@ -205,7 +205,7 @@ def test_confirmations_run_no_reference(tmp_path):
 def test_reference_runs_of_zero_have_no_spread():
     from optuna.trial import TrialState
 
-    from autotune.reference import reference_runs
+    from autotune.tuning.reference import reference_runs
 
     class T:
         def __init__(self, value):
@@ -225,8 +225,8 @@ def test_reference_runs_of_zero_have_no_spread():
 
 @pytest.mark.parametrize("every", ["-1", "x"])
 def test_study_refuses_a_bad_reference_interval(every, capsys):
-    from autotune.cli import build_parser
-    from autotune.cli_study import check_args
+    from autotune.cli.main import build_parser
+    from autotune.cli.study import check_args
 
     parser = build_parser()
     if every == "x":

@@ -13,8 +13,8 @@ import optuna
 import pytest
 
 from autotune import client
-from autotune.knobs import KnobError
-from autotune.wrap import parse_knob, substitute
+from autotune.tuning.knobs import KnobError
+from autotune.wrap.wrapper import parse_knob, substitute
 
 SCRIPT = """
 import os, sys, time
@@ -170,7 +170,7 @@ def test_live_mode_refuses_a_script_that_never_polls(tmp_path):
                           str(script), "30", "nopoll"], capture_output=True, text=True,
                          timeout=60, env={**os.environ, "COLUMNS": "200"})  # fmt: skip
     assert out.returncode == 2
-    assert "has not called autotune.client.poll() for 2 s" in out.stderr
+    assert "has not called autotune.control.client.poll() for 2 s" in out.stderr
     assert "use --mode restart" in out.stderr
 
 
@@ -209,7 +209,7 @@ def test_the_gpu_a_wrapped_script_uses_is_measured(tmp_path):
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
-    from autotune.wrap import Wrapper
+    from autotune.wrap.wrapper import Wrapper
 
     script = tmp_path / "cuda.py"
     script.write_text(CUDA_SCRIPT)

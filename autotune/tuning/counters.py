@@ -1,8 +1,8 @@
 """What a tuner measures a running job by: cumulative counters read now and then, and the
 ``Measurement`` of a window as the difference of two readings.
 
-A job in this process (``autotune.online.RunnerJob``) reads them at the window's edges; a job
-registered with the daemon (``autotune.daemon``) sends a reading with every report, and the
+A job in this process (``autotune.workflows.tune.RunnerJob``) reads them at the window's edges; a job
+registered with the daemon (``autotune.control.daemon``) sends a reading with every report, and the
 daemon measures between the reports at the window's edges. Either way, steps, joules and time
 of one reading come from the same instant, so a window's figures are consistent.
 """

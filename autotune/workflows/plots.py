@@ -1,7 +1,7 @@
 """The PNG plots of ``autotune export --plots DIR``: steps/J vs actors, steps/s vs SMs granted,
 the Pareto front of steps/s and steps/J, and knob importance (Optuna's PED-ANOVA, for high
 steps/J). The figures are the ones export ranks by: scaled by the study's reference runs
-(``autotune.reference``), which equal the raw ones in a study without them."""
+(``autotune.tuning.reference``), which equal the raw ones in a study without them."""
 
 from __future__ import annotations
 
@@ -33,8 +33,8 @@ def write_plots(study: Any, out_dir: Path, sm_count: int | None,
     import optuna
     from optuna.trial import TrialState
 
-    from autotune.reference import score
-    from autotune.study import config_key
+    from autotune.tuning.reference import score
+    from autotune.tuning.storage import config_key
 
     out_dir.mkdir(parents=True, exist_ok=True)
     meta = study.user_attrs.get("autotune", {})

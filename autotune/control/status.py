@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from autotune.counters import Counters
+from autotune.tuning.counters import Counters
 
 
 def live_rates(readings: list[Counters], span_s: float) -> dict[str, Any] | None:
@@ -62,11 +62,11 @@ def stored_status(storage: str, study_name: str) -> dict[str, Any]:
     """The status document of a study read from its storage (no daemon, no live figures).
 
     Raises:
-        autotune.tuner.StudyError: if the storage cannot be opened or holds no such study.
+        autotune.tuning.online_tuner.StudyError: if the storage cannot be opened or holds no such study.
     """
     import optuna
 
-    from autotune.study import StudyError, storage_url
+    from autotune.tuning.storage import StudyError, storage_url
 
     storage = storage_url(storage)
     try:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from autotune.energy.cpu import (
+from runtime.energy.cpu import (
     DEFAULT_POWERCAP_ROOT,
     DEFAULT_WATTS_PER_BUSY_CORE,
     CPUEnergyError,
@@ -11,7 +11,7 @@ from autotune.energy.cpu import (
     RaplEnergy,
     probe_cpu_energy,
 )
-from autotune.energy.gpu import (
+from runtime.energy.gpu import (
     POWER_POLL_INTERVAL_S,
     GPUEnergyError,
     GPUEnergySource,
@@ -20,7 +20,7 @@ from autotune.energy.gpu import (
     NVMLPowerPollingEnergy,
     probe_gpu_energy,
 )
-from autotune.energy.meter import MIN_GPU_WINDOW_S, EnergyMeter, Measurement
+from runtime.energy.meter import MIN_GPU_WINDOW_S, EnergyMeter, Measurement
 
 __all__ = [
     "DEFAULT_POWERCAP_ROOT",

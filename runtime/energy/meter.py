@@ -17,7 +17,7 @@ Accuracy notes:
   windows shorter than about 10 s carry a large relative error (the design
   calls for windows of at least 10 s). Power polling has a similar granularity.
 * CPU figures whose ``cpu_source`` is ``"model"`` are estimates from busy CPU
-  time (see :class:`autotune.energy.cpu.CPUModelEnergy`), not measurements.
+  time (see :class:`runtime.energy.cpu.CPUModelEnergy`), not measurements.
   Only ``"rapl"`` figures are measured.
 """
 
@@ -29,8 +29,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from autotune.energy.cpu import CPUEnergySource, probe_cpu_energy
-from autotune.energy.gpu import GPUEnergySource, probe_gpu_energy
+from runtime.energy.cpu import CPUEnergySource, probe_cpu_energy
+from runtime.energy.gpu import GPUEnergySource, probe_gpu_energy
 
 logger = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 A trial (``run_trial``) starts CMD with its knobs in the environment (``AUTOTUNE_KNOBS``, and
 ``AUTOTUNE_<NAME>`` each) and in its arguments (``{name}`` placeholders), lets the script's own
 output through untouched, and measures the run: the steps it reports through
-``autotune.client`` (or, if it reports nothing, one run), its wall time, and the energy of its
+``autotune.control.client`` (or, if it reports nothing, one run), its wall time, and the energy of its
 process tree (GPU energy of the GPUs on which its processes held a compute context, CPU energy
 of its processes from their busy time).
 
@@ -35,10 +35,10 @@ from typing import Any
 
 import zmq
 
-from autotune import client, control
-from autotune.energy.cpu import tree_pids
-from autotune.hw.gpus import gpus_used_by
-from autotune.knobs import Knob, KnobError
+from autotune.control import client, protocol
+from runtime.energy.cpu import tree_pids
+from runtime.hw.gpus import gpus_used_by
+from autotune.tuning.knobs import Knob, KnobError
 
 logger = logging.getLogger(__name__)
 
@@ -148,12 +148,12 @@ class Wrapper:
         cmd: The command and its arguments (``{name}`` placeholders allowed).
         trial_s: Longest a trial runs (None: until CMD exits).
         report_timeout_s: Longest silence after the first report before the run counts as hung.
-        gpu: GPU energy source (``autotune.energy.gpu``); the probed one when None.
+        gpu: GPU energy source (``runtime.energy.gpu``); the probed one when None.
     """
 
     def __init__(self, cmd: list[str], trial_s: float | None = None,
                  report_timeout_s: float = 60.0, gpu: Any = None) -> None:  # fmt: skip
-        from autotune.energy.gpu import probe_gpu_energy
+        from runtime.energy.gpu import probe_gpu_energy
 
         if not cmd:
             raise ValueError("no command to wrap: give it after --, e.g. autotune wrap -- "
@@ -173,7 +173,7 @@ class Wrapper:
 
     def run_trial(self, number: int, values: dict[str, Any]) -> TrialRun:
         """One fresh run of CMD with ``values`` (see the module docstring)."""
-        from autotune.energy.cpu import CPUModelEnergy
+        from runtime.energy.cpu import CPUModelEnergy
 
         run = TrialRun(values)
         env = {**os.environ, **knob_env(values), client.ENV_ENDPOINT: self.endpoint,
@@ -205,7 +205,7 @@ class Wrapper:
                     run.stopped = True
                 else:
                     run.error = (f"ran past --trial-s {self.trial_s:.0f} without reporting a "
-                                 "step: call autotune.client.report(steps=...) or let the "
+                                 "step: call autotune.control.client.report(steps=...) or let the "
                                  "run finish within --trial-s")  # fmt: skip
             if run.error or run.stopped:
                 stop_tree(proc)
@@ -226,7 +226,7 @@ class Wrapper:
         """Reads one message; True if it was a report of this trial."""
         frames = self.sock.recv_multipart()
         try:
-            msg = control.decode(frames[-1])
+            msg = protocol.decode(frames[-1])
         except ValueError as exc:
             logger.warning("ignored a message from the script: %s", exc)
             return False

@@ -40,9 +40,9 @@ from typing import Any, Protocol
 import optuna
 from optuna.trial import TrialState
 
-from autotune.counters import Measurement
-from autotune.knobs import Knob
-from autotune.study import (
+from autotune.tuning.counters import Measurement
+from autotune.tuning.knobs import Knob
+from autotune.tuning.storage import (
     ask,
     config_key,
     fail_config,
@@ -51,7 +51,7 @@ from autotune.study import (
     failed_configs,  # fmt: skip
     skip_if_failed,
 )
-from autotune.tuner_settings import TunerSettings, constraint_values, objective_value
+from autotune.tuning.settings import TunerSettings, constraint_values, objective_value
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ MEASURED = tuple(Measurement.__dataclass_fields__)
 
 
 class Job(Protocol):
-    """What the tuner drives: a running training job (``autotune.online.RunnerJob``)."""
+    """What the tuner drives: a running training job (``autotune.workflows.tune.RunnerJob``)."""
 
     def apply(self, values: dict[str, Any]) -> None:
         """Asks for the config; raises ``runtime.config.ConfigError`` if it is refused."""
@@ -102,7 +102,7 @@ class OnlineTuner:
 
     Args:
         study: The Optuna study (maximize); its storage keeps every trial.
-        space: The knobs (``autotune.knobs``); only ``Knob.online`` ones are suggested.
+        space: The knobs (``autotune.tuning.knobs``); only ``Knob.online`` ones are suggested.
         job: The running job.
         settings: Measurement and decision settings.
         base: The job's current values of the online knobs (the default config).

@@ -11,7 +11,7 @@ From the completed trials of an ``autotune study`` (train trials), grouped by co
   target machine (``target_gpus``, ``target_cores``), the actors and cores it would need and
   whether its cores can feed its GPUs at that ratio;
 * **evidence**: trial counts, and the recommendation's measured steps/J and steps/s (median,
-  range, trial numbers; raw and scaled by the study's reference runs, ``autotune.reference``)
+  range, trial numbers; raw and scaled by the study's reference runs, ``autotune.tuning.reference``)
   beside the default config's, with their ratio (scaled), and the reference runs' spread.
 
 The figures are the study's own short-run measurements on the machine it ran on; ``autotune
@@ -24,8 +24,8 @@ import dataclasses
 import statistics
 from typing import Any
 
-from autotune.reference import reference_runs, scaled_name, score
-from autotune.study import config_key
+from autotune.tuning.reference import reference_runs, scaled_name, score
+from autotune.tuning.storage import config_key
 
 FORMAT_VERSION = 1
 SERVICE_PROCESSES = 2
@@ -120,7 +120,7 @@ def export_doc(study: Any, pick: str | None = None, target_gpus: int | None = No
     """
     from optuna.trial import TrialState
 
-    from autotune.online import config_changes
+    from autotune.workflows.tune import config_changes
     from runtime.config import TrainConfig
 
     meta = study.user_attrs.get("autotune")

@@ -1,4 +1,4 @@
-"""``autotune study``: offline tuning, one fresh run per trial (see ``autotune.offline``)."""
+"""``autotune study``: offline tuning, one fresh run per trial (see ``autotune.tuning.offline_study``)."""
 
 from __future__ import annotations
 
@@ -85,7 +85,7 @@ def add_study_command(sub: Any) -> None:
 def study_name(args: argparse.Namespace) -> str:
     if args.study:
         return args.study
-    from autotune.wrap import script_name
+    from autotune.wrap.wrapper import script_name
 
     return f"study-{script_name(args.cmd)}" if args.cmd else f"study-{args.env}"
 
@@ -124,7 +124,7 @@ def resolve_base(args: argparse.Namespace) -> None:
         if args.cmd:
             raise ValueError("--from: a train config; a wrapped script (-- CMD) takes its "
                              "settings from --knob")  # fmt: skip
-        from autotune.export import ExportError, load_config
+        from autotune.workflows.export import ExportError, load_config
         from runtime.config import ConfigError
 
         try:
@@ -151,13 +151,13 @@ def make_study(args: argparse.Namespace, cores: int | None = None,
     """
     import os
 
-    from autotune.knobs import KnobError, Machine, build_space
-    from autotune.offline import OBJECTIVES, OfflineStudy, ScriptTrials, TrainTrials
-    from autotune.study import open_study
+    from autotune.tuning.knobs import KnobError, Machine, build_space
+    from autotune.tuning.offline_study import OBJECTIVES, OfflineStudy, ScriptTrials, TrainTrials
+    from autotune.tuning.storage import open_study
 
     meta: dict[str, Any] = {"objective": args.objective, "trial_s": args.trial_s}
     if args.cmd:
-        from autotune.wrap import Wrapper, parse_knob
+        from autotune.wrap.wrapper import Wrapper, parse_knob
 
         space = [parse_knob(k) for k in args.knob]
         if len({k.name for k in space}) != len(space):
@@ -240,9 +240,9 @@ def _worker_meter(gpu: int | None) -> Any:
     machine-wide model would charge every worker for the others)."""
     import os
 
-    from autotune.energy import EnergyMeter
-    from autotune.energy.cpu import CPUModelEnergy, tree_pids
-    from autotune.energy.gpu import NullGPUEnergy, probe_gpu_energy
+    from runtime.energy import EnergyMeter
+    from runtime.energy.cpu import CPUModelEnergy, tree_pids
+    from runtime.energy.gpu import NullGPUEnergy, probe_gpu_energy
 
     def meter() -> Any:
         gpu_source = NullGPUEnergy() if gpu is None else probe_gpu_energy((gpu,))
@@ -255,16 +255,16 @@ def cmd_study(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from autotune.cli import write_json
-    from autotune.knobs import KnobError
-    from autotune.study import StudyError
+    from autotune.cli.main import write_json
+    from autotune.tuning.knobs import KnobError
+    from autotune.tuning.storage import StudyError
 
     console = Console(stderr=True)
     try:
         check_args(args)
         plan = []
         if args.workers > 1:
-            from autotune.study_workers import plan_workers
+            from autotune.workflows.study_workers import plan_workers
 
             plan = plan_workers(args)
         offline = make_study(args, cores=len(plan[0].cores) if plan else None)
@@ -286,7 +286,7 @@ def cmd_study(args: argparse.Namespace) -> int:
             progress.update(task, advance=1, best=best_text(offline))
 
         if args.workers > 1:
-            from autotune.study_workers import run_workers
+            from autotune.workflows.study_workers import run_workers
 
             interrupted = run_workers(args, plan, done, say=progress.console.print)
         else:
@@ -328,7 +328,7 @@ def describe(row: dict[str, Any]) -> str:
 
 
 def best_text(offline: Any) -> str:
-    from autotune.study import best_trial, pareto_front
+    from autotune.tuning.storage import best_trial, pareto_front
 
     if len(offline.metrics) > 1:
         front = pareto_front(offline.study)
@@ -339,7 +339,7 @@ def best_text(offline: Any) -> str:
 
 def summary(study: Any, objective: str) -> dict[str, Any]:
     """The best trial (by steps/J for ``both``) and the Pareto front, for ``--json``."""
-    from autotune.study import best_trial, pareto_front
+    from autotune.tuning.storage import best_trial, pareto_front
 
     def trial_doc(t: Any) -> dict[str, Any]:
         return {"number": t.number, "values": t.params, "objective": t.values, **t.user_attrs}

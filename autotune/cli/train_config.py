@@ -65,7 +65,7 @@ def train_config(args: argparse.Namespace):
 
     if args.config is None:
         return config_from_args(args)
-    from autotune.export import ExportError, load_config
+    from autotune.workflows.export import ExportError, load_config
 
     try:
         return config_with_flags(load_config(args.config), args, args.explicit)

@@ -15,7 +15,7 @@ import subprocess
 import sys
 from dataclasses import asdict, dataclass
 
-from autotune.hw import nvml
+from runtime.hw import nvml
 
 logger = logging.getLogger(__name__)
 

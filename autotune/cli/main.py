@@ -21,7 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"autotune {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    from autotune.cli_train import add_train_command
+    from autotune.cli.train import add_train_command
 
     add_train_command(sub)
 
@@ -41,16 +41,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--json", type=Path, default=None, metavar="PATH", help="write the inventory to PATH"
     )
     gpu.set_defaults(func=cmd_gpu)
-    from autotune.cli_daemon import add_daemon_commands
+    from autotune.cli.daemon import add_daemon_commands
 
     add_daemon_commands(sub)
-    from autotune.cli_wrap import add_wrap_command
+    from autotune.cli.wrap import add_wrap_command
 
     add_wrap_command(sub)
-    from autotune.cli_study import add_study_command
+    from autotune.cli.study import add_study_command
 
     add_study_command(sub)
-    from autotune.cli_export import add_export_command
+    from autotune.cli.export import add_export_command
 
     add_export_command(sub)
     return parser  # fmt: skip
@@ -67,8 +67,8 @@ def cmd_gpu(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from autotune.hw.gpus import list_gpus, sm_counts
-    from autotune.hw.mps import MPSControl
+    from runtime.hw.gpus import list_gpus, sm_counts
+    from runtime.hw.mps import MPSControl
 
     console = Console()
     gpus = list_gpus()
@@ -105,11 +105,11 @@ def cmd_gpu(args: argparse.Namespace) -> int:
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     """``argv`` parsed; for ``train``, ``explicit`` holds the flags given on the command line
-    (they override a ``--config`` file: ``autotune.train_config.train_config``)."""
+    (they override a ``--config`` file: ``autotune.cli.train_config.train_config``)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "train":
-        from autotune.train_config import explicit_flags
+        from autotune.cli.train_config import explicit_flags
 
         train = parser._subparsers._group_actions[0].choices["train"]
         args.explicit = explicit_flags(train, argv)

@@ -7,8 +7,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from autotune.cli import write_json
-from autotune.train_config import train_config
+from autotune.cli.main import write_json
+from autotune.cli.train_config import train_config
 
 
 def add_train_command(sub: Any) -> None:
@@ -152,7 +152,7 @@ def add_train_command(sub: Any) -> None:
         metavar="P",
         help="MPS active-thread percentage (1..100) of the inference GMI (default: no limit)",
     )
-    from autotune.online import add_tune_args
+    from autotune.workflows.tune import add_tune_args
 
     add_tune_args(train)
     train.add_argument(
@@ -213,7 +213,7 @@ def add_train_command(sub: Any) -> None:
     train.add_argument(
         "--progress", type=Path, default=None, metavar="PATH",
         help="write the learning curve to PATH as JSON lines, about once a second: Unix time, "
-        "trained steps, mean return of the last 100 episodes, episodes (autotune/progress_log.py)",
+        "trained steps, mean return of the last 100 episodes, episodes (autotune/workflows/progress_log.py)",
     )  # fmt: skip
     train.add_argument(
         "--checkpoint", default=None, metavar="DIR",
@@ -254,7 +254,7 @@ def _mps_change(text: str) -> tuple[float, tuple[int, ...]]:
 def cmd_train(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from autotune.display import ProgressDisplay, summary_table
+    from autotune.cli.display import ProgressDisplay, summary_table
     from runtime.config import ConfigError
     from runtime.runner import RunError, Runner
 
@@ -283,7 +283,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     display = ProgressDisplay(console, cfg, enabled=not args.quiet, steps_before=done)
     curve = None
     if args.progress is not None:
-        from autotune.progress_log import ProgressLog
+        from autotune.workflows.progress_log import ProgressLog
 
         curve = ProgressLog(args.progress, append=runner.resume is not None)
 
@@ -296,7 +296,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     tuning = None
     if args.tune:
         try:
-            from autotune.online import start_tuning
+            from autotune.workflows.tune import start_tuning
 
             tuning = start_tuning(args, cfg, runner)
         except ValueError as exc:  # KnobError, StudyError, ControlError, bad settings, refusal

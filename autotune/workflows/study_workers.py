@@ -40,7 +40,7 @@ def plan_workers(args: argparse.Namespace) -> list[WorkerPlan]:
     Raises:
         ValueError: too few cores or GPUs for that many workers.
     """
-    from autotune.knobs import Machine
+    from autotune.tuning.knobs import Machine
 
     n = args.workers
     cores = sorted(os.sched_getaffinity(0))
@@ -71,7 +71,7 @@ def _worker(options: dict[str, Any], plan: WorkerPlan, out: Any) -> None:
     if plan.gpu is not None:
         os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # CUDA's numbering = NVML's
         os.environ["CUDA_VISIBLE_DEVICES"] = str(plan.gpu)
-    from autotune.cli_study import make_study
+    from autotune.cli.study import make_study
 
     try:
         offline = make_study(argparse.Namespace(**options), cores=len(plan.cores), gpu=plan.gpu)

@@ -1,4 +1,4 @@
-"""``autotune wrap [--knob NAME=RANGE ...] -- CMD ...`` (see ``autotune.wrap``)."""
+"""``autotune wrap [--knob NAME=RANGE ...] -- CMD ...`` (see ``autotune.wrap.wrapper``)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ def add_wrap_command(sub: Any) -> None:
         help="tune any training script: each trial is a fresh run of CMD with new knobs",
         description="Runs CMD once per trial with the knobs in AUTOTUNE_KNOBS (JSON), "
         "AUTOTUNE_<NAME> and {name} placeholders in its arguments, measures the steps it "
-        "reports through autotune.client (or each run, if it reports none), its wall time and "
+        "reports through autotune.control.client (or each run, if it reports none), its wall time and "
         "the energy of its process tree, and keeps every trial in an Optuna study. The "
         "script's own output passes through untouched.",
         epilog="example: autotune wrap --knob num_envs=1..16 --knob batch_size=64,128,256 "
@@ -26,7 +26,7 @@ def add_wrap_command(sub: Any) -> None:
                       default="steps_per_joule", help="what to maximise")  # fmt: skip
     wrap.add_argument("--mode", choices=["restart", "live"], default="restart",
                       help="restart: a fresh run of CMD per trial (default); live: one run "
-                      "that takes new knobs at autotune.client.poll()")  # fmt: skip
+                      "that takes new knobs at autotune.control.client.poll()")  # fmt: skip
     wrap.add_argument("--trials", type=int, default=20,
                       help="trials: runs of CMD, or live configs before holding the best "
                       "(default 20)")  # fmt: skip
@@ -53,9 +53,9 @@ def add_wrap_command(sub: Any) -> None:
 def cmd_wrap(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from autotune.knobs import KnobError
-    from autotune.study import StudyError, open_study
-    from autotune.wrap import Wrapper, parse_knob, script_name
+    from autotune.tuning.knobs import KnobError
+    from autotune.tuning.storage import StudyError, open_study
+    from autotune.wrap.wrapper import Wrapper, parse_knob, script_name
 
     console = Console(stderr=True)
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
@@ -81,8 +81,8 @@ def cmd_wrap(args: argparse.Namespace) -> int:
 
 def _wrap_restart(args: argparse.Namespace, console: Any, cmd: list[str], space: list[Any],
                   study: Any, wrapper: Any) -> int:  # fmt: skip
-    from autotune.cli import write_json
-    from autotune.study import (
+    from autotune.cli.main import write_json
+    from autotune.tuning.storage import (
         ask,
         best_trial,
         fail_config,
@@ -146,10 +146,10 @@ def _wrap_restart(args: argparse.Namespace, console: Any, cmd: list[str], space:
 
 def _wrap_live(args: argparse.Namespace, console: Any, cmd: list[str], space: list[Any],
                study: Any, wrapper: Any) -> int:  # fmt: skip
-    from autotune.online import tuning_doc
-    from autotune.tuner import OnlineTuner
-    from autotune.tuner_settings import TunerSettings
-    from autotune.wrap_live import LiveModeUnsupported, run_live
+    from autotune.workflows.tune import tuning_doc
+    from autotune.tuning.online_tuner import OnlineTuner
+    from autotune.tuning.settings import TunerSettings
+    from autotune.wrap.live import LiveModeUnsupported, run_live
 
     knobs = {k.name: k for k in space}
     base = {k.name: k.choices[0] for k in space}
@@ -177,7 +177,7 @@ def _wrap_live(args: argparse.Namespace, console: Any, cmd: list[str], space: li
     said = f"{best['values']} -> {best['objective']:.4g}" if best else "none"
     console.print(f"script exited with code {code}; {tuner.trials_done} configs tried; "
                   f"best: {said}")  # fmt: skip
-    from autotune.cli import write_json
+    from autotune.cli.main import write_json
 
     write_json(args.json, doc)
     return 0 if best is not None else 1

@@ -1,13 +1,13 @@
 """The tuning daemon: one process that tunes every training job registered with it.
 
 ``autotune daemon start`` runs it in the background; ``autotune train --tune`` registers with
-it (``autotune.job_link``) and otherwise tunes in-process. For each job the daemon holds an
+it (``autotune.control.job_link``) and otherwise tunes in-process. For each job the daemon holds an
 ``OnlineTuner`` whose ``Job`` is ``RemoteJob``: configs go out as APPLY messages, and windows
-are measured between the counters the job reports (``autotune.counters``). Trials live in the
+are measured between the counters the job reports (``autotune.tuning.counters``). Trials live in the
 job's Optuna storage, so a daemon killed outright and started again resumes every study: trials
 left RUNNING are failed, the others rebuild the tuner's history (``OnlineTuner._restore``).
 
-The loop never blocks on a job: it polls the control socket (``autotune.control``), ticks each
+The loop never blocks on a job: it polls the control socket (``autotune.control.protocol``), ticks each
 tuner, and drops jobs silent for ``JOB_SILENT_S`` (a job that comes back is asked to register
 again). SIGTERM, SIGINT and a STOP message end it cleanly: trials being measured are failed as
 "daemon stopped" and the jobs go on training with the config they have.
@@ -27,9 +27,9 @@ from typing import Any
 
 import zmq
 
-from autotune import control
-from autotune.counters import Counters, Measurement, measure
-from autotune.knobs import Knob
+from autotune.control import protocol
+from autotune.tuning.counters import Counters, Measurement, measure
+from autotune.tuning.knobs import Knob
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ class RemoteJob:
         if applied == self.seq:
             self.applied, self.refused = applied, msg.get("refused")
             self.settled = bool(msg.get("settled"))
-        elif applied < self.seq and time.monotonic() - self.sent_at >= control.APPLY_RESEND_S:
+        elif applied < self.seq and time.monotonic() - self.sent_at >= protocol.APPLY_RESEND_S:
             self.resend()
 
 
@@ -121,7 +121,7 @@ class Daemon:
     """The service (see the module docstring).
 
     Args:
-        endpoint: The control endpoint to bind (``autotune.control.resolve_endpoint``).
+        endpoint: The control endpoint to bind (``autotune.control.protocol.resolve_endpoint``).
     """
 
     def __init__(self, endpoint: str) -> None:
@@ -136,13 +136,13 @@ class Daemon:
         """Binds the control socket.
 
         Raises:
-            control.ControlError: if another daemon answers on the endpoint.
+            protocol.ControlError: if another daemon answers on the endpoint.
         """
-        other = control.request(self.endpoint, "PING", timeout_s=1.0)
+        other = protocol.request(self.endpoint, "PING", timeout_s=1.0)
         if other is not None:
-            raise control.ControlError(f"a daemon already runs on {self.endpoint} "
+            raise protocol.ControlError(f"a daemon already runs on {self.endpoint} "
                                        f"(pid {other.get('pid')})")  # fmt: skip
-        path = control.ipc_path(self.endpoint)
+        path = protocol.ipc_path(self.endpoint)
         if path is not None and path.exists():
             path.unlink()  # left by a daemon that was killed
         sock = self.ctx.socket(zmq.ROUTER)
@@ -168,7 +168,7 @@ class Daemon:
             for session in list(self.sessions.values()):
                 self._drop(session, "daemon stopped")
             self.ctx.destroy(linger=0)
-            path = control.ipc_path(self.endpoint)
+            path = protocol.ipc_path(self.endpoint)
             if path is not None and path.exists():
                 path.unlink()
             logger.info("daemon %d stopped", os.getpid())
@@ -180,7 +180,7 @@ class Daemon:
 
     def _send(self, identity: bytes, kind: str, **body: Any) -> None:
         try:
-            self.sock.send_multipart([identity, control.encode(kind, **body)], zmq.NOBLOCK)
+            self.sock.send_multipart([identity, protocol.encode(kind, **body)], zmq.NOBLOCK)
         except zmq.ZMQError as exc:  # the peer left (ROUTER_MANDATORY) or is not reading
             logger.debug("cannot send %s: %s", kind, exc)
 
@@ -188,7 +188,7 @@ class Daemon:
         frames = self.sock.recv_multipart()
         identity = frames[0]
         try:
-            msg = control.decode(frames[-1])
+            msg = protocol.decode(frames[-1])
         except ValueError as exc:
             logger.warning("dropped a control message: %s", exc)
             self._send(identity, "ERROR", message=str(exc))
@@ -216,12 +216,12 @@ class Daemon:
                 self._report(session, identity, msg)
         else:
             self._send(identity, "ERROR", message=f"unknown message type {kind!r}; allowed: "
-                       f"{control.JOB_TYPES + control.CLIENT_TYPES}")  # fmt: skip
+                       f"{protocol.JOB_TYPES + protocol.CLIENT_TYPES}")  # fmt: skip
 
     def _hello(self, identity: bytes, msg: dict[str, Any]) -> None:
-        from autotune.study import open_study
-        from autotune.tuner import OnlineTuner
-        from autotune.tuner_settings import TunerSettings
+        from autotune.tuning.storage import open_study
+        from autotune.tuning.online_tuner import OnlineTuner
+        from autotune.tuning.settings import TunerSettings
 
         job_id = str(msg.get("job"))
         old = self.sessions.get(job_id)
@@ -267,7 +267,7 @@ class Daemon:
     def _tick(self) -> None:
         now = time.monotonic()
         for session in list(self.sessions.values()):
-            if now - session.last_seen > control.JOB_SILENT_S:
+            if now - session.last_seen > protocol.JOB_SILENT_S:
                 logger.warning("job %s silent for %.0f s; dropped", session.job_id,
                                now - session.last_seen)  # fmt: skip
                 self._drop(session, "job went silent")
@@ -288,14 +288,14 @@ class Daemon:
     # --- reading ----------------------------------------------------------------------------
 
     def _tuning_doc(self, session: Session) -> dict[str, Any]:
-        from autotune.online import tuning_doc
+        from autotune.workflows.tune import tuning_doc
 
         return tuning_doc(session.tuner, session.space)
 
     def status(self) -> dict[str, Any]:
         """What ``autotune status`` shows: the daemon and, per job, the current config, live
         rates, the best so far and the trial history."""
-        from autotune.status import live_rates, study_summary
+        from autotune.control.status import live_rates, study_summary
 
         jobs = []
         for s in self.sessions.values():
@@ -315,17 +315,17 @@ class Daemon:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m autotune.daemon``: the daemon in the foreground (``autotune daemon start``
+    """``python -m autotune.control.daemon``: the daemon in the foreground (``autotune daemon start``
     runs this in the background)."""
     parser = argparse.ArgumentParser(prog="autotune-daemon", description=__doc__.split("\n")[0])
-    parser.add_argument("--control", default=None, help="control endpoint (see autotune.control)")
+    parser.add_argument("--control", default=None, help="control endpoint (see autotune.control.protocol)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")  # fmt: skip
     try:
-        daemon = Daemon(control.resolve_endpoint(args.control))
+        daemon = Daemon(protocol.resolve_endpoint(args.control))
         daemon.bind()
-    except (control.ControlError, zmq.ZMQError) as exc:
+    except (protocol.ControlError, zmq.ZMQError) as exc:
         logger.error("cannot start: %s", exc)
         return 2
     daemon.serve()

@@ -1,4 +1,4 @@
-"""``autotune daemon start|stop|run`` and ``autotune status`` (see ``autotune.daemon``)."""
+"""``autotune daemon start|stop|run`` and ``autotune status`` (see ``autotune.control.daemon``)."""
 
 from __future__ import annotations
 
@@ -63,24 +63,24 @@ def _alive(pid: int) -> bool:
 def cmd_daemon(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from autotune import control
+    from autotune.control import protocol
 
     console = Console(stderr=True)
     try:
-        endpoint = control.resolve_endpoint(args.control)
-    except control.ControlError as exc:
+        endpoint = protocol.resolve_endpoint(args.control)
+    except protocol.ControlError as exc:
         console.print(f"[red]error:[/red] {exc}")
         return 2
     if args.action == "run":
-        from autotune.daemon import main
+        from autotune.control.daemon import main
 
         return main(["--control", endpoint])
-    pong = control.request(endpoint, "PING", timeout_s=1.0)
+    pong = protocol.request(endpoint, "PING", timeout_s=1.0)
     if args.action == "stop":
         if pong is None:
             console.print(f"no daemon running on {endpoint}")
             return 0
-        answer = control.request(endpoint, "STOP")
+        answer = protocol.request(endpoint, "STOP")
         pid = int((answer or pong)["pid"])
         deadline = time.monotonic() + STOP_TIMEOUT_S
         while _alive(pid) and time.monotonic() < deadline:
@@ -94,10 +94,10 @@ def cmd_daemon(args: argparse.Namespace) -> int:
     if pong is not None:
         console.print(f"a daemon already runs on {endpoint} (pid {pong['pid']})")
         return 0
-    log = args.log or control.state_dir() / "daemon.log"
+    log = args.log or protocol.state_dir() / "daemon.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "autotune.daemon", "--control", endpoint],
+        proc = subprocess.Popen([sys.executable, "-m", "autotune.control.daemon", "--control", endpoint],
                                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True, cwd="/")  # fmt: skip
     deadline = time.monotonic() + START_TIMEOUT_S
@@ -107,7 +107,7 @@ def cmd_daemon(args: argparse.Namespace) -> int:
             console.print(f"[red]error:[/red] the daemon exited ({proc.returncode}):\n"
                           + "\n".join(tail))  # fmt: skip
             return 1
-        pong = control.request(endpoint, "PING", timeout_s=0.5)
+        pong = protocol.request(endpoint, "PING", timeout_s=0.5)
         if pong is not None and pong["pid"] == proc.pid:
             console.print(f"daemon started (pid {proc.pid}) on {endpoint}; log {log}")
             return 0
@@ -120,16 +120,16 @@ def cmd_daemon(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from autotune import control
-    from autotune.status import render, stored_status
+    from autotune.control import protocol
+    from autotune.control.status import render, stored_status
 
     console = Console()
     try:
-        endpoint = control.resolve_endpoint(args.control)
-    except control.ControlError as exc:
+        endpoint = protocol.resolve_endpoint(args.control)
+    except protocol.ControlError as exc:
         console.print(f"[red]error:[/red] {exc}")
         return 2
-    answer = control.request(endpoint, "STATUS")
+    answer = protocol.request(endpoint, "STATUS")
     doc: dict[str, Any] = {"daemon": None, "jobs": []}
     if answer is None:
         console.print(f"no daemon running on {endpoint}")
@@ -140,7 +140,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         console.print(f"daemon {doc['daemon']['pid']} on {endpoint}, up "
                       f"{doc['daemon']['uptime_s']:.0f} s, {len(jobs)} job(s)")  # fmt: skip
     if args.study is not None and not doc["jobs"]:
-        from autotune.study import StudyError
+        from autotune.tuning.storage import StudyError
 
         try:
             doc["jobs"] = [stored_status(args.storage, args.study)]
@@ -152,7 +152,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         console.print("give --study NAME [--storage URL] to read a stored study")
     for job in doc["jobs"]:
         render(console, job, args.history)
-    from autotune.cli import write_json
+    from autotune.cli.main import write_json
 
     write_json(args.json, doc)
     return 0

@@ -1,5 +1,5 @@
 """What the online tuner maximises and under which constraints, and how it measures and decides
-(``TunerSettings``); the loop itself is ``autotune.tuner``.
+(``TunerSettings``); the loop itself is ``autotune.tuning.online_tuner``.
 
 * Objective: ``steps_per_joule`` (default), ``steps_per_s``, or ``weighted`` (a weighted mean
   of both, each relative to a reference window, the first trial's).
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autotune.counters import Measurement
+from autotune.tuning.counters import Measurement
 
 OBJECTIVES = ("steps_per_joule", "steps_per_s", "weighted")
 SAMPLERS = ("tpe", "grid")

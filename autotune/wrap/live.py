@@ -1,9 +1,9 @@
 """``autotune wrap --mode live``: one run of CMD, its knobs changed while it trains.
 
-The script calls ``autotune.client.poll()`` at safe points; the wrapper's ``ScriptJob`` is the
-online tuner's ``Job`` (``autotune.tuner``): a config goes out as a KNOBS message with a
+The script calls ``autotune.control.client.poll()`` at safe points; the wrapper's ``ScriptJob`` is the
+online tuner's ``Job`` (``autotune.tuning.online_tuner``): a config goes out as a KNOBS message with a
 sequence number, has taken effect once the script polled with that number, and a window is
-measured between the script's step reports (``autotune.counters``), with the energy of its
+measured between the script's step reports (``autotune.tuning.counters``), with the energy of its
 process tree read when each report arrives (GPU joules of the GPUs its processes use, counted
 from when each was first seen in use).
 
@@ -18,17 +18,17 @@ import subprocess
 import time
 from typing import Any
 
-from autotune import client, control
-from autotune.counters import Counters, Measurement, measure
-from autotune.energy.cpu import tree_pids
-from autotune.hw.gpus import gpus_used_by
-from autotune.wrap import GPU_CHECK_S, POLL_S, Wrapper, knob_env, stop_tree, substitute
+from autotune.control import client, protocol
+from autotune.tuning.counters import Counters, Measurement, measure
+from runtime.energy.cpu import tree_pids
+from runtime.hw.gpus import gpus_used_by
+from autotune.wrap.wrapper import GPU_CHECK_S, POLL_S, Wrapper, knob_env, stop_tree, substitute
 
 logger = logging.getLogger(__name__)
 
 
 class LiveModeUnsupported(RuntimeError):
-    """The script does not call ``autotune.client.poll()``."""
+    """The script does not call ``autotune.control.client.poll()``."""
 
 
 class ScriptJob:
@@ -65,7 +65,7 @@ class ScriptJob:
     def _push(self) -> None:
         if self.identity is not None and self.values is not None:
             self.wrapper.sock.send_multipart(
-                [self.identity, control.encode("KNOBS", seq=self.seq, values=self.values)]
+                [self.identity, protocol.encode("KNOBS", seq=self.seq, values=self.values)]
             )
 
     def ready(self) -> bool:
@@ -84,7 +84,7 @@ class ScriptJob:
                 frames = self.wrapper.sock.recv_multipart()
                 identity, frame = frames[0], frames[-1]
                 try:
-                    msg = control.decode(frame)
+                    msg = protocol.decode(frame)
                 except ValueError as exc:
                     logger.warning("ignored a message from the script: %s", exc)
                     continue
@@ -100,7 +100,7 @@ class ScriptJob:
         self.cpu.read_energy_j()
         if time.monotonic() - self.last_poll > report_timeout_s:
             raise LiveModeUnsupported(
-                f"the script has not called autotune.client.poll() for {report_timeout_s:.0f} "
+                f"the script has not called autotune.control.client.poll() for {report_timeout_s:.0f} "
                 "s; live mode needs it at safe points (use --mode restart for scripts that "
                 "read their knobs once)")  # fmt: skip
 
@@ -117,7 +117,7 @@ def run_live(wrapper: Wrapper, tuner_factory: Any, base: dict[str, Any],
     """
     import os
 
-    from autotune.energy.cpu import CPUModelEnergy
+    from runtime.energy.cpu import CPUModelEnergy
 
     env = {**os.environ, **knob_env(base), client.ENV_ENDPOINT: wrapper.endpoint,
            client.ENV_TRIAL: "live"}  # fmt: skip

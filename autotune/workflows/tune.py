@@ -1,10 +1,10 @@
 """``autotune train --tune``: the online tuner driving a running ``Runner``, through the daemon
-when one runs (``autotune.job_link``), else in this process.
+when one runs (``autotune.control.job_link``), else in this process.
 
-``RunnerJob`` adapts a runner to ``autotune.tuner.Job`` in-process. A config is applied with
+``RunnerJob`` adapts a runner to ``autotune.tuning.online_tuner.Job`` in-process. A config is applied with
 ``Runner.reconfigure`` and has taken effect once ``Runner.settled``. A window measures
 trained steps, the energy meter's GPU and CPU joules, and the policy lag of the steps trained
-inside it (``autotune.counters``). ``add_tune_args`` and ``start_tuning`` are the CLI's side.
+inside it (``autotune.tuning.counters``). ``add_tune_args`` and ``start_tuning`` are the CLI's side.
 """
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ import argparse
 import dataclasses
 from typing import TYPE_CHECKING, Any, Protocol
 
-from autotune.counters import Counters, Measurement, measure, read_counters
-from autotune.knobs import Knob, to_config_value
-from autotune.tuner_settings import OBJECTIVES, SAMPLERS, TunerSettings
+from autotune.tuning.counters import Counters, Measurement, measure, read_counters
+from autotune.tuning.knobs import Knob, to_config_value
+from autotune.tuning.settings import OBJECTIVES, SAMPLERS, TunerSettings
 from runtime.config import TrainConfig
 
 if TYPE_CHECKING:  # optuna is imported only when tuning
-    from autotune.tuner import OnlineTuner
+    from autotune.tuning.online_tuner import OnlineTuner
 
 
 def knob_values(cfg: TrainConfig, knobs: dict[str, Knob]) -> dict[str, Any]:
@@ -192,9 +192,9 @@ def start_tuning(args: argparse.Namespace, cfg: TrainConfig, runner: Any) -> Tun
         ValueError: ``KnobError``, ``StudyError``, bad settings, a control endpoint that is not
             allowed, or the daemon's refusal; nothing has started then.
     """
-    from autotune.knobs import Machine, build_space
-    from autotune.study import open_study, storage_url
-    from autotune.tuner import OnlineTuner
+    from autotune.tuning.knobs import Machine, build_space
+    from autotune.tuning.storage import open_study, storage_url
+    from autotune.tuning.online_tuner import OnlineTuner
 
     machine = Machine.here()
     space = build_space(machine, args.knob)
@@ -210,14 +210,14 @@ def start_tuning(args: argparse.Namespace, cfg: TrainConfig, runner: Any) -> Tun
     study_name = args.study or f"online-{cfg.env}"
     base = knob_values(cfg, {k: v for k, v in space.items() if v.online})
     if not args.in_process:
-        from autotune import control
-        from autotune.daemon import knobs_to_wire
-        from autotune.job_link import DaemonLink, DaemonRefused
+        from autotune.control import protocol
+        from autotune.control.daemon import knobs_to_wire
+        from autotune.control.job_link import DaemonLink, DaemonRefused
 
         hello = {"env": cfg.env, "storage": storage, "study": study_name, "seed": cfg.seed,
                  "settings": dataclasses.asdict(settings), "knobs": knobs_to_wire(space),
                  "base": base}  # fmt: skip
-        link = DaemonLink(control.resolve_endpoint(args.control), hello, runner)
+        link = DaemonLink(protocol.resolve_endpoint(args.control), hello, runner)
         try:
             if link.register():
                 return DaemonTuning(link)

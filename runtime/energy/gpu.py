@@ -1,6 +1,6 @@
 """GPU energy sources behind one small interface, chosen once by a cached probe.
 
-NVML comes from ``autotune.hw.nvml`` (the project's only ``pynvml`` import). NVML errors
+NVML comes from ``runtime.hw.nvml`` (the project's only ``pynvml`` import). NVML errors
 are translated into :class:`GPUEnergyError` here, so no caller needs to know about NVML.
 
 Three implementations, in order of preference (the Zeus pattern):
@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from autotune.hw.nvml import pynvml
+from runtime.hw.nvml import pynvml
 
 logger = logging.getLogger(__name__)
 

@@ -46,8 +46,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     from rich.console import Console
 
-    from autotune.export import ExportError, dump, export_doc
-    from autotune.study import StudyError, load_study
+    from autotune.workflows.export import ExportError, dump, export_doc
+    from autotune.tuning.storage import StudyError, load_study
     from runtime.config import ConfigError
 
     console = Console(stderr=True)
@@ -71,7 +71,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         args.out.write_text(text)
         console.print(f"wrote {args.out}")
     if args.plots is not None:
-        from autotune.plots import write_plots
+        from autotune.workflows.plots import write_plots
 
         paths = write_plots(study, args.plots, doc["sizing"]["sm_count"],
                             doc["recommended"]["values"])  # fmt: skip

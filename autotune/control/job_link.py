@@ -1,7 +1,7 @@
 """A training job's side of the daemon: register, take configs, report counters.
 
 ``autotune train --tune`` first tries ``DaemonLink.register``; if no daemon answers it tunes
-in-process instead (``autotune.online``). Once registered, ``tick`` (called every runner tick,
+in-process instead (``autotune.workflows.tune``). Once registered, ``tick`` (called every runner tick,
 never blocking) applies APPLY messages through ``Runner.reconfigure`` and sends a REPORT every
 ``REPORT_INTERVAL_S``. A refused config is reported with its error; the daemon fails that trial.
 
@@ -21,8 +21,8 @@ from typing import Any
 
 import zmq
 
-from autotune import control
-from autotune.counters import read_counters
+from autotune.control import protocol
+from autotune.tuning.counters import read_counters
 
 logger = logging.getLogger(__name__)
 
@@ -43,20 +43,20 @@ class DaemonLink:
         self.job_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.hello = {**hello, "job": self.job_id, "pid": os.getpid()}
         self.ctx = zmq.Context()
-        self.sock = control.dealer(self.ctx, endpoint)
+        self.sock = protocol.dealer(self.ctx, endpoint)
         self.applied, self.refused = 0, None
         self.registered = False
         self.tuning: dict[str, Any] | None = None
         self.last_report = 0.0
         self.registrations = 0
 
-    def register(self, timeout_s: float = control.REQUEST_TIMEOUT_S) -> bool:
+    def register(self, timeout_s: float = protocol.REQUEST_TIMEOUT_S) -> bool:
         """Registers with the daemon; False if none answered within ``timeout_s``.
 
         Raises:
             DaemonRefused: with the daemon's reason (nothing in the job has changed).
         """
-        if not control.daemon_present(self.endpoint):
+        if not protocol.daemon_present(self.endpoint):
             return False
         if not self.sock.poll(int(timeout_s * 1000), zmq.POLLOUT):
             return False
@@ -64,7 +64,7 @@ class DaemonLink:
         deadline = time.monotonic() + timeout_s
         while (left := deadline - time.monotonic()) > 0:
             if self.sock.poll(int(left * 1000)):
-                msg = control.decode(self.sock.recv())
+                msg = protocol.decode(self.sock.recv())
                 if msg["type"] == "ERROR":
                     raise DaemonRefused(msg.get("message", "refused"))
                 self._handle(msg)
@@ -72,7 +72,7 @@ class DaemonLink:
                     return True
         return False
 
-    def close(self, timeout_s: float = control.REQUEST_TIMEOUT_S) -> dict[str, Any] | None:
+    def close(self, timeout_s: float = protocol.REQUEST_TIMEOUT_S) -> dict[str, Any] | None:
         """Says goodbye; returns the daemon's tuning section for the result (None if the
         daemon is gone)."""
         try:
@@ -80,7 +80,7 @@ class DaemonLink:
                 deadline = time.monotonic() + timeout_s
                 while self.tuning is None and (left := deadline - time.monotonic()) > 0:
                     if self.sock.poll(int(left * 1000)):
-                        self._handle(control.decode(self.sock.recv()))
+                        self._handle(protocol.decode(self.sock.recv()))
             return self.tuning
         finally:
             self.sock.close(linger=0)
@@ -90,30 +90,30 @@ class DaemonLink:
         """Handles what the daemon sent and reports when due. Never blocks."""
         while self.sock.poll(0):
             try:
-                self._handle(control.decode(self.sock.recv()))
+                self._handle(protocol.decode(self.sock.recv()))
             except ValueError as exc:
                 logger.warning("ignored a message from the daemon: %s", exc)
         now = time.monotonic()
-        if now - self.last_report >= control.REPORT_INTERVAL_S:
+        if now - self.last_report >= protocol.REPORT_INTERVAL_S:
             self.last_report = now
             self._send("REPORT", job=self.job_id, counters=read_counters(self.runner).to_wire(),
                        settled=self.runner.settled(), applied=self.applied,
                        refused=self.refused, config=self._config())  # fmt: skip
 
     def _config(self) -> dict[str, Any]:
-        from autotune.online import knob_values
+        from autotune.workflows.tune import knob_values
 
         return knob_values(self.runner.cfg, self.hello["base"])
 
     def _send(self, kind: str, **body: Any) -> bool:
         try:
-            self.sock.send(control.encode(kind, **body), zmq.NOBLOCK)
+            self.sock.send(protocol.encode(kind, **body), zmq.NOBLOCK)
             return True
         except zmq.Again:  # no daemon connected: a report is a snapshot, the next one will do
             return False
 
     def _handle(self, msg: dict[str, Any]) -> None:
-        from autotune.online import config_changes
+        from autotune.workflows.tune import config_changes
         from runtime.config import ConfigError
 
         kind = msg["type"]

@@ -8,7 +8,7 @@ A trial is a whole new run, so every knob can move, the ones that need a new run
   trials compare fairly. A config the runtime refuses (``TrainConfig.validate``) fails as "not
   runnable" and is never tried again.
 * ``ScriptTrials``: a run of a wrapped script (``autotune study -- CMD``, ``autotune wrap``),
-  measured by ``autotune.wrap.Wrapper``.
+  measured by ``autotune.wrap.wrapper.Wrapper``.
 
 The order of trials in a study:
 
@@ -27,7 +27,7 @@ The order of trials in a study:
    process the default config runs again (``role`` "reference", before a planned or sampled
    trial; among the confirmations only as the session's first), and every trial is ranked by
    its figures scaled to the machine state of the study's first reference
-   (``autotune.reference``).
+   (``autotune.tuning.reference``).
 
 Single objective (steps/J or steps/s), or both (``both``: a multi-objective study whose
 Pareto front ``pareto_front`` gives). The study is in RDB storage and resumes where it stopped,
@@ -43,10 +43,10 @@ import statistics
 from collections.abc import Callable
 from typing import Any
 
-from autotune.knobs import Knob
-from autotune.online import config_changes, knob_values
-from autotune.reference import METRICS, REFERENCE_ROLES, reference_due, scale, scaled_name, score
-from autotune.study import (
+from autotune.tuning.knobs import Knob
+from autotune.workflows.tune import config_changes, knob_values
+from autotune.tuning.reference import METRICS, REFERENCE_ROLES, reference_due, scale, scaled_name, score
+from autotune.tuning.storage import (
     ask,
     config_key,
     fail_config,
@@ -196,7 +196,7 @@ class TrainTrials:
 
 
 class ScriptTrials:
-    """Trials as runs of a wrapped script (``autotune.wrap.Wrapper``); scored per step it
+    """Trials as runs of a wrapped script (``autotune.wrap.wrapper.Wrapper``); scored per step it
     reports, or per run if it reports none."""
 
     kind = "script"
@@ -230,7 +230,7 @@ class OfflineStudy:
         objective: A key of ``OBJECTIVES``.
         profile: Whether to run the profiling seeds (where ``trials`` has a plan).
         reference_every: Re-run the default config after this many other trials and scale
-            every trial by the latest such reference (``autotune.reference``); 0: never.
+            every trial by the latest such reference (``autotune.tuning.reference``); 0: never.
     """
 
     def __init__(self, study: Any, trials: TrainTrials | ScriptTrials,

@@ -1,0 +1,1 @@
+"""The ``autotune`` command line: one module per command, plus display and output; the only layer that owns the terminal."""
