@@ -1,10 +1,10 @@
 """The client API for a training script run under ``autotune wrap`` (see ``autotune.control.client``).
 
-    from autotune import client
+from autotune import client
 
-    knobs = client.knobs({"num_envs": 8, "batch_size": 256})
-    client.report(steps=global_step)
-    new = client.poll()
+knobs = client.knobs({"num_envs": 8, "batch_size": 256})
+client.report(steps=global_step)
+new = client.poll()
 """
 
 from __future__ import annotations

@@ -84,12 +84,14 @@ def main() -> None:
             for kind, fn in kinds.items():
                 per_call[kind].append(time_calls(fn, obs, a.calls))
         med = {k: statistics.median(v) for k, v in per_call.items()}
-        rows.append({
-            "envs": n,
-            "us_per_call": {k: v * 1e6 for k, v in med.items()},
-            "us_per_env_step": {k: v * 1e6 / n for k, v in med.items()},
-            "numpy_over_torch": med["numpy"] / med["torch"],
-        })  # fmt: skip
+        rows.append(
+            {
+                "envs": n,
+                "us_per_call": {k: v * 1e6 for k, v in med.items()},
+                "us_per_env_step": {k: v * 1e6 / n for k, v in med.items()},
+                "numpy_over_torch": med["numpy"] / med["torch"],
+            }
+        )
     doc = {
         "torch": torch.__version__,
         "numpy": np.__version__,

@@ -38,8 +38,11 @@ def load_groups(root: Path) -> dict[tuple[str, str, str], dict[str, dict[str, An
         groups.setdefault(key, {})[doc["arm"]] = doc
     if not groups:
         raise SystemExit(f"no `bench.compare run` arm documents under {root}")
-    limits = {(k[0], k[1]): {n: arms[n] for n in ("limit", LIMIT_END) if n in arms}
-              for k, arms in groups.items() if "limit" in arms}  # fmt: skip
+    limits = {
+        (k[0], k[1]): {n: arms[n] for n in ("limit", LIMIT_END) if n in arms}
+        for k, arms in groups.items()
+        if "limit" in arms
+    }
     for (run, env, _), arms in groups.items():  # the limit takes no policy: share it in a run
         if "limit" not in arms and (run, env) in limits:
             arms.update(limits[(run, env)])
@@ -67,8 +70,10 @@ def limit_reference(arms: dict[str, dict[str, Any]]) -> dict[str, Any]:
     keys = ("steps_per_s", "steps_per_joule")
     if not all(start.get(k) and end.get(k) for k in keys):
         return start
-    return {**{k: (start[k] + end[k]) / 2 for k in keys},
-            "drift": end["steps_per_s"] / start["steps_per_s"]}  # fmt: skip
+    return {
+        **{k: (start[k] + end[k]) / 2 for k in keys},
+        "drift": end["steps_per_s"] / start["steps_per_s"],
+    }
 
 
 def group_summary(arms: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -123,8 +128,12 @@ def group_summary(arms: dict[str, dict[str, Any]]) -> dict[str, Any]:
                 "goal": goal,
                 "met": None if value is None else value >= goal,
             }
-    return {"ratios": rows, "sb3_best": sb3_best.get("arm"), "goals": goals,
-            "limit_drift": limit.get("drift")}  # fmt: skip
+    return {
+        "ratios": rows,
+        "sb3_best": sb3_best.get("arm"),
+        "goals": goals,
+        "limit_drift": limit.get("drift"),
+    }
 
 
 def across_runs(summaries: list[tuple[tuple[str, str, str], dict[str, Any]]]) -> list[dict]:
@@ -148,29 +157,47 @@ def across_runs(summaries: list[tuple[tuple[str, str, str], dict[str, Any]]]) ->
         rows = {}
         for arm, values in arms.items():
             rows[arm] = {
-                key: {"values": v, "median": statistics.median(v),
-                      "met": sum(x >= goal for x in v), "runs": len(v)}
-                for key, goal in (("steps_per_s_vs_limit", GOAL_RATE_VS_LIMIT),
-                                  ("steps_per_joule_vs_limit", GOAL_SPJ_VS_LIMIT))
+                key: {
+                    "values": v,
+                    "median": statistics.median(v),
+                    "met": sum(x >= goal for x in v),
+                    "runs": len(v),
+                }
+                for key, goal in (
+                    ("steps_per_s_vs_limit", GOAL_RATE_VS_LIMIT),
+                    ("steps_per_joule_vs_limit", GOAL_SPJ_VS_LIMIT),
+                )
                 if (v := values.get(key))
-            }  # fmt: skip
+            }
         out.append({"env": env, "policy": policy, "runs": [r for r, _ in runs], "arms": rows})
     return out
 
 
 def across_markdown(entry: dict[str, Any]) -> str:
-    head = (f"**{entry['env']}**, policy `{entry['policy']}`, across {len(entry['runs'])} runs "
-            f"({', '.join(entry['runs'])}): each run's ratio to its own limit, in run order, "
-            "the median, and the runs that met the goal (>= 0.8)")  # fmt: skip
-    lines = [head, "", "| arm | steps/s / limit | median | met | steps/J / limit | median | met |",
-             "|---|---|---:|---:|---|---:|---:|"]  # fmt: skip
+    head = (
+        f"**{entry['env']}**, policy `{entry['policy']}`, across {len(entry['runs'])} runs "
+        f"({', '.join(entry['runs'])}): each run's ratio to its own limit, in run order, "
+        "the median, and the runs that met the goal (>= 0.8)"
+    )
+    lines = [
+        head,
+        "",
+        "| arm | steps/s / limit | median | met | steps/J / limit | median | met |",
+        "|---|---|---:|---:|---|---:|---:|",
+    ]
     for arm in ordered(entry["arms"]):
         cells = []
         for key in ("steps_per_s_vs_limit", "steps_per_joule_vs_limit"):
             r = entry["arms"][arm].get(key)
-            cells += (["-", "-", "-"] if r is None else
-                      [", ".join(f"{x:.2f}" for x in r["values"]), f"{r['median']:.2f}",
-                       f"{r['met']} of {r['runs']}"])  # fmt: skip
+            cells += (
+                ["-", "-", "-"]
+                if r is None
+                else [
+                    ", ".join(f"{x:.2f}" for x in r["values"]),
+                    f"{r['median']:.2f}",
+                    f"{r['met']} of {r['runs']}",
+                ]
+            )
         lines.append(f"| {arm} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -211,8 +238,10 @@ def markdown(key: tuple[str, str, str], arms: dict[str, dict], summary: dict[str
     if summary["goals"] or summary.get("limit_drift"):
         out.append("")
     if summary.get("limit_drift"):
-        out.append(f"- limit drift: {summary['limit_drift']:.3f} (limit-end / limit steps/s); "
-                   "the ratios are to the two limits' mean")  # fmt: skip
+        out.append(
+            f"- limit drift: {summary['limit_drift']:.3f} (limit-end / limit steps/s); "
+            "the ratios are to the two limits' mean"
+        )
     for name, g in summary["goals"].items():
         verdict = "not measured" if g["met"] is None else ("met" if g["met"] else "NOT met")
         out.append(f"- {name}: {_num(g['ratio'], 3)} ({g['arm']}), goal >= {g['goal']}: {verdict}")

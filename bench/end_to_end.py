@@ -44,11 +44,16 @@ def main() -> None:
 
     raw = raw_step_rate(a.env, a.actors, a.envs_per_actor, a.raw_seconds)
     cfg = TrainConfig(
-        env=a.env, steps=a.steps, actors=a.actors, envs_per_actor=a.envs_per_actor,
-        rollout_len=a.rollout_len, batch_size=a.batch_size, policy=a.policy,
+        env=a.env,
+        steps=a.steps,
+        actors=a.actors,
+        envs_per_actor=a.envs_per_actor,
+        rollout_len=a.rollout_len,
+        batch_size=a.batch_size,
+        policy=a.policy,
         trainer_device=a.trainer_device,
         learner=learner_from_args(a),
-    )  # fmt: skip
+    )
     info = cfg.validate()
     samples: list[tuple[float, int]] = []
 
@@ -60,15 +65,19 @@ def main() -> None:
     result = Runner(cfg, info, on_progress=record).run()
     steady = steady_rate(samples)
     doc = {
-        "date": time.strftime("%Y-%m-%d", time.gmtime(t0)), "host": platform.node(),
-        "cpus": os.cpu_count(), "env": a.env, "actors": a.actors,
-        "envs_per_actor": a.envs_per_actor, "raw_steps_per_s": raw,
+        "date": time.strftime("%Y-%m-%d", time.gmtime(t0)),
+        "host": platform.node(),
+        "cpus": os.cpu_count(),
+        "env": a.env,
+        "actors": a.actors,
+        "envs_per_actor": a.envs_per_actor,
+        "raw_steps_per_s": raw,
         "trained_steps_per_s_steady": steady,
         "trained_steps_per_s_whole_run": result["steps_per_s"],
         "ratio_steady_to_raw": steady / raw if raw else None,
         "ratio_whole_run_to_raw": result["steps_per_s"] / raw if raw else None,
         "result": result,
-    }  # fmt: skip
+    }
     emit(doc, a.out)
 
 

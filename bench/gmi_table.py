@@ -58,8 +58,7 @@ class SteadyWindow:
         if self.start is None and state.elapsed_s >= self.first_update_s + self.warmup_s:
             self.meter.begin_window("steady")
             self.start = (state.elapsed_s, state.trained_steps, state.sampled_steps)
-        elif (self.start and self.end is None
-              and state.elapsed_s >= self.start[0] + self.measure_s):  # fmt: skip
+        elif self.start and self.end is None and state.elapsed_s >= self.start[0] + self.measure_s:
             self.energy = self.meter.end_window("steady")
             self.end = (state.elapsed_s, state.trained_steps, state.sampled_steps)
             if self.runner is not None:
@@ -72,12 +71,18 @@ class SteadyWindow:
         steps = self.end[1] - self.start[1]
         sampled = self.end[2] - self.start[2]
         e = self.energy
-        return {"steps_per_s": steps / span, "sampled_per_s": sampled / span,
-                "gpu_w": e.gpu_total_j / span,
-                "cpu_w": e.cpu_energy_j / span, "steps_per_joule": steps / e.total_j
-                if e.total_j > 0 else None, "window_s": span, "window_steps": steps,
-                "first_update_s": self.first_update_s,
-                "gpu_source": e.gpu_source, "cpu_source": e.cpu_source}  # fmt: skip
+        return {
+            "steps_per_s": steps / span,
+            "sampled_per_s": sampled / span,
+            "gpu_w": e.gpu_total_j / span,
+            "cpu_w": e.cpu_energy_j / span,
+            "steps_per_joule": steps / e.total_j if e.total_j > 0 else None,
+            "window_s": span,
+            "window_steps": steps,
+            "first_update_s": self.first_update_s,
+            "gpu_source": e.gpu_source,
+            "cpu_source": e.cpu_source,
+        }
 
 
 def run_point(base: TrainConfig, warmup_s: float, measure_s: float) -> dict[str, Any]:
@@ -85,10 +90,14 @@ def run_point(base: TrainConfig, warmup_s: float, measure_s: float) -> dict[str,
 
     meter = EnergyMeter()
     window = SteadyWindow(meter, warmup_s, measure_s)
-    point: dict[str, Any] = {"device": base.trainer_device, "gmis": base.trainers,
-                             "mps_pct": base.mps_pct[0] if base.mps_pct else 100,
-                             "actors": base.actors, "grad_sync": base.grad_sync,
-                             "inference": base.inference}  # fmt: skip
+    point: dict[str, Any] = {
+        "device": base.trainer_device,
+        "gmis": base.trainers,
+        "mps_pct": base.mps_pct[0] if base.mps_pct else 100,
+        "actors": base.actors,
+        "grad_sync": base.grad_sync,
+        "inference": base.inference,
+    }
     try:
         info = base.validate()
         runner = window.runner = Runner(base, info, on_progress=window, meter=meter)
@@ -97,33 +106,47 @@ def run_point(base: TrainConfig, warmup_s: float, measure_s: float) -> dict[str,
         return {**point, "error": f"{type(exc).__name__}: {exc}"}
     point.update(window.figures())
     point.update(
-        sms=[g["sm_count"] for g in result["gmis"]], sharing=result["gmi_sharing"],
-        sync=result["gmi_sync"], weights_identical=result["weights_identical"],
-        lost_steps=result["lost_steps"], discarded_steps=result["discarded_steps"],
-        sampled_steps=result["sampled_steps"], trained_steps=result["env_steps"],
-        policy_lag=result["policy_lag"], return_mean=result["return_mean"],
-    )  # fmt: skip
+        sms=[g["sm_count"] for g in result["gmis"]],
+        sharing=result["gmi_sharing"],
+        sync=result["gmi_sync"],
+        weights_identical=result["weights_identical"],
+        lost_steps=result["lost_steps"],
+        discarded_steps=result["discarded_steps"],
+        sampled_steps=result["sampled_steps"],
+        trained_steps=result["env_steps"],
+        policy_lag=result["policy_lag"],
+        return_mean=result["return_mean"],
+    )
     inference = result["inference"]
     if inference["mode"] == "gmi":
-        point.update(inference_sms=inference["sm_count"],
-                     rows_per_batch=inference["rows_per_batch"],
-                     inference_compute_s=inference["compute_s"],
-                     actor_wait_s=inference["actor_wait_s"])  # fmt: skip
+        point.update(
+            inference_sms=inference["sm_count"],
+            rows_per_batch=inference["rows_per_batch"],
+            inference_compute_s=inference["compute_s"],
+            actor_wait_s=inference["actor_wait_s"],
+        )
     return point
 
 
 def grid(a: argparse.Namespace) -> list[TrainConfig]:
     learner = learner_from_args(a)
-    base = TrainConfig(env=a.env, steps=10**9, envs_per_actor=a.envs_per_actor,
-                       rollout_len=a.rollout_len, batch_size=a.batch_size, policy=a.policy,
-                       max_wall_s=a.max_wall_s, grad_sync=a.grad_sync,
-                       learner=learner)  # fmt: skip
+    base = TrainConfig(
+        env=a.env,
+        steps=10**9,
+        envs_per_actor=a.envs_per_actor,
+        rollout_len=a.rollout_len,
+        batch_size=a.batch_size,
+        policy=a.policy,
+        max_wall_s=a.max_wall_s,
+        grad_sync=a.grad_sync,
+        learner=learner,
+    )
     gpus = tuple(_ints(a.gpus)) if a.gpus else None
     out = []
     inference_pct = None if a.inference_mps == 100 else a.inference_mps
     for device, actors, gmis, where in itertools.product(
         a.devices.split(","), _ints(a.actors), _ints(a.gmis), a.inference.split(",")
-    ):  # fmt: skip
+    ):
         point = replace(base, actors=actors, trainers=gmis, inference=where)
         if device == "cpu":
             out.append(replace(point, trainer_device="cpu"))
@@ -163,15 +186,42 @@ def main() -> None:
     for cfg in grid(a):
         row = run_point(cfg, a.warmup_s, a.measure_s)
         rows.append(row)
-        print({k: (round(v, 1) if isinstance(v, float) else v) for k, v in row.items()
-               if k in ("device", "gmis", "mps_pct", "actors", "inference", "steps_per_s",
-                        "sampled_per_s", "rows_per_batch", "actor_wait_s",
-                        "gpu_w", "cpu_w",
-                        "steps_per_joule", "sms", "sharing", "sync", "lost_steps",
-                        "weights_identical", "first_update_s", "error")},
-              flush=True)  # fmt: skip
-    doc = {"date": time.strftime("%Y-%m-%d", time.gmtime(t0)), "host": platform.node(),
-           "cpus": os.cpu_count(), "args": vars(a), "rows": rows}  # fmt: skip
+        print(
+            {
+                k: (round(v, 1) if isinstance(v, float) else v)
+                for k, v in row.items()
+                if k
+                in (
+                    "device",
+                    "gmis",
+                    "mps_pct",
+                    "actors",
+                    "inference",
+                    "steps_per_s",
+                    "sampled_per_s",
+                    "rows_per_batch",
+                    "actor_wait_s",
+                    "gpu_w",
+                    "cpu_w",
+                    "steps_per_joule",
+                    "sms",
+                    "sharing",
+                    "sync",
+                    "lost_steps",
+                    "weights_identical",
+                    "first_update_s",
+                    "error",
+                )
+            },
+            flush=True,
+        )
+    doc = {
+        "date": time.strftime("%Y-%m-%d", time.gmtime(t0)),
+        "host": platform.node(),
+        "cpus": os.cpu_count(),
+        "args": vars(a),
+        "rows": rows,
+    }
     emit(doc, a.out)
 
 

@@ -40,22 +40,29 @@ def mean_w(seconds: float) -> dict[str, float]:
     return {str(g): round((e1[g] - e0[g]) / (t1 - t0), 2) for g in e0}
 
 
-def held(env: dict[str, str] | None, settle_s: float, seconds: float,
-         start_timeout_s: float = 120.0) -> dict[str, float]:  # fmt: skip
+def held(
+    env: dict[str, str] | None, settle_s: float, seconds: float, start_timeout_s: float = 120.0
+) -> dict[str, float]:
     """Mean power while a child holds an idle context (with ``env`` added to its environment)."""
     import os
     import select
 
-    child = subprocess.Popen([sys.executable, "-c", HOLDER], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, text=True,
-                             env={**os.environ, **(env or {})})  # fmt: skip
+    child = subprocess.Popen(
+        [sys.executable, "-c", HOLDER],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
     try:
         assert child.stdout is not None and child.stdin is not None
         ready, _, _ = select.select([child.stdout], [], [], start_timeout_s)
         line = child.stdout.readline() if ready else ""
         if line.strip() != "ready":
-            raise SystemExit(f"the context holder did not open a CUDA context within "
-                             f"{start_timeout_s:.0f} s (exit code {child.poll()})")  # fmt: skip
+            raise SystemExit(
+                f"the context holder did not open a CUDA context within "
+                f"{start_timeout_s:.0f} s (exit code {child.poll()})"
+            )
         time.sleep(settle_s)
         return mean_w(seconds)
     finally:
@@ -81,19 +88,25 @@ def measure(seconds: float, settle_s: float, mps: bool) -> dict[str, Any]:
 
         try:
             with MPSControl() as control:
-                rows["idle context through MPS"] = held(control.client_env(None), settle_s,
-                                                        seconds)  # fmt: skip
+                rows["idle context through MPS"] = held(control.client_env(None), settle_s, seconds)
         except MPSUnavailable as exc:
             rows["idle context through MPS"] = f"MPS unavailable: {exc}"
     return rows
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.gpu_idle_power", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap = argparse.ArgumentParser(
+        prog="python -m bench.gpu_idle_power",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--seconds", type=float, default=15.0, help="seconds charged per phase")
-    ap.add_argument("--settle-s", type=float, default=5.0,
-                    help="seconds after a context opens (or closes) before charging")  # fmt: skip
+    ap.add_argument(
+        "--settle-s",
+        type=float,
+        default=5.0,
+        help="seconds after a context opens (or closes) before charging",
+    )
     ap.add_argument("--no-mps", action="store_true", help="leave out the MPS phase")
     ap.add_argument("--out", type=Path, default=None, help="write the rows here (JSON)")
     args = ap.parse_args(argv)
@@ -104,8 +117,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:26s} {value}")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"seconds": args.seconds, "settle_s": args.settle_s,
-                                         "mean_w": rows}, indent=2))  # fmt: skip
+        args.out.write_text(
+            json.dumps(
+                {"seconds": args.seconds, "settle_s": args.settle_s, "mean_w": rows}, indent=2
+            )
+        )
     return 0
 
 

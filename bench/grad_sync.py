@@ -27,11 +27,13 @@ from policies.mlp import build_mlp
 from runtime.gmi.grad_sync import GradientSync, SyncPlan, SyncStrategy, choose_strategy
 
 
-def _worker(rank: int, a: argparse.Namespace, layout: list[list[int]], port: int,
-            out_dir: str) -> None:  # fmt: skip
+def _worker(
+    rank: int, a: argparse.Namespace, layout: list[list[int]], port: int, out_dir: str
+) -> None:
     world = len(layout) * len(layout[0])
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world)  # fmt: skip
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+    )
     gpu = next(g for g, ranks in enumerate(layout) if rank in ranks)
     cuda = torch.cuda.is_available() and a.inter_backend == "nccl"
     device = torch.device("cuda", gpu) if cuda else torch.device("cpu")
@@ -96,10 +98,16 @@ def main() -> None:
         tmp.spawn(_worker, args=(a, layout, port, out_dir), nprocs=a.gpus * a.gmis_per_gpu)
         with open(os.path.join(out_dir, "r0.json")) as f:
             results = json.load(f)
-    doc = {"date": time.strftime("%Y-%m-%d"), "layout": layout,
-           "algorithm1_choice": choose_strategy(layout).value, "policy": a.policy,
-           "batch": a.batch, "steps": a.steps, "inter_backend": a.inter_backend,
-           "results": results}  # fmt: skip
+    doc = {
+        "date": time.strftime("%Y-%m-%d"),
+        "layout": layout,
+        "algorithm1_choice": choose_strategy(layout).value,
+        "policy": a.policy,
+        "batch": a.batch,
+        "steps": a.steps,
+        "inter_backend": a.inter_backend,
+        "results": results,
+    }
     emit(doc, a.out)
 
 

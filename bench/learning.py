@@ -197,8 +197,11 @@ def cmd_run(a: argparse.Namespace) -> int:
                 "finished": proc.returncode == 0 and reached >= a.steps,
             }
             (out_dir / f"{stem}.json").write_text(json.dumps(doc, indent=2) + "\n")
-            print(f"[{stem}] rc {proc.returncode} after {doc['wall_s']:.0f} s, "
-                  f"{reached} trained steps", flush=True)  # fmt: skip
+            print(
+                f"[{stem}] rc {proc.returncode} after {doc['wall_s']:.0f} s, "
+                f"{reached} trained steps",
+                flush=True,
+            )
     return 1 if failed else 0
 
 

@@ -38,19 +38,48 @@ from typing import Any
 
 from runtime.results import timeline_rate
 
-FIXED = ["trainers=1", "chunk_bytes=262144", "trainer_threads=1", "trainer_device=cuda",
-         "inference=actor", "rollout_len=32"]  # fmt: skip
-TUNE_KNOBS = ["actors=4..16", "envs_per_actor=4..64", "batch_size=2048..16384",
-              "mps_pct=25,50,100", *FIXED]  # fmt: skip
-GRID_KNOBS = ["actors=5,15", "envs_per_actor=8,32", "batch_size=2048,8192", "mps_pct=25,100",
-              *FIXED]  # fmt: skip
+FIXED = [
+    "trainers=1",
+    "chunk_bytes=262144",
+    "trainer_threads=1",
+    "trainer_device=cuda",
+    "inference=actor",
+    "rollout_len=32",
+]
+TUNE_KNOBS = [
+    "actors=4..16",
+    "envs_per_actor=4..64",
+    "batch_size=2048..16384",
+    "mps_pct=25,50,100",
+    *FIXED,
+]
+GRID_KNOBS = [
+    "actors=5,15",
+    "envs_per_actor=8,32",
+    "batch_size=2048,8192",
+    "mps_pct=25,100",
+    *FIXED,
+]
 SHOWN = ("actors", "envs_per_actor", "batch_size", "mps_pct")
 
 
 def _train(args: argparse.Namespace, extra: list[str]) -> int:
-    cmd = [sys.executable, "-m", "autotune.cli", "train", "--env", args.env, "--steps",
-           "1000000000", "--max-wall-s", str(args.seconds), "--quiet", "--json", str(args.out),
-           *extra]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "autotune.cli",
+        "train",
+        "--env",
+        args.env,
+        "--steps",
+        "1000000000",
+        "--max-wall-s",
+        str(args.seconds),
+        "--quiet",
+        "--json",
+        str(args.out),
+        *extra,
+    ]
     print(" ".join(cmd), flush=True)
     return subprocess.run(cmd).returncode
 
@@ -60,9 +89,21 @@ def _knob_args(knobs: list[str]) -> list[str]:
 
 
 def _tune_args(args: argparse.Namespace, knobs: list[str], study: str) -> list[str]:
-    return ["--tune", "--in-process", "--storage", args.storage, "--study", study,
-            "--tune-window-s", str(args.window_s), "--tune-warmup-s", str(args.warmup_s),
-            "--tune-trials", str(args.trials), *_knob_args(args.knob or knobs)]  # fmt: skip
+    return [
+        "--tune",
+        "--in-process",
+        "--storage",
+        args.storage,
+        "--study",
+        study,
+        "--tune-window-s",
+        str(args.window_s),
+        "--tune-warmup-s",
+        str(args.warmup_s),
+        "--tune-trials",
+        str(args.trials),
+        *_knob_args(args.knob or knobs),
+    ]
 
 
 def report(args: argparse.Namespace) -> dict[str, Any]:
@@ -114,8 +155,10 @@ def report(args: argparse.Namespace) -> dict[str, Any]:
     fixed = {}
     for path in sorted(d.glob("fixed-*.json")):
         run = json.loads(path.read_text())
-        fixed[path.stem] = {"values": {k: run["config"][k] for k in SHOWN},
-                            **(timeline_rate(run, args.skip_s, run["wall_s"]) or {})}  # fmt: skip
+        fixed[path.stem] = {
+            "values": {k: run["config"][k] for k in SHOWN},
+            **(timeline_rate(run, args.skip_s, run["wall_s"]) or {}),
+        }
     if fixed:
         doc["side_by_side"] = fixed
     if args.plot:
@@ -136,15 +179,21 @@ def _rolling(rows: list[list[float]], span_s: float = 30.0) -> list[tuple[float,
     return out
 
 
-def plot(windows: list[dict[str, Any]], parts: list[list[list[float]]], doc: dict[str, Any],
-         path: Path) -> None:  # fmt: skip
+def plot(
+    windows: list[dict[str, Any]], parts: list[list[list[float]]], doc: dict[str, Any], path: Path
+) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1 + len(SHOWN), 1, figsize=(9, 9), sharex=True,
-                             gridspec_kw={"height_ratios": [3] + [1] * len(SHOWN)})  # fmt: skip
+    fig, axes = plt.subplots(
+        1 + len(SHOWN),
+        1,
+        figsize=(9, 9),
+        sharex=True,
+        gridspec_kw={"height_ratios": [3] + [1] * len(SHOWN)},
+    )
     ax = axes[0]
     for state, marker in (("trial", "o"), ("hold", "s")):
         pts = [(w["t_run"] / 60, w["steps_per_joule"]) for w in windows if w["state"] == state]
@@ -153,25 +202,43 @@ def plot(windows: list[dict[str, Any]], parts: list[list[list[float]]], doc: dic
     for k, rows in enumerate(parts):  # counters restart with each part
         roll = _rolling(rows)
         if roll:
-            ax.plot(*zip(*roll, strict=True), "-", lw=1, color="grey",
-                    label="run, 30 s rolling" if k == 0 else None)  # fmt: skip
+            ax.plot(
+                *zip(*roll, strict=True),
+                "-",
+                lw=1,
+                color="grey",
+                label="run, 30 s rolling" if k == 0 else None,
+            )
     if doc.get("default"):
         ax.axhline(doc["default"]["steps_per_joule"], color="red", ls="--", label="default")
-    ax.axhline(doc["grid_best"]["steps_per_joule"], color="green", ls=":",
-               label="grid best (its one window)")  # fmt: skip
+    ax.axhline(
+        doc["grid_best"]["steps_per_joule"],
+        color="green",
+        ls=":",
+        label="grid best (its one window)",
+    )
     again = [r["steps_per_joule"] for k, r in doc.get("side_by_side", {}).items() if "grid" in k]
     if again:
-        ax.axhline(statistics.mean(again), color="green", ls="-.",
-                   label="grid best config, re-measured")  # fmt: skip
+        ax.axhline(
+            statistics.mean(again), color="green", ls="-.", label="grid best config, re-measured"
+        )
     if doc.get("tuned_final_third_steps_per_joule"):
         t = doc["tuned_total_s"] / 60
-        ax.hlines(doc["tuned_final_third_steps_per_joule"], 2 * t / 3, t, color="blue", lw=3,
-                  label="tuned, final third")  # fmt: skip
+        ax.hlines(
+            doc["tuned_final_third_steps_per_joule"],
+            2 * t / 3,
+            t,
+            color="blue",
+            lw=3,
+            label="tuned, final third",
+        )
     ax.set_ylabel("trained steps / J")
     ax.legend(fontsize=7, loc="lower right")
     for ax, knob in zip(axes[1:], SHOWN, strict=True):
-        pts = [(w["t_run"] / 60, w["values"].get(knob, 100 if knob == "mps_pct" else None))
-               for w in windows]  # fmt: skip
+        pts = [
+            (w["t_run"] / 60, w["values"].get(knob, 100 if knob == "mps_pct" else None))
+            for w in windows
+        ]
         ax.step(*zip(*pts, strict=True), where="pre") if pts else None
         ax.set_ylabel(knob, fontsize=7)
     axes[-1].set_xlabel("minutes of tuning")
@@ -190,10 +257,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trials", type=int, default=22)
     parser.add_argument("--window-s", type=float, default=10.0)
     parser.add_argument("--warmup-s", type=float, default=4.0)
-    parser.add_argument("--knob", action="append", default=None,
-                        help="replace the arm's knob list (smoke runs without a GPU)")  # fmt: skip
-    parser.add_argument("--skip-s", type=float, default=30.0,
-                        help="report: the default run's start-up span left out")  # fmt: skip
+    parser.add_argument(
+        "--knob",
+        action="append",
+        default=None,
+        help="replace the arm's knob list (smoke runs without a GPU)",
+    )
+    parser.add_argument(
+        "--skip-s",
+        type=float,
+        default=30.0,
+        help="report: the default run's start-up span left out",
+    )
     parser.add_argument("--dir", default="out", help="report: where the arms' JSON files are")
     parser.add_argument("--plot", default=None, help="report: PNG path")
     parser.add_argument("--out", type=Path, required=True)
@@ -207,12 +282,17 @@ def main(argv: list[str] | None = None) -> int:
         return _train(args, [])
     if args.arm == "fixed":
         values = json.loads(args.values)
-        flags = [a for k, v in values.items() if not (k == "mps_pct" and v == 100)
-                 for a in (f"--{k.replace('_', '-')}", str(v))]  # fmt: skip
+        flags = [
+            a
+            for k, v in values.items()
+            if not (k == "mps_pct" and v == 100)
+            for a in (f"--{k.replace('_', '-')}", str(v))
+        ]
         return _train(args, flags)
     if args.arm == "grid":
-        return _train(args, [*_tune_args(args, GRID_KNOBS, f"grid-{args.env}"), "--tune-sampler",
-                             "grid"])  # fmt: skip
+        return _train(
+            args, [*_tune_args(args, GRID_KNOBS, f"grid-{args.env}"), "--tune-sampler", "grid"]
+        )
     return _train(args, _tune_args(args, TUNE_KNOBS, f"tune-{args.env}"))
 
 

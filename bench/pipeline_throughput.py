@@ -38,8 +38,9 @@ def synthetic_rollout(k: int, t: int, d: int, a: int) -> dict[str, np.ndarray]:
     }
 
 
-def _producer(mode: str, endpoint: str, index: int, size: tuple, seconds: float, start,
-              done) -> None:  # fmt: skip
+def _producer(
+    mode: str, endpoint: str, index: int, size: tuple, seconds: float, start, done
+) -> None:
     import zmq
 
     from runtime import topology, wire

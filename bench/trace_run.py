@@ -83,8 +83,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dump-at", type=float, default=None)
     ap.add_argument("--cpu", action="store_true", help="per-process CPU shares each second")
-    ap.add_argument("--cpu-warmup-s", type=float, default=10.0,
-                    help="seconds left out of the closing CPU means (default 10)")  # fmt: skip
+    ap.add_argument(
+        "--cpu-warmup-s",
+        type=float,
+        default=10.0,
+        help="seconds left out of the closing CPU means (default 10)",
+    )
     ap.add_argument("train_args", nargs=argparse.REMAINDER)
     a = ap.parse_args()
     args = parse_args(["train", *[x for x in a.train_args if x != "--"]])
@@ -103,24 +107,43 @@ def main() -> None:
             return
         marks["next"] += 1.0
         tel = runner.telemetry
-        gmis = {n: (tel.source(n).get("queued_steps"), tel.source(n).get("version"))
-                for n in tel.trainer_sources()}  # fmt: skip
+        gmis = {
+            n: (tel.source(n).get("queued_steps"), tel.source(n).get("version"))
+            for n in tel.trainer_sources()
+        }
         mig = tel.source("migrator")
         credits = {k: v.get("credits") for k, v in (mig.get("trainers") or {}).items()}
-        print(f"{state.elapsed_s:5.1f}s trained {state.trained_steps:>9,} sampled "
-              f"{state.sampled_steps:>9,} gmis {gmis} pending {mig.get('pending')} "
-              f"credits {credits}", file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"{state.elapsed_s:5.1f}s trained {state.trained_steps:>9,} sampled "
+            f"{state.sampled_steps:>9,} gmis {gmis} pending {mig.get('pending')} "
+            f"credits {credits}",
+            file=sys.stderr,
+            flush=True,
+        )
         if split is not None:
-            procs = {"runner": os.getpid(), **{n: p.pid for n, p in runner.services.items()
-                                               if p.pid}}  # fmt: skip
+            procs = {
+                "runner": os.getpid(),
+                **{n: p.pid for n, p in runner.services.items() if p.pid},
+            }
             actors = [s.process.pid for s in runner.slots if s.process.pid]
             line = split.sample(procs, actors, keep=state.elapsed_s >= a.cpu_warmup_s)
             print(f"{state.elapsed_s:5.1f}s cpu {line}", file=sys.stderr, flush=True)
 
     runner.on_progress = show
     result = runner.run()
-    print({k: result[k] for k in ("env_steps", "sampled_steps", "lost_steps", "steps_per_s",
-                                  "gmi_sharing", "weights_identical")})  # fmt: skip
+    print(
+        {
+            k: result[k]
+            for k in (
+                "env_steps",
+                "sampled_steps",
+                "lost_steps",
+                "steps_per_s",
+                "gmi_sharing",
+                "weights_identical",
+            )
+        }
+    )
     if split is not None:
         print(f"cpu means after {a.cpu_warmup_s:g} s: {split.means()}")
 

@@ -26,5 +26,10 @@ def add_workload_args(ap: argparse.ArgumentParser) -> None:
 
 def learner_from_args(a: argparse.Namespace) -> APPOConfig:
     """The learner configuration of ``add_workload_args``' flags."""
-    return replace(APPOConfig(), epochs=a.epochs, minibatches=a.minibatches, lr=a.lr,
-                   entropy_coef=a.entropy_coef)  # fmt: skip
+    return replace(
+        APPOConfig(),
+        epochs=a.epochs,
+        minibatches=a.minibatches,
+        lr=a.lr,
+        entropy_coef=a.entropy_coef,
+    )

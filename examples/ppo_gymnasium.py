@@ -37,10 +37,16 @@ def make_envs(env_id: str, n: int, seed: int) -> gym.vector.VectorEnv:
 class Agent(nn.Module):
     def __init__(self, obs_dim: int, n_actions: int) -> None:
         super().__init__()
-        self.actor = nn.Sequential(nn.Linear(obs_dim, 64), nn.Tanh(), nn.Linear(64, 64),
-                                   nn.Tanh(), nn.Linear(64, n_actions))  # fmt: skip
-        self.critic = nn.Sequential(nn.Linear(obs_dim, 64), nn.Tanh(), nn.Linear(64, 64),
-                                    nn.Tanh(), nn.Linear(64, 1))  # fmt: skip
+        self.actor = nn.Sequential(
+            nn.Linear(obs_dim, 64),
+            nn.Tanh(),
+            nn.Linear(64, 64),
+            nn.Tanh(),
+            nn.Linear(64, n_actions),
+        )
+        self.critic = nn.Sequential(
+            nn.Linear(obs_dim, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 1)
+        )
 
     def act(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         dist = torch.distributions.Categorical(logits=self.actor(obs))
@@ -48,8 +54,14 @@ class Agent(nn.Module):
         return action, dist.log_prob(action), self.critic(obs).squeeze(-1)
 
 
-def ppo_update(agent: Agent, opt: torch.optim.Optimizer, batch: dict[str, torch.Tensor],
-               epochs: int = 4, minibatches: int = 4, clip: float = 0.2) -> None:  # fmt: skip
+def ppo_update(
+    agent: Agent,
+    opt: torch.optim.Optimizer,
+    batch: dict[str, torch.Tensor],
+    epochs: int = 4,
+    minibatches: int = 4,
+    clip: float = 0.2,
+) -> None:
     n = batch["obs"].shape[0]
     for _ in range(epochs):
         for idx in torch.randperm(n, device=batch["obs"].device).chunk(minibatches):
@@ -76,8 +88,14 @@ def main() -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
-    knobs = client.knobs({"num_envs": args.num_envs, "batch_size": args.batch_size,
-                          "threads": args.threads, "device": args.device})  # fmt: skip
+    knobs = client.knobs(
+        {
+            "num_envs": args.num_envs,
+            "batch_size": args.batch_size,
+            "threads": args.threads,
+            "device": args.device,
+        }
+    )
     torch.manual_seed(args.seed)
     torch.set_num_threads(int(knobs["threads"]))
     device = torch.device(knobs["device"])
@@ -100,8 +118,9 @@ def main() -> int:
             ep_ret += reward
             returns += list(ep_ret[done])
             ep_ret[done] = 0.0
-            for k, v in zip(("obs", "actions", "logp", "values"), (o, action, logp, value),
-                            strict=True):  # fmt: skip
+            for k, v in zip(
+                ("obs", "actions", "logp", "values"), (o, action, logp, value), strict=True
+            ):
                 buf[k].append(v)
             buf["rewards"].append(torch.as_tensor(reward, dtype=torch.float32, device=device))
             buf["dones"].append(torch.as_tensor(done, dtype=torch.float32, device=device))
@@ -116,10 +135,13 @@ def main() -> int:
             last = delta + gamma * lam * nonterminal * last
             adv[t] = last
         values = torch.stack(buf["values"])
-        batch = {"obs": torch.stack(buf["obs"]).flatten(0, 1),
-                 "actions": torch.stack(buf["actions"]).flatten(),
-                 "logp": torch.stack(buf["logp"]).flatten(), "adv": adv.flatten(),
-                 "ret": (adv + values).flatten()}  # fmt: skip
+        batch = {
+            "obs": torch.stack(buf["obs"]).flatten(0, 1),
+            "actions": torch.stack(buf["actions"]).flatten(),
+            "logp": torch.stack(buf["logp"]).flatten(),
+            "adv": adv.flatten(),
+            "ret": (adv + values).flatten(),
+        }
         ppo_update(agent, opt, batch)
         steps += horizon * n_envs
         client.report(steps=steps, episode_return=float(np.mean(returns[-20:]) if returns else 0))

@@ -47,14 +47,31 @@ def main() -> int:
     ap.add_argument("--subproc", action="store_true", help="SubprocVecEnv instead of Dummy")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
-    k = client.knobs({"num_envs": args.num_envs, "n_steps": args.n_steps,
-                      "batch_size": args.batch_size, "threads": args.threads,
-                      "device": args.device})  # fmt: skip
+    k = client.knobs(
+        {
+            "num_envs": args.num_envs,
+            "n_steps": args.n_steps,
+            "batch_size": args.batch_size,
+            "threads": args.threads,
+            "device": args.device,
+        }
+    )
     torch.set_num_threads(int(k["threads"]))
-    env = make_vec_env(args.env, n_envs=int(k["num_envs"]), seed=args.seed,
-                       vec_env_cls=SubprocVecEnv if args.subproc else DummyVecEnv)  # fmt: skip
-    model = PPO("MlpPolicy", env, n_steps=int(k["n_steps"]), batch_size=int(k["batch_size"]),
-                device=k["device"], seed=args.seed, verbose=0)  # fmt: skip
+    env = make_vec_env(
+        args.env,
+        n_envs=int(k["num_envs"]),
+        seed=args.seed,
+        vec_env_cls=SubprocVecEnv if args.subproc else DummyVecEnv,
+    )
+    model = PPO(
+        "MlpPolicy",
+        env,
+        n_steps=int(k["n_steps"]),
+        batch_size=int(k["batch_size"]),
+        device=k["device"],
+        seed=args.seed,
+        verbose=0,
+    )
     model.learn(total_timesteps=args.total_steps, callback=ReportSteps())
     returns = [ep["r"] for ep in model.ep_info_buffer]
     mean = sum(returns) / len(returns) if returns else float("nan")

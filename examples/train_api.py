@@ -37,12 +37,24 @@ def main() -> int:
 
     def progress(state: RunState) -> None:
         if int(state.elapsed_s * 10) % 50 == 0:  # about every 5 s
-            print(f"{state.elapsed_s:5.0f}s trained {state.trained_steps:>9,} "
-                  f"return {state.return_mean}")  # fmt: skip
+            print(
+                f"{state.elapsed_s:5.0f}s trained {state.trained_steps:>9,} "
+                f"return {state.return_mean}"
+            )
 
     result = Runner(cfg, info, on_progress=progress).run()
-    summary = {k: result[k] for k in ("env_steps", "sampled_steps", "lost_steps", "steps_per_s",
-                                      "steps_per_joule", "return_mean", "policy_lag")}  # fmt: skip
+    summary = {
+        k: result[k]
+        for k in (
+            "env_steps",
+            "sampled_steps",
+            "lost_steps",
+            "steps_per_s",
+            "steps_per_joule",
+            "return_mean",
+            "policy_lag",
+        )
+    }
     print(json.dumps(summary, indent=2))
     return 0
 

@@ -90,9 +90,13 @@ class ActorCritic(nn.Module):
     """
 
     def __init__(
-        self, obs_dim: int, act_dim: int, discrete: bool, spec: str = "auto",
+        self,
+        obs_dim: int,
+        act_dim: int,
+        discrete: bool,
+        spec: str = "auto",
         normalize_obs: bool = True,
-    ) -> None:  # fmt: skip
+    ) -> None:
         super().__init__()
         sizes = parse_spec(spec, obs_dim, act_dim)
         self.discrete = discrete

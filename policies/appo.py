@@ -46,8 +46,13 @@ class APPOLearner:
         total_steps: The run's step budget, for the linear learning-rate schedule.
     """
 
-    def __init__(self, model: ActorCritic, config: APPOConfig, device: torch.device,
-                 total_steps: int | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        model: ActorCritic,
+        config: APPOConfig,
+        device: torch.device,
+        total_steps: int | None = None,
+    ) -> None:
         self.model = model.to(device)
         self.config = config
         self.device = device
@@ -58,8 +63,12 @@ class APPOLearner:
 
     def state(self) -> dict[str, Any]:
         """Everything another learner needs to continue exactly where this one is."""
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "version": self.version, "trained_steps": self.trained_steps}  # fmt: skip
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "version": self.version,
+            "trained_steps": self.trained_steps,
+        }
 
     def load_state(self, state: Mapping[str, Any]) -> None:
         """Takes over a ``state()`` (from a learner of the same model, on any device)."""
@@ -75,8 +84,11 @@ class APPOLearner:
         return self.config.lr * max(0.0, 1.0 - self.trained_steps / self.total_steps)
 
     def _tensors(self, batch: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
-        out = {k: torch.as_tensor(np.asarray(v), device=self.device)
-               for k, v in batch.items() if k != "versions"}  # fmt: skip
+        out = {
+            k: torch.as_tensor(np.asarray(v), device=self.device)
+            for k, v in batch.items()
+            if k != "versions"
+        }
         out["obs"] = out["obs"].float()
         out["rewards"] = out["rewards"].float() * self.config.reward_scale
         out["discounts"] = self.config.gamma * (1.0 - out["dones"].float())
@@ -105,8 +117,11 @@ class APPOLearner:
         for group_ in self.optimizer.param_groups:
             group_["lr"] = self.current_lr()
         dim = self.model.obs_norm.mean.shape[0]
-        sums = (self.model.obs_norm.batch_sums(b["obs"][:, :t]) if n
-                else torch.zeros(1 + 2 * dim, dtype=torch.float64))  # fmt: skip
+        sums = (
+            self.model.obs_norm.batch_sums(b["obs"][:, :t])
+            if n
+            else torch.zeros(1 + 2 * dim, dtype=torch.float64)
+        )
         sums = torch.cat([sums, torch.tensor([float(n * t)], dtype=torch.float64)])
         if group is not None:
             group.sum_(sums)
@@ -120,9 +135,16 @@ class APPOLearner:
                     target_logp, _, values = self.model.evaluate(b["obs"][:, :t], b["actions"])
                     bootstrap = self.model.values(b["obs"][:, t])
                     ret = vtrace(
-                        b["logp"], target_logp, b["rewards"], values, bootstrap, b["discounts"],
-                        cfg.rho_bar, cfg.c_bar, cfg.vtrace_lambda,
-                    )  # fmt: skip
+                        b["logp"],
+                        target_logp,
+                        b["rewards"],
+                        values,
+                        bootstrap,
+                        b["discounts"],
+                        cfg.rho_bar,
+                        cfg.c_bar,
+                        cfg.vtrace_lambda,
+                    )
             perm = torch.randperm(n, device=self.device)
             for idx in torch.tensor_split(perm, cfg.minibatches):
                 self.optimizer.zero_grad(set_to_none=True)

@@ -44,8 +44,14 @@ class NumpyPolicy:
         ValueError: names or shapes that are not an ``ActorCritic`` state.
     """
 
-    def __init__(self, discrete: bool, normalize_obs: bool, names: list[str],
-                 arrays: list[np.ndarray], seed: int | np.random.SeedSequence) -> None:  # fmt: skip
+    def __init__(
+        self,
+        discrete: bool,
+        normalize_obs: bool,
+        names: list[str],
+        arrays: list[np.ndarray],
+        seed: int | np.random.SeedSequence,
+    ) -> None:
         self.discrete = discrete
         self.normalize_obs = normalize_obs
         self.rng = np.random.default_rng(seed)

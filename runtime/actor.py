@@ -86,10 +86,19 @@ class _Receipts:
 class Actor:
     """The rollout loop of one actor process."""
 
-    def __init__(self, cfg: TrainConfig, info: EnvInfo, actor: int, incarnation: int,
-                 dispenser: Dispenser, policy: LocalPolicy | RemotePolicy, receipts: _Receipts,
-                 stats: StatsSender | None, stepped: Any,
-                 control: zmq.Socket | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        info: EnvInfo,
+        actor: int,
+        incarnation: int,
+        dispenser: Dispenser,
+        policy: LocalPolicy | RemotePolicy,
+        receipts: _Receipts,
+        stats: StatsSender | None,
+        stepped: Any,
+        control: zmq.Socket | None = None,
+    ) -> None:
         self.cfg, self.info = cfg, info
         self.control = control
         self.live = LiveSettings()
@@ -103,9 +112,11 @@ class Actor:
         self.envs = [make_env(cfg.env) for _ in range(k)]
         base_seed = cfg.seed * 1_000_003 + (actor * 997 + incarnation) * k
         self.obs = np.stack(
-            [np.asarray(env.reset(seed=base_seed + i)[0], np.float32).ravel()
-             for i, env in enumerate(self.envs)]
-        )  # fmt: skip
+            [
+                np.asarray(env.reset(seed=base_seed + i)[0], np.float32).ravel()
+                for i, env in enumerate(self.envs)
+            ]
+        )
         split = isinstance(policy, RemotePolicy) and k >= 2
         self.groups = [slice(0, k // 2), slice(k // 2, k)] if split else [slice(0, k)]
         """Environments stepped together; two groups take turns waiting for a remote policy."""
@@ -123,13 +134,16 @@ class Actor:
         gamma, scale = self.cfg.learner.gamma, self.cfg.learner.reward_scale
         buf = {
             "obs": np.empty((k, t_len + 1, info.obs_dim), np.float32),
-            "actions": (np.empty((k, t_len), np.int64) if info.discrete
-                        else np.empty((k, t_len, info.act_dim), np.float32)),
+            "actions": (
+                np.empty((k, t_len), np.int64)
+                if info.discrete
+                else np.empty((k, t_len, info.act_dim), np.float32)
+            ),
             "rewards": np.empty((k, t_len), np.float32),
             "dones": np.zeros((k, t_len), np.uint8),
             "logp": np.empty((k, t_len), np.float32),
             "versions": np.empty((k, t_len), np.int32),
-        }  # fmt: skip
+        }
         for g, envs in enumerate(self.groups):
             self.policy.request(g, self.obs[envs])
         for t in range(t_len):
@@ -149,8 +163,14 @@ class Actor:
         buf["obs"][:, t_len] = self.obs
         return buf
 
-    def _step(self, envs: slice, act: np.ndarray, t: int, buf: dict[str, np.ndarray],
-              truncated_final: list[tuple[int, np.ndarray]]) -> None:  # fmt: skip
+    def _step(
+        self,
+        envs: slice,
+        act: np.ndarray,
+        t: int,
+        buf: dict[str, np.ndarray],
+        truncated_final: list[tuple[int, np.ndarray]],
+    ) -> None:
         """Steps the environments ``envs`` with ``act``; appends truncated episodes' final
         observations (to bootstrap from) to ``truncated_final``."""
         env_act = act if self.info.discrete else np.clip(act, self.act_low, self.act_high)
@@ -172,11 +192,17 @@ class Actor:
     def report(self, final: bool = False) -> None:
         if self.stats is None:
             return
-        counters = {"stepped": int(self.stepped.value), "messages": self.dispenser.messages,
-                    "bytes": self.dispenser.bytes, "rollouts": self.dispenser.seq,
-                    "episodes": self.episodes, "version": self.policy.version,
-                    "throttle_waits": self.waits, "live_epoch": self.live.epoch,
-                    "final": final}  # fmt: skip
+        counters = {
+            "stepped": int(self.stepped.value),
+            "messages": self.dispenser.messages,
+            "bytes": self.dispenser.bytes,
+            "rollouts": self.dispenser.seq,
+            "episodes": self.episodes,
+            "version": self.policy.version,
+            "throttle_waits": self.waits,
+            "live_epoch": self.live.epoch,
+            "final": final,
+        }
         if isinstance(self.policy, RemotePolicy):
             counters["inference_wait_s"] = self.policy.waited_s
         self.stats.send(counters)
@@ -222,15 +248,26 @@ class Actor:
         deadline = time.monotonic() + DELIVERY_TIMEOUT_S
         while self.receipts.poll(THROTTLE_POLL_MS) < sent:
             if time.monotonic() > deadline:
-                logger.error("actor %s: %d of %d steps unconfirmed after %.0f s",
-                             self.receipts.key, sent - self.receipts.received, sent,
-                             DELIVERY_TIMEOUT_S)  # fmt: skip
+                logger.error(
+                    "actor %s: %d of %d steps unconfirmed after %.0f s",
+                    self.receipts.key,
+                    sent - self.receipts.received,
+                    sent,
+                    DELIVERY_TIMEOUT_S,
+                )
                 return
 
 
-def actor_main(cfg: TrainConfig, info: EnvInfo, endpoints: topology.Endpoints, actor: int,
-               incarnation: int, stepped: multiprocessing.sharedctypes.Synchronized,
-               stop: Any, initial: tuple[list[str], list[np.ndarray]] | None) -> None:  # fmt: skip
+def actor_main(
+    cfg: TrainConfig,
+    info: EnvInfo,
+    endpoints: topology.Endpoints,
+    actor: int,
+    incarnation: int,
+    stepped: multiprocessing.sharedctypes.Synchronized,
+    stop: Any,
+    initial: tuple[list[str], list[np.ndarray]] | None,
+) -> None:
     """Process entry point of actor slot ``actor`` (its ``incarnation``-th start).
 
     ``initial`` holds the run's version-0 weights (``policies.actor_critic.initial_state_arrays``)
@@ -253,9 +290,16 @@ def actor_main(cfg: TrainConfig, info: EnvInfo, endpoints: topology.Endpoints, a
     receipts = _Receipts(topology.actor_receipts_in(ctx, endpoints), f"{actor}:{incarnation}")
     dispenser = Dispenser(topology.actor_experience_out(ctx, endpoints), actor, incarnation)
     stats = StatsSender(topology.telemetry_out(ctx, endpoints), f"actor-{actor}.{incarnation}")
-    logger.debug("actor %d.%d stepping %d x %s (pid %d)", actor, incarnation,
-                 cfg.envs_per_actor, cfg.env, os.getpid())  # fmt: skip
+    logger.debug(
+        "actor %d.%d stepping %d x %s (pid %d)",
+        actor,
+        incarnation,
+        cfg.envs_per_actor,
+        cfg.env,
+        os.getpid(),
+    )
     control = topology.control_in(ctx, endpoints)
-    Actor(cfg, info, actor, incarnation, dispenser, policy, receipts, stats, stepped,
-          control).run(stop)  # fmt: skip
+    Actor(cfg, info, actor, incarnation, dispenser, policy, receipts, stats, stepped, control).run(
+        stop
+    )
     ctx.destroy(linger=topology.LINGER_MS)

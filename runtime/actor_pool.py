@@ -110,9 +110,13 @@ class ActorPool:
 
             info = self.info
             self._initial[key] = initial_state_arrays(
-                info.obs_dim, info.act_dim, info.discrete, cfg.policy,
-                cfg.learner.normalize_obs, cfg.seed,
-            )  # fmt: skip
+                info.obs_dim,
+                info.act_dim,
+                info.discrete,
+                cfg.policy,
+                cfg.learner.normalize_obs,
+                cfg.seed,
+            )
         return self._initial[key]
 
     def _start(self, cfg: TrainConfig, ep: topology.Endpoints, index: int) -> ActorSlot:
@@ -120,9 +124,11 @@ class ActorPool:
         self._next_incarnation[index] = incarnation + 1
         stepped, stop = self.mp.RawValue("q", 0), self.mp.Event()
         proc = self.mp.Process(
-            target=actor_main, name=f"actor-{index}.{incarnation}", daemon=True,
+            target=actor_main,
+            name=f"actor-{index}.{incarnation}",
+            daemon=True,
             args=(cfg, self.info, ep, index, incarnation, stepped, stop, self.initial_weights(cfg)),
-        )  # fmt: skip
+        )
         with one_blas_thread():
             proc.start()
         return ActorSlot(index, incarnation, proc, stepped, stop, cfg)
@@ -149,8 +155,9 @@ class ActorPool:
             used = {s.index for s in self.slots}
             self.slots.append(self._start(cfg, ep, min(set(range(len(used) + 1)) - used)))
         while len(self.slots) > cfg.actors:
-            self._leave(self.slots.pop(max(range(len(self.slots)),
-                                           key=lambda i: self.slots[i].index)))  # fmt: skip
+            self._leave(
+                self.slots.pop(max(range(len(self.slots)), key=lambda i: self.slots[i].index))
+            )
 
     def respawn(self, cfg: TrainConfig, ep: topology.Endpoints) -> None:
         """Replaces every actor by a new incarnation started with ``cfg``."""
@@ -167,8 +174,10 @@ class ActorPool:
             self._end(slot, died=True)
             logger.warning(
                 "actor %s died (exit code %s) after %d steps; restarting",
-                slot.key, slot.process.exitcode, slot.stepped.value,
-            )  # fmt: skip
+                slot.key,
+                slot.process.exitcode,
+                slot.stepped.value,
+            )
             self.restarts += 1
             self.slots[i] = self._start(slot.cfg, ep, slot.index)
         for slot in list(self.leaving):

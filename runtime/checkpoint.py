@@ -74,9 +74,13 @@ def read_info(directory: str) -> dict[str, Any] | None:
     if not os.path.exists(info_path) and not os.path.exists(state_path):
         return None
     if not (os.path.exists(info_path) and os.path.exists(state_path)):
-        raise ConfigError([f"checkpoint={directory!r}: holds only one of {STATE_NAME} and "
-                           f"{INFO_NAME}; a checkpoint needs both (move the directory aside "
-                           "to start from scratch)"])  # fmt: skip
+        raise ConfigError(
+            [
+                f"checkpoint={directory!r}: holds only one of {STATE_NAME} and "
+                f"{INFO_NAME}; a checkpoint needs both (move the directory aside "
+                "to start from scratch)"
+            ]
+        )
     try:
         with open(info_path) as f:
             doc = json.load(f)
@@ -109,9 +113,16 @@ def _counts_from_state(directory: str, state_path: str) -> dict[str, int]:
                 f"{STATE_NAME}, and {STATE_NAME} is unreadable ({exc})"
             ]
         ) from None
-    logger.warning("checkpoint %s: %s is one save behind %s (a stop between the two renames); "
-                   "resuming from %s's %d trained steps, version %d", directory, INFO_NAME,
-                   STATE_NAME, STATE_NAME, counts["trained_steps"], counts["version"])  # fmt: skip
+    logger.warning(
+        "checkpoint %s: %s is one save behind %s (a stop between the two renames); "
+        "resuming from %s's %d trained steps, version %d",
+        directory,
+        INFO_NAME,
+        STATE_NAME,
+        STATE_NAME,
+        counts["trained_steps"],
+        counts["version"],
+    )
     return counts
 
 
@@ -131,17 +142,25 @@ def check(cfg: TrainConfig, info: EnvInfo) -> Resume | None:
     if "state_sha256" in doc and doc["state_sha256"] != _sha256(state_path):
         doc.update(_counts_from_state(cfg.checkpoint, state_path))
     problems = []
-    for name, ours in (("env", cfg.env), ("policy", cfg.policy), ("obs_dim", info.obs_dim),
-                       ("act_dim", info.act_dim)):  # fmt: skip
+    for name, ours in (
+        ("env", cfg.env),
+        ("policy", cfg.policy),
+        ("obs_dim", info.obs_dim),
+        ("act_dim", info.act_dim),
+    ):
         if doc.get(name) != ours:
-            problems.append(f"checkpoint={cfg.checkpoint!r}: saved with {name}="
-                            f"{doc.get(name)!r}, this run has {ours!r}; resume with the same "
-                            "env and policy, or give another directory")  # fmt: skip
+            problems.append(
+                f"checkpoint={cfg.checkpoint!r}: saved with {name}="
+                f"{doc.get(name)!r}, this run has {ours!r}; resume with the same "
+                "env and policy, or give another directory"
+            )
     steps = int(doc["trained_steps"])
     if steps >= cfg.steps:
-        problems.append(f"checkpoint={cfg.checkpoint!r}: already holds {steps} trained steps, "
-                        f"steps={cfg.steps} counts every run together; give steps > {steps} "
-                        "to train on")  # fmt: skip
+        problems.append(
+            f"checkpoint={cfg.checkpoint!r}: already holds {steps} trained steps, "
+            f"steps={cfg.steps} counts every run together; give steps > {steps} "
+            "to train on"
+        )
     if problems:
         raise ConfigError(problems)
     return Resume(state_path, steps, int(doc["version"]))
@@ -161,10 +180,17 @@ def save(directory: str, state: dict[str, Any], cfg: TrainConfig, info: EnvInfo)
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
-    doc = {"format": FORMAT, "env": cfg.env, "policy": cfg.policy, "obs_dim": info.obs_dim,
-           "act_dim": info.act_dim, "trained_steps": int(state["trained_steps"]),
-           "version": int(state["version"]), "saved_unix": time.time(),
-           "state_sha256": hashlib.sha256(data).hexdigest()}  # fmt: skip
+    doc = {
+        "format": FORMAT,
+        "env": cfg.env,
+        "policy": cfg.policy,
+        "obs_dim": info.obs_dim,
+        "act_dim": info.act_dim,
+        "trained_steps": int(state["trained_steps"]),
+        "version": int(state["version"]),
+        "saved_unix": time.time(),
+        "state_sha256": hashlib.sha256(data).hexdigest(),
+    }
     with open(info_path + ".tmp", "w") as f:
         json.dump(doc, f, indent=2)
         f.flush()
@@ -184,8 +210,14 @@ def save_returns(directory: str, returns: list[float], episodes: int) -> None:
         return
     path = os.path.join(directory, RETURNS_NAME)
     with open(path + ".tmp", "w") as f:
-        json.dump({"trained_steps": int(doc["trained_steps"]), "episodes": episodes,
-                   "returns": [float(r) for r in returns]}, f)  # fmt: skip
+        json.dump(
+            {
+                "trained_steps": int(doc["trained_steps"]),
+                "episodes": episodes,
+                "returns": [float(r) for r in returns],
+            },
+            f,
+        )
     os.replace(path + ".tmp", path)
 
 
@@ -199,8 +231,9 @@ def load_returns(directory: str, trained_steps: int) -> tuple[list[float], int]:
             return [float(r) for r in doc["returns"]], int(doc["episodes"])
     except (OSError, ValueError, KeyError, TypeError):
         pass
-    logger.info("checkpoint %s: no episode returns of this save; the return window starts empty",
-                directory)  # fmt: skip
+    logger.info(
+        "checkpoint %s: no episode returns of this save; the return window starts empty", directory
+    )
     return [], 0
 
 

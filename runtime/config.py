@@ -26,9 +26,11 @@ class ConfigError(ValueError):
 def mps_pct_problem(pct: object, gmis: int | None) -> str | None:
     """What is wrong with MPS percentages ``pct`` for ``gmis`` GMIs (None: skip the count),
     or None if they are fine: one value for all GMIs or one per GMI, each an int in 1..100."""
-    if (not isinstance(pct, tuple) or not pct
-            or not all(isinstance(p, int) and not isinstance(p, bool) and 1 <= p <= 100
-                       for p in pct)):  # fmt: skip
+    if (
+        not isinstance(pct, tuple)
+        or not pct
+        or not all(isinstance(p, int) and not isinstance(p, bool) and 1 <= p <= 100 for p in pct)
+    ):
         return f"{pct!r}: each value must be an integer in 1..100"
     if gmis is not None and len(pct) not in (1, gmis):
         return f"{len(pct)} values for {gmis} GMIs; give one value or {gmis} (one per GMI)"
@@ -106,8 +108,16 @@ class TrainConfig:
     def problems(self) -> list[str]:
         """Every invalid setting that can be judged without making the environment."""
         out = []
-        for name in ("steps", "actors", "envs_per_actor", "rollout_len", "batch_size",
-                     "chunk_bytes", "trainer_threads", "trainers"):  # fmt: skip
+        for name in (
+            "steps",
+            "actors",
+            "envs_per_actor",
+            "rollout_len",
+            "batch_size",
+            "chunk_bytes",
+            "trainer_threads",
+            "trainers",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 out.append(f"{name}={value!r}: must be an integer >= 1")
@@ -124,16 +134,20 @@ class TrainConfig:
                     f"could ever arrive; allowed: rollout_len..steps ({self.rollout_len}.."
                     f"{self.steps})"
                 )
-        if (not isinstance(self.actor_nice, int) or isinstance(self.actor_nice, bool)
-                or not 0 <= self.actor_nice <= ACTOR_NICE_MAX):  # fmt: skip
+        if (
+            not isinstance(self.actor_nice, int)
+            or isinstance(self.actor_nice, bool)
+            or not 0 <= self.actor_nice <= ACTOR_NICE_MAX
+        ):
             out.append(f"actor_nice={self.actor_nice!r}: allowed an integer 0..{ACTOR_NICE_MAX}")
         if not self.max_inflight_batches > 0:
             out.append(f"max_inflight_batches={self.max_inflight_batches!r}: must be > 0")
         if not self.chunk_timeout_s > 0:
             out.append(f"chunk_timeout_s={self.chunk_timeout_s!r}: must be > 0")
         if self.trainer_precision not in TRAINER_PRECISIONS:
-            out.append(f"trainer_precision={self.trainer_precision!r}: allowed "
-                       f"{TRAINER_PRECISIONS}")  # fmt: skip
+            out.append(
+                f"trainer_precision={self.trainer_precision!r}: allowed {TRAINER_PRECISIONS}"
+            )
         if self.trainer_device not in TRAINER_DEVICES:
             out.append(f"trainer_device={self.trainer_device!r}: allowed {TRAINER_DEVICES}")
         out.extend(self._gmi_problems())
@@ -141,8 +155,9 @@ class TrainConfig:
             out.append(f"transport={self.transport!r}: allowed 'ipc' or 'tcp'")
         if self.max_wall_s is not None and not self.max_wall_s > 0:
             out.append(f"max_wall_s={self.max_wall_s!r}: must be > 0 (or unset)")
-        if self.checkpoint is not None and not (isinstance(self.checkpoint, str)
-                                                and self.checkpoint.strip()):  # fmt: skip
+        if self.checkpoint is not None and not (
+            isinstance(self.checkpoint, str) and self.checkpoint.strip()
+        ):
             out.append(f"checkpoint={self.checkpoint!r}: must be a directory path (or unset)")
         out.extend(self.learner.problems())
         return out
@@ -181,8 +196,9 @@ class TrainConfig:
                 problem = bf16_problem(list_gpus())
                 if problem:
                     raise ConfigError([problem])
-        elif (self.gpus is not None or self.mps_pct is not None
-              or self.inference_mps_pct is not None):  # fmt: skip
+        elif (
+            self.gpus is not None or self.mps_pct is not None or self.inference_mps_pct is not None
+        ):
             raise ConfigError(
                 [
                     "gpus, mps_pct and inference_mps_pct place GMIs on GPUs, but the trainer "
@@ -231,9 +247,13 @@ class TrainConfig:
         if self.grad_sync not in GRAD_SYNCS:
             out.append(f"grad_sync={self.grad_sync!r}: allowed {GRAD_SYNCS}")
         if self.gpus is not None:
-            if (not isinstance(self.gpus, tuple) or not self.gpus
-                    or not all(isinstance(g, int) and not isinstance(g, bool) and g >= 0
-                               for g in self.gpus)):  # fmt: skip
+            if (
+                not isinstance(self.gpus, tuple)
+                or not self.gpus
+                or not all(
+                    isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in self.gpus
+                )
+            ):
                 out.append(f"gpus={self.gpus!r}: must be a non-empty tuple of GPU indices >= 0")
             elif len(set(self.gpus)) != len(self.gpus):
                 out.append(f"gpus={list(self.gpus)}: lists a GPU twice; list each GPU once")
@@ -242,8 +262,10 @@ class TrainConfig:
         if self.inference_mps_pct is not None:
             problem = mps_pct_problem((self.inference_mps_pct,), None)
             if self.inference != "gmi":
-                out.append(f"inference_mps_pct={self.inference_mps_pct!r}: applies only with "
-                           "inference='gmi'")  # fmt: skip
+                out.append(
+                    f"inference_mps_pct={self.inference_mps_pct!r}: applies only with "
+                    "inference='gmi'"
+                )
             elif problem:
                 out.append(f"inference_mps_pct: {problem}")
         if self.mps_pct is not None:
@@ -276,8 +298,10 @@ class TrainConfig:
         if not isinstance(learner, dict):
             problems.append(f"learner={learner!r}: must be a mapping of learner fields")
             learner = {}
-        problems += [f"unknown learner field {k!r}; allowed: {', '.join(sorted(learner_names))}"
-                     for k in sorted(set(learner) - learner_names)]  # fmt: skip
+        problems += [
+            f"unknown learner field {k!r}; allowed: {', '.join(sorted(learner_names))}"
+            for k in sorted(set(learner) - learner_names)
+        ]
         if problems:
             raise ConfigError(problems)
         values = {k: v for k, v in doc.items() if k != "learner"}

@@ -69,12 +69,16 @@ class Drain:
         deadline = time.monotonic() + SERVICE_EXIT_TIMEOUT_S
         self.services.exit_all(control_sock, deadline)
         # the inference GMI reports its final counters as it exits: read them
-        while (INFERENCE in self.services and not self.telemetry.is_final(INFERENCE)
-               and time.monotonic() < deadline):  # fmt: skip
+        while (
+            INFERENCE in self.services
+            and not self.telemetry.is_final(INFERENCE)
+            and time.monotonic() < deadline
+        ):
             self.read(telemetry_sock, int(self.tick_s * 1000))
 
-    def _await_final(self, name: str, telemetry_sock: zmq.Socket, control_sock: zmq.Socket,
-                     clean: dict[str, int]) -> None:  # fmt: skip
+    def _await_final(
+        self, name: str, telemetry_sock: zmq.Socket, control_sock: zmq.Socket, clean: dict[str, int]
+    ) -> None:
         deadline = time.monotonic() + SERVICE_DRAIN_TIMEOUT_S
         last_sent = 0.0
         while not self.telemetry.is_final(name):

@@ -60,9 +60,13 @@ def probe_env(env_id: str) -> EnvInfo:
             return EnvInfo(env_id, obs_dim, True, int(act_space.n))
         if isinstance(act_space, gym.spaces.Box) and len(act_space.shape) == 1:
             return EnvInfo(
-                env_id, obs_dim, False, int(act_space.shape[0]),
-                tuple(float(x) for x in act_space.low), tuple(float(x) for x in act_space.high),
-            )  # fmt: skip
+                env_id,
+                obs_dim,
+                False,
+                int(act_space.shape[0]),
+                tuple(float(x) for x in act_space.low),
+                tuple(float(x) for x in act_space.high),
+            )
         raise EnvError(
             f"{env_id}: action space {act_space} is not supported; allowed: Discrete, 1-D Box"
         )

@@ -64,8 +64,15 @@ class InferenceServer:
         place: Where this GMI runs.
     """
 
-    def __init__(self, cfg: TrainConfig, info: EnvInfo, router: zmq.Socket, weights: zmq.Socket,
-                 stats: StatsSender | None, place: InferencePlace) -> None:  # fmt: skip
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        info: EnvInfo,
+        router: zmq.Socket,
+        weights: zmq.Socket,
+        stats: StatsSender | None,
+        place: InferencePlace,
+    ) -> None:
         import torch
 
         from policies.actor_critic import ActorCritic
@@ -74,15 +81,25 @@ class InferenceServer:
         self.obs_dim = info.obs_dim
         self.device = torch.device("cuda" if place.gpu is not None else "cpu")
         torch.manual_seed(cfg.seed)  # version 0: the weights the trainer starts from
-        model = ActorCritic(info.obs_dim, info.act_dim, info.discrete, cfg.policy,
-                            cfg.learner.normalize_obs)  # fmt: skip
+        model = ActorCritic(
+            info.obs_dim, info.act_dim, info.discrete, cfg.policy, cfg.learner.normalize_obs
+        )
         self.model = model.to(self.device).eval()
         self.weights = WeightsReceiver(weights, self.model, NAME)
-        self.sm_count = (torch.cuda.get_device_properties(0).multi_processor_count
-                         if place.gpu is not None else None)  # fmt: skip
+        self.sm_count = (
+            torch.cuda.get_device_properties(0).multi_processor_count
+            if place.gpu is not None
+            else None
+        )
         self.malformed = wire.MalformedCounter(NAME)
-        self.counters = {"requests": 0, "rows": 0, "value_rows": 0, "batches": 0,
-                         "compute_s": 0.0, "max_batch_rows": 0}  # fmt: skip
+        self.counters = {
+            "requests": 0,
+            "rows": 0,
+            "value_rows": 0,
+            "batches": 0,
+            "compute_s": 0.0,
+            "max_batch_rows": 0,
+        }
         """``rows``: observations acted on (one per env step); ``value_rows``: observations
         valued (truncated episodes)."""
 
@@ -153,11 +170,17 @@ class InferenceServer:
 
     def snapshot(self, final: bool = False) -> dict[str, Any]:
         c = self.counters
-        return {**c, "rows_per_batch": c["rows"] / c["batches"] if c["batches"] else 0.0,
-                "version": self.weights.version, "device": self.device.type,
-                "gpu": self.place.gpu, "mps_pct": self.place.mps_pct, "sm_count": self.sm_count,
-                "malformed": self.malformed.count + self.weights.malformed.count,
-                "final": final}  # fmt: skip
+        return {
+            **c,
+            "rows_per_batch": c["rows"] / c["batches"] if c["batches"] else 0.0,
+            "version": self.weights.version,
+            "device": self.device.type,
+            "gpu": self.place.gpu,
+            "mps_pct": self.place.mps_pct,
+            "sm_count": self.sm_count,
+            "malformed": self.malformed.count + self.weights.malformed.count,
+            "final": final,
+        }
 
     def run(self, control: zmq.Socket) -> None:
         """Serves until the runner's CONTROL ``exit`` (sent once every actor has exited)."""
@@ -181,8 +204,9 @@ class InferenceServer:
             self.stats.send(self.snapshot(final=True))
 
 
-def inference_main(cfg: TrainConfig, info: EnvInfo, endpoints: topology.Endpoints,
-                   place: InferencePlace) -> None:  # fmt: skip
+def inference_main(
+    cfg: TrainConfig, info: EnvInfo, endpoints: topology.Endpoints, place: InferencePlace
+) -> None:
     """Process entry point of the inference GMI."""
     placement.bind_gpu(place.gpu, place.env)
     init_service_process(NAME)
@@ -193,7 +217,13 @@ def inference_main(cfg: TrainConfig, info: EnvInfo, endpoints: topology.Endpoint
     router, weights, control = topology.inference_sockets(ctx, endpoints)
     stats = StatsSender(topology.telemetry_out(ctx, endpoints), NAME)
     server = InferenceServer(cfg, info, router, weights, stats, place)
-    logger.info("inference GMI on %s (gpu %s, mps %s%%, %s SMs, pid %d)", server.device,
-                place.gpu, place.mps_pct, server.sm_count, os.getpid())  # fmt: skip
+    logger.info(
+        "inference GMI on %s (gpu %s, mps %s%%, %s SMs, pid %d)",
+        server.device,
+        place.gpu,
+        place.mps_pct,
+        server.sm_count,
+        os.getpid(),
+    )
     server.run(control)
     ctx.destroy(linger=0)

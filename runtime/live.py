@@ -67,12 +67,17 @@ def plan(old: TrainConfig, new: TrainConfig) -> Plan:
     Raises:
         ConfigError: if a field that needs a new run differs, naming it and the live fields.
     """
-    changed = tuple(f.name for f in fields(TrainConfig)
-                    if getattr(old, f.name) != getattr(new, f.name))  # fmt: skip
+    changed = tuple(
+        f.name for f in fields(TrainConfig) if getattr(old, f.name) != getattr(new, f.name)
+    )
     frozen = [name for name in changed if name not in LIVE_FIELDS]
     if frozen:
-        raise ConfigError([f"{', '.join(frozen)} cannot change in a running job (start a new "
-                           f"run); live settings: {', '.join(LIVE_FIELDS)}"])  # fmt: skip
+        raise ConfigError(
+            [
+                f"{', '.join(frozen)} cannot change in a running job (start a new "
+                f"run); live settings: {', '.join(LIVE_FIELDS)}"
+            ]
+        )
     inflight_changed = old.inflight_steps_per_actor() != new.inflight_steps_per_actor()
     return Plan(
         changed=changed,
@@ -86,9 +91,14 @@ def plan(old: TrainConfig, new: TrainConfig) -> Plan:
 def live_meta(cfg: TrainConfig, epoch: int) -> dict[str, Any]:
     """The CONTROL ``live`` message for ``cfg``: every SERVICE_LIVE value, and each actor's
     in-flight budget in steps (it depends on ``actors`` too)."""
-    return {"cmd": "live", "epoch": epoch, "chunk_bytes": cfg.chunk_bytes,
-            "chunk_timeout_s": cfg.chunk_timeout_s, "batch_size": cfg.batch_size,
-            "inflight_steps_per_actor": cfg.inflight_steps_per_actor()}  # fmt: skip
+    return {
+        "cmd": "live",
+        "epoch": epoch,
+        "chunk_bytes": cfg.chunk_bytes,
+        "chunk_timeout_s": cfg.chunk_timeout_s,
+        "batch_size": cfg.batch_size,
+        "inflight_steps_per_actor": cfg.inflight_steps_per_actor(),
+    }
 
 
 class LiveBroadcaster:

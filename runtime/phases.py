@@ -20,18 +20,24 @@ class Phase:
     energy: Any = None
 
     def to_dict(self) -> dict[str, Any]:
-        doc: dict[str, Any] = {"generation": self.generation, "mps_pct": self.mps_pct,
-                               "start_s": self.start_s, "end_s": self.end_s,
-                               "trained_steps": self.trained_steps}  # fmt: skip
+        doc: dict[str, Any] = {
+            "generation": self.generation,
+            "mps_pct": self.mps_pct,
+            "start_s": self.start_s,
+            "end_s": self.end_s,
+            "trained_steps": self.trained_steps,
+        }
         if self.energy is not None and self.end_s is not None:
             e = self.energy.to_dict()
             total = e["gpu_j"] + e["cpu_j"]
             span = self.end_s - self.start_s
-            doc.update(gpu_w=e["gpu_j"] / span if span > 0 else 0.0,
-                       cpu_w=e["cpu_j"] / span if span > 0 else 0.0,
-                       steps_per_s=self.trained_steps / span if span > 0 else 0.0,
-                       steps_per_joule=self.trained_steps / total if total > 0 else None,
-                       energy=e)  # fmt: skip
+            doc.update(
+                gpu_w=e["gpu_j"] / span if span > 0 else 0.0,
+                cpu_w=e["cpu_j"] / span if span > 0 else 0.0,
+                steps_per_s=self.trained_steps / span if span > 0 else 0.0,
+                steps_per_joule=self.trained_steps / total if total > 0 else None,
+                energy=e,
+            )
         return doc
 
 

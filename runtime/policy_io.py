@@ -104,8 +104,12 @@ class RemotePolicy:
     def _send(self, kind: str, obs: np.ndarray) -> int:
         tag = next(self._tags)
         # a copy: the actor overwrites its observation buffer while this may still be queued
-        wire.send_msg(self.sock, wire.MsgType.INFER, {"tag": tag, "kind": kind},
-                      [np.array(obs, np.float32, copy=True)])  # fmt: skip
+        wire.send_msg(
+            self.sock,
+            wire.MsgType.INFER,
+            {"tag": tag, "kind": kind},
+            [np.array(obs, np.float32, copy=True)],
+        )
         return tag
 
     def request(self, group: int, obs: np.ndarray) -> None:

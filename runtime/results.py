@@ -40,8 +40,11 @@ class Timeline:
         self.rows.append((t_s, trained_steps, e.gpu_total_j, e.cpu_energy_j))
 
     def to_doc(self) -> dict[str, Any]:
-        return {"started_unix": self.started_unix, "columns": list(self.COLUMNS),
-                "rows": [list(r) for r in self.rows]}  # fmt: skip
+        return {
+            "started_unix": self.started_unix,
+            "columns": list(self.COLUMNS),
+            "rows": [list(r) for r in self.rows],
+        }
 
 
 def lost_steps_by_incarnation(complete: dict[str, int], stepped: dict[str, int]) -> dict[str, int]:
@@ -51,8 +54,18 @@ def lost_steps_by_incarnation(complete: dict[str, int], stepped: dict[str, int])
 
 def gmi_doc(name: str, counters: dict[str, Any]) -> dict[str, Any]:
     """One trainer GMI as the result lists it (SMs as CUDA reported them inside the GMI)."""
-    keys = ("rank", "generation", "device", "gpu", "mps_pct", "sm_count", "trained_steps",
-            "resumed", "retired", "weights_digest")  # fmt: skip
+    keys = (
+        "rank",
+        "generation",
+        "device",
+        "gpu",
+        "mps_pct",
+        "sm_count",
+        "trained_steps",
+        "resumed",
+        "retired",
+        "weights_digest",
+    )
     return {"name": name, **{k: counters.get(k) for k in keys}}
 
 
@@ -66,8 +79,20 @@ def inference_doc(runner: Runner) -> dict[str, Any]:
 
     tel = runner.telemetry
     counters = tel.source(NAME)
-    keys = ("device", "gpu", "mps_pct", "sm_count", "requests", "rows", "value_rows", "batches",
-            "rows_per_batch", "max_batch_rows", "compute_s", "version")  # fmt: skip
+    keys = (
+        "device",
+        "gpu",
+        "mps_pct",
+        "sm_count",
+        "requests",
+        "rows",
+        "value_rows",
+        "batches",
+        "rows_per_batch",
+        "max_batch_rows",
+        "compute_s",
+        "version",
+    )
     waited = sum(float(tel.source(a).get("inference_wait_s", 0.0)) for a in tel.actor_sources())
     return {"mode": "gmi", **{k: counters.get(k) for k in keys}, "actor_wait_s": waited}
 
@@ -91,22 +116,27 @@ def build_result(runner: Runner, wall_s: float, energy: Any) -> dict[str, Any]:
     """
     tel = runner.telemetry
     compressor = tel.source("compressor")
-    lost_by_inc = lost_steps_by_incarnation(compressor.get("complete_steps", {}),
-                                            runner.ended.stepped)  # fmt: skip
+    lost_by_inc = lost_steps_by_incarnation(
+        compressor.get("complete_steps", {}), runner.ended.stepped
+    )
     for key, n in lost_by_inc.items():
         if n and key not in runner.ended.died:
             logger.error("actor %s exited cleanly but %d of its steps never arrived", key, n)
     trained = tel.trained_steps
     lag_mean, lag_max = tel.policy_lag()
-    energy_doc = energy.to_dict() if energy is not None else {
-        "gpu_j": 0.0, "cpu_j": 0.0, "gpu_source": "none", "cpu_source": "none"}  # fmt: skip
+    energy_doc = (
+        energy.to_dict()
+        if energy is not None
+        else {"gpu_j": 0.0, "cpu_j": 0.0, "gpu_source": "none", "cpu_source": "none"}
+    )
     total_j = energy_doc["gpu_j"] + energy_doc["cpu_j"]
     current = runner.trainer_names()
     trainer = tel.source(current[0])
-    services = ["compressor", "migrator", *(["inference"] if runner.cfg.inference == "gmi"
-                                            else [])]  # fmt: skip
-    malformed = {name: int(tel.source(name).get("malformed", 0))
-                 for name in (*services, *tel.trainer_sources())}  # fmt: skip
+    services = ["compressor", "migrator", *(["inference"] if runner.cfg.inference == "gmi" else [])]
+    malformed = {
+        name: int(tel.source(name).get("malformed", 0))
+        for name in (*services, *tel.trainer_sources())
+    }
     digests = {tel.source(name).get("weights_digest") for name in current}
     return {
         "env": runner.cfg.env,
@@ -149,6 +179,11 @@ def timeline_rate(result: dict[str, Any], t0: float, t1: float) -> dict[str, flo
         return None
     (ta, sa, ga, ca), (tb, sb, gb, cb) = rows[0], rows[-1]
     joules = (gb - ga) + (cb - ca)
-    return {"from_s": ta, "to_s": tb, "steps_per_s": (sb - sa) / (tb - ta),
-            "steps_per_joule": (sb - sa) / joules if joules > 0 else None,
-            "gpu_w": (gb - ga) / (tb - ta), "cpu_w": (cb - ca) / (tb - ta)}  # fmt: skip
+    return {
+        "from_s": ta,
+        "to_s": tb,
+        "steps_per_s": (sb - sa) / (tb - ta),
+        "steps_per_joule": (sb - sa) / joules if joules > 0 else None,
+        "gpu_w": (gb - ga) / (tb - ta),
+        "cpu_w": (cb - ca) / (tb - ta),
+    }

@@ -109,11 +109,15 @@ class Runner:
             (``runtime.checkpoint.check``).
     """
 
-    def __init__(self, cfg: TrainConfig, info: EnvInfo,
-                 on_progress: Callable[[RunState], None] | None = None,
-                 meter: Any = None,
-                 mps_changes: list[tuple[float, tuple[int, ...] | None]] | None = None,
-                 mps_live: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        info: EnvInfo,
+        on_progress: Callable[[RunState], None] | None = None,
+        meter: Any = None,
+        mps_changes: list[tuple[float, tuple[int, ...] | None]] | None = None,
+        mps_live: bool = False,
+    ) -> None:
         self.cfg, self.info = cfg, info
         self.resume = checkpoint.check(cfg, info)
         """The checkpoint this run starts from (``cfg.checkpoint``), or None."""
@@ -141,7 +145,8 @@ class Runner:
         """Episodes of the runs before this one (the return window goes on from theirs)."""
         if self.resume is not None:
             returns, self.resumed_episodes = checkpoint.load_returns(
-                str(cfg.checkpoint), self.resume.trained_steps)  # fmt: skip
+                str(cfg.checkpoint), self.resume.trained_steps
+            )
             self.telemetry.returns.extend(returns)
         self.actors = ActorPool(self.mp, info)
         self.inference_place: Any = None
@@ -168,8 +173,9 @@ class Runner:
         base = self._pending_cfg or self.cfg
         unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(TrainConfig)})
         if unknown:
-            raise ConfigError([f"unknown setting(s) {unknown}; live settings: "
-                               f"{', '.join(live.LIVE_FIELDS)}"])  # fmt: skip
+            raise ConfigError(
+                [f"unknown setting(s) {unknown}; live settings: {', '.join(live.LIVE_FIELDS)}"]
+            )
         new = dataclasses.replace(base, **changes)
         new.validate()
         plan = live.plan(self.cfg, new)
@@ -194,8 +200,11 @@ class Runner:
             self.live.bump(control_sock, new)
         if plan.handover:
             self.fleet.replace(ep, self.run_dir, control_sock, None, new)
-            self.phases.begin(self.fleet.generation, [s.mps_pct for s in self.fleet.gmis],
-                              self.telemetry.trained_steps)  # fmt: skip
+            self.phases.begin(
+                self.fleet.generation,
+                [s.mps_pct for s in self.fleet.gmis],
+                self.telemetry.trained_steps,
+            )
         changed = {name: getattr(new, name) for name in plan.changed}
         self.changes.append({"t": time.monotonic() - self._started, "changed": changed})
         logger.info("live change: %s", changed)
@@ -243,16 +252,20 @@ class Runner:
         self.fleet.check(mps_pct)
         self._requested.append(mps_pct)
 
-    def replace_gmis(self, ep: topology.Endpoints, control_sock: zmq.Socket,
-                     mps_pct: tuple[int, ...] | None) -> None:  # fmt: skip
+    def replace_gmis(
+        self, ep: topology.Endpoints, control_sock: zmq.Socket, mps_pct: tuple[int, ...] | None
+    ) -> None:
         """Replaces every GMI by a new generation, with percentages ``mps_pct`` (None: same).
 
         Experience keeps flowing to the new GMIs at once; the old ones retire, train what they
         hold and hand the learner state over (``runtime.gmi.fleet``). Nothing is dropped.
         """
         self.fleet.replace(ep, self.run_dir, control_sock, mps_pct)
-        self.phases.begin(self.fleet.generation, [s.mps_pct for s in self.fleet.gmis],
-                          self.telemetry.trained_steps)  # fmt: skip
+        self.phases.begin(
+            self.fleet.generation,
+            [s.mps_pct for s in self.fleet.gmis],
+            self.telemetry.trained_steps,
+        )
 
     @property
     def slots(self) -> list[Any]:
@@ -288,10 +301,16 @@ class Runner:
     def state(self, started: float, draining: bool = False) -> RunState:
         lag_mean, lag_max = self.telemetry.policy_lag()
         return RunState(
-            time.monotonic() - started, self.telemetry.trained_steps, self._sampled_steps(),
-            self.telemetry.return_mean, self.telemetry.episodes, lag_mean, lag_max,
-            self.restarts, draining,
-        )  # fmt: skip
+            time.monotonic() - started,
+            self.telemetry.trained_steps,
+            self._sampled_steps(),
+            self.telemetry.return_mean,
+            self.telemetry.episodes,
+            lag_mean,
+            lag_max,
+            self.restarts,
+            draining,
+        )
 
     # --- the run ---------------------------------------------------------------------------
 
@@ -310,8 +329,11 @@ class Runner:
         ctx = zmq.Context()
         with tempfile.TemporaryDirectory(prefix="autotune-") as run_dir:
             self.run_dir = run_dir
-            ep = (topology.Endpoints.ipc(run_dir) if self.cfg.transport == "ipc"
-                  else topology.Endpoints.tcp())  # fmt: skip
+            ep = (
+                topology.Endpoints.ipc(run_dir)
+                if self.cfg.transport == "ipc"
+                else topology.Endpoints.tcp()
+            )
             telemetry_sock, control_sock = topology.runner_sockets(ctx, ep)
             forwarder = topology.WeightsForwarder(ctx, ep).start()
             previous = signal.signal(signal.SIGINT, self._on_sigint)
@@ -332,8 +354,9 @@ class Runner:
                 self._drain(telemetry_sock, control_sock, started)
                 if self.cfg.checkpoint is not None:
                     episodes = self.resumed_episodes + self.telemetry.episodes
-                    checkpoint.save_returns(self.cfg.checkpoint, list(self.telemetry.returns),
-                                            episodes)  # fmt: skip
+                    checkpoint.save_returns(
+                        self.cfg.checkpoint, list(self.telemetry.returns), episodes
+                    )
             except BaseException:
                 self._kill_all()
                 raise
@@ -351,8 +374,13 @@ class Runner:
                 self.fleet.stop()
         return build_result(self, wall_s, energy)
 
-    def _serve(self, ep: topology.Endpoints, telemetry_sock: zmq.Socket,
-               control_sock: zmq.Socket, started: float) -> None:  # fmt: skip
+    def _serve(
+        self,
+        ep: topology.Endpoints,
+        telemetry_sock: zmq.Socket,
+        control_sock: zmq.Socket,
+        started: float,
+    ) -> None:
         changes = list(self.mps_changes)
         while not self.stop_requested:
             self._read_telemetry(telemetry_sock, int(TICK_S * 1000))
@@ -377,16 +405,27 @@ class Runner:
                 break
 
     def _sample_timeline(self, started: float, force: bool = False) -> None:
-        self.timeline.sample(time.monotonic() - started, self.telemetry.trained_steps,
-                             lambda: self.meter.peek_window(RUN_WINDOW), force)  # fmt: skip
+        self.timeline.sample(
+            time.monotonic() - started,
+            self.telemetry.trained_steps,
+            lambda: self.meter.peek_window(RUN_WINDOW),
+            force,
+        )
 
     def _drain(self, telemetry_sock: zmq.Socket, control_sock: zmq.Socket, started: float) -> None:
         def report() -> None:
             if self.on_progress is not None:
                 self.on_progress(self.state(started, draining=True))
 
-        Drain(self.actors, self.services, self.fleet, self.telemetry, self._read_telemetry,
-              report, TICK_S).run(telemetry_sock, control_sock)  # fmt: skip
+        Drain(
+            self.actors,
+            self.services,
+            self.fleet,
+            self.telemetry,
+            self._read_telemetry,
+            report,
+            TICK_S,
+        ).run(telemetry_sock, control_sock)
 
     def _kill_all(self) -> None:
         self.actors.kill_all()

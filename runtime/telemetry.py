@@ -84,8 +84,10 @@ class RunTelemetry:
         steps = self.sum_over(trainers, "trained_steps")
         if not steps:
             return 0.0, 0
-        total = sum(self.latest[t].get("policy_lag_mean", 0.0) * self.latest[t].get(
-            "trained_steps", 0) for t in trainers)  # fmt: skip
+        total = sum(
+            self.latest[t].get("policy_lag_mean", 0.0) * self.latest[t].get("trained_steps", 0)
+            for t in trainers
+        )
         return total / steps, max(int(self.latest[t].get("policy_lag_max", 0)) for t in trainers)
 
     def stages(self) -> dict[str, dict[str, int]]:

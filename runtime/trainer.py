@@ -106,10 +106,17 @@ class Trainer:
         group: The data-parallel group when the generation has several GMIs, else None.
     """
 
-    def __init__(self, cfg: TrainConfig, info: EnvInfo, dealer: zmq.Socket,
-                 weights: zmq.Socket | None, stats: StatsSender | None,
-                 role: GMIRole | None = None, group: Any = None,
-                 control: zmq.Socket | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        info: EnvInfo,
+        dealer: zmq.Socket,
+        weights: zmq.Socket | None,
+        stats: StatsSender | None,
+        role: GMIRole | None = None,
+        group: Any = None,
+        control: zmq.Socket | None = None,
+    ) -> None:
         import torch
 
         from policies.actor_critic import ActorCritic
@@ -122,12 +129,14 @@ class Trainer:
         on_gpu = role.spec.gpu is not None if role is not None else cfg.resolved_device() == "cuda"
         self.device = "cuda" if on_gpu else "cpu"
         torch.manual_seed(cfg.seed)  # the actors build the same version-0 weights
-        model = ActorCritic(info.obs_dim, info.act_dim, info.discrete, cfg.policy,
-                            cfg.learner.normalize_obs)  # fmt: skip
+        model = ActorCritic(
+            info.obs_dim, info.act_dim, info.discrete, cfg.policy, cfg.learner.normalize_obs
+        )
         model.matmul_dtype = torch.bfloat16 if cfg.trainer_precision == "bf16" else None
         self.learner = APPOLearner(model, cfg.learner, torch.device(self.device), cfg.steps)
-        self.sm_count = (torch.cuda.get_device_properties(0).multi_processor_count
-                         if on_gpu else None)  # fmt: skip
+        self.sm_count = (
+            torch.cuda.get_device_properties(0).multi_processor_count if on_gpu else None
+        )
         self.batcher = Batcher(cfg.batch_size // cfg.rollout_len, WINDOW_CHUNKS)
         self.malformed = wire.MalformedCounter("trainer")
         self.eos = False
@@ -188,8 +197,7 @@ class Trainer:
         self.resumed = True
         if self.role is not None and self.role.generation == 0:  # from the checkpoint
             self.floor_version = self.learner.version
-        logger.info("%s took over the learner at version %d", self.name,
-                    self.learner.version)  # fmt: skip
+        logger.info("%s took over the learner at version %d", self.name, self.learner.version)
         self.publish()
 
     def _train(self, rows: int | None = None) -> None:
@@ -212,24 +220,41 @@ class Trainer:
             self.trained_steps += result.steps
             self.lag_sum += result.policy_lag_mean * result.steps
             self.lag_max = max(self.lag_max, result.policy_lag_max)
-            self.last = {"loss_pi": result.loss_pi, "loss_v": result.loss_v,
-                         "entropy": result.entropy}  # fmt: skip
+            self.last = {
+                "loss_pi": result.loss_pi,
+                "loss_v": result.loss_v,
+                "entropy": result.entropy,
+            }
         self.publish()
 
     def snapshot(self, final: bool = False) -> dict[str, object]:
         lag_mean = self.lag_sum / self.trained_steps if self.trained_steps else 0.0
         discarded = self.discarded_steps + self.batcher.dropped_steps
-        out = {"trained_steps": self.trained_steps, "discarded_steps": discarded,
-               "version": self.learner.version, "policy_lag_mean": lag_mean,
-               "policy_lag_max": self.lag_max, "queued_steps": self.batcher.queued_steps,
-               "device": self.device, "sm_count": self.sm_count, "malformed": self.malformed.count,
-               "resumed": self.resumed, "retired": final and self.retiring,
-               "batch_size": self.batcher.batch_rows * self.cfg.rollout_len,
-               "live_epoch": self.live.epoch,
-               **self.batcher.counters, **self.last, "final": final}  # fmt: skip
+        out = {
+            "trained_steps": self.trained_steps,
+            "discarded_steps": discarded,
+            "version": self.learner.version,
+            "policy_lag_mean": lag_mean,
+            "policy_lag_max": self.lag_max,
+            "queued_steps": self.batcher.queued_steps,
+            "device": self.device,
+            "sm_count": self.sm_count,
+            "malformed": self.malformed.count,
+            "resumed": self.resumed,
+            "retired": final and self.retiring,
+            "batch_size": self.batcher.batch_rows * self.cfg.rollout_len,
+            "live_epoch": self.live.epoch,
+            **self.batcher.counters,
+            **self.last,
+            "final": final,
+        }
         if self.role is not None:
-            out.update(rank=self.role.spec.rank, generation=self.role.generation,
-                       gpu=self.role.spec.gpu, mps_pct=self.role.spec.mps_pct)  # fmt: skip
+            out.update(
+                rank=self.role.spec.rank,
+                generation=self.role.generation,
+                gpu=self.role.spec.gpu,
+                mps_pct=self.role.spec.mps_pct,
+            )
         if self.group is not None:
             out["sync"] = self.group.strategy.value
         if final:
@@ -271,8 +296,12 @@ class Trainer:
             self._save_state()
         elif self.cfg.checkpoint is not None and (self.role is None or self.role.spec.rank == 0):
             checkpoint.save(self.cfg.checkpoint, self.learner.state(), self.cfg, self.env_info)
-            logger.info("%s saved the learner at version %d to %s", self.name,
-                        self.learner.version, self.cfg.checkpoint)  # fmt: skip
+            logger.info(
+                "%s saved the learner at version %d to %s",
+                self.name,
+                self.learner.version,
+                self.cfg.checkpoint,
+            )
         if self.stats is not None:
             self.stats.send(self.snapshot(final=True))
 
@@ -282,8 +311,12 @@ class Trainer:
         settings = self.live.poll(self.control, self.malformed)
         if settings is not None:
             self.batcher.batch_rows = max(1, settings["batch_size"] // self.cfg.rollout_len)
-            logger.info("%s: batches of %d steps (live epoch %d)", self.name,
-                        settings["batch_size"], self.live.epoch)  # fmt: skip
+            logger.info(
+                "%s: batches of %d steps (live epoch %d)",
+                self.name,
+                settings["batch_size"],
+                self.live.epoch,
+            )
 
     @property
     def name(self) -> str:
@@ -307,12 +340,14 @@ class Trainer:
         path = self.role.state_file()
         torch.save(self.learner.state(), path + ".tmp")
         os.replace(path + ".tmp", path)  # the next generation sees the whole file or nothing
-        logger.info("%s handed over the learner at version %d", self.role.name,
-                    self.learner.version)  # fmt: skip
+        logger.info(
+            "%s handed over the learner at version %d", self.role.name, self.learner.version
+        )
 
 
-def trainer_main(cfg: TrainConfig, info: EnvInfo, endpoints: topology.Endpoints,
-                 role: GMIRole) -> None:  # fmt: skip
+def trainer_main(
+    cfg: TrainConfig, info: EnvInfo, endpoints: topology.Endpoints, role: GMIRole
+) -> None:
     """Process entry point of one trainer GMI."""
     placement.bind_gpu(role.spec.gpu, role.env)
     init_service_process(role.name)
@@ -325,16 +360,24 @@ def trainer_main(cfg: TrainConfig, info: EnvInfo, endpoints: topology.Endpoints,
 
         if role.spec.gpu is not None:
             torch.cuda.set_device(0)
-        group = TrainerGroup(role.spec.rank, role.layout, role.group_file(),
-                             role.spec.gpu is not None, cfg.grad_sync)  # fmt: skip
+        group = TrainerGroup(
+            role.spec.rank, role.layout, role.group_file(), role.spec.gpu is not None, cfg.grad_sync
+        )
     ctx = zmq.Context()
     dealer = topology.trainer_experience_in(ctx, endpoints, role.name)
     weights = topology.trainer_weights_out(ctx, endpoints) if role.spec.rank == 0 else None
     stats = StatsSender(topology.telemetry_out(ctx, endpoints), role.name)
     control = topology.control_in(ctx, endpoints)
     trainer = Trainer(cfg, info, dealer, weights, stats, role, group, control)
-    logger.info("%s on %s (gpu %s, mps %s%%, %s SMs, pid %d)", role.name, trainer.device,
-                role.spec.gpu, role.spec.mps_pct, trainer.sm_count, os.getpid())  # fmt: skip
+    logger.info(
+        "%s on %s (gpu %s, mps %s%%, %s SMs, pid %d)",
+        role.name,
+        trainer.device,
+        role.spec.gpu,
+        role.spec.mps_pct,
+        trainer.sm_count,
+        os.getpid(),
+    )
     trainer.run()
     if group is not None:
         group.close()

@@ -54,10 +54,20 @@ MAX_ARRAY_DIMS = 8
 ALLOWED_DTYPES = frozenset(
     np.dtype(d).str
     for d in (
-        "bool", "uint8", "int8", "uint16", "int16", "uint32", "int32",
-        "uint64", "int64", "<f2", "<f4", "<f8",
+        "bool",
+        "uint8",
+        "int8",
+        "uint16",
+        "int16",
+        "uint32",
+        "int32",
+        "uint64",
+        "int64",
+        "<f2",
+        "<f4",
+        "<f8",
     )
-)  # fmt: skip
+)
 
 
 class MsgType(str, enum.Enum):
@@ -112,8 +122,10 @@ def meta_rollouts(meta: dict[str, Any]) -> list[list[int]]:
     if not isinstance(rollouts, list) or not all(
         isinstance(r, list) and len(r) >= 4 and all(isinstance(x, int) for x in r) for r in rollouts
     ):
-        raise ProtocolError("chunk header field 'rollouts' must be a list of [actor, inc, seq, "
-                            f"steps], got {rollouts!r:.80}")  # fmt: skip
+        raise ProtocolError(
+            "chunk header field 'rollouts' must be a list of [actor, inc, seq, "
+            f"steps], got {rollouts!r:.80}"
+        )
     return rollouts
 
 
@@ -246,8 +258,9 @@ def recv_msg(sock: zmq.Socket, flags: int = 0) -> Message:
     return decode(sock.recv_multipart(flags, copy=False))
 
 
-def recv_waiting(sock: zmq.Socket, malformed: MalformedCounter,
-                 limit: int | None = None) -> Iterator[Message]:  # fmt: skip
+def recv_waiting(
+    sock: zmq.Socket, malformed: MalformedCounter, limit: int | None = None
+) -> Iterator[Message]:
     """Yields the messages already waiting on ``sock`` (up to ``limit``), without blocking.
 
     Malformed ones are counted on ``malformed`` and skipped.

@@ -39,8 +39,10 @@ def postgres_url() -> str:
 
     url = os.environ.get("AUTOTUNE_TEST_POSTGRES")
     if not url:
-        pytest.skip("no PostgreSQL server: set AUTOTUNE_TEST_POSTGRES=postgresql://... "
-                    "(.ci/run starts one with .ci/postgres.sh)")  # fmt: skip
+        pytest.skip(
+            "no PostgreSQL server: set AUTOTUNE_TEST_POSTGRES=postgresql://... "
+            "(.ci/run starts one with .ci/postgres.sh)"
+        )
     pytest.importorskip("psycopg", reason="the postgres extra: pip install -e '.[postgres]'")
     import sqlalchemy
 

@@ -15,8 +15,10 @@ STOP_TIMEOUT_S = 20.0
 
 
 def add_daemon_commands(sub: Any) -> None:
-    control_help = ("control endpoint: ipc://PATH or tcp://127.0.0.1:PORT (default "
-                    "$AUTOTUNE_CONTROL, else ipc://<private state dir>/control.sock)")  # fmt: skip
+    control_help = (
+        "control endpoint: ipc://PATH or tcp://127.0.0.1:PORT (default "
+        "$AUTOTUNE_CONTROL, else ipc://<private state dir>/control.sock)"
+    )
     daemon = sub.add_parser(
         "daemon",
         help="start or stop the background tuning daemon that 'train --tune' registers with",
@@ -24,11 +26,15 @@ def add_daemon_commands(sub: Any) -> None:
         "keeps their trials in each job's Optuna storage, and resumes those studies when it is "
         "started again. Jobs keep training with their current config while no daemon runs.",
     )
-    daemon.add_argument("action", choices=["start", "stop", "run"],
-                        help="start (background), stop (cleanly) or run (foreground)")  # fmt: skip
+    daemon.add_argument(
+        "action",
+        choices=["start", "stop", "run"],
+        help="start (background), stop (cleanly) or run (foreground)",
+    )
     daemon.add_argument("--control", default=None, help=control_help)
-    daemon.add_argument("--log", type=Path, default=None,
-                        help="log file (default <state dir>/daemon.log)")  # fmt: skip
+    daemon.add_argument(
+        "--log", type=Path, default=None, help="log file (default <state dir>/daemon.log)"
+    )
     daemon.set_defaults(func=cmd_daemon)
 
     status = sub.add_parser(
@@ -41,12 +47,15 @@ def add_daemon_commands(sub: Any) -> None:
     )
     status.add_argument("--control", default=None, help=control_help)
     status.add_argument("--study", default=None, help="show only this study")
-    status.add_argument("--storage", default="sqlite:///autotune.db",
-                        help="where to read --study when no daemon tunes it "
-                        "(default sqlite:///autotune.db)")  # fmt: skip
+    status.add_argument(
+        "--storage",
+        default="sqlite:///autotune.db",
+        help="where to read --study when no daemon tunes it (default sqlite:///autotune.db)",
+    )
     status.add_argument("--history", type=int, default=20, help="trials to list (default 20)")
-    status.add_argument("--json", type=Path, default=None, metavar="PATH",
-                        help="write the status document to PATH")  # fmt: skip
+    status.add_argument(
+        "--json", type=Path, default=None, metavar="PATH", help="write the status document to PATH"
+    )
     status.set_defaults(func=cmd_status)
 
 
@@ -86,8 +95,10 @@ def cmd_daemon(args: argparse.Namespace) -> int:
         while _alive(pid) and time.monotonic() < deadline:
             time.sleep(0.1)
         if _alive(pid):
-            console.print(f"[red]error:[/red] daemon {pid} did not stop within "
-                          f"{STOP_TIMEOUT_S:.0f} s; kill it with: kill {pid}")  # fmt: skip
+            console.print(
+                f"[red]error:[/red] daemon {pid} did not stop within "
+                f"{STOP_TIMEOUT_S:.0f} s; kill it with: kill {pid}"
+            )
             return 1
         console.print(f"daemon {pid} stopped (jobs keep training with their current config)")
         return 0
@@ -97,23 +108,31 @@ def cmd_daemon(args: argparse.Namespace) -> int:
     log = args.log or protocol.state_dir() / "daemon.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "autotune.control.daemon", "--control", endpoint],
-                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True, cwd="/")  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "autotune.control.daemon", "--control", endpoint],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd="/",
+        )
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             tail = log.read_text(errors="replace").splitlines()[-5:]
-            console.print(f"[red]error:[/red] the daemon exited ({proc.returncode}):\n"
-                          + "\n".join(tail))  # fmt: skip
+            console.print(
+                f"[red]error:[/red] the daemon exited ({proc.returncode}):\n" + "\n".join(tail)
+            )
             return 1
         pong = protocol.request(endpoint, "PING", timeout_s=0.5)
         if pong is not None and pong["pid"] == proc.pid:
             console.print(f"daemon started (pid {proc.pid}) on {endpoint}; log {log}")
             return 0
         time.sleep(0.1)
-    console.print(f"[red]error:[/red] the daemon (pid {proc.pid}) did not answer within "
-                  f"{START_TIMEOUT_S:.0f} s; see {log}")  # fmt: skip
+    console.print(
+        f"[red]error:[/red] the daemon (pid {proc.pid}) did not answer within "
+        f"{START_TIMEOUT_S:.0f} s; see {log}"
+    )
     return 1
 
 
@@ -137,8 +156,10 @@ def cmd_status(args: argparse.Namespace) -> int:
         doc["daemon"] = {k: v for k, v in answer["status"].items() if k != "jobs"}
         jobs = answer["status"]["jobs"]
         doc["jobs"] = [j for j in jobs if args.study in (None, j["study"])]
-        console.print(f"daemon {doc['daemon']['pid']} on {endpoint}, up "
-                      f"{doc['daemon']['uptime_s']:.0f} s, {len(jobs)} job(s)")  # fmt: skip
+        console.print(
+            f"daemon {doc['daemon']['pid']} on {endpoint}, up "
+            f"{doc['daemon']['uptime_s']:.0f} s, {len(jobs)} job(s)"
+        )
     if args.study is not None and not doc["jobs"]:
         from autotune.tuning.storage import StudyError
 

@@ -23,8 +23,9 @@ def _fmt(value: float | None, spec: str = ",.0f") -> str:
 class ProgressDisplay:
     """A rich ``Live`` view refreshed from the runner's progress callback."""
 
-    def __init__(self, console: Console, cfg: TrainConfig, enabled: bool = True,
-                 steps_before: int = 0) -> None:  # fmt: skip
+    def __init__(
+        self, console: Console, cfg: TrainConfig, enabled: bool = True, steps_before: int = 0
+    ) -> None:
         self.console, self.cfg, self.enabled = console, cfg, enabled
         self.steps_before = steps_before
         """Trained steps of the runs before (a run resumed from a checkpoint)."""
@@ -70,26 +71,32 @@ def summary_table(result: dict[str, Any]) -> Table:
     table.add_column("value", justify="right")
     rows = [
         ("trained env steps", f"{result['env_steps']:,}"),
-        ("sampled / discarded / lost", f"{result['sampled_steps']:,} / "
-         f"{result['discarded_steps']:,} / {result['lost_steps']:,}"),
+        (
+            "sampled / discarded / lost",
+            f"{result['sampled_steps']:,} / "
+            f"{result['discarded_steps']:,} / {result['lost_steps']:,}",
+        ),
         ("wall time", f"{result['wall_s']:.1f} s"),
         ("trained steps/s", _fmt(result["steps_per_s"])),
         ("GPU energy", f"{energy['gpu_j']:,.0f} J ({energy['gpu_source']})"),
         ("CPU energy", f"{energy['cpu_j']:,.0f} J ({energy['cpu_source']})"),
         ("steps per joule", _fmt(result["steps_per_joule"], ",.1f")),
         ("return (last 100 episodes)", _fmt(result["return_mean"], ".1f")),
-        ("policy lag mean / max", f"{result['policy_lag']['mean']:.2f} / "
-         f"{result['policy_lag']['max']}"),
+        (
+            "policy lag mean / max",
+            f"{result['policy_lag']['mean']:.2f} / {result['policy_lag']['max']}",
+        ),
         ("actor restarts", str(result["actor_restarts"])),
         ("trainer device", str(result["trainer_device"])),
-    ]  # fmt: skip
+    ]
     inference = result.get("inference") or {}
     if inference.get("mode") == "gmi":
         where = inference.get("device") or "?"
         if inference.get("gpu") is not None:
             where += f" {inference['gpu']}, {inference.get('sm_count')} SMs"
-        rows.append(("inference GMI", f"{where}, {inference.get('rows_per_batch') or 0:.1f} "
-                     "rows/batch"))  # fmt: skip
+        rows.append(
+            ("inference GMI", f"{where}, {inference.get('rows_per_batch') or 0:.1f} rows/batch")
+        )
     for name, stage in result["stages"].items():
         rows.append(
             (f"stage {name}", f"{stage['messages']:,} msgs, {stage['bytes'] / 1e6:,.1f} MB")

@@ -21,23 +21,39 @@ def add_export_command(sub: Any) -> None:
         "--plots plots/ --target-gpus 8 --target-cores 96",
     )
     export.add_argument("--study", required=True, help="study name")
-    export.add_argument("--storage", default="sqlite:///autotune.db",
-                        help="Optuna RDB storage URL (default sqlite:///autotune.db)")  # fmt: skip
-    export.add_argument("--format", choices=["json", "yaml"], default=None,
-                        help="output format (default: from --out's suffix, else json)")  # fmt: skip
-    export.add_argument("--out", type=Path, default=None,
-                        help="write to this file (default: standard output)")  # fmt: skip
-    export.add_argument("--plots", type=Path, default=None, metavar="DIR",
-                        help="also write PNG plots into DIR")  # fmt: skip
-    export.add_argument("--pick", choices=["steps_per_joule", "steps_per_s"], default=None,
-                        help="what the recommendation maximises (default: the study's "
-                        "objective; steps/J for a multi-objective study)")  # fmt: skip
-    export.add_argument("--target-gpus", type=int, default=None,
-                        help="size a machine with this many GPUs")  # fmt: skip
-    export.add_argument("--target-cores", type=int, default=None,
-                        help="size a machine with this many CPU cores")  # fmt: skip
-    export.add_argument("--sms", type=int, default=None,
-                        help="SMs per GPU where the study did not record them")  # fmt: skip
+    export.add_argument(
+        "--storage",
+        default="sqlite:///autotune.db",
+        help="Optuna RDB storage URL (default sqlite:///autotune.db)",
+    )
+    export.add_argument(
+        "--format",
+        choices=["json", "yaml"],
+        default=None,
+        help="output format (default: from --out's suffix, else json)",
+    )
+    export.add_argument(
+        "--out", type=Path, default=None, help="write to this file (default: standard output)"
+    )
+    export.add_argument(
+        "--plots", type=Path, default=None, metavar="DIR", help="also write PNG plots into DIR"
+    )
+    export.add_argument(
+        "--pick",
+        choices=["steps_per_joule", "steps_per_s"],
+        default=None,
+        help="what the recommendation maximises (default: the study's "
+        "objective; steps/J for a multi-objective study)",
+    )
+    export.add_argument(
+        "--target-gpus", type=int, default=None, help="size a machine with this many GPUs"
+    )
+    export.add_argument(
+        "--target-cores", type=int, default=None, help="size a machine with this many CPU cores"
+    )
+    export.add_argument(
+        "--sms", type=int, default=None, help="SMs per GPU where the study did not record them"
+    )
     export.set_defaults(func=cmd_export)
 
 
@@ -46,13 +62,12 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     from rich.console import Console
 
-    from autotune.workflows.export import ExportError, dump, export_doc
     from autotune.tuning.storage import StudyError, load_study
+    from autotune.workflows.export import ExportError, dump, export_doc
     from runtime.config import ConfigError
 
     console = Console(stderr=True)
-    fmt = args.format or ("yaml" if args.out and args.out.suffix in (".yaml", ".yml")
-                          else "json")  # fmt: skip
+    fmt = args.format or ("yaml" if args.out and args.out.suffix in (".yaml", ".yml") else "json")
     try:
         for name in ("target_gpus", "target_cores", "sms"):
             value = getattr(args, name)
@@ -73,18 +88,20 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.plots is not None:
         from autotune.workflows.plots import write_plots
 
-        paths = write_plots(study, args.plots, doc["sizing"]["sm_count"],
-                            doc["recommended"]["values"])  # fmt: skip
+        paths = write_plots(
+            study, args.plots, doc["sizing"]["sm_count"], doc["recommended"]["values"]
+        )
         console.print("plots: " + ", ".join(str(p) for p in paths))
     ev, metric = doc["evidence"], doc["picked_by"]
     rec, ratio = ev["recommended"][metric]["median"], ev[f"{metric}_vs_default"]
     scaled, refs = ev["recommended"][f"scaled_{metric}"]["median"], ev.get("reference_runs")
     unit = metric.replace("_per_", "/")
-    console.print(f"recommended: {doc['recommended']['values']} -> {rec:.4g} {unit} (median of "
-                  f"{len(ev['recommended']['trials'])} trial(s))"
-                  + (f", {scaled:.4g} scaled" if refs and refs["count"] > 1 and scaled else "")
-                  + (f", {ratio:.2f}x the default" if ratio
-                     else ", default not measured"))  # fmt: skip
+    console.print(
+        f"recommended: {doc['recommended']['values']} -> {rec:.4g} {unit} (median of "
+        f"{len(ev['recommended']['trials'])} trial(s))"
+        + (f", {scaled:.4g} scaled" if refs and refs["count"] > 1 and scaled else "")
+        + (f", {ratio:.2f}x the default" if ratio else ", default not measured")
+    )
     if refs and refs["count"] > 1:
         console.print(
             f"reference runs: {refs['count']}, the default's raw {unit} "

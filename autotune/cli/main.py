@@ -53,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     from autotune.cli.export import add_export_command
 
     add_export_command(sub)
-    return parser  # fmt: skip
+    return parser
 
 
 def write_json(path: Path | None, doc: object) -> None:
@@ -74,28 +74,57 @@ def cmd_gpu(args: argparse.Namespace) -> int:
     gpus = list_gpus()
     sms = sm_counts() if gpus and not args.no_cuda else []
     mps = MPSControl().state()
-    doc = {"gpus": [{**g.to_dict(), "sm_count": sms[g.index] if g.index < len(sms) else None}
-                    for g in gpus],
-           "mps": {"binary": mps.binary, "running": mps.running, "pipe_dir": mps.pipe_dir,
-                   "servers": list(mps.servers), "mode": mps.mode}}  # fmt: skip
+    doc = {
+        "gpus": [
+            {**g.to_dict(), "sm_count": sms[g.index] if g.index < len(sms) else None} for g in gpus
+        ],
+        "mps": {
+            "binary": mps.binary,
+            "running": mps.running,
+            "pipe_dir": mps.pipe_dir,
+            "servers": list(mps.servers),
+            "mode": mps.mode,
+        },
+    }
     if not gpus:
-        console.print("no NVIDIA GPU visible through NVML: trainers run on the CPU, "
-                      "GPU energy is reported as 'none', and there is no MPS knob")  # fmt: skip
+        console.print(
+            "no NVIDIA GPU visible through NVML: trainers run on the CPU, "
+            "GPU energy is reported as 'none', and there is no MPS knob"
+        )
     else:
         table = Table(title="GPUs (NVML indices)")
-        for col in ("index", "name", "memory", "SMs", "power", "energy counter", "MIG",
-                    "compute mode"):  # fmt: skip
+        for col in (
+            "index",
+            "name",
+            "memory",
+            "SMs",
+            "power",
+            "energy counter",
+            "MIG",
+            "compute mode",
+        ):
             table.add_column(col)
         for g in doc["gpus"]:
-            table.add_row(str(g["index"]), g["name"], f"{g['memory_total_mib']:,} MiB",
-                          str(g["sm_count"] or "-"),
-                          "-" if g["power_w"] is None else f"{g['power_w']:.0f} W",
-                          "yes" if g["energy_counter"] else "no (power polling)",
-                          g["mig_mode"], g["compute_mode"])  # fmt: skip
+            table.add_row(
+                str(g["index"]),
+                g["name"],
+                f"{g['memory_total_mib']:,} MiB",
+                str(g["sm_count"] or "-"),
+                "-" if g["power_w"] is None else f"{g['power_w']:.0f} W",
+                "yes" if g["energy_counter"] else "no (power polling)",
+                g["mig_mode"],
+                g["compute_mode"],
+            )
         console.print(table)
-    where = f"running on {mps.pipe_dir} (servers {list(mps.servers)})" if mps.running else (
-        "not running (autotune starts its own when GMIs need it)" if mps.binary
-        else "not available: nvidia-cuda-mps-control is not on PATH")  # fmt: skip
+    where = (
+        f"running on {mps.pipe_dir} (servers {list(mps.servers)})"
+        if mps.running
+        else (
+            "not running (autotune starts its own when GMIs need it)"
+            if mps.binary
+            else "not available: nvidia-cuda-mps-control is not on PATH"
+        )
+    )
     console.print(f"MPS control daemon: {where}")
     write_json(args.json, doc)
     if args.json is not None:

@@ -21,63 +21,124 @@ def add_study_command(sub: Any) -> None:
         "autotune study --objective both --storage postgresql://user:pw@host/db | "
         "autotune study --knob num_envs=1,2,4,8 --trials 8 -- python examples/ppo_gymnasium.py",
     )
-    study.add_argument("--env", default=None, help="gymnasium env id (default: the --from "
-                       "config's, else CartPole-v1; not used with -- CMD)")  # fmt: skip
-    study.add_argument("--from", dest="from_config", default=None, metavar="FILE",
-                       help="start from this config (an 'autotune export' file, a 'train "
-                       "--json' result or a config mapping): every trial runs it with the "
-                       "knobs' values, and the first trial runs it as it is; --env and "
-                       "--policy, if given, replace its own")  # fmt: skip
-    study.add_argument("--trials", type=int, default=20,
-                       help="trials to run now, all workers together (default 20)")  # fmt: skip
-    study.add_argument("--trial-s", "--timeout", type=float, default=30.0, dest="trial_s",
-                       help="wall seconds per trial run (default 30)")  # fmt: skip
-    study.add_argument("--warmup-s", type=float, default=10.0,
-                       help="seconds after a run's first trained step left out of its figures "
-                       "(default 10; train trials)")  # fmt: skip
-    study.add_argument("--knob", action="append", default=None, metavar="NAME=SPEC",
-                       help="fix or narrow a knob, as for train --tune; with -- CMD, the "
-                       "script's knobs as for wrap (repeatable)")  # fmt: skip
-    study.add_argument("--objective", choices=["steps_per_joule", "steps_per_s", "both"],
-                       default="steps_per_joule",
-                       help="what to maximise; both: steps/s and steps/J, a multi-objective "
-                       "study with a Pareto front (default steps_per_joule)")  # fmt: skip
-    study.add_argument("--confirm", type=int, default=0, metavar="K",
-                       help="the last K of --trials re-measure the best configs so far, so "
-                       "a lucky short trial is measured again before export picks it "
-                       "(default 0)")  # fmt: skip
-    study.add_argument("--reference-every", type=int, default=0, metavar="K",
-                       help="run the default (or --from) config again first in each "
-                       "session and then after every K trials (counted in --trials; during "
-                       "the confirmations only the first), and rank every trial by its figures "
-                       "scaled to the "
-                       "machine state of the study's first run: for a shared machine that "
-                       "drifts over minutes; one process only (not with --workers) (default 0: "
-                       "never)")  # fmt: skip
-    study.add_argument("--no-profile", action="store_true",
-                       help="skip the profiling seeds (train runs profile by default)")  # fmt: skip
-    study.add_argument("--workers", type=int, default=1,
-                       help="trials run at once on this machine, each worker on its own slice "
-                       "of the cores (and its own GPU); run more workers on other machines with "
-                       "the same --storage and --study (default 1)")  # fmt: skip
-    study.add_argument("--policy", default=None,
-                       help="MLP spec (default: the --from config's, else auto)")  # fmt: skip
-    study.add_argument("--report-timeout-s", type=float, default=60.0,
-                       help="-- CMD: a run silent this long after its first report is hung "
-                       "(default 60)")  # fmt: skip
-    study.add_argument("--storage", default="sqlite:///autotune.db",
-                       help="Optuna RDB storage URL: sqlite:///FILE (default "
-                       "sqlite:///autotune.db) or postgresql://USER:PASSWORD@HOST/DB")  # fmt: skip
-    study.add_argument("--study", default=None,
-                       help="study name (default study-<env>, or study-<script name>)")  # fmt: skip
+    study.add_argument(
+        "--env",
+        default=None,
+        help="gymnasium env id (default: the --from "
+        "config's, else CartPole-v1; not used with -- CMD)",
+    )
+    study.add_argument(
+        "--from",
+        dest="from_config",
+        default=None,
+        metavar="FILE",
+        help="start from this config (an 'autotune export' file, a 'train "
+        "--json' result or a config mapping): every trial runs it with the "
+        "knobs' values, and the first trial runs it as it is; --env and "
+        "--policy, if given, replace its own",
+    )
+    study.add_argument(
+        "--trials",
+        type=int,
+        default=20,
+        help="trials to run now, all workers together (default 20)",
+    )
+    study.add_argument(
+        "--trial-s",
+        "--timeout",
+        type=float,
+        default=30.0,
+        dest="trial_s",
+        help="wall seconds per trial run (default 30)",
+    )
+    study.add_argument(
+        "--warmup-s",
+        type=float,
+        default=10.0,
+        help="seconds after a run's first trained step left out of its figures "
+        "(default 10; train trials)",
+    )
+    study.add_argument(
+        "--knob",
+        action="append",
+        default=None,
+        metavar="NAME=SPEC",
+        help="fix or narrow a knob, as for train --tune; with -- CMD, the "
+        "script's knobs as for wrap (repeatable)",
+    )
+    study.add_argument(
+        "--objective",
+        choices=["steps_per_joule", "steps_per_s", "both"],
+        default="steps_per_joule",
+        help="what to maximise; both: steps/s and steps/J, a multi-objective "
+        "study with a Pareto front (default steps_per_joule)",
+    )
+    study.add_argument(
+        "--confirm",
+        type=int,
+        default=0,
+        metavar="K",
+        help="the last K of --trials re-measure the best configs so far, so "
+        "a lucky short trial is measured again before export picks it "
+        "(default 0)",
+    )
+    study.add_argument(
+        "--reference-every",
+        type=int,
+        default=0,
+        metavar="K",
+        help="run the default (or --from) config again first in each "
+        "session and then after every K trials (counted in --trials; during "
+        "the confirmations only the first), and rank every trial by its figures "
+        "scaled to the "
+        "machine state of the study's first run: for a shared machine that "
+        "drifts over minutes; one process only (not with --workers) (default 0: "
+        "never)",
+    )
+    study.add_argument(
+        "--no-profile",
+        action="store_true",
+        help="skip the profiling seeds (train runs profile by default)",
+    )
+    study.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="trials run at once on this machine, each worker on its own slice "
+        "of the cores (and its own GPU); run more workers on other machines with "
+        "the same --storage and --study (default 1)",
+    )
+    study.add_argument(
+        "--policy", default=None, help="MLP spec (default: the --from config's, else auto)"
+    )
+    study.add_argument(
+        "--report-timeout-s",
+        type=float,
+        default=60.0,
+        help="-- CMD: a run silent this long after its first report is hung (default 60)",
+    )
+    study.add_argument(
+        "--storage",
+        default="sqlite:///autotune.db",
+        help="Optuna RDB storage URL: sqlite:///FILE (default "
+        "sqlite:///autotune.db) or postgresql://USER:PASSWORD@HOST/DB",
+    )
+    study.add_argument(
+        "--study", default=None, help="study name (default study-<env>, or study-<script name>)"
+    )
     study.add_argument(
         "--seed",
         type=int,
         default=None,
         help="sampler and run seed (default: the --from config's, else 0)",
     )
-    study.add_argument("--json", type=Path, default=None, metavar="PATH",
-                       help="write this session's trials and the best config to PATH")  # fmt: skip
+    study.add_argument(
+        "--json",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="write this session's trials and the best config to PATH",
+    )
     study.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS... (a wrapped script)")
     study.set_defaults(func=cmd_study)
 
@@ -94,15 +155,21 @@ def check_args(args: argparse.Namespace) -> None:
     """Raises ValueError saying which settings are wrong and what is allowed."""
     args.cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if args.trials < 1 or not args.trial_s > args.warmup_s >= 0:
-        raise ValueError(f"--trials {args.trials}, --trial-s {args.trial_s}, --warmup-s "
-                         f"{args.warmup_s}: need trials >= 1, trial-s > warmup-s >= 0")  # fmt: skip
+        raise ValueError(
+            f"--trials {args.trials}, --trial-s {args.trial_s}, --warmup-s "
+            f"{args.warmup_s}: need trials >= 1, trial-s > warmup-s >= 0"
+        )
     if args.reference_every < 0:
-        raise ValueError(f"--reference-every {args.reference_every}: allowed 0 (never) or K "
-                         ">= 1 (a reference run after every K trials)")  # fmt: skip
+        raise ValueError(
+            f"--reference-every {args.reference_every}: allowed 0 (never) or K "
+            ">= 1 (a reference run after every K trials)"
+        )
     if args.reference_every and args.workers > 1:
-        raise ValueError(f"--reference-every with --workers {args.workers}: each worker runs on "
-                         "its own slice of the machine, which one reference cannot scale; run "
-                         "the study in one process (--workers 1)")  # fmt: skip
+        raise ValueError(
+            f"--reference-every with --workers {args.workers}: each worker runs on "
+            "its own slice of the machine, which one reference cannot scale; run "
+            "the study in one process (--workers 1)"
+        )
     if not 0 <= args.confirm <= args.trials:
         raise ValueError(f"--confirm {args.confirm}: allowed 0..--trials ({args.trials})")
     if args.workers < 1 or args.workers > args.trials:
@@ -122,8 +189,9 @@ def resolve_base(args: argparse.Namespace) -> None:
     args.base = None
     if getattr(args, "from_config", None) is not None:
         if args.cmd:
-            raise ValueError("--from: a train config; a wrapped script (-- CMD) takes its "
-                             "settings from --knob")  # fmt: skip
+            raise ValueError(
+                "--from: a train config; a wrapped script (-- CMD) takes its settings from --knob"
+            )
         from autotune.workflows.export import ExportError, load_config
         from runtime.config import ConfigError
 
@@ -142,8 +210,7 @@ def resolve_base(args: argparse.Namespace) -> None:
     args.seed = 0 if args.seed is None else args.seed
 
 
-def make_study(args: argparse.Namespace, cores: int | None = None,
-               gpu: int | None = None) -> Any:  # fmt: skip
+def make_study(args: argparse.Namespace, cores: int | None = None, gpu: int | None = None) -> Any:
     """The ``OfflineStudy`` these arguments describe; a worker passes its core count and GPU.
 
     Raises:
@@ -174,15 +241,30 @@ def make_study(args: argparse.Namespace, cores: int | None = None,
         if args.workers > 1:
             meter = _worker_meter(gpu)
         trials = TrainTrials(knobs, base, args.warmup_s, meter=meter)
-        meta.update(kind="train", env=args.env, policy=args.policy, warmup_s=args.warmup_s,
-                    base=base.to_dict(), fixed=trials.fixed,
-                    machine={"cores": os.cpu_count(), "gpus": here.gpus,
-                             "worker_cores": machine.cores,
-                             "sm_count": _sm_count(here)})  # fmt: skip
-    study = open_study(args.storage, study_name(args), seed=args.seed,
-                       metrics=OBJECTIVES[args.objective])  # fmt: skip
-    offline = OfflineStudy(study, trials, args.objective, profile=not args.no_profile,
-                           reference_every=args.reference_every)  # fmt: skip
+        meta.update(
+            kind="train",
+            env=args.env,
+            policy=args.policy,
+            warmup_s=args.warmup_s,
+            base=base.to_dict(),
+            fixed=trials.fixed,
+            machine={
+                "cores": os.cpu_count(),
+                "gpus": here.gpus,
+                "worker_cores": machine.cores,
+                "sm_count": _sm_count(here),
+            },
+        )
+    study = open_study(
+        args.storage, study_name(args), seed=args.seed, metrics=OBJECTIVES[args.objective]
+    )
+    offline = OfflineStudy(
+        study,
+        trials,
+        args.objective,
+        profile=not args.no_profile,
+        reference_every=args.reference_every,
+    )
     if "autotune" not in study.user_attrs:
         study.set_user_attr("autotune", {**meta, "default": trials.default()})
     elif "base" in meta:
@@ -200,9 +282,11 @@ def _check_same_base(study: Any, base: dict[str, Any]) -> None:
     differ = sorted(k for k in stored if k != "max_wall_s" and stored[k] != now.get(k))
     if differ:
         changes = ", ".join(f"{k}: {stored[k]!r} -> {now.get(k)!r}" for k in differ)
-        raise ValueError(f"study {study.study_name!r} was started from another config ({changes}); "
-                         "its trials and export assume that one: give the same --from, --env, "
-                         "--policy and --seed, or a new --study")  # fmt: skip
+        raise ValueError(
+            f"study {study.study_name!r} was started from another config ({changes}); "
+            "its trials and export assume that one: give the same --from, --env, "
+            "--policy and --seed, or a new --study"
+        )
 
 
 def _check_workload(base: Any) -> None:
@@ -212,8 +296,9 @@ def _check_workload(base: Any) -> None:
     try:
         base.check_workload()
     except ConfigError as exc:
-        raise ValueError(f"--env {base.env} --policy {base.policy}: "
-                         f"{'; '.join(exc.problems)}") from None  # fmt: skip
+        raise ValueError(
+            f"--env {base.env} --policy {base.policy}: {'; '.join(exc.problems)}"
+        ) from None
 
 
 def _base_config(args: argparse.Namespace) -> Any:
@@ -222,8 +307,14 @@ def _base_config(args: argparse.Namespace) -> Any:
     from runtime.config import TrainConfig
 
     doc = dict(args.base or {})
-    doc.update(env=args.env, policy=args.policy, seed=args.seed, steps=10**12,
-               max_wall_s=args.trial_s, checkpoint=None)  # fmt: skip
+    doc.update(
+        env=args.env,
+        policy=args.policy,
+        seed=args.seed,
+        steps=10**12,
+        max_wall_s=args.trial_s,
+        checkpoint=None,
+    )
     return TrainConfig.from_dict(doc)
 
 
@@ -271,14 +362,17 @@ def cmd_study(args: argparse.Namespace) -> int:
     except (KnobError, StudyError, ValueError) as exc:
         console.print(f"[red]error:[/red] {exc}")
         return 2
-    progress = Progress(TextColumn("{task.description}"), BarColumn(),
-                        TextColumn("{task.completed}/{task.total} trials"),
-                        TextColumn("{task.fields[best]}"), TimeRemainingColumn(),
-                        console=console)  # fmt: skip
+    progress = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total} trials"),
+        TextColumn("{task.fields[best]}"),
+        TimeRemainingColumn(),
+        console=console,
+    )
     rows: list[dict[str, Any]] = []
     with progress:
-        task = progress.add_task(f"study {offline.study.study_name}", total=args.trials,
-                                 best="")  # fmt: skip
+        task = progress.add_task(f"study {offline.study.study_name}", total=args.trials, best="")
 
         def done(row: dict[str, Any]) -> None:
             rows.append(row)
@@ -294,8 +388,13 @@ def cmd_study(args: argparse.Namespace) -> int:
     closer = getattr(offline.trials, "wrapper", None)
     if closer is not None:
         closer.close()
-    doc = {"study": offline.study.study_name, "objective": args.objective, "trials": rows,
-           "interrupted": interrupted, **summary(offline.study, args.objective)}  # fmt: skip
+    doc = {
+        "study": offline.study.study_name,
+        "objective": args.objective,
+        "trials": rows,
+        "interrupted": interrupted,
+        **summary(offline.study, args.objective),
+    }
     if interrupted:
         console.print("[red]interrupted[/red]: the study is consistent; rerun to go on")
     console.print(best_text(offline) or "no trial completed")
@@ -345,5 +444,7 @@ def summary(study: Any, objective: str) -> dict[str, Any]:
         return {"number": t.number, "values": t.params, "objective": t.values, **t.user_attrs}
 
     best = best_trial(study, metric=1 if objective == "both" else 0)
-    return {"best": None if best is None else trial_doc(best),
-            "pareto_front": [trial_doc(t) for t in pareto_front(study)]}  # fmt: skip
+    return {
+        "best": None if best is None else trial_doc(best),
+        "pareto_front": [trial_doc(t) for t in pareto_front(study)],
+    }

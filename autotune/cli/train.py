@@ -23,10 +23,14 @@ def add_train_command(sub: Any) -> None:
         description="Run one training job on this machine through the asynchronous experience "
         "pipeline, with a live progress display and a final summary.",
     )
-    train.add_argument("--config", default=None, metavar="FILE",
-                       help="run this config (an 'autotune export' file, a 'train --json' "
-                       "result or a mapping of config fields; JSON or YAML); flags given "
-                       "as well override it")  # fmt: skip
+    train.add_argument(
+        "--config",
+        default=None,
+        metavar="FILE",
+        help="run this config (an 'autotune export' file, a 'train --json' "
+        "result or a mapping of config fields; JSON or YAML); flags given "
+        "as well override it",
+    )
     train.add_argument("--env", default=d.env, help=f"gymnasium env id (default {d.env})")
     train.add_argument(
         "--steps",
@@ -211,17 +215,22 @@ def add_train_command(sub: Any) -> None:
         "--json", type=Path, default=None, metavar="PATH", help="write the result document to PATH"
     )
     train.add_argument(
-        "--progress", type=Path, default=None, metavar="PATH",
+        "--progress",
+        type=Path,
+        default=None,
+        metavar="PATH",
         help="write the learning curve to PATH as JSON lines, about once a second: Unix time, "
         "trained steps, mean return of the last 100 episodes, episodes (autotune/workflows/progress_log.py)",
-    )  # fmt: skip
+    )
     train.add_argument(
-        "--checkpoint", default=None, metavar="DIR",
+        "--checkpoint",
+        default=None,
+        metavar="DIR",
         help="keep the learner's state in DIR: a run whose DIR holds one goes on from it (--steps "
         "then counts every run's trained steps, the return window and episode count go on, and "
         "--progress is appended to), and every run saves its state there when it ends "
         "(runtime/checkpoint.py)",
-    )  # fmt: skip
+    )
     train.add_argument("--quiet", action="store_true", help="no live display")
     train.set_defaults(func=cmd_train)
 
@@ -268,8 +277,12 @@ def cmd_train(args: argparse.Namespace) -> int:
         console.print(f"[red]error:[/red] {exc}")
         return 2
     try:
-        runner = Runner(cfg, info, mps_changes=args.mps_change,
-                        mps_live=args.tune and cfg.resolved_device() == "cuda")  # fmt: skip
+        runner = Runner(
+            cfg,
+            info,
+            mps_changes=args.mps_change,
+            mps_live=args.tune and cfg.resolved_device() == "cuda",
+        )
     except ConfigError as exc:  # the checkpoint
         console.print(f"[red]error:[/red] {exc}")
         return 2
@@ -278,8 +291,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         return 2
     done, episodes = runner.resumed_steps, runner.resumed_episodes  # of the runs before
     if runner.resume is not None:
-        console.print(f"checkpoint: {cfg.checkpoint}: going on from {done} trained steps "
-                      f"(learner version {runner.resume.version}) to {cfg.steps}")  # fmt: skip
+        console.print(
+            f"checkpoint: {cfg.checkpoint}: going on from {done} trained steps "
+            f"(learner version {runner.resume.version}) to {cfg.steps}"
+        )
     display = ProgressDisplay(console, cfg, enabled=not args.quiet, steps_before=done)
     curve = None
     if args.progress is not None:
@@ -324,12 +339,18 @@ def cmd_train(args: argparse.Namespace) -> int:
         doc = tuning.finish() if tuning is not None else None
         if curve is not None:
             if result is not None:  # the final count, after the drain
-                curve.write(done + result["env_steps"], result["return_mean"],
-                            episodes + result["episodes"], force=True)  # fmt: skip
+                curve.write(
+                    done + result["env_steps"],
+                    result["return_mean"],
+                    episodes + result["episodes"],
+                    force=True,
+                )
             curve.close()
     if tuning is not None:
-        result["tuning"] = doc or {"where": tuning.where, "note": "the daemon did not answer "
-                                   "at the end; see autotune status --study"}  # fmt: skip
+        result["tuning"] = doc or {
+            "where": tuning.where,
+            "note": "the daemon did not answer at the end; see autotune status --study",
+        }
         result["tuning"]["where"] = tuning.where
     Console().print(summary_table(result))
     write_json(args.json, result)

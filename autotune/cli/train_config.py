@@ -5,8 +5,17 @@ from __future__ import annotations
 
 import argparse
 
-LEARNER_FLAGS = ("lr", "lr_schedule", "vtrace_lambda", "gamma", "epochs", "minibatches",
-                 "entropy_coef", "reward_scale", "max_policy_lag")  # fmt: skip
+LEARNER_FLAGS = (
+    "lr",
+    "lr_schedule",
+    "vtrace_lambda",
+    "gamma",
+    "epochs",
+    "minibatches",
+    "entropy_coef",
+    "reward_scale",
+    "max_policy_lag",
+)
 
 
 def explicit_flags(parser: argparse.ArgumentParser, argv: list[str]) -> set[str]:
@@ -26,8 +35,9 @@ def config_with_flags(base, args: argparse.Namespace, explicit: set[str]):
     fields = {f.name for f in dataclasses.fields(base)} - {"learner"}
     changes = {k: getattr(args, k) for k in explicit & fields}
     learner = {k: getattr(args, k) for k in explicit & set(LEARNER_FLAGS)}
-    return dataclasses.replace(base, **changes,
-                               learner=dataclasses.replace(base.learner, **learner))  # fmt: skip
+    return dataclasses.replace(
+        base, **changes, learner=dataclasses.replace(base.learner, **learner)
+    )
 
 
 def config_from_args(args: argparse.Namespace):
@@ -35,23 +45,40 @@ def config_from_args(args: argparse.Namespace):
     from runtime.config import TrainConfig
 
     learner = APPOConfig(
-        lr=args.lr, lr_schedule=args.lr_schedule, vtrace_lambda=args.vtrace_lambda,
-        gamma=args.gamma, epochs=args.epochs,
+        lr=args.lr,
+        lr_schedule=args.lr_schedule,
+        vtrace_lambda=args.vtrace_lambda,
+        gamma=args.gamma,
+        epochs=args.epochs,
         minibatches=args.minibatches,
-        entropy_coef=args.entropy_coef, reward_scale=args.reward_scale,
+        entropy_coef=args.entropy_coef,
+        reward_scale=args.reward_scale,
         max_policy_lag=args.max_policy_lag,
-    )  # fmt: skip
+    )
     return TrainConfig(
-        env=args.env, steps=args.steps, actors=args.actors, envs_per_actor=args.envs_per_actor,
+        env=args.env,
+        steps=args.steps,
+        actors=args.actors,
+        envs_per_actor=args.envs_per_actor,
         actor_nice=args.actor_nice,
-        rollout_len=args.rollout_len, batch_size=args.batch_size, policy=args.policy,
-        seed=args.seed, chunk_bytes=args.chunk_bytes, trainer_device=args.trainer_device,
-        trainer_threads=args.trainer_threads, trainer_precision=args.trainer_precision,
-        trainers=args.trainers, mps_pct=args.mps_pct,
-        gpus=args.gpus, grad_sync=args.grad_sync, inference=args.inference,
-        inference_mps_pct=args.inference_mps_pct, max_wall_s=args.max_wall_s,
-        checkpoint=args.checkpoint, learner=learner,
-    )  # fmt: skip
+        rollout_len=args.rollout_len,
+        batch_size=args.batch_size,
+        policy=args.policy,
+        seed=args.seed,
+        chunk_bytes=args.chunk_bytes,
+        trainer_device=args.trainer_device,
+        trainer_threads=args.trainer_threads,
+        trainer_precision=args.trainer_precision,
+        trainers=args.trainers,
+        mps_pct=args.mps_pct,
+        gpus=args.gpus,
+        grad_sync=args.grad_sync,
+        inference=args.inference,
+        inference_mps_pct=args.inference_mps_pct,
+        max_wall_s=args.max_wall_s,
+        checkpoint=args.checkpoint,
+        learner=learner,
+    )
 
 
 def train_config(args: argparse.Namespace):

@@ -19,33 +19,72 @@ def add_wrap_command(sub: Any) -> None:
         epilog="example: autotune wrap --knob num_envs=1..16 --knob batch_size=64,128,256 "
         "--trials 20 -- python examples/ppo_gymnasium.py --num-envs {num_envs}",
     )
-    wrap.add_argument("--knob", action="append", default=[], metavar="NAME=SPEC",
-                      help="a knob: NAME=LOW..HIGH (integers), NAME=A,B,C or NAME=VALUE "
-                      "(repeatable; at least one)")  # fmt: skip
-    wrap.add_argument("--objective", choices=["steps_per_joule", "steps_per_s"],
-                      default="steps_per_joule", help="what to maximise")  # fmt: skip
-    wrap.add_argument("--mode", choices=["restart", "live"], default="restart",
-                      help="restart: a fresh run of CMD per trial (default); live: one run "
-                      "that takes new knobs at autotune.control.client.poll()")  # fmt: skip
-    wrap.add_argument("--trials", type=int, default=20,
-                      help="trials: runs of CMD, or live configs before holding the best "
-                      "(default 20)")  # fmt: skip
-    wrap.add_argument("--window-s", type=float, default=10.0,
-                      help="live: measurement window per config (default 10)")  # fmt: skip
-    wrap.add_argument("--warmup-s", type=float, default=2.0,
-                      help="live: warm-up after the script took a config (default 2)")  # fmt: skip
-    wrap.add_argument("--trial-s", type=float, default=None,
-                      help="stop a run after this many seconds and measure it up to there "
-                      "(default: let it finish)")  # fmt: skip
-    wrap.add_argument("--report-timeout-s", type=float, default=60.0,
-                      help="a run that reported once and then stays silent this long is hung "
-                      "(default 60)")  # fmt: skip
-    wrap.add_argument("--storage", default="sqlite:///autotune.db",
-                      help="Optuna RDB storage URL (default sqlite:///autotune.db)")  # fmt: skip
+    wrap.add_argument(
+        "--knob",
+        action="append",
+        default=[],
+        metavar="NAME=SPEC",
+        help="a knob: NAME=LOW..HIGH (integers), NAME=A,B,C or NAME=VALUE "
+        "(repeatable; at least one)",
+    )
+    wrap.add_argument(
+        "--objective",
+        choices=["steps_per_joule", "steps_per_s"],
+        default="steps_per_joule",
+        help="what to maximise",
+    )
+    wrap.add_argument(
+        "--mode",
+        choices=["restart", "live"],
+        default="restart",
+        help="restart: a fresh run of CMD per trial (default); live: one run "
+        "that takes new knobs at autotune.control.client.poll()",
+    )
+    wrap.add_argument(
+        "--trials",
+        type=int,
+        default=20,
+        help="trials: runs of CMD, or live configs before holding the best (default 20)",
+    )
+    wrap.add_argument(
+        "--window-s",
+        type=float,
+        default=10.0,
+        help="live: measurement window per config (default 10)",
+    )
+    wrap.add_argument(
+        "--warmup-s",
+        type=float,
+        default=2.0,
+        help="live: warm-up after the script took a config (default 2)",
+    )
+    wrap.add_argument(
+        "--trial-s",
+        type=float,
+        default=None,
+        help="stop a run after this many seconds and measure it up to there "
+        "(default: let it finish)",
+    )
+    wrap.add_argument(
+        "--report-timeout-s",
+        type=float,
+        default=60.0,
+        help="a run that reported once and then stays silent this long is hung (default 60)",
+    )
+    wrap.add_argument(
+        "--storage",
+        default="sqlite:///autotune.db",
+        help="Optuna RDB storage URL (default sqlite:///autotune.db)",
+    )
     wrap.add_argument("--study", default=None, help="study name (default wrap-<script name>)")
     wrap.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
-    wrap.add_argument("--json", type=Path, default=None, metavar="PATH",
-                      help="write the trials and the best config to PATH")  # fmt: skip
+    wrap.add_argument(
+        "--json",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="write the trials and the best config to PATH",
+    )
     wrap.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
     wrap.set_defaults(func=cmd_wrap)
 
@@ -79,8 +118,14 @@ def cmd_wrap(args: argparse.Namespace) -> int:
     return _wrap_restart(args, console, cmd, space, study, wrapper)
 
 
-def _wrap_restart(args: argparse.Namespace, console: Any, cmd: list[str], space: list[Any],
-                  study: Any, wrapper: Any) -> int:  # fmt: skip
+def _wrap_restart(
+    args: argparse.Namespace,
+    console: Any,
+    cmd: list[str],
+    space: list[Any],
+    study: Any,
+    wrapper: Any,
+) -> int:
     from autotune.cli.main import write_json
     from autotune.tuning.storage import (
         ask,
@@ -88,7 +133,7 @@ def _wrap_restart(args: argparse.Namespace, console: Any, cmd: list[str], space:
         fail_config,
         fail_interrupted,
         fail_orphans,
-        failed_configs,  # fmt: skip
+        failed_configs,
         skip_if_failed,
         trial_values,
     )
@@ -99,9 +144,12 @@ def _wrap_restart(args: argparse.Namespace, console: Any, cmd: list[str], space:
     try:
         for _ in range(args.trials):
             trial = ask(study)
-            values = {k.name: k.choices[0] if len(k.choices) == 1
-                      else trial.suggest_categorical(k.name, list(k.choices))
-                      for k in space}  # fmt: skip
+            values = {
+                k.name: k.choices[0]
+                if len(k.choices) == 1
+                else trial.suggest_categorical(k.name, list(k.choices))
+                for k in space
+            }
             if skip_if_failed(study, trial, values, failed):
                 continue
             console.print(f"[bold]trial {trial.number}[/bold]: {values}")
@@ -110,10 +158,16 @@ def _wrap_restart(args: argparse.Namespace, console: Any, cmd: list[str], space:
             except KeyboardInterrupt:
                 fail_interrupted(study, trial, "Ctrl-C")
                 raise
-            for name, value in (("wall_s", run.wall_s), ("steps", run.steps),
-                                ("unit", run.unit), ("gpu_j", run.gpu_j), ("cpu_j", run.cpu_j),
-                                ("stopped", run.stopped), ("metrics", run.metrics),
-                                ("values", values)):  # fmt: skip
+            for name, value in (
+                ("wall_s", run.wall_s),
+                ("steps", run.steps),
+                ("unit", run.unit),
+                ("gpu_j", run.gpu_j),
+                ("cpu_j", run.cpu_j),
+                ("stopped", run.stopped),
+                ("metrics", run.metrics),
+                ("values", values),
+            ):
                 trial.set_user_attr(name, value)
             row = {"number": trial.number, **run.__dict__, "unit": run.unit}
             if run.error is not None:
@@ -123,19 +177,26 @@ def _wrap_restart(args: argparse.Namespace, console: Any, cmd: list[str], space:
                 row["objective"] = score = run.score(args.objective)
                 study.tell(trial, score)
                 per = "J" if "joule" in args.objective else "s"
-                console.print(f"  {score:.4g} {run.unit}/{per} ({run.steps or 1} {run.unit}, "
-                              f"{run.wall_s:.1f} s, "
-                              f"GPU {run.gpu_j:.0f} J + CPU {run.cpu_j:.0f} J model)")  # fmt: skip
+                console.print(
+                    f"  {score:.4g} {run.unit}/{per} ({run.steps or 1} {run.unit}, "
+                    f"{run.wall_s:.1f} s, "
+                    f"GPU {run.gpu_j:.0f} J + CPU {run.cpu_j:.0f} J model)"
+                )
             rows.append(row)
     except KeyboardInterrupt:
         console.print("[red]interrupted[/red]: the study is consistent; rerun to go on")
     finally:
         wrapper.close()
     best = best_trial(study)
-    doc = {"study": study.study_name, "objective": args.objective, "cmd": cmd, "trials": rows,
-           "best": None if best is None else {"number": best.number,
-                                              "values": trial_values(best),
-                                              "objective": best.value}}  # fmt: skip
+    doc = {
+        "study": study.study_name,
+        "objective": args.objective,
+        "cmd": cmd,
+        "trials": rows,
+        "best": None
+        if best is None
+        else {"number": best.number, "values": trial_values(best), "objective": best.value},
+    }
     if best is None:
         console.print("[red]no trial completed[/red]")
     else:
@@ -144,18 +205,28 @@ def _wrap_restart(args: argparse.Namespace, console: Any, cmd: list[str], space:
     return 0 if best is not None else 1
 
 
-def _wrap_live(args: argparse.Namespace, console: Any, cmd: list[str], space: list[Any],
-               study: Any, wrapper: Any) -> int:  # fmt: skip
-    from autotune.workflows.tune import tuning_doc
+def _wrap_live(
+    args: argparse.Namespace,
+    console: Any,
+    cmd: list[str],
+    space: list[Any],
+    study: Any,
+    wrapper: Any,
+) -> int:
     from autotune.tuning.online_tuner import OnlineTuner
     from autotune.tuning.settings import TunerSettings
+    from autotune.workflows.tune import tuning_doc
     from autotune.wrap.live import LiveModeUnsupported, run_live
 
     knobs = {k.name: k for k in space}
     base = {k.name: k.choices[0] for k in space}
     try:
-        settings = TunerSettings(objective=args.objective, warmup_s=args.warmup_s,
-                                 window_s=args.window_s, trials=args.trials)  # fmt: skip
+        settings = TunerSettings(
+            objective=args.objective,
+            warmup_s=args.warmup_s,
+            window_s=args.window_s,
+            trials=args.trials,
+        )
 
         def factory(job: Any) -> OnlineTuner:
             return OnlineTuner(study, knobs, job, settings, base)
@@ -175,8 +246,9 @@ def _wrap_live(args: argparse.Namespace, console: Any, cmd: list[str], space: li
     doc = {"cmd": cmd, "mode": "live", "returncode": code, **tuning_doc(tuner, knobs)}
     best = doc["best"]
     said = f"{best['values']} -> {best['objective']:.4g}" if best else "none"
-    console.print(f"script exited with code {code}; {tuner.trials_done} configs tried; "
-                  f"best: {said}")  # fmt: skip
+    console.print(
+        f"script exited with code {code}; {tuner.trials_done} configs tried; best: {said}"
+    )
     from autotune.cli.main import write_json
 
     write_json(args.json, doc)

@@ -69,7 +69,7 @@ class _Link:
 
         from autotune.control import protocol
 
-        self.zmq, self.control = zmq, control
+        self.zmq, self.control = zmq, protocol
         self.ctx = zmq.Context()
         self.sock = protocol.dealer(self.ctx, endpoint)
         self.trial = os.environ.get(ENV_TRIAL)
@@ -107,8 +107,11 @@ def report(steps: int | None = None, **metrics: float) -> None:
     with the trial (for example ``episode_return``)."""
     link = _get_link()
     if link is not None:
-        link.send("REPORT", steps=None if steps is None else int(steps),
-                  metrics={k: float(v) for k, v in metrics.items()})  # fmt: skip
+        link.send(
+            "REPORT",
+            steps=None if steps is None else int(steps),
+            metrics={k: float(v) for k, v in metrics.items()},
+        )
 
 
 def poll() -> dict[str, Any] | None:

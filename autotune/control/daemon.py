@@ -104,15 +104,19 @@ class Session:
 
 
 def knobs_to_wire(space: dict[str, Knob]) -> dict[str, Any]:
-    return {k.name: {"choices": list(k.choices), "apply": k.apply, "unavailable": k.unavailable}
-            for k in space.values()}  # fmt: skip
+    return {
+        k.name: {"choices": list(k.choices), "apply": k.apply, "unavailable": k.unavailable}
+        for k in space.values()
+    }
 
 
 def knobs_from_wire(doc: dict[str, Any]) -> dict[str, Knob]:
     """Raises ``ValueError`` for a malformed knob space."""
     try:
-        return {name: Knob(name, tuple(k["choices"]), str(k["apply"]), k.get("unavailable"))
-                for name, k in doc.items()}  # fmt: skip
+        return {
+            name: Knob(name, tuple(k["choices"]), str(k["apply"]), k.get("unavailable"))
+            for name, k in doc.items()
+        }
     except (AttributeError, KeyError, TypeError) as exc:
         raise ValueError(f"malformed knob space: {exc}") from None
 
@@ -140,8 +144,9 @@ class Daemon:
         """
         other = protocol.request(self.endpoint, "PING", timeout_s=1.0)
         if other is not None:
-            raise protocol.ControlError(f"a daemon already runs on {self.endpoint} "
-                                       f"(pid {other.get('pid')})")  # fmt: skip
+            raise protocol.ControlError(
+                f"a daemon already runs on {self.endpoint} (pid {other.get('pid')})"
+            )
         path = protocol.ipc_path(self.endpoint)
         if path is not None and path.exists():
             path.unlink()  # left by a daemon that was killed
@@ -195,8 +200,9 @@ class Daemon:
             return
         kind = msg["type"]
         if kind == "PING":
-            self._send(identity, "PONG", pid=os.getpid(), endpoint=self.endpoint,
-                       jobs=len(self.sessions))  # fmt: skip
+            self._send(
+                identity, "PONG", pid=os.getpid(), endpoint=self.endpoint, jobs=len(self.sessions)
+            )
         elif kind == "STATUS":
             self._send(identity, "STATUS", status=self.status())
         elif kind == "STOP":
@@ -215,40 +221,60 @@ class Daemon:
             else:
                 self._report(session, identity, msg)
         else:
-            self._send(identity, "ERROR", message=f"unknown message type {kind!r}; allowed: "
-                       f"{protocol.JOB_TYPES + protocol.CLIENT_TYPES}")  # fmt: skip
+            self._send(
+                identity,
+                "ERROR",
+                message=f"unknown message type {kind!r}; allowed: "
+                f"{protocol.JOB_TYPES + protocol.CLIENT_TYPES}",
+            )
 
     def _hello(self, identity: bytes, msg: dict[str, Any]) -> None:
-        from autotune.tuning.storage import open_study
         from autotune.tuning.online_tuner import OnlineTuner
         from autotune.tuning.settings import TunerSettings
+        from autotune.tuning.storage import open_study
 
         job_id = str(msg.get("job"))
         old = self.sessions.get(job_id)
         if old is not None:
             self._drop(old, "job registered again")
         for other in self.sessions.values():
-            if (other.hello["storage"], other.hello["study"]) == (msg.get("storage"),
-                                                                  msg.get("study")):  # fmt: skip
-                self._send(identity, "ERROR", message=f"study {msg.get('study')!r} is being "
-                           f"tuned for job {other.job_id} (pid {other.hello.get('pid')}); "
-                           "give this job another --study")  # fmt: skip
+            if (other.hello["storage"], other.hello["study"]) == (
+                msg.get("storage"),
+                msg.get("study"),
+            ):
+                self._send(
+                    identity,
+                    "ERROR",
+                    message=f"study {msg.get('study')!r} is being "
+                    f"tuned for job {other.job_id} (pid {other.hello.get('pid')}); "
+                    "give this job another --study",
+                )
                 return
         remote = RemoteJob(lambda kind, **body: self._send(identity, kind, **body))
         try:
             space = knobs_from_wire(msg["knobs"])
             settings = TunerSettings(**msg["settings"])
-            grid = ({k.name: list(k.choices) for k in space.values() if k.online}
-                    if settings.sampler == "grid" else None)  # fmt: skip
+            grid = (
+                {k.name: list(k.choices) for k in space.values() if k.online}
+                if settings.sampler == "grid"
+                else None
+            )
             study = open_study(msg["storage"], msg["study"], seed=msg.get("seed"), grid=grid)
             tuner = OnlineTuner(study, space, remote, settings, msg["base"])
         except (KeyError, TypeError, ValueError) as exc:  # StudyError, bad settings or knobs
             self._send(identity, "ERROR", message=f"cannot tune job {job_id}: {exc}")
             return
-        self.sessions[job_id] = Session(job_id, identity, msg, tuner, space, remote,
-                                        time.monotonic(), config=dict(msg["base"]))  # fmt: skip
-        logger.info("job %s (pid %s, %s) registered: study %r, %d trials so far", job_id,
-                    msg.get("pid"), msg.get("env"), msg["study"], tuner.trials_done)  # fmt: skip
+        self.sessions[job_id] = Session(
+            job_id, identity, msg, tuner, space, remote, time.monotonic(), config=dict(msg["base"])
+        )
+        logger.info(
+            "job %s (pid %s, %s) registered: study %r, %d trials so far",
+            job_id,
+            msg.get("pid"),
+            msg.get("env"),
+            msg["study"],
+            tuner.trials_done,
+        )
         self._send(identity, "WELCOME", job=job_id, trials=tuner.trials_done)
 
     def _report(self, session: Session, identity: bytes, msg: dict[str, Any]) -> None:
@@ -268,8 +294,9 @@ class Daemon:
         now = time.monotonic()
         for session in list(self.sessions.values()):
             if now - session.last_seen > protocol.JOB_SILENT_S:
-                logger.warning("job %s silent for %.0f s; dropped", session.job_id,
-                               now - session.last_seen)  # fmt: skip
+                logger.warning(
+                    "job %s silent for %.0f s; dropped", session.job_id, now - session.last_seen
+                )
                 self._drop(session, "job went silent")
             elif session.remote.latest is not None:
                 try:
@@ -300,28 +327,43 @@ class Daemon:
         jobs = []
         for s in self.sessions.values():
             cur = s.tuner.current
-            jobs.append({
-                "job": s.job_id, "pid": s.hello.get("pid"), "env": s.hello.get("env"),
-                "storage": s.hello["storage"], "study": s.hello["study"],
-                "objective": s.tuner.settings.objective, "unmet": s.tuner.unmet,
-                "phase": cur.phase if cur else ("hold" if s.tuner.holding else "idle"),
-                "trial": cur.trial.number if cur and cur.trial is not None else None,
-                "config": s.config, "live": live_rates(list(s.recent), LIVE_SPAN_S),
-                "knobs": knobs_to_wire(s.space), "tuned": [k.name for k in s.tuner.knobs],
-                **study_summary(s.tuner.study, s.tuner.best()),
-            })  # fmt: skip
-        return {"pid": os.getpid(), "endpoint": self.endpoint,
-                "uptime_s": time.time() - self.started, "jobs": jobs}  # fmt: skip
+            jobs.append(
+                {
+                    "job": s.job_id,
+                    "pid": s.hello.get("pid"),
+                    "env": s.hello.get("env"),
+                    "storage": s.hello["storage"],
+                    "study": s.hello["study"],
+                    "objective": s.tuner.settings.objective,
+                    "unmet": s.tuner.unmet,
+                    "phase": cur.phase if cur else ("hold" if s.tuner.holding else "idle"),
+                    "trial": cur.trial.number if cur and cur.trial is not None else None,
+                    "config": s.config,
+                    "live": live_rates(list(s.recent), LIVE_SPAN_S),
+                    "knobs": knobs_to_wire(s.space),
+                    "tuned": [k.name for k in s.tuner.knobs],
+                    **study_summary(s.tuner.study, s.tuner.best()),
+                }
+            )
+        return {
+            "pid": os.getpid(),
+            "endpoint": self.endpoint,
+            "uptime_s": time.time() - self.started,
+            "jobs": jobs,
+        }
 
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m autotune.control.daemon``: the daemon in the foreground (``autotune daemon start``
     runs this in the background)."""
     parser = argparse.ArgumentParser(prog="autotune-daemon", description=__doc__.split("\n")[0])
-    parser.add_argument("--control", default=None, help="control endpoint (see autotune.control.protocol)")
+    parser.add_argument(
+        "--control", default=None, help="control endpoint (see autotune.control.protocol)"
+    )
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")  # fmt: skip
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     try:
         daemon = Daemon(protocol.resolve_endpoint(args.control))
         daemon.bind()

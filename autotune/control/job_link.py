@@ -96,9 +96,15 @@ class DaemonLink:
         now = time.monotonic()
         if now - self.last_report >= protocol.REPORT_INTERVAL_S:
             self.last_report = now
-            self._send("REPORT", job=self.job_id, counters=read_counters(self.runner).to_wire(),
-                       settled=self.runner.settled(), applied=self.applied,
-                       refused=self.refused, config=self._config())  # fmt: skip
+            self._send(
+                "REPORT",
+                job=self.job_id,
+                counters=read_counters(self.runner).to_wire(),
+                settled=self.runner.settled(),
+                applied=self.applied,
+                refused=self.refused,
+                config=self._config(),
+            )
 
     def _config(self) -> dict[str, Any]:
         from autotune.workflows.tune import knob_values
@@ -121,8 +127,12 @@ class DaemonLink:
             self.registered = True
             self.registrations += 1
             self.applied, self.refused = 0, None  # sequence numbers are per registration
-            logger.info("registered with the daemon on %s as %s (%s trials in the study)",
-                        self.endpoint, self.job_id, msg.get("trials"))  # fmt: skip
+            logger.info(
+                "registered with the daemon on %s as %s (%s trials in the study)",
+                self.endpoint,
+                self.job_id,
+                msg.get("trials"),
+            )
         elif kind == "WHO":
             logger.warning("the daemon does not know this job (restarted?); registering again")
             self._send("HELLO", **self.hello)

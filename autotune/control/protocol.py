@@ -63,9 +63,11 @@ def state_dir() -> Path:
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
     info = path.stat()
     if info.st_uid != os.getuid() or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise ControlError(f"state dir {path} is not private (owner uid {info.st_uid}, mode "
-                           f"{stat.filemode(info.st_mode)}); it must be yours and writable by "
-                           "you only (set AUTOTUNE_HOME to another directory)")  # fmt: skip
+        raise ControlError(
+            f"state dir {path} is not private (owner uid {info.st_uid}, mode "
+            f"{stat.filemode(info.st_mode)}); it must be yours and writable by "
+            "you only (set AUTOTUNE_HOME to another directory)"
+        )
     return path
 
 
@@ -89,8 +91,10 @@ def resolve_endpoint(endpoint: str | None = None) -> str:
         if loopback:
             host = "127.0.0.1" if url.hostname == "localhost" else url.hostname
             return f"tcp://{host}:{url.port}"
-    raise ControlError(f"control endpoint {endpoint!r} is not allowed: use ipc://PATH or "
-                       "tcp://127.0.0.1:PORT (loopback only: it reconfigures jobs)")  # fmt: skip
+    raise ControlError(
+        f"control endpoint {endpoint!r} is not allowed: use ipc://PATH or "
+        "tcp://127.0.0.1:PORT (loopback only: it reconfigures jobs)"
+    )
 
 
 def ipc_path(endpoint: str) -> Path | None:
@@ -115,8 +119,9 @@ def decode(frame: bytes) -> dict[str, Any]:
     if not isinstance(msg, dict) or not isinstance(msg.get("type"), str):
         raise ValueError("control message is not a map with a 'type'")
     if msg.get("v") != PROTOCOL_VERSION:
-        raise ValueError(f"control protocol version {msg.get('v')!r}; this side speaks "
-                         f"{PROTOCOL_VERSION}")  # fmt: skip
+        raise ValueError(
+            f"control protocol version {msg.get('v')!r}; this side speaks {PROTOCOL_VERSION}"
+        )
     return msg
 
 
@@ -137,8 +142,9 @@ def daemon_present(endpoint: str) -> bool:
     return path is None or path.exists()
 
 
-def request(endpoint: str, kind: str, timeout_s: float = REQUEST_TIMEOUT_S,
-            **body: Any) -> dict[str, Any] | None:  # fmt: skip
+def request(
+    endpoint: str, kind: str, timeout_s: float = REQUEST_TIMEOUT_S, **body: Any
+) -> dict[str, Any] | None:
     """Sends one client message and returns the daemon's answer, or None if no daemon
     answered within ``timeout_s``."""
     if not daemon_present(endpoint):

@@ -23,9 +23,14 @@ def live_rates(readings: list[Counters], span_s: float) -> dict[str, Any] | None
         return None
     steps = last.trained_steps - first.trained_steps
     gpu_j, cpu_j = last.gpu_j - first.gpu_j, last.cpu_j - first.cpu_j
-    return {"span_s": dt, "steps_per_s": steps / dt, "gpu_w": gpu_j / dt, "cpu_w": cpu_j / dt,
-            "steps_per_joule": steps / (gpu_j + cpu_j) if gpu_j + cpu_j > 0 else None,
-            "cpu_source": last.cpu_source}  # fmt: skip
+    return {
+        "span_s": dt,
+        "steps_per_s": steps / dt,
+        "gpu_w": gpu_j / dt,
+        "cpu_w": cpu_j / dt,
+        "steps_per_joule": steps / (gpu_j + cpu_j) if gpu_j + cpu_j > 0 else None,
+        "cpu_source": last.cpu_source,
+    }
 
 
 def _note(t: Any) -> str:
@@ -45,11 +50,20 @@ def study_summary(study: Any, best: dict[str, Any] | None = None) -> dict[str, A
     """The best config (the tuner's median-based one if given, else the study's best trial)
     and one row per trial."""
     trials = study.get_trials(deepcopy=False)
-    rows = [{"number": t.number, "state": t.state.name, "values": dict(t.params),
-             "objective": t.value, "steps_per_s": t.user_attrs.get("steps_per_s"),
-             "steps_per_joule": t.user_attrs.get("steps_per_joule"),
-             "gpu_j": t.user_attrs.get("gpu_j"), "cpu_j": t.user_attrs.get("cpu_j"),
-             "note": _note(t)} for t in trials]  # fmt: skip
+    rows = [
+        {
+            "number": t.number,
+            "state": t.state.name,
+            "values": dict(t.params),
+            "objective": t.value,
+            "steps_per_s": t.user_attrs.get("steps_per_s"),
+            "steps_per_joule": t.user_attrs.get("steps_per_joule"),
+            "gpu_j": t.user_attrs.get("gpu_j"),
+            "cpu_j": t.user_attrs.get("cpu_j"),
+            "note": _note(t),
+        }
+        for t in trials
+    ]
     if best is None:
         done = [r for r in rows if r["state"] == "COMPLETE" and "infeasible" not in r["note"]]
         if done:
@@ -72,8 +86,9 @@ def stored_status(storage: str, study_name: str) -> dict[str, Any]:
     try:
         study = optuna.load_study(study_name=study_name, storage=storage)
     except Exception as exc:  # SQLAlchemy and Optuna raise many kinds; all mean "cannot read"
-        raise StudyError(f"cannot read study {study_name!r} from {storage!r}: "
-                         f"{type(exc).__name__}: {exc}") from None  # fmt: skip
+        raise StudyError(
+            f"cannot read study {study_name!r} from {storage!r}: {type(exc).__name__}: {exc}"
+        ) from None
     return {"job": None, "storage": storage, "study": study_name, **study_summary(study)}
 
 
@@ -85,10 +100,20 @@ def _fmt(value: Any, digits: int = 3) -> str:
     return str(value)
 
 
-SHORT = {"actors": "act", "envs_per_actor": "envs", "rollout_len": "roll", "batch_size": "batch",
-         "chunk_bytes": "chunk", "trainers": "gmis", "mps_pct": "mps%", "trainer_device": "dev",
-         "inference": "inf", "trainer_threads": "thr", "trainer_precision": "prec",
-         "actor_nice": "nice"}  # fmt: skip
+SHORT = {
+    "actors": "act",
+    "envs_per_actor": "envs",
+    "rollout_len": "roll",
+    "batch_size": "batch",
+    "chunk_bytes": "chunk",
+    "trainers": "gmis",
+    "mps_pct": "mps%",
+    "trainer_device": "dev",
+    "inference": "inf",
+    "trainer_threads": "thr",
+    "trainer_precision": "prec",
+    "actor_nice": "nice",
+}
 """Column headers of the trial table (``autotune status`` prints what they stand for)."""
 
 
@@ -110,15 +135,19 @@ def render(console: Any, job: dict[str, Any], history: int = 20) -> None:
     head = f"[bold]study {job['study']}[/bold] in {job['storage']}"
     if job.get("job"):
         trial = f" (trial {job['trial']})" if job.get("trial") is not None else ""
-        head += (f"\njob {job['job']} (pid {job['pid']}, {job['env']}), objective "
-                 f"{job['objective']}, phase {job['phase']}{trial}")  # fmt: skip
+        head += (
+            f"\njob {job['job']} (pid {job['pid']}, {job['env']}), objective "
+            f"{job['objective']}, phase {job['phase']}{trial}"
+        )
         head += f"\ncurrent config: {_values(job['config'])}"
         live = job.get("live")
         if live:
-            head += (f"\nnow (last {live['span_s']:.0f} s): {_fmt(live['steps_per_s'])} "
-                     f"steps/s, {_fmt(live['steps_per_joule'])} steps/J; GPU "
-                     f"{live['gpu_w']:.0f} W, CPU {live['cpu_w']:.0f} W "
-                     f"({live['cpu_source']})")  # fmt: skip
+            head += (
+                f"\nnow (last {live['span_s']:.0f} s): {_fmt(live['steps_per_s'])} "
+                f"steps/s, {_fmt(live['steps_per_joule'])} steps/J; GPU "
+                f"{live['gpu_w']:.0f} W, CPU {live['cpu_w']:.0f} W "
+                f"({live['cpu_source']})"
+            )
     console.print(head)
     if job.get("knobs"):
         tuned = set(job.get("tuned", []))
@@ -137,18 +166,38 @@ def render(console: Any, job: dict[str, Any], history: int = 20) -> None:
     if job.get("unmet"):
         console.print(f"[red]{job['unmet']}[/red]")
     best = job.get("best")
-    console.print("best so far: " + (f"{_values(best['values'])} -> {_fmt(best['objective'])} "
-                  f"(median of {best['measurements']})" if best else "none yet"))  # fmt: skip
+    console.print(
+        "best so far: "
+        + (
+            f"{_values(best['values'])} -> {_fmt(best['objective'])} "
+            f"(median of {best['measurements']})"
+            if best
+            else "none yet"
+        )
+    )
     rows = job.get("trials", [])
     knobs = sorted({k for r in rows for k in r["values"]})
     table = Table(title=f"trials ({len(rows)}; last {min(history, len(rows))})")
-    for col in ("#", "state", *(SHORT.get(k, k) for k in knobs), "steps/s", "steps/J", "objective",
-                "note"):  # fmt: skip
+    for col in (
+        "#",
+        "state",
+        *(SHORT.get(k, k) for k in knobs),
+        "steps/s",
+        "steps/J",
+        "objective",
+        "note",
+    ):
         table.add_column(col, overflow="fold")
     for r in rows[-history:]:
-        table.add_row(str(r["number"]), r["state"][:8].lower(),
-                      *(_knob(k, r["values"].get(k)) for k in knobs), _fmt(r["steps_per_s"]),
-                      _fmt(r["steps_per_joule"]), _fmt(r["objective"]), r["note"])  # fmt: skip
+        table.add_row(
+            str(r["number"]),
+            r["state"][:8].lower(),
+            *(_knob(k, r["values"].get(k)) for k in knobs),
+            _fmt(r["steps_per_s"]),
+            _fmt(r["steps_per_joule"]),
+            _fmt(r["objective"]),
+            r["note"],
+        )
     console.print(table)
     if knobs:
         console.print("columns: " + ", ".join(f"{SHORT.get(k, k)}={k}" for k in knobs))

@@ -62,7 +62,7 @@ class Counters:
                 float(doc["cpu_j"]),
                 str(doc["cpu_source"]),
             )
-        except (KeyError, TypeError, ValueError) as exc:  # fmt: skip
+        except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"malformed counters {doc!r}: {exc}") from None
 
 
@@ -75,8 +75,14 @@ def read_counters(runner: Any) -> Counters:
     steps = tel.trained_steps
     mean_lag, _ = tel.policy_lag()
     energy = runner.meter.peek_window(RUN_WINDOW)
-    return Counters(time.monotonic(), steps, mean_lag * steps, energy.gpu_total_j,
-                    energy.cpu_energy_j, energy.cpu_source)  # fmt: skip
+    return Counters(
+        time.monotonic(),
+        steps,
+        mean_lag * steps,
+        energy.gpu_total_j,
+        energy.cpu_energy_j,
+        energy.cpu_source,
+    )
 
 
 def measure(a: Counters, b: Counters) -> Measurement:
@@ -88,6 +94,8 @@ def measure(a: Counters, b: Counters) -> Measurement:
     return Measurement(
         steps_per_s=trained / span if span > 0 else 0.0,
         steps_per_joule=trained / total_j if total_j > 0 else None,
-        gpu_j=gpu_j, cpu_j=cpu_j,
-        policy_lag=(b.lag_steps - a.lag_steps) / trained if trained else 0.0, window_s=span,
-    )  # fmt: skip
+        gpu_j=gpu_j,
+        cpu_j=cpu_j,
+        policy_lag=(b.lag_steps - a.lag_steps) / trained if trained else 0.0,
+        window_s=span,
+    )

@@ -86,8 +86,10 @@ class Knob:
                     raise ValueError
                 picked = tuple(dict.fromkeys(values))
         except ValueError:
-            raise KnobError(f"knob {self.name}={spec!r}: allowed values are {allowed} (give one "
-                            "value, LOW..HIGH, or a comma-separated subset)") from None  # fmt: skip
+            raise KnobError(
+                f"knob {self.name}={spec!r}: allowed values are {allowed} (give one "
+                "value, LOW..HIGH, or a comma-separated subset)"
+            ) from None
         if not picked:
             raise KnobError(f"knob {self.name}={spec!r} leaves no value; allowed: {allowed}")
         return replace(self, choices=picked, allowed=())  # narrowing again keeps within these
@@ -104,8 +106,9 @@ class Machine:
     def here(cls) -> Machine:
         import torch
 
-        return cls(os.cpu_count() or 1, torch.cuda.device_count() if torch.cuda.is_available()
-                   else 0)  # fmt: skip
+        return cls(
+            os.cpu_count() or 1, torch.cuda.device_count() if torch.cuda.is_available() else 0
+        )
 
 
 def _listed(values: tuple[Any, ...]) -> str:
@@ -142,11 +145,20 @@ def default_space(machine: Machine) -> dict[str, Knob]:
         "actor_nice": (0, 5, 10),
     }
     threads = choices["trainer_threads"]
-    allowed = {"trainer_threads": tuple(sorted({*threads, *range(1, machine.cores + 1)})),
-               "actor_nice": tuple(range(20))}  # fmt: skip
-    knobs = [Knob(name, values, APPLIES.get(name, "restart"),
-                  no_gpu if name == "mps_pct" else None, allowed.get(name, ()))
-             for name, values in choices.items()]  # fmt: skip
+    allowed = {
+        "trainer_threads": tuple(sorted({*threads, *range(1, machine.cores + 1)})),
+        "actor_nice": tuple(range(20)),
+    }
+    knobs = [
+        Knob(
+            name,
+            values,
+            APPLIES.get(name, "restart"),
+            no_gpu if name == "mps_pct" else None,
+            allowed.get(name, ()),
+        )
+        for name, values in choices.items()
+    ]
     return {k.name: k for k in knobs}
 
 

@@ -44,18 +44,25 @@ from collections.abc import Callable
 from typing import Any
 
 from autotune.tuning.knobs import Knob
-from autotune.workflows.tune import config_changes, knob_values
-from autotune.tuning.reference import METRICS, REFERENCE_ROLES, reference_due, scale, scaled_name, score
+from autotune.tuning.reference import (
+    METRICS,
+    REFERENCE_ROLES,
+    reference_due,
+    scale,
+    scaled_name,
+    score,
+)
 from autotune.tuning.storage import (
     ask,
     config_key,
     fail_config,
     fail_interrupted,
     fail_orphans,
-    failed_configs,  # fmt: skip
+    failed_configs,
     owner_id,
     skip_if_failed,
 )
+from autotune.workflows.tune import config_changes, knob_values
 from runtime.config import ConfigError, TrainConfig
 
 logger = logging.getLogger(__name__)
@@ -97,8 +104,9 @@ class TrialResult:
     error: str | None = None
 
 
-def run_config(cfg: TrainConfig, warmup_s: float,
-               meter: Any = None) -> tuple[dict[str, Any], dict[str, Any]]:  # fmt: skip
+def run_config(
+    cfg: TrainConfig, warmup_s: float, meter: Any = None
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """One quiet training run of ``cfg``; returns its result and its rates from ``warmup_s``
     after its first trained step to its end (process start-up is left out, however long).
     ``meter`` is the ``EnergyMeter`` to charge (default: the machine's).
@@ -118,18 +126,22 @@ def run_config(cfg: TrainConfig, warmup_s: float,
     first = next((r[0] for r in rows if r[1] > 0), None)
     rate = None if first is None else timeline_rate(result, first + warmup_s, result["wall_s"])
     if rate is None or not rate["steps_per_s"] > 0:
-        raise RunError(f"trained too little to measure: {result['env_steps']} steps, the first "
-                       f"after {first if first is None else round(first, 1)} s of "
-                       f"{result['wall_s']:.0f} s; give a --trial-s of at least warm-up "
-                       f"({warmup_s:g} s) + 10 s after training starts")  # fmt: skip
+        raise RunError(
+            f"trained too little to measure: {result['env_steps']} steps, the first "
+            f"after {first if first is None else round(first, 1)} s of "
+            f"{result['wall_s']:.0f} s; give a --trial-s of at least warm-up "
+            f"({warmup_s:g} s) + 10 s after training starts"
+        )
     return result, rate
 
 
 def _tuned(space: dict[str, Knob] | list[Knob]) -> tuple[list[Knob], dict[str, Any]]:
     knobs = list(space.values()) if isinstance(space, dict) else list(space)
     usable = [k for k in knobs if k.unavailable is None]
-    return ([k for k in usable if len(k.choices) > 1],
-            {k.name: k.choices[0] for k in usable if len(k.choices) == 1})  # fmt: skip
+    return (
+        [k for k in usable if len(k.choices) > 1],
+        {k.name: k.choices[0] for k in usable if len(k.choices) == 1},
+    )
 
 
 def _nearest(knob: Knob, value: Any) -> Any:
@@ -153,9 +165,14 @@ class TrainTrials:
 
     kind = "train"
 
-    def __init__(self, space: dict[str, Knob], base: TrainConfig, warmup_s: float,
-                 run: Callable[..., tuple[dict, dict]] = run_config,
-                 meter: Callable[[], Any] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        space: dict[str, Knob],
+        base: TrainConfig,
+        warmup_s: float,
+        run: Callable[..., tuple[dict, dict]] = run_config,
+        meter: Callable[[], Any] | None = None,
+    ) -> None:
         self.base, self.warmup_s, self._run, self._meter = base, warmup_s, run, meter
         self.knobs, self.fixed = _tuned(space)
 
@@ -175,8 +192,10 @@ class TrainTrials:
             start["actors"] = max(by_name["actors"].choices)
         gmis = sorted(by_name["trainers"].choices) if "trainers" in by_name else [None]
         envs = sorted(by_name["envs_per_actor"].choices)
-        return [[{**start, **({} if g is None else {"trainers": g}), "envs_per_actor": e}
-                 for e in envs] for g in gmis]  # fmt: skip
+        return [
+            [{**start, **({} if g is None else {"trainers": g}), "envs_per_actor": e} for e in envs]
+            for g in gmis
+        ]
 
     def __call__(self, number: int, values: dict[str, Any]) -> Measured:
         from runtime.runner import RunError
@@ -189,9 +208,12 @@ class TrainTrials:
             raise TrialFailed(f"not runnable: {exc}") from None
         except RunError as exc:
             raise TrialFailed(f"run failed: {exc}") from None
-        attrs = {"gpu_w": rate["gpu_w"], "cpu_w": rate["cpu_w"],
-                 "lost_steps": result["lost_steps"],
-                 "cpu_source": result["energy"]["cpu_source"]}  # fmt: skip
+        attrs = {
+            "gpu_w": rate["gpu_w"],
+            "cpu_w": rate["cpu_w"],
+            "lost_steps": result["lost_steps"],
+            "cpu_source": result["energy"]["cpu_source"],
+        }
         return Measured(rate["steps_per_s"], rate["steps_per_joule"] or 0.0, attrs)
 
 
@@ -215,9 +237,17 @@ class ScriptTrials:
         run = self.wrapper.run_trial(number, {**self.fixed, **values})
         if run.error is not None:
             raise TrialFailed(run.error)
-        attrs = {"wall_s": run.wall_s, "steps": run.steps, "unit": run.unit, "gpu_j": run.gpu_j,
-                 "cpu_j": run.cpu_j, "cpu_source": "model", "stopped": run.stopped,
-                 "gpus": run.gpus, "metrics": run.metrics}  # fmt: skip
+        attrs = {
+            "wall_s": run.wall_s,
+            "steps": run.steps,
+            "unit": run.unit,
+            "gpu_j": run.gpu_j,
+            "cpu_j": run.cpu_j,
+            "cpu_source": "model",
+            "stopped": run.stopped,
+            "gpus": run.gpus,
+            "metrics": run.metrics,
+        }
         return Measured(run.score("steps_per_s"), run.score("steps_per_joule"), attrs)
 
 
@@ -233,9 +263,14 @@ class OfflineStudy:
             every trial by the latest such reference (``autotune.tuning.reference``); 0: never.
     """
 
-    def __init__(self, study: Any, trials: TrainTrials | ScriptTrials,
-                 objective: str = "steps_per_joule", profile: bool = True,
-                 reference_every: int = 0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        study: Any,
+        trials: TrainTrials | ScriptTrials,
+        objective: str = "steps_per_joule",
+        profile: bool = True,
+        reference_every: int = 0,
+    ) -> None:
         if objective not in OBJECTIVES:
             raise ValueError(f"objective={objective!r}: allowed {', '.join(OBJECTIVES)}")
         if reference_every < 0:
@@ -300,9 +335,11 @@ class OfflineStudy:
             stale = self.study._storage.get_trial(taken._trial_id)
             role = stale.user_attrs.get("role")  # none: the sampler's role is set when it runs
             fail_interrupted(self.study, taken, "asked before this session's reference run")
-            self.study.enqueue_trial(stale.system_attrs.get("fixed_params", {}),
-                                     user_attrs={"role": role} if role else None,
-                                     skip_if_exists=False)  # fmt: skip
+            self.study.enqueue_trial(
+                stale.system_attrs.get("fixed_params", {}),
+                user_attrs={"role": role} if role else None,
+                skip_if_exists=False,
+            )
             taken = ask(self.study)
             if taken.user_attrs.get("role") in REFERENCE_ROLES:
                 break
@@ -312,11 +349,11 @@ class OfflineStudy:
         picked = self.confirm_pick() if confirm else None
         planned = None if picked is not None else self.next_planned()
         if picked is not None:
-            self.study.enqueue_trial(picked, user_attrs={"role": "confirm"},
-                                     skip_if_exists=False)  # fmt: skip
+            self.study.enqueue_trial(picked, user_attrs={"role": "confirm"}, skip_if_exists=False)
         elif planned is not None:
-            self.study.enqueue_trial(planned[0], user_attrs={"role": planned[1]},
-                                     skip_if_exists=True)  # fmt: skip
+            self.study.enqueue_trial(
+                planned[0], user_attrs={"role": planned[1]}, skip_if_exists=True
+            )
 
     def confirm_pick(self) -> dict[str, Any] | None:
         """The config a confirmation trial re-measures (see the module docstring); None while
@@ -346,24 +383,29 @@ class OfflineStudy:
         once a trial has completed), else the next planned trial or the sampler's."""
         default_ok = config_key(self.trials.default()) not in self.failed
         trials = self.study.get_trials(deepcopy=False)
-        want_reference = default_ok and reference_due(trials, self.reference_every, owner_id(),
-                                                      confirm)  # fmt: skip
+        want_reference = default_ok and reference_due(
+            trials, self.reference_every, owner_id(), confirm
+        )
         if want_reference:
-            self.study.enqueue_trial(self.trials.default(), user_attrs={"role": "reference"},
-                                     skip_if_exists=False)  # fmt: skip
+            self.study.enqueue_trial(
+                self.trials.default(), user_attrs={"role": "reference"}, skip_if_exists=False
+            )
         else:
             self._enqueue_next(confirm)
         trial = ask(self.study)
         if want_reference and trial.user_attrs.get("role") not in REFERENCE_ROLES:
             trial = self._ask_reference(trial)
         try:
-            values = {k.name: trial.suggest_categorical(k.name, list(k.choices))
-                      for k in self.knobs}  # fmt: skip
+            values = {
+                k.name: trial.suggest_categorical(k.name, list(k.choices)) for k in self.knobs
+            }
         except ValueError as exc:
             fail_interrupted(self.study, trial, "knob space differs from the study's")
-            raise ValueError(f"study {self.study.study_name!r} was made with other choices for "
-                             f"a knob ({exc}); give the same --knob settings (and --workers) "
-                             "as when it was made, or a new --study name") from None  # fmt: skip
+            raise ValueError(
+                f"study {self.study.study_name!r} was made with other choices for "
+                f"a knob ({exc}); give the same --knob settings (and --workers) "
+                "as when it was made, or a new --study name"
+            ) from None
         role = trial.user_attrs.get("role", "sampler")
         if "role" not in trial.user_attrs:
             trial.set_user_attr("role", role)
@@ -379,8 +421,11 @@ class OfflineStudy:
             fail_interrupted(self.study, trial, "Ctrl-C")
             raise
         if row.error is not None and role == "reference":
-            logger.warning("reference trial %d failed (%s): no more reference runs this "
-                           "session", trial.number, row.error)  # fmt: skip
+            logger.warning(
+                "reference trial %d failed (%s): no more reference runs this session",
+                trial.number,
+                row.error,
+            )
             self.reference_every = 0
             # failed, not marked unrunnable: the default config may run again (a cut run's way)
             fail_interrupted(self.study, trial, f"reference run failed: {row.error}")
@@ -390,9 +435,13 @@ class OfflineStudy:
             return row
         row.steps_per_s, row.steps_per_joule = measured.steps_per_s, measured.steps_per_joule
         raw = {m: getattr(measured, m) for m in METRICS}
-        ref, factors = scale(self.study.get_trials(deepcopy=False), trial.number, owner_id(),
-                             measured.attrs.get("unit"),
-                             raw if role in REFERENCE_ROLES else None)  # fmt: skip
+        ref, factors = scale(
+            self.study.get_trials(deepcopy=False),
+            trial.number,
+            owner_id(),
+            measured.attrs.get("unit"),
+            raw if role in REFERENCE_ROLES else None,
+        )
         scaled = {scaled_name(m): None if v is None else v * factors[m] for m, v in raw.items()}
         row.attrs = {**measured.attrs, **scaled, "reference_trial": ref}
         row.objective = [scaled[scaled_name(m)] for m in self.metrics]

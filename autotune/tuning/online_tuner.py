@@ -42,16 +42,16 @@ from optuna.trial import TrialState
 
 from autotune.tuning.counters import Measurement
 from autotune.tuning.knobs import Knob
+from autotune.tuning.settings import TunerSettings, constraint_values, objective_value
 from autotune.tuning.storage import (
     ask,
     config_key,
     fail_config,
     fail_interrupted,
     fail_orphans,
-    failed_configs,  # fmt: skip
+    failed_configs,
     skip_if_failed,
 )
-from autotune.tuning.settings import TunerSettings, constraint_values, objective_value
 
 logger = logging.getLogger(__name__)
 
@@ -109,9 +109,15 @@ class OnlineTuner:
         clock: Seconds, monotonic (injectable for tests).
     """
 
-    def __init__(self, study: optuna.Study, space: dict[str, Knob], job: Job,
-                 settings: TunerSettings, base: dict[str, Any],
-                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+    def __init__(
+        self,
+        study: optuna.Study,
+        space: dict[str, Knob],
+        job: Job,
+        settings: TunerSettings,
+        base: dict[str, Any],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         problems = settings.problems()
         if problems:
             raise ValueError("invalid tuner settings: " + "; ".join(problems))
@@ -200,8 +206,9 @@ class OnlineTuner:
                     ready = self.job.ready()
                     if not ready and now - cur.since > s.settle_timeout_s:
                         why = "actors not stepping or GMIs not resumed"
-                        raise ConfigError([f"did not take effect within "
-                                           f"{s.settle_timeout_s:.0f} s ({why})"])  # fmt: skip
+                        raise ConfigError(
+                            [f"did not take effect within {s.settle_timeout_s:.0f} s ({why})"]
+                        )
                 except ConfigError as exc:
                     self.current = None
                     self._failed(cur.trial, cur.values, exc)
@@ -222,9 +229,16 @@ class OnlineTuner:
                     cur.since = now
                     return
                 self.current = None
-                self._failed(cur.trial, cur.values, ConfigError([
-                    f"no env step trained in {cur.empty} windows of {s.window_s:g} s: the "
-                    "config stalls training"]))  # fmt: skip
+                self._failed(
+                    cur.trial,
+                    cur.values,
+                    ConfigError(
+                        [
+                            f"no env step trained in {cur.empty} windows of {s.window_s:g} s: the "
+                            "config stalls training"
+                        ]
+                    ),
+                )
             else:
                 self._finish(m, now)
             self._next(now)  # no tick without a config on its way
@@ -256,8 +270,12 @@ class OnlineTuner:
         capped = self._envs_cap is not None and not self.grid
         if capped and envs is not None and envs > self._envs_cap:
             self.study.tell(trial, state=TrialState.PRUNED)
-            logger.info("trial %d pruned: envs_per_actor=%d is past saturation (%d)",
-                        trial.number, envs, self._envs_cap)  # fmt: skip
+            logger.info(
+                "trial %d pruned: envs_per_actor=%d is past saturation (%d)",
+                trial.number,
+                envs,
+                self._envs_cap,
+            )
             self.trials_done += 1
             return
         self._start(trial, values, now)
@@ -272,8 +290,9 @@ class OnlineTuner:
             return
         self.current = _Current(trial, values, "warmup", now)
 
-    def _failed(self, trial: optuna.trial.Trial | None, values: dict[str, Any],
-                exc: Exception) -> None:  # fmt: skip
+    def _failed(
+        self, trial: optuna.trial.Trial | None, values: dict[str, Any], exc: Exception
+    ) -> None:
         fail_config(self.study, trial, values, str(exc), self.history.failed)
         if trial is not None:
             self.trials_done += 1
@@ -298,10 +317,12 @@ class OnlineTuner:
         """No config met the constraints: the job goes back to its default config."""
         s = self.settings
         fastest = max((max(v) for v in self.history.speed.values()), default=0.0)
-        self.unmet = (f"no config met the constraints in {self.trials_done} trials (floor "
-                      f"{s.min_steps_per_s} steps/s, lag ceiling {s.max_policy_lag}; fastest "
-                      f"seen {fastest:,.0f} steps/s); back to the default config, tuning "
-                      "stopped")  # fmt: skip
+        self.unmet = (
+            f"no config met the constraints in {self.trials_done} trials (floor "
+            f"{s.min_steps_per_s} steps/s, lag ceiling {s.max_policy_lag}; fastest "
+            f"seen {fastest:,.0f} steps/s); back to the default config, tuning "
+            "stopped"
+        )
         logger.error("%s", self.unmet)
         from runtime.config import ConfigError
 
@@ -339,13 +360,22 @@ class OnlineTuner:
         elif best_before and best_before[0] == key:
             median = statistics.median(self.history.by_config[key][:-1] or [value])
             if value < median * (1 - self.settings.drift_tol):
-                logger.warning("best config drifted (%.3g vs median %.3g); exploring again",
-                               value, median)  # fmt: skip
+                logger.warning(
+                    "best config drifted (%.3g vs median %.3g); exploring again", value, median
+                )
                 self.holding = False
                 self.explore_until = self.trials_done + self.settings.repeat_every
-        self.log.append({"t": now - self.t0, "at": time.time(), "values": cur.values,
-                         "objective": value,
-                         "feasible": feasible, "state": state, **m.__dict__})  # fmt: skip
+        self.log.append(
+            {
+                "t": now - self.t0,
+                "at": time.time(),
+                "values": cur.values,
+                "objective": value,
+                "feasible": feasible,
+                "state": state,
+                **m.__dict__,
+            }
+        )
 
     def _update_saturation(self, values: dict[str, Any]) -> None:
         """Caps envs_per_actor once doubling it stopped paying (other knobs as in ``values``)."""
@@ -365,8 +395,9 @@ class OnlineTuner:
                     cap = 2 * envs
                     if self._envs_cap is None or cap < self._envs_cap:
                         self._envs_cap = cap
-                        logger.info("envs_per_actor saturates at %d (gain %.1f %%)", cap,
-                                    100 * gain)  # fmt: skip
+                        logger.info(
+                            "envs_per_actor saturates at %d (gain %.1f %%)", cap, 100 * gain
+                        )
                     return
 
     def best(self) -> dict[str, Any] | None:

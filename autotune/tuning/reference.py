@@ -79,8 +79,13 @@ def reference_due(trials: list[Any], every: int, owner: str, confirm: bool = Fal
 Figures = dict[str, Any]
 
 
-def scale(trials: list[Any], number: int, owner: str | None, unit: str | None = None,
-          own: Figures | None = None) -> tuple[int | None, dict[str, float]]:  # fmt: skip
+def scale(
+    trials: list[Any],
+    number: int,
+    owner: str | None,
+    unit: str | None = None,
+    own: Figures | None = None,
+) -> tuple[int | None, dict[str, float]]:
     """The reference for trial ``number`` and each metric's factor.
 
     The factor is first reference / latest reference: the study's first completed reference,
@@ -93,9 +98,17 @@ def scale(trials: list[Any], number: int, owner: str | None, unit: str | None = 
     """
     from optuna.trial import TrialState
 
-    refs = sorted((t for t in trials if t.state == TrialState.COMPLETE and _is_reference(t)
-                   and t.number < number and t.user_attrs.get("unit") == unit),
-                  key=lambda t: t.number)  # fmt: skip
+    refs = sorted(
+        (
+            t
+            for t in trials
+            if t.state == TrialState.COMPLETE
+            and _is_reference(t)
+            and t.number < number
+            and t.user_attrs.get("unit") == unit
+        ),
+        key=lambda t: t.number,
+    )
     mine = [t for t in refs if t.user_attrs.get("owner") == owner]
     if own is not None:
         first, latest, ref = (refs[0].user_attrs if refs else own), own, number
@@ -115,10 +128,18 @@ def reference_runs(trials: list[Any], metric: str) -> dict[str, Any] | None:
     machine drifted during the study; None without any."""
     from optuna.trial import TrialState
 
-    values = [t.user_attrs[metric] for t in trials
-              if t.state == TrialState.COMPLETE and _is_reference(t)
-              and t.user_attrs.get(metric) is not None]  # fmt: skip
+    values = [
+        t.user_attrs[metric]
+        for t in trials
+        if t.state == TrialState.COMPLETE
+        and _is_reference(t)
+        and t.user_attrs.get(metric) is not None
+    ]
     if not values:
         return None
-    return {"count": len(values), "min": min(values), "max": max(values),
-            "spread": max(values) / min(values) if min(values) > 0 else None}  # fmt: skip
+    return {
+        "count": len(values),
+        "min": min(values),
+        "max": max(values),
+        "spread": max(values) / min(values) if min(values) > 0 else None,
+    }

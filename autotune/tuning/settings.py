@@ -55,16 +55,19 @@ class TunerSettings:
         if self.min_steps_per_s is not None and not self.min_steps_per_s > 0:
             out.append(f"min_steps_per_s={self.min_steps_per_s}: must be > 0")
         if self.max_policy_lag is not None and self.max_policy_lag < 0:
-            out.append(f"max_policy_lag={self.max_policy_lag}: no config can meet it (a policy "
-                       "lag is never negative); give a ceiling >= 0")  # fmt: skip
+            out.append(
+                f"max_policy_lag={self.max_policy_lag}: no config can meet it (a policy "
+                "lag is never negative); give a ceiling >= 0"
+            )
         for name in ("trials", "repeat_every", "empty_windows"):
             if getattr(self, name) < 1:
                 out.append(f"{name}={getattr(self, name)}: must be >= 1")
         return out
 
 
-def objective_value(settings: TunerSettings, m: Measurement,
-                    reference: Measurement | None = None) -> float:  # fmt: skip
+def objective_value(
+    settings: TunerSettings, m: Measurement, reference: Measurement | None = None
+) -> float:
     """The value told to Optuna for window ``m`` (``reference``: the first trial's window, for
     ``weighted``; ``m`` itself when None)."""
     spj = m.steps_per_joule or 0.0

@@ -25,9 +25,22 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-__all__ = ["StudyError", "ask", "best_trial", "config_key", "fail_config", "fail_interrupted",
-           "fail_orphans", "failed_configs", "load_study", "open_study", "pareto_front",
-           "skip_if_failed", "storage_url", "trial_values"]  # fmt: skip
+__all__ = [
+    "StudyError",
+    "ask",
+    "best_trial",
+    "config_key",
+    "fail_config",
+    "fail_interrupted",
+    "fail_orphans",
+    "failed_configs",
+    "load_study",
+    "open_study",
+    "pareto_front",
+    "skip_if_failed",
+    "storage_url",
+    "trial_values",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -44,9 +57,13 @@ class _AskTellGrid(optuna.samplers.GridSampler):
         return None
 
 
-def open_study(storage: str, name: str, seed: int | None = None,
-               grid: dict[str, list[Any]] | None = None,
-               metrics: tuple[str, ...] = ()) -> optuna.Study:  # fmt: skip
+def open_study(
+    storage: str,
+    name: str,
+    seed: int | None = None,
+    grid: dict[str, list[Any]] | None = None,
+    metrics: tuple[str, ...] = (),
+) -> optuna.Study:
     """Creates or loads the study ``name`` in the RDB storage URL ``storage``, every objective
     maximised, with a TPE sampler (which honours constraints set on trials), or a grid sampler
     over ``grid``. ``metrics`` names the objectives (two or more make a multi-objective study;
@@ -56,21 +73,30 @@ def open_study(storage: str, name: str, seed: int | None = None,
         StudyError: saying which URL or study failed and why.
     """
     sampler: optuna.samplers.BaseSampler = (
-        optuna.samplers.TPESampler(seed=seed, n_startup_trials=5) if grid is None
-        else _AskTellGrid(grid, seed=seed))  # fmt: skip
+        optuna.samplers.TPESampler(seed=seed, n_startup_trials=5)
+        if grid is None
+        else _AskTellGrid(grid, seed=seed)
+    )
     storage = storage_url(storage)
     try:
         rdb = optuna.storages.RDBStorage(storage)
-        study = optuna.create_study(storage=rdb, study_name=name,
-                                    directions=["maximize"] * max(1, len(metrics)),
-                                    sampler=sampler, load_if_exists=True)  # fmt: skip
+        study = optuna.create_study(
+            storage=rdb,
+            study_name=name,
+            directions=["maximize"] * max(1, len(metrics)),
+            sampler=sampler,
+            load_if_exists=True,
+        )
     except Exception as exc:  # SQLAlchemy and Optuna raise many kinds; all mean "cannot open"
-        raise StudyError(f"cannot open study {name!r} in storage {storage!r}: "
-                         f"{type(exc).__name__}: {exc}") from None  # fmt: skip
+        raise StudyError(
+            f"cannot open study {name!r} in storage {storage!r}: {type(exc).__name__}: {exc}"
+        ) from None
     if len(study.directions) != max(1, len(metrics)):
         had = study.metric_names or [f"{len(study.directions)} objectives"]
-        raise StudyError(f"study {name!r} in {storage!r} has objectives {had}, not "
-                         f"{list(metrics)}; use its objective or a new --study name")  # fmt: skip
+        raise StudyError(
+            f"study {name!r} in {storage!r} has objectives {had}, not "
+            f"{list(metrics)}; use its objective or a new --study name"
+        )
     if metrics and study.metric_names is None:
         with warnings.catch_warnings():  # experimental in Optuna 3.2+, and what the dashboard reads
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -90,8 +116,9 @@ def load_study(storage: str, name: str) -> optuna.Study:
     except Exception as exc:  # SQLAlchemy and Optuna raise many kinds; all mean "cannot open"
         raise StudyError(f"cannot open storage {storage!r}: {type(exc).__name__}: {exc}") from None
     if name not in names:
-        raise StudyError(f"no study {name!r} in {storage!r}; studies there: "
-                         f"{', '.join(names) or 'none'}")  # fmt: skip
+        raise StudyError(
+            f"no study {name!r} in {storage!r}; studies there: {', '.join(names) or 'none'}"
+        )
     return optuna.load_study(study_name=name, storage=storage)
 
 
@@ -189,18 +216,21 @@ def fail_orphans(study: optuna.Study) -> None:
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         if _orphaned(t):
             study.tell(t.number, state=TrialState.FAIL)
-            logger.warning("trial %d was left running (its tuner ended); marked failed",
-                           t.number)  # fmt: skip
+            logger.warning("trial %d was left running (its tuner ended); marked failed", t.number)
 
 
 def failed_configs(study: optuna.Study) -> set[str]:
     """Keys of the configs that failed (FAIL trials with an ``error``; not interrupted ones)."""
-    return {config_key(trial_values(t)) for t in study.get_trials(deepcopy=False)
-            if t.state == TrialState.FAIL and "error" in t.user_attrs}  # fmt: skip
+    return {
+        config_key(trial_values(t))
+        for t in study.get_trials(deepcopy=False)
+        if t.state == TrialState.FAIL and "error" in t.user_attrs
+    }
 
 
-def skip_if_failed(study: optuna.Study, trial: optuna.trial.Trial, values: dict[str, Any],
-                   failed: set[str]) -> bool:  # fmt: skip
+def skip_if_failed(
+    study: optuna.Study, trial: optuna.trial.Trial, values: dict[str, Any], failed: set[str]
+) -> bool:
     """Tells ``trial`` failed without trying it if ``values`` failed before; True if so."""
     if config_key(values) not in failed:
         return False
@@ -209,8 +239,13 @@ def skip_if_failed(study: optuna.Study, trial: optuna.trial.Trial, values: dict[
     return True
 
 
-def fail_config(study: optuna.Study, trial: optuna.trial.Trial | None, values: dict[str, Any],
-                error: str, failed: set[str]) -> None:  # fmt: skip
+def fail_config(
+    study: optuna.Study,
+    trial: optuna.trial.Trial | None,
+    values: dict[str, Any],
+    error: str,
+    failed: set[str],
+) -> None:
     """Marks ``values`` failed for good and tells ``trial`` (if any) failed with ``error``."""
     failed.add(config_key(values))
     if trial is not None:
@@ -238,7 +273,9 @@ def pareto_front(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
 
     def beaten(t: optuna.trial.FrozenTrial) -> bool:
-        return any(all(a >= b for a, b in zip(o.values, t.values, strict=True))
-                   and o.values != t.values for o in done)  # fmt: skip
+        return any(
+            all(a >= b for a, b in zip(o.values, t.values, strict=True)) and o.values != t.values
+            for o in done
+        )
 
     return [t for t in done if not beaten(t)]

@@ -44,38 +44,50 @@ def _stats(trials: list[Any], metric: str) -> dict[str, Any]:
 
 
 def _measured(trials: list[Any]) -> dict[str, Any]:
-    return {"trials": [t.number for t in trials],
-            "steps_per_joule": _stats(trials, "steps_per_joule"),
-            "steps_per_s": _stats(trials, "steps_per_s"),
-            "scaled_steps_per_joule": _stats(trials, scaled_name("steps_per_joule")),
-            "scaled_steps_per_s": _stats(trials, scaled_name("steps_per_s")),
-            "gpu_w": _stats(trials, "gpu_w")["median"], "cpu_w": _stats(trials, "cpu_w")["median"],
-            "cpu_source": trials[0].user_attrs.get("cpu_source") if trials else None}  # fmt: skip
+    return {
+        "trials": [t.number for t in trials],
+        "steps_per_joule": _stats(trials, "steps_per_joule"),
+        "steps_per_s": _stats(trials, "steps_per_s"),
+        "scaled_steps_per_joule": _stats(trials, scaled_name("steps_per_joule")),
+        "scaled_steps_per_s": _stats(trials, scaled_name("steps_per_s")),
+        "gpu_w": _stats(trials, "gpu_w")["median"],
+        "cpu_w": _stats(trials, "cpu_w")["median"],
+        "cpu_source": trials[0].user_attrs.get("cpu_source") if trials else None,
+    }
 
 
 def runtime_view(cfg: Any) -> dict[str, Any]:
     """What the runtime will run: the GMIs, their MPS shares, batching and placement."""
     gmis = cfg.trainers
     pct = list(cfg.mps_pct or ()) * (gmis if cfg.mps_pct and len(cfg.mps_pct) == 1 else 1)
-    return {"actors": cfg.actors, "envs_per_actor": cfg.envs_per_actor,
-            "envs": cfg.actors * cfg.envs_per_actor, "trainer_device": cfg.trainer_device,
-            "gpus": list(cfg.gpu_list()) if cfg.trainer_device == "cuda" else [],
-            "gmis_per_gpu": gmis,
-            "mps_pct_per_gmi": pct if cfg.mps_pct else [100] * gmis,
-            "batch_size": cfg.batch_size, "rollout_len": cfg.rollout_len,
-            "inference": cfg.inference, "trainer_threads": cfg.trainer_threads,
-            "trainer_precision": cfg.trainer_precision, "actor_nice": cfg.actor_nice,
-            "chunk_bytes": cfg.chunk_bytes}  # fmt: skip
+    return {
+        "actors": cfg.actors,
+        "envs_per_actor": cfg.envs_per_actor,
+        "envs": cfg.actors * cfg.envs_per_actor,
+        "trainer_device": cfg.trainer_device,
+        "gpus": list(cfg.gpu_list()) if cfg.trainer_device == "cuda" else [],
+        "gmis_per_gpu": gmis,
+        "mps_pct_per_gmi": pct if cfg.mps_pct else [100] * gmis,
+        "batch_size": cfg.batch_size,
+        "rollout_len": cfg.rollout_len,
+        "inference": cfg.inference,
+        "trainer_threads": cfg.trainer_threads,
+        "trainer_precision": cfg.trainer_precision,
+        "actor_nice": cfg.actor_nice,
+        "chunk_bytes": cfg.chunk_bytes,
+    }
 
 
-def sizing(runtime: dict[str, Any], sm_count: int | None, target_gpus: int | None,
-           target_cores: int | None) -> dict[str, Any]:  # fmt: skip
+def sizing(
+    runtime: dict[str, Any], sm_count: int | None, target_gpus: int | None, target_cores: int | None
+) -> dict[str, Any]:
     """The CPU/GPU ratio of ``runtime`` and what a target machine would need at it."""
     gpus = max(1, len(runtime["gpus"]))
     actors_per_gpu = runtime["actors"] / gpus
     cuda = runtime["trainer_device"] == "cuda"
-    sms = (sm_count * min(1.0, sum(runtime["mps_pct_per_gmi"]) / 100.0)
-           if cuda and sm_count else None)  # fmt: skip
+    sms = (
+        sm_count * min(1.0, sum(runtime["mps_pct_per_gmi"]) / 100.0) if cuda and sm_count else None
+    )
     per_gpu_procs = actors_per_gpu + runtime["gmis_per_gpu"] + SERVICE_PROCESSES / gpus
     out: dict[str, Any] = {
         "actors_per_gpu": actors_per_gpu,
@@ -94,25 +106,35 @@ def sizing(runtime: dict[str, Any], sm_count: int | None, target_gpus: int | Non
     if target_gpus is not None or target_cores is not None:
         g = target_gpus if target_gpus is not None else gpus
         need = round(g * actors_per_gpu) + g * runtime["gmis_per_gpu"] + SERVICE_PROCESSES
-        target: dict[str, Any] = {"gpus": g, "cores": target_cores,
-                                  "actors": round(g * actors_per_gpu),
-                                  "cpu_processes_needed": need}  # fmt: skip
+        target: dict[str, Any] = {
+            "gpus": g,
+            "cores": target_cores,
+            "actors": round(g * actors_per_gpu),
+            "cpu_processes_needed": need,
+        }
         if target_cores is not None:
             target["fits"] = need <= target_cores
-            feedable = int((target_cores - SERVICE_PROCESSES) //
-                           (actors_per_gpu + runtime["gmis_per_gpu"]))  # fmt: skip
+            feedable = int(
+                (target_cores - SERVICE_PROCESSES) // (actors_per_gpu + runtime["gmis_per_gpu"])
+            )
             target["gpus_the_cores_can_feed"] = max(0, feedable)
             if not target["fits"]:
-                target["note"] = (f"{target_cores} cores feed {max(0, feedable)} GPU(s) at "
-                                  f"{actors_per_gpu:g} actors per GPU; give more cores or "
-                                  "expect the GPUs to wait on the actors")  # fmt: skip
+                target["note"] = (
+                    f"{target_cores} cores feed {max(0, feedable)} GPU(s) at "
+                    f"{actors_per_gpu:g} actors per GPU; give more cores or "
+                    "expect the GPUs to wait on the actors"
+                )
         out["target"] = target
     return out
 
 
-def export_doc(study: Any, pick: str | None = None, target_gpus: int | None = None,
-               target_cores: int | None = None,
-               sm_count: int | None = None) -> dict[str, Any]:  # fmt: skip
+def export_doc(
+    study: Any,
+    pick: str | None = None,
+    target_gpus: int | None = None,
+    target_cores: int | None = None,
+    sm_count: int | None = None,
+) -> dict[str, Any]:
     """The export document of ``study`` (see the module docstring).
 
     Raises:
@@ -125,18 +147,22 @@ def export_doc(study: Any, pick: str | None = None, target_gpus: int | None = No
 
     meta = study.user_attrs.get("autotune")
     if not meta or meta.get("kind") != "train":
-        raise ExportError(f"study {study.study_name!r} is not an 'autotune study --env' "
-                          "study (it has no runtime config to export); export studies of "
-                          "train runs")  # fmt: skip
-    metric = pick or ("steps_per_joule" if meta["objective"] in ("both", "steps_per_joule")
-                      else "steps_per_s")  # fmt: skip
+        raise ExportError(
+            f"study {study.study_name!r} is not an 'autotune study --env' "
+            "study (it has no runtime config to export); export studies of "
+            "train runs"
+        )
+    metric = pick or (
+        "steps_per_joule" if meta["objective"] in ("both", "steps_per_joule") else "steps_per_s"
+    )
     if metric not in ("steps_per_joule", "steps_per_s"):
         raise ExportError(f"pick={pick!r}: allowed steps_per_joule, steps_per_s")
     trials = study.get_trials(deepcopy=False)
     done = [t for t in trials if t.state == TrialState.COMPLETE]
     if not done:
-        raise ExportError(f"study {study.study_name!r} has no completed trial yet; run "
-                          "autotune study first")  # fmt: skip
+        raise ExportError(
+            f"study {study.study_name!r} has no completed trial yet; run autotune study first"
+        )
     groups: dict[str, list[Any]] = {}
     for t in done:
         groups.setdefault(config_key(t.params), []).append(t)
@@ -147,8 +173,9 @@ def export_doc(study: Any, pick: str | None = None, target_gpus: int | None = No
     best = max(groups.values(), key=lambda ts: (median(ts), len(ts)))
     values = {**meta.get("fixed", {}), **best[0].params}
     base = TrainConfig.from_dict(meta["base"])
-    cfg = dataclasses.replace(base, **config_changes(values), steps=TrainConfig().steps,
-                              max_wall_s=None)  # fmt: skip
+    cfg = dataclasses.replace(
+        base, **config_changes(values), steps=TrainConfig().steps, max_wall_s=None
+    )
     if cfg.trainer_device == "auto":  # as it resolved where the study ran
         gpus_there = meta.get("machine", {}).get("gpus")
         cfg = dataclasses.replace(cfg, trainer_device="cuda" if gpus_there else "cpu")
@@ -168,10 +195,13 @@ def export_doc(study: Any, pick: str | None = None, target_gpus: int | None = No
         "sizing": sizing(runtime, sms, target_gpus, target_cores),
         "evidence": {
             "machine": meta.get("machine"),
-            "trial_s": meta.get("trial_s"), "warmup_s": meta.get("warmup_s"),
-            "trials": {"complete": len(done), "failed": sum(t.state == TrialState.FAIL
-                                                            for t in trials),
-                       "configs": len(groups)},
+            "trial_s": meta.get("trial_s"),
+            "warmup_s": meta.get("warmup_s"),
+            "trials": {
+                "complete": len(done),
+                "failed": sum(t.state == TrialState.FAIL for t in trials),
+                "configs": len(groups),
+            },
             "recommended": rec,
             "default": {"values": meta.get("default"), **dflt},
             f"{metric}_vs_default": ratio,
@@ -181,7 +211,7 @@ def export_doc(study: Any, pick: str | None = None, target_gpus: int | None = No
             "(raw x first reference / latest reference; equal to the raw ones in a study "
             "without --reference-every); re-measure with autotune train --config",
         },
-    }  # fmt: skip
+    }
 
 
 def dump(doc: dict[str, Any], fmt: str) -> str:
@@ -219,6 +249,8 @@ def load_config(path: str, flag: str = "--config") -> Any:
     elif isinstance(doc, dict) and isinstance(doc.get("config"), dict):
         doc = doc["config"]
     if not isinstance(doc, dict):
-        raise ExportError(f"{flag} {path}: no config in it; give an 'autotune export' file, "
-                          "a 'train --json' result or a mapping of TrainConfig fields")  # fmt: skip
+        raise ExportError(
+            f"{flag} {path}: no config in it; give an 'autotune export' file, "
+            "a 'train --json' result or a mapping of TrainConfig fields"
+        )
     return TrainConfig.from_dict(doc)

@@ -22,8 +22,9 @@ def _sms_granted(params: dict[str, Any], fixed: dict[str, Any], sm_count: int) -
     return sm_count * min(1.0, gmis * pct / 100.0)
 
 
-def write_plots(study: Any, out_dir: Path, sm_count: int | None,
-                recommended: dict[str, Any] | None = None) -> list[Path]:  # fmt: skip
+def write_plots(
+    study: Any, out_dir: Path, sm_count: int | None, recommended: dict[str, Any] | None = None
+) -> list[Path]:
     """Writes the plots of ``study``'s completed trials into ``out_dir``; returns their paths
     (the SM plot only where the study ran on a GPU and its SM count is known)."""
     import matplotlib
@@ -39,8 +40,11 @@ def write_plots(study: Any, out_dir: Path, sm_count: int | None,
     out_dir.mkdir(parents=True, exist_ok=True)
     meta = study.user_attrs.get("autotune", {})
     fixed = meta.get("fixed", {})
-    done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-            if t.user_attrs.get("steps_per_joule") is not None]  # fmt: skip
+    done = [
+        t
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        if t.user_attrs.get("steps_per_joule") is not None
+    ]
     rec_key = config_key(recommended) if recommended else None
     spj = [score(t, "steps_per_joule") for t in done]
     sps = [score(t, "steps_per_s") for t in done]
@@ -81,19 +85,26 @@ def write_plots(study: Any, out_dir: Path, sm_count: int | None,
             xs = [s for s, _ in pairs]
             ys = [score(t, "steps_per_s") for _, t in pairs]
             ax.scatter(xs, ys, c=[t.params.get("actors", 0) for _, t in pairs], cmap="plasma")
-            ax.set(xlabel=f"SMs granted to trainer GMIs (of {sm_count}; GMIs x MPS %)",
-                   ylabel="trained steps per second", title=title)  # fmt: skip
+            ax.set(
+                xlabel=f"SMs granted to trainer GMIs (of {sm_count}; GMIs x MPS %)",
+                ylabel="trained steps per second",
+                title=title,
+            )
             ax.grid(alpha=0.3)
             save(fig, "steps_per_s_vs_sms.png")
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     points = list(zip(sps, spj, strict=True))
-    front = [i for i, (x, y) in enumerate(points)
-             if not any(a >= x and b >= y and (a, b) != (x, y) for a, b in points)]  # fmt: skip
+    front = [
+        i
+        for i, (x, y) in enumerate(points)
+        if not any(a >= x and b >= y and (a, b) != (x, y) for a, b in points)
+    ]
     ax.scatter(sps, spj, color="lightgray", label="trials")
     front.sort(key=lambda i: sps[i])
-    ax.plot([sps[i] for i in front], [spj[i] for i in front], "o-", color="C0",
-            label="Pareto front")  # fmt: skip
+    ax.plot(
+        [sps[i] for i in front], [spj[i] for i in front], "o-", color="C0", label="Pareto front"
+    )
     mark(ax, sps, spj)
     ax.set(xlabel="trained steps per second", ylabel="trained steps per joule", title=title)
     ax.grid(alpha=0.3)
@@ -104,8 +115,10 @@ def write_plots(study: Any, out_dir: Path, sm_count: int | None,
         with warnings.catch_warnings():  # its note that it ranks for low targets: hence minus
             warnings.filterwarnings("ignore", message="PedAnovaImportanceEvaluator computes")
             importance = optuna.importance.get_param_importances(
-                study, evaluator=optuna.importance.PedAnovaImportanceEvaluator(),
-                target=lambda t: -score(t, "steps_per_joule"))  # fmt: skip
+                study,
+                evaluator=optuna.importance.PedAnovaImportanceEvaluator(),
+                target=lambda t: -score(t, "steps_per_joule"),
+            )
     except (RuntimeError, ValueError) as exc:  # too few trials or one value per knob
         logger.warning("knob importance not plotted: %s", exc)
     else:

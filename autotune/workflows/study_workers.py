@@ -45,13 +45,17 @@ def plan_workers(args: argparse.Namespace) -> list[WorkerPlan]:
     n = args.workers
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < n:
-        raise ValueError(f"--workers {n}: this process may use {len(cores)} cores; each local "
-                         f"worker needs at least one (allowed 1..{len(cores)})")  # fmt: skip
+        raise ValueError(
+            f"--workers {n}: this process may use {len(cores)} cores; each local "
+            f"worker needs at least one (allowed 1..{len(cores)})"
+        )
     gpus = Machine.here().gpus
     if 0 < gpus < n:
-        raise ValueError(f"--workers {n}: {gpus} GPU(s) here and each local worker needs its own "
-                         f"(allowed 1..{gpus}); run more workers on other machines with the same "
-                         "--storage and --study")  # fmt: skip
+        raise ValueError(
+            f"--workers {n}: {gpus} GPU(s) here and each local worker needs its own "
+            f"(allowed 1..{gpus}); run more workers on other machines with the same "
+            "--storage and --study"
+        )
     per, extra = divmod(len(cores), n)
     plans, start = [], 0
     for i in range(n):
@@ -59,8 +63,9 @@ def plan_workers(args: argparse.Namespace) -> list[WorkerPlan]:
         trials = args.trials // n + (i < args.trials % n)
         confirm = getattr(args, "confirm", 0)
         confirm = confirm // n + (i < confirm % n)  # <= trials, as confirm <= args.trials
-        plans.append(WorkerPlan(i, tuple(cores[start : start + size]), i if gpus else None,
-                                trials, confirm))  # fmt: skip
+        plans.append(
+            WorkerPlan(i, tuple(cores[start : start + size]), i if gpus else None, trials, confirm)
+        )
         start += size
     return plans
 
@@ -89,9 +94,12 @@ def _worker(options: dict[str, Any], plan: WorkerPlan, out: Any) -> None:
         out.put({"worker": plan.index, "done": True})
 
 
-def run_workers(args: argparse.Namespace, plans: list[WorkerPlan],
-                done: Callable[[dict[str, Any]], None],
-                say: Callable[[str], None] = print) -> bool:  # fmt: skip
+def run_workers(
+    args: argparse.Namespace,
+    plans: list[WorkerPlan],
+    done: Callable[[dict[str, Any]], None],
+    say: Callable[[str], None] = print,
+) -> bool:
     """Runs the workers to the end, passing each finished trial to ``done``; True if Ctrl-C (or
     a worker's failure) cut the session short."""
     import multiprocessing
@@ -99,8 +107,10 @@ def run_workers(args: argparse.Namespace, plans: list[WorkerPlan],
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
     options = {k: v for k, v in vars(args).items() if k != "func"}
-    procs = [ctx.Process(target=_worker, args=(options, p, out), name=f"study-worker-{p.index}")
-             for p in plans]  # fmt: skip
+    procs = [
+        ctx.Process(target=_worker, args=(options, p, out), name=f"study-worker-{p.index}")
+        for p in plans
+    ]
     for p in procs:
         p.start()
     finished: set[int] = set()

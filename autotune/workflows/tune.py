@@ -65,14 +65,21 @@ def tuning_doc(tuner: OnlineTuner, space: dict[str, Knob]) -> dict[str, Any]:
         "study": tuner.study.study_name,
         "objective": tuner.settings.objective,
         "sampler": tuner.settings.sampler,
-        "knobs": {k.name: {"choices": list(k.choices), "apply": k.apply, "tuned": k.online,
-                           "unavailable": k.unavailable} for k in space.values()},
+        "knobs": {
+            k.name: {
+                "choices": list(k.choices),
+                "apply": k.apply,
+                "tuned": k.online,
+                "unavailable": k.unavailable,
+            }
+            for k in space.values()
+        },
         "default": tuner.base,
         "best": tuner.best(),
         "unmet": tuner.unmet,
         "trials": tuner.trials_done,
         "windows": tuner.log,
-    }  # fmt: skip
+    }
 
 
 def add_tune_args(parser: argparse.ArgumentParser) -> None:
@@ -193,16 +200,21 @@ def start_tuning(args: argparse.Namespace, cfg: TrainConfig, runner: Any) -> Tun
             allowed, or the daemon's refusal; nothing has started then.
     """
     from autotune.tuning.knobs import Machine, build_space
-    from autotune.tuning.storage import open_study, storage_url
     from autotune.tuning.online_tuner import OnlineTuner
+    from autotune.tuning.storage import open_study, storage_url
 
     machine = Machine.here()
     space = build_space(machine, args.knob)
     window = args.tune_window_s or (10.0 if machine.gpus else 5.0)
-    settings = TunerSettings(objective=args.objective, warmup_s=args.tune_warmup_s,
-                             window_s=window, trials=args.tune_trials,
-                             min_steps_per_s=args.min_steps_per_s,
-                             max_policy_lag=args.max_lag, sampler=args.tune_sampler)  # fmt: skip
+    settings = TunerSettings(
+        objective=args.objective,
+        warmup_s=args.tune_warmup_s,
+        window_s=window,
+        trials=args.tune_trials,
+        min_steps_per_s=args.min_steps_per_s,
+        max_policy_lag=args.max_lag,
+        sampler=args.tune_sampler,
+    )
     problems = settings.problems()
     if problems:
         raise ValueError("invalid tuning settings: " + "; ".join(problems))
@@ -214,9 +226,15 @@ def start_tuning(args: argparse.Namespace, cfg: TrainConfig, runner: Any) -> Tun
         from autotune.control.daemon import knobs_to_wire
         from autotune.control.job_link import DaemonLink, DaemonRefused
 
-        hello = {"env": cfg.env, "storage": storage, "study": study_name, "seed": cfg.seed,
-                 "settings": dataclasses.asdict(settings), "knobs": knobs_to_wire(space),
-                 "base": base}  # fmt: skip
+        hello = {
+            "env": cfg.env,
+            "storage": storage,
+            "study": study_name,
+            "seed": cfg.seed,
+            "settings": dataclasses.asdict(settings),
+            "knobs": knobs_to_wire(space),
+            "base": base,
+        }
         link = DaemonLink(protocol.resolve_endpoint(args.control), hello, runner)
         try:
             if link.register():
@@ -225,7 +243,10 @@ def start_tuning(args: argparse.Namespace, cfg: TrainConfig, runner: Any) -> Tun
             link.close()
             raise ValueError(f"the daemon refused this job: {exc}") from None
         link.close()
-    grid = ({k.name: list(k.choices) for k in space.values() if k.online}
-            if settings.sampler == "grid" else None)  # fmt: skip
+    grid = (
+        {k.name: list(k.choices) for k in space.values() if k.online}
+        if settings.sampler == "grid"
+        else None
+    )
     study = open_study(storage, study_name, seed=cfg.seed, grid=grid)
     return InProcessTuning(OnlineTuner(study, space, RunnerJob(runner), settings, base), space)

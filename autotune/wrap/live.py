@@ -20,9 +20,9 @@ from typing import Any
 
 from autotune.control import client, protocol
 from autotune.tuning.counters import Counters, Measurement, measure
+from autotune.wrap.wrapper import GPU_CHECK_S, POLL_S, Wrapper, knob_env, stop_tree, substitute
 from runtime.energy.cpu import tree_pids
 from runtime.hw.gpus import gpus_used_by
-from autotune.wrap.wrapper import GPU_CHECK_S, POLL_S, Wrapper, knob_env, stop_tree, substitute
 
 logger = logging.getLogger(__name__)
 
@@ -102,11 +102,13 @@ class ScriptJob:
             raise LiveModeUnsupported(
                 f"the script has not called autotune.control.client.poll() for {report_timeout_s:.0f} "
                 "s; live mode needs it at safe points (use --mode restart for scripts that "
-                "read their knobs once)")  # fmt: skip
+                "read their knobs once)"
+            )
 
 
-def run_live(wrapper: Wrapper, tuner_factory: Any, base: dict[str, Any],
-             report_timeout_s: float) -> tuple[Any, int]:  # fmt: skip
+def run_live(
+    wrapper: Wrapper, tuner_factory: Any, base: dict[str, Any], report_timeout_s: float
+) -> tuple[Any, int]:
     """Runs CMD once with ``base`` knobs and tunes it live until it exits.
 
     Returns:
@@ -119,8 +121,12 @@ def run_live(wrapper: Wrapper, tuner_factory: Any, base: dict[str, Any],
 
     from runtime.energy.cpu import CPUModelEnergy
 
-    env = {**os.environ, **knob_env(base), client.ENV_ENDPOINT: wrapper.endpoint,
-           client.ENV_TRIAL: "live"}  # fmt: skip
+    env = {
+        **os.environ,
+        **knob_env(base),
+        client.ENV_ENDPOINT: wrapper.endpoint,
+        client.ENV_TRIAL: "live",
+    }
     proc = subprocess.Popen(substitute(wrapper.cmd, base), env=env)
     job = ScriptJob(wrapper, proc, CPUModelEnergy(pids=lambda: tree_pids(proc.pid)))
     tuner = tuner_factory(job)

@@ -36,9 +36,9 @@ from typing import Any
 import zmq
 
 from autotune.control import client, protocol
+from autotune.tuning.knobs import Knob, KnobError
 from runtime.energy.cpu import tree_pids
 from runtime.hw.gpus import gpus_used_by
-from autotune.tuning.knobs import Knob, KnobError
 
 logger = logging.getLogger(__name__)
 
@@ -68,8 +68,10 @@ def parse_knob(spec: str, apply: str = "restart") -> Knob:
     name, sep, values = spec.partition("=")
     name, values = name.strip(), values.strip()
     if not sep or not values or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
-        raise KnobError(f"--knob {spec!r}: expected NAME=LOW..HIGH, NAME=A,B,C or NAME=VALUE "
-                        "with NAME a Python identifier ({NAME}, AUTOTUNE_NAME)")  # fmt: skip
+        raise KnobError(
+            f"--knob {spec!r}: expected NAME=LOW..HIGH, NAME=A,B,C or NAME=VALUE "
+            "with NAME a Python identifier ({NAME}, AUTOTUNE_NAME)"
+        )
     if ".." in values:
         lo_text, _, hi_text = values.partition("..")
         try:
@@ -79,9 +81,11 @@ def parse_knob(spec: str, apply: str = "restart") -> Knob:
         if lo > hi:
             raise KnobError(f"--knob {spec!r}: LOW {lo} is above HIGH {hi}; nothing to try")
         if hi - lo + 1 > MAX_RANGE:
-            raise KnobError(f"--knob {spec!r} spans {hi - lo + 1} integers (at most "
-                            f"{MAX_RANGE}); list the values to try instead, e.g. "
-                            f"{name}={lo},{lo * 2 or 1},{hi}")  # fmt: skip
+            raise KnobError(
+                f"--knob {spec!r} spans {hi - lo + 1} integers (at most "
+                f"{MAX_RANGE}); list the values to try instead, e.g. "
+                f"{name}={lo},{lo * 2 or 1},{hi}"
+            )
         choices: tuple[Any, ...] = tuple(range(lo, hi + 1))
     else:
         choices = tuple(dict.fromkeys(_scalar(v.strip()) for v in values.split(",")))
@@ -151,13 +155,19 @@ class Wrapper:
         gpu: GPU energy source (``runtime.energy.gpu``); the probed one when None.
     """
 
-    def __init__(self, cmd: list[str], trial_s: float | None = None,
-                 report_timeout_s: float = 60.0, gpu: Any = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        cmd: list[str],
+        trial_s: float | None = None,
+        report_timeout_s: float = 60.0,
+        gpu: Any = None,
+    ) -> None:
         from runtime.energy.gpu import probe_gpu_energy
 
         if not cmd:
-            raise ValueError("no command to wrap: give it after --, e.g. autotune wrap -- "
-                             "python train.py")  # fmt: skip
+            raise ValueError(
+                "no command to wrap: give it after --, e.g. autotune wrap -- python train.py"
+            )
         self.cmd, self.trial_s, self.report_timeout_s = cmd, trial_s, report_timeout_s
         self.gpu = gpu if gpu is not None else probe_gpu_energy()
         self._dir = tempfile.TemporaryDirectory(prefix="autotune-wrap-")
@@ -176,8 +186,12 @@ class Wrapper:
         from runtime.energy.cpu import CPUModelEnergy
 
         run = TrialRun(values)
-        env = {**os.environ, **knob_env(values), client.ENV_ENDPOINT: self.endpoint,
-               client.ENV_TRIAL: str(number)}  # fmt: skip
+        env = {
+            **os.environ,
+            **knob_env(values),
+            client.ENV_ENDPOINT: self.endpoint,
+            client.ENV_TRIAL: str(number),
+        }
         start = time.monotonic()
         gpu0 = self.gpu.read_energy_j()
         try:
@@ -198,15 +212,19 @@ class Wrapper:
             cpu.read_energy_j()  # samples the tree while its processes live
             now = time.monotonic()
             if last_report is not None and now - last_report > self.report_timeout_s:
-                run.error = (f"hung: no report for {self.report_timeout_s:.0f} s after "
-                             f"{run.reports} reports (--report-timeout-s)")  # fmt: skip
+                run.error = (
+                    f"hung: no report for {self.report_timeout_s:.0f} s after "
+                    f"{run.reports} reports (--report-timeout-s)"
+                )
             elif self.trial_s is not None and now - start > self.trial_s:
                 if run.steps:
                     run.stopped = True
                 else:
-                    run.error = (f"ran past --trial-s {self.trial_s:.0f} without reporting a "
-                                 "step: call autotune.control.client.report(steps=...) or let the "
-                                 "run finish within --trial-s")  # fmt: skip
+                    run.error = (
+                        f"ran past --trial-s {self.trial_s:.0f} without reporting a "
+                        "step: call autotune.control.client.report(steps=...) or let the "
+                        "run finish within --trial-s"
+                    )
             if run.error or run.stopped:
                 stop_tree(proc)
                 break

@@ -82,8 +82,9 @@ class GMIFleet:
             mps_later: A percentage will be set during the run (MPS must run from the start).
         """
         self._set_up = True
-        if self.sharing == "cpu" or not (placement.wants_mps(self.gmis) or mps_later
-                                         or self.cfg.inference_mps_pct is not None):  # fmt: skip
+        if self.sharing == "cpu" or not (
+            placement.wants_mps(self.gmis) or mps_later or self.cfg.inference_mps_pct is not None
+        ):
             return
         from runtime.hw.mps import MPSControl, MPSUnavailable
 
@@ -93,8 +94,11 @@ class GMIFleet:
             self.mps = mps
         except MPSUnavailable as exc:
             self.mps_note = str(exc)
-            logger.warning("MPS unavailable (%s): trainer GMIs run as plain shared processes "
-                           "and no SM percentage applies", exc)  # fmt: skip
+            logger.warning(
+                "MPS unavailable (%s): trainer GMIs run as plain shared processes "
+                "and no SM percentage applies",
+                exc,
+            )
 
     def start(self, ep: topology.Endpoints, run_dir: str, resume_from: str | None = None) -> None:
         """Starts the current generation's GMI processes."""
@@ -118,9 +122,14 @@ class GMIFleet:
         """Telemetry names of the current generation's GMIs."""
         return [topology.trainer_name(s.rank, self.generation) for s in self.gmis]
 
-    def replace(self, ep: topology.Endpoints, run_dir: str, control_sock: zmq.Socket,
-                mps_pct: tuple[int, ...] | None,
-                cfg: TrainConfig | None = None) -> None:  # fmt: skip
+    def replace(
+        self,
+        ep: topology.Endpoints,
+        run_dir: str,
+        control_sock: zmq.Socket,
+        mps_pct: tuple[int, ...] | None,
+        cfg: TrainConfig | None = None,
+    ) -> None:
         """Starts the next generation and retires the current one.
 
         Args:
@@ -134,14 +143,19 @@ class GMIFleet:
         if mps_pct is not None:
             self.gmis = placement.place(self.cfg, mps_pct)
         self.generation = old + 1
-        logger.info("GMI hand-over: generation %d -> %d, MPS %s", old, self.generation,
-                    [s.mps_pct for s in self.gmis])  # fmt: skip
+        logger.info(
+            "GMI hand-over: generation %d -> %d, MPS %s",
+            old,
+            self.generation,
+            [s.mps_pct for s in self.gmis],
+        )
         self.start(ep, run_dir, state_file(run_dir, old))
         self._retiring[old] = len(self.gmis)
         self.send_retire(control_sock, None, force=True)
 
-    def send_retire(self, control_sock: zmq.Socket, migrator: dict[str, Any] | None,
-                    force: bool = False) -> None:  # fmt: skip
+    def send_retire(
+        self, control_sock: zmq.Socket, migrator: dict[str, Any] | None, force: bool = False
+    ) -> None:
         """(Re)sends ``retire`` for every generation the migrator has not yet reported.
 
         Args:

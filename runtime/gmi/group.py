@@ -36,20 +36,30 @@ class TrainerGroup:
         strategy: ``auto`` (Algorithm 1) or ``mpr`` / ``mrr`` / ``har`` to force one.
     """
 
-    def __init__(self, rank: int, layout: list[list[int]], init_file: str, cuda: bool,
-                 strategy: str = "auto") -> None:  # fmt: skip
-        self.plan: SyncPlan = (plan(layout) if strategy == "auto"
-                               else SyncPlan(FORCED[strategy], layout))  # fmt: skip
+    def __init__(
+        self, rank: int, layout: list[list[int]], init_file: str, cuda: bool, strategy: str = "auto"
+    ) -> None:
+        self.plan: SyncPlan = (
+            plan(layout) if strategy == "auto" else SyncPlan(FORCED[strategy], layout)
+        )
         self.rank = rank
         self.world = self.plan.world_size
         dist.init_process_group(
-            "gloo", init_method=f"file://{init_file}", rank=rank, world_size=self.world,
+            "gloo",
+            init_method=f"file://{init_file}",
+            rank=rank,
+            world_size=self.world,
             timeout=GROUP_TIMEOUT,
-        )  # fmt: skip
+        )
         inter = "nccl" if cuda and self.plan.strategy is not SyncStrategy.MPR else "gloo"
         self.sync = GradientSync(self.plan, rank, "gloo", inter, GROUP_TIMEOUT)
-        logger.info("GMI rank %d of %d: %s over %s", rank, self.world,
-                    self.plan.strategy.value, self.plan.layout)  # fmt: skip
+        logger.info(
+            "GMI rank %d of %d: %s over %s",
+            rank,
+            self.world,
+            self.plan.strategy.value,
+            self.plan.layout,
+        )
 
     @property
     def strategy(self) -> SyncStrategy:

@@ -59,11 +59,14 @@ def bf16_problem(gpus: list[GPUInfo]) -> str | None:
     known = [g for g in gpus if g.compute_capability is not None]
     if not known or any(tuple(g.compute_capability) >= BF16_CAPABILITY for g in known):
         return None
-    have = ", ".join(f"{g.name} ({g.compute_capability[0]}.{g.compute_capability[1]})"
-                     for g in known)  # fmt: skip
-    return (f"trainer_precision='bf16' on cuda needs a GPU of compute capability 8.0 or later "
-            f"(Ampere on); this machine has {have}: use trainer_precision='fp32', or "
-            "trainer_device='cpu' on a CPU with bfloat16 instructions")  # fmt: skip
+    have = ", ".join(
+        f"{g.name} ({g.compute_capability[0]}.{g.compute_capability[1]})" for g in known
+    )
+    return (
+        f"trainer_precision='bf16' on cuda needs a GPU of compute capability 8.0 or later "
+        f"(Ampere on); this machine has {have}: use trainer_precision='fp32', or "
+        "trainer_device='cpu' on a CPU with bfloat16 instructions"
+    )
 
 
 _COMPUTE_MODES = {0: "default", 1: "exclusive-thread", 2: "prohibited", 3: "exclusive-process"}
@@ -80,20 +83,24 @@ def list_gpus() -> list[GPUInfo]:
     out = []
     for i in range(nvml.nvml_call("count GPUs", p.nvmlDeviceGetCount)):
         h = nvml.nvml_call(f"open GPU {i}", p.nvmlDeviceGetHandleByIndex, i)
-        out.append(GPUInfo(
-            index=i,
-            name=_text(nvml.nvml_call("read the name", p.nvmlDeviceGetName, h)),
-            uuid=_text(nvml.nvml_call("read the UUID", p.nvmlDeviceGetUUID, h)),
-            memory_total_mib=int(nvml.nvml_call("read memory", p.nvmlDeviceGetMemoryInfo, h)
-                                 .total // 2**20),
-            power_w=_optional(lambda h=h: p.nvmlDeviceGetPowerUsage(h) / 1000.0),
-            energy_counter=_optional(lambda h=h: p.nvmlDeviceGetTotalEnergyConsumption(h))
-            is not None,
-            mig_mode=_mig_mode(h),
-            compute_mode=_COMPUTE_MODES.get(
-                _optional(lambda h=h: p.nvmlDeviceGetComputeMode(h)), "unknown"),
-            compute_capability=_capability(h),
-        ))  # fmt: skip
+        out.append(
+            GPUInfo(
+                index=i,
+                name=_text(nvml.nvml_call("read the name", p.nvmlDeviceGetName, h)),
+                uuid=_text(nvml.nvml_call("read the UUID", p.nvmlDeviceGetUUID, h)),
+                memory_total_mib=int(
+                    nvml.nvml_call("read memory", p.nvmlDeviceGetMemoryInfo, h).total // 2**20
+                ),
+                power_w=_optional(lambda h=h: p.nvmlDeviceGetPowerUsage(h) / 1000.0),
+                energy_counter=_optional(lambda h=h: p.nvmlDeviceGetTotalEnergyConsumption(h))
+                is not None,
+                mig_mode=_mig_mode(h),
+                compute_mode=_COMPUTE_MODES.get(
+                    _optional(lambda h=h: p.nvmlDeviceGetComputeMode(h)), "unknown"
+                ),
+                compute_capability=_capability(h),
+            )
+        )
     return out
 
 
@@ -124,8 +131,14 @@ def sm_counts(env: dict[str, str] | None = None, timeout_s: float = 120.0) -> li
         One count per CUDA device (CUDA's order), or ``[]`` where CUDA is unavailable.
     """
     try:
-        done = subprocess.run([sys.executable, "-c", SM_QUERY], env=env, capture_output=True,
-                              text=True, timeout=timeout_s, check=True)  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-c", SM_QUERY],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=True,
+        )
         return [int(x) for x in json.loads(done.stdout.strip().splitlines()[-1])]
     except (subprocess.SubprocessError, ValueError, IndexError) as exc:
         logger.warning("could not read SM counts through CUDA: %s", exc)

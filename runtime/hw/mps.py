@@ -84,13 +84,21 @@ class MPSControl:
         if self.binary is None:
             raise MPSUnavailable(f"{CONTROL_BINARY} is not on PATH (no NVIDIA MPS here)")
         try:
-            done = subprocess.run([self.binary, *args], input=stdin, env=self._env(), text=True,
-                                  capture_output=True, timeout=COMMAND_TIMEOUT_S)  # fmt: skip
+            done = subprocess.run(
+                [self.binary, *args],
+                input=stdin,
+                env=self._env(),
+                text=True,
+                capture_output=True,
+                timeout=COMMAND_TIMEOUT_S,
+            )
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise MPSUnavailable(f"MPS control did not {what}: {exc}") from None
         if done.returncode != 0:
-            raise MPSUnavailable(f"MPS control did not {what} (exit {done.returncode}): "
-                                 f"{(done.stderr or done.stdout).strip()}")  # fmt: skip
+            raise MPSUnavailable(
+                f"MPS control did not {what} (exit {done.returncode}): "
+                f"{(done.stderr or done.stdout).strip()}"
+            )
         return done.stdout
 
     def running(self) -> bool:
@@ -107,8 +115,13 @@ class MPSControl:
 
     def state(self) -> MPSState:
         running = self.binary is not None and self.running()
-        return MPSState(self.binary, running, self.pipe_dir if running else None,
-                        self.started_by_us, self.servers() if running else ())  # fmt: skip
+        return MPSState(
+            self.binary,
+            running,
+            self.pipe_dir if running else None,
+            self.started_by_us,
+            self.servers() if running else (),
+        )
 
     def start(self) -> MPSState:
         """Reuses a running daemon or starts a private one.
@@ -130,8 +143,10 @@ class MPSControl:
         deadline = time.monotonic() + START_TIMEOUT_S
         while not self.running():
             if time.monotonic() > deadline:
-                raise MPSUnavailable(f"the MPS control daemon started but does not answer on "
-                                     f"{self.pipe_dir}; see {self.log_dir}")  # fmt: skip
+                raise MPSUnavailable(
+                    f"the MPS control daemon started but does not answer on "
+                    f"{self.pipe_dir}; see {self.log_dir}"
+                )
             time.sleep(0.1)
         self.started_by_us = True
         logger.info("started an MPS control daemon on %s", self.pipe_dir)

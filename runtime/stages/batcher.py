@@ -130,8 +130,10 @@ class Batcher:
         first = self.blocks[0]
         for name, array in block.items():
             if array.dtype != first[name].dtype or array.shape[1:] != first[name].shape[1:]:
-                return f"{name} is {array.dtype}{array.shape[1:]}, queued rows have " \
-                       f"{first[name].dtype}{first[name].shape[1:]}"  # fmt: skip
+                return (
+                    f"{name} is {array.dtype}{array.shape[1:]}, queued rows have "
+                    f"{first[name].dtype}{first[name].shape[1:]}"
+                )
         return None
 
     def evict_partial(self, before: int | None = None) -> None:
@@ -153,8 +155,9 @@ class Batcher:
         """A full batch is queued."""
         return self.queued_rows >= self.batch_rows
 
-    def take(self, version: int, max_lag: int, rows: int | None = None,
-             floor_version: int = 0) -> Taken:  # fmt: skip
+    def take(
+        self, version: int, max_lag: int, rows: int | None = None, floor_version: int = 0
+    ) -> Taken:
         """Removes up to ``rows`` (default ``batch_rows``) rows from the queue as one batch.
 
         Rows whose oldest step was sampled more than ``max_lag`` versions before ``version``,

@@ -76,8 +76,9 @@ def _die_with_parent() -> None:
     runner = multiprocessing.parent_process()  # its pid, recorded when this process spawned
     libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
     if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-        logging.getLogger(__name__).warning("prctl(PR_SET_PDEATHSIG) failed: errno %d",
-                                            ctypes.get_errno())  # fmt: skip
+        logging.getLogger(__name__).warning(
+            "prctl(PR_SET_PDEATHSIG) failed: errno %d", ctypes.get_errno()
+        )
     if runner is not None and os.getppid() != runner.pid:  # it died before prctl took effect
         os._exit(1)
 
@@ -117,8 +118,9 @@ class LiveSettings:
         epoch = wire.meta_int(msg.meta, "epoch")
         if epoch <= self.epoch:
             return None
-        out = {k: msg.meta.get(k) for k in ("chunk_bytes", "batch_size",
-                                            "inflight_steps_per_actor")}  # fmt: skip
+        out = {
+            k: msg.meta.get(k) for k in ("chunk_bytes", "batch_size", "inflight_steps_per_actor")
+        }
         for key, value in out.items():
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise wire.ProtocolError(f"live {key}={value!r}: must be an integer >= 1")

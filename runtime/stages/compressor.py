@@ -69,8 +69,15 @@ class Compressor:
         self.eos_seen: set[str] = set()
         self.expect: dict[str, int] | None = None
         self.last_input = time.monotonic()
-        self.counters = {"messages_in": 0, "bytes_in": 0, "messages": 0, "bytes": 0,
-                         "chunks": 0, "rollouts": 0, "rejected_rollouts": 0}  # fmt: skip
+        self.counters = {
+            "messages_in": 0,
+            "bytes_in": 0,
+            "messages": 0,
+            "bytes": 0,
+            "chunks": 0,
+            "rollouts": 0,
+            "rejected_rollouts": 0,
+        }
 
     # --- ingestion -----------------------------------------------------------------------
 
@@ -148,8 +155,15 @@ class Compressor:
             name = self.pending[0].channels[ci][0]
             arrays = [r.channels[ci][1] for r in self.pending]
             data = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
-            meta = {"ch": name, "ci": ci, "nch": nch, "chunk": chunk, "rollouts": rollouts,
-                    "steps": steps, "rows": rows}  # fmt: skip
+            meta = {
+                "ch": name,
+                "ci": ci,
+                "nch": nch,
+                "chunk": chunk,
+                "rollouts": rollouts,
+                "steps": steps,
+                "rows": rows,
+            }
             self.counters["bytes"] += wire.send_msg(self.push, wire.MsgType.CHUNK, meta, [data])
             self.counters["messages"] += 1
         self.counters["chunks"] += 1
@@ -159,11 +173,16 @@ class Compressor:
     def snapshot(self, final: bool = False) -> dict[str, object]:
         """Counters for telemetry; ``final`` marks the last report after a drain."""
         incomplete = sum(r.steps for r in self.partial.values())
-        return {**self.counters, "malformed": self.malformed.count,
-                "complete_steps": dict(self.complete_steps),
-                "incomplete_steps": incomplete, "incomplete_rollouts": len(self.partial),
-                "chunk_bytes": self.chunk_bytes, "live_epoch": self.live.epoch,
-                "final": final}  # fmt: skip
+        return {
+            **self.counters,
+            "malformed": self.malformed.count,
+            "complete_steps": dict(self.complete_steps),
+            "incomplete_steps": incomplete,
+            "incomplete_rollouts": len(self.partial),
+            "chunk_bytes": self.chunk_bytes,
+            "live_epoch": self.live.epoch,
+            "final": final,
+        }
 
     # --- loop ----------------------------------------------------------------------------
 
@@ -190,8 +209,12 @@ class Compressor:
         if settings is not None:
             self.chunk_bytes = settings["chunk_bytes"]
             self.chunk_timeout_s = settings["chunk_timeout_s"]
-            logger.info("compressor: chunks of %d bytes, %.3f s timeout (live epoch %d)",
-                        self.chunk_bytes, self.chunk_timeout_s, self.live.epoch)  # fmt: skip
+            logger.info(
+                "compressor: chunks of %d bytes, %.3f s timeout (live epoch %d)",
+                self.chunk_bytes,
+                self.chunk_timeout_s,
+                self.live.epoch,
+            )
         if msg.type is wire.MsgType.CONTROL and msg.meta.get("cmd") == "drain":
             if self.expect is None:
                 self.last_input = time.monotonic()
@@ -228,8 +251,9 @@ class Compressor:
         if self.partial:
             logger.warning(
                 "compressor: %d incomplete rollouts (%d steps) from actors that died mid-send",
-                len(self.partial), sum(r.steps for r in self.partial.values()),
-            )  # fmt: skip
+                len(self.partial),
+                sum(r.steps for r in self.partial.values()),
+            )
         wire.send_msg(self.push, wire.MsgType.EOS, {"stage": "compressor"})
         if self.stats is not None:
             self.stats.send(self.snapshot(final=True))

@@ -88,9 +88,15 @@ class Dispenser:
         rid = RolloutId(self.actor, self.incarnation, self.seq)
         for index, name in enumerate(CHANNELS):
             meta = {
-                "ch": name, "ci": index, "nch": len(CHANNELS), "actor": rid.actor,
-                "inc": rid.incarnation, "seq": rid.seq, "steps": steps, "rows": rows[name],
-            }  # fmt: skip
+                "ch": name,
+                "ci": index,
+                "nch": len(CHANNELS),
+                "actor": rid.actor,
+                "inc": rid.incarnation,
+                "seq": rid.seq,
+                "steps": steps,
+                "rows": rows[name],
+            }
             self.bytes += wire.send_msg(self.sock, wire.MsgType.ROLLOUT, meta, [rollout[name]])
             self.messages += 1
         self.seq += 1

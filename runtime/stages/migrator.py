@@ -75,9 +75,14 @@ class Migrator:
     """
 
     def __init__(
-        self, pull: zmq.Socket, router: zmq.Socket, stats: StatsSender | None, n_trainers: int,
-        receipts: zmq.Socket | None = None, control: zmq.Socket | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        pull: zmq.Socket,
+        router: zmq.Socket,
+        stats: StatsSender | None,
+        n_trainers: int,
+        receipts: zmq.Socket | None = None,
+        control: zmq.Socket | None = None,
+    ) -> None:
         self.pull, self.router, self.stats = pull, router, stats
         self.receipts, self.control = receipts, control
         self.n_trainers = n_trainers
@@ -191,8 +196,12 @@ class Migrator:
         since = now - self._receipts_sent
         if (self._receipts_changed and since >= RECEIPT_INTERVAL_S) or since >= RECEIPT_REFRESH_S:
             with contextlib.suppress(zmq.Again):  # a slow actor gets the next, newer counts
-                wire.send_msg(self.receipts, wire.MsgType.RECEIPT, {"received": self.received},
-                              flags=zmq.NOBLOCK)  # fmt: skip
+                wire.send_msg(
+                    self.receipts,
+                    wire.MsgType.RECEIPT,
+                    {"received": self.received},
+                    flags=zmq.NOBLOCK,
+                )
             self._receipts_changed = False
             self._receipts_sent = now
 
@@ -203,12 +212,23 @@ class Migrator:
         return min(ready, key=lambda t: (t.queued_steps, -t.credits))
 
     def snapshot(self, final: bool = False) -> dict[str, object]:
-        per_trainer = {t.identity.decode(errors="replace"): {
-            "chunks": t.chunks, "steps": t.steps, "credits": t.credits,
-            "queued_steps": t.queued_steps} for t in self.trainers.values()}  # fmt: skip
-        return {**self.counters, "pending": len(self.pending), "malformed": self.malformed.count,
-                "trainers": per_trainer, "retired_generations": sorted(self.retired_generations),
-                "final": final}  # fmt: skip
+        per_trainer = {
+            t.identity.decode(errors="replace"): {
+                "chunks": t.chunks,
+                "steps": t.steps,
+                "credits": t.credits,
+                "queued_steps": t.queued_steps,
+            }
+            for t in self.trainers.values()
+        }
+        return {
+            **self.counters,
+            "pending": len(self.pending),
+            "malformed": self.malformed.count,
+            "trainers": per_trainer,
+            "retired_generations": sorted(self.retired_generations),
+            "final": final,
+        }
 
     def _active(self) -> list[_Trainer]:
         return [t for t in self.trainers.values() if not t.retiring]
@@ -249,8 +269,9 @@ class Migrator:
             if msg.type is not wire.MsgType.CONTROL or msg.meta.get("cmd") != "retire":
                 continue  # drain and exit are for other services / after the run
             try:
-                self.retire(wire.meta_int(msg.meta, "generation"),
-                            wire.meta_int(msg.meta, "next_trainers"))  # fmt: skip
+                self.retire(
+                    wire.meta_int(msg.meta, "generation"), wire.meta_int(msg.meta, "next_trainers")
+                )
             except wire.ProtocolError as exc:
                 self.malformed.drop(exc)
                 continue

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from runtime.energy.gpu import NullGPUEnergy
 from bench import gpu_idle_power
+from runtime.energy.gpu import NullGPUEnergy
 
 
 def test_without_a_readable_gpu_it_says_so(monkeypatch):
@@ -25,8 +25,10 @@ def test_bad_durations_are_refused(capsys):
 @pytest.mark.gpu
 def test_an_idle_context_draws_at_least_the_bare_gpu(tmp_path):
     out = tmp_path / "idle.json"
-    assert gpu_idle_power.main(["--seconds", "2", "--settle-s", "2", "--no-mps",
-                                "--out", str(out)]) == 0  # fmt: skip
+    assert (
+        gpu_idle_power.main(["--seconds", "2", "--settle-s", "2", "--no-mps", "--out", str(out)])
+        == 0
+    )
     rows = json.loads(out.read_text())["mean_w"]
     bare, held = rows["no context"], rows["idle context"]
     assert set(bare) == set(held) and all(0 < bare[g] <= held[g] * 1.05 for g in bare)

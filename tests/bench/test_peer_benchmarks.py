@@ -17,13 +17,20 @@ from bench import compare, compare_arms
 
 
 def bench(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True,
-                          timeout=timeout)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", *args], capture_output=True, text=True, timeout=timeout
+    )
 
 
 def config(path, **fields) -> str:
-    doc = {"env": "Pendulum-v1", "actors": 1, "envs_per_actor": 4, "batch_size": 512,
-           "trainer_device": "cpu", **fields}  # fmt: skip
+    doc = {
+        "env": "Pendulum-v1",
+        "actors": 1,
+        "envs_per_actor": 4,
+        "batch_size": 512,
+        "trainer_device": "cpu",
+        **fields,
+    }
     path.write_text(json.dumps(doc))
     return str(path)
 
@@ -35,11 +42,30 @@ def test_compare_arms_then_report(tmp_path):
     ``train --tune``, both run end to end by the CLI's and the tuner's tests; their commands,
     the final-third window and labelled exported arms are checked below.)"""
     out = tmp_path / "run"
-    proc = bench("bench.compare", "run", "--env", "Pendulum-v1", "--policy", "auto:32:auto",
-                 "--seconds", "4", "--startup-s", "6", "--warmup-s", "1", "--settle-s", "0",
-                 "--peer-rollout", "256",
-                 "--arms", "limit,sb3-cpu,cleanrl,exported",
-                 "--exported", config(tmp_path / "a.json"), "--out", str(out))  # fmt: skip
+    proc = bench(
+        "bench.compare",
+        "run",
+        "--env",
+        "Pendulum-v1",
+        "--policy",
+        "auto:32:auto",
+        "--seconds",
+        "4",
+        "--startup-s",
+        "6",
+        "--warmup-s",
+        "1",
+        "--settle-s",
+        "0",
+        "--peer-rollout",
+        "256",
+        "--arms",
+        "limit,sb3-cpu,cleanrl,exported",
+        "--exported",
+        config(tmp_path / "a.json"),
+        "--out",
+        str(out),
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     docs = [p for p in out.glob("Pendulum-v1-*.json") if not p.name.endswith(".result.json")]
     arms = {p.stem.split("-", 2)[-1]: json.loads(p.read_text()) for p in docs}
@@ -54,8 +80,16 @@ def test_compare_arms_then_report(tmp_path):
     assert arms["exported"]["config"]["envs_per_actor"] == 4
     assert arms["exported"]["lost_steps"] == 0
     md, plots = tmp_path / "table.md", tmp_path / "plots"
-    proc = bench("bench.compare", "report", "--dir", str(tmp_path), "--markdown", str(md),
-                 "--plots", str(plots))  # fmt: skip
+    proc = bench(
+        "bench.compare",
+        "report",
+        "--dir",
+        str(tmp_path),
+        "--markdown",
+        str(md),
+        "--plots",
+        str(plots),
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     goals = json.loads(proc.stdout)
     (group,) = goals.values()
@@ -71,8 +105,14 @@ def test_labelled_exported_arms_run_their_own_files(tmp_path):
     a_file, b_file = config(tmp_path / "a.json"), config(tmp_path / "b.json", envs_per_actor=8)
     exports = compare_arms.exported_arms([a_file, f"two={b_file}"])
     assert exports == {"exported": tmp_path / "a.json", "exported-two": tmp_path / "b.json"}
-    a = argparse.Namespace(env="Pendulum-v1", policy="auto:32:auto", seconds=5.0, startup_s=4.0,
-                           exports=exports, peer_rollout=512)  # fmt: skip
+    a = argparse.Namespace(
+        env="Pendulum-v1",
+        policy="auto:32:auto",
+        seconds=5.0,
+        startup_s=4.0,
+        exports=exports,
+        peer_rollout=512,
+    )
     for peer in ("sb3-cpu", "cleanrl"):
         cmd = compare_arms.arm_command(peer, a, tmp_path / "p.jsonl", tmp_path / "r.json")
         assert cmd[cmd.index("--rollout") + 1] == "512"
@@ -115,8 +155,10 @@ def test_report_of_the_stored_numpy_actor_runs_keeps_the_quoted_ratios(tmp_path)
     for run in ("run1", "run2", "run3"):
         shutil.copytree(src / run, tmp_path / run)
     doc = report(tmp_path, None, None)
-    ratios = {g["run"]: {arm: round(r["steps_per_joule_vs_limit"], 2)
-                         for arm, r in g["ratios"].items()} for g in doc["groups"]}  # fmt: skip
+    ratios = {
+        g["run"]: {arm: round(r["steps_per_joule_vs_limit"], 2) for arm, r in g["ratios"].items()}
+        for g in doc["groups"]
+    }
     assert ratios == {
         "run1": {"limit": 1.0, "exported": 0.84, "exported-cpu": 0.92},
         "run2": {"limit": 1.0, "exported": 0.73, "exported-cpu": 0.7},
@@ -174,14 +216,24 @@ def test_a_limit_measured_again_gives_the_mean_and_its_drift(tmp_path):
 
 def test_tuned_arm_command_and_final_third_window(tmp_path):
     a = argparse.Namespace(
-        env="Pendulum-v1", policy="auto:32:auto", seconds=5.0, startup_s=4.0, tuned_s=30.0,
-        knob=["batch_size=512,1024"], out=str(tmp_path), exports={}, peer_rollout=2048)  # fmt: skip
+        env="Pendulum-v1",
+        policy="auto:32:auto",
+        seconds=5.0,
+        startup_s=4.0,
+        tuned_s=30.0,
+        knob=["batch_size=512,1024"],
+        out=str(tmp_path),
+        exports={},
+        peer_rollout=2048,
+    )
     cmd = compare_arms.arm_command("tuned", a, tmp_path / "p.jsonl", tmp_path / "r.json")
     assert cmd[cmd.index("--max-wall-s") + 1] == "30.0" and "--tune" in cmd
     assert cmd[cmd.index("--knob") + 1] == "batch_size=512,1024"
     assert cmd[cmd.index("--storage") + 1] == f"sqlite:///{tmp_path.resolve()}/tuned.db"
-    rows = [{"t": t, "steps": s} for t, s in ((0, 0), (10, 100), (20, 1100), (30, 2100),
-                                              (40, 4100), (49, 6000))]  # fmt: skip
+    rows = [
+        {"t": t, "steps": s}
+        for t, s in ((0, 0), (10, 100), (20, 1100), (30, 2100), (40, 4100), (49, 6000))
+    ]
     first, last = compare.window(rows, warmup_s=2, final_third=True)
     assert (first["t"], last["t"]) == (40, 49)  # the trained span 10..49: its last 13 s
     first, last = compare.window(rows, warmup_s=2, final_third=False)
@@ -196,9 +248,20 @@ def test_learning_runs_resume_and_report(tmp_path, capsys):
     command; then the report. (The cleanrl arm's command is checked below; the peer itself
     runs in the compare test.)"""
     out = tmp_path / "learn"
-    common = ["bench.learning", "run", "--env", "Pendulum-v1", "--policy", "auto:32:auto",
-              "--out", str(out), "--ours-args", "--batch-size 512 --envs-per-actor 4",
-              "--peer-rollout", "256"]  # fmt: skip
+    common = [
+        "bench.learning",
+        "run",
+        "--env",
+        "Pendulum-v1",
+        "--policy",
+        "auto:32:auto",
+        "--out",
+        str(out),
+        "--ours-args",
+        "--batch-size 512 --envs-per-actor 4",
+        "--peer-rollout",
+        "256",
+    ]
     # sb3: stopped by --max-wall-s (its --seconds start at its training), then resumed to the end;
     # rollouts of 256 so that it trains some in 2 s on a loaded machine (2048 trained none once)
     long = [*common, "--arms", "sb3", "--seeds", "7", "--steps", "8192"]
@@ -233,13 +296,25 @@ def test_learning_runs_resume_and_report(tmp_path, capsys):
             r["steps"] for r in read_progress(out / f"Pendulum-v1-{arm}-seed7.progress.jsonl")
         ]
         assert steps_seen == sorted(steps_seen) and steps_seen[0] == 0 and steps_seen[-1] >= last
-    assert first["trained_steps"] in [r["steps"] for r in read_progress(
-        out / "Pendulum-v1-sb3-seed7.progress.jsonl")]  # fmt: skip
-    assert reached[0] in [r["steps"] for r in read_progress(
-        out / "Pendulum-v1-ours-seed7.progress.jsonl")]  # fmt: skip
+    assert first["trained_steps"] in [
+        r["steps"] for r in read_progress(out / "Pendulum-v1-sb3-seed7.progress.jsonl")
+    ]
+    assert reached[0] in [
+        r["steps"] for r in read_progress(out / "Pendulum-v1-ours-seed7.progress.jsonl")
+    ]
     md = tmp_path / "t.md"
-    proc = bench("bench.learning", "report", "--dir", str(out), "--at", "2048,4096", "--markdown",
-                 str(md), "--plot", str(tmp_path / "r.png"))  # fmt: skip
+    proc = bench(
+        "bench.learning",
+        "report",
+        "--dir",
+        str(out),
+        "--at",
+        "2048,4096",
+        "--markdown",
+        str(md),
+        "--plot",
+        str(tmp_path / "r.png"),
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = {r["arm"]: r for r in json.loads(proc.stdout)}
     assert rows["ours"]["seeds"] == [7] and rows["ours"]["4096"]["n"] == 1
@@ -267,8 +342,19 @@ def test_compare_refuses_bad_input(tmp_path, args, message):
 
 def test_compare_exported_twice_refused(tmp_path):
     cfg = config(tmp_path / "a.json")
-    proc = bench("bench.compare", "run", "--arms", "exported", "--exported", cfg, "--exported",
-                 cfg, "--out", str(tmp_path / "o"), timeout=60)  # fmt: skip
+    proc = bench(
+        "bench.compare",
+        "run",
+        "--arms",
+        "exported",
+        "--exported",
+        cfg,
+        "--exported",
+        cfg,
+        "--out",
+        str(tmp_path / "o"),
+        timeout=60,
+    )
     assert "the arm 'exported' is given twice" in proc.stderr
 
 
@@ -294,9 +380,17 @@ def test_learning_refuses_bad_input(tmp_path, args, message):
 def test_learning_arm_commands(tmp_path):
     from bench import learning
 
-    a = argparse.Namespace(env="Ant-v5", steps=3000, policy="auto:256:128:64:auto", config=None,
-                           ours_args="--lr 3e-4", max_wall_s=60.0, peer_device="cpu",
-                           peer_envs=2, peer_rollout=1024)  # fmt: skip
+    a = argparse.Namespace(
+        env="Ant-v5",
+        steps=3000,
+        policy="auto:256:128:64:auto",
+        config=None,
+        ours_args="--lr 3e-4",
+        max_wall_s=60.0,
+        peer_device="cpu",
+        peer_envs=2,
+        peer_rollout=1024,
+    )
     result = tmp_path / "Ant-v5-x-seed1.result.json"
     for arm, module in (("sb3", "bench.peers.sb3_ppo"), ("cleanrl", "bench.peers.cleanrl_ppo")):
         cmd = learning.run_command(arm, 1, 3, a, tmp_path / "p.jsonl", result)

@@ -26,8 +26,11 @@ def _train_args(argv: list[str]):
 
 def test_train_config_takes_the_file_and_the_flags_given_over_it(tmp_path):
     path = tmp_path / "c.json"
-    path.write_text(json.dumps({"env": "CartPole-v1", "actors": 3, "envs_per_actor": 4,
-                                "trainer_device": "cpu"}))  # fmt: skip
+    path.write_text(
+        json.dumps(
+            {"env": "CartPole-v1", "actors": 3, "envs_per_actor": 4, "trainer_device": "cpu"}
+        )
+    )
     cfg = train_config(_train_args(["--config", str(path), "--envs-per-actor", "6"]))
     assert (cfg.env, cfg.actors, cfg.envs_per_actor) == ("CartPole-v1", 3, 6)
     assert train_config(_train_args(["--actors", "5"])).actors == 5  # no file: the flags
@@ -54,15 +57,26 @@ def test_cpu_split_shares_a_busy_process():
 
 
 def _dry_run(part: str, tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", "bench/device_compare.sh", part], cwd=ROOT,
-                          env={**os.environ, "PYTHON": "echo", "OUT": str(tmp_path), **env},
-                          capture_output=True, text=True, timeout=30)  # fmt: skip
+    return subprocess.run(
+        ["bash", "bench/device_compare.sh", part],
+        cwd=ROOT,
+        env={**os.environ, "PYTHON": "echo", "OUT": str(tmp_path), **env},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
 
 
 def test_device_compare_others_picks_workloads_rounds_and_own_exports(tmp_path):
     (tmp_path / "humanoid-export.json").write_text("{}")
-    out = _dry_run("others", tmp_path / "o", OTHERS="humanoid ant-heavy", ROUNDS="2",
-                   OWN_EXPORTS=str(tmp_path), ARMS="limit,exported")  # fmt: skip
+    out = _dry_run(
+        "others",
+        tmp_path / "o",
+        OTHERS="humanoid ant-heavy",
+        ROUNDS="2",
+        OWN_EXPORTS=str(tmp_path),
+        ARMS="limit,exported",
+    )
     runs = [x for x in out.stdout.splitlines() if x.startswith("-m bench.compare run")]
     assert len(runs) == 4, out.stdout + out.stderr
     assert all("--limit-again" in x and "--arms limit,exported" in x for x in runs)

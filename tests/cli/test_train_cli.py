@@ -13,17 +13,31 @@ import pytest
 pytestmark = pytest.mark.slow
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
-TOP_KEYS = {"env", "env_steps", "sampled_steps", "discarded_steps", "lost_steps", "wall_s",
-            "steps_per_s", "energy", "steps_per_joule", "return_mean", "policy_lag", "config",
-            "stages"}  # fmt: skip
+TOP_KEYS = {
+    "env",
+    "env_steps",
+    "sampled_steps",
+    "discarded_steps",
+    "lost_steps",
+    "wall_s",
+    "steps_per_s",
+    "energy",
+    "steps_per_joule",
+    "return_mean",
+    "policy_lag",
+    "config",
+    "stages",
+}
 
 
 def run_cli(tmp_path, *args: str) -> dict:
     out = tmp_path / "out.json"
     proc = subprocess.run(
         [sys.executable, "-m", "autotune.cli", "train", "--quiet", "--json", str(out), *args],
-        capture_output=True, text=True, timeout=240,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "steps per joule" in proc.stdout  # the summary table
     return json.loads(out.read_text())
@@ -45,8 +59,17 @@ def test_cartpole_json_has_the_documented_shape(tmp_path):
 
 
 def test_pendulum_continuous_control_smoke(tmp_path):
-    r = run_cli(tmp_path, "--env", "Pendulum-v1", "--steps", "8192", "--actors", "1",
-                "--reward-scale", "0.1")  # fmt: skip
+    r = run_cli(
+        tmp_path,
+        "--env",
+        "Pendulum-v1",
+        "--steps",
+        "8192",
+        "--actors",
+        "1",
+        "--reward-scale",
+        "0.1",
+    )
     assert r["env_steps"] >= 8192 and r["lost_steps"] == 0
     assert r["return_mean"] is not None and math.isfinite(r["return_mean"])
     assert r["config"]["learner"]["reward_scale"] == 0.1
@@ -54,10 +77,20 @@ def test_pendulum_continuous_control_smoke(tmp_path):
 
 def test_python_api_example_runs(tmp_path):
     proc = subprocess.run(
-        [sys.executable, str(EXAMPLES / "train_api.py"), "--env", "CartPole-v1", "--steps", "3000",
-         "--actors", "1"],
-        capture_output=True, text=True, timeout=240,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(EXAMPLES / "train_api.py"),
+            "--env",
+            "CartPole-v1",
+            "--steps",
+            "3000",
+            "--actors",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout[proc.stdout.index("{") :])
     assert summary["env_steps"] >= 3000 and summary["lost_steps"] == 0

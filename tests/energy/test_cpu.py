@@ -100,9 +100,17 @@ def cpu_times(busy_s: float, idle_s: float) -> types.SimpleNamespace:
     """A cpu_times() result whose busy fields sum to ``busy_s``."""
     share = busy_s / 6
     return types.SimpleNamespace(
-        user=share, nice=share, system=share, irq=share, softirq=share, steal=share,
-        idle=idle_s, iowait=idle_s, guest=1e6, guest_nice=1e6,
-    )  # fmt: skip
+        user=share,
+        nice=share,
+        system=share,
+        irq=share,
+        softirq=share,
+        steal=share,
+        idle=idle_s,
+        iowait=idle_s,
+        guest=1e6,
+        guest_nice=1e6,
+    )
 
 
 def test_model_energy_is_watts_times_busy_seconds(monkeypatch: pytest.MonkeyPatch) -> None:

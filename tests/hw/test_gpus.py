@@ -18,8 +18,12 @@ def test_no_nvml_means_no_gpus(monkeypatch):
 
 def test_cli_gpu_reports_what_it_found(tmp_path):
     out = tmp_path / "gpu.json"
-    proc = subprocess.run([sys.executable, "-m", "autotune.cli", "gpu", "--json", str(out)],
-                          capture_output=True, text=True, timeout=180)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "autotune.cli", "gpu", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(out.read_text())
     assert set(doc) == {"gpus", "mps"}
@@ -34,15 +38,22 @@ def test_inventory_on_a_real_gpu_reads_energy_counter_and_sms():
     found = gpus.list_gpus()
     assert found and all(g.memory_total_mib > 0 for g in found)
     assert all(g.mig_mode in ("enabled", "disabled", "unsupported") for g in found)
-    assert all(g.compute_capability is not None and g.compute_capability >= (3, 0)
-               for g in found)  # fmt: skip
+    assert all(g.compute_capability is not None and g.compute_capability >= (3, 0) for g in found)
     assert gpus.sm_counts()[0] > 0
 
 
 def _gpu(name, capability):
-    return gpus.GPUInfo(index=0, name=name, uuid="GPU-x", memory_total_mib=16384, power_w=None,
-                        energy_counter=True, mig_mode="unsupported", compute_mode="default",
-                        compute_capability=capability)  # fmt: skip
+    return gpus.GPUInfo(
+        index=0,
+        name=name,
+        uuid="GPU-x",
+        memory_total_mib=16384,
+        power_w=None,
+        energy_counter=True,
+        mig_mode="unsupported",
+        compute_mode="default",
+        compute_capability=capability,
+    )
 
 
 def test_bf16_is_refused_only_where_no_gpu_has_capability_8():

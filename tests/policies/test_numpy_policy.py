@@ -28,8 +28,9 @@ def trained_model(discrete: bool, normalize: bool = True) -> ActorCritic:
 def test_values_and_log_probs_match_the_torch_model(discrete, normalize):
     model = trained_model(discrete, normalize)
     policy = NumpyPolicy(discrete, normalize, *model.state_arrays(), seed=0)
-    obs = (np.random.default_rng(1).standard_normal((64, model.obs_norm.mean.shape[0])) * 30
-           ).astype(np.float32)  # fmt: skip  # far outside the clip range too
+    obs = (
+        np.random.default_rng(1).standard_normal((64, model.obs_norm.mean.shape[0])) * 30
+    ).astype(np.float32)  # far outside the clip range too
     with torch.no_grad():
         want_v = model.value(obs)
         actions, logp = policy.act(obs)
@@ -69,8 +70,10 @@ def test_discrete_samples_follow_the_softmax():
 def test_seeds_give_repeatable_and_distinct_streams():
     arrays = trained_model(False).state_arrays()
     obs = np.zeros((8, 11), np.float32)
-    a = [NumpyPolicy(False, True, *arrays, seed=np.random.SeedSequence([0, i, 0])).act(obs)[0]
-         for i in (0, 0, 1)]  # fmt: skip
+    a = [
+        NumpyPolicy(False, True, *arrays, seed=np.random.SeedSequence([0, i, 0])).act(obs)[0]
+        for i in (0, 0, 1)
+    ]
     assert np.array_equal(a[0], a[1]) and not np.array_equal(a[0], a[2])
 
 

@@ -38,8 +38,14 @@ def test_vtrace_on_policy_gives_discounted_returns():
     dones = (rng.random((n, t)) < 0.2).astype(float)
     values, bootstrap = rng.normal(size=(n, t)), rng.normal(size=n)
     logp = torch.tensor(rng.normal(size=(n, t)))
-    ret = vtrace(logp, logp, torch.tensor(rewards), torch.tensor(values),
-                 torch.tensor(bootstrap), torch.tensor(gamma * (1 - dones)))  # fmt: skip
+    ret = vtrace(
+        logp,
+        logp,
+        torch.tensor(rewards),
+        torch.tensor(values),
+        torch.tensor(bootstrap),
+        torch.tensor(gamma * (1 - dones)),
+    )
     np.testing.assert_allclose(ret.vs.numpy(), reference_returns(rewards, dones, bootstrap, gamma))
 
 
@@ -65,9 +71,14 @@ def bandit_batch(model: ActorCritic, n: int = 64, t: int = 4) -> dict[str, np.nd
     obs = np.zeros((n, t + 1, 2), np.float32)
     actions, logp = model.act(obs[:, :t].reshape(-1, 2))
     actions, logp = actions.reshape(n, t), logp.reshape(n, t)
-    return {"obs": obs, "actions": actions, "rewards": (actions == 1).astype(np.float32),
-            "dones": np.ones((n, t), np.uint8), "logp": logp,
-            "versions": np.zeros((n, t), np.int32)}  # fmt: skip
+    return {
+        "obs": obs,
+        "actions": actions,
+        "rewards": (actions == 1).astype(np.float32),
+        "dones": np.ones((n, t), np.uint8),
+        "logp": logp,
+        "versions": np.zeros((n, t), np.int32),
+    }
 
 
 @pytest.mark.parametrize("discrete", [True, False])
@@ -82,9 +93,14 @@ def test_learner_improves_the_policy_and_reports_lag(discrete):
             obs = np.zeros((64, 5, 2), np.float32)
             a, lp = model.act(obs[:, :4].reshape(-1, 2))
             a, lp = a.reshape(64, 4, 1), lp.reshape(64, 4)
-            batch = {"obs": obs, "actions": a, "rewards": -((a[..., 0] - 0.5) ** 2),
-                     "dones": np.ones((64, 4), np.uint8), "logp": lp,
-                     "versions": np.zeros((64, 4), np.int32)}  # fmt: skip
+            batch = {
+                "obs": obs,
+                "actions": a,
+                "rewards": -((a[..., 0] - 0.5) ** 2),
+                "dones": np.ones((64, 4), np.uint8),
+                "logp": lp,
+                "versions": np.zeros((64, 4), np.int32),
+            }
         stats = learner.update(batch)
     assert learner.version == 30
     assert stats.policy_lag_mean == 29 and stats.policy_lag_max == 29
@@ -127,8 +143,15 @@ def test_vtrace_lambda_on_policy_equals_gae():
         acc = rewards[:, i] + disc[:, i] * next_v[:, i] - values[:, i] + disc[:, i] * lam * acc
         gae[:, i] = acc
     zero = torch.zeros(n, t, dtype=torch.float64)
-    ret = vtrace(zero, zero, torch.tensor(rewards), torch.tensor(values), torch.tensor(bootstrap),
-                 torch.tensor(disc), lam=lam)  # fmt: skip
+    ret = vtrace(
+        zero,
+        zero,
+        torch.tensor(rewards),
+        torch.tensor(values),
+        torch.tensor(bootstrap),
+        torch.tensor(disc),
+        lam=lam,
+    )
     np.testing.assert_allclose(ret.vs.numpy(), gae + values)
 
 
@@ -150,9 +173,14 @@ def test_bf16_matmuls_keep_float32_outputs_and_weights_and_stay_close_to_fp32():
     # (the entropy of a Gaussian policy depends on its std alone: no matmul)
     assert model.values(obs).dtype == torch.float32
     before = [p.detach().clone() for p in model.parameters()]
-    batch = {"obs": obs.numpy(), "actions": actions.numpy(), "logp": ref[0].detach().numpy(),
-             "rewards": np.ones((64, 8), np.float32), "dones": np.zeros((64, 8), np.float32),
-             "versions": np.zeros((64, 8), np.int64)}  # fmt: skip
+    batch = {
+        "obs": obs.numpy(),
+        "actions": actions.numpy(),
+        "logp": ref[0].detach().numpy(),
+        "rewards": np.ones((64, 8), np.float32),
+        "dones": np.zeros((64, 8), np.float32),
+        "versions": np.zeros((64, 8), np.int64),
+    }
     stats = APPOLearner(model, APPOConfig(), torch.device("cpu")).update(batch)
     assert stats.steps == 64 * 8 and np.isfinite([stats.loss_pi, stats.loss_v]).all()
     for b, p in zip(before, model.parameters(), strict=True):

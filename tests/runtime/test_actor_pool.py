@@ -34,6 +34,8 @@ def test_initial_weights_are_built_once_per_policy_and_only_for_actor_inference(
 
 def test_an_actor_process_imports_no_torch():
     """Its modules, as a spawned actor imports them (torch costs ~1.7 s of CPU per start)."""
-    code = ("import sys, runtime.actor, runtime.policy_io, policies.numpy_policy; "
-            "sys.exit('torch' in sys.modules)")  # fmt: skip
+    code = (
+        "import sys, runtime.actor, runtime.policy_io, policies.numpy_policy; "
+        "sys.exit('torch' in sys.modules)"
+    )
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0

@@ -16,14 +16,23 @@ def chunk_messages(chunk: int, rows: int, first_row: int, version: int = 0) -> l
     ids = np.arange(first_row, first_row + rows)
     arrays = {
         "obs": np.repeat(ids[:, None, None], T + 1, 1).astype(np.float32),
-        "actions": np.repeat(ids[:, None], T, 1), "rewards": np.ones((rows, T), np.float32),
-        "dones": np.zeros((rows, T), np.uint8), "logp": np.zeros((rows, T), np.float32),
+        "actions": np.repeat(ids[:, None], T, 1),
+        "rewards": np.ones((rows, T), np.float32),
+        "dones": np.zeros((rows, T), np.uint8),
+        "logp": np.zeros((rows, T), np.float32),
         "versions": np.full((rows, T), version, np.int32),
-    }  # fmt: skip
-    meta = {"chunk": chunk, "nch": len(CHANNELS), "steps": rows * T, "rows": rows,
-            "rollouts": [[0, 0, chunk, rows * T, rows]]}  # fmt: skip
-    return [wire.Message(wire.MsgType.CHUNK, {**meta, "ch": n, "ci": i}, [arrays[n]])
-            for i, n in enumerate(CHANNELS)]  # fmt: skip
+    }
+    meta = {
+        "chunk": chunk,
+        "nch": len(CHANNELS),
+        "steps": rows * T,
+        "rows": rows,
+        "rollouts": [[0, 0, chunk, rows * T, rows]],
+    }
+    return [
+        wire.Message(wire.MsgType.CHUNK, {**meta, "ch": n, "ci": i}, [arrays[n]])
+        for i, n in enumerate(CHANNELS)
+    ]
 
 
 def test_a_chunk_counts_only_when_all_channels_arrived_in_any_order():

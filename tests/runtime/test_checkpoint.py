@@ -16,8 +16,14 @@ from runtime.runner import Runner
 
 
 def cfg_for(directory, **over) -> TrainConfig:
-    base = {"steps": 4096, "actors": 2, "envs_per_actor": 4, "rollout_len": 16,
-            "batch_size": 512, "checkpoint": str(directory)}  # fmt: skip
+    base = {
+        "steps": 4096,
+        "actors": 2,
+        "envs_per_actor": 4,
+        "rollout_len": 16,
+        "batch_size": 512,
+        "checkpoint": str(directory),
+    }
     return TrainConfig(**{**base, **over})
 
 
@@ -46,8 +52,9 @@ def test_a_second_run_goes_on_from_the_first_and_loses_nothing(tmp_path):
     assert list(runner.telemetry.returns) == kept["returns"]
     assert runner.resumed_episodes == first["episodes"]
     second = runner.run()
-    assert second["sampled_steps"] == (second["env_steps"] + second["discarded_steps"]
-                                       + second["lost_steps"])  # fmt: skip
+    assert second["sampled_steps"] == (
+        second["env_steps"] + second["discarded_steps"] + second["lost_steps"]
+    )
     assert second["lost_steps"] == 0
     # the budget counts both runs: this one stopped sampling at the first tick that saw the
     # 4096 steps left of it trained (the drain then trains what was in flight, more on a

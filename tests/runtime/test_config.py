@@ -55,8 +55,10 @@ def test_cli_rejects_bad_input_before_starting_any_process():
     start = time.monotonic()
     proc = subprocess.run(
         [sys.executable, "-m", "autotune.cli", "train", "--actors", "0", "--batch-size", "100"],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2
     assert "actors=0" in proc.stderr and "multiple of rollout_len" in proc.stderr
     assert "Traceback" not in proc.stderr

@@ -61,8 +61,10 @@ def test_gmis_with_uneven_shares_average_by_rows_and_end_bit_identical(tmp_path)
     with mp.Manager() as manager:
         out = manager.dict()
         ctx = mp.get_context("spawn")
-        procs = [ctx.Process(target=_rank, args=(r, rows, str(tmp_path / "pg"), out))
-                 for r in range(len(rows))]  # fmt: skip
+        procs = [
+            ctx.Process(target=_rank, args=(r, rows, str(tmp_path / "pg"), out))
+            for r in range(len(rows))
+        ]
         for p in procs:
             p.start()
         for p in procs:
@@ -88,8 +90,11 @@ def test_gmis_with_uneven_shares_average_by_rows_and_end_bit_identical(tmp_path)
 def test_placement_is_gpu_major_and_checks_percentages():
     cfg = TrainConfig(trainer_device="cpu", trainers=3)
     specs = placement.place(cfg)
-    assert [(s.rank, s.gpu, s.mps_pct) for s in specs] == [(0, None, None), (1, None, None),
-                                                            (2, None, None)]  # fmt: skip
+    assert [(s.rank, s.gpu, s.mps_pct) for s in specs] == [
+        (0, None, None),
+        (1, None, None),
+        (2, None, None),
+    ]
     assert placement.layout(specs) == [[0, 1, 2]]
     assert not placement.wants_mps(specs)
     with pytest.raises(ValueError, match="apply to cuda"):
@@ -129,8 +134,14 @@ def assert_nothing_lost(result: dict) -> None:
 
 
 def small(**over) -> TrainConfig:
-    base = {"steps": 24_000, "actors": 2, "envs_per_actor": 4, "rollout_len": 16,
-            "batch_size": 512, "trainer_device": "cpu"}  # fmt: skip
+    base = {
+        "steps": 24_000,
+        "actors": 2,
+        "envs_per_actor": 4,
+        "rollout_len": 16,
+        "batch_size": 512,
+        "trainer_device": "cpu",
+    }
     return TrainConfig(**{**base, **over})
 
 

@@ -43,15 +43,21 @@ class _Served:
         self.raw = self.ctx.socket(zmq.DEALER)
         self.raw.connect("inproc://infer")
         self.client = RemotePolicy(dealer)
-        self.server = InferenceServer(self.cfg, self.info, router, sub, None,
-                                      InferencePlace(gpu, None, {}, 1))  # fmt: skip
+        self.server = InferenceServer(
+            self.cfg, self.info, router, sub, None, InferencePlace(gpu, None, {}, 1)
+        )
         self.thread = threading.Thread(target=self.server.run, args=(control_sub,), daemon=True)
         self.thread.start()
 
     def reference(self) -> ActorCritic:
         torch.manual_seed(self.cfg.seed)
-        return ActorCritic(self.info.obs_dim, self.info.act_dim, self.info.discrete,
-                           self.cfg.policy, self.cfg.learner.normalize_obs)  # fmt: skip
+        return ActorCritic(
+            self.info.obs_dim,
+            self.info.act_dim,
+            self.info.discrete,
+            self.cfg.policy,
+            self.cfg.learner.normalize_obs,
+        )
 
     def close(self) -> None:
         deadline = time.monotonic() + 5
@@ -86,8 +92,9 @@ def test_answers_each_group_with_the_policys_actions_and_values(served):
         np.testing.assert_allclose(logp_a, lp.numpy(), rtol=1e-5, atol=1e-5)
         lp, _, _ = ref.evaluate(torch.from_numpy(obs_b), torch.from_numpy(act_b))
         np.testing.assert_allclose(logp_b, lp.numpy(), rtol=1e-5, atol=1e-5)
-        np.testing.assert_allclose(values, ref.values(torch.from_numpy(obs_b[:2])).numpy(),
-                                   rtol=1e-5, atol=1e-5)  # fmt: skip
+        np.testing.assert_allclose(
+            values, ref.values(torch.from_numpy(obs_b[:2])).numpy(), rtol=1e-5, atol=1e-5
+        )
     snap = served.server.snapshot()
     assert snap["rows"] == 8 and snap["value_rows"] == 2 and snap["requests"] == 3
 
@@ -105,9 +112,12 @@ def test_on_a_gpu_the_answers_match_the_cpu_policy():
         with torch.no_grad():
             lp, _, _ = ref.evaluate(torch.from_numpy(obs), torch.from_numpy(actions))
             np.testing.assert_allclose(logp, lp.numpy(), rtol=1e-4, atol=1e-4)
-            np.testing.assert_allclose(served.client.value(obs),
-                                       ref.values(torch.from_numpy(obs)).numpy(),
-                                       rtol=1e-4, atol=1e-4)  # fmt: skip
+            np.testing.assert_allclose(
+                served.client.value(obs),
+                ref.values(torch.from_numpy(obs)).numpy(),
+                rtol=1e-4,
+                atol=1e-4,
+            )
     finally:
         served.close()
 
@@ -123,8 +133,7 @@ def test_takes_newer_weights_and_says_which_version_acted(served):
     version = 0
     while version != 7:  # PUB/SUB: the first messages may go before the SUB has joined
         assert time.monotonic() < deadline, "the server never took version 7"
-        wire.send_msg(served.weights, wire.MsgType.WEIGHTS, {"version": 7, "names": names},
-                      arrays)  # fmt: skip
+        wire.send_msg(served.weights, wire.MsgType.WEIGHTS, {"version": 7, "names": names}, arrays)
         served.client.request(0, obs)
         _, _, version = served.client.actions(0)
     with torch.no_grad():
@@ -135,8 +144,7 @@ def test_takes_newer_weights_and_says_which_version_acted(served):
 def test_a_malformed_request_is_counted_and_the_server_keeps_serving(served):
     wrong = np.zeros((2, served.info.obs_dim + 1), np.float32)
     wire.send_msg(served.raw, wire.MsgType.INFER, {"tag": 0, "kind": "act"}, [wrong])
-    wire.send_msg(served.raw, wire.MsgType.INFER, {"tag": 1, "kind": "sing"},
-                  [wrong[:, :-1]])  # fmt: skip
+    wire.send_msg(served.raw, wire.MsgType.INFER, {"tag": 1, "kind": "sing"}, [wrong[:, :-1]])
     obs = np.zeros((4, served.info.obs_dim), np.float32)
     served.client.request(0, obs)
     actions, _, _ = served.client.actions(0)
@@ -160,8 +168,15 @@ def test_bad_inference_settings_say_what_is_allowed():
 def test_a_run_with_the_inference_gmi_loses_nothing_and_acts_once_per_step():
     """Pendulum (continuous, truncated at 200 steps, so value requests too): every sampled
     step was acted on by the inference GMI exactly once, and nothing was lost."""
-    cfg = TrainConfig(env="Pendulum-v1", steps=8_000, actors=2, envs_per_actor=4,
-                      rollout_len=16, batch_size=512, inference="gmi")  # fmt: skip
+    cfg = TrainConfig(
+        env="Pendulum-v1",
+        steps=8_000,
+        actors=2,
+        envs_per_actor=4,
+        rollout_len=16,
+        batch_size=512,
+        inference="gmi",
+    )
     result = Runner(cfg, cfg.validate()).run()
     assert result["sampled_steps"] == result["env_steps"] + result["discarded_steps"]
     assert result["lost_steps"] == 0 and result["env_steps"] >= cfg.steps

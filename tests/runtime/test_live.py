@@ -9,17 +9,18 @@ from runtime.runner import Runner
 
 
 def _cfg(**over) -> TrainConfig:
-    base = {"steps": 16_000, "actors": 2, "envs_per_actor": 4, "rollout_len": 16,
-            "batch_size": 512}  # fmt: skip
+    base = {"steps": 16_000, "actors": 2, "envs_per_actor": 4, "rollout_len": 16, "batch_size": 512}
     return TrainConfig(**{**base, **over})
 
 
 @pytest.mark.slow
 def test_actors_added_removed_and_respawned_and_sizes_changed_mid_run_lose_nothing():
     cfg = _cfg()
-    steps = [(2_000, {"actors": 4}),
-             (5_000, {"envs_per_actor": 2, "batch_size": 1024, "chunk_bytes": 64 * 1024}),
-             (8_000, {"actors": 1, "trainers": 2})]  # fmt: skip
+    steps = [
+        (2_000, {"actors": 4}),
+        (5_000, {"envs_per_actor": 2, "batch_size": 1024, "chunk_bytes": 64 * 1024}),
+        (8_000, {"actors": 1, "trainers": 2}),
+    ]
     runner: Runner
 
     def drive(state):

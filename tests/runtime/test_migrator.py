@@ -98,9 +98,11 @@ def test_retire_stops_new_chunks_and_sends_retire_after_the_open_chunk():
     m.on_chunk(*chunk(1, 1))
     m.dispatch()
     sent = [(ident, msg.type, msg.meta.get("chunk")) for ident, msg in router.sent]
-    assert sent == [(b"trainer-0.g0", wire.MsgType.CHUNK, 0),
-                    (b"trainer-0.g0", wire.MsgType.CHUNK, 0),
-                    (b"trainer-0.g0", wire.MsgType.RETIRE, None)]  # fmt: skip
+    assert sent == [
+        (b"trainer-0.g0", wire.MsgType.CHUNK, 0),
+        (b"trainer-0.g0", wire.MsgType.CHUNK, 0),
+        (b"trainer-0.g0", wire.MsgType.RETIRE, None),
+    ]
     assert len(m.pending) == 2  # chunk 1 waits for the next generation, whole
     m.on_trainer(b"trainer-0.g0", credit(2, queued=0))  # a late credit of the retired one
     m.on_trainer(b"trainer-0.g1", credit(1, queued=0))
@@ -115,4 +117,5 @@ def test_a_trainer_of_a_retired_generation_that_says_hello_late_is_retired_at_on
     m.retire(0, next_trainers=1)
     m.on_trainer(b"trainer-1.g0", credit(4, queued=0))
     assert [(ident, msg.type) for ident, msg in router.sent] == [
-        (b"trainer-1.g0", wire.MsgType.RETIRE)]  # fmt: skip
+        (b"trainer-1.g0", wire.MsgType.RETIRE)
+    ]

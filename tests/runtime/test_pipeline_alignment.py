@@ -42,8 +42,16 @@ def shuffled_sender(sock: zmq.Socket, actor: int, rollouts: int, rng: random.Ran
     for seq in range(rollouts):
         r = make_rollout(actor, seq)
         for ci, name in enumerate(CHANNELS):
-            meta = {"ch": name, "ci": ci, "nch": len(CHANNELS), "actor": actor, "inc": 0,
-                    "seq": seq, "steps": K * T, "rows": K}  # fmt: skip
+            meta = {
+                "ch": name,
+                "ci": ci,
+                "nch": len(CHANNELS),
+                "actor": actor,
+                "inc": 0,
+                "seq": seq,
+                "steps": K * T,
+                "rows": K,
+            }
             messages.append((meta, r[name]))
     rng.shuffle(messages)
     for meta, array in messages:
@@ -63,8 +71,11 @@ def dispenser_sender(sock: zmq.Socket, actor: int, rollouts: int) -> None:
 )
 def test_rollouts_come_back_exactly(tmp_path, chunk_bytes, transport):
     ctx = zmq.Context()
-    ep = (topology.Endpoints.ipc(str(tmp_path)) if transport == "ipc"
-          else topology.Endpoints.inproc(f"align-{chunk_bytes}"))  # fmt: skip
+    ep = (
+        topology.Endpoints.ipc(str(tmp_path))
+        if transport == "ipc"
+        else topology.Endpoints.inproc(f"align-{chunk_bytes}")
+    )
     _, control = topology.runner_sockets(ctx, ep)
     compressor = Compressor(*topology.compressor_sockets(ctx, ep), None, chunk_bytes, 0.005)
     pull, router, _, _ = topology.migrator_sockets(ctx, ep)
@@ -109,8 +120,9 @@ def test_rollouts_come_back_exactly(tmp_path, chunk_bytes, transport):
 
     rows = {name: np.concatenate([b[name] for b in batches]) for name in CHANNELS}
     ids = rows["actions"][:, 0]
-    expected = sorted(rollout_id(a, s, e) for a in range(n_actors) for s in range(n_rollouts)
-                      for e in range(K))  # fmt: skip
+    expected = sorted(
+        rollout_id(a, s, e) for a in range(n_actors) for s in range(n_rollouts) for e in range(K)
+    )
     assert sorted(ids.tolist()) == expected  # every row once: nothing lost or duplicated
     for i, rid in enumerate(ids):  # every channel of a row comes from the same rollout row
         a, rem = divmod(int(rid), 10_000)

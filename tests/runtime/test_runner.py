@@ -24,8 +24,7 @@ def assert_nothing_lost(result: dict) -> None:
 
 
 def small_config(**over) -> TrainConfig:
-    base = {"steps": 6_000, "actors": 2, "envs_per_actor": 4, "rollout_len": 16,
-            "batch_size": 512}  # fmt: skip
+    base = {"steps": 6_000, "actors": 2, "envs_per_actor": 4, "rollout_len": 16, "batch_size": 512}
     return TrainConfig(**{**base, **over})
 
 
@@ -76,10 +75,21 @@ def test_an_actor_killed_mid_run_is_restarted_and_its_lost_steps_counted():
 def test_ctrl_c_drains_in_flight_experience_and_writes_the_result(tmp_path):
     out = tmp_path / "r.json"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "autotune.cli", "train", "--steps", "10000000", "--quiet",
-         "--json", str(out)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "autotune.cli",
+            "train",
+            "--steps",
+            "10000000",
+            "--quiet",
+            "--json",
+            str(out),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     time.sleep(12)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
@@ -105,15 +115,19 @@ def test_no_child_outlives_a_runner_that_is_terminated_or_killed(sig):
 
     proc = subprocess.Popen(
         [sys.executable, "-m", "autotune.cli", "train", "--steps", "10000000", "--quiet"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 60
     children: list = []
     while time.monotonic() < deadline and len(children) < 5:  # 3 services + 2 actors
         time.sleep(0.5)
         # only the spawned processes: multiprocessing's resource tracker is a child too
-        children = [c for c in psutil.Process(proc.pid).children(recursive=True)
-                    if "spawn_main" in _cmdline(c)]  # fmt: skip
+        children = [
+            c
+            for c in psutil.Process(proc.pid).children(recursive=True)
+            if "spawn_main" in _cmdline(c)
+        ]
     if len(children) < 5:  # do not leave a 10M-step job running behind a failed test
         for p in [*psutil.Process(proc.pid).children(recursive=True), proc]:
             p.kill()

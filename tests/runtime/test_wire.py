@@ -16,8 +16,12 @@ from runtime.stages.dispenser import Dispenser
 
 
 def test_round_trip_keeps_types_shapes_and_values():
-    arrays = [np.arange(12, dtype=np.float32).reshape(3, 4), np.array([1, 2], np.int64),
-              np.zeros((0, 5), np.uint8), np.array(True)]  # fmt: skip
+    arrays = [
+        np.arange(12, dtype=np.float32).reshape(3, 4),
+        np.array([1, 2], np.int64),
+        np.zeros((0, 5), np.uint8),
+        np.array(True),
+    ]
     msg = wire.decode(wire.encode(wire.MsgType.CHUNK, {"chunk": 3, "ch": "obs"}, arrays))
     assert msg.type is wire.MsgType.CHUNK and msg.meta == {"chunk": 3, "ch": "obs"}
     for got, want in zip(msg.arrays, arrays, strict=True):
@@ -131,8 +135,9 @@ def test_header_fields_of_the_wrong_type_are_protocol_errors_not_crashes(meta):
     with pytest.raises(wire.ProtocolError):
         migrator.on_trainer(b"t", wire.Message(wire.MsgType.CREDIT, {"n": meta.get("actor")}))
     with pytest.raises(wire.ProtocolError):
-        migrator.on_chunk(wire.Message(wire.MsgType.CHUNK, {"chunk": meta.get("actor"), "nch": 1,
-                                                             "steps": 1}), [])  # fmt: skip
+        migrator.on_chunk(
+            wire.Message(wire.MsgType.CHUNK, {"chunk": meta.get("actor"), "nch": 1, "steps": 1}), []
+        )
 
 
 @pytest.mark.parametrize(
@@ -159,11 +164,19 @@ def test_compressor_rejects_a_rollout_whose_layout_cannot_be_trained():
         "dones": (2, 2),
         "logp": (2, 2),
         "versions": (2, 2),
-    }  # fmt: skip  (actions is 1-D: bad)
+    }  # actions is 1-D: bad
     names = list(shapes)
     with pytest.raises(wire.ProtocolError, match="actions has shape"):
         for ci, name in enumerate(names):
-            meta = {"ch": name, "ci": ci, "nch": len(names), "actor": 0, "inc": 0, "seq": 0,
-                    "steps": 4, "rows": 2}  # fmt: skip
+            meta = {
+                "ch": name,
+                "ci": ci,
+                "nch": len(names),
+                "actor": 0,
+                "inc": 0,
+                "seq": 0,
+                "steps": 4,
+                "rows": 2,
+            }
             compressor.handle(wire.Message(wire.MsgType.ROLLOUT, meta, [np.zeros(shapes[name])]))
     assert compressor.complete_steps == {} and compressor.counters["rejected_rollouts"] == 1

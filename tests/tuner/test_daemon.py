@@ -15,8 +15,8 @@ import optuna
 import pytest
 
 from autotune.control import protocol
-from autotune.tuning.counters import Counters
 from autotune.control.status import live_rates
+from autotune.tuning.counters import Counters
 
 CLI = [sys.executable, "-m", "autotune.cli"]
 
@@ -28,8 +28,13 @@ def test_control_endpoints_are_private_or_loopback(tmp_path, monkeypatch):
     assert (tmp_path / "home").stat().st_mode & 0o777 == 0o700
     assert protocol.resolve_endpoint("tcp://localhost:5999") == "tcp://127.0.0.1:5999"
     assert protocol.resolve_endpoint("tcp://[::1]:5999") == "tcp://::1:5999"
-    for bad in ("tcp://0.0.0.0:5999", "tcp://10.1.2.3:5999", "tcp://127.0.0.1", "http://x",
-                "ipc://"):  # fmt: skip
+    for bad in (
+        "tcp://0.0.0.0:5999",
+        "tcp://10.1.2.3:5999",
+        "tcp://127.0.0.1",
+        "http://x",
+        "ipc://",
+    ):
         with pytest.raises(protocol.ControlError, match="not allowed: use ipc://PATH or tcp://127"):
             protocol.resolve_endpoint(bad)
     (tmp_path / "shared").mkdir(mode=0o777)
@@ -52,8 +57,10 @@ def test_control_messages_are_versioned_maps():
 
 
 def test_live_rates_split_gpu_and_cpu_watts():
-    readings = [Counters(0.0, 0, 0.0, 0.0, 0.0, "rapl"), Counters(5.0, 5000, 0.0, 1000.0, 250.0,
-                "rapl")]  # fmt: skip
+    readings = [
+        Counters(0.0, 0, 0.0, 0.0, 0.0, "rapl"),
+        Counters(5.0, 5000, 0.0, 1000.0, 250.0, "rapl"),
+    ]
     rates = live_rates(readings, 10.0)
     assert rates["steps_per_s"] == 1000.0 and rates["gpu_w"] == 200.0 and rates["cpu_w"] == 50.0
     assert rates["steps_per_joule"] == 4.0 and rates["cpu_source"] == "rapl"
@@ -101,13 +108,43 @@ def test_sigkilled_daemon_restarts_and_resumes_the_study_with_no_trial_lost(tmp_
     db, study = tmp_path / "s.db", "killed"
     pid = _daemon_pid(env)
     job = subprocess.Popen(
-        [*CLI, "train", "--tune", "--quiet", "--actors", "2", "--storage", f"sqlite:///{db}",
-         "--study", study, "--tune-window-s", "1", "--tune-warmup-s", "0.5",
-         "--knob", "actors=1..3", "--knob", "envs_per_actor=4,8", "--knob", "trainers=1",
-         "--knob", "trainer_threads=1", "--knob", "batch_size=512,1024,2048",
-         "--max-wall-s", "120", "--steps", "10000000", "--json", str(tmp_path / "r.json")],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        [
+            *CLI,
+            "train",
+            "--tune",
+            "--quiet",
+            "--actors",
+            "2",
+            "--storage",
+            f"sqlite:///{db}",
+            "--study",
+            study,
+            "--tune-window-s",
+            "1",
+            "--tune-warmup-s",
+            "0.5",
+            "--knob",
+            "actors=1..3",
+            "--knob",
+            "envs_per_actor=4,8",
+            "--knob",
+            "trainers=1",
+            "--knob",
+            "trainer_threads=1",
+            "--knob",
+            "batch_size=512,1024,2048",
+            "--max-wall-s",
+            "120",
+            "--steps",
+            "10000000",
+            "--json",
+            str(tmp_path / "r.json"),
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         _wait(lambda: _complete(db, study) >= 2, 50, "2 trials under the first daemon")
         # status from the running daemon: the job, its live rates and its trials

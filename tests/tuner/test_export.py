@@ -9,10 +9,10 @@ import sys
 
 import pytest
 
-from autotune.workflows.export import ExportError, dump, export_doc, load_config
 from autotune.tuning.knobs import Machine, build_space
 from autotune.tuning.offline_study import OfflineStudy, TrainTrials
 from autotune.tuning.storage import open_study
+from autotune.workflows.export import ExportError, dump, export_doc, load_config
 from runtime.config import ConfigError, TrainConfig
 
 
@@ -24,22 +24,40 @@ def _runs(cfg: TrainConfig, warmup_s: float, meter=None):
 
 @pytest.fixture
 def study(tmp_path):
-    space = build_space(Machine(cores=6, gpus=1), ["actors=2,4,6", "envs_per_actor=8,16",
-                                                    "batch_size=1024", "trainers=1",
-                                                    "mps_pct=50", "trainer_device=cuda",
-                                                    "rollout_len=32", "chunk_bytes=262144",
-                                                    "inference=actor",
-                                                    "trainer_threads=1"])  # fmt: skip
+    space = build_space(
+        Machine(cores=6, gpus=1),
+        [
+            "actors=2,4,6",
+            "envs_per_actor=8,16",
+            "batch_size=1024",
+            "trainers=1",
+            "mps_pct=50",
+            "trainer_device=cuda",
+            "rollout_len=32",
+            "chunk_bytes=262144",
+            "inference=actor",
+            "trainer_threads=1",
+        ],
+    )
     study = open_study(f"sqlite:///{tmp_path}/e.db", "e", seed=0, metrics=("steps_per_joule",))
     base = TrainConfig(env="CartPole-v1", steps=10**12, max_wall_s=20)
     trials = TrainTrials(space, base, 1.0, run=_runs)
     offline = OfflineStudy(study, trials, profile=False)
-    study.set_user_attr("autotune", {"kind": "train", "objective": "steps_per_joule",
-                                     "env": "CartPole-v1", "policy": "auto", "trial_s": 20,
-                                     "warmup_s": 1.0, "base": base.to_dict(),
-                                     "fixed": trials.fixed, "default": trials.default(),
-                                     "machine": {"cores": 6, "gpus": 1,
-                                                 "sm_count": 132}})  # fmt: skip
+    study.set_user_attr(
+        "autotune",
+        {
+            "kind": "train",
+            "objective": "steps_per_joule",
+            "env": "CartPole-v1",
+            "policy": "auto",
+            "trial_s": 20,
+            "warmup_s": 1.0,
+            "base": base.to_dict(),
+            "fixed": trials.fixed,
+            "default": trials.default(),
+            "machine": {"cores": 6, "gpus": 1, "sm_count": 132},
+        },
+    )
     for _ in range(10):
         offline.step()
     return study
@@ -49,8 +67,13 @@ def test_export_recommends_the_best_median_config_and_sizes_a_target(study):
     doc = export_doc(study, target_gpus=8, target_cores=40)
     rec = doc["recommended"]
     assert rec["values"]["actors"] == 4 and rec["values"]["envs_per_actor"] == 16
-    assert rec["runtime"] == {**rec["runtime"], "gmis_per_gpu": 1, "mps_pct_per_gmi": [50],
-                              "trainer_device": "cuda", "envs": 64}  # fmt: skip
+    assert rec["runtime"] == {
+        **rec["runtime"],
+        "gmis_per_gpu": 1,
+        "mps_pct_per_gmi": [50],
+        "trainer_device": "cuda",
+        "envs": 64,
+    }
     assert rec["config"]["steps"] == TrainConfig().steps and rec["config"]["max_wall_s"] is None
     sizing = doc["sizing"]
     assert sizing["sms_granted_per_gpu"] == 66 and sizing["cpu_threads_per_sm"] == 4 / 66
@@ -86,17 +109,39 @@ def test_bad_exports_and_configs_say_what_is_wrong(study, tmp_path):
     (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
     with pytest.raises(ExportError, match="no config in it"):
         load_config(str(tmp_path / "list.yaml"))
-    out = subprocess.run([sys.executable, "-m", "autotune.cli.main", "export", "--study", "nosuch",
-                          "--storage", f"sqlite:///{tmp_path}/e.db"], capture_output=True,
-                         text=True, timeout=60)  # fmt: skip
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "autotune.cli.main",
+            "export",
+            "--study",
+            "nosuch",
+            "--storage",
+            f"sqlite:///{tmp_path}/e.db",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert (
         out.returncode == 2
         and "no study 'nosuch'" in out.stderr
         and "studies there: e" in out.stderr
     )
-    out = subprocess.run([sys.executable, "-m", "autotune.cli.main", "train", "--config",
-                          str(tmp_path / "bad.json")], capture_output=True, text=True,
-                         timeout=60)  # fmt: skip
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "autotune.cli.main",
+            "train",
+            "--config",
+            str(tmp_path / "bad.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 2 and "actros" in out.stderr
 
 

@@ -18,8 +18,16 @@ from autotune.tuning.offline_study import OfflineStudy, TrainTrials
 from autotune.tuning.storage import open_study
 from runtime.config import ConfigError, TrainConfig
 
-KNOBS = ["actors=1..4", "batch_size=512,1024,2048", "envs_per_actor=8", "chunk_bytes=262144",
-         "trainers=1", "trainer_threads=1", "rollout_len=32", "inference=actor"]  # fmt: skip
+KNOBS = [
+    "actors=1..4",
+    "batch_size=512,1024,2048",
+    "envs_per_actor=8",
+    "chunk_bytes=262144",
+    "trainers=1",
+    "trainer_threads=1",
+    "rollout_len=32",
+    "inference=actor",
+]
 
 
 class FakeRuns:
@@ -77,13 +85,43 @@ def test_a_resumed_offline_study_keeps_its_trials_and_fails_orphans(tmp_path):
 
 def test_study_cli_runs_a_real_trial_and_refuses_bad_input(tmp_path, capsys):
     env = {**os.environ, "COLUMNS": "200"}
-    cmd = [sys.executable, "-m", "autotune.cli.main", "study", "--env", "CartPole-v1",
-           "--storage", f"sqlite:///{tmp_path}/s.db", "--knob", "actors=2", "--knob",
-           "envs_per_actor=8", "--knob", "trainers=1", "--knob", "trainer_threads=1",
-           "--knob", "batch_size=1024"]  # fmt: skip
-    out = subprocess.run([*cmd, "--trials", "1", "--trial-s", "14", "--warmup-s", "1",
-                          "--json", str(tmp_path / "s.json")],
-                         capture_output=True, text=True, timeout=180, env=env)  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "autotune.cli.main",
+        "study",
+        "--env",
+        "CartPole-v1",
+        "--storage",
+        f"sqlite:///{tmp_path}/s.db",
+        "--knob",
+        "actors=2",
+        "--knob",
+        "envs_per_actor=8",
+        "--knob",
+        "trainers=1",
+        "--knob",
+        "trainer_threads=1",
+        "--knob",
+        "batch_size=1024",
+    ]
+    out = subprocess.run(
+        [
+            *cmd,
+            "--trials",
+            "1",
+            "--trial-s",
+            "14",
+            "--warmup-s",
+            "1",
+            "--json",
+            str(tmp_path / "s.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=env,
+    )
     assert out.returncode == 0, out.stderr
     doc = json.loads((tmp_path / "s.json").read_text())
     row = doc["trials"][0]
@@ -91,11 +129,23 @@ def test_study_cli_runs_a_real_trial_and_refuses_bad_input(tmp_path, capsys):
     assert row["attrs"]["lost_steps"] == 0 and doc["best"]["cpu_source"] == "model"
     assert row["role"] == "default" and doc["best"]["role"] == "default"
     # export round-trips into train --config, which runs it as is (flags given override it)
-    export = [sys.executable, "-m", "autotune.cli.main", "export", "--study", "study-CartPole-v1",
-              "--storage", f"sqlite:///{tmp_path}/s.db"]  # fmt: skip
-    out = subprocess.run([*export, "--out", str(tmp_path / "e.yaml"), "--plots",
-                          str(tmp_path / "plots")], capture_output=True, text=True, timeout=120,
-                         env=env)  # fmt: skip
+    export = [
+        sys.executable,
+        "-m",
+        "autotune.cli.main",
+        "export",
+        "--study",
+        "study-CartPole-v1",
+        "--storage",
+        f"sqlite:///{tmp_path}/s.db",
+    ]
+    out = subprocess.run(
+        [*export, "--out", str(tmp_path / "e.yaml"), "--plots", str(tmp_path / "plots")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert out.returncode == 0, out.stderr
     assert {p.name for p in (tmp_path / "plots").iterdir()} >= {
         "pareto.png",
@@ -103,10 +153,25 @@ def test_study_cli_runs_a_real_trial_and_refuses_bad_input(tmp_path, capsys):
     }
     exported = yaml.safe_load((tmp_path / "e.yaml").read_text())
     assert exported["evidence"]["steps_per_joule_vs_default"] == 1.0  # one trial: the default
-    out = subprocess.run([sys.executable, "-m", "autotune.cli.main", "train", "--config",
-                          str(tmp_path / "e.yaml"), "--steps", "2048", "--quiet", "--json",
-                          str(tmp_path / "r.json")], capture_output=True, text=True,
-                         timeout=120, env=env)  # fmt: skip
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "autotune.cli.main",
+            "train",
+            "--config",
+            str(tmp_path / "e.yaml"),
+            "--steps",
+            "2048",
+            "--quiet",
+            "--json",
+            str(tmp_path / "r.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert out.returncode == 0, out.stderr
     ran = json.loads((tmp_path / "r.json").read_text())["config"]
     assert ran == {**exported["recommended"]["config"], "steps": 2048}
@@ -147,10 +212,18 @@ class Saturating:
 def _profiled(storage, runs, objective="steps_per_s", name="p"):
     from autotune.tuning.offline_study import OBJECTIVES
 
-    space = build_space(Machine(cores=4, gpus=0), ["actors=2..4", "trainers=1,2",
-                                                    "batch_size=1024", "chunk_bytes=262144",
-                                                    "trainer_threads=1", "rollout_len=32",
-                                                    "inference=actor"])  # fmt: skip
+    space = build_space(
+        Machine(cores=4, gpus=0),
+        [
+            "actors=2..4",
+            "trainers=1,2",
+            "batch_size=1024",
+            "chunk_bytes=262144",
+            "trainer_threads=1",
+            "rollout_len=32",
+            "inference=actor",
+        ],
+    )
     study = open_study(storage, name, seed=0, metrics=OBJECTIVES[objective])
     base = TrainConfig(env="CartPole-v1", steps=10**12, max_wall_s=10)
     return OfflineStudy(study, TrainTrials(space, base, warmup_s=1.0, run=runs), objective)
@@ -169,7 +242,12 @@ def test_profiling_seeds_gmis_by_envs_stops_rows_at_saturation_and_resumes(tmp_p
     again = _profiled(storage, runs)  # a new session resumes the plan where it stopped
     rows = [again.step() for _ in range(7)]
     assert [(r.values["trainers"], r.values["envs_per_actor"]) for r in rows[:5]] == [
-        (2, 1), (2, 2), (2, 4), (2, 8), (2, 16)]  # fmt: skip
+        (2, 1),
+        (2, 2),
+        (2, 4),
+        (2, 8),
+        (2, 16),
+    ]
     assert rows[2].error.startswith("not runnable")  # skipped, the row goes on
     assert rows[5].values == {**rows[5].values, "trainers": 2, "envs_per_actor": 32}
     assert rows[6].role == "sampler"  # 32 saturated the second row; the sampler's turn
@@ -181,8 +259,11 @@ def test_a_multi_objective_study_keeps_a_pareto_front(tmp_path, request, where):
     from autotune.cli.study import summary
     from autotune.tuning.storage import StudyError, pareto_front
 
-    storage = (f"sqlite:///{tmp_path}/m.db" if where == "sqlite"
-               else request.getfixturevalue("postgres_url"))  # fmt: skip
+    storage = (
+        f"sqlite:///{tmp_path}/m.db"
+        if where == "sqlite"
+        else request.getfixturevalue("postgres_url")
+    )
     name = f"pareto-{tmp_path.name}"
     offline = _profiled(storage, Saturating(), objective="both", name=name)
     for _ in range(8):
@@ -216,13 +297,37 @@ for i in range(3):
 def test_study_drives_a_wrapped_script_with_two_workers(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
-    out = subprocess.run([sys.executable, "-m", "autotune.cli.main", "study", "--knob",
-                          "num_envs=1,2,4", "--trials", "4", "--workers", "2", "--trial-s", "30",
-                          "--warmup-s", "0", "--objective", "both", "--storage",
-                          f"sqlite:///{tmp_path}/w.db", "--json", str(tmp_path / "w.json"),
-                          "--", sys.executable, str(script)],
-                         capture_output=True, text=True, timeout=180,
-                         env={**os.environ, "COLUMNS": "200"})  # fmt: skip
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "autotune.cli.main",
+            "study",
+            "--knob",
+            "num_envs=1,2,4",
+            "--trials",
+            "4",
+            "--workers",
+            "2",
+            "--trial-s",
+            "30",
+            "--warmup-s",
+            "0",
+            "--objective",
+            "both",
+            "--storage",
+            f"sqlite:///{tmp_path}/w.db",
+            "--json",
+            str(tmp_path / "w.json"),
+            "--",
+            sys.executable,
+            str(script),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "COLUMNS": "200"},
+    )
     assert out.returncode == 0, out.stderr
     doc = json.loads((tmp_path / "w.json").read_text())
     assert doc["study"] == "study-train" and len(doc["trials"]) == 4
@@ -233,9 +338,23 @@ def test_study_drives_a_wrapped_script_with_two_workers(tmp_path):
     assert doc["pareto_front"] and doc["best"]["objective"][1] > 0
     study = optuna.load_study(study_name="study-train", storage=f"sqlite:///{tmp_path}/w.db")
     assert study.user_attrs["autotune"]["kind"] == "script"
-    bad = subprocess.run([sys.executable, "-m", "autotune.cli.main", "study", "--trials", "2",
-                          "--workers", "3", "--storage", f"sqlite:///{tmp_path}/w.db"],
-                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    bad = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "autotune.cli.main",
+            "study",
+            "--trials",
+            "2",
+            "--workers",
+            "3",
+            "--storage",
+            f"sqlite:///{tmp_path}/w.db",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert bad.returncode == 2 and "--workers 3: allowed 1..--trials (2)" in bad.stderr
 
 
@@ -268,8 +387,11 @@ def test_confirmation_trials_measure_a_lucky_leader_again(tmp_path):
     assert picks == [((2, 512), 60.0), ((3, 1024), 100.0), ((2, 1024), 90.0), ((2, 512), 60.0)]
     trials = offline.study.get_trials(deepcopy=False)
     assert [t.user_attrs["role"] for t in trials[-4:]] == ["confirm"] * 4
-    lucky = [t.user_attrs["steps_per_joule"] for t in trials if t.params["actors"] == 2
-             and t.params["batch_size"] == 512]  # fmt: skip
+    lucky = [
+        t.user_attrs["steps_per_joule"]
+        for t in trials
+        if t.params["actors"] == 2 and t.params["batch_size"] == 512
+    ]
     assert sorted(lucky) == [60.0, 60.0, 150.0]  # median 60: no longer the leader
     assert offline.confirm_pick() == {"actors": 3, "batch_size": 1024}
 
@@ -297,8 +419,7 @@ def test_workers_split_the_confirmations_with_the_trials(tmp_path):
 
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("two workers need two cores")
-    args = build_parser().parse_args(["study", "--trials", "5", "--confirm", "3",
-                                      "--workers", "2"])  # fmt: skip
+    args = build_parser().parse_args(["study", "--trials", "5", "--confirm", "3", "--workers", "2"])
     plans = plan_workers(args)
     assert [(p.trials, p.confirm) for p in plans] == [(3, 2), (2, 1)]
 
@@ -307,20 +428,44 @@ def test_a_study_from_a_config_starts_from_it_and_the_flags_given_win(tmp_path):
     from autotune.cli.main import build_parser
     from autotune.cli.study import check_args, make_study
 
-    cfg = TrainConfig(env="Pendulum-v1", policy="auto:32:auto", actors=3, envs_per_actor=4,
-                      batch_size=2048, chunk_bytes=65536, trainer_device="cpu", seed=5,
-                      learner=TrainConfig().learner.__class__(lr=1e-3))  # fmt: skip
+    cfg = TrainConfig(
+        env="Pendulum-v1",
+        policy="auto:32:auto",
+        actors=3,
+        envs_per_actor=4,
+        batch_size=2048,
+        chunk_bytes=65536,
+        trainer_device="cpu",
+        seed=5,
+        learner=TrainConfig().learner.__class__(lr=1e-3),
+    )
     (tmp_path / "c.json").write_text(json.dumps({"config": cfg.to_dict()}))
     storage = f"sqlite:///{tmp_path}/s.db"
-    args = build_parser().parse_args(["study", "--from", str(tmp_path / "c.json"), "--storage",
-                                      storage, "--knob", "actors=1..4", "--knob",
-                                      "envs_per_actor=2,4,8", "--trial-s", "12"])  # fmt: skip
+    args = build_parser().parse_args(
+        [
+            "study",
+            "--from",
+            str(tmp_path / "c.json"),
+            "--storage",
+            storage,
+            "--knob",
+            "actors=1..4",
+            "--knob",
+            "envs_per_actor=2,4,8",
+            "--trial-s",
+            "12",
+        ]
+    )
     check_args(args)
     assert (args.env, args.policy, args.seed) == ("Pendulum-v1", "auto:32:auto", 5)
     offline = make_study(args, cores=4)
     base = offline.trials.base
-    assert (base.learner.lr, base.batch_size, base.max_wall_s, base.steps) == (1e-3, 2048, 12,
-                                                                              10**12)  # fmt: skip
+    assert (base.learner.lr, base.batch_size, base.max_wall_s, base.steps) == (
+        1e-3,
+        2048,
+        12,
+        10**12,
+    )
     assert offline.study.study_name == "study-Pendulum-v1"
     default = offline.trials.default()
     assert default["actors"] == 3 and default["envs_per_actor"] == 4
@@ -328,21 +473,51 @@ def test_a_study_from_a_config_starts_from_it_and_the_flags_given_win(tmp_path):
     # resumed from another config: refused, naming what differs (export assumes the first)
     other = TrainConfig.from_dict({**cfg.to_dict(), "learner": {"lr": 1e-2}})
     (tmp_path / "d.json").write_text(json.dumps(other.to_dict()))
-    args = build_parser().parse_args(["study", "--from", str(tmp_path / "d.json"), "--storage",
-                                      storage, "--knob", "actors=1..4", "--knob",
-                                      "envs_per_actor=2,4,8"])  # fmt: skip
+    args = build_parser().parse_args(
+        [
+            "study",
+            "--from",
+            str(tmp_path / "d.json"),
+            "--storage",
+            storage,
+            "--knob",
+            "actors=1..4",
+            "--knob",
+            "envs_per_actor=2,4,8",
+        ]
+    )
     check_args(args)
     with pytest.raises(ValueError, match=r"was started from another config \(learner: .*0\.01"):
         make_study(args, cores=4)
     # --env, --policy and --seed given replace the file's; a policy that cannot fit is refused
-    args = build_parser().parse_args(["study", "--from", str(tmp_path / "c.json"), "--env",
-                                      "CartPole-v1", "--policy", "auto:16:auto", "--seed",
-                                      "2"])  # fmt: skip
+    args = build_parser().parse_args(
+        [
+            "study",
+            "--from",
+            str(tmp_path / "c.json"),
+            "--env",
+            "CartPole-v1",
+            "--policy",
+            "auto:16:auto",
+            "--seed",
+            "2",
+        ]
+    )
     check_args(args)
     assert (args.env, args.policy, args.seed) == ("CartPole-v1", "auto:16:auto", 2)
-    args = build_parser().parse_args(["study", "--from", str(tmp_path / "c.json"), "--env",
-                                      "CartPole-v1", "--policy", "3:16:1", "--storage",
-                                      f"sqlite:///{tmp_path}/e.db"])  # fmt: skip
+    args = build_parser().parse_args(
+        [
+            "study",
+            "--from",
+            str(tmp_path / "c.json"),
+            "--env",
+            "CartPole-v1",
+            "--policy",
+            "3:16:1",
+            "--storage",
+            f"sqlite:///{tmp_path}/e.db",
+        ]
+    )
     check_args(args)
     with pytest.raises(ValueError, match=r"--env CartPole-v1 --policy 3:16:1: .*takes 3 inputs"):
         make_study(args, cores=4)
@@ -352,11 +527,14 @@ def test_a_study_from_a_config_starts_from_it_and_the_flags_given_win(tmp_path):
     assert (args.env, args.policy, args.base, args.seed) == ("CartPole-v1", "auto", None, 0)
 
 
-@pytest.mark.parametrize(("content", "message"), [
-    (None, "cannot read it"),
-    ("[1, 2]", "no config in it"),
-    ('{"actors": 0}', "actors=0: must be an integer >= 1"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "cannot read it"),
+        ("[1, 2]", "no config in it"),
+        ('{"actors": 0}', "actors=0: must be an integer >= 1"),
+    ],
+)
 def test_a_study_from_a_bad_config_says_what_is_wrong(tmp_path, content, message, capsys):
     from autotune.cli.main import main
 
@@ -373,7 +551,8 @@ def test_a_study_from_a_config_refuses_a_wrapped_script(tmp_path):
     from autotune.cli.main import build_parser
     from autotune.cli.study import check_args
 
-    args = build_parser().parse_args(["study", "--from", "x.json", "--knob", "n=1,2", "--",
-                                      "python", "s.py"])  # fmt: skip
+    args = build_parser().parse_args(
+        ["study", "--from", "x.json", "--knob", "n=1,2", "--", "python", "s.py"]
+    )
     with pytest.raises(ValueError, match="--from: a train config"):
         check_args(args)

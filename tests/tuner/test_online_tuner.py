@@ -15,8 +15,8 @@ import optuna
 import pytest
 
 from autotune.tuning.knobs import KnobError, Machine, build_space, default_space
-from autotune.tuning.storage import StudyError, open_study
 from autotune.tuning.online_tuner import Measurement, OnlineTuner, TunerSettings
+from autotune.tuning.storage import StudyError, open_study
 from runtime.config import ConfigError
 
 BEST = {"actors": 6, "batch_size": 4096}
@@ -25,8 +25,13 @@ BEST = {"actors": 6, "batch_size": 4096}
 class World:
     """A job whose steps per joule peak at BEST by construction (2 % measurement noise)."""
 
-    def __init__(self, seed: int, refuse: dict | None = None, stall: int | None = None,
-                 stuck: int | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        seed: int,
+        refuse: dict | None = None,
+        stall: int | None = None,
+        stuck: int | None = None,
+    ) -> None:
         self.t, self.values, self.rng, self.refuse = 0.0, {}, random.Random(seed), refuse
         self.applied: list[dict] = []
         self.stall, self.stuck = stall, stuck  # actors values that train nothing / never settle
@@ -54,13 +59,26 @@ class World:
 
 
 def _tuner(tmp_path, world, seed=0, **settings):
-    space = build_space(Machine(cores=10, gpus=0),
-                        ["batch_size=1024..16384", "envs_per_actor=8", "chunk_bytes=262144",
-                         "trainers=1", "trainer_threads=1"])  # fmt: skip
+    space = build_space(
+        Machine(cores=10, gpus=0),
+        [
+            "batch_size=1024..16384",
+            "envs_per_actor=8",
+            "chunk_bytes=262144",
+            "trainers=1",
+            "trainer_threads=1",
+        ],
+    )
     study = open_study(f"sqlite:///{tmp_path}/s.db", "s", seed=seed)
     opts = {"trials": 30, "warmup_s": 1.0, "window_s": 1.0, **settings}
-    return OnlineTuner(study, space, world, TunerSettings(**opts),
-                       {"actors": 2, "batch_size": 1024}, clock=lambda: world.t)  # fmt: skip
+    return OnlineTuner(
+        study,
+        space,
+        world,
+        TunerSettings(**opts),
+        {"actors": 2, "batch_size": 1024},
+        clock=lambda: world.t,
+    )
 
 
 def _run(tuner, world, trials):
@@ -175,27 +193,55 @@ def test_constraints_no_config_meets_restore_the_default_and_say_so(tmp_path):
 
 def test_a_job_started_outside_the_narrowed_space_is_tuned_without_its_default(tmp_path):
     world = World(0)
-    space = build_space(Machine(cores=10, gpus=0),
-                        ["actors=4..8", "batch_size=1024..16384", "envs_per_actor=8",
-                         "chunk_bytes=262144", "trainers=1", "trainer_threads=1"])  # fmt: skip
+    space = build_space(
+        Machine(cores=10, gpus=0),
+        [
+            "actors=4..8",
+            "batch_size=1024..16384",
+            "envs_per_actor=8",
+            "chunk_bytes=262144",
+            "trainers=1",
+            "trainer_threads=1",
+        ],
+    )
     study = open_study(f"sqlite:///{tmp_path}/o.db", "o", seed=0)
-    tuner = OnlineTuner(study, space, world, TunerSettings(warmup_s=1.0, window_s=1.0),
-                        {"actors": 2, "batch_size": 1024}, clock=lambda: world.t)  # fmt: skip
+    tuner = OnlineTuner(
+        study,
+        space,
+        world,
+        TunerSettings(warmup_s=1.0, window_s=1.0),
+        {"actors": 2, "batch_size": 1024},
+        clock=lambda: world.t,
+    )
     _run(tuner, world, 8)
     assert world.applied and all(4 <= v["actors"] <= 8 for v in world.applied)
 
 
 def test_a_grid_tuner_measures_every_combination_once(tmp_path):
     world = World(0)
-    space = build_space(Machine(cores=10, gpus=0),
-                        ["actors=2,6", "batch_size=1024,4096,16384", "envs_per_actor=8",
-                         "chunk_bytes=262144", "trainers=1", "trainer_threads=1",
-                         "rollout_len=32", "inference=actor"])  # fmt: skip
+    space = build_space(
+        Machine(cores=10, gpus=0),
+        [
+            "actors=2,6",
+            "batch_size=1024,4096,16384",
+            "envs_per_actor=8",
+            "chunk_bytes=262144",
+            "trainers=1",
+            "trainer_threads=1",
+            "rollout_len=32",
+            "inference=actor",
+        ],
+    )
     grid = {k.name: list(k.choices) for k in space.values() if k.online}
     study = open_study(f"sqlite:///{tmp_path}/g.db", "g", seed=0, grid=grid)
-    tuner = OnlineTuner(study, space, world, TunerSettings(sampler="grid", warmup_s=1.0,
-                        window_s=1.0), {"actors": 2, "batch_size": 1024},
-                        clock=lambda: world.t)  # fmt: skip
+    tuner = OnlineTuner(
+        study,
+        space,
+        world,
+        TunerSettings(sampler="grid", warmup_s=1.0, window_s=1.0),
+        {"actors": 2, "batch_size": 1024},
+        clock=lambda: world.t,
+    )
     assert tuner.explore_until == 6
     _run(tuner, world, 6)
     measured = {json.dumps(t.params, sort_keys=True) for t in study.get_trials()}
@@ -248,11 +294,38 @@ def test_bad_knobs_and_storage_are_refused_with_what_is_allowed(tmp_path):
 @pytest.mark.slow
 def test_train_tune_drives_a_real_run_and_keeps_every_step(tmp_path):
     out, db = tmp_path / "out.json", tmp_path / "t.db"
-    cmd = [sys.executable, "-m", "autotune.cli", "train", "--tune", "--quiet", "--steps",
-           "1000000000", "--max-wall-s", "20", "--tune-window-s", "1.5", "--tune-warmup-s", "0.5",
-           "--knob", "batch_size=512,1024", "--knob", "envs_per_actor=4,8", "--knob",
-           "chunk_bytes=262144", "--knob", "trainers=1", "--knob", "trainer_threads=1",
-           "--knob", "actors=2", "--storage", f"sqlite:///{db}", "--json", str(out)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "autotune.cli",
+        "train",
+        "--tune",
+        "--quiet",
+        "--steps",
+        "1000000000",
+        "--max-wall-s",
+        "20",
+        "--tune-window-s",
+        "1.5",
+        "--tune-warmup-s",
+        "0.5",
+        "--knob",
+        "batch_size=512,1024",
+        "--knob",
+        "envs_per_actor=4,8",
+        "--knob",
+        "chunk_bytes=262144",
+        "--knob",
+        "trainers=1",
+        "--knob",
+        "trainer_threads=1",
+        "--knob",
+        "actors=2",
+        "--storage",
+        f"sqlite:///{db}",
+        "--json",
+        str(out),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads(out.read_text())

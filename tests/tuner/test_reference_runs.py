@@ -5,14 +5,22 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.workflows.export import export_doc
 from autotune.tuning.knobs import Machine, build_space
 from autotune.tuning.offline_study import OfflineStudy, TrainTrials
 from autotune.tuning.storage import open_study
+from autotune.workflows.export import export_doc
 from runtime.config import TrainConfig
 
-KNOBS = ["actors=1..3", "batch_size=1024", "envs_per_actor=8", "chunk_bytes=262144",
-         "trainers=1", "trainer_threads=1", "rollout_len=32", "inference=actor"]  # fmt: skip
+KNOBS = [
+    "actors=1..3",
+    "batch_size=1024",
+    "envs_per_actor=8",
+    "chunk_bytes=262144",
+    "trainers=1",
+    "trainer_threads=1",
+    "rollout_len=32",
+    "inference=actor",
+]
 TRUE_SPJ = {1: 80.0, 2: 90.0, 3: 100.0}
 """Each actor count's steps/J on an unloaded machine; the default config has 2 actors."""
 
@@ -38,11 +46,21 @@ def _study(tmp_path, runs, every: int) -> OfflineStudy:
     study = open_study(f"sqlite:///{tmp_path}/r.db", "r", seed=0)
     base = TrainConfig(env="CartPole-v1", steps=10**12, max_wall_s=10)
     trials = TrainTrials(space, base, warmup_s=1.0, run=runs)
-    study.set_user_attr("autotune", {"kind": "train", "objective": "steps_per_joule",
-                                     "env": "CartPole-v1", "policy": "auto", "trial_s": 10,
-                                     "warmup_s": 1.0, "base": base.to_dict(),
-                                     "fixed": trials.fixed, "default": trials.default(),
-                                     "machine": {"cores": 4, "gpus": 0}})  # fmt: skip
+    study.set_user_attr(
+        "autotune",
+        {
+            "kind": "train",
+            "objective": "steps_per_joule",
+            "env": "CartPole-v1",
+            "policy": "auto",
+            "trial_s": 10,
+            "warmup_s": 1.0,
+            "base": base.to_dict(),
+            "fixed": trials.fixed,
+            "default": trials.default(),
+            "machine": {"cores": 4, "gpus": 0},
+        },
+    )
     return OfflineStudy(study, trials, profile=False, reference_every=every)
 
 
@@ -167,8 +185,9 @@ def test_reference_runs_are_refused_with_workers():
     from autotune.cli.main import build_parser
     from autotune.cli.study import check_args
 
-    args = build_parser().parse_args(["study", "--trials", "4", "--workers", "2",
-                                      "--reference-every", "2"])  # fmt: skip
+    args = build_parser().parse_args(
+        ["study", "--trials", "4", "--workers", "2", "--reference-every", "2"]
+    )
     with pytest.raises(ValueError, match=r"--reference-every with --workers 2: .*--workers 1"):
         check_args(args)
 

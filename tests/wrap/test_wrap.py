@@ -41,9 +41,21 @@ if k["mode"] == "silent":
 def _wrap(tmp_path, *args, timeout=180):
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
-    cmd = [sys.executable, "-m", "autotune.cli", "wrap", "--storage",
-           f"sqlite:///{tmp_path}/w.db", "--json", str(tmp_path / "w.json"), *args, "--",
-           sys.executable, str(script), "--envs={num_envs}"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "autotune.cli",
+        "wrap",
+        "--storage",
+        f"sqlite:///{tmp_path}/w.db",
+        "--json",
+        str(tmp_path / "w.json"),
+        *args,
+        "--",
+        sys.executable,
+        str(script),
+        "--envs={num_envs}",
+    ]
     env = {**os.environ, "COLUMNS": "200"}
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
 
@@ -71,11 +83,22 @@ def test_restart_mode_tunes_a_real_script_and_keeps_its_output(tmp_path):
     ],
 )
 def test_a_failing_script_fails_its_trial_and_the_best_is_kept(tmp_path, mode, flags, error):
-    ok = _wrap(tmp_path, "--knob", "num_envs=2", "--knob", "mode=ok", "--trials", "1",
-               "--study", "s")  # fmt: skip
+    ok = _wrap(
+        tmp_path, "--knob", "num_envs=2", "--knob", "mode=ok", "--trials", "1", "--study", "s"
+    )
     assert ok.returncode == 0, ok.stderr
-    bad = _wrap(tmp_path, "--knob", "num_envs=2", "--knob", f"mode={mode}", "--trials", "1",
-                "--study", "s", *flags)  # fmt: skip
+    bad = _wrap(
+        tmp_path,
+        "--knob",
+        "num_envs=2",
+        "--knob",
+        f"mode={mode}",
+        "--trials",
+        "1",
+        "--study",
+        "s",
+        *flags,
+    )
     assert bad.returncode == 0, bad.stderr  # the best so far (the ok trial) is still there
     assert error in " ".join(bad.stderr.split())
     doc = json.loads((tmp_path / "w.json").read_text())
@@ -90,9 +113,13 @@ def test_knob_specs_and_placeholders():
     assert parse_knob("num_envs=2..5").choices == (2, 3, 4, 5)
     assert parse_knob("device=cpu,cuda").choices == ("cpu", "cuda")
     assert parse_knob("lr=0.001,0.0003").choices == (0.001, 0.0003)
-    for bad, why in (("n=5..2", "above HIGH"), ("n=1..1000", "spans 1000 integers"),
-                     ("2n=1", "Python identifier"), ("n=a..b", "takes integers"),
-                     ("n=", "expected NAME")):  # fmt: skip
+    for bad, why in (
+        ("n=5..2", "above HIGH"),
+        ("n=1..1000", "spans 1000 integers"),
+        ("2n=1", "Python identifier"),
+        ("n=a..b", "takes integers"),
+        ("n=", "expected NAME"),
+    ):
         with pytest.raises(KnobError, match=why):
             parse_knob(bad)
     assert substitute(["--n={n}", "{other}", "{{n}}"], {"n": 4}) == ["--n=4", "{other}", "{4}"]
@@ -114,12 +141,28 @@ def test_the_client_is_harmless_outside_wrap(monkeypatch):
 
 
 def test_bad_wrap_input_is_refused(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "autotune.cli", "wrap", "--knob", "n=1..2",
-                          "--storage", f"sqlite:///{tmp_path}/x.db"],
-                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "autotune.cli",
+            "wrap",
+            "--knob",
+            "n=1..2",
+            "--storage",
+            f"sqlite:///{tmp_path}/x.db",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 2 and "no command to wrap" in out.stderr
-    out = subprocess.run([sys.executable, "-m", "autotune.cli", "wrap", "--", "true"],
-                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "autotune.cli", "wrap", "--", "true"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 2 and "give at least one --knob" in out.stderr
 
 
@@ -143,17 +186,41 @@ while time.time() < t_end:
 def test_live_mode_changes_knobs_while_the_script_runs(tmp_path):
     script = tmp_path / "live.py"
     script.write_text(LIVE)
-    out = subprocess.run([sys.executable, "-m", "autotune.cli", "wrap", "--mode", "live",
-                          "--knob", "num_envs=1..4", "--trials", "4", "--window-s", "1",
-                          "--warmup-s", "0.2", "--storage", f"sqlite:///{tmp_path}/l.db",
-                          "--json", str(tmp_path / "l.json"), "--", sys.executable,
-                          str(script), "14"],
-                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "autotune.cli",
+            "wrap",
+            "--mode",
+            "live",
+            "--knob",
+            "num_envs=1..4",
+            "--trials",
+            "4",
+            "--window-s",
+            "1",
+            "--warmup-s",
+            "0.2",
+            "--storage",
+            f"sqlite:///{tmp_path}/l.db",
+            "--json",
+            str(tmp_path / "l.json"),
+            "--",
+            sys.executable,
+            str(script),
+            "14",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     doc = json.loads((tmp_path / "l.json").read_text())
     assert doc["returncode"] == 0 and doc["trials"] >= 3
-    applied = [int(line.split()[1]) for line in out.stdout.splitlines()
-               if line.startswith("applied")]  # fmt: skip
+    applied = [
+        int(line.split()[1]) for line in out.stdout.splitlines() if line.startswith("applied")
+    ]
     assert len(set(applied)) >= 2  # the script took different knobs without restarting
     measured = [w for w in doc["windows"] if w["state"] == "trial"]
     assert measured and all(w["steps_per_s"] > 0 and w["cpu_j"] > 0 for w in measured)
@@ -164,11 +231,31 @@ def test_live_mode_changes_knobs_while_the_script_runs(tmp_path):
 def test_live_mode_refuses_a_script_that_never_polls(tmp_path):
     script = tmp_path / "live.py"
     script.write_text(LIVE)
-    out = subprocess.run([sys.executable, "-m", "autotune.cli", "wrap", "--mode", "live",
-                          "--knob", "num_envs=1..2", "--report-timeout-s", "2",
-                          "--storage", f"sqlite:///{tmp_path}/n.db", "--", sys.executable,
-                          str(script), "30", "nopoll"], capture_output=True, text=True,
-                         timeout=60, env={**os.environ, "COLUMNS": "200"})  # fmt: skip
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "autotune.cli",
+            "wrap",
+            "--mode",
+            "live",
+            "--knob",
+            "num_envs=1..2",
+            "--report-timeout-s",
+            "2",
+            "--storage",
+            f"sqlite:///{tmp_path}/n.db",
+            "--",
+            sys.executable,
+            str(script),
+            "30",
+            "nopoll",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "COLUMNS": "200"},
+    )
     assert out.returncode == 2
     assert "has not called autotune.control.client.poll() for 2 s" in out.stderr
     assert "use --mode restart" in out.stderr
@@ -176,12 +263,34 @@ def test_live_mode_refuses_a_script_that_never_polls(tmp_path):
 
 def test_the_ppo_example_runs_under_wrap_with_its_flags_substituted(tmp_path):
     example = Path(__file__).resolve().parents[2] / "examples" / "ppo_gymnasium.py"
-    out = subprocess.run([sys.executable, "-m", "autotune.cli", "wrap", "--knob",
-                          "num_envs=2,4", "--knob", "batch_size=256", "--trials", "2",
-                          "--storage", f"sqlite:///{tmp_path}/e.db", "--json",
-                          str(tmp_path / "e.json"), "--", sys.executable, str(example),
-                          "--total-steps", "3000", "--num-envs", "{num_envs}"],
-                         capture_output=True, text=True, timeout=180)  # fmt: skip
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "autotune.cli",
+            "wrap",
+            "--knob",
+            "num_envs=2,4",
+            "--knob",
+            "batch_size=256",
+            "--trials",
+            "2",
+            "--storage",
+            f"sqlite:///{tmp_path}/e.db",
+            "--json",
+            str(tmp_path / "e.json"),
+            "--",
+            sys.executable,
+            str(example),
+            "--total-steps",
+            "3000",
+            "--num-envs",
+            "{num_envs}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert out.returncode == 0, out.stderr
     doc = json.loads((tmp_path / "e.json").read_text())
     assert [r["error"] for r in doc["trials"]] == [None, None]
@@ -225,12 +334,32 @@ def test_the_gpu_a_wrapped_script_uses_is_measured(tmp_path):
 def test_the_sb3_example_runs_under_wrap(tmp_path):
     pytest.importorskip("stable_baselines3", reason="the sb3 extra: pip install -e '.[sb3]'")
     example = Path(__file__).resolve().parents[2] / "examples" / "sb3_ppo.py"
-    out = subprocess.run([sys.executable, "-m", "autotune.cli", "wrap", "--knob",
-                          "num_envs=2", "--knob", "n_steps=64,128", "--trials", "2",
-                          "--storage", f"sqlite:///{tmp_path}/s.db", "--json",
-                          str(tmp_path / "s.json"), "--", sys.executable, str(example),
-                          "--total-steps", "2048"],
-                         capture_output=True, text=True, timeout=180)  # fmt: skip
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "autotune.cli",
+            "wrap",
+            "--knob",
+            "num_envs=2",
+            "--knob",
+            "n_steps=64,128",
+            "--trials",
+            "2",
+            "--storage",
+            f"sqlite:///{tmp_path}/s.db",
+            "--json",
+            str(tmp_path / "s.json"),
+            "--",
+            sys.executable,
+            str(example),
+            "--total-steps",
+            "2048",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert out.returncode == 0, out.stderr
     doc = json.loads((tmp_path / "s.json").read_text())
     assert [r["error"] for r in doc["trials"]] == [None, None]
