@@ -1,7 +1,8 @@
 """GPU energy sources behind one small interface, chosen once by a cached probe.
 
-NVML comes from ``runtime.hw.nvml`` (the project's only ``pynvml`` import). NVML errors
-are translated into :class:`GPUEnergyError` here, so no caller needs to know about NVML.
+Every NVML call goes through ``runtime.hw.nvml`` (the project's only ``pynvml`` import, where
+NVML errors become ``NVMLUnavailable``); a failed reading reaches this module's callers as
+:class:`GPUEnergyError`, with the same message, so no caller needs to know about NVML.
 
 Three implementations, in order of preference (the Zeus pattern):
 
@@ -25,7 +26,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from runtime.hw.nvml import pynvml
+from runtime.hw import nvml
 
 logger = logging.getLogger(__name__)
 
@@ -38,11 +39,12 @@ class GPUEnergyError(RuntimeError):
 
 
 def _nvml(what: str, fn: Callable[..., Any], *args: Any) -> Any:
-    """Calls ``fn(*args)``, turning NVML errors into :class:`GPUEnergyError` about ``what``."""
+    """``nvml.nvml_call``, its ``NVMLUnavailable`` raised as :class:`GPUEnergyError` (same
+    message, and the NVML error as the cause)."""
     try:
-        return fn(*args)
-    except pynvml.NVMLError as exc:
-        raise GPUEnergyError(f"NVML failed to {what}: {exc} ({type(exc).__name__})") from exc
+        return nvml.nvml_call(what, fn, *args)
+    except nvml.NVMLUnavailable as exc:
+        raise GPUEnergyError(str(exc)) from exc.__cause__
 
 
 class GPUEnergySource:
@@ -99,7 +101,9 @@ class NVMLEnergy(GPUEnergySource):
         self.unsupported_indices: list[int] = []
         self._handles: dict[int, Any] = {}
         for index in gpu_indices:
-            handle = _nvml(f"get handle of GPU {index}", pynvml.nvmlDeviceGetHandleByIndex, index)
+            handle = _nvml(
+                f"get handle of GPU {index}", nvml.pynvml.nvmlDeviceGetHandleByIndex, index
+            )
             try:
                 self._read_mj(index, handle)
             except GPUEnergyError as exc:
@@ -120,7 +124,7 @@ class NVMLEnergy(GPUEnergySource):
     @staticmethod
     def _read_mj(index: int, handle: Any) -> float:
         what = f"read total energy of GPU {index}"
-        return _nvml(what, pynvml.nvmlDeviceGetTotalEnergyConsumption, handle)
+        return _nvml(what, nvml.pynvml.nvmlDeviceGetTotalEnergyConsumption, handle)
 
 
 class NVMLPowerPollingEnergy(GPUEnergySource):
@@ -145,7 +149,7 @@ class NVMLPowerPollingEnergy(GPUEnergySource):
         super().__init__(gpu_indices)
         self._interval_s = interval_s
         self._handles = {
-            i: _nvml(f"get handle of GPU {i}", pynvml.nvmlDeviceGetHandleByIndex, i)
+            i: _nvml(f"get handle of GPU {i}", nvml.pynvml.nvmlDeviceGetHandleByIndex, i)
             for i in self.gpu_indices
         }
         self._lock = threading.Lock()
@@ -159,7 +163,7 @@ class NVMLPowerPollingEnergy(GPUEnergySource):
 
     def _read_power_w(self, index: int) -> float:
         power_mw = _nvml(
-            f"read power of GPU {index}", pynvml.nvmlDeviceGetPowerUsage, self._handles[index]
+            f"read power of GPU {index}", nvml.pynvml.nvmlDeviceGetPowerUsage, self._handles[index]
         )
         return power_mw / 1000.0
 
@@ -247,13 +251,13 @@ def probe_gpu_energy(gpu_indices: tuple[int, ...] | None = None) -> GPUEnergySou
     Raises:
         GPUEnergyError: If an index does not exist or NVML fails after init.
     """
-    if pynvml is None:
+    if nvml.pynvml is None:
         logger.info("GPU energy: pynvml is not importable; GPU energy is not measured")
         return NullGPUEnergy()
     try:
-        pynvml.nvmlInit()
-        count = pynvml.nvmlDeviceGetCount()
-    except pynvml.NVMLError as exc:
+        nvml.init()
+        count = nvml.nvml_call("count GPUs", nvml.pynvml.nvmlDeviceGetCount)
+    except nvml.NVMLUnavailable as exc:
         logger.info("GPU energy: NVML unavailable (%s); GPU energy is not measured", exc)
         return NullGPUEnergy()
     if count == 0:

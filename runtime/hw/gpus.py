@@ -91,12 +91,12 @@ def list_gpus() -> list[GPUInfo]:
                 memory_total_mib=int(
                     nvml.nvml_call("read memory", p.nvmlDeviceGetMemoryInfo, h).total // 2**20
                 ),
-                power_w=_optional(lambda h=h: p.nvmlDeviceGetPowerUsage(h) / 1000.0),
-                energy_counter=_optional(lambda h=h: p.nvmlDeviceGetTotalEnergyConsumption(h))
+                power_w=nvml.nvml_optional(lambda h=h: p.nvmlDeviceGetPowerUsage(h) / 1000.0),
+                energy_counter=nvml.nvml_optional(p.nvmlDeviceGetTotalEnergyConsumption, h)
                 is not None,
                 mig_mode=_mig_mode(h),
                 compute_mode=_COMPUTE_MODES.get(
-                    _optional(lambda h=h: p.nvmlDeviceGetComputeMode(h)), "unknown"
+                    nvml.nvml_optional(p.nvmlDeviceGetComputeMode, h), "unknown"
                 ),
                 compute_capability=_capability(h),
             )
@@ -114,7 +114,7 @@ def gpus_used_by(pids: list[int]) -> set[int]:
     p, wanted, used = nvml.pynvml, set(pids), set()
     for i in range(nvml.nvml_call("count GPUs", p.nvmlDeviceGetCount)):
         h = nvml.nvml_call(f"open GPU {i}", p.nvmlDeviceGetHandleByIndex, i)
-        procs = _optional(lambda h=h: p.nvmlDeviceGetComputeRunningProcesses(h)) or []
+        procs = nvml.nvml_optional(p.nvmlDeviceGetComputeRunningProcesses, h) or []
         if any(proc.pid in wanted for proc in procs):
             used.add(i)
     return used
@@ -147,26 +147,22 @@ def sm_counts(env: dict[str, str] | None = None, timeout_s: float = 120.0) -> li
 
 def _capability(handle: object) -> tuple[int, int] | None:
     try:
-        major, minor = nvml.pynvml.nvmlDeviceGetCudaComputeCapability(handle)
-    except (nvml.pynvml.NVMLError, AttributeError):  # an old driver or nvidia-ml-py
+        found = nvml.nvml_optional(nvml.pynvml.nvmlDeviceGetCudaComputeCapability, handle)
+    except AttributeError:  # an old nvidia-ml-py (an old driver: NVML fails, found is None)
         return None
+    if found is None:
+        return None
+    major, minor = found
     return int(major), int(minor)
 
 
 def _mig_mode(handle: object) -> str:
     p = nvml.pynvml
-    try:
-        current, _pending = p.nvmlDeviceGetMigMode(handle)
-    except p.NVMLError:
+    found = nvml.nvml_optional(p.nvmlDeviceGetMigMode, handle)
+    if found is None:
         return "unsupported"
+    current, _pending = found
     return "enabled" if current == p.NVML_DEVICE_MIG_ENABLE else "disabled"
-
-
-def _optional(read):
-    try:
-        return read()
-    except nvml.pynvml.NVMLError:
-        return None
 
 
 def _text(value: bytes | str) -> str:

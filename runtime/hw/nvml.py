@@ -1,7 +1,9 @@
 """The one module that imports ``pynvml``; NVML errors are translated here, at the edge.
 
-``pynvml`` is None where the package is missing. ``nvml_call`` turns ``pynvml.NVMLError`` into
-``NVMLUnavailable`` with a message naming what was attempted.
+``pynvml`` is None where the package is missing. Every NVML call in the project goes through
+``nvml_call`` (which turns ``pynvml.NVMLError`` into ``NVMLUnavailable`` with a message naming
+what was attempted) or ``nvml_optional`` (None where NVML cannot answer); nothing else catches
+``pynvml.NVMLError``.
 """
 
 from __future__ import annotations
@@ -25,6 +27,14 @@ def nvml_call(what: str, fn: Callable[..., Any], *args: Any) -> Any:
         return fn(*args)
     except pynvml.NVMLError as exc:
         raise NVMLUnavailable(f"NVML failed to {what}: {exc} ({type(exc).__name__})") from exc
+
+
+def nvml_optional(fn: Callable[..., Any], *args: Any) -> Any:
+    """Calls ``fn(*args)``; None where NVML fails (a reading this GPU or driver may lack)."""
+    try:
+        return nvml_call("read an optional value", fn, *args)
+    except NVMLUnavailable:
+        return None
 
 
 def init() -> None:

@@ -1,4 +1,4 @@
-"""Tests for runtime.energy.gpu with pynvml replaced by a fake module."""
+"""Tests for runtime.energy.gpu with pynvml replaced by a fake (patched in runtime.hw.nvml)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from runtime.energy import gpu
+from runtime.hw import nvml
 
 
 class FakeNVMLError(Exception):
@@ -54,7 +55,7 @@ def _clear_probe_cache() -> Iterator[None]:
 
 def test_total_energy_counter(monkeypatch: pytest.MonkeyPatch) -> None:
     energy_mj = {0: 1_000, 1: 5_000}
-    monkeypatch.setattr(gpu, "pynvml", make_fake_nvml(energy_mj, {}))
+    monkeypatch.setattr(nvml, "pynvml", make_fake_nvml(energy_mj, {}))
     source = gpu.probe_gpu_energy()
     assert isinstance(source, gpu.NVMLEnergy)
     assert source.source == "nvml"
@@ -67,7 +68,7 @@ def test_total_energy_counter(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_selected_indices_and_bad_index(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(gpu, "pynvml", make_fake_nvml({0: 1, 1: 2_000}, {}))
+    monkeypatch.setattr(nvml, "pynvml", make_fake_nvml({0: 1, 1: 2_000}, {}))
     assert gpu.probe_gpu_energy((1,)).read_energy_j() == {1: 2.0}
     with pytest.raises(gpu.GPUEnergyError, match=r"\[3\]"):
         gpu.probe_gpu_energy((3,))
@@ -75,7 +76,7 @@ def test_selected_indices_and_bad_index(monkeypatch: pytest.MonkeyPatch) -> None
 
 def test_runtime_error_is_translated(monkeypatch: pytest.MonkeyPatch) -> None:
     fake = make_fake_nvml({0: 1_000}, {})
-    monkeypatch.setattr(gpu, "pynvml", fake)
+    monkeypatch.setattr(nvml, "pynvml", fake)
     source = gpu.NVMLEnergy([0])
 
     def broken(handle: int) -> int:
@@ -87,7 +88,7 @@ def test_runtime_error_is_translated(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_unsupported_gpu_falls_back_to_power_polling(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(gpu, "pynvml", make_fake_nvml({0: 10_000}, {1: 200_000}))
+    monkeypatch.setattr(nvml, "pynvml", make_fake_nvml({0: 10_000}, {1: 200_000}))
     source = gpu.probe_gpu_energy()
     try:
         assert source.source == "nvml-power-polling"
@@ -107,7 +108,7 @@ def test_unsupported_gpu_falls_back_to_power_polling(monkeypatch: pytest.MonkeyP
 
 def test_all_unsupported_gives_pure_polling(monkeypatch: pytest.MonkeyPatch) -> None:
     power_mw = {0: 100_000}
-    monkeypatch.setattr(gpu, "pynvml", make_fake_nvml({}, power_mw))
+    monkeypatch.setattr(nvml, "pynvml", make_fake_nvml({}, power_mw))
     source = gpu.probe_gpu_energy()
     try:
         assert isinstance(source, gpu.NVMLPowerPollingEnergy)
@@ -122,7 +123,7 @@ def test_all_unsupported_gives_pure_polling(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_no_pynvml_gives_null(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(gpu, "pynvml", None)
+    monkeypatch.setattr(nvml, "pynvml", None)
     source = gpu.probe_gpu_energy()
     assert isinstance(source, gpu.NullGPUEnergy)
     assert source.source == "none"
@@ -130,24 +131,24 @@ def test_no_pynvml_gives_null(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_init_failure_gives_null(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(gpu, "pynvml", make_fake_nvml({0: 1}, {}, init_fails=True))
+    monkeypatch.setattr(nvml, "pynvml", make_fake_nvml({0: 1}, {}, init_fails=True))
     source = gpu.probe_gpu_energy()
     assert source.source == "none"
     assert source.gpu_indices == []
 
 
 def test_zero_gpus_gives_null(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(gpu, "pynvml", make_fake_nvml({}, {}))
+    monkeypatch.setattr(nvml, "pynvml", make_fake_nvml({}, {}))
     assert gpu.probe_gpu_energy().source == "none"
 
 
 @pytest.mark.gpu
 def test_real_nvml_counter() -> None:
-    if gpu.pynvml is None:
+    if nvml.pynvml is None:
         pytest.skip("pynvml (nvidia-ml-py) is not installed")
     try:
-        gpu.pynvml.nvmlInit()
-    except gpu.pynvml.NVMLError as exc:
+        nvml.pynvml.nvmlInit()
+    except nvml.pynvml.NVMLError as exc:
         pytest.skip(f"NVML init failed, no usable NVIDIA driver here: {exc}")
     source = gpu.probe_gpu_energy()
     try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import types
 
 import pytest
 
@@ -14,6 +15,62 @@ from runtime.hw import gpus, nvml
 def test_no_nvml_means_no_gpus(monkeypatch):
     monkeypatch.setattr(nvml, "pynvml", None)
     assert gpus.list_gpus() == []
+
+
+class FakeNVMLError(Exception):
+    """Stands in for pynvml.NVMLError."""
+
+
+def _fake_nvml():
+    """Two GPUs: GPU 0 answers every query, GPU 1 only the required ones."""
+
+    def only_gpu0(value):
+        def read(h):
+            if h != 0:
+                raise FakeNVMLError("Not Supported")
+            return value
+
+        return read
+
+    return types.SimpleNamespace(
+        NVMLError=FakeNVMLError,
+        NVML_DEVICE_MIG_ENABLE=1,
+        nvmlInit=lambda: None,
+        nvmlDeviceGetCount=lambda: 2,
+        nvmlDeviceGetHandleByIndex=lambda i: i,
+        nvmlDeviceGetName=lambda h: b"GPU",
+        nvmlDeviceGetUUID=lambda h: f"GPU-{h}",
+        nvmlDeviceGetMemoryInfo=lambda h: types.SimpleNamespace(total=16 * 2**30),
+        nvmlDeviceGetPowerUsage=only_gpu0(70_000),
+        nvmlDeviceGetTotalEnergyConsumption=only_gpu0(5),
+        nvmlDeviceGetMigMode=only_gpu0((1, 1)),
+        nvmlDeviceGetComputeMode=only_gpu0(3),
+        nvmlDeviceGetCudaComputeCapability=only_gpu0((9, 0)),
+        nvmlDeviceGetComputeRunningProcesses=only_gpu0([types.SimpleNamespace(pid=5)]),
+    )
+
+
+def test_optional_readings_nvml_refuses_are_none_or_unsupported(monkeypatch):
+    monkeypatch.setattr(nvml, "pynvml", _fake_nvml())
+    full, bare = gpus.list_gpus()
+    assert (full.name, full.uuid, full.memory_total_mib) == ("GPU", "GPU-0", 16384)
+    assert (full.power_w, full.energy_counter, full.mig_mode) == (70.0, True, "enabled")
+    assert (full.compute_mode, full.compute_capability) == ("exclusive-process", (9, 0))
+    assert (bare.power_w, bare.energy_counter, bare.mig_mode) == (None, False, "unsupported")
+    assert (bare.compute_mode, bare.compute_capability) == ("unknown", None)
+    assert gpus.gpus_used_by([5]) == {0} and gpus.gpus_used_by([6]) == set()
+
+
+def test_a_failed_required_reading_raises_nvml_unavailable(monkeypatch):
+    fake = _fake_nvml()
+
+    def lost(h):
+        raise FakeNVMLError("GPU is lost")
+
+    fake.nvmlDeviceGetName = lost
+    monkeypatch.setattr(nvml, "pynvml", fake)
+    with pytest.raises(nvml.NVMLUnavailable, match=r"read the name: GPU is lost \(FakeNVMLError\)"):
+        gpus.list_gpus()
 
 
 def test_cli_gpu_reports_what_it_found(tmp_path):
