@@ -10,6 +10,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
+
+from autotune.cli.output import write_json
+from autotune.cli.status_view import render
+from autotune.control import protocol
+from autotune.control.protocol import MsgType
+
 START_TIMEOUT_S = 20.0
 STOP_TIMEOUT_S = 20.0
 
@@ -70,10 +77,6 @@ def _alive(pid: int) -> bool:
 
 
 def cmd_daemon(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
-    from autotune.control import protocol
-
     console = Console(stderr=True)
     try:
         endpoint = protocol.resolve_endpoint(args.control)
@@ -81,15 +84,15 @@ def cmd_daemon(args: argparse.Namespace) -> int:
         console.print(f"[red]error:[/red] {exc}")
         return 2
     if args.action == "run":
-        from autotune.control.daemon import main
+        from autotune.control.daemon import main  # optuna: only for the daemon
 
         return main(["--control", endpoint])
-    pong = protocol.request(endpoint, "PING", timeout_s=1.0)
+    pong = protocol.request(endpoint, MsgType.PING, timeout_s=1.0)
     if args.action == "stop":
         if pong is None:
             console.print(f"no daemon running on {endpoint}")
             return 0
-        answer = protocol.request(endpoint, "STOP")
+        answer = protocol.request(endpoint, MsgType.STOP)
         pid = int((answer or pong)["pid"])
         deadline = time.monotonic() + STOP_TIMEOUT_S
         while _alive(pid) and time.monotonic() < deadline:
@@ -124,7 +127,7 @@ def cmd_daemon(args: argparse.Namespace) -> int:
                 f"[red]error:[/red] the daemon exited ({proc.returncode}):\n" + "\n".join(tail)
             )
             return 1
-        pong = protocol.request(endpoint, "PING", timeout_s=0.5)
+        pong = protocol.request(endpoint, MsgType.PING, timeout_s=0.5)
         if pong is not None and pong["pid"] == proc.pid:
             console.print(f"daemon started (pid {proc.pid}) on {endpoint}; log {log}")
             return 0
@@ -137,18 +140,13 @@ def cmd_daemon(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
-    from autotune.control import protocol
-    from autotune.control.status import render, stored_status
-
     console = Console()
     try:
         endpoint = protocol.resolve_endpoint(args.control)
     except protocol.ControlError as exc:
         console.print(f"[red]error:[/red] {exc}")
         return 2
-    answer = protocol.request(endpoint, "STATUS")
+    answer = protocol.request(endpoint, MsgType.STATUS)
     doc: dict[str, Any] = {"daemon": None, "jobs": []}
     if answer is None:
         console.print(f"no daemon running on {endpoint}")
@@ -161,6 +159,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             f"{doc['daemon']['uptime_s']:.0f} s, {len(jobs)} job(s)"
         )
     if args.study is not None and not doc["jobs"]:
+        from autotune.control.status import stored_status  # optuna: only to read storage
         from autotune.tuning.storage import StudyError
 
         try:
@@ -173,7 +172,5 @@ def cmd_status(args: argparse.Namespace) -> int:
         console.print("give --study NAME [--storage URL] to read a stored study")
     for job in doc["jobs"]:
         render(console, job, args.history)
-    from autotune.cli.main import write_json
-
     write_json(args.json, doc)
     return 0

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+from autotune.cli.output import write_json
+
+if TYPE_CHECKING:
+    from autotune.tuning.offline_study import OfflineStudy
+    from autotune.workflows.study import StudyOptions
 
 
 def add_study_command(sub: Any) -> None:
@@ -143,222 +152,49 @@ def add_study_command(sub: Any) -> None:
     study.set_defaults(func=cmd_study)
 
 
-def study_name(args: argparse.Namespace) -> str:
-    if args.study:
-        return args.study
-    from autotune.wrap.wrapper import script_name
-
-    return f"study-{script_name(args.cmd)}" if args.cmd else f"study-{args.env}"
-
-
-def check_args(args: argparse.Namespace) -> None:
-    """Raises ValueError saying which settings are wrong and what is allowed."""
-    args.cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
-    if args.trials < 1 or not args.trial_s > args.warmup_s >= 0:
-        raise ValueError(
-            f"--trials {args.trials}, --trial-s {args.trial_s}, --warmup-s "
-            f"{args.warmup_s}: need trials >= 1, trial-s > warmup-s >= 0"
-        )
-    if args.reference_every < 0:
-        raise ValueError(
-            f"--reference-every {args.reference_every}: allowed 0 (never) or K "
-            ">= 1 (a reference run after every K trials)"
-        )
-    if args.reference_every and args.workers > 1:
-        raise ValueError(
-            f"--reference-every with --workers {args.workers}: each worker runs on "
-            "its own slice of the machine, which one reference cannot scale; run "
-            "the study in one process (--workers 1)"
-        )
-    if not 0 <= args.confirm <= args.trials:
-        raise ValueError(f"--confirm {args.confirm}: allowed 0..--trials ({args.trials})")
-    if args.workers < 1 or args.workers > args.trials:
-        raise ValueError(f"--workers {args.workers}: allowed 1..--trials ({args.trials})")
-    if args.cmd and not args.knob:
-        raise ValueError("-- CMD: give at least one --knob NAME=SPEC for the script")
-    resolve_base(args)
-
-
-def resolve_base(args: argparse.Namespace) -> None:
-    """Sets ``args.env``, ``args.policy`` and ``args.base`` (the ``--from`` config as a dict,
-    or None): the flags given win over the file's, the file's over the defaults.
+def study_options(args: argparse.Namespace) -> StudyOptions:
+    """The resolved ``StudyOptions`` of parsed ``autotune study`` flags.
 
     Raises:
-        ValueError: a ``--from`` file that holds no valid config, or one given with -- CMD.
+        ValueError: saying which settings are wrong and what is allowed.
     """
-    args.base = None
-    if getattr(args, "from_config", None) is not None:
-        if args.cmd:
-            raise ValueError(
-                "--from: a train config; a wrapped script (-- CMD) takes its settings from --knob"
-            )
-        from autotune.workflows.export import ExportError, load_config
-        from runtime.config import ConfigError
+    from autotune.workflows.study import StudyOptions, resolve_options  # optuna
 
-        try:
-            cfg = load_config(args.from_config, flag="--from")
-        except ExportError as exc:
-            raise ValueError(str(exc)) from None
-        except ConfigError as exc:
-            raise ValueError(f"--from {args.from_config}: {exc}") from None
-        args.env = args.env or cfg.env
-        args.policy = args.policy or cfg.policy
-        args.seed = cfg.seed if args.seed is None else args.seed
-        args.base = cfg.to_dict()
-    args.env = args.env or "CartPole-v1"
-    args.policy = args.policy or "auto"
-    args.seed = 0 if args.seed is None else args.seed
-
-
-def make_study(args: argparse.Namespace, cores: int | None = None, gpu: int | None = None) -> Any:
-    """The ``OfflineStudy`` these arguments describe; a worker passes its core count and GPU.
-
-    Raises:
-        KnobError, StudyError, ValueError: bad knobs, storage or settings.
-    """
-    import os
-
-    from autotune.tuning.knobs import KnobError, Machine, build_space
-    from autotune.tuning.offline_study import OBJECTIVES, OfflineStudy, ScriptTrials, TrainTrials
-    from autotune.tuning.storage import open_study
-
-    meta: dict[str, Any] = {"objective": args.objective, "trial_s": args.trial_s}
-    if args.cmd:
-        from autotune.wrap.wrapper import Wrapper, parse_knob
-
-        space = [parse_knob(k) for k in args.knob]
-        if len({k.name for k in space}) != len(space):
-            raise KnobError(f"a knob is given twice: {[k.name for k in space]}")
-        trials: Any = ScriptTrials(Wrapper(args.cmd, args.trial_s, args.report_timeout_s), space)
-        meta.update(kind="script", cmd=args.cmd)
-    else:
-        here = Machine.here()
-        machine = Machine(cores or here.cores, here.gpus if gpu is None else 1)
-        knobs = build_space(machine, args.knob)
-        base = _base_config(args)
-        _check_workload(base)
-        meter = None
-        if args.workers > 1:
-            meter = _worker_meter(gpu)
-        trials = TrainTrials(knobs, base, args.warmup_s, meter=meter)
-        meta.update(
-            kind="train",
+    return resolve_options(
+        StudyOptions(
             env=args.env,
             policy=args.policy,
+            seed=args.seed,
+            from_config=args.from_config,
+            trials=args.trials,
+            trial_s=args.trial_s,
             warmup_s=args.warmup_s,
-            base=base.to_dict(),
-            fixed=trials.fixed,
-            machine={
-                "cores": os.cpu_count(),
-                "gpus": here.gpus,
-                "worker_cores": machine.cores,
-                "sm_count": _sm_count(here),
-            },
+            knobs=tuple(args.knob or ()),
+            objective=args.objective,
+            confirm=args.confirm,
+            reference_every=args.reference_every,
+            profile=not args.no_profile,
+            workers=args.workers,
+            report_timeout_s=args.report_timeout_s,
+            storage=args.storage,
+            study=args.study,
+            cmd=tuple(args.cmd),
         )
-    study = open_study(
-        args.storage, study_name(args), seed=args.seed, metrics=OBJECTIVES[args.objective]
     )
-    offline = OfflineStudy(
-        study,
-        trials,
-        args.objective,
-        profile=not args.no_profile,
-        reference_every=args.reference_every,
-    )
-    if "autotune" not in study.user_attrs:
-        study.set_user_attr("autotune", {**meta, "default": trials.default()})
-    elif "base" in meta:
-        _check_same_base(study, meta["base"])
-    return offline
-
-
-def _check_same_base(study: Any, base: dict[str, Any]) -> None:
-    """Raises ValueError if a resumed study's trials would start from another config than its
-    first session's (``export`` builds its config from that one)."""
-    import json
-
-    stored = study.user_attrs["autotune"].get("base") or {}
-    now = json.loads(json.dumps(base))  # tuples as the storage keeps them: lists
-    differ = sorted(k for k in stored if k != "max_wall_s" and stored[k] != now.get(k))
-    if differ:
-        changes = ", ".join(f"{k}: {stored[k]!r} -> {now.get(k)!r}" for k in differ)
-        raise ValueError(
-            f"study {study.study_name!r} was started from another config ({changes}); "
-            "its trials and export assume that one: give the same --from, --env, "
-            "--policy and --seed, or a new --study"
-        )
-
-
-def _check_workload(base: Any) -> None:
-    """Raises ValueError, before any trial, for an env or a policy spec that cannot run."""
-    from runtime.config import ConfigError
-
-    try:
-        base.check_workload()
-    except ConfigError as exc:
-        raise ValueError(
-            f"--env {base.env} --policy {base.policy}: {'; '.join(exc.problems)}"
-        ) from None
-
-
-def _base_config(args: argparse.Namespace) -> Any:
-    """The config every trial starts from: the ``--from`` one (or the defaults) on this
-    study's env, policy and seed, running for ``--trial-s`` with no checkpoint."""
-    from runtime.config import TrainConfig
-
-    doc = dict(args.base or {})
-    doc.update(
-        env=args.env,
-        policy=args.policy,
-        seed=args.seed,
-        steps=10**12,
-        max_wall_s=args.trial_s,
-        checkpoint=None,
-    )
-    return TrainConfig.from_dict(doc)
-
-
-def _sm_count(machine: Any) -> int | None:
-    if not machine.gpus:
-        return None
-    import torch
-
-    return int(torch.cuda.get_device_properties(0).multi_processor_count)
-
-
-def _worker_meter(gpu: int | None) -> Any:
-    """A local worker's meter: its own GPU and the CPU time of its own processes (RAPL and the
-    machine-wide model would charge every worker for the others)."""
-    import os
-
-    from runtime.energy import EnergyMeter
-    from runtime.energy.cpu import CPUModelEnergy, tree_pids
-    from runtime.energy.gpu import NullGPUEnergy, probe_gpu_energy
-
-    def meter() -> Any:
-        gpu_source = NullGPUEnergy() if gpu is None else probe_gpu_energy((gpu,))
-        return EnergyMeter(gpu=gpu_source, cpu=CPUModelEnergy(pids=lambda: tree_pids(os.getpid())))
-
-    return meter
 
 
 def cmd_study(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
-
-    from autotune.cli.main import write_json
+    # optuna and the runtime: imported by the command that needs them, not by every command
     from autotune.tuning.knobs import KnobError
     from autotune.tuning.storage import StudyError
+    from autotune.workflows.study import make_study, run_here, summary
+    from autotune.workflows.study_workers import plan_workers, run_workers
 
     console = Console(stderr=True)
     try:
-        check_args(args)
-        plan = []
-        if args.workers > 1:
-            from autotune.workflows.study_workers import plan_workers
-
-            plan = plan_workers(args)
-        offline = make_study(args, cores=len(plan[0].cores) if plan else None)
+        options = study_options(args)
+        plan = plan_workers(options) if options.workers > 1 else []
+        offline = make_study(options, cores=len(plan[0].cores) if plan else None)
     except (KnobError, StudyError, ValueError) as exc:
         console.print(f"[red]error:[/red] {exc}")
         return 2
@@ -379,12 +215,10 @@ def cmd_study(args: argparse.Namespace) -> int:
             progress.console.print(describe(row))
             progress.update(task, advance=1, best=best_text(offline))
 
-        if args.workers > 1:
-            from autotune.workflows.study_workers import run_workers
-
-            interrupted = run_workers(args, plan, done, say=progress.console.print)
+        if options.workers > 1:
+            interrupted = run_workers(options, plan, done, say=progress.console.print)
         else:
-            interrupted = _run_here(offline, args.trials, args.confirm, done)
+            interrupted = run_here(offline, options.trials, options.confirm, done)
     closer = getattr(offline.trials, "wrapper", None)
     if closer is not None:
         closer.close()
@@ -402,17 +236,6 @@ def cmd_study(args: argparse.Namespace) -> int:
     return 130 if interrupted else (0 if doc["best"] is not None else 1)
 
 
-def _run_here(offline: Any, trials: int, confirm: int, done: Any) -> bool:
-    """Runs ``trials`` trials in this process, the last ``confirm`` of them confirmations;
-    True if Ctrl-C cut them."""
-    try:
-        for i in range(trials):
-            done(offline.step(confirm=i >= trials - confirm).__dict__)
-    except KeyboardInterrupt:
-        return True
-    return False
-
-
 def describe(row: dict[str, Any]) -> str:
     head = f"trial {row['number']} ({row['role']}) {row['values']}"
     if row.get("worker") is not None:
@@ -426,25 +249,11 @@ def describe(row: dict[str, Any]) -> str:
     return text
 
 
-def best_text(offline: Any) -> str:
-    from autotune.tuning.storage import best_trial, pareto_front
+def best_text(offline: OfflineStudy) -> str:
+    from autotune.tuning.storage import best_trial, pareto_front  # optuna
 
     if len(offline.metrics) > 1:
         front = pareto_front(offline.study)
         return f"Pareto front: {len(front)} trials" if front else ""
     best = best_trial(offline.study)
     return f"best: trial {best.number} {best.params} -> {best.value:.4g}" if best else ""
-
-
-def summary(study: Any, objective: str) -> dict[str, Any]:
-    """The best trial (by steps/J for ``both``) and the Pareto front, for ``--json``."""
-    from autotune.tuning.storage import best_trial, pareto_front
-
-    def trial_doc(t: Any) -> dict[str, Any]:
-        return {"number": t.number, "values": t.params, "objective": t.values, **t.user_attrs}
-
-    best = best_trial(study, metric=1 if objective == "both" else 0)
-    return {
-        "best": None if best is None else trial_doc(best),
-        "pareto_front": [trial_doc(t) for t in pareto_front(study)],
-    }

@@ -7,8 +7,9 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from autotune.cli.main import write_json
+from autotune.cli.output import write_json
 from autotune.cli.train_config import train_config
+from autotune.cli.tune_flags import add_tune_args, tune_options
 
 
 def add_train_command(sub: Any) -> None:
@@ -156,8 +157,6 @@ def add_train_command(sub: Any) -> None:
         metavar="P",
         help="MPS active-thread percentage (1..100) of the inference GMI (default: no limit)",
     )
-    from autotune.workflows.tune import add_tune_args
-
     add_tune_args(train)
     train.add_argument(
         "--max-wall-s",
@@ -311,9 +310,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     tuning = None
     if args.tune:
         try:
-            from autotune.workflows.tune import start_tuning
+            from autotune.workflows.tune import start_tuning  # optuna: only when tuning
 
-            tuning = start_tuning(args, cfg, runner)
+            tuning = start_tuning(tune_options(args), cfg, runner)
         except ValueError as exc:  # KnobError, StudyError, ControlError, bad settings, refusal
             console.print(f"[red]error:[/red] {exc}")
             return 2

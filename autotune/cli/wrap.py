@@ -126,7 +126,7 @@ def _wrap_restart(
     study: Any,
     wrapper: Any,
 ) -> int:
-    from autotune.cli.main import write_json
+    from autotune.cli.output import write_json
     from autotune.tuning.storage import (
         ask,
         best_trial,
@@ -214,8 +214,8 @@ def _wrap_live(
     wrapper: Any,
 ) -> int:
     from autotune.tuning.online_tuner import OnlineTuner
+    from autotune.tuning.runner_job import tuning_doc
     from autotune.tuning.settings import TunerSettings
-    from autotune.workflows.tune import tuning_doc
     from autotune.wrap.live import LiveModeUnsupported, run_live
 
     knobs = {k.name: k for k in space}
@@ -249,7 +249,7 @@ def _wrap_live(
     console.print(
         f"script exited with code {code}; {tuner.trials_done} configs tried; best: {said}"
     )
-    from autotune.cli.main import write_json
+    from autotune.cli.output import write_json
 
     write_json(args.json, doc)
     return 0 if best is not None else 1

@@ -23,6 +23,11 @@ import json
 import os
 from typing import Any
 
+import zmq
+
+from autotune.control import protocol
+from autotune.control.protocol import MsgType
+
 ENV_KNOBS = "AUTOTUNE_KNOBS"
 ENV_ENDPOINT = "AUTOTUNE_WRAP"
 ENV_TRIAL = "AUTOTUNE_TRIAL"
@@ -65,10 +70,6 @@ def knobs(defaults: dict[str, Any] | None = None) -> dict[str, Any]:
 
 class _Link:
     def __init__(self, endpoint: str) -> None:
-        import zmq
-
-        from autotune.control import protocol
-
         self.zmq, self.control = zmq, protocol
         self.ctx = zmq.Context()
         self.sock = protocol.dealer(self.ctx, endpoint)
@@ -89,7 +90,7 @@ class _Link:
                 msg = self.control.decode(self.sock.recv())
             except ValueError:
                 continue
-            if msg["type"] == "KNOBS" and int(msg["seq"]) > self.seq:
+            if msg["type"] == MsgType.KNOBS and int(msg["seq"]) > self.seq:
                 self.seq, newest = int(msg["seq"]), dict(msg["values"])
         return newest
 
@@ -108,7 +109,7 @@ def report(steps: int | None = None, **metrics: float) -> None:
     link = _get_link()
     if link is not None:
         link.send(
-            "REPORT",
+            MsgType.PROGRESS,
             steps=None if steps is None else int(steps),
             metrics={k: float(v) for k, v in metrics.items()},
         )
@@ -122,7 +123,7 @@ def poll() -> dict[str, Any] | None:
     if link is None:
         return None
     new = link.take()
-    link.send("POLL", seq=link.seq)
+    link.send(MsgType.POLL, seq=link.seq)
     if new is not None:
         _current = new
     return new

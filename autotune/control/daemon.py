@@ -28,8 +28,15 @@ from typing import Any
 import zmq
 
 from autotune.control import protocol
+from autotune.control.protocol import MsgType, knobs_from_wire, knobs_to_wire
+from autotune.control.status import live_rates, study_summary
 from autotune.tuning.counters import Counters, Measurement, measure
 from autotune.tuning.knobs import Knob
+from autotune.tuning.online_tuner import OnlineTuner
+from autotune.tuning.runner_job import tuning_doc
+from autotune.tuning.settings import TunerSettings
+from autotune.tuning.storage import open_study
+from runtime.config import ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -60,11 +67,9 @@ class RemoteJob:
 
     def resend(self) -> None:
         self.sent_at = time.monotonic()
-        self._send("APPLY", seq=self.seq, values=self.values)
+        self._send(MsgType.APPLY, seq=self.seq, values=self.values)
 
     def ready(self) -> bool:
-        from runtime.config import ConfigError
-
         if self.applied < self.seq:
             return False
         if self.refused is not None:
@@ -95,30 +100,12 @@ class Session:
     job_id: str
     identity: bytes
     hello: dict[str, Any]
-    tuner: Any
+    tuner: OnlineTuner
     space: dict[str, Knob]
     remote: RemoteJob
     last_seen: float
     config: dict[str, Any] = field(default_factory=dict)
     recent: collections.deque = field(default_factory=lambda: collections.deque(maxlen=64))
-
-
-def knobs_to_wire(space: dict[str, Knob]) -> dict[str, Any]:
-    return {
-        k.name: {"choices": list(k.choices), "apply": k.apply, "unavailable": k.unavailable}
-        for k in space.values()
-    }
-
-
-def knobs_from_wire(doc: dict[str, Any]) -> dict[str, Knob]:
-    """Raises ``ValueError`` for a malformed knob space."""
-    try:
-        return {
-            name: Knob(name, tuple(k["choices"]), str(k["apply"]), k.get("unavailable"))
-            for name, k in doc.items()
-        }
-    except (AttributeError, KeyError, TypeError) as exc:
-        raise ValueError(f"malformed knob space: {exc}") from None
 
 
 class Daemon:
@@ -142,7 +129,7 @@ class Daemon:
         Raises:
             protocol.ControlError: if another daemon answers on the endpoint.
         """
-        other = protocol.request(self.endpoint, "PING", timeout_s=1.0)
+        other = protocol.request(self.endpoint, MsgType.PING, timeout_s=1.0)
         if other is not None:
             raise protocol.ControlError(
                 f"a daemon already runs on {self.endpoint} (pid {other.get('pid')})"
@@ -183,7 +170,7 @@ class Daemon:
 
     # --- messages ---------------------------------------------------------------------------
 
-    def _send(self, identity: bytes, kind: str, **body: Any) -> None:
+    def _send(self, identity: bytes, kind: MsgType, **body: Any) -> None:
         try:
             self.sock.send_multipart([identity, protocol.encode(kind, **body)], zmq.NOBLOCK)
         except zmq.ZMQError as exc:  # the peer left (ROUTER_MANDATORY) or is not reading
@@ -196,43 +183,43 @@ class Daemon:
             msg = protocol.decode(frames[-1])
         except ValueError as exc:
             logger.warning("dropped a control message: %s", exc)
-            self._send(identity, "ERROR", message=str(exc))
+            self._send(identity, MsgType.ERROR, message=str(exc))
             return
         kind = msg["type"]
-        if kind == "PING":
+        if kind == MsgType.PING:
             self._send(
-                identity, "PONG", pid=os.getpid(), endpoint=self.endpoint, jobs=len(self.sessions)
+                identity,
+                MsgType.PONG,
+                pid=os.getpid(),
+                endpoint=self.endpoint,
+                jobs=len(self.sessions),
             )
-        elif kind == "STATUS":
-            self._send(identity, "STATUS", status=self.status())
-        elif kind == "STOP":
-            self._send(identity, "STOPPING", pid=os.getpid())
+        elif kind == MsgType.STATUS:
+            self._send(identity, MsgType.STATUS, status=self.status())
+        elif kind == MsgType.STOP:
+            self._send(identity, MsgType.STOPPING, pid=os.getpid())
             self.stopping = True
-        elif kind == "HELLO":
+        elif kind == MsgType.HELLO:
             self._hello(identity, msg)
-        elif kind in ("REPORT", "BYE"):
+        elif kind in (MsgType.REPORT, MsgType.BYE):
             session = self.sessions.get(str(msg.get("job")))
             if session is None:
-                self._send(identity, "WHO")
-            elif kind == "BYE":
+                self._send(identity, MsgType.WHO)
+            elif kind == MsgType.BYE:
                 doc = self._tuning_doc(session)
                 self._drop(session, "job ended")
-                self._send(identity, "FAREWELL", tuning=doc)
+                self._send(identity, MsgType.FAREWELL, tuning=doc)
             else:
                 self._report(session, identity, msg)
         else:
             self._send(
                 identity,
-                "ERROR",
-                message=f"unknown message type {kind!r}; allowed: "
-                f"{protocol.JOB_TYPES + protocol.CLIENT_TYPES}",
+                MsgType.ERROR,
+                message=f"the daemon does not take {kind.value} messages; allowed: "
+                f"{[m.value for m in protocol.DAEMON_TAKES]}",
             )
 
     def _hello(self, identity: bytes, msg: dict[str, Any]) -> None:
-        from autotune.tuning.online_tuner import OnlineTuner
-        from autotune.tuning.settings import TunerSettings
-        from autotune.tuning.storage import open_study
-
         job_id = str(msg.get("job"))
         old = self.sessions.get(job_id)
         if old is not None:
@@ -244,7 +231,7 @@ class Daemon:
             ):
                 self._send(
                     identity,
-                    "ERROR",
+                    MsgType.ERROR,
                     message=f"study {msg.get('study')!r} is being "
                     f"tuned for job {other.job_id} (pid {other.hello.get('pid')}); "
                     "give this job another --study",
@@ -262,7 +249,7 @@ class Daemon:
             study = open_study(msg["storage"], msg["study"], seed=msg.get("seed"), grid=grid)
             tuner = OnlineTuner(study, space, remote, settings, msg["base"])
         except (KeyError, TypeError, ValueError) as exc:  # StudyError, bad settings or knobs
-            self._send(identity, "ERROR", message=f"cannot tune job {job_id}: {exc}")
+            self._send(identity, MsgType.ERROR, message=f"cannot tune job {job_id}: {exc}")
             return
         self.sessions[job_id] = Session(
             job_id, identity, msg, tuner, space, remote, time.monotonic(), config=dict(msg["base"])
@@ -275,7 +262,7 @@ class Daemon:
             msg["study"],
             tuner.trials_done,
         )
-        self._send(identity, "WELCOME", job=job_id, trials=tuner.trials_done)
+        self._send(identity, MsgType.WELCOME, job=job_id, trials=tuner.trials_done)
 
     def _report(self, session: Session, identity: bytes, msg: dict[str, Any]) -> None:
         session.identity = identity
@@ -315,15 +302,11 @@ class Daemon:
     # --- reading ----------------------------------------------------------------------------
 
     def _tuning_doc(self, session: Session) -> dict[str, Any]:
-        from autotune.workflows.tune import tuning_doc
-
         return tuning_doc(session.tuner, session.space)
 
     def status(self) -> dict[str, Any]:
         """What ``autotune status`` shows: the daemon and, per job, the current config, live
         rates, the best so far and the trial history."""
-        from autotune.control.status import live_rates, study_summary
-
         jobs = []
         for s in self.sessions.values():
             cur = s.tuner.current

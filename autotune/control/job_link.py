@@ -22,7 +22,8 @@ from typing import Any
 import zmq
 
 from autotune.control import protocol
-from autotune.tuning.counters import read_counters
+from autotune.control.protocol import MsgType
+from autotune.tuning.runner_job import config_changes, knob_values, read_counters
 
 logger = logging.getLogger(__name__)
 
@@ -60,12 +61,12 @@ class DaemonLink:
             return False
         if not self.sock.poll(int(timeout_s * 1000), zmq.POLLOUT):
             return False
-        self._send("HELLO", **self.hello)
+        self._send(MsgType.HELLO, **self.hello)
         deadline = time.monotonic() + timeout_s
         while (left := deadline - time.monotonic()) > 0:
             if self.sock.poll(int(left * 1000)):
                 msg = protocol.decode(self.sock.recv())
-                if msg["type"] == "ERROR":
+                if msg["type"] == MsgType.ERROR:
                     raise DaemonRefused(msg.get("message", "refused"))
                 self._handle(msg)
                 if self.registered:
@@ -76,7 +77,7 @@ class DaemonLink:
         """Says goodbye; returns the daemon's tuning section for the result (None if the
         daemon is gone)."""
         try:
-            if self.registered and self._send("BYE", job=self.job_id):
+            if self.registered and self._send(MsgType.BYE, job=self.job_id):
                 deadline = time.monotonic() + timeout_s
                 while self.tuning is None and (left := deadline - time.monotonic()) > 0:
                     if self.sock.poll(int(left * 1000)):
@@ -97,7 +98,7 @@ class DaemonLink:
         if now - self.last_report >= protocol.REPORT_INTERVAL_S:
             self.last_report = now
             self._send(
-                "REPORT",
+                MsgType.REPORT,
                 job=self.job_id,
                 counters=read_counters(self.runner).to_wire(),
                 settled=self.runner.settled(),
@@ -107,8 +108,6 @@ class DaemonLink:
             )
 
     def _config(self) -> dict[str, Any]:
-        from autotune.workflows.tune import knob_values
-
         return knob_values(self.runner.cfg, self.hello["base"])
 
     def _send(self, kind: str, **body: Any) -> bool:
@@ -119,11 +118,10 @@ class DaemonLink:
             return False
 
     def _handle(self, msg: dict[str, Any]) -> None:
-        from autotune.workflows.tune import config_changes
         from runtime.config import ConfigError
 
         kind = msg["type"]
-        if kind == "WELCOME":
+        if kind == MsgType.WELCOME:
             self.registered = True
             self.registrations += 1
             self.applied, self.refused = 0, None  # sequence numbers are per registration
@@ -133,10 +131,10 @@ class DaemonLink:
                 self.job_id,
                 msg.get("trials"),
             )
-        elif kind == "WHO":
+        elif kind == MsgType.WHO:
             logger.warning("the daemon does not know this job (restarted?); registering again")
-            self._send("HELLO", **self.hello)
-        elif kind == "APPLY":
+            self._send(MsgType.HELLO, **self.hello)
+        elif kind == MsgType.APPLY:
             try:
                 seq, values = int(msg["seq"]), dict(msg["values"])
             except (KeyError, TypeError, ValueError) as exc:
@@ -151,7 +149,7 @@ class DaemonLink:
                 why = str(exc) if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}"
                 self.refused = why
             self.applied = seq
-        elif kind == "FAREWELL":
+        elif kind == MsgType.FAREWELL:
             self.tuning = msg.get("tuning")
-        elif kind == "ERROR":
+        elif kind == MsgType.ERROR:
             logger.warning("the daemon says: %s", msg.get("message"))

@@ -1,21 +1,27 @@
-"""The daemon's control socket: where it lives and the messages that cross it.
+"""The control plane's one protocol: where the daemon's socket lives, and every message that
+crosses a control socket (``MsgType``), between a training job and the daemon, a client and the
+daemon, and a wrapped script and its wrapper.
 
 Where: ``ipc://<state dir>/control.sock``. The state dir is private to the user (created 0700,
 refused if another user owns it or others can write to it): ``$AUTOTUNE_HOME``, else
 ``$XDG_RUNTIME_DIR/autotune``, else ``/tmp/autotune-<uid>``. ``--control`` (or
 ``$AUTOTUNE_CONTROL``) picks another ``ipc://`` path or a loopback ``tcp://127.0.0.1:PORT``;
-any other address is refused, since whoever reaches the socket can reconfigure jobs.
+any other address is refused, since whoever reaches the socket can reconfigure jobs. A wrapped
+script reaches its wrapper on a private ``ipc://`` socket named in ``$AUTOTUNE_WRAP``.
 
 Messages: one frame, a msgpack map ``{"v": PROTOCOL_VERSION, "type": TYPE, ...}`` (a ROUTER
 adds the peer's identity frame in front). Nothing off the socket is unpickled.
 
-    job    -> daemon  HELLO    register: job id, pid, env, study, storage, settings, knobs, base
-                      REPORT   every REPORT_INTERVAL_S: counters, settled, config, applied seq
-                      BYE      the job is ending
-    daemon -> job     WELCOME  registered          ERROR  refused, with the reason
-                      APPLY    seq + knob values   WHO    unknown job: send HELLO again
-                      FAREWELL the tuning section for the job's result
-    client -> daemon  PING, STATUS, STOP;  daemon -> client  PONG, STATUS, STOPPING
+    job     -> daemon   HELLO    register: job id, pid, env, study, storage, settings, knobs, base
+                        REPORT   every REPORT_INTERVAL_S: counters, settled, config, applied seq
+                        BYE      the job is ending
+    daemon  -> job      WELCOME  registered          ERROR  refused, with the reason
+                        APPLY    seq + knob values   WHO    unknown job: send HELLO again
+                        FAREWELL the tuning section for the job's result
+    client  -> daemon   PING, STATUS, STOP;  daemon -> client  PONG, STATUS, STOPPING
+    script  -> wrapper  PROGRESS the script's running step total and metrics
+                        POLL     live mode: the script is at a safe point, has taken seq
+    wrapper -> script   KNOBS    live mode: seq + new knob values
 """
 
 from __future__ import annotations
@@ -23,12 +29,15 @@ from __future__ import annotations
 import ipaddress
 import os
 import stat
+from enum import Enum
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
 import msgpack
 import zmq
+
+from autotune.tuning.knobs import Knob
 
 PROTOCOL_VERSION = 1
 REPORT_INTERVAL_S = 0.5
@@ -40,8 +49,38 @@ REQUEST_TIMEOUT_S = 3.0
 APPLY_RESEND_S = 2.0
 """An APPLY the job has not acknowledged is sent again after this long."""
 
-JOB_TYPES = ("HELLO", "REPORT", "BYE")
-CLIENT_TYPES = ("PING", "STATUS", "STOP")
+
+class MsgType(str, Enum):
+    """Every message type of the control plane (see the module docstring for who sends it)."""
+
+    HELLO = "HELLO"
+    REPORT = "REPORT"
+    BYE = "BYE"
+    WELCOME = "WELCOME"
+    ERROR = "ERROR"
+    APPLY = "APPLY"
+    WHO = "WHO"
+    FAREWELL = "FAREWELL"
+    PING = "PING"
+    STATUS = "STATUS"
+    STOP = "STOP"
+    PONG = "PONG"
+    STOPPING = "STOPPING"
+    PROGRESS = "PROGRESS"
+    POLL = "POLL"
+    KNOBS = "KNOBS"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+JOB_TYPES = (MsgType.HELLO, MsgType.REPORT, MsgType.BYE)
+"""What a training job sends the daemon."""
+CLIENT_TYPES = (MsgType.PING, MsgType.STATUS, MsgType.STOP)
+"""What ``autotune daemon`` and ``autotune status`` send the daemon."""
+DAEMON_TAKES = JOB_TYPES + CLIENT_TYPES
+SCRIPT_TYPES = (MsgType.PROGRESS, MsgType.POLL)
+"""What a wrapped script sends its wrapper."""
 
 
 class ControlError(ValueError):
@@ -102,15 +141,18 @@ def ipc_path(endpoint: str) -> Path | None:
     return Path(endpoint[len("ipc://") :]) if endpoint.startswith("ipc://") else None
 
 
-def encode(kind: str, **body: Any) -> bytes:
-    return msgpack.packb({"v": PROTOCOL_VERSION, "type": kind, **body}, use_bin_type=True)
+def encode(kind: MsgType, **body: Any) -> bytes:
+    """One message of type ``kind`` with ``body``'s fields."""
+    return msgpack.packb(
+        {"v": PROTOCOL_VERSION, "type": MsgType(kind).value, **body}, use_bin_type=True
+    )
 
 
 def decode(frame: bytes) -> dict[str, Any]:
-    """The message in ``frame``.
+    """The message in ``frame``, its ``type`` a ``MsgType``.
 
     Raises:
-        ValueError: for bytes that are not a map of this protocol version with a type.
+        ValueError: for bytes that are not a map of this protocol version with a known type.
     """
     try:
         msg = msgpack.unpackb(frame, raw=False, strict_map_key=False)
@@ -122,6 +164,12 @@ def decode(frame: bytes) -> dict[str, Any]:
         raise ValueError(
             f"control protocol version {msg.get('v')!r}; this side speaks {PROTOCOL_VERSION}"
         )
+    try:
+        msg["type"] = MsgType(msg["type"])
+    except ValueError:
+        raise ValueError(
+            f"unknown message type {msg['type']!r}; allowed: {[m.value for m in MsgType]}"
+        ) from None
     return msg
 
 
@@ -143,7 +191,7 @@ def daemon_present(endpoint: str) -> bool:
 
 
 def request(
-    endpoint: str, kind: str, timeout_s: float = REQUEST_TIMEOUT_S, **body: Any
+    endpoint: str, kind: MsgType, timeout_s: float = REQUEST_TIMEOUT_S, **body: Any
 ) -> dict[str, Any] | None:
     """Sends one client message and returns the daemon's answer, or None if no daemon
     answered within ``timeout_s``."""
@@ -161,3 +209,22 @@ def request(
         return decode(sock.recv())
     finally:
         sock.close(linger=0)
+
+
+def knobs_to_wire(space: dict[str, Knob]) -> dict[str, Any]:
+    """A knob space as a HELLO carries it."""
+    return {
+        k.name: {"choices": list(k.choices), "apply": k.apply, "unavailable": k.unavailable}
+        for k in space.values()
+    }
+
+
+def knobs_from_wire(doc: dict[str, Any]) -> dict[str, Knob]:
+    """Raises ``ValueError`` for a malformed knob space."""
+    try:
+        return {
+            name: Knob(name, tuple(k["choices"]), str(k["apply"]), k.get("unavailable"))
+            for name, k in doc.items()
+        }
+    except (AttributeError, KeyError, TypeError) as exc:
+        raise ValueError(f"malformed knob space: {exc}") from None

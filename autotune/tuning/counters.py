@@ -1,15 +1,14 @@
 """What a tuner measures a running job by: cumulative counters read now and then, and the
 ``Measurement`` of a window as the difference of two readings.
 
-A job in this process (``autotune.workflows.tune.RunnerJob``) reads them at the window's edges; a job
-registered with the daemon (``autotune.control.daemon``) sends a reading with every report, and the
-daemon measures between the reports at the window's edges. Either way, steps, joules and time
-of one reading come from the same instant, so a window's figures are consistent.
+A job in this process (``autotune.tuning.runner_job.RunnerJob``) reads them at the window's
+edges; a job registered with the daemon (``autotune.control.daemon``) sends a reading with every
+report, and the daemon measures between the reports at the window's edges. Either way, steps,
+joules and time of one reading come from the same instant, so a window's figures are consistent.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -64,25 +63,6 @@ class Counters:
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"malformed counters {doc!r}: {exc}") from None
-
-
-def read_counters(runner: Any) -> Counters:
-    """Reads a running ``runtime.runner.Runner``: its telemetry and the energy window it keeps
-    open for the whole run."""
-    from runtime.runner import RUN_WINDOW
-
-    tel = runner.telemetry
-    steps = tel.trained_steps
-    mean_lag, _ = tel.policy_lag()
-    energy = runner.meter.peek_window(RUN_WINDOW)
-    return Counters(
-        time.monotonic(),
-        steps,
-        mean_lag * steps,
-        energy.gpu_total_j,
-        energy.cpu_energy_j,
-        energy.cpu_source,
-    )
 
 
 def measure(a: Counters, b: Counters) -> Measurement:

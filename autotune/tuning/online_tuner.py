@@ -34,13 +34,14 @@ import math
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any
 
 import optuna
 from optuna.trial import TrialState
 
 from autotune.tuning.counters import Measurement
+from autotune.tuning.job import History, Job
 from autotune.tuning.knobs import Knob
 from autotune.tuning.settings import TunerSettings, constraint_values, objective_value
 from autotune.tuning.storage import (
@@ -52,26 +53,11 @@ from autotune.tuning.storage import (
     failed_configs,
     skip_if_failed,
 )
+from runtime.config import ConfigError
 
 logger = logging.getLogger(__name__)
 
 MEASURED = tuple(Measurement.__dataclass_fields__)
-
-
-class Job(Protocol):
-    """What the tuner drives: a running training job (``autotune.workflows.tune.RunnerJob``)."""
-
-    def apply(self, values: dict[str, Any]) -> None:
-        """Asks for the config; raises ``runtime.config.ConfigError`` if it is refused."""
-
-    def ready(self) -> bool:
-        """Whether the last change has taken effect (actors replaced, GMIs handed over).
-        Raises ``runtime.config.ConfigError`` if it was refused or failed after ``apply``
-        (a job in another process answers later)."""
-
-    def begin_window(self) -> None: ...
-
-    def end_window(self) -> Measurement: ...
 
 
 @dataclass
@@ -82,19 +68,6 @@ class _Current:
     since: float
     ready_at: float | None = None
     empty: int = 0
-
-
-@dataclass
-class History:
-    """Measurements by config (a JSON key of its knob values)."""
-
-    by_config: dict[str, list[float]] = field(default_factory=dict)
-    speed: dict[str, list[float]] = field(default_factory=dict)
-    failed: set[str] = field(default_factory=set)
-
-    def best(self) -> tuple[str, float] | None:
-        scored = [(k, statistics.median(v)) for k, v in self.by_config.items() if v]
-        return max(scored, key=lambda kv: kv[1]) if scored else None
 
 
 class OnlineTuner:
@@ -197,8 +170,6 @@ class OnlineTuner:
         if cur is None:
             self._next(now)
             return
-        from runtime.config import ConfigError
-
         s = self.settings
         if cur.phase == "warmup":
             if cur.ready_at is None:
@@ -281,8 +252,6 @@ class OnlineTuner:
         self._start(trial, values, now)
 
     def _start(self, trial: optuna.trial.Trial | None, values: dict[str, Any], now: float) -> None:
-        from runtime.config import ConfigError
-
         try:
             self.job.apply(values)
         except ConfigError as exc:
@@ -324,8 +293,6 @@ class OnlineTuner:
             "stopped"
         )
         logger.error("%s", self.unmet)
-        from runtime.config import ConfigError
-
         try:
             self.job.apply(self.base)  # applied, not measured: nothing left to compare it with
         except ConfigError as exc:

@@ -34,6 +34,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from optuna.trial import TrialState
+
 REFERENCE_ROLES = ("default", "reference")
 """Roles of the trials that measure the default config as a reference."""
 METRICS = ("steps_per_s", "steps_per_joule")
@@ -55,8 +57,6 @@ def _is_reference(trial: Any) -> bool:
 
 
 def _running_or_done(trial: Any) -> bool:
-    from optuna.trial import TrialState
-
     return trial.state in (TrialState.COMPLETE, TrialState.RUNNING)
 
 
@@ -96,8 +96,6 @@ def scale(
     run that reported no steps is scored per run). A factor is 1 where a figure is missing or 0,
     and every factor is 1 (reference None) where this process has no reference yet.
     """
-    from optuna.trial import TrialState
-
     refs = sorted(
         (
             t
@@ -126,8 +124,6 @@ def scale(
 def reference_runs(trials: list[Any], metric: str) -> dict[str, Any] | None:
     """The raw figures of the completed reference runs (the default included): how far the
     machine drifted during the study; None without any."""
-    from optuna.trial import TrialState
-
     values = [
         t.user_attrs[metric]
         for t in trials

@@ -142,7 +142,7 @@ def export_doc(
     """
     from optuna.trial import TrialState
 
-    from autotune.workflows.tune import config_changes
+    from autotune.tuning.runner_job import config_changes
     from runtime.config import TrainConfig
 
     meta = study.user_attrs.get("autotune")

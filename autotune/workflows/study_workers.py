@@ -14,14 +14,17 @@ every worker, and each fails its running trial as interrupted.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
+import multiprocessing
 import os
 import queue
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from autotune.tuning.knobs import Machine
+from autotune.workflows.study import StudyOptions, make_study
 
 
 @dataclass(frozen=True)
@@ -34,15 +37,13 @@ class WorkerPlan:
     """How many of ``trials`` (the last) are confirmations (``autotune study --confirm``)."""
 
 
-def plan_workers(args: argparse.Namespace) -> list[WorkerPlan]:
-    """Splits this machine's cores (and GPUs) and the trials among ``args.workers`` workers.
+def plan_workers(options: StudyOptions) -> list[WorkerPlan]:
+    """Splits this machine's cores (and GPUs) and the trials among ``options.workers`` workers.
 
     Raises:
         ValueError: too few cores or GPUs for that many workers.
     """
-    from autotune.tuning.knobs import Machine
-
-    n = args.workers
+    n = options.workers
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < n:
         raise ValueError(
@@ -60,9 +61,9 @@ def plan_workers(args: argparse.Namespace) -> list[WorkerPlan]:
     plans, start = [], 0
     for i in range(n):
         size = per + (i < extra)
-        trials = args.trials // n + (i < args.trials % n)
-        confirm = getattr(args, "confirm", 0)
-        confirm = confirm // n + (i < confirm % n)  # <= trials, as confirm <= args.trials
+        trials = options.trials // n + (i < options.trials % n)
+        confirm = options.confirm
+        confirm = confirm // n + (i < confirm % n)  # <= trials, as confirm <= options.trials
         plans.append(
             WorkerPlan(i, tuple(cores[start : start + size]), i if gpus else None, trials, confirm)
         )
@@ -70,16 +71,14 @@ def plan_workers(args: argparse.Namespace) -> list[WorkerPlan]:
     return plans
 
 
-def _worker(options: dict[str, Any], plan: WorkerPlan, out: Any) -> None:
+def _worker(options: StudyOptions, plan: WorkerPlan, out: Any) -> None:
     """A worker process: pins itself, opens the study and runs its trials."""
     os.sched_setaffinity(0, plan.cores)
     if plan.gpu is not None:
         os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # CUDA's numbering = NVML's
         os.environ["CUDA_VISIBLE_DEVICES"] = str(plan.gpu)
-    from autotune.cli.study import make_study
-
     try:
-        offline = make_study(argparse.Namespace(**options), cores=len(plan.cores), gpu=plan.gpu)
+        offline = make_study(options, cores=len(plan.cores), gpu=plan.gpu)
         for i in range(plan.trials):
             row = offline.step(confirm=i >= plan.trials - plan.confirm)
             out.put({**row.__dict__, "worker": plan.index})
@@ -95,18 +94,15 @@ def _worker(options: dict[str, Any], plan: WorkerPlan, out: Any) -> None:
 
 
 def run_workers(
-    args: argparse.Namespace,
+    options: StudyOptions,
     plans: list[WorkerPlan],
     done: Callable[[dict[str, Any]], None],
     say: Callable[[str], None] = print,
 ) -> bool:
     """Runs the workers to the end, passing each finished trial to ``done``; True if Ctrl-C (or
     a worker's failure) cut the session short."""
-    import multiprocessing
-
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
-    options = {k: v for k, v in vars(args).items() if k != "func"}
     procs = [
         ctx.Process(target=_worker, args=(options, p, out), name=f"study-worker-{p.index}")
         for p in plans

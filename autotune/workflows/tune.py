@@ -1,153 +1,47 @@
-"""``autotune train --tune``: the online tuner driving a running ``Runner``, through the daemon
-when one runs (``autotune.control.job_link``), else in this process.
+"""``autotune train --tune``: the online tuner driving a running job, through the daemon when
+one answers (``autotune.control.job_link``), else in this process (``RunnerJob``).
 
-``RunnerJob`` adapts a runner to ``autotune.tuning.online_tuner.Job`` in-process. A config is applied with
-``Runner.reconfigure`` and has taken effect once ``Runner.settled``. A window measures
-trained steps, the energy meter's GPU and CPU joules, and the policy lag of the steps trained
-inside it (``autotune.tuning.counters``). ``add_tune_args`` and ``start_tuning`` are the CLI's side.
+``TuneOptions`` is what the ``--tune`` flags say; ``start_tuning`` turns them into a
+``Tuning`` the training loop ticks and finishes.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-from typing import TYPE_CHECKING, Any, Protocol
+from dataclasses import dataclass
+from typing import Any, Protocol
 
-from autotune.tuning.counters import Counters, Measurement, measure, read_counters
-from autotune.tuning.knobs import Knob, to_config_value
-from autotune.tuning.settings import OBJECTIVES, SAMPLERS, TunerSettings
+from autotune.control import protocol
+from autotune.control.job_link import DaemonLink, DaemonRefused
+from autotune.tuning.knobs import Knob, Machine, build_space
+from autotune.tuning.online_tuner import OnlineTuner
+from autotune.tuning.runner_job import RunnerJob, TunableRunner, knob_values, tuning_doc
+from autotune.tuning.settings import TunerSettings
+from autotune.tuning.storage import open_study, storage_url
 from runtime.config import TrainConfig
 
-if TYPE_CHECKING:  # optuna is imported only when tuning
-    from autotune.tuning.online_tuner import OnlineTuner
 
+@dataclass(frozen=True)
+class TuneOptions:
+    """How ``train --tune`` tunes (the flags of ``autotune train``'s tuning group)."""
 
-def knob_values(cfg: TrainConfig, knobs: dict[str, Knob]) -> dict[str, Any]:
-    """The current values of the knobs in knob terms (``mps_pct`` None -> 100)."""
-    out = {}
-    for name in knobs:
-        value = getattr(cfg, name)
-        out[name] = (100 if value is None else value[0]) if name == "mps_pct" else value
-    return out
-
-
-class RunnerJob:
-    """A running ``runtime.runner.Runner`` as the tuner's ``Job``."""
-
-    def __init__(self, runner: Any) -> None:
-        self.runner = runner
-        self._start: Counters | None = None
-
-    def apply(self, values: dict[str, Any]) -> None:
-        self.runner.reconfigure(**config_changes(values))
-
-    def ready(self) -> bool:
-        return self.runner.settled()
-
-    def begin_window(self) -> None:
-        self._start = read_counters(self.runner)
-
-    def end_window(self) -> Measurement:
-        return measure(self._start, read_counters(self.runner))
-
-
-def config_changes(values: dict[str, Any]) -> dict[str, Any]:
-    """``Runner.reconfigure`` arguments for knob values."""
-    changes = {name: to_config_value(name, v) for name, v in values.items()}
-    if changes.get("trainer_device") == "cpu":
-        changes["mps_pct"] = None  # percentages belong to cuda GMIs
-    return changes
-
-
-def tuning_doc(tuner: OnlineTuner, space: dict[str, Knob]) -> dict[str, Any]:
-    """The result's ``tuning`` section: the knobs, the best config and every window."""
-    return {
-        "study": tuner.study.study_name,
-        "objective": tuner.settings.objective,
-        "sampler": tuner.settings.sampler,
-        "knobs": {
-            k.name: {
-                "choices": list(k.choices),
-                "apply": k.apply,
-                "tuned": k.online,
-                "unavailable": k.unavailable,
-            }
-            for k in space.values()
-        },
-        "default": tuner.base,
-        "best": tuner.best(),
-        "unmet": tuner.unmet,
-        "trials": tuner.trials_done,
-        "windows": tuner.log,
-    }
-
-
-def add_tune_args(parser: argparse.ArgumentParser) -> None:
-    """The ``--tune`` flags of ``autotune train``."""
-    tune = parser.add_argument_group(
-        "online tuning (--tune)",
-        "move the live knobs of this run toward the objective while it trains; every trial is "
-        "kept in an Optuna study (a rerun with the same --storage and --study resumes it)",
-    )
-    tune.add_argument("--tune", action="store_true", help="tune this run online")
-    tune.add_argument(
-        "--knob",
-        action="append",
-        default=None,
-        metavar="NAME=SPEC",
-        help="fix or narrow a knob: NAME=VALUE, NAME=LOW..HIGH or NAME=A,B (repeatable); "
-        "knobs: actors, envs_per_actor, rollout_len, batch_size, chunk_bytes, trainers, "
-        "mps_pct, trainer_device, inference, trainer_threads; tuned only when named: "
-        "trainer_precision (fp32,bf16), actor_nice (0,5,10; any of 0..19)",
-    )
-    tune.add_argument(
-        "--objective",
-        choices=list(OBJECTIVES),
-        default="steps_per_joule",
-        help="what to maximise (default steps_per_joule)",
-    )
-    tune.add_argument(
-        "--storage",
-        default="sqlite:///autotune.db",
-        help="Optuna RDB storage URL (any SQLAlchemy URL; default sqlite:///autotune.db)",
-    )
-    tune.add_argument("--study", default=None, help="study name (default online-<env>)")
-    tune.add_argument(
-        "--tune-trials", type=int, default=30, help="trials before holding the best (default 30)"
-    )
-    tune.add_argument(
-        "--tune-window-s",
-        type=float,
-        default=None,
-        help="measurement window per trial (default 10 with a GPU, 5 without)",
-    )
-    tune.add_argument(
-        "--tune-warmup-s", type=float, default=5.0, help="warm-up after a change (default 5)"
-    )
-    tune.add_argument(
-        "--tune-sampler",
-        choices=list(SAMPLERS),
-        default="tpe",
-        help="tpe (default), or grid: every combination of the tuned knobs once, the baseline "
-        "a tuner is compared with",
-    )
-    tune.add_argument(
-        "--control",
-        default=None,
-        help="the daemon's control endpoint (default $AUTOTUNE_CONTROL or the private ipc "
-        "socket of 'autotune daemon start')",
-    )
-    tune.add_argument(
-        "--in-process",
-        action="store_true",
-        help="tune in this process even if a daemon runs",
-    )
-    tune.add_argument(
-        "--min-steps-per-s", type=float, default=None, help="throughput floor (constraint)"
-    )
-    tune.add_argument(
-        "--max-lag", type=float, default=None, help="policy-lag ceiling, versions (constraint)"
-    )
+    knobs: tuple[str, ...] = ()
+    """``NAME=SPEC`` overrides of the knob space (``autotune.tuning.knobs.build_space``)."""
+    objective: str = "steps_per_joule"
+    storage: str = "sqlite:///autotune.db"
+    study: str | None = None
+    """The study's name (None: ``online-<env>``)."""
+    trials: int = 30
+    window_s: float | None = None
+    """Measurement window per trial (None: 10 s with a GPU, 5 s without)."""
+    warmup_s: float = 5.0
+    sampler: str = "tpe"
+    control: str | None = None
+    """The daemon's control endpoint (None: ``$AUTOTUNE_CONTROL`` or the private default)."""
+    in_process: bool = False
+    """Tune in this process even if a daemon answers."""
+    min_steps_per_s: float | None = None
+    max_policy_lag: float | None = None
 
 
 class Tuning(Protocol):
@@ -155,7 +49,8 @@ class Tuning(Protocol):
 
     where: str
 
-    def tick(self) -> None: ...
+    def tick(self) -> None:
+        """Moves the tuning on; called every runner tick, never blocks."""
 
     def finish(self) -> dict[str, Any] | None:
         """Ends tuning (a trial being measured is failed as interrupted); the result's
@@ -177,7 +72,7 @@ class InProcessTuning:
 
 
 class DaemonTuning:
-    def __init__(self, link: Any) -> None:
+    def __init__(self, link: DaemonLink) -> None:
         self.link = link
         self.where = f"daemon on {link.endpoint}"
 
@@ -191,51 +86,43 @@ class DaemonTuning:
         return doc
 
 
-def start_tuning(args: argparse.Namespace, cfg: TrainConfig, runner: Any) -> Tuning:
+def start_tuning(options: TuneOptions, cfg: TrainConfig, runner: TunableRunner) -> Tuning:
     """The tuning of ``train --tune``: registered with the daemon if one answers (unless
-    ``--in-process``), else an ``OnlineTuner`` here.
+    ``in_process``), else an ``OnlineTuner`` here.
 
     Raises:
         ValueError: ``KnobError``, ``StudyError``, bad settings, a control endpoint that is not
             allowed, or the daemon's refusal; nothing has started then.
     """
-    from autotune.tuning.knobs import Machine, build_space
-    from autotune.tuning.online_tuner import OnlineTuner
-    from autotune.tuning.storage import open_study, storage_url
-
     machine = Machine.here()
-    space = build_space(machine, args.knob)
-    window = args.tune_window_s or (10.0 if machine.gpus else 5.0)
+    space = build_space(machine, list(options.knobs))
+    window = options.window_s or (10.0 if machine.gpus else 5.0)
     settings = TunerSettings(
-        objective=args.objective,
-        warmup_s=args.tune_warmup_s,
+        objective=options.objective,
+        warmup_s=options.warmup_s,
         window_s=window,
-        trials=args.tune_trials,
-        min_steps_per_s=args.min_steps_per_s,
-        max_policy_lag=args.max_lag,
-        sampler=args.tune_sampler,
+        trials=options.trials,
+        min_steps_per_s=options.min_steps_per_s,
+        max_policy_lag=options.max_policy_lag,
+        sampler=options.sampler,
     )
     problems = settings.problems()
     if problems:
         raise ValueError("invalid tuning settings: " + "; ".join(problems))
-    storage = storage_url(args.storage)
-    study_name = args.study or f"online-{cfg.env}"
+    storage = storage_url(options.storage)
+    study_name = options.study or f"online-{cfg.env}"
     base = knob_values(cfg, {k: v for k, v in space.items() if v.online})
-    if not args.in_process:
-        from autotune.control import protocol
-        from autotune.control.daemon import knobs_to_wire
-        from autotune.control.job_link import DaemonLink, DaemonRefused
-
+    if not options.in_process:
         hello = {
             "env": cfg.env,
             "storage": storage,
             "study": study_name,
             "seed": cfg.seed,
             "settings": dataclasses.asdict(settings),
-            "knobs": knobs_to_wire(space),
+            "knobs": protocol.knobs_to_wire(space),
             "base": base,
         }
-        link = DaemonLink(protocol.resolve_endpoint(args.control), hello, runner)
+        link = DaemonLink(protocol.resolve_endpoint(options.control), hello, runner)
         try:
             if link.register():
                 return DaemonTuning(link)

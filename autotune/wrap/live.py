@@ -19,6 +19,7 @@ import time
 from typing import Any
 
 from autotune.control import client, protocol
+from autotune.control.protocol import MsgType
 from autotune.tuning.counters import Counters, Measurement, measure
 from autotune.wrap.wrapper import GPU_CHECK_S, POLL_S, Wrapper, knob_env, stop_tree, substitute
 from runtime.energy.cpu import tree_pids
@@ -65,7 +66,7 @@ class ScriptJob:
     def _push(self) -> None:
         if self.identity is not None and self.values is not None:
             self.wrapper.sock.send_multipart(
-                [self.identity, protocol.encode("KNOBS", seq=self.seq, values=self.values)]
+                [self.identity, protocol.encode(MsgType.KNOBS, seq=self.seq, values=self.values)]
             )
 
     def ready(self) -> bool:
@@ -92,10 +93,10 @@ class ScriptJob:
                 self.identity = identity
                 if first:
                     self._push()  # a config asked for before the script connected
-                if msg["type"] == "POLL":
+                if msg["type"] == MsgType.POLL:
                     self.last_poll = time.monotonic()
                     self.polled = max(self.polled, int(msg.get("seq", 0)))
-                elif msg["type"] == "REPORT" and msg.get("steps") is not None:
+                elif msg["type"] == MsgType.PROGRESS and msg.get("steps") is not None:
                     self.latest = self._counters(int(msg["steps"]))
         self.cpu.read_energy_j()
         if time.monotonic() - self.last_poll > report_timeout_s:

@@ -36,6 +36,7 @@ from typing import Any
 import zmq
 
 from autotune.control import client, protocol
+from autotune.control.protocol import MsgType
 from autotune.tuning.knobs import Knob, KnobError
 from runtime.energy.cpu import tree_pids
 from runtime.hw.gpus import gpus_used_by
@@ -248,7 +249,7 @@ class Wrapper:
         except ValueError as exc:
             logger.warning("ignored a message from the script: %s", exc)
             return False
-        if msg["type"] != "REPORT" or str(msg.get("trial")) != trial:
+        if msg["type"] != MsgType.PROGRESS or str(msg.get("trial")) != trial:
             return False
         run.reports += 1
         if msg.get("steps") is not None:

@@ -256,8 +256,8 @@ def test_profiling_seeds_gmis_by_envs_stops_rows_at_saturation_and_resumes(tmp_p
 
 @pytest.mark.parametrize("where", ["sqlite", "postgresql"])
 def test_a_multi_objective_study_keeps_a_pareto_front(tmp_path, request, where):
-    from autotune.cli.study import summary
     from autotune.tuning.storage import StudyError, pareto_front
+    from autotune.workflows.study import summary
 
     storage = (
         f"sqlite:///{tmp_path}/m.db"
@@ -406,27 +406,29 @@ def test_confirmation_without_a_completed_trial_is_an_ordinary_trial(tmp_path):
 @pytest.mark.parametrize("confirm", [-1, 4])
 def test_study_refuses_more_confirmations_than_trials(confirm):
     from autotune.cli.main import build_parser
-    from autotune.cli.study import check_args
+    from autotune.cli.study import study_options
 
     args = build_parser().parse_args(["study", "--trials", "3", "--confirm", str(confirm)])
     with pytest.raises(ValueError, match=r"--confirm .*allowed 0\.\.--trials \(3\)"):
-        check_args(args)
+        study_options(args)
 
 
 def test_workers_split_the_confirmations_with_the_trials(tmp_path):
     from autotune.cli.main import build_parser
+    from autotune.cli.study import study_options
     from autotune.workflows.study_workers import plan_workers
 
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("two workers need two cores")
     args = build_parser().parse_args(["study", "--trials", "5", "--confirm", "3", "--workers", "2"])
-    plans = plan_workers(args)
+    plans = plan_workers(study_options(args))
     assert [(p.trials, p.confirm) for p in plans] == [(3, 2), (2, 1)]
 
 
 def test_a_study_from_a_config_starts_from_it_and_the_flags_given_win(tmp_path):
     from autotune.cli.main import build_parser
-    from autotune.cli.study import check_args, make_study
+    from autotune.cli.study import study_options
+    from autotune.workflows.study import make_study
 
     cfg = TrainConfig(
         env="Pendulum-v1",
@@ -456,9 +458,9 @@ def test_a_study_from_a_config_starts_from_it_and_the_flags_given_win(tmp_path):
             "12",
         ]
     )
-    check_args(args)
-    assert (args.env, args.policy, args.seed) == ("Pendulum-v1", "auto:32:auto", 5)
-    offline = make_study(args, cores=4)
+    opts = study_options(args)
+    assert (opts.env, opts.policy, opts.seed) == ("Pendulum-v1", "auto:32:auto", 5)
+    offline = make_study(opts, cores=4)
     base = offline.trials.base
     assert (base.learner.lr, base.batch_size, base.max_wall_s, base.steps) == (
         1e-3,
@@ -486,9 +488,9 @@ def test_a_study_from_a_config_starts_from_it_and_the_flags_given_win(tmp_path):
             "envs_per_actor=2,4,8",
         ]
     )
-    check_args(args)
+    opts = study_options(args)
     with pytest.raises(ValueError, match=r"was started from another config \(learner: .*0\.01"):
-        make_study(args, cores=4)
+        make_study(opts, cores=4)
     # --env, --policy and --seed given replace the file's; a policy that cannot fit is refused
     args = build_parser().parse_args(
         [
@@ -503,8 +505,8 @@ def test_a_study_from_a_config_starts_from_it_and_the_flags_given_win(tmp_path):
             "2",
         ]
     )
-    check_args(args)
-    assert (args.env, args.policy, args.seed) == ("CartPole-v1", "auto:16:auto", 2)
+    opts = study_options(args)
+    assert (opts.env, opts.policy, opts.seed) == ("CartPole-v1", "auto:16:auto", 2)
     args = build_parser().parse_args(
         [
             "study",
@@ -518,13 +520,13 @@ def test_a_study_from_a_config_starts_from_it_and_the_flags_given_win(tmp_path):
             f"sqlite:///{tmp_path}/e.db",
         ]
     )
-    check_args(args)
+    opts = study_options(args)
     with pytest.raises(ValueError, match=r"--env CartPole-v1 --policy 3:16:1: .*takes 3 inputs"):
-        make_study(args, cores=4)
+        make_study(opts, cores=4)
     # without --from, the defaults
     args = build_parser().parse_args(["study"])
-    check_args(args)
-    assert (args.env, args.policy, args.base, args.seed) == ("CartPole-v1", "auto", None, 0)
+    opts = study_options(args)
+    assert (opts.env, opts.policy, opts.base, opts.seed) == ("CartPole-v1", "auto", None, 0)
 
 
 @pytest.mark.parametrize(
@@ -549,10 +551,10 @@ def test_a_study_from_a_bad_config_says_what_is_wrong(tmp_path, content, message
 
 def test_a_study_from_a_config_refuses_a_wrapped_script(tmp_path):
     from autotune.cli.main import build_parser
-    from autotune.cli.study import check_args
+    from autotune.cli.study import study_options
 
     args = build_parser().parse_args(
         ["study", "--from", "x.json", "--knob", "n=1,2", "--", "python", "s.py"]
     )
     with pytest.raises(ValueError, match="--from: a train config"):
-        check_args(args)
+        study_options(args)

@@ -183,13 +183,13 @@ def test_a_waiting_trial_of_a_killed_session_runs_after_the_reference(tmp_path, 
 
 def test_reference_runs_are_refused_with_workers():
     from autotune.cli.main import build_parser
-    from autotune.cli.study import check_args
+    from autotune.cli.study import study_options
 
     args = build_parser().parse_args(
         ["study", "--trials", "4", "--workers", "2", "--reference-every", "2"]
     )
     with pytest.raises(ValueError, match=r"--reference-every with --workers 2: .*--workers 1"):
-        check_args(args)
+        study_options(args)
 
 
 def test_a_failed_reference_stops_references_but_not_the_default_config(tmp_path):
@@ -245,7 +245,7 @@ def test_reference_runs_of_zero_have_no_spread():
 @pytest.mark.parametrize("every", ["-1", "x"])
 def test_study_refuses_a_bad_reference_interval(every, capsys):
     from autotune.cli.main import build_parser
-    from autotune.cli.study import check_args
+    from autotune.cli.study import study_options
 
     parser = build_parser()
     if every == "x":
@@ -255,4 +255,4 @@ def test_study_refuses_a_bad_reference_interval(every, capsys):
         return
     args = parser.parse_args(["study", "--reference-every", every])
     with pytest.raises(ValueError, match=r"--reference-every -1: allowed 0 \(never\) or K >= 1"):
-        check_args(args)
+        study_options(args)

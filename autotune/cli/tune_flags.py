@@ -1,0 +1,99 @@
+"""The ``--tune`` flags of ``autotune train`` and the ``TuneOptions`` they give."""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING
+
+from autotune.tuning.settings import OBJECTIVES, SAMPLERS
+
+if TYPE_CHECKING:
+    from autotune.workflows.tune import TuneOptions
+
+
+def add_tune_args(parser: argparse.ArgumentParser) -> None:
+    """The ``--tune`` flags of ``autotune train``."""
+    tune = parser.add_argument_group(
+        "online tuning (--tune)",
+        "move the live knobs of this run toward the objective while it trains; every trial is "
+        "kept in an Optuna study (a rerun with the same --storage and --study resumes it)",
+    )
+    tune.add_argument("--tune", action="store_true", help="tune this run online")
+    tune.add_argument(
+        "--knob",
+        action="append",
+        default=None,
+        metavar="NAME=SPEC",
+        help="fix or narrow a knob: NAME=VALUE, NAME=LOW..HIGH or NAME=A,B (repeatable); "
+        "knobs: actors, envs_per_actor, rollout_len, batch_size, chunk_bytes, trainers, "
+        "mps_pct, trainer_device, inference, trainer_threads; tuned only when named: "
+        "trainer_precision (fp32,bf16), actor_nice (0,5,10; any of 0..19)",
+    )
+    tune.add_argument(
+        "--objective",
+        choices=list(OBJECTIVES),
+        default="steps_per_joule",
+        help="what to maximise (default steps_per_joule)",
+    )
+    tune.add_argument(
+        "--storage",
+        default="sqlite:///autotune.db",
+        help="Optuna RDB storage URL (any SQLAlchemy URL; default sqlite:///autotune.db)",
+    )
+    tune.add_argument("--study", default=None, help="study name (default online-<env>)")
+    tune.add_argument(
+        "--tune-trials", type=int, default=30, help="trials before holding the best (default 30)"
+    )
+    tune.add_argument(
+        "--tune-window-s",
+        type=float,
+        default=None,
+        help="measurement window per trial (default 10 with a GPU, 5 without)",
+    )
+    tune.add_argument(
+        "--tune-warmup-s", type=float, default=5.0, help="warm-up after a change (default 5)"
+    )
+    tune.add_argument(
+        "--tune-sampler",
+        choices=list(SAMPLERS),
+        default="tpe",
+        help="tpe (default), or grid: every combination of the tuned knobs once, the baseline "
+        "a tuner is compared with",
+    )
+    tune.add_argument(
+        "--control",
+        default=None,
+        help="the daemon's control endpoint (default $AUTOTUNE_CONTROL or the private ipc "
+        "socket of 'autotune daemon start')",
+    )
+    tune.add_argument(
+        "--in-process",
+        action="store_true",
+        help="tune in this process even if a daemon runs",
+    )
+    tune.add_argument(
+        "--min-steps-per-s", type=float, default=None, help="throughput floor (constraint)"
+    )
+    tune.add_argument(
+        "--max-lag", type=float, default=None, help="policy-lag ceiling, versions (constraint)"
+    )
+
+
+def tune_options(args: argparse.Namespace) -> TuneOptions:
+    """The ``TuneOptions`` of parsed ``autotune train`` flags."""
+    from autotune.workflows.tune import TuneOptions  # optuna: only when tuning
+
+    return TuneOptions(
+        knobs=tuple(args.knob or ()),
+        objective=args.objective,
+        storage=args.storage,
+        study=args.study,
+        trials=args.tune_trials,
+        window_s=args.tune_window_s,
+        warmup_s=args.tune_warmup_s,
+        sampler=args.tune_sampler,
+        control=args.control,
+        in_process=args.in_process,
+        min_steps_per_s=args.min_steps_per_s,
+        max_policy_lag=args.max_lag,
+    )

@@ -1,0 +1,115 @@
+"""A running ``runtime.runner.Runner`` as the online tuner's ``Job``, and the translation
+between knob values and the runner's config.
+
+A config is applied with ``Runner.reconfigure`` and has taken effect once ``Runner.settled``.
+A window measures trained steps, the energy meter's GPU and CPU joules, and the policy lag of
+the steps trained inside it (``autotune.tuning.counters``), read from the runner's telemetry
+and the energy window it keeps open for the whole run.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, Protocol
+
+from autotune.tuning.counters import Counters, Measurement, measure
+from autotune.tuning.knobs import Knob, to_config_value
+from runtime.config import TrainConfig
+from runtime.runner import RUN_WINDOW
+
+if TYPE_CHECKING:
+    from autotune.tuning.online_tuner import OnlineTuner
+    from runtime.energy import EnergyMeter
+    from runtime.live import Plan
+    from runtime.telemetry import RunTelemetry
+
+
+class TunableRunner(Protocol):
+    """What tuning needs of a running job: ``runtime.runner.Runner`` is one."""
+
+    cfg: TrainConfig
+    telemetry: RunTelemetry
+    meter: EnergyMeter
+
+    def reconfigure(self, **changes: Any) -> Plan:
+        """Applies config changes live (raises ``ConfigError`` and changes nothing if refused)."""
+
+    def settled(self) -> bool:
+        """Whether the last change has taken effect everywhere."""
+
+
+def knob_values(cfg: TrainConfig, knobs: dict[str, Any]) -> dict[str, Any]:
+    """The current values of the knobs named in ``knobs`` in knob terms (``mps_pct`` None ->
+    100)."""
+    out = {}
+    for name in knobs:
+        value = getattr(cfg, name)
+        out[name] = (100 if value is None else value[0]) if name == "mps_pct" else value
+    return out
+
+
+def config_changes(values: dict[str, Any]) -> dict[str, Any]:
+    """``Runner.reconfigure`` (or ``dataclasses.replace``) arguments for knob values."""
+    changes = {name: to_config_value(name, v) for name, v in values.items()}
+    if changes.get("trainer_device") == "cpu":
+        changes["mps_pct"] = None  # percentages belong to cuda GMIs
+    return changes
+
+
+def read_counters(runner: TunableRunner) -> Counters:
+    """Reads a running job: its telemetry and the energy window it keeps open for the run."""
+    tel = runner.telemetry
+    steps = tel.trained_steps
+    mean_lag, _ = tel.policy_lag()
+    energy = runner.meter.peek_window(RUN_WINDOW)
+    return Counters(
+        time.monotonic(),
+        steps,
+        mean_lag * steps,
+        energy.gpu_total_j,
+        energy.cpu_energy_j,
+        energy.cpu_source,
+    )
+
+
+class RunnerJob:
+    """A running job in this process as the tuner's ``Job``."""
+
+    def __init__(self, runner: TunableRunner) -> None:
+        self.runner = runner
+        self._start: Counters | None = None
+
+    def apply(self, values: dict[str, Any]) -> None:
+        self.runner.reconfigure(**config_changes(values))
+
+    def ready(self) -> bool:
+        return self.runner.settled()
+
+    def begin_window(self) -> None:
+        self._start = read_counters(self.runner)
+
+    def end_window(self) -> Measurement:
+        return measure(self._start, read_counters(self.runner))
+
+
+def tuning_doc(tuner: OnlineTuner, space: dict[str, Knob]) -> dict[str, Any]:
+    """The result's ``tuning`` section: the knobs, the best config and every window."""
+    return {
+        "study": tuner.study.study_name,
+        "objective": tuner.settings.objective,
+        "sampler": tuner.settings.sampler,
+        "knobs": {
+            k.name: {
+                "choices": list(k.choices),
+                "apply": k.apply,
+                "tuned": k.online,
+                "unavailable": k.unavailable,
+            }
+            for k in space.values()
+        },
+        "default": tuner.base,
+        "best": tuner.best(),
+        "unmet": tuner.unmet,
+        "trials": tuner.trials_done,
+        "windows": tuner.log,
+    }

@@ -1,0 +1,191 @@
+"""The two kinds of offline trial, each one fresh run measured: ``TrainTrials`` (an
+``autotune train`` run of a config, measured from its timeline after a warm-up) and
+``ScriptTrials`` (a run of a wrapped script, measured by its wrapper).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from autotune.tuning.knobs import Knob
+from autotune.tuning.runner_job import config_changes, knob_values
+from runtime.config import ConfigError, TrainConfig
+from runtime.energy import EnergyMeter
+from runtime.results import timeline_rate
+from runtime.runner import RunError, Runner
+
+
+class ScriptRunner(Protocol):
+    """What runs a wrapped script's trial: ``autotune.wrap.wrapper.Wrapper`` is one."""
+
+    def run_trial(self, number: int, values: dict[str, Any]) -> Any:
+        """One run of the script with ``values``; a ``TrialRun``."""
+
+
+class TrialFailed(Exception):
+    """A trial that could not be measured; the message says why."""
+
+
+@dataclasses.dataclass
+class Measured:
+    """One trial's figures; ``attrs`` are kept as the trial's user attributes."""
+
+    steps_per_s: float
+    steps_per_joule: float
+    attrs: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class TrialResult:
+    number: int
+    values: dict[str, Any]
+    role: str = "sampler"
+    objective: list[float] | None = None
+    steps_per_s: float | None = None
+    steps_per_joule: float | None = None
+    attrs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    error: str | None = None
+
+
+def run_config(
+    cfg: TrainConfig, warmup_s: float, meter: EnergyMeter | None = None
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One quiet training run of ``cfg``; returns its result and its rates from ``warmup_s``
+    after its first trained step to its end (process start-up is left out, however long).
+    ``meter`` is the ``EnergyMeter`` to charge (default: the machine's).
+
+    Raises:
+        ConfigError: the config cannot run here.
+        runtime.runner.RunError: the run failed, or trained too little to be measured.
+    """
+    info = cfg.validate()
+    runner = Runner(cfg, info)
+    runner.meter = meter
+    result = runner.run()
+    rows = result["timeline"]["rows"]
+    first = next((r[0] for r in rows if r[1] > 0), None)
+    rate = None if first is None else timeline_rate(result, first + warmup_s, result["wall_s"])
+    if rate is None or not rate["steps_per_s"] > 0:
+        raise RunError(
+            f"trained too little to measure: {result['env_steps']} steps, the first "
+            f"after {first if first is None else round(first, 1)} s of "
+            f"{result['wall_s']:.0f} s; give a --trial-s of at least warm-up "
+            f"({warmup_s:g} s) + 10 s after training starts"
+        )
+    return result, rate
+
+
+def _tuned(space: dict[str, Knob] | list[Knob]) -> tuple[list[Knob], dict[str, Any]]:
+    knobs = list(space.values()) if isinstance(space, dict) else list(space)
+    usable = [k for k in knobs if k.unavailable is None]
+    return (
+        [k for k in usable if len(k.choices) > 1],
+        {k.name: k.choices[0] for k in usable if len(k.choices) == 1},
+    )
+
+
+def _nearest(knob: Knob, value: Any) -> Any:
+    if value in knob.choices:
+        return value
+    if isinstance(value, int) and all(isinstance(c, int) for c in knob.choices):
+        return min(knob.choices, key=lambda c: (abs(c - value), c))
+    return knob.choices[0]
+
+
+class TrainTrials:
+    """Trials as ``autotune train`` runs of ``base`` changed by the knob values.
+
+    Args:
+        space: The knobs; every one with several choices that applies here is tuned.
+        base: The config each trial starts from (its ``max_wall_s`` is the trial length).
+        warmup_s: Seconds after the first trained step left out of each run's figures.
+        run: How a config is run (injectable for tests).
+        meter: A factory of the ``EnergyMeter`` each run charges (None: the machine's).
+    """
+
+    kind = "train"
+
+    def __init__(
+        self,
+        space: dict[str, Knob],
+        base: TrainConfig,
+        warmup_s: float,
+        run: Callable[..., tuple[dict, dict]] = run_config,
+        meter: Callable[[], EnergyMeter] | None = None,
+    ) -> None:
+        self.base, self.warmup_s, self._run, self._meter = base, warmup_s, run, meter
+        self.knobs, self.fixed = _tuned(space)
+
+    def default(self) -> dict[str, Any]:
+        """The base config's knob values (the nearest choice where it is outside the space)."""
+        now = knob_values(self.base, {k.name: k for k in self.knobs})
+        return {k.name: _nearest(k, now[k.name]) for k in self.knobs}
+
+    def profile_rows(self) -> list[list[dict[str, Any]]]:
+        """GMI-DRL's profiling plan: one row per trainer GMI count, environments per actor
+        ascending, every actor slot filled (the most actors allowed); [] if envs are fixed."""
+        by_name = {k.name: k for k in self.knobs}
+        if "envs_per_actor" not in by_name:
+            return []
+        start = self.default()
+        if "actors" in by_name:
+            start["actors"] = max(by_name["actors"].choices)
+        gmis = sorted(by_name["trainers"].choices) if "trainers" in by_name else [None]
+        envs = sorted(by_name["envs_per_actor"].choices)
+        return [
+            [{**start, **({} if g is None else {"trainers": g}), "envs_per_actor": e} for e in envs]
+            for g in gmis
+        ]
+
+    def __call__(self, number: int, values: dict[str, Any]) -> Measured:
+        try:
+            cfg = dataclasses.replace(self.base, **config_changes({**self.fixed, **values}))
+            meter = None if self._meter is None else self._meter()
+            result, rate = self._run(cfg, self.warmup_s, meter)
+        except ConfigError as exc:
+            raise TrialFailed(f"not runnable: {exc}") from None
+        except RunError as exc:
+            raise TrialFailed(f"run failed: {exc}") from None
+        attrs = {
+            "gpu_w": rate["gpu_w"],
+            "cpu_w": rate["cpu_w"],
+            "lost_steps": result["lost_steps"],
+            "cpu_source": result["energy"]["cpu_source"],
+        }
+        return Measured(rate["steps_per_s"], rate["steps_per_joule"] or 0.0, attrs)
+
+
+class ScriptTrials:
+    """Trials as runs of a wrapped script (``autotune.wrap.wrapper.Wrapper``); scored per step it
+    reports, or per run if it reports none."""
+
+    kind = "script"
+
+    def __init__(self, wrapper: ScriptRunner, space: list[Knob]) -> None:
+        self.wrapper = wrapper
+        self.knobs, self.fixed = _tuned(space)
+
+    def default(self) -> dict[str, Any]:
+        return {k.name: k.choices[0] for k in self.knobs}
+
+    def profile_rows(self) -> list[list[dict[str, Any]]]:
+        return []  # a script's knobs have no GMI or env meaning to profile by
+
+    def __call__(self, number: int, values: dict[str, Any]) -> Measured:
+        run = self.wrapper.run_trial(number, {**self.fixed, **values})
+        if run.error is not None:
+            raise TrialFailed(run.error)
+        attrs = {
+            "wall_s": run.wall_s,
+            "steps": run.steps,
+            "unit": run.unit,
+            "gpu_j": run.gpu_j,
+            "cpu_j": run.cpu_j,
+            "cpu_source": "model",
+            "stopped": run.stopped,
+            "gpus": run.gpus,
+            "metrics": run.metrics,
+        }
+        return Measured(run.score("steps_per_s"), run.score("steps_per_joule"), attrs)

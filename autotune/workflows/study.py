@@ -1,0 +1,261 @@
+"""``autotune study``: an offline study from its options, run here or by workers.
+
+``StudyOptions`` is what the ``study`` flags say; ``resolve_options`` checks them and fills in
+the env, policy and seed (the flags given win over a ``--from`` config's, the file's over the
+defaults); ``make_study`` opens the ``OfflineStudy`` they describe (a worker passes its core
+count and GPU: ``autotune.workflows.study_workers``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import optuna
+
+from autotune.tuning.knobs import KnobError, Machine, build_space
+from autotune.tuning.offline_study import OBJECTIVES, OfflineStudy
+from autotune.tuning.storage import best_trial, open_study, pareto_front
+from autotune.tuning.trials import ScriptTrials, TrainTrials
+from autotune.workflows.export import ExportError, load_config
+from autotune.wrap.wrapper import Wrapper, parse_knob, script_name
+from runtime.config import ConfigError, TrainConfig
+from runtime.energy import EnergyMeter
+from runtime.energy.cpu import CPUModelEnergy, tree_pids
+from runtime.energy.gpu import NullGPUEnergy, probe_gpu_energy
+
+
+@dataclass(frozen=True)
+class StudyOptions:
+    """An offline study's settings (the flags of ``autotune study``)."""
+
+    env: str | None = None
+    """The gymnasium env id (None: the ``from_config``'s, else CartPole-v1)."""
+    policy: str | None = None
+    """The MLP spec (None: the ``from_config``'s, else auto)."""
+    seed: int | None = None
+    """Sampler and run seed (None: the ``from_config``'s, else 0)."""
+    from_config: str | None = None
+    """A file whose config every trial starts from."""
+    base: dict[str, Any] | None = None
+    """The ``from_config`` config as a mapping (set by ``resolve_options``)."""
+    trials: int = 20
+    trial_s: float = 30.0
+    warmup_s: float = 10.0
+    knobs: tuple[str, ...] = ()
+    """``NAME=SPEC`` knob overrides (for a script, its knobs)."""
+    objective: str = "steps_per_joule"
+    confirm: int = 0
+    reference_every: int = 0
+    profile: bool = True
+    workers: int = 1
+    report_timeout_s: float = 60.0
+    storage: str = "sqlite:///autotune.db"
+    study: str | None = None
+    """The study's name (None: ``study-<env>`` or ``study-<script name>``)."""
+    cmd: tuple[str, ...] = ()
+    """A wrapped script's command (empty: train trials)."""
+
+
+def resolve_options(options: StudyOptions) -> StudyOptions:
+    """The options checked, with ``env``, ``policy``, ``seed`` and ``base`` filled in.
+
+    Raises:
+        ValueError: saying which settings are wrong and what is allowed, or a ``from_config``
+            file that holds no valid config.
+    """
+    o = options
+    cmd = o.cmd[1:] if o.cmd[:1] == ("--",) else o.cmd
+    if o.trials < 1 or not o.trial_s > o.warmup_s >= 0:
+        raise ValueError(
+            f"--trials {o.trials}, --trial-s {o.trial_s}, --warmup-s "
+            f"{o.warmup_s}: need trials >= 1, trial-s > warmup-s >= 0"
+        )
+    if o.reference_every < 0:
+        raise ValueError(
+            f"--reference-every {o.reference_every}: allowed 0 (never) or K "
+            ">= 1 (a reference run after every K trials)"
+        )
+    if o.reference_every and o.workers > 1:
+        raise ValueError(
+            f"--reference-every with --workers {o.workers}: each worker runs on "
+            "its own slice of the machine, which one reference cannot scale; run "
+            "the study in one process (--workers 1)"
+        )
+    if not 0 <= o.confirm <= o.trials:
+        raise ValueError(f"--confirm {o.confirm}: allowed 0..--trials ({o.trials})")
+    if o.workers < 1 or o.workers > o.trials:
+        raise ValueError(f"--workers {o.workers}: allowed 1..--trials ({o.trials})")
+    if cmd and not o.knobs:
+        raise ValueError("-- CMD: give at least one --knob NAME=SPEC for the script")
+    env, policy, seed, base = o.env, o.policy, o.seed, None
+    if o.from_config is not None:
+        if cmd:
+            raise ValueError(
+                "--from: a train config; a wrapped script (-- CMD) takes its settings from --knob"
+            )
+        try:
+            cfg = load_config(o.from_config, flag="--from")
+        except ExportError as exc:
+            raise ValueError(str(exc)) from None
+        except ConfigError as exc:
+            raise ValueError(f"--from {o.from_config}: {exc}") from None
+        env, policy = env or cfg.env, policy or cfg.policy
+        seed = cfg.seed if seed is None else seed
+        base = cfg.to_dict()
+    return dataclasses.replace(
+        o,
+        cmd=tuple(cmd),
+        env=env or "CartPole-v1",
+        policy=policy or "auto",
+        seed=0 if seed is None else seed,
+        base=base,
+    )
+
+
+def study_name(options: StudyOptions) -> str:
+    if options.study:
+        return options.study
+    if options.cmd:
+        return f"study-{script_name(list(options.cmd))}"
+    return f"study-{options.env}"
+
+
+def make_study(
+    options: StudyOptions, cores: int | None = None, gpu: int | None = None
+) -> OfflineStudy:
+    """The ``OfflineStudy`` that resolved ``options`` describe; a worker passes its core count
+    and GPU.
+
+    Raises:
+        KnobError, StudyError, ValueError: bad knobs, storage or settings.
+    """
+    o = options
+    meta: dict[str, Any] = {"objective": o.objective, "trial_s": o.trial_s}
+    if o.cmd:
+        space = [parse_knob(k) for k in o.knobs]
+        if len({k.name for k in space}) != len(space):
+            raise KnobError(f"a knob is given twice: {[k.name for k in space]}")
+        wrapper = Wrapper(list(o.cmd), o.trial_s, o.report_timeout_s)
+        trials: TrainTrials | ScriptTrials = ScriptTrials(wrapper, space)
+        meta.update(kind="script", cmd=list(o.cmd))
+    else:
+        here = Machine.here()
+        machine = Machine(cores or here.cores, here.gpus if gpu is None else 1)
+        knobs = build_space(machine, list(o.knobs))
+        base = _base_config(o)
+        _check_workload(base)
+        meter = _worker_meter(gpu) if o.workers > 1 else None
+        trials = TrainTrials(knobs, base, o.warmup_s, meter=meter)
+        meta.update(
+            kind="train",
+            env=o.env,
+            policy=o.policy,
+            warmup_s=o.warmup_s,
+            base=base.to_dict(),
+            fixed=trials.fixed,
+            machine={
+                "cores": os.cpu_count(),
+                "gpus": here.gpus,
+                "worker_cores": machine.cores,
+                "sm_count": _sm_count(here),
+            },
+        )
+    study = open_study(o.storage, study_name(o), seed=o.seed, metrics=OBJECTIVES[o.objective])
+    offline = OfflineStudy(
+        study, trials, o.objective, profile=o.profile, reference_every=o.reference_every
+    )
+    if "autotune" not in study.user_attrs:
+        study.set_user_attr("autotune", {**meta, "default": trials.default()})
+    elif "base" in meta:
+        _check_same_base(study, meta["base"])
+    return offline
+
+
+def _check_same_base(study: optuna.Study, base: dict[str, Any]) -> None:
+    """Raises ValueError if a resumed study's trials would start from another config than its
+    first session's (``export`` builds its config from that one)."""
+    stored = study.user_attrs["autotune"].get("base") or {}
+    now = json.loads(json.dumps(base))  # tuples as the storage keeps them: lists
+    differ = sorted(k for k in stored if k != "max_wall_s" and stored[k] != now.get(k))
+    if differ:
+        changes = ", ".join(f"{k}: {stored[k]!r} -> {now.get(k)!r}" for k in differ)
+        raise ValueError(
+            f"study {study.study_name!r} was started from another config ({changes}); "
+            "its trials and export assume that one: give the same --from, --env, "
+            "--policy and --seed, or a new --study"
+        )
+
+
+def _check_workload(base: TrainConfig) -> None:
+    """Raises ValueError, before any trial, for an env or a policy spec that cannot run."""
+    try:
+        base.check_workload()
+    except ConfigError as exc:
+        raise ValueError(
+            f"--env {base.env} --policy {base.policy}: {'; '.join(exc.problems)}"
+        ) from None
+
+
+def _base_config(options: StudyOptions) -> TrainConfig:
+    """The config every trial starts from: the ``--from`` one (or the defaults) on this
+    study's env, policy and seed, running for ``--trial-s`` with no checkpoint."""
+    doc = dict(options.base or {})
+    doc.update(
+        env=options.env,
+        policy=options.policy,
+        seed=options.seed,
+        steps=10**12,
+        max_wall_s=options.trial_s,
+        checkpoint=None,
+    )
+    return TrainConfig.from_dict(doc)
+
+
+def _sm_count(machine: Machine) -> int | None:
+    if not machine.gpus:
+        return None
+    import torch  # heavy: only on a GPU machine
+
+    return int(torch.cuda.get_device_properties(0).multi_processor_count)
+
+
+def _worker_meter(gpu: int | None) -> Callable[[], EnergyMeter]:
+    """A local worker's meter: its own GPU and the CPU time of its own processes (RAPL and the
+    machine-wide model would charge every worker for the others)."""
+
+    def meter() -> EnergyMeter:
+        gpu_source = NullGPUEnergy() if gpu is None else probe_gpu_energy((gpu,))
+        return EnergyMeter(gpu=gpu_source, cpu=CPUModelEnergy(pids=lambda: tree_pids(os.getpid())))
+
+    return meter
+
+
+def run_here(
+    offline: OfflineStudy, trials: int, confirm: int, done: Callable[[dict[str, Any]], None]
+) -> bool:
+    """Runs ``trials`` trials in this process, the last ``confirm`` of them confirmations;
+    True if Ctrl-C cut them."""
+    try:
+        for i in range(trials):
+            done(offline.step(confirm=i >= trials - confirm).__dict__)
+    except KeyboardInterrupt:
+        return True
+    return False
+
+
+def summary(study: optuna.Study, objective: str) -> dict[str, Any]:
+    """The best trial (by steps/J for ``both``) and the Pareto front, for ``--json``."""
+
+    def trial_doc(t: optuna.trial.FrozenTrial) -> dict[str, Any]:
+        return {"number": t.number, "values": t.params, "objective": t.values, **t.user_attrs}
+
+    best = best_trial(study, metric=1 if objective == "both" else 0)
+    return {
+        "best": None if best is None else trial_doc(best),
+        "pareto_front": [trial_doc(t) for t in pareto_front(study)],
+    }
