@@ -1,4 +1,4 @@
-"""The client API for a training script run under ``autotune wrap`` (see ``autotune.control.client``).
+"""The client API for a training script run under ``autotune wrap`` (``autotune.control.client``).
 
 from autotune import client
 

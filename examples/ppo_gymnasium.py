@@ -8,7 +8,7 @@ Restart mode (flags): autotune wrap --knob num_envs=2,4,8,16 --knob batch_size=2
 Live mode:            autotune wrap --mode live --knob num_envs=2,4,8,16 --knob threads=1,2 \\
                           --window-s 10 -- python examples/ppo_gymnasium.py --total-steps 2000000
 
-It reads its knobs once through ``autotune.control.client.knobs`` (its flags are the defaults), reports
+It reads its knobs once through ``autotune.client.knobs`` (its flags are the defaults), reports
 its running total of env steps after every update, and between updates calls
 ``client.poll()``: new knobs rebuild the envs and set torch's threads and device in place.
 Knobs: num_envs, batch_size (env steps per update; rollout length = batch_size / num_envs),

@@ -4,7 +4,7 @@ Alone:   python examples/sb3_ppo.py --total-steps 50000
 Tuned:   autotune wrap --knob num_envs=2,4,8 --knob n_steps=64,128,256 --knob threads=1,2 \\
              --knob device=cpu,cuda --trials 12 --trial-s 90 -- python examples/sb3_ppo.py
 
-It reads its knobs once (``autotune.control.client.knobs``, its flags as defaults): num_envs (vector
+It reads its knobs once (``autotune.client.knobs``, its flags as defaults): num_envs (vector
 envs), n_steps (rollout length per env, so a rollout is num_envs x n_steps steps), batch_size
 (SB3's minibatch), threads (torch intra-op threads) and device; ``--subproc`` steps the envs in
 SB3's SubprocVecEnv. A callback reports SB3's step count after every rollout.

@@ -1,4 +1,5 @@
-"""``autotune study``: offline tuning, one fresh run per trial (see ``autotune.tuning.offline_study``)."""
+"""``autotune study``: offline tuning, one fresh run per trial (see
+``autotune.tuning.offline_study``)."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ def add_wrap_command(sub: Any) -> None:
         help="tune any training script: each trial is a fresh run of CMD with new knobs",
         description="Runs CMD once per trial with the knobs in AUTOTUNE_KNOBS (JSON), "
         "AUTOTUNE_<NAME> and {name} placeholders in its arguments, measures the steps it "
-        "reports through autotune.control.client (or each run, if it reports none), its wall time and "
+        "reports through autotune.client (or each run, if it reports none), its wall time and "
         "the energy of its process tree, and keeps every trial in an Optuna study. The "
         "script's own output passes through untouched.",
         epilog="example: autotune wrap --knob num_envs=1..16 --knob batch_size=64,128,256 "
@@ -38,7 +38,7 @@ def add_wrap_command(sub: Any) -> None:
         choices=["restart", "live"],
         default="restart",
         help="restart: a fresh run of CMD per trial (default); live: one run "
-        "that takes new knobs at autotune.control.client.poll()",
+        "that takes new knobs at autotune.client.poll()",
     )
     wrap.add_argument(
         "--trials",

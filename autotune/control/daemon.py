@@ -7,10 +7,10 @@ are measured between the counters the job reports (``autotune.tuning.counters``)
 job's Optuna storage, so a daemon killed outright and started again resumes every study: trials
 left RUNNING are failed, the others rebuild the tuner's history (``OnlineTuner._restore``).
 
-The loop never blocks on a job: it polls the control socket (``autotune.control.protocol``), ticks each
-tuner, and drops jobs silent for ``JOB_SILENT_S`` (a job that comes back is asked to register
-again). SIGTERM, SIGINT and a STOP message end it cleanly: trials being measured are failed as
-"daemon stopped" and the jobs go on training with the config they have.
+The loop never blocks on a job: it polls the control socket (``autotune.control.protocol``),
+ticks each tuner, and drops jobs silent for ``JOB_SILENT_S`` (a job that comes back is asked to
+register again). SIGTERM, SIGINT and a STOP message end it cleanly: trials being measured are
+failed as "daemon stopped" and the jobs go on training with the config they have.
 """
 
 from __future__ import annotations
@@ -337,8 +337,8 @@ class Daemon:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m autotune.control.daemon``: the daemon in the foreground (``autotune daemon start``
-    runs this in the background)."""
+    """``python -m autotune.control.daemon``: the daemon in the foreground (``autotune daemon
+    start`` runs this in the background)."""
     parser = argparse.ArgumentParser(prog="autotune-daemon", description=__doc__.split("\n")[0])
     parser.add_argument(
         "--control", default=None, help="control endpoint (see autotune.control.protocol)"

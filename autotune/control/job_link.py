@@ -1,8 +1,8 @@
 """A training job's side of the daemon: register, take configs, report counters.
 
 ``autotune train --tune`` first tries ``DaemonLink.register``; if no daemon answers it tunes
-in-process instead (``autotune.workflows.tune``). Once registered, ``tick`` (called every runner tick,
-never blocking) applies APPLY messages through ``Runner.reconfigure`` and sends a REPORT every
+in-process instead (``autotune.workflows.tune``). Once registered, ``tick`` (called every runner
+tick, never blocking) applies APPLY messages through ``Runner.reconfigure`` and sends a REPORT every
 ``REPORT_INTERVAL_S``. A refused config is reported with its error; the daemon fails that trial.
 
 If the daemon goes away the job trains on with the config it has; reports sent while no daemon

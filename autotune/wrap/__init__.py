@@ -1,1 +1,2 @@
-"""Wrapping a user's training script: one fresh run per trial (restart mode) or one run tuned live."""
+"""A user's training script under the tuner: one fresh run per trial (restart mode), or one
+run tuned live."""

@@ -1,7 +1,7 @@
 """``autotune wrap --mode live``: one run of CMD, its knobs changed while it trains.
 
-The script calls ``autotune.control.client.poll()`` at safe points; the wrapper's ``ScriptJob`` is the
-online tuner's ``Job`` (``autotune.tuning.online_tuner``): a config goes out as a KNOBS message with a
+The script calls ``autotune.client.poll()`` at safe points; the wrapper's ``ScriptJob`` is the
+online tuner's ``Job`` (``autotune.tuning.job``): a config goes out as a KNOBS message with a
 sequence number, has taken effect once the script polled with that number, and a window is
 measured between the script's step reports (``autotune.tuning.counters``), with the energy of its
 process tree read when each report arrives (GPU joules of the GPUs its processes use, counted
@@ -29,7 +29,7 @@ logger = logging.getLogger(__name__)
 
 
 class LiveModeUnsupported(RuntimeError):
-    """The script does not call ``autotune.control.client.poll()``."""
+    """The script does not call ``autotune.client.poll()``."""
 
 
 class ScriptJob:
@@ -101,7 +101,7 @@ class ScriptJob:
         self.cpu.read_energy_j()
         if time.monotonic() - self.last_poll > report_timeout_s:
             raise LiveModeUnsupported(
-                f"the script has not called autotune.control.client.poll() for {report_timeout_s:.0f} "
+                f"the script has not called autotune.client.poll() for {report_timeout_s:.0f} "
                 "s; live mode needs it at safe points (use --mode restart for scripts that "
                 "read their knobs once)"
             )

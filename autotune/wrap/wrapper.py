@@ -3,7 +3,7 @@
 A trial (``run_trial``) starts CMD with its knobs in the environment (``AUTOTUNE_KNOBS``, and
 ``AUTOTUNE_<NAME>`` each) and in its arguments (``{name}`` placeholders), lets the script's own
 output through untouched, and measures the run: the steps it reports through
-``autotune.control.client`` (or, if it reports nothing, one run), its wall time, and the energy of its
+``autotune.client`` (or, if it reports nothing, one run), its wall time, and the energy of its
 process tree (GPU energy of the GPUs on which its processes held a compute context, CPU energy
 of its processes from their busy time).
 
@@ -223,7 +223,7 @@ class Wrapper:
                 else:
                     run.error = (
                         f"ran past --trial-s {self.trial_s:.0f} without reporting a "
-                        "step: call autotune.control.client.report(steps=...) or let the "
+                        "step: call autotune.client.report(steps=...) or let the "
                         "run finish within --trial-s"
                     )
             if run.error or run.stopped:

@@ -257,7 +257,7 @@ def test_live_mode_refuses_a_script_that_never_polls(tmp_path):
         env={**os.environ, "COLUMNS": "200"},
     )
     assert out.returncode == 2
-    assert "has not called autotune.control.client.poll() for 2 s" in out.stderr
+    assert "has not called autotune.client.poll() for 2 s" in out.stderr
     assert "use --mode restart" in out.stderr
 
 
