@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
+
+from rich.console import Console
+
+from runtime.config import ConfigError
 
 
 def add_export_command(sub: Any) -> None:
@@ -58,13 +63,8 @@ def add_export_command(sub: Any) -> None:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    import sys
-
-    from rich.console import Console
-
     from autotune.tuning.storage import StudyError, load_study
     from autotune.workflows.export import ExportError, dump, export_doc
-    from runtime.config import ConfigError
 
     console = Console(stderr=True)
     fmt = args.format or ("yaml" if args.out and args.out.suffix in (".yaml", ".yml") else "json")

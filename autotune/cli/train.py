@@ -7,15 +7,19 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
+
+from autotune.cli.display import ProgressDisplay, summary_table
 from autotune.cli.output import write_json
 from autotune.cli.train_config import train_config
 from autotune.cli.tune_flags import add_tune_args, tune_options
+from autotune.workflows.progress_log import ProgressLog
+from policies.appo_config import APPOConfig
+from runtime.config import TRAINER_PRECISIONS, ConfigError, TrainConfig
+from runtime.runner import RunError, Runner
 
 
 def add_train_command(sub: Any) -> None:
-    from policies.appo_config import APPOConfig
-    from runtime.config import TRAINER_PRECISIONS, TrainConfig
-
     d, dl = TrainConfig(), APPOConfig()
     train = sub.add_parser(
         "train",
@@ -261,12 +265,6 @@ def _mps_change(text: str) -> tuple[float, tuple[int, ...]]:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
-    from autotune.cli.display import ProgressDisplay, summary_table
-    from runtime.config import ConfigError
-    from runtime.runner import RunError, Runner
-
     console = Console(stderr=True)
     try:
         cfg = train_config(args)
@@ -298,8 +296,6 @@ def cmd_train(args: argparse.Namespace) -> int:
     display = ProgressDisplay(console, cfg, enabled=not args.quiet, steps_before=done)
     curve = None
     if args.progress is not None:
-        from autotune.workflows.progress_log import ProgressLog
-
         curve = ProgressLog(args.progress, append=runner.resume is not None)
 
     def show(state) -> None:

@@ -4,6 +4,10 @@ file with the flags given explicitly over it (also used by ``bench.trace_run``).
 from __future__ import annotations
 
 import argparse
+import dataclasses
+
+from policies.appo_config import APPOConfig
+from runtime.config import ConfigError, TrainConfig
 
 LEARNER_FLAGS = (
     "lr",
@@ -30,8 +34,6 @@ def explicit_flags(parser: argparse.ArgumentParser, argv: list[str]) -> set[str]
 
 def config_with_flags(base, args: argparse.Namespace, explicit: set[str]):
     """``base`` (from ``--config``) with the flags given explicitly on the command line."""
-    import dataclasses
-
     fields = {f.name for f in dataclasses.fields(base)} - {"learner"}
     changes = {k: getattr(args, k) for k in explicit & fields}
     learner = {k: getattr(args, k) for k in explicit & set(LEARNER_FLAGS)}
@@ -41,9 +43,6 @@ def config_with_flags(base, args: argparse.Namespace, explicit: set[str]):
 
 
 def config_from_args(args: argparse.Namespace):
-    from policies.appo_config import APPOConfig
-    from runtime.config import TrainConfig
-
     learner = APPOConfig(
         lr=args.lr,
         lr_schedule=args.lr_schedule,
@@ -88,8 +87,6 @@ def train_config(args: argparse.Namespace):
     Raises:
         ConfigError: a ``--config`` file that cannot be read as a config.
     """
-    from runtime.config import ConfigError
-
     if args.config is None:
         return config_from_args(args)
     from autotune.workflows.export import ExportError, load_config

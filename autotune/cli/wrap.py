@@ -6,6 +6,10 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
+
+from autotune.cli.output import write_json
+
 
 def add_wrap_command(sub: Any) -> None:
     wrap = sub.add_parser(
@@ -90,8 +94,6 @@ def add_wrap_command(sub: Any) -> None:
 
 
 def cmd_wrap(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
     from autotune.tuning.knobs import KnobError
     from autotune.tuning.storage import StudyError, open_study
     from autotune.wrap.wrapper import Wrapper, parse_knob, script_name
@@ -126,7 +128,6 @@ def _wrap_restart(
     study: Any,
     wrapper: Any,
 ) -> int:
-    from autotune.cli.output import write_json
     from autotune.tuning.storage import (
         ask,
         best_trial,
@@ -249,7 +250,5 @@ def _wrap_live(
     console.print(
         f"script exited with code {code}; {tuner.trials_done} configs tried; best: {said}"
     )
-    from autotune.cli.output import write_json
-
     write_json(args.json, doc)
     return 0 if best is not None else 1

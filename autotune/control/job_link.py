@@ -24,6 +24,7 @@ import zmq
 from autotune.control import protocol
 from autotune.control.protocol import MsgType
 from autotune.tuning.runner_job import config_changes, knob_values, read_counters
+from runtime.config import ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -118,8 +119,6 @@ class DaemonLink:
             return False
 
     def _handle(self, msg: dict[str, Any]) -> None:
-        from runtime.config import ConfigError
-
         kind = msg["type"]
         if kind == MsgType.WELCOME:
             self.registered = True

@@ -14,8 +14,11 @@ user attribute where fixed knobs were not suggested.
 
 from __future__ import annotations
 
+import datetime
 import json
 import logging
+import os
+import socket
 import threading
 import time
 import warnings
@@ -23,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+import psutil
 from optuna.trial import TrialState
 
 __all__ = [
@@ -143,11 +147,6 @@ def trial_values(t: optuna.trial.FrozenTrial) -> dict[str, Any]:
 
 def owner_id() -> str:
     """This process, as trials record it in ``owner``: host, pid and process start time."""
-    import os
-    import socket
-
-    import psutil
-
     return f"{socket.gethostname()}:{os.getpid()}:{psutil.Process().create_time():.2f}"
 
 
@@ -189,11 +188,6 @@ def _orphaned(trial: optuna.trial.FrozenTrial) -> bool:
     """Whether a RUNNING trial's process is gone: on this host, a process that no longer runs;
     on another, one whose ``beat`` is older than ``STALE_S``; with no owner recorded, one that
     started more than ``ASK_GRACE_S`` ago."""
-    import datetime
-    import socket
-
-    import psutil
-
     attrs = trial.user_attrs
     owner = attrs.get("owner")
     if owner is None:

@@ -21,11 +21,18 @@ train --config`` re-measures the recommendation at full length.
 from __future__ import annotations
 
 import dataclasses
+import json
 import statistics
+from pathlib import Path
 from typing import Any
 
+import yaml
+from optuna.trial import TrialState
+
 from autotune.tuning.reference import reference_runs, scaled_name, score
+from autotune.tuning.runner_job import config_changes
 from autotune.tuning.storage import config_key
+from runtime.config import TrainConfig
 
 FORMAT_VERSION = 1
 SERVICE_PROCESSES = 2
@@ -140,11 +147,6 @@ def export_doc(
     Raises:
         ExportError: not a train study of ``autotune study``, or no completed trial.
     """
-    from optuna.trial import TrialState
-
-    from autotune.tuning.runner_job import config_changes
-    from runtime.config import TrainConfig
-
     meta = study.user_attrs.get("autotune")
     if not meta or meta.get("kind") != "train":
         raise ExportError(
@@ -216,12 +218,8 @@ def export_doc(
 
 def dump(doc: dict[str, Any], fmt: str) -> str:
     if fmt == "yaml":
-        import yaml
-
         return yaml.safe_dump(doc, sort_keys=False)
     if fmt == "json":
-        import json
-
         return json.dumps(doc, indent=2) + "\n"
     raise ExportError(f"format {fmt!r}: allowed json, yaml")
 
@@ -234,12 +232,6 @@ def load_config(path: str, flag: str = "--config") -> Any:
         ExportError: the file cannot be read or holds no config.
         runtime.config.ConfigError: the config has unknown or invalid fields.
     """
-    from pathlib import Path
-
-    import yaml
-
-    from runtime.config import TrainConfig
-
     try:
         doc = yaml.safe_load(Path(path).read_text())  # YAML reads JSON too
     except (OSError, yaml.YAMLError) as exc:

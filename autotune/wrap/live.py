@@ -14,6 +14,7 @@ wrapper says so (use restart mode) and stops it.
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import time
 from typing import Any
@@ -22,7 +23,7 @@ from autotune.control import client, protocol
 from autotune.control.protocol import MsgType
 from autotune.tuning.counters import Counters, Measurement, measure
 from autotune.wrap.wrapper import GPU_CHECK_S, POLL_S, Wrapper, knob_env, stop_tree, substitute
-from runtime.energy.cpu import tree_pids
+from runtime.energy.cpu import CPUModelEnergy, tree_pids
 from runtime.hw.gpus import gpus_used_by
 
 logger = logging.getLogger(__name__)
@@ -118,10 +119,6 @@ def run_live(
     Raises:
         LiveModeUnsupported: the script stopped (it never polled).
     """
-    import os
-
-    from runtime.energy.cpu import CPUModelEnergy
-
     env = {
         **os.environ,
         **knob_env(base),

@@ -31,6 +31,7 @@ import subprocess
 import tempfile
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import zmq
@@ -38,7 +39,8 @@ import zmq
 from autotune.control import client, protocol
 from autotune.control.protocol import MsgType
 from autotune.tuning.knobs import Knob, KnobError
-from runtime.energy.cpu import tree_pids
+from runtime.energy.cpu import CPUModelEnergy, tree_pids
+from runtime.energy.gpu import probe_gpu_energy
 from runtime.hw.gpus import gpus_used_by
 
 logger = logging.getLogger(__name__)
@@ -97,8 +99,6 @@ def parse_knob(spec: str, apply: str = "restart") -> Knob:
 
 def script_name(cmd: list[str]) -> str:
     """A short name for CMD: the stem of its first ``.py`` argument, else of the program."""
-    from pathlib import Path
-
     script = next((a for a in cmd if a.endswith(".py")), cmd[0] if cmd else "cmd")
     return Path(script).stem
 
@@ -163,8 +163,6 @@ class Wrapper:
         report_timeout_s: float = 60.0,
         gpu: Any = None,
     ) -> None:
-        from runtime.energy.gpu import probe_gpu_energy
-
         if not cmd:
             raise ValueError(
                 "no command to wrap: give it after --, e.g. autotune wrap -- python train.py"
@@ -184,8 +182,6 @@ class Wrapper:
 
     def run_trial(self, number: int, values: dict[str, Any]) -> TrialRun:
         """One fresh run of CMD with ``values`` (see the module docstring)."""
-        from runtime.energy.cpu import CPUModelEnergy
-
         run = TrialRun(values)
         env = {
             **os.environ,
