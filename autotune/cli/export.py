@@ -63,6 +63,7 @@ def add_export_command(sub: Any) -> None:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    # optuna, through the tuning layer: imported by this command only
     from autotune.tuning.storage import StudyError, load_study
     from autotune.workflows.export import ExportError, dump, export_doc
 

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
 from autotune.cli.output import write_json
+from autotune.tuning.knobs import KnobError
 
 if TYPE_CHECKING:
     from autotune.tuning.offline_study import OfflineStudy
@@ -186,7 +187,7 @@ def study_options(args: argparse.Namespace) -> StudyOptions:
 
 def cmd_study(args: argparse.Namespace) -> int:
     # optuna and the runtime: imported by the command that needs them, not by every command
-    from autotune.tuning.knobs import KnobError
+    # optuna, through the tuning layer: imported by this command only
     from autotune.tuning.storage import StudyError
     from autotune.workflows.study import make_study, run_here, summary
     from autotune.workflows.study_workers import plan_workers, run_workers

@@ -89,6 +89,7 @@ def train_config(args: argparse.Namespace):
     """
     if args.config is None:
         return config_from_args(args)
+    # optuna, through the tuning layer: imported by this command only
     from autotune.workflows.export import ExportError, load_config
 
     try:

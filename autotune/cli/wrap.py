@@ -9,6 +9,7 @@ from typing import Any
 from rich.console import Console
 
 from autotune.cli.output import write_json
+from autotune.tuning.knobs import KnobError
 
 
 def add_wrap_command(sub: Any) -> None:
@@ -94,7 +95,7 @@ def add_wrap_command(sub: Any) -> None:
 
 
 def cmd_wrap(args: argparse.Namespace) -> int:
-    from autotune.tuning.knobs import KnobError
+    # optuna, through the tuning layer: imported by this command only
     from autotune.tuning.storage import StudyError, open_study
     from autotune.wrap.wrapper import Wrapper, parse_knob, script_name
 
@@ -128,6 +129,7 @@ def _wrap_restart(
     study: Any,
     wrapper: Any,
 ) -> int:
+    # optuna, through the tuning layer: imported by this command only
     from autotune.tuning.storage import (
         ask,
         best_trial,
@@ -214,6 +216,7 @@ def _wrap_live(
     study: Any,
     wrapper: Any,
 ) -> int:
+    # optuna, through the tuning layer: imported by this command only
     from autotune.tuning.online_tuner import OnlineTuner
     from autotune.tuning.runner_job import tuning_doc
     from autotune.tuning.settings import TunerSettings

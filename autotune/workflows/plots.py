@@ -10,6 +10,12 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import optuna
+from optuna.trial import TrialState
+
+from autotune.tuning.reference import score
+from autotune.tuning.storage import config_key
+
 logger = logging.getLogger(__name__)
 
 
@@ -31,11 +37,6 @@ def write_plots(
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import optuna
-    from optuna.trial import TrialState
-
-    from autotune.tuning.reference import score
-    from autotune.tuning.storage import config_key
 
     out_dir.mkdir(parents=True, exist_ok=True)
     meta = study.user_attrs.get("autotune", {})
