@@ -217,6 +217,7 @@ def _wrap_live(
     wrapper: Any,
 ) -> int:
     # optuna, through the tuning layer: imported by this command only
+    from autotune.tuning.job import Job
     from autotune.tuning.online_tuner import OnlineTuner
     from autotune.tuning.runner_job import tuning_doc
     from autotune.tuning.settings import TunerSettings
@@ -232,7 +233,7 @@ def _wrap_live(
             trials=args.trials,
         )
 
-        def factory(job: Any) -> OnlineTuner:
+        def factory(job: Job) -> OnlineTuner:
             return OnlineTuner(study, knobs, job, settings, base)
 
         tuner, code = run_live(wrapper, factory, base, args.report_timeout_s)

@@ -77,7 +77,7 @@ class _Link:
         self.seq = 0
         self.sock.poll(CONNECT_WAIT_MS, zmq.POLLOUT)  # so the first report is not dropped
 
-    def send(self, kind: str, **body: Any) -> None:
+    def send(self, kind: MsgType, **body: Any) -> None:
         msg = self.control.encode(kind, trial=self.trial, pid=os.getpid(), **body)
         # if the wrapper is gone or busy the message is dropped: progress is a running total
         with contextlib.suppress(self.zmq.Again):

@@ -22,6 +22,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,7 +50,7 @@ class RemoteJob:
     """A job in another process as the tuner's ``Job``: applies are sequenced messages,
     readiness and windows come from the job's reports."""
 
-    def __init__(self, send: Any) -> None:
+    def __init__(self, send: Callable[..., None]) -> None:
         self._send = send
         self.seq = 0
         self.values: dict[str, Any] | None = None

@@ -23,7 +23,12 @@ import zmq
 
 from autotune.control import protocol
 from autotune.control.protocol import MsgType
-from autotune.tuning.runner_job import config_changes, knob_values, read_counters
+from autotune.tuning.runner_job import (
+    TunableRunner,
+    config_changes,
+    knob_values,
+    read_counters,
+)
 from runtime.config import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -40,7 +45,7 @@ class DaemonLink:
     runner: The job's ``runtime.runner.Runner``.
     """
 
-    def __init__(self, endpoint: str, hello: dict[str, Any], runner: Any) -> None:
+    def __init__(self, endpoint: str, hello: dict[str, Any], runner: TunableRunner) -> None:
         self.endpoint, self.runner = endpoint, runner
         self.job_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.hello = {**hello, "job": self.job_id, "pid": os.getpid()}
@@ -111,7 +116,7 @@ class DaemonLink:
     def _config(self) -> dict[str, Any]:
         return knob_values(self.runner.cfg, self.hello["base"])
 
-    def _send(self, kind: str, **body: Any) -> bool:
+    def _send(self, kind: MsgType, **body: Any) -> bool:
         try:
             self.sock.send(protocol.encode(kind, **body), zmq.NOBLOCK)
             return True

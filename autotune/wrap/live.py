@@ -17,11 +17,14 @@ import logging
 import os
 import subprocess
 import time
+from collections.abc import Callable
 from typing import Any
 
 from autotune.control import client, protocol
 from autotune.control.protocol import MsgType
 from autotune.tuning.counters import Counters, Measurement, measure
+from autotune.tuning.job import Job
+from autotune.tuning.online_tuner import OnlineTuner
 from autotune.wrap.wrapper import GPU_CHECK_S, POLL_S, Wrapper, knob_env, stop_tree, substitute
 from runtime.energy.cpu import CPUModelEnergy, tree_pids
 from runtime.hw.gpus import gpus_used_by
@@ -36,7 +39,7 @@ class LiveModeUnsupported(RuntimeError):
 class ScriptJob:
     """A running script as the tuner's ``Job`` (see the module docstring)."""
 
-    def __init__(self, wrapper: Wrapper, proc: subprocess.Popen, cpu: Any) -> None:
+    def __init__(self, wrapper: Wrapper, proc: subprocess.Popen, cpu: CPUModelEnergy) -> None:
         self.wrapper, self.proc, self.cpu = wrapper, proc, cpu
         self.identity: bytes | None = None
         self.seq = self.polled = 0
@@ -109,8 +112,11 @@ class ScriptJob:
 
 
 def run_live(
-    wrapper: Wrapper, tuner_factory: Any, base: dict[str, Any], report_timeout_s: float
-) -> tuple[Any, int]:
+    wrapper: Wrapper,
+    tuner_factory: Callable[[Job], OnlineTuner],
+    base: dict[str, Any],
+    report_timeout_s: float,
+) -> tuple[OnlineTuner, int]:
     """Runs CMD once with ``base`` knobs and tunes it live until it exits.
 
     Returns:
