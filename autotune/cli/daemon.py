@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import subprocess
 import sys
@@ -84,9 +85,12 @@ def cmd_daemon(args: argparse.Namespace) -> int:
         console.print(f"[red]error:[/red] {exc}")
         return 2
     if args.action == "run":
-        from autotune.control.daemon import main  # optuna: only for the daemon
+        from autotune.control.daemon import run_daemon  # optuna: only for the daemon
 
-        return main(["--control", endpoint])
+        logging.basicConfig(
+            level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True
+        )
+        return run_daemon(endpoint)
     pong = protocol.request(endpoint, MsgType.PING, timeout_s=1.0)
     if args.action == "stop":
         if pong is None:
@@ -112,7 +116,7 @@ def cmd_daemon(args: argparse.Namespace) -> int:
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "autotune.control.daemon", "--control", endpoint],
+            [sys.executable, "-m", "autotune.cli", "daemon", "run", "--control", endpoint],
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,

@@ -15,12 +15,10 @@ failed as "daemon stopped" and the jobs go on training with the config they have
 
 from __future__ import annotations
 
-import argparse
 import collections
 import logging
 import os
 import signal
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -337,26 +335,14 @@ class Daemon:
         }
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m autotune.control.daemon``: the daemon in the foreground (``autotune daemon
-    start`` runs this in the background)."""
-    parser = argparse.ArgumentParser(prog="autotune-daemon", description=__doc__.split("\n")[0])
-    parser.add_argument(
-        "--control", default=None, help="control endpoint (see autotune.control.protocol)"
-    )
-    args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+def run_daemon(endpoint: str) -> int:
+    """Binds ``endpoint`` and serves until stopped (``autotune daemon run``; ``autotune daemon
+    start`` runs that in the background). Returns the exit status: 2 if it cannot bind."""
     try:
-        daemon = Daemon(protocol.resolve_endpoint(args.control))
+        daemon = Daemon(endpoint)
         daemon.bind()
     except (protocol.ControlError, zmq.ZMQError) as exc:
         logger.error("cannot start: %s", exc)
         return 2
     daemon.serve()
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
