@@ -106,6 +106,7 @@ class ActorPool:
             return None
         key = (cfg.policy, cfg.seed, cfg.learner.normalize_obs)
         if key not in self._initial:
+            # torch comes with it: only a run that needs the weights loads it, not the runner
             from policies.actor_critic import initial_state_arrays
 
             info = self.info

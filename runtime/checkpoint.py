@@ -41,6 +41,9 @@ from typing import Any
 from runtime.config import ConfigError, TrainConfig
 from runtime.envs import EnvInfo
 
+# torch is imported only where ``learner.pt`` is read or written: the runner imports this
+# module, and checks a checkpoint by its ``learner.json``, without loading torch.
+
 STATE_NAME = "learner.pt"
 INFO_NAME = "learner.json"
 RETURNS_NAME = "returns.json"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 
 from policies.appo_config import APPOConfig
-from runtime.envs import EnvInfo
+from runtime.envs import EnvError, EnvInfo, probe_env
 
 TRAINER_DEVICES = ("auto", "cpu", "cuda")
 TRAINER_PRECISIONS = ("fp32", "bf16")
@@ -191,6 +191,7 @@ class TrainConfig:
                     ]
                 )
             if self.trainer_precision == "bf16":  # NVML: no CUDA context in this process
+                # here, not at the top: pynvml stays out of the actors, which import this module
                 from runtime.hw.gpus import bf16_problem, list_gpus
 
                 problem = bf16_problem(list_gpus())
@@ -213,8 +214,7 @@ class TrainConfig:
         Raises:
             ConfigError: naming the env or the spec entry that does not fit.
         """
-        from policies.mlp import PolicySpecError, parse_spec
-        from runtime.envs import EnvError, probe_env
+        from policies.mlp import PolicySpecError, parse_spec  # imports torch
 
         try:
             info = probe_env(self.env)

@@ -31,6 +31,10 @@ from runtime.gmi import placement
 from runtime.policy_io import WeightsReceiver
 from runtime.stages.common import StatsSender, exit_requested, init_service_process
 
+# torch, and the policy that imports it, are imported inside functions: the runner imports this
+# module (for inference_main) without loading torch, and the inference GMI loads it only after
+# ``placement.bind_gpu`` has set its CUDA and MPS environment.
+
 logger = logging.getLogger(__name__)
 
 NAME = "inference"

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import os
 import socket as pysocket
+import threading
 from dataclasses import dataclass
 
 import zmq
@@ -218,8 +219,6 @@ class WeightsForwarder:
     """
 
     def __init__(self, ctx: zmq.Context, ep: Endpoints) -> None:
-        import threading
-
         self.ctx, self.ep = ctx, ep
         self._control_addr = f"inproc://weights-forwarder-{id(self)}"
         self._control = ctx.socket(zmq.PAIR)

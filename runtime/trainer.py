@@ -35,6 +35,10 @@ from runtime.gmi.placement import GMISpec
 from runtime.stages.batcher import Batcher
 from runtime.stages.common import LiveSettings, StatsSender, init_service_process
 
+# torch, and the policies and GMI group that import it, are imported inside functions: the
+# runner imports this module (for trainer_main) without loading torch, and a GMI process loads
+# it only after ``placement.bind_gpu`` has set its CUDA and MPS environment.
+
 logger = logging.getLogger(__name__)
 
 STATS_INTERVAL_S = 0.5

@@ -22,6 +22,7 @@ from runtime.config import TrainConfig
 from runtime.envs import EnvInfo
 from runtime.gmi import placement
 from runtime.gmi.placement import GMISpec
+from runtime.hw.mps import MPSControl, MPSUnavailable
 from runtime.inference import InferencePlace
 from runtime.trainer import GMIRole, state_file, trainer_main
 
@@ -86,8 +87,6 @@ class GMIFleet:
             placement.wants_mps(self.gmis) or mps_later or self.cfg.inference_mps_pct is not None
         ):
             return
-        from runtime.hw.mps import MPSControl, MPSUnavailable
-
         try:
             mps = MPSControl()
             mps.start()
