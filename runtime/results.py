@@ -1,15 +1,24 @@
-"""The result document of one run (what ``autotune train --json`` writes)."""
+"""The result document of one run (what ``autotune train --json`` writes).
+
+It is built from a ``RunRecord``, what this module reads of a finished run;
+``runtime.runner.Runner`` is one (the runner imports this module, never the other way round).
+"""
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from runtime import checkpoint
+from runtime.inference import NAME as INFERENCE
 
-if TYPE_CHECKING:
-    from runtime.runner import Runner
+if TYPE_CHECKING:  # only named in RunRecord's annotations
+    from runtime.actor_pool import Incarnations
+    from runtime.config import TrainConfig
+    from runtime.gmi.fleet import GMIFleet
+    from runtime.phases import PhaseLog
+    from runtime.telemetry import RunTelemetry
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +56,29 @@ class Timeline:
         }
 
 
+class RunRecord(Protocol):
+    """What the result document reads of a run (``runtime.runner.Runner`` has it all)."""
+
+    cfg: TrainConfig
+    telemetry: RunTelemetry
+    fleet: GMIFleet
+    resume: checkpoint.Resume | None
+    timeline: Timeline
+    changes: list[dict[str, Any]]
+    interrupted: bool
+
+    @property
+    def ended(self) -> Incarnations: ...
+
+    @property
+    def restarts(self) -> int: ...
+
+    @property
+    def phases(self) -> PhaseLog | None: ...
+
+    def trainer_names(self) -> list[str]: ...
+
+
 def lost_steps_by_incarnation(complete: dict[str, int], stepped: dict[str, int]) -> dict[str, int]:
     """Steps each actor incarnation took that never reached the compressor as whole rollouts."""
     return {key: n - int(complete.get(key, 0)) for key, n in stepped.items()}
@@ -69,16 +101,14 @@ def gmi_doc(name: str, counters: dict[str, Any]) -> dict[str, Any]:
     return {"name": name, **{k: counters.get(k) for k in keys}}
 
 
-def inference_doc(runner: Runner) -> dict[str, Any]:
+def inference_doc(runner: RunRecord) -> dict[str, Any]:
     """Where actions were computed: ``{"mode": "actor"}``, or the inference GMI's place and
     figures (requests, rows, batches, rows_per_batch, compute_s, SMs) and the actors' total
     time spent waiting for it (``actor_wait_s``)."""
     if runner.cfg.inference != "gmi":
         return {"mode": "actor"}
-    from runtime.inference import NAME
-
     tel = runner.telemetry
-    counters = tel.source(NAME)
+    counters = tel.source(INFERENCE)
     keys = (
         "device",
         "gpu",
@@ -97,7 +127,7 @@ def inference_doc(runner: Runner) -> dict[str, Any]:
     return {"mode": "gmi", **{k: counters.get(k) for k in keys}, "actor_wait_s": waited}
 
 
-def build_result(runner: Runner, wall_s: float, energy: Any) -> dict[str, Any]:
+def build_result(runner: RunRecord, wall_s: float, energy: Any) -> dict[str, Any]:
     """Assembles the JSON-ready result from the runner's telemetry and energy window.
 
     Keys: env, env_steps (trained), sampled_steps, discarded_steps, lost_steps, wall_s,

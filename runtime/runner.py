@@ -41,7 +41,6 @@ import signal
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import zmq
@@ -50,12 +49,14 @@ from runtime import checkpoint, live, topology, wire
 from runtime.actor_pool import ActorPool, Incarnations
 from runtime.config import ConfigError, TrainConfig
 from runtime.drain import Drain
+from runtime.energy import EnergyMeter
 from runtime.envs import EnvInfo
 from runtime.gmi.fleet import GMIFleet
 from runtime.inference import NAME as INFERENCE
 from runtime.inference import inference_main
 from runtime.phases import PhaseLog
-from runtime.results import Timeline
+from runtime.results import Timeline, build_result
+from runtime.run_state import RUN_WINDOW, RunState
 from runtime.services import RunError, Services
 from runtime.stages.compressor import compressor_main
 from runtime.stages.migrator import migrator_main
@@ -67,28 +68,11 @@ logger = logging.getLogger(__name__)
 
 TICK_S = 0.1
 """The main loop's tick: how long each pass reads telemetry (and each drain wait)."""
-RUN_WINDOW = "run"
-"""The energy window open for the whole run (a tuner peeks at it for cumulative joules)."""
 
 
 def _raise_system_exit(signum: int, frame: Any) -> None:
     """SIGTERM: abandon the run; ``Runner.run`` kills its children on the way out."""
     raise SystemExit(128 + signum)
-
-
-@dataclass
-class RunState:
-    """Live figures handed to the progress callback every tick."""
-
-    elapsed_s: float
-    trained_steps: int
-    sampled_steps: int
-    return_mean: float | None
-    episodes: int
-    policy_lag_mean: float
-    policy_lag_max: int
-    actor_restarts: int
-    draining: bool
 
 
 class Runner:
@@ -322,9 +306,6 @@ class Runner:
 
     def run(self) -> dict[str, Any]:
         """Runs the job; returns the result document (see ``runtime.results``)."""
-        from runtime.energy import EnergyMeter
-        from runtime.results import build_result
-
         meter = self.meter = self.meter if self.meter is not None else EnergyMeter()
         ctx = zmq.Context()
         with tempfile.TemporaryDirectory(prefix="autotune-") as run_dir:
