@@ -6,10 +6,11 @@
 Trainer GMIs are placed by ``runtime.gmi.placement`` (``trainers`` per GPU, MPS percentages);
 where MPS is wanted the runner reuses or starts an MPS daemon (``runtime.hw.mps``) and stops
 it at the end if it started it. A percentage change replaces every GMI by a new generation
-with other percentages (an MPS client's percentage is fixed for its life): ``replace_gmis``
-starts the new GMIs, which take
+with other percentages (an MPS client's percentage is fixed for its life): the new GMIs take
 chunks at once, the old ones get RETIRE from the migrator, train what they hold and hand the
-learner state over. Each period between changes is a phase with its own energy window.
+learner state over. Each period between changes is a phase with its own energy window. Every
+GMI change, planned (``mps_changes``), asked for (``request_replace``) or from ``reconfigure``,
+goes through ``runtime.generations.Generations.replace``.
 
 ``reconfigure`` changes settings of the running job (``runtime.live``): actors are added or
 removed (a removed actor delivers what it collected before it exits), respawned with another
@@ -51,6 +52,7 @@ from runtime.config import ConfigError, TrainConfig
 from runtime.drain import Drain
 from runtime.energy import EnergyMeter
 from runtime.envs import EnvInfo
+from runtime.generations import Generations, MPSChange
 from runtime.gmi.fleet import GMIFleet
 from runtime.inference import NAME as INFERENCE
 from runtime.inference import inference_main
@@ -84,13 +86,14 @@ class Runner:
         on_progress: Called with a ``RunState`` every tick (the CLI's live display).
         meter: Energy meter (``runtime.energy.EnergyMeter``); a default one when None.
         mps_changes: ``(seconds into the run, percentages or None)`` at which to replace the
-            GMIs (see ``replace_gmis``; None keeps the percentages), in any order.
+            GMIs (``runtime.generations``; None keeps the percentages), in any order.
         mps_live: Start MPS (where GMIs are on a GPU) even if nothing needs it yet, so that
             ``reconfigure`` can set percentages later (a tuner does).
 
     Raises:
         ConfigError: ``cfg.checkpoint`` holds a state this run cannot resume
             (``runtime.checkpoint.check``).
+        ValueError: a percentage in ``mps_changes`` does not fit the GMIs.
     """
 
     def __init__(
@@ -99,7 +102,7 @@ class Runner:
         info: EnvInfo,
         on_progress: Callable[[RunState], None] | None = None,
         meter: Any = None,
-        mps_changes: list[tuple[float, tuple[int, ...] | None]] | None = None,
+        mps_changes: list[MPSChange] | None = None,
         mps_live: bool = False,
     ) -> None:
         self.cfg, self.info = cfg, info
@@ -116,11 +119,7 @@ class Runner:
         self.mp = mp.get_context("spawn")
         self.services = Services(self.mp)
         self.fleet = GMIFleet(cfg, info, self.services.spawn)
-        self.mps_changes = sorted(mps_changes or [], key=lambda change: change[0])
-        for _, pct in self.mps_changes:
-            self.fleet.check(pct)  # raises ValueError now rather than mid-run
-        self._requested: list[tuple[int, ...] | None] = []
-        self.phases: PhaseLog | None = None
+        self.generations = Generations(self.fleet, mps_changes)
         self.on_progress = on_progress
         self.timeline = Timeline()
         self.meter = meter
@@ -183,12 +182,7 @@ class Runner:
         if plan.services:
             self.live.bump(control_sock, new)
         if plan.handover:
-            self.fleet.replace(ep, self.run_dir, control_sock, None, new)
-            self.phases.begin(
-                self.fleet.generation,
-                [s.mps_pct for s in self.fleet.gmis],
-                self.telemetry.trained_steps,
-            )
+            self.generations.replace(self.telemetry.trained_steps, cfg=new)
         changed = {name: getattr(new, name) for name in plan.changed}
         self.changes.append({"t": time.monotonic() - self._started, "changed": changed})
         logger.info("live change: %s", changed)
@@ -228,28 +222,18 @@ class Runner:
         return self.fleet.names()
 
     def request_replace(self, mps_pct: tuple[int, ...] | None = None) -> None:
-        """Asks for a GMI hand-over at the next tick (from ``on_progress`` or a tuner).
+        """Asks for a GMI hand-over at the next tick (from ``on_progress`` or a tuner), with
+        percentages ``mps_pct`` (None: the same).
 
         Raises:
             ValueError: if ``mps_pct`` does not fit the GMIs (checked now, not mid-run).
         """
-        self.fleet.check(mps_pct)
-        self._requested.append(mps_pct)
+        self.generations.request(mps_pct)
 
-    def replace_gmis(
-        self, ep: topology.Endpoints, control_sock: zmq.Socket, mps_pct: tuple[int, ...] | None
-    ) -> None:
-        """Replaces every GMI by a new generation, with percentages ``mps_pct`` (None: same).
-
-        Experience keeps flowing to the new GMIs at once; the old ones retire, train what they
-        hold and hand the learner state over (``runtime.gmi.fleet``). Nothing is dropped.
-        """
-        self.fleet.replace(ep, self.run_dir, control_sock, mps_pct)
-        self.phases.begin(
-            self.fleet.generation,
-            [s.mps_pct for s in self.fleet.gmis],
-            self.telemetry.trained_steps,
-        )
+    @property
+    def phases(self) -> PhaseLog | None:
+        """The run's phases, one per GMI generation (None before the run starts)."""
+        return self.generations.phases
 
     @property
     def slots(self) -> list[Any]:
@@ -319,14 +303,11 @@ class Runner:
             forwarder = topology.WeightsForwarder(ctx, ep).start()
             previous = signal.signal(signal.SIGINT, self._on_sigint)
             previous_term = signal.signal(signal.SIGTERM, _raise_system_exit)
-            self.fleet.setup_sharing(
-                self.mps_live or any(pct is not None for _, pct in self.mps_changes)
-            )
+            self.fleet.setup_sharing(self.mps_live or self.generations.mps_later)
             meter.begin_window(RUN_WINDOW)
             started = self._started = time.monotonic()
             self.timeline.start()
-            self.phases = PhaseLog(meter, started)
-            self.phases.begin(0, [s.mps_pct for s in self.fleet.gmis], 0)
+            self.generations.begin(ep, run_dir, control_sock, meter, started)
             try:
                 self._start_services(ep)
                 self.actors.start(self.cfg, ep)
@@ -345,7 +326,7 @@ class Runner:
                 signal.signal(signal.SIGINT, previous)
                 signal.signal(signal.SIGTERM, previous_term)
                 wall_s = time.monotonic() - started
-                self.phases.end(self.telemetry.trained_steps)
+                self.generations.end(self.telemetry.trained_steps)
                 try:
                     energy = meter.end_window(RUN_WINDOW)
                 except ValueError:
@@ -362,7 +343,6 @@ class Runner:
         control_sock: zmq.Socket,
         started: float,
     ) -> None:
-        changes = list(self.mps_changes)
         while not self.stop_requested:
             self._read_telemetry(telemetry_sock, int(TICK_S * 1000))
             self._check_processes(ep)
@@ -371,10 +351,7 @@ class Runner:
                 self._apply(ep, control_sock, self._pending_cfg)
                 self._pending_cfg = None
             self.live.send(control_sock, self.cfg)
-            if changes and time.monotonic() - started >= changes[0][0]:
-                self._requested.append(changes.pop(0)[1])
-            while self._requested:
-                self.replace_gmis(ep, control_sock, self._requested.pop(0))
+            self.generations.replace_due(time.monotonic() - started, self.telemetry.trained_steps)
             if self.on_progress is not None:
                 self.on_progress(self.state(started))
             self._sample_timeline(started)

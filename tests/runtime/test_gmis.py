@@ -165,7 +165,11 @@ def test_gmi_hand_over_mid_run_keeps_every_step_and_the_learner(trainers):
     runner = Runner(cfg, cfg.validate())
 
     def hand_over_once(state):
-        if state.trained_steps >= 10_000 and runner.generation == 0 and not runner._requested:
+        if (
+            state.trained_steps >= 10_000
+            and runner.generation == 0
+            and not runner.generations.requested
+        ):
             runner.request_replace()
 
     runner.on_progress = hand_over_once
