@@ -1,4 +1,5 @@
-"""Energy measurement: GPU (NVML) and CPU (RAPL or a labelled model) over windows."""
+"""Energy measurement: GPU energy (NVML, through ``runtime.hw.nvml``), CPU energy (RAPL or a
+labelled model), and the meter that reads both over windows."""
 
 from __future__ import annotations
 

@@ -1,1 +1,2 @@
-"""GPU multiplexing instances: trainer processes bound to slices of GPUs."""
+"""Trainer GMIs (GPU multiplexing instances): their placement on GPU slices, each generation's
+fleet, and the data-parallel group they train in, in lockstep."""

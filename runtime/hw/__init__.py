@@ -1,1 +1,2 @@
-"""Hardware access: NVML (the only pynvml importer), GPU inventory, and NVIDIA MPS control."""
+"""Hardware access: NVML (the only pynvml importer, where NVML errors are translated), the GPU
+inventory, and NVIDIA MPS control."""

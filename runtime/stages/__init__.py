@@ -1,2 +1,3 @@
-"""The four experience stages: dispenser (per actor), compressor and migrator (system-wide
-services), batcher (per trainer). One module each."""
+"""The four experience stages, one module each (dispenser per actor, compressor and migrator
+system-wide, batcher per trainer), and the process set-up and telemetry sender that every
+runtime process shares (``common``)."""
