@@ -262,7 +262,7 @@ def test_live_mode_refuses_a_script_that_never_polls(tmp_path):
 
 
 def test_the_ppo_example_runs_under_wrap_with_its_flags_substituted(tmp_path):
-    example = Path(__file__).resolve().parents[2] / "examples" / "ppo_gymnasium.py"
+    example = Path(__file__).resolve().parents[3] / "examples" / "ppo_gymnasium.py"
     out = subprocess.run(
         [
             sys.executable,
@@ -333,7 +333,7 @@ def test_the_gpu_a_wrapped_script_uses_is_measured(tmp_path):
 
 def test_the_sb3_example_runs_under_wrap(tmp_path):
     pytest.importorskip("stable_baselines3", reason="the sb3 extra: pip install -e '.[sb3]'")
-    example = Path(__file__).resolve().parents[2] / "examples" / "sb3_ppo.py"
+    example = Path(__file__).resolve().parents[3] / "examples" / "sb3_ppo.py"
     out = subprocess.run(
         [
             sys.executable,
