@@ -1,7 +1,7 @@
 """An actor's per-step policy call, torch ``ActorCritic.act`` vs numpy ``NumpyPolicy.act``.
 
-    python -m bench.actor_inference --obs 105 --act 8 --policy auto:256:128:64:auto \\
-        --envs 8,32,64 --calls 2000 --out actor_inference.json
+    python -m bench gmi --only actor-inference --obs 105 --act 8 --policy auto:256:128:64:auto \\
+        --envs 8,32,64 --calls 2000 --out out/gmi
 
 Both act with the same weights on one thread (an actor owns one core), alternating in blocks
 of ``--calls`` calls so the machine's noise falls on both alike; the median of ``--repeats``
@@ -25,7 +25,6 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import numpy as np
 import torch
 
-from bench.report import emit
 from policies.actor_critic import ActorCritic
 from policies.numpy_policy import NumpyPolicy
 
@@ -51,24 +50,8 @@ def import_s(code: str, repeats: int) -> float:
     return statistics.median(times)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--obs", type=int, default=105, help="observation size (Ant-v5: 105)")
-    ap.add_argument("--act", type=int, default=8, help="action size (Ant-v5: 8)")
-    ap.add_argument("--discrete", action="store_true", help="categorical actions")
-    ap.add_argument("--policy", default="auto:256:128:64:auto", help="MLP spec (policies.mlp)")
-    ap.add_argument("--envs", default="8,32,64", help="batch sizes (envs per actor) to time")
-    ap.add_argument("--calls", type=int, default=2000, help="calls per timed block")
-    ap.add_argument("--repeats", type=int, default=5, help="timed blocks per kind and size")
-    ap.add_argument("--import-repeats", type=int, default=3, help="fresh processes per kind")
-    ap.add_argument("--out", default=None, help="also write the JSON document here")
-    a = ap.parse_args()
-    try:
-        sizes = [int(x) for x in a.envs.split(",")]
-    except ValueError:
-        ap.error(f"--envs {a.envs!r}: expected integers, e.g. 8,32,64")
-    if min(sizes) < 1 or min(a.obs, a.act, a.calls, a.repeats, a.import_repeats) < 1:
-        ap.error("--envs, --obs, --act, --calls, --repeats and --import-repeats must be >= 1")
+def measure(a: argparse.Namespace, sizes: list[int]) -> dict:
+    """The torch and numpy actors' per-call times at each batch size, and their import times."""
     torch.set_num_threads(1)
     torch.manual_seed(0)
     model = ActorCritic(a.obs, a.act, a.discrete, a.policy)
@@ -101,8 +84,4 @@ def main() -> None:
         "rows": rows,
         "import_s": {k: import_s(code, a.import_repeats) for k, code in IMPORTS.items()},
     }
-    emit(doc, a.out)
-
-
-if __name__ == "__main__":
-    main()
+    return doc

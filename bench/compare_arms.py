@@ -1,7 +1,7 @@
-"""What each arm of ``bench.compare`` runs: the arm names and their command lines.
+"""What each arm of ``python -m bench peers`` runs: the arm names and their command lines.
 
-``bench.compare`` runs and measures these commands one after the other; its docstring describes
-every arm.
+The ``peers`` suite runs and measures these commands one after the other; its help
+(``bench/suites/peers.py``) describes every arm.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ TUNE_KNOBS = [
 ]
 TRAIN_STARTUP_S = 15.0
 """Added to ``autotune train``'s wall budget by default (``--startup-s``): its process start-up
-(Ant-v5 on the H100 machine: about 12 s to the first trained step), which the peers'
+(Ant-v5 on an H100 80GB, 16-core host: about 12 s to the first trained step), which the peers'
 ``--seconds`` do not count."""
 
 

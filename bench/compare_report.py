@@ -1,8 +1,8 @@
-"""Tables, ratios, goals and plots from ``bench.compare run`` directories.
+"""Tables, ratios, goals and plots from the arm documents of ``python -m bench peers``.
 
 Arms are grouped by run directory, env and policy; every ratio is between arms of one group,
 so between runs made side by side on one machine. Where an env and policy were measured in
-several runs (repeated commands, ``device_compare.sh`` ``ROUNDS``), a table across them lists
+several runs (repeated commands, ``--rounds``), a table across them lists
 each run's ratios to its own limit, their median and how many runs met the goal.
 """
 
@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.compare_arms import ARMS, LIMIT_END, OURS, arm_kind
+from bench.report import write_json
 
 GOAL_RATE_VS_LIMIT = 0.8
 GOAL_SPJ_VS_SB3 = 7.0
@@ -37,7 +38,7 @@ def load_groups(root: Path) -> dict[tuple[str, str, str], dict[str, dict[str, An
         key = (str(path.parent.relative_to(root)), doc["env"], doc["policy"])
         groups.setdefault(key, {})[doc["arm"]] = doc
     if not groups:
-        raise SystemExit(f"no `bench.compare run` arm documents under {root}")
+        raise SystemExit(f"no `python -m bench peers` arm documents under {root}")
     limits = {
         (k[0], k[1]): {n: arms[n] for n in ("limit", LIMIT_END) if n in arms}
         for k, arms in groups.items()
@@ -302,5 +303,5 @@ def report(root: Path, markdown_path: str | None, plots: str | None) -> dict[str
     if markdown_path:
         Path(markdown_path).parent.mkdir(parents=True, exist_ok=True)
         Path(markdown_path).write_text("\n".join(text))
-    (root / "report.json").write_text(json.dumps(doc, indent=2) + "\n")
+    write_json(root / "report.json", doc)
     return doc

@@ -1,6 +1,6 @@
 """Trained steps/s of the whole pipeline beside the raw random-action step rate, same run.
 
-    python -m bench.end_to_end --env Ant-v5 --actors 15 --envs-per-actor 16 --steps 3000000
+    python -m bench end-to-end --env Ant-v5 --actors 15 --envs-per-actor 16 --steps 3000000
 
 Runs, in order on the same machine: (1) raw random-action stepping on ``--actors`` processes,
 (2) ``autotune train`` with the same actor count through the four stages. The steady-state
@@ -16,8 +16,7 @@ import platform
 import time
 
 from bench.raw_env_rate import raw_step_rate
-from bench.report import emit
-from bench.workload import add_workload_args, learner_from_args
+from bench.workload import learner_from_args
 from runtime.config import TrainConfig
 from runtime.runner import Runner, RunState
 
@@ -31,17 +30,8 @@ def steady_rate(samples: list[tuple[float, int]], lo: float = 0.3, hi: float = 0
     return (inner[-1][1] - inner[0][1]) / (inner[-1][0] - inner[0][0])
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--env", default="CartPole-v1")
-    ap.add_argument("--actors", type=int, default=max(1, (os.cpu_count() or 2) - 1))
-    add_workload_args(ap)
-    ap.add_argument("--steps", type=int, default=200_000)
-    ap.add_argument("--raw-seconds", type=float, default=20.0)
-    ap.add_argument("--trainer-device", default="auto")
-    ap.add_argument("--out", default=None, help="write the JSON result here")
-    a = ap.parse_args()
-
+def measure(a: argparse.Namespace) -> dict:
+    """The raw rate, then the trained run with the same actors; both rates and their ratios."""
     raw = raw_step_rate(a.env, a.actors, a.envs_per_actor, a.raw_seconds)
     cfg = TrainConfig(
         env=a.env,
@@ -78,8 +68,4 @@ def main() -> None:
         "ratio_whole_run_to_raw": result["steps_per_s"] / raw if raw else None,
         "result": result,
     }
-    emit(doc, a.out)
-
-
-if __name__ == "__main__":
-    main()
+    return doc

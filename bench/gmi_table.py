@@ -1,7 +1,7 @@
 """Steady-state steps/s, GPU W, CPU W and steps per joule over a grid of trainer GMI layouts.
 
-    python -m bench.gmi_table --env Ant-v5 --actors 8,15 --devices cpu,cuda --gmis 1,2,4 \\
-        --mps 100,50,25,10 [--inference actor,gmi] --out gmi_ant.json
+    python -m bench gmi --env Ant-v5 --actors 8,15 --devices cpu,cuda --gmis 1,2,4 \\
+        --mps 100,50,25,10 [--inference actor,gmi] --out out/gmi
 
 Each grid point is one ``Runner`` run: start-up (until the first update) and ``--warmup-s``
 after it are skipped, then an energy window of ``--measure-s`` is taken (trained steps and
@@ -20,14 +20,10 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import os
-import platform
-import time
 from dataclasses import replace
 from typing import Any
 
-from bench.report import emit
-from bench.workload import add_workload_args, learner_from_args
+from bench.workload import learner_from_args
 from runtime.config import TrainConfig
 from runtime.runner import Runner, RunState
 
@@ -164,66 +160,44 @@ def grid(a: argparse.Namespace) -> list[TrainConfig]:
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--env", default="Ant-v5")
-    ap.add_argument("--actors", default="8,15", help="comma-separated actor counts")
-    ap.add_argument("--devices", default="cpu,cuda")
-    ap.add_argument("--gmis", default="1,2,4", help="trainer GMIs per GPU (or on the CPU)")
-    ap.add_argument("--mps", default="100,50,25,10", help="MPS %% per GMI for cuda rows")
-    ap.add_argument("--gpus", default=None, help="CUDA devices for the GMIs (default 0)")
-    ap.add_argument("--grad-sync", default="auto", choices=["auto", "mpr", "mrr", "har"])
-    ap.add_argument("--inference", default="actor", help="comma-separated: actor, gmi")
-    ap.add_argument("--inference-mps", type=int, default=100, help="MPS %% of the inference GMI")
-    add_workload_args(ap)
-    ap.add_argument("--warmup-s", type=float, default=3.0, help="after the first update")
-    ap.add_argument("--measure-s", type=float, default=10.0)
-    ap.add_argument("--max-wall-s", type=float, default=90.0, help="safety limit per point")
-    ap.add_argument("--out", default=None)
-    a = ap.parse_args()
-    t0 = time.time()
-    rows = []
-    for cfg in grid(a):
-        row = run_point(cfg, a.warmup_s, a.measure_s)
-        rows.append(row)
-        print(
-            {
-                k: (round(v, 1) if isinstance(v, float) else v)
-                for k, v in row.items()
-                if k
-                in (
-                    "device",
-                    "gmis",
-                    "mps_pct",
-                    "actors",
-                    "inference",
-                    "steps_per_s",
-                    "sampled_per_s",
-                    "rows_per_batch",
-                    "actor_wait_s",
-                    "gpu_w",
-                    "cpu_w",
-                    "steps_per_joule",
-                    "sms",
-                    "sharing",
-                    "sync",
-                    "lost_steps",
-                    "weights_identical",
-                    "first_update_s",
-                    "error",
-                )
-            },
-            flush=True,
-        )
-    doc = {
-        "date": time.strftime("%Y-%m-%d", time.gmtime(t0)),
-        "host": platform.node(),
-        "cpus": os.cpu_count(),
-        "args": vars(a),
-        "rows": rows,
-    }
-    emit(doc, a.out)
+SHOWN = (
+    "device",
+    "gmis",
+    "mps_pct",
+    "actors",
+    "inference",
+    "steps_per_s",
+    "sampled_per_s",
+    "rows_per_batch",
+    "actor_wait_s",
+    "gpu_w",
+    "cpu_w",
+    "steps_per_joule",
+    "sms",
+    "sharing",
+    "sync",
+    "lost_steps",
+    "weights_identical",
+    "first_update_s",
+    "error",
+)
+"""The figures of a grid point printed when it ends."""
 
 
-if __name__ == "__main__":
-    main()
+def point_name(cfg: TrainConfig) -> str:
+    """A grid point's step name, e.g. ``cuda-a15-g2-mps50-actor``."""
+    pct = cfg.mps_pct[0] if cfg.mps_pct else 100
+    name = f"{cfg.trainer_device}-a{cfg.actors}-g{cfg.trainers}"
+    if cfg.trainer_device != "cpu":
+        name += f"-mps{pct}"
+    return f"{name}-{cfg.inference}"
+
+
+def measure_point(cfg: TrainConfig, warmup_s: float, measure_s: float) -> dict[str, Any]:
+    """One grid point, its figures printed as a line."""
+    row = run_point(cfg, warmup_s, measure_s)
+    print(
+        {k: (round(v, 1) if isinstance(v, float) else v) for k, v in row.items() if k in SHOWN},
+        flush=True,
+    )
+    return row

@@ -1,23 +1,20 @@
 """What holding a GPU costs before any work: its mean power with no CUDA context, with one idle
 context, and with an idle context through MPS (the MPS server's own context besides the client's).
 
-The physical limit of issue 6 steps envs with the GPU left without a context, so any trainer or
-inference GMI on the GPU starts from the difference between the first two rows. Each phase runs
-its holder in a child process (this process never creates a context), lets the card settle for
-``--settle-s`` (before the first phase too), then charges ``--seconds`` of the NVML energy
+The physical limit steps envs with the GPU left without a context, so any trainer or inference
+GMI on the GPU starts from the difference between the first two rows. Each phase runs its
+holder in a child process (this process never creates a context), lets the card settle for
+``--settle-s`` (before the first phase too), then charges ``--idle-s`` of the NVML energy
 counter (or power polling).
 
-    python -m bench.gpu_idle_power --seconds 15 --out out/gpu_idle_power.json
+    python -m bench limits --only gpu-idle --idle-s 15 --out out/limits
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from runtime.energy import probe_gpu_energy
@@ -92,38 +89,3 @@ def measure(seconds: float, settle_s: float, mps: bool) -> dict[str, Any]:
         except MPSUnavailable as exc:
             rows["idle context through MPS"] = f"MPS unavailable: {exc}"
     return rows
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m bench.gpu_idle_power",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    ap.add_argument("--seconds", type=float, default=15.0, help="seconds charged per phase")
-    ap.add_argument(
-        "--settle-s",
-        type=float,
-        default=5.0,
-        help="seconds after a context opens (or closes) before charging",
-    )
-    ap.add_argument("--no-mps", action="store_true", help="leave out the MPS phase")
-    ap.add_argument("--out", type=Path, default=None, help="write the rows here (JSON)")
-    args = ap.parse_args(argv)
-    if not args.seconds > 0 or args.settle_s < 0:
-        ap.error(f"--seconds {args.seconds} must be > 0 and --settle-s {args.settle_s} >= 0")
-    rows = measure(args.seconds, args.settle_s, not args.no_mps)
-    for name, value in rows.items():
-        print(f"{name:26s} {value}")
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(
-            json.dumps(
-                {"seconds": args.seconds, "settle_s": args.settle_s, "mean_w": rows}, indent=2
-            )
-        )
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,6 @@
 """Gradient sync among trainer GMIs on several GPUs: MPR vs MRR vs HAR, weights checked equal.
 
-    python -m bench.grad_sync --gpus 2 --gmis-per-gpu 2 --steps 30 --out grad_sync.json
+    python -m bench gmi --only grad-sync --sync-gpus 2 --sync-gmis-per-gpu 2 --sync-steps 30
 
 Starts ``gpus x gmis-per-gpu`` processes (plain shared CUDA processes, no MPS), each a replica
 of an MLP (default the GPU-heavy ``211:512:512:512:256:20``) on its GPU. For each strategy it
@@ -22,7 +22,6 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as tmp
 
-from bench.report import emit
 from policies.mlp import build_mlp
 from runtime.gmi.grad_sync import GradientSync, SyncPlan, SyncStrategy, choose_strategy
 
@@ -80,16 +79,9 @@ def _worker(
     dist.destroy_process_group()
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--gpus", type=int, default=2)
-    ap.add_argument("--gmis-per-gpu", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=30)
-    ap.add_argument("--batch", type=int, default=4096)
-    ap.add_argument("--policy", default="211:512:512:512:256:20")
-    ap.add_argument("--inter-backend", default="nccl", choices=["nccl", "gloo"])
-    ap.add_argument("--out", default=None)
-    a = ap.parse_args()
+def measure(a: argparse.Namespace) -> dict:
+    """Every strategy on ``a.gpus x a.gmis_per_gpu`` ranks (``a.steps``, ``a.batch``, ``a.policy``,
+    ``a.inter_backend``)."""
     layout = [[g * a.gmis_per_gpu + i for i in range(a.gmis_per_gpu)] for g in range(a.gpus)]
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -108,8 +100,4 @@ def main() -> None:
         "inter_backend": a.inter_backend,
         "results": results,
     }
-    emit(doc, a.out)
-
-
-if __name__ == "__main__":
-    main()
+    return doc

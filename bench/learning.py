@@ -1,28 +1,8 @@
-"""Learning quality at equal env steps: this project beside its peers, several seeds, one machine.
+"""The runs of ``python -m bench learning``: their command lines, cores, resumption and report.
 
-    python -m bench.learning run --env Ant-v5 --steps 1000000 --seeds 0,1,2 --arms ours,sb3 \\
-        --parallel 3 --config bench/exports/ant-export.json --out out/learning
-    python -m bench.learning report --dir out/learning --at 1000000,3000000 \\
-        --markdown out/learning/table.md --plot out/learning/returns.png
-
-``run`` trains every (arm, seed) pair to ``--steps`` trained env steps, ``--parallel`` at a time,
-in ``--arms`` order, each on its own slice of the cores (``sched_setaffinity``, which its
-processes inherit; the first slices are one core larger when the cores do not divide evenly), each
-writing a progress curve (``autotune/workflows/progress_log.py``). ``report`` reads the mean return of
-the last 100 episodes at the first line reaching each ``--at`` step count, per seed, and gives
-the mean, the min and the max over seeds. Speed is not compared here (parallel runs share the
-machine); ``bench.compare`` does that.
-
-Arms: ``ours`` (``autotune train``; ``--config`` an exported config, its actor count set to the
-slice's cores; ``--ours-args`` adds train flags such as the learner's), ``sb3``
-(``bench.peers.sb3_ppo``, the RL Zoo's MuJoCo settings) and ``cleanrl``
-(``bench.peers.cleanrl_ppo``). Every arm gets the hidden sizes of ``--policy``.
-
-Runs longer than one sitting: ``--max-wall-s`` stops every run after that many seconds; an
-``ours`` run (``autotune train --checkpoint``) or an ``sb3`` run saves a checkpoint then, and
-running the same command again (same ``--out``) skips the runs that reached ``--steps`` and
-resumes the others from their checkpoints, appending to their progress curves. ``cleanrl``
-cannot resume: a stopped ``cleanrl`` run starts again from the beginning.
+Every (arm, seed) trains to ``--steps`` on its own slice of the cores, writing a progress curve
+(``autotune/workflows/progress_log.py``); the report reads the mean return of the last 100
+episodes at the first line reaching each ``--at`` step count.
 """
 
 from __future__ import annotations
@@ -40,6 +20,7 @@ from typing import Any
 
 from autotune.workflows.progress_log import read_progress, value_at_steps
 from bench.peers.common import hidden_from_policy
+from bench.report import write_json
 
 ARMS = ("ours", "sb3", "cleanrl")
 
@@ -107,7 +88,7 @@ def checkpoint_dir(result: Path) -> Path:
 
 
 def finished(out_dir: Path, stem: str, steps: int) -> bool:
-    """Whether an earlier sitting's run ``stem`` reached ``steps`` trained steps."""
+    """Whether an earlier part's run ``stem`` reached ``steps`` trained steps."""
     doc, curve = out_dir / f"{stem}.json", out_dir / f"{stem}.progress.jsonl"
     if not doc.exists() or not curve.exists():
         return False
@@ -134,17 +115,8 @@ def core_slices(parallel: int) -> list[list[int]]:
     return out
 
 
-def cmd_run(a: argparse.Namespace) -> int:
-    arms = [x.strip() for x in a.arms.split(",") if x.strip()]
-    bad = [x for x in arms if x not in ARMS]
-    if bad or not arms:
-        raise SystemExit(f"--arms: unknown {bad or 'nothing given'}; allowed {', '.join(ARMS)}")
-    try:
-        seeds = [int(s) for s in a.seeds.split(",")]
-    except ValueError:
-        raise SystemExit(f"--seeds {a.seeds!r}: expected integers, e.g. 0,1,2") from None
-    if a.config and not Path(a.config).is_file():
-        raise SystemExit(f"--config {a.config!r}: no such file")
+def run_all(a: argparse.Namespace, arms: list[str], seeds: list[int]) -> list[dict[str, Any]]:
+    """Runs every (arm, seed) not yet at ``a.steps``; returns the documents of those it ran."""
     out_dir = Path(a.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     jobs = [(arm, seed) for arm in arms for seed in seeds]
@@ -152,7 +124,7 @@ def cmd_run(a: argparse.Namespace) -> int:
     if done:
         print(f"already at {a.steps} steps, skipped: {done}", flush=True)
     jobs = [j for j in jobs if j not in done]
-    slices, running, failed = core_slices(a.parallel), {}, 0
+    slices, running, docs = core_slices(a.parallel), {}, []
     while jobs or running:
         free = [i for i in range(len(slices)) if i not in running]
         while jobs and free:
@@ -167,7 +139,7 @@ def cmd_run(a: argparse.Namespace) -> int:
                 out_dir / f"{stem}.result.json",
             )
             print(f"[{stem}] cores {slices[slot]}: {' '.join(cmd)}", flush=True)
-            log = (out_dir / f"{stem}.log").open("a")  # every sitting's output
+            log = (out_dir / f"{stem}.log").open("a")  # every part's output
             cores = slices[slot]
             proc = subprocess.Popen(
                 cmd,
@@ -183,7 +155,6 @@ def cmd_run(a: argparse.Namespace) -> int:
             log.close()
             del running[slot]
             reached = finished_steps(out_dir / f"{stem}.progress.jsonl")
-            failed += proc.returncode != 0
             doc = {
                 "arm": arm,
                 "seed": seed,
@@ -196,13 +167,14 @@ def cmd_run(a: argparse.Namespace) -> int:
                 "trained_steps": reached,
                 "finished": proc.returncode == 0 and reached >= a.steps,
             }
-            (out_dir / f"{stem}.json").write_text(json.dumps(doc, indent=2) + "\n")
+            write_json(out_dir / f"{stem}.json", doc)
+            docs.append(doc)
             print(
                 f"[{stem}] rc {proc.returncode} after {doc['wall_s']:.0f} s, "
                 f"{reached} trained steps",
                 flush=True,
             )
-    return 1 if failed else 0
+    return docs
 
 
 def finished_steps(curve: Path) -> int:
@@ -225,7 +197,7 @@ def load_runs(root: Path) -> dict[tuple[str, str], dict[int, list[dict[str, Any]
             continue
         runs.setdefault((doc["env"], doc["arm"]), {})[doc["seed"]] = read_progress(progress)
     if not runs:
-        raise SystemExit(f"no `bench.learning run` results under {root}")
+        raise SystemExit(f"no `python -m bench learning` results under {root}")
     return runs
 
 
@@ -296,77 +268,13 @@ def plot(runs: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def cmd_report(a: argparse.Namespace) -> int:
-    try:
-        at = [int(float(x)) for x in a.at.split(",")]
-    except ValueError:
-        raise SystemExit(f"--at {a.at!r}: expected step counts, e.g. 1000000,3000000") from None
-    runs = load_runs(Path(a.dir))
+def report(root: Path, at: list[int], markdown_path: str | None, plot_path: str | None) -> list:
+    """Returns at the step counts ``at`` per (env, arm), over seeds; the table and the plot."""
+    runs = load_runs(root)
     rows = summarise(runs, at)
-    if a.markdown:
-        Path(a.markdown).write_text(markdown(rows, at))
-    if a.plot:
-        plot(runs, Path(a.plot))
+    if markdown_path:
+        Path(markdown_path).write_text(markdown(rows, at))
+    if plot_path:
+        plot(runs, Path(plot_path))
     print(json.dumps(rows, indent=2))
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        description=__doc__.split("\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=__doc__.split("\n", 1)[1],
-    )
-    sub = ap.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="train every (arm, seed) to --steps")
-    run.add_argument("--env", default="Pendulum-v1")
-    run.add_argument("--arms", default="ours,sb3")
-    run.add_argument("--seeds", default="0,1,2")
-    run.add_argument("--steps", type=int, default=1_000_000)
-    run.add_argument("--parallel", type=int, default=1, help="runs at once, on disjoint cores")
-    run.add_argument("--policy", default="auto:256:128:64:auto")
-    run.add_argument("--config", default=None, metavar="FILE", help="ours: an exported config")
-    run.add_argument("--peer-device", default="cpu", help="the peers' trainer device")
-    run.add_argument(
-        "--peer-envs",
-        type=int,
-        default=0,
-        help="the peers' vector envs (0: one per core of the slice); fixed, the peers'"
-        " rollouts keep one shape whatever slice a run gets",
-    )
-    run.add_argument(
-        "--peer-rollout",
-        type=int,
-        default=2048,
-        help="the peers' steps per rollout, all envs together (the RL Zoo's 2048)",
-    )
-    run.add_argument(
-        "--ours-args", default="", help="more `autotune train` flags for ours, e.g. '--lr 3e-4'"
-    )
-    run.add_argument(
-        "--max-wall-s",
-        type=float,
-        default=0.0,
-        help="stop each run after this many seconds (0: none); run again to resume sb3 runs",
-    )
-    run.add_argument("--out", required=True)
-    run.set_defaults(func=cmd_run)
-    rep = sub.add_parser("report", help="returns at given step counts, and the curves")
-    rep.add_argument("--dir", required=True)
-    rep.add_argument("--at", default="1000000,3000000")
-    rep.add_argument("--markdown", default=None, metavar="FILE")
-    rep.add_argument("--plot", default=None, metavar="PNG")
-    rep.set_defaults(func=cmd_report)
-    a = ap.parse_args(argv)
-    if a.command == "run" and (
-        a.steps < 1 or a.parallel < 1 or a.max_wall_s < 0 or a.peer_envs < 0 or a.peer_rollout < 1
-    ):
-        ap.error(
-            "--steps, --parallel and --peer-rollout must be >= 1, --max-wall-s >= 0 and "
-            "--peer-envs >= 0"
-        )
-    return a.func(a)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return rows

@@ -1,29 +1,10 @@
-"""Online tuning vs the default config vs a grid sweep of the same knobs (issue 4).
-
-Each arm is a real ``autotune train`` run, the way a user starts it:
-
-    default  the CLI's default config, untuned
-    tune     ``train --tune``; run it again on the same storage (``tune1.json``,
-             ``tune2.json``) to split a long tuning run over commands that may last 10 minutes:
-             the second part resumes the study (history, best) where the first stopped
-    grid     ``train --tune --tune-sampler grid`` over a coarse lattice of the same knobs: every
-             combination measured once, live, with the same warm-up and window
-    fixed    one config as plain ``train`` flags (``--values '{"actors": 16, ...}'``), to
-             re-measure the tuned best and the grid best side by side for the same span
-    report   the figures and the plot from the arms' JSON files
+"""The online-tuning arms of ``python -m bench tuning``: each a real ``autotune train`` run, the
+way a user starts it, and the report that sets them side by side.
 
 Figures (``report``): steps/J of the tuned run's final third (from the run timelines: every
 trained step and joule in that span, transitions and re-checks included), of the default run
 after its first ``--skip-s`` seconds, and of the grid's best window. The plot shows steps/J per
 tuning window and the knobs over time.
-
-Example (H100, Ant-v5; bench/device_tuning.sh runs these over three device commands):
-
-    python -m bench.online_tuning tune --seconds 510 --out out/tune1.json
-    python -m bench.online_tuning tune --seconds 390 --out out/tune2.json
-    python -m bench.online_tuning grid --seconds 330 --out out/grid.json
-    python -m bench.online_tuning default --seconds 120 --out out/default.json
-    python -m bench.online_tuning report --dir out --out out/report.json --plot out/tuning.png
 """
 
 from __future__ import annotations
@@ -63,7 +44,8 @@ GRID_KNOBS = [
 SHOWN = ("actors", "envs_per_actor", "batch_size", "mps_pct")
 
 
-def _train(args: argparse.Namespace, extra: list[str]) -> int:
+def train(args: argparse.Namespace, seconds: float, out: Path, extra: list[str]) -> int:
+    """Runs ``autotune train`` for ``seconds`` with ``extra`` flags, its JSON to ``out``."""
     cmd = [
         sys.executable,
         "-m",
@@ -74,21 +56,21 @@ def _train(args: argparse.Namespace, extra: list[str]) -> int:
         "--steps",
         "1000000000",
         "--max-wall-s",
-        str(args.seconds),
+        str(seconds),
         "--quiet",
         "--json",
-        str(args.out),
+        str(out),
         *extra,
     ]
     print(" ".join(cmd), flush=True)
     return subprocess.run(cmd).returncode
 
 
-def _knob_args(knobs: list[str]) -> list[str]:
+def knob_args(knobs: list[str]) -> list[str]:
     return [a for k in knobs for a in ("--knob", k)]
 
 
-def _tune_args(args: argparse.Namespace, knobs: list[str], study: str) -> list[str]:
+def tune_args(args: argparse.Namespace, knobs: list[str], study: str) -> list[str]:
     return [
         "--tune",
         "--in-process",
@@ -102,12 +84,21 @@ def _tune_args(args: argparse.Namespace, knobs: list[str], study: str) -> list[s
         str(args.warmup_s),
         "--tune-trials",
         str(args.trials),
-        *_knob_args(args.knob or knobs),
+        *knob_args(args.knob or knobs),
     ]
 
 
-def report(args: argparse.Namespace) -> dict[str, Any]:
-    d = Path(args.dir)
+def fixed_flags(values: dict[str, Any]) -> list[str]:
+    """Knob values as plain ``train`` flags (an MPS of 100 % is the default: no flag)."""
+    return [
+        a
+        for k, v in values.items()
+        if not (k == "mps_pct" and v == 100)
+        for a in (f"--{k.replace('_', '-')}", str(v))
+    ]
+
+
+def report(args: argparse.Namespace, d: Path) -> dict[str, Any]:
     parts = [json.loads(p.read_text()) for p in sorted(d.glob("tune*.json"))]
     default = json.loads((d / "default.json").read_text())
     grid = json.loads((d / "grid.json").read_text())
@@ -245,56 +236,3 @@ def plot(
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("arm", choices=["default", "tune", "grid", "fixed", "report"])
-    parser.add_argument("--values", default="{}", help="fixed: knob values as JSON")
-    parser.add_argument("--env", default="Ant-v5")
-    parser.add_argument("--seconds", type=float, default=300.0, help="wall time of the run")
-    parser.add_argument("--storage", default="sqlite:///tuning.db")
-    parser.add_argument("--trials", type=int, default=22)
-    parser.add_argument("--window-s", type=float, default=10.0)
-    parser.add_argument("--warmup-s", type=float, default=4.0)
-    parser.add_argument(
-        "--knob",
-        action="append",
-        default=None,
-        help="replace the arm's knob list (smoke runs without a GPU)",
-    )
-    parser.add_argument(
-        "--skip-s",
-        type=float,
-        default=30.0,
-        help="report: the default run's start-up span left out",
-    )
-    parser.add_argument("--dir", default="out", help="report: where the arms' JSON files are")
-    parser.add_argument("--plot", default=None, help="report: PNG path")
-    parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args(argv)
-    if args.arm == "report":
-        doc = report(args)
-        args.out.write_text(json.dumps(doc, indent=2) + "\n")
-        print(json.dumps(doc, indent=2))
-        return 0
-    if args.arm == "default":
-        return _train(args, [])
-    if args.arm == "fixed":
-        values = json.loads(args.values)
-        flags = [
-            a
-            for k, v in values.items()
-            if not (k == "mps_pct" and v == 100)
-            for a in (f"--{k.replace('_', '-')}", str(v))
-        ]
-        return _train(args, flags)
-    if args.arm == "grid":
-        return _train(
-            args, [*_tune_args(args, GRID_KNOBS, f"grid-{args.env}"), "--tune-sampler", "grid"]
-        )
-    return _train(args, _tune_args(args, TUNE_KNOBS, f"tune-{args.env}"))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

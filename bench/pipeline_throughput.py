@@ -1,6 +1,6 @@
 """The experience path alone, on synthetic rollouts: the four stages vs simpler transports.
 
-    python -m bench.pipeline_throughput --producers 2 --seconds 3
+    python -m bench pipeline --producers 2 --seconds 3
 
 For each rollout size, side by side in one run (same producers, same payload):
   raw        pyzmq PUSH/PULL of one opaque frame per rollout (the transport's ceiling)
@@ -12,11 +12,8 @@ The consumer reports rollouts/s, payload MB/s and messages/s it received.
 
 from __future__ import annotations
 
-import argparse
 import json
 import multiprocessing as mp
-import os
-import platform
 import tempfile
 import time
 
@@ -206,44 +203,29 @@ def measure(mode: str, producers: int, size: tuple, seconds: float, chunk_bytes:
     }
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--producers", type=int, default=2)
-    ap.add_argument("--seconds", type=float, default=3.0)
-    ap.add_argument("--chunk-bytes", type=int, default=256 * 1024)
-    ap.add_argument("--sizes", nargs="*", default=list(SIZES), choices=list(SIZES))
-    ap.add_argument("--out", default=None)
-    a = ap.parse_args()
-    rows = []
-    for name in a.sizes:
-        size = SIZES[name]
-        rollout_kb = sum(v.nbytes for v in synthetic_rollout(*size).values()) / 1024
-        for mode in ("raw", "per-rollout", "stages-1", "stages"):
-            row = measure(mode, a.producers, size, a.seconds, a.chunk_bytes)
-            rows.append({"size": name, "rollout_kb": round(rollout_kb, 1), **row})
-            print(json.dumps(rows[-1]), flush=True)
-    doc = {
-        "date": time.strftime("%Y-%m-%d"),
-        "host": platform.node(),
-        "cpus": os.cpu_count(),
-        "producers": a.producers,
-        "seconds": a.seconds,
-        "chunk_bytes": a.chunk_bytes,
-        "rows": rows,
-    }
-    if a.out:
-        with open(a.out, "w") as f:
-            json.dump(doc, f, indent=2)
-    print("| size | rollout KB | mode | rollouts/s | MB/s | messages/s | vs raw |")
-    print("|---|---|---|---|---|---|---|")
+def table(rows: list[dict]) -> str:
+    """The Markdown table of ``rows``, each mode's rollouts/s beside raw's."""
+    lines = [
+        "| size | rollout KB | mode | rollouts/s | MB/s | messages/s | vs raw |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         raw = next(x for x in rows if x["size"] == r["size"] and x["mode"] == "raw")
-        print(
+        lines.append(
             f"| {r['size']} | {r['rollout_kb']} | {r['mode']} | {r['rollouts_per_s']:,.0f} | "
             f"{r['mb_per_s']:,.0f} | {r['messages_per_s']:,.0f} | "
             f"{r['rollouts_per_s'] / raw['rollouts_per_s']:.2f} |"
         )
+    return "\n".join(lines)
 
 
-if __name__ == "__main__":
-    main()
+def size_rows(name: str, producers: int, seconds: float, chunk_bytes: int) -> list[dict]:
+    """The four modes' rows for one rollout size, one after the other."""
+    size = SIZES[name]
+    rollout_kb = sum(v.nbytes for v in synthetic_rollout(*size).values()) / 1024
+    rows = []
+    for mode in ("raw", "per-rollout", "stages-1", "stages"):
+        row = measure(mode, producers, size, seconds, chunk_bytes)
+        rows.append({"size": name, "rollout_kb": round(rollout_kb, 1), **row})
+        print(json.dumps(rows[-1]), flush=True)
+    return rows

@@ -1,10 +1,9 @@
 """The physical limit: random-action env stepping on N processes, no learning, no transport.
 
-    python -m bench.raw_env_rate --env Ant-v5 --processes 16 --envs-per-process 16 --seconds 20
-
-Nothing here imports torch or touches CUDA, so the GPU stays idle with no context on it (the
-limit arm of ``bench.compare``). With ``--progress FILE`` the summed step count is written as a
-progress curve (``autotune/workflows/progress_log.py``) every half second.
+Measured by ``python -m bench limits``. Run as a module, this is the process of the ``limit``
+arm of ``python -m bench peers`` (no interface of its own): it writes the summed step count as
+a progress curve (``--progress FILE``, ``autotune/workflows/progress_log.py``) every half
+second. Nothing here imports torch or touches CUDA, so the GPU stays idle with no context on it.
 """
 
 from __future__ import annotations
@@ -84,6 +83,7 @@ def raw_step_rate(
 
 
 def main() -> None:
+    """The limit arm's process (its flags are set by ``bench/compare_arms.py``)."""
     import os
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

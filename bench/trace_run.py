@@ -1,6 +1,7 @@
 """Runs ``autotune train`` arguments and prints the trainers' and migrator's counters each second.
 
-    python -m bench.trace_run -- --env Ant-v5 --actors 15 --trainers 2 --max-wall-s 25
+    python -m bench end-to-end --trace \\
+        --train-args "--env Ant-v5 --actors 15 --trainers 2 --max-wall-s 25"
 
 For a run that is slower than expected or seems stuck: one line per second with trained and
 sampled steps, each GMI's queued steps and version, and the migrator's pending messages and
@@ -14,11 +15,11 @@ under 100 % waits on the pipeline or the trainer; a service near 100 % is a bott
 
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import sys
 import time
+from typing import Any
 
 import psutil
 
@@ -79,26 +80,18 @@ class CpuSplit:
         return " ".join(f"{k} {v / n:.0f}%" for k, v in self.sums.items())
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--dump-at", type=float, default=None)
-    ap.add_argument("--cpu", action="store_true", help="per-process CPU shares each second")
-    ap.add_argument(
-        "--cpu-warmup-s",
-        type=float,
-        default=10.0,
-        help="seconds left out of the closing CPU means (default 10)",
-    )
-    ap.add_argument("train_args", nargs=argparse.REMAINDER)
-    a = ap.parse_args()
-    args = parse_args(["train", *[x for x in a.train_args if x != "--"]])
+def trace(
+    train_argv: list[str], dump_at: float | None, cpu: bool, cpu_warmup_s: float
+) -> dict[str, Any]:
+    """Runs ``autotune train`` with ``train_argv``, tracing it on stderr; returns its figures."""
+    args = parse_args(["train", *[x for x in train_argv if x != "--"]])
     cfg = train_config(args)  # --config files too, with the flags given over them
     runner = Runner(cfg, cfg.validate(), mps_changes=args.mps_change)
     marks = {"next": 1.0, "dumped": False}
-    split = CpuSplit() if a.cpu else None
+    split = CpuSplit() if cpu else None
 
     def show(state: RunState) -> None:
-        if a.dump_at is not None and not marks["dumped"] and state.elapsed_s >= a.dump_at:
+        if dump_at is not None and not marks["dumped"] and state.elapsed_s >= dump_at:
             marks["dumped"] = True
             for proc in runner.services.values():
                 if proc.pid:
@@ -126,27 +119,24 @@ def main() -> None:
                 **{n: p.pid for n, p in runner.services.items() if p.pid},
             }
             actors = [s.process.pid for s in runner.slots if s.process.pid]
-            line = split.sample(procs, actors, keep=state.elapsed_s >= a.cpu_warmup_s)
+            line = split.sample(procs, actors, keep=state.elapsed_s >= cpu_warmup_s)
             print(f"{state.elapsed_s:5.1f}s cpu {line}", file=sys.stderr, flush=True)
 
     runner.on_progress = show
     result = runner.run()
-    print(
-        {
-            k: result[k]
-            for k in (
-                "env_steps",
-                "sampled_steps",
-                "lost_steps",
-                "steps_per_s",
-                "gmi_sharing",
-                "weights_identical",
-            )
-        }
-    )
+    doc = {
+        k: result[k]
+        for k in (
+            "env_steps",
+            "sampled_steps",
+            "lost_steps",
+            "steps_per_s",
+            "gmi_sharing",
+            "weights_identical",
+        )
+    }
+    print(doc)
     if split is not None:
-        print(f"cpu means after {a.cpu_warmup_s:g} s: {split.means()}")
-
-
-if __name__ == "__main__":
-    main()
+        print(f"cpu means after {cpu_warmup_s:g} s: {split.means()}")
+        doc["cpu_means"] = split.means()
+    return doc

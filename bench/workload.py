@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import replace
-
-from policies.appo import APPOConfig
+from typing import Any
 
 
 def add_workload_args(ap: argparse.ArgumentParser) -> None:
@@ -24,8 +23,10 @@ def add_workload_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--entropy-coef", type=float, default=0.0)
 
 
-def learner_from_args(a: argparse.Namespace) -> APPOConfig:
-    """The learner configuration of ``add_workload_args``' flags."""
+def learner_from_args(a: argparse.Namespace) -> Any:
+    """The learner configuration (``APPOConfig``) of ``add_workload_args``' flags."""
+    from policies.appo import APPOConfig
+
     return replace(
         APPOConfig(),
         epochs=a.epochs,

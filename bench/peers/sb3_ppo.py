@@ -10,7 +10,7 @@ tanh MLPs of ``--net`` sizes. The progress curve counts trained steps: it is wri
 rollout starts, after the previous rollout's update; returns are SB3's (Monitor, last 100
 episodes, unnormalised rewards).
 
-``--checkpoint DIR`` makes a run resumable across machine sessions: when it stops early
+``--checkpoint DIR`` makes a run resumable across commands: when it stops early
 (``--seconds``) it saves the model, its optimiser and the VecNormalize statistics there, and a
 later run with the same ``--checkpoint`` goes on from them toward the same ``--total-steps``,
 appending to the same progress curve.

@@ -1,5 +1,5 @@
-"""Every benchmark script runs end to end on the CPU with a tiny budget (the figures are not
-checked here; they belong in docs/BENCHMARKS.md, measured on the device machines)."""
+"""Every suite runs end to end on the CPU with a tiny budget (the figures are not checked here;
+they belong in docs/BENCHMARKS.md, measured on GPU machines)."""
 
 from __future__ import annotations
 
@@ -12,38 +12,46 @@ import pytest
 pytestmark = pytest.mark.slow
 
 
-def run(tmp_path, *args: str) -> dict:
-    out = tmp_path / "out.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", *args, "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=240,
+def bench(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "bench", *args], capture_output=True, text=True, timeout=timeout
     )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return json.loads(out.read_text())
 
 
-def test_pipeline_throughput_smoke(tmp_path):
-    doc = run(
-        tmp_path,
-        "bench.pipeline_throughput",
-        "--seconds",
-        "0.3",
-        "--sizes",
-        "cartpole-like",
-        "--producers",
-        "1",
-    )
-    modes = {r["mode"]: r for r in doc["rows"]}
-    assert set(modes) == {"raw", "per-rollout", "stages-1", "stages"}
-    assert all(r["rollouts"] > 0 for r in modes.values())
+def run(tmp_path, suite: str, *args: str) -> dict:
+    """Runs ``python -m bench SUITE ARGS --out TMP`` and returns its document's results."""
+    proc = bench(suite, *args, "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    doc = json.loads((tmp_path / f"{suite}.json").read_text())
+    assert doc["suite"] == suite and doc["command"][3] == suite and "machine" in doc
+    return doc["results"]
+
+
+def test_pipeline_in_two_parts_runs_each_size_once(tmp_path):
+    """Each size is a step of about 4 x (0.3 + 8) s: with --part-s 34 the first part has no
+    room for the second size once the first has run, and the same command again runs it."""
+    args = ["--seconds", "0.3", "--producers", "1", "--state", str(tmp_path / "st")]
+    args += ["--part-s", "34", "--out", str(tmp_path)]
+    first = bench("pipeline", *args)
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert "1 steps left; run the same command again (left: ant-like)" in first.stdout
+    second = bench("pipeline", *args)
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert "cartpole-like: done in an earlier part, skipped" in second.stdout
+    assert "ant-like: running" in second.stdout and "all steps done" in second.stdout
+    assert second.stdout.count("| cartpole-like |") == 4  # the table of both parts' rows
+    results = json.loads((tmp_path / "pipeline.json").read_text())["results"]
+    assert list(results) == ["cartpole-like", "ant-like"]
+    for size, result in results.items():
+        modes = {r["mode"]: r for r in result["rows"]}
+        assert set(modes) == {"raw", "per-rollout", "stages-1", "stages"}, size
+        assert all(r["rollouts"] > 0 and r["size"] == size for r in modes.values())
 
 
 def test_end_to_end_smoke(tmp_path):
-    doc = run(
+    (doc,) = run(
         tmp_path,
-        "bench.end_to_end",
+        "end-to-end",
         "--actors",
         "1",
         "--envs-per-actor",
@@ -56,7 +64,7 @@ def test_end_to_end_smoke(tmp_path):
         "0.5",
         "--policy",
         "auto",
-    )
+    ).values()
     assert doc["raw_steps_per_s"] > 0 and doc["result"]["env_steps"] >= 2048
     assert doc["result"]["lost_steps"] == 0
 
@@ -64,28 +72,30 @@ def test_end_to_end_smoke(tmp_path):
 def test_grad_sync_smoke_with_gloo(tmp_path):
     doc = run(
         tmp_path,
-        "bench.grad_sync",
-        "--gpus",
+        "gmi",
+        "--only",
+        "grad-sync",
+        "--sync-gpus",
         "2",
-        "--gmis-per-gpu",
+        "--sync-gmis-per-gpu",
         "1",
-        "--steps",
+        "--sync-steps",
         "2",
-        "--batch",
+        "--sync-batch",
         "16",
-        "--policy",
+        "--sync-policy",
         "8:16:4",
         "--inter-backend",
         "gloo",
-    )
+    )["grad-sync"]
     assert doc["algorithm1_choice"] == "multi-ring-reduction"
     assert all(r["identical_weights"] for r in doc["results"].values())
 
 
 def test_gmi_table_smoke_on_cpu(tmp_path):
-    doc = run(
+    rows = run(
         tmp_path,
-        "bench.gmi_table",
+        "gmi",
         "--env",
         "CartPole-v1",
         "--policy",
@@ -109,19 +119,21 @@ def test_gmi_table_smoke_on_cpu(tmp_path):
         "--inference",
         "gmi",
     )
-    assert [(r["gmis"], r["inference"]) for r in doc["rows"]] == [(2, "gmi")]
-    assert all(r["rows_per_batch"] > 0 for r in doc["rows"])
-    for row in doc["rows"]:
+    assert list(rows) == ["cpu-a1-g2-gmi"]
+    assert [(r["gmis"], r["inference"]) for r in rows.values()] == [(2, "gmi")]
+    assert all(r["rows_per_batch"] > 0 for r in rows.values())
+    for row in rows.values():
         assert "error" not in row, row
         assert row["lost_steps"] == 0 and row["weights_identical"]
         assert row["sampled_per_s"] > 0 and row["cpu_source"] == "model"
 
 
-def test_online_tuning_smoke_on_cpu(tmp_path):
-    """Every arm of bench.online_tuning as a tiny CartPole run, then the report and its plot.
-    Training starts about 5 s into each run here (more on a loaded 2-core CI machine), so the
-    tuned run lasts 20 s for its final third to hold trained steps, and the grid 11 s for one
-    grid point after the baseline window (8 s left none once on a CI machine)."""
+def test_tuning_smoke_on_cpu(tmp_path):
+    """Every online arm of the tuning suite as a tiny CartPole run, then the report and its
+    plot, in one command. Training starts about 5 s into each run here (more on a loaded 2-core
+    machine), so the tuned run lasts 20 s for its final third to hold trained steps, the grid
+    11 s for one grid point after the baseline window (8 s left none once), and the default
+    run 10 s for trained steps after its first second (6 s left none once)."""
     knobs = [
         "--knob",
         "actors=1..2",
@@ -136,51 +148,32 @@ def test_online_tuning_smoke_on_cpu(tmp_path):
         "--knob",
         "chunk_bytes=262144",
     ]
-    common = [
+    # one tune part (a study resumed by a second part is the daemon and tuner tests' subject)
+    doc = run(
+        tmp_path,
+        "tuning",
         "--env",
         "CartPole-v1",
-        "--storage",
-        f"sqlite:///{tmp_path}/t.db",
         "--window-s",
         "1",
         "--warmup-s",
         "0.5",
         *knobs,
-    ]
-    # one tune part (a study resumed by a second part is the daemon and tuner tests' subject)
-    for arm, seconds, name in (
-        ("tune", "20", "tune1"),
-        ("grid", "11", "grid"),
-        ("default", "6", "default"),
-    ):
-        proc = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "bench.online_tuning",
-                arm,
-                *common,
-                "--seconds",
-                seconds,
-                "--out",
-                str(tmp_path / f"{name}.json"),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=240,
-        )
-        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    doc = run(
-        tmp_path,
-        "bench.online_tuning",
-        "report",
-        "--dir",
-        str(tmp_path),
+        "--tune-s",
+        "20",
+        "--grid-s",
+        "11",
+        "--default-s",
+        "10",
         "--skip-s",
         "1",
         "--plot",
         str(tmp_path / "tuning.png"),
     )
+    assert list(doc) == ["tune1", "grid", "default", "report"]
+    assert all(doc[arm]["returncode"] == 0 for arm in ("tune1", "grid", "default"))
+    assert (tmp_path / "tuning.db").is_file()  # the online study, under --out
+    doc = doc["report"]
     assert doc["lost_steps"] == [0, 0, 0]
     assert doc["tuned_trials"] >= 2 and doc["grid_points"] >= 1
     assert doc["tuned_final_third_steps_per_joule"] > 0 and doc["default"]["steps_per_joule"] > 0
@@ -190,7 +183,9 @@ def test_online_tuning_smoke_on_cpu(tmp_path):
 def test_actor_inference_smoke(tmp_path):
     doc = run(
         tmp_path,
-        "bench.actor_inference",
+        "gmi",
+        "--only",
+        "actor-inference",
         "--envs",
         "4",
         "--calls",
@@ -206,7 +201,14 @@ def test_actor_inference_smoke(tmp_path):
         "auto:16:auto",
         "--import-repeats",
         "1",
-    )
+    )["actor-inference"]
     (row,) = doc["rows"]
     assert row["envs"] == 4 and set(row["us_per_call"]) == {"torch", "numpy"}
     assert doc["import_s"]["numpy"] > 0 and doc["import_s"]["torch"] > 0
+
+
+def test_limits_raw_smoke(tmp_path):
+    results = run(tmp_path, "limits", "--only", "raw", "--processes", "2", "--seconds", "0.5")
+    assert list(results) == ["raw"]
+    raw = results["raw"]
+    assert raw["env"] == "CartPole-v1" and raw["processes"] == 2 and raw["steps_per_s"] > 0

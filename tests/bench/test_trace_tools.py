@@ -1,13 +1,11 @@
-"""bench.trace_run's CPU split, train_config's --config handling, and bench/device_compare.sh's
-command lines (a dry run with PYTHON=echo: nothing is run)."""
+"""The trace of ``python -m bench end-to-end --trace``: its CPU split, and train_config's --config
+handling that it shares with ``autotune train``."""
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
 import time
-from pathlib import Path
 
 import psutil
 import pytest
@@ -16,8 +14,6 @@ from autotune.cli.main import parse_args
 from autotune.cli.train_config import train_config
 from bench.trace_run import CpuSplit
 from runtime.config import ConfigError
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _train_args(argv: list[str]):
@@ -54,63 +50,3 @@ def test_cpu_split_shares_a_busy_process():
     assert "gone" not in shares  # a process that ended is left out, not an error
     assert "actors mean" in line and "machine busy" in line
     assert split.means().startswith("me ")
-
-
-def _dry_run(part: str, tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        ["bash", "bench/device_compare.sh", part],
-        cwd=ROOT,
-        env={**os.environ, "PYTHON": "echo", "OUT": str(tmp_path), **env},
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-
-
-def test_device_compare_others_picks_workloads_rounds_and_own_exports(tmp_path):
-    (tmp_path / "humanoid-export.json").write_text("{}")
-    out = _dry_run(
-        "others",
-        tmp_path / "o",
-        OTHERS="humanoid ant-heavy",
-        ROUNDS="2",
-        OWN_EXPORTS=str(tmp_path),
-        ARMS="limit,exported",
-    )
-    runs = [x for x in out.stdout.splitlines() if x.startswith("-m bench.compare run")]
-    assert len(runs) == 4, out.stdout + out.stderr
-    assert all("--limit-again" in x and "--arms limit,exported" in x for x in runs)
-    own = f"--exported own={tmp_path}/humanoid-export.json"
-    assert [own in x for x in runs] == [True, True, False, False]
-    assert runs[0].endswith("others/humanoid/round1") and runs[3].endswith("ant-heavy/round2")
-    assert "--policy auto:1024:1024:512:auto" in runs[2]
-    bad = _dry_run("others", tmp_path / "b", OTHERS="walker")
-    assert bad.returncode == 2 and "unknown workload 'walker'" in bad.stderr
-    bad = _dry_run("others", tmp_path / "b", ROUNDS="two")
-    assert bad.returncode == 2 and "ROUNDS=two: a whole number >= 1" in bad.stderr
-
-
-def test_device_compare_study_other_needs_a_workload(tmp_path):
-    out = _dry_run("study-other", tmp_path, WORKLOAD="humanoid", STATE=str(tmp_path / "s"))
-    study = [x for x in out.stdout.splitlines() if x.startswith("-m autotune.cli study")]
-    assert len(study) == 1 and "--env Humanoid-v5" in study[0]
-    assert "--trials 10 --confirm 3" in study[0]
-    assert "--from bench/exports/ant-export.json" in study[0]
-    assert (tmp_path / "s").is_dir()
-    missing = _dry_run("study-other", tmp_path, WORKLOAD="")
-    assert missing.returncode != 0 and "WORKLOAD" in missing.stderr
-
-
-def test_device_compare_cpu_study_and_cpu_trainer_take_a_workload(tmp_path):
-    out = _dry_run("cpu-study", tmp_path, WORKLOAD="humanoid", STATE=str(tmp_path / "s"))
-    study = [x for x in out.stdout.splitlines() if x.startswith("-m autotune.cli study")]
-    assert len(study) == 1, out.stdout + out.stderr
-    assert "--env Humanoid-v5" in study[0] and "--study humanoid-study-cpu" in study[0]
-    assert "--knob trainer_device=cpu" in study[0]
-    assert "--knob trainer_precision=fp32" in study[0]
-    out = _dry_run("cpu-study", tmp_path, STATE=str(tmp_path / "s"), PRECISIONS="fp32,bf16")
-    assert "--knob trainer_precision=fp32,bf16" in out.stdout
-    out = _dry_run("cpu-trainer", tmp_path)  # Ant by default, its export from cpu-study
-    run = [x for x in out.stdout.splitlines() if x.startswith("-m bench.compare run")]
-    assert len(run) == 1 and "--env Ant-v5" in run[0]
-    assert f"cpu={tmp_path}/cpu-study/ant-export-cpu.json" in run[0]

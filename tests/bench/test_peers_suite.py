@@ -1,5 +1,6 @@
-"""bench.compare and bench.learning end to end on the CPU with tiny budgets (the figures belong in
-docs/BENCHMARKS.md, measured on the device machine), and their refusals of bad input."""
+"""The peers suite (``python -m bench peers``) end to end on the CPU with tiny budgets (the figures
+belong in docs/BENCHMARKS.md, measured on a GPU machine), its arms' command lines, its report of
+stored results, and its refusals of bad input."""
 
 from __future__ import annotations
 
@@ -14,11 +15,12 @@ import pytest
 
 from autotune.workflows.progress_log import read_progress
 from bench import compare, compare_arms
+from bench.__main__ import main as bench_main
 
 
 def bench(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", *args], capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-m", "bench", *args], capture_output=True, text=True, timeout=timeout
     )
 
 
@@ -43,8 +45,9 @@ def test_compare_arms_then_report(tmp_path):
     the final-third window and labelled exported arms are checked below.)"""
     out = tmp_path / "run"
     proc = bench(
-        "bench.compare",
-        "run",
+        "peers",
+        "--only",
+        "arms",
         "--env",
         "Pendulum-v1",
         "--policy",
@@ -67,6 +70,12 @@ def test_compare_arms_then_report(tmp_path):
         str(out),
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    suite_doc = json.loads((out / "peers.json").read_text())
+    assert list(suite_doc["results"]) == [
+        f"Pendulum-v1/{a}" for a in ("limit", "sb3-cpu", "cleanrl", "exported")
+    ]
+    out = out / "Pendulum-v1"  # the arms' files, one directory per env
+    assert json.loads((out / "machine.json").read_text())["cores"] >= 1
     docs = [p for p in out.glob("Pendulum-v1-*.json") if not p.name.endswith(".result.json")]
     arms = {p.stem.split("-", 2)[-1]: json.loads(p.read_text()) for p in docs}
     assert set(arms) == {"limit", "sb3-cpu", "cleanrl", "exported"}
@@ -81,9 +90,10 @@ def test_compare_arms_then_report(tmp_path):
     assert arms["exported"]["lost_steps"] == 0
     md, plots = tmp_path / "table.md", tmp_path / "plots"
     proc = bench(
-        "bench.compare",
+        "peers",
+        "--only",
         "report",
-        "--dir",
+        "--out",
         str(tmp_path),
         "--markdown",
         str(md),
@@ -91,7 +101,7 @@ def test_compare_arms_then_report(tmp_path):
         str(plots),
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    goals = json.loads(proc.stdout)
+    goals = json.loads((tmp_path / "peers.json").read_text())["results"]["report"]
     (group,) = goals.values()
     assert set(group) == {"trained steps/s vs limit", "steps/J vs SB3 best", "steps/J vs limit"}
     assert all(g["ratio"] > 0 and isinstance(g["met"], bool) for g in group.values())
@@ -124,15 +134,16 @@ def test_labelled_exported_arms_run_their_own_files(tmp_path):
     # the default arm: `autotune train` as a newcomer runs it (the CLI's runs are tested in
     # tests/cli), with the arm's wall budget and the shared policy
     cmd = compare_arms.arm_command("default", a, tmp_path / "p.jsonl", tmp_path / "r.json")
-    assert cmd[2:4] == ["autotune.cli.main", "train"] and "--config" not in cmd
+    assert cmd[2:4] == ["autotune.cli", "train"] and "--config" not in cmd
     assert cmd[cmd.index("--env") + 1] == "Pendulum-v1"
     assert cmd[cmd.index("--policy") + 1] == "auto:32:auto"
     assert cmd[cmd.index("--max-wall-s") + 1] == "9.0"
 
 
 def test_report_of_the_stored_h100_cpu_trainer_run_keeps_its_figures(tmp_path):
-    """The report on the device's stored results (a labelled exported arm beside the limit and
-    the cuda export) gives the figures docs/BENCHMARKS.md quotes."""
+    """The report on a GPU machine's stored results (H100 80GB, 16-core host: a labelled
+    exported arm beside the limit and the cuda export) gives the figures docs/BENCHMARKS.md
+    quotes."""
     from bench.compare_report import report
 
     src = Path(__file__).parents[1] / "fixtures/compare/cpu-trainer"
@@ -211,7 +222,7 @@ def test_a_limit_measured_again_gives_the_mean_and_its_drift(tmp_path):
     text = (tmp_path / "t.md").read_text()
     assert "| limit-end | 39,781 |" in text and "- limit drift: 1.246" in text
     with pytest.raises(SystemExit, match="add limit to --arms"):
-        compare.main(["run", "--arms", "default", "--limit-again", "--out", str(tmp_path)])
+        bench_main(["peers", "--arms", "default", "--limit-again", "--out", str(tmp_path)])
 
 
 def test_tuned_arm_command_and_final_third_window(tmp_path):
@@ -242,87 +253,6 @@ def test_tuned_arm_command_and_final_third_window(tmp_path):
         compare.window(rows[:3], warmup_s=15, final_third=False)
 
 
-@pytest.mark.slow
-def test_learning_runs_resume_and_report(tmp_path, capsys):
-    """sb3 and ours runs stopped by --max-wall-s and resumed from their checkpoints by the same
-    command; then the report. (The cleanrl arm's command is checked below; the peer itself
-    runs in the compare test.)"""
-    out = tmp_path / "learn"
-    common = [
-        "bench.learning",
-        "run",
-        "--env",
-        "Pendulum-v1",
-        "--policy",
-        "auto:32:auto",
-        "--out",
-        str(out),
-        "--ours-args",
-        "--batch-size 512 --envs-per-actor 4",
-        "--peer-rollout",
-        "256",
-    ]
-    # sb3: stopped by --max-wall-s (its --seconds start at its training), then resumed to the end;
-    # rollouts of 256 so that it trains some in 2 s on a loaded machine (2048 trained none once)
-    long = [*common, "--arms", "sb3", "--seeds", "7", "--steps", "8192"]
-    proc = bench(*long, "--max-wall-s", "2")
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
-    first = json.loads((out / "Pendulum-v1-sb3-seed7.json").read_text())
-    assert not first["finished"] and 0 < first["trained_steps"] < 8192, first
-    assert (out / "Pendulum-v1-sb3-seed7.checkpoint" / "model.zip").is_file()
-    proc = bench(*long)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
-    assert json.loads((out / "Pendulum-v1-sb3-seed7.json").read_text())["finished"]
-    log = (out / "Pendulum-v1-sb3-seed7.log").read_text()
-    assert f"resumed from {out / 'Pendulum-v1-sb3-seed7.checkpoint'} at" in log
-    from bench.learning import main  # finished runs are skipped (in this process: none starts)
-
-    assert main(long[1:]) == 0
-    assert "already at 8192 steps, skipped" in capsys.readouterr().out
-    # ours: two sittings of a run too long for either; the second goes on from the first
-    long = [*common, "--arms", "ours", "--seeds", "7", "--steps", "5000000", "--max-wall-s", "7"]
-    reached = []
-    for _ in range(2):
-        proc = bench(*long)
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
-        doc = json.loads((out / "Pendulum-v1-ours-seed7.json").read_text())
-        assert not doc["finished"] and doc["trained_steps"] > (reached or [0])[-1], doc
-        reached.append(doc["trained_steps"])
-    log = (out / "Pendulum-v1-ours-seed7.log").read_text()
-    assert f"going on from {reached[0]} trained steps" in log
-    assert (out / "Pendulum-v1-ours-seed7.checkpoint" / "learner.pt").is_file()
-    for arm, last in (("sb3", 8192), ("ours", reached[1])):
-        steps_seen = [
-            r["steps"] for r in read_progress(out / f"Pendulum-v1-{arm}-seed7.progress.jsonl")
-        ]
-        assert steps_seen == sorted(steps_seen) and steps_seen[0] == 0 and steps_seen[-1] >= last
-    assert first["trained_steps"] in [
-        r["steps"] for r in read_progress(out / "Pendulum-v1-sb3-seed7.progress.jsonl")
-    ]
-    assert reached[0] in [
-        r["steps"] for r in read_progress(out / "Pendulum-v1-ours-seed7.progress.jsonl")
-    ]
-    md = tmp_path / "t.md"
-    proc = bench(
-        "bench.learning",
-        "report",
-        "--dir",
-        str(out),
-        "--at",
-        "2048,4096",
-        "--markdown",
-        str(md),
-        "--plot",
-        str(tmp_path / "r.png"),
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    rows = {r["arm"]: r for r in json.loads(proc.stdout)}
-    assert rows["ours"]["seeds"] == [7] and rows["ours"]["4096"]["n"] == 1
-    assert rows["sb3"]["seeds"] == [7] and rows["sb3"]["4096"]["n"] == 1
-    assert "| Pendulum-v1 | ours | 1 |" in md.read_text()
-    assert (tmp_path / "r.png").stat().st_size > 10_000
-
-
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -335,7 +265,7 @@ def test_learning_runs_resume_and_report(tmp_path, capsys):
     ],
 )
 def test_compare_refuses_bad_input(tmp_path, args, message):
-    proc = bench("bench.compare", "run", *args, "--out", str(tmp_path / "o"), timeout=60)
+    proc = bench("peers", *args, "--out", str(tmp_path / "o"), timeout=60)
     assert proc.returncode == 2 or proc.returncode == 1
     assert message in proc.stderr, proc.stderr
 
@@ -343,8 +273,7 @@ def test_compare_refuses_bad_input(tmp_path, args, message):
 def test_compare_exported_twice_refused(tmp_path):
     cfg = config(tmp_path / "a.json")
     proc = bench(
-        "bench.compare",
-        "run",
+        "peers",
         "--arms",
         "exported",
         "--exported",
@@ -358,55 +287,81 @@ def test_compare_exported_twice_refused(tmp_path):
     assert "the arm 'exported' is given twice" in proc.stderr
 
 
+def _plan(argv: list[str]):
+    """The peers suite's steps and arm namespaces for ``argv`` (nothing is run)."""
+    from bench.__main__ import parser
+    from bench.suites import peers
+
+    ap = parser()
+    a = ap.parse_args(["peers", *argv])
+    peers.check(a._parser, a)
+    return a, peers.plan(a)[0], peers._runs(a)
+
+
+def test_workloads_rounds_and_own_exports_make_the_steps(tmp_path):
+    """Each workload's arms, each round between its own two limits, a workload's own export
+    beside the shared one where the directory holds one."""
+    (tmp_path / "humanoid-export.json").write_text("{}")
+    shared = config(tmp_path / "a.json")
+    argv = ["--workloads", "humanoid,ant-heavy", "--rounds", "2", "--arms", "limit,exported"]
+    argv += ["--own-exports", str(tmp_path), "--exported", shared, "--limit-again"]
+    argv += ["--seconds", "20", "--warmup-s", "8", "--out", str(tmp_path / "o")]
+    _, steps, runs = _plan(argv)
+    names = [s.name for s in steps]
+    assert names == [
+        *(
+            f"humanoid/round{k}/{arm}"
+            for k in (1, 2)
+            for arm in ("limit", "exported", "exported-own", "limit-end")
+        ),
+        *(
+            f"ant-heavy/round{k}/{arm}"
+            for k in (1, 2)
+            for arm in ("limit", "exported", "limit-end")
+        ),
+        "report",
+    ]
+    assert [sub for sub, _ in runs] == [
+        "humanoid/round1",
+        "humanoid/round2",
+        "ant-heavy/round1",
+        "ant-heavy/round2",
+    ]
+    (_, humanoid), (_, heavy) = runs[0], runs[2]
+    assert (humanoid.env, humanoid.policy) == ("Humanoid-v5", "auto:400:200:100:auto")
+    assert (heavy.env, heavy.policy) == ("Ant-v5", "auto:1024:1024:512:auto")
+    own = compare_arms.arm_command("exported-own", humanoid, tmp_path / "p", tmp_path / "r")
+    assert own[own.index("--config") + 1] == str(tmp_path / "humanoid-export.json")
+    assert "exported-own" not in heavy.exports
+    cmd = compare_arms.arm_command("limit-end", heavy, tmp_path / "p", tmp_path / "r")
+    assert cmd[2] == "bench.raw_env_rate" and cmd[cmd.index("--env") + 1] == "Ant-v5"
+
+
+def test_a_labelled_export_beside_the_limit_on_the_cpu_trainer(tmp_path):
+    cpu = config(tmp_path / "cpu.json")
+    argv = ["--env", "Ant-v5", "--arms", "limit,exported", "--exported", f"cpu={cpu}"]
+    _, steps, runs = _plan([*argv, "--limit-again", "--out", str(tmp_path)])
+    assert [s.name for s in steps] == [
+        "Ant-v5/limit",
+        "Ant-v5/exported-cpu",
+        "Ant-v5/limit-end",
+        "report",
+    ]
+    cmd = compare_arms.arm_command("exported-cpu", runs[0][1], tmp_path / "p", tmp_path / "r")
+    assert cmd[cmd.index("--config") + 1] == cpu
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["run", "--arms", "ours,zoo"], "--arms: unknown ['zoo']"),
-        (["run", "--seeds", "a,b"], "--seeds 'a,b': expected integers"),
-        (["run", "--parallel", "999"], "--parallel 999: more runs at once"),
-        (["run", "--max-wall-s", "-1"], "--max-wall-s >= 0"),
-        (["run", "--peer-rollout", "0"], "--peer-rollout must be >= 1"),
-        (["report"], "no `bench.learning run` results under"),
-        (["report", "--at", "x"], "--at 'x': expected step counts"),
+        (["--workloads", "walker"], "--workloads: unknown ['walker']; allowed ant, halfcheetah"),
+        (["--rounds", "0"], "--rounds 0: a whole number >= 1"),
+        (["--rounds", "two"], "argument --rounds: invalid int value: 'two'"),
+        (["--only", "plots"], "--only: unknown ['plots']; allowed arms, report"),
     ],
 )
-def test_learning_refuses_bad_input(tmp_path, args, message):
-    where = "--out" if args[0] == "run" else "--dir"
-    proc = bench("bench.learning", *args, where, str(tmp_path), timeout=60)
-    assert proc.returncode != 0
-    assert message in proc.stderr, proc.stderr
-
-
-def test_learning_arm_commands(tmp_path):
-    from bench import learning
-
-    a = argparse.Namespace(
-        env="Ant-v5",
-        steps=3000,
-        policy="auto:256:128:64:auto",
-        config=None,
-        ours_args="--lr 3e-4",
-        max_wall_s=60.0,
-        peer_device="cpu",
-        peer_envs=2,
-        peer_rollout=1024,
-    )
-    result = tmp_path / "Ant-v5-x-seed1.result.json"
-    for arm, module in (("sb3", "bench.peers.sb3_ppo"), ("cleanrl", "bench.peers.cleanrl_ppo")):
-        cmd = learning.run_command(arm, 1, 3, a, tmp_path / "p.jsonl", result)
-        assert cmd[2] == module and cmd[cmd.index("--num-envs") + 1] == "2"
-        assert cmd[cmd.index("--net") + 1] == "256,128,64" and "--seconds" in cmd
-        assert cmd[cmd.index("--rollout") + 1] == "1024"
-        assert ("--checkpoint" in cmd) == (arm == "sb3")  # cleanrl cannot resume
-    cmd = learning.run_command("ours", 1, 3, a, tmp_path / "p.jsonl", result)
-    assert cmd[cmd.index("--actors") + 1] == "3" and cmd[-2:] == ["--lr", "3e-4"]
-    assert cmd[cmd.index("--checkpoint") + 1] == str(tmp_path / "Ant-v5-x-seed1.checkpoint")
-
-
-def test_core_slices_leave_no_core_idle(monkeypatch):
-    from bench import learning
-
-    monkeypatch.setattr(learning.os, "sched_getaffinity", lambda pid: set(range(16)))
-    slices = learning.core_slices(6)
-    assert [len(s) for s in slices] == [3, 3, 3, 3, 2, 2]
-    assert sorted(c for s in slices for c in s) == list(range(16))
+def test_peers_refuses_bad_workloads_and_rounds(tmp_path, capsys, args, message):
+    with pytest.raises(SystemExit) as exc:
+        bench_main(["peers", *args, "--out", str(tmp_path)])
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
