@@ -116,6 +116,15 @@ def check(ap: argparse.ArgumentParser, a: argparse.Namespace) -> None:
     a.storage = a.storage or f"sqlite:///{Path(a.out).resolve()}/tuning.db"
 
 
+def confirm_trials(a: argparse.Namespace) -> int:
+    """The study's confirmation trials: ``--confirm``, else 2 (cpu), 3 (other), none (gpu)."""
+    if a.study_preset == "gpu":
+        return 0
+    if a.confirm is not None:
+        return a.confirm
+    return 2 if a.study_preset == "cpu" else 3
+
+
 def study_command(a: argparse.Namespace, out: Path) -> tuple[str, str, list[str], int, float]:
     """(study name, storage, the `autotune study` command, trials, seconds per trial); its
     JSON is ``OUT/<study name>.json``."""
@@ -137,7 +146,7 @@ def study_command(a: argparse.Namespace, out: Path) -> tuple[str, str, list[str]
         storage = f"{db}/study-cpu-{a.workload}.db"
         cmd = [*py, *(["--from", a.from_file] if a.from_file else [])]
         cmd += ["--env", env, "--study", name, "--storage", storage, "--policy", policy]
-        cmd += ["--trials", str(trials), "--confirm", str(a.confirm or 2)]
+        cmd += ["--trials", str(trials), "--confirm", str(confirm_trials(a))]
         cmd += ["--trial-s", "35", "--warmup-s", "10", "--no-profile"]
         knobs = f"trainer_device=cpu actors=11..15 trainer_threads={a.threads}"
         knobs += " envs_per_actor=16,32,64 batch_size=8192,16384,32768 trainers=1 mps_pct=100"
@@ -148,7 +157,7 @@ def study_command(a: argparse.Namespace, out: Path) -> tuple[str, str, list[str]
         storage = f"{db}/study-{a.workload}.db"
         start = a.from_file or "bench/exports/ant-export.json"
         cmd = [*py, "--from", start, "--env", env, "--study", name, "--storage", storage]
-        cmd += ["--policy", policy, "--trials", str(trials), "--confirm", str(a.confirm or 3)]
+        cmd += ["--policy", policy, "--trials", str(trials), "--confirm", str(confirm_trials(a))]
         cmd += ["--trial-s", "30", "--warmup-s", "8", "--no-profile"]
         cmd += ["--reference-every", str(a.reference_every)]
         cmd += ["--knob", f"actor_nice={a.nice}"] if a.nice else []
@@ -221,8 +230,7 @@ def plan(a: argparse.Namespace):
         elif arm in ("study", "export"):
             _, _, cmd, trials, trial_s = study_command(a, out)
             if arm == "study":
-                confirm = 0 if a.study_preset == "gpu" else (a.confirm or 3)
-                est = (trials + confirm) * (trial_s + 15) + 60
+                est = (trials + confirm_trials(a)) * (trial_s + 15) + 60
                 steps.append(Step("study", lambda c=cmd: _run(c), est))
             else:
                 export = export_command(a, out)

@@ -45,6 +45,8 @@ def test_the_other_workloads_study_starts_from_the_ant_export(tmp_path):
     assert "--knob actor_nice" not in line
     line = " ".join(_study(tmp_path, "--study-preset", "other", "--nice", "0,10"))
     assert "--knob actor_nice=0,10" in line and "--env Ant-v5" in line
+    line = " ".join(_study(tmp_path, "--study-preset", "other", "--confirm", "0"))
+    assert "--trials 10 --confirm 0" in line  # none asked for: none run
 
 
 def test_the_cpu_study_takes_a_workload_and_precisions(tmp_path):
