@@ -126,9 +126,11 @@ def test_knob_specs_and_placeholders():
 
 
 def test_the_client_is_harmless_outside_wrap(monkeypatch):
+    from autotune.control import client as client_state  # the module behind autotune.client
+
     monkeypatch.delenv(client.ENV_ENDPOINT, raising=False)
     monkeypatch.delenv(client.ENV_KNOBS, raising=False)
-    monkeypatch.setattr(client, "_defaults", {})
+    monkeypatch.setattr(client_state, "_defaults", {})
     assert client.knobs({"a": 1}) == {"a": 1}
     client.report(steps=5)
     assert client.poll() is None
