@@ -159,7 +159,7 @@ def measure(mode: str, producers: int, size: tuple, seconds: float, chunk_bytes:
             import zmq
 
             zctx = zmq.Context()
-            _, control = topology.runner_sockets(zctx, ep)
+            _, commands = topology.runner_sockets(zctx, ep)
             cb = 1 if mode == "stages-1" else chunk_bytes
             services = [
                 ctx.Process(target=compressor_main, args=(ep, cb, 0.01)),
@@ -182,14 +182,14 @@ def measure(mode: str, producers: int, size: tuple, seconds: float, chunk_bytes:
         if mode.startswith("stages"):
             expect = {f"{i}:0": 2**62 for i in range(producers)}  # only their EOS ends it
             while out.empty():
-                wire.send_msg(control, wire.MsgType.CONTROL, {"cmd": "drain", "expect": expect})
+                wire.send_msg(commands, wire.MsgType.COMMAND, {"cmd": "drain", "expect": expect})
                 time.sleep(0.2)
         r = out.get(timeout=seconds + 120)
         done.set()
         for p in prods + services:
             while p.is_alive():
                 if mode.startswith("stages"):
-                    wire.send_msg(control, wire.MsgType.CONTROL, {"cmd": "exit"})
+                    wire.send_msg(commands, wire.MsgType.COMMAND, {"cmd": "exit"})
                 p.join(timeout=0.1)
         if mode.startswith("stages"):
             zctx.destroy(linger=0)

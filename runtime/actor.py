@@ -97,14 +97,14 @@ class Actor:
         receipts: _Receipts,
         stats: StatsSender | None,
         stepped: Any,
-        control: zmq.Socket | None = None,
+        commands: zmq.Socket | None = None,
     ) -> None:
         self.cfg, self.info = cfg, info
-        self.control = control
+        self.commands = commands
         self.live = LiveSettings()
         self.budget = cfg.inflight_steps_per_actor()
         """Steps sent but not yet handed to a trainer before this actor waits (live)."""
-        self.malformed = wire.MalformedCounter("actor-control")
+        self.malformed = wire.MalformedCounter("actor-commands")
         self.dispenser, self.policy, self.stats = dispenser, policy, stats
         self.receipts = receipts
         self.stepped = stepped
@@ -232,9 +232,9 @@ class Actor:
             env.close()
 
     def _take_live_settings(self) -> None:
-        if self.control is None:
+        if self.commands is None:
             return
-        settings = self.live.poll(self.control, self.malformed)
+        settings = self.live.poll(self.commands, self.malformed)
         if settings is not None:  # at least one rollout in flight, as at the start
             rollout = self.cfg.envs_per_actor * self.cfg.rollout_len
             self.budget = max(rollout, settings["inflight_steps_per_actor"])
@@ -298,8 +298,8 @@ def actor_main(
         cfg.env,
         os.getpid(),
     )
-    control = topology.control_in(ctx, endpoints)
-    Actor(cfg, info, actor, incarnation, dispenser, policy, receipts, stats, stepped, control).run(
+    commands = topology.command_in(ctx, endpoints)
+    Actor(cfg, info, actor, incarnation, dispenser, policy, receipts, stats, stepped, commands).run(
         stop
     )
     ctx.destroy(linger=topology.LINGER_MS)

@@ -50,7 +50,7 @@ class Drain:
     report: Callable[[], None]
     tick_s: float
 
-    def run(self, telemetry_sock: zmq.Socket, control_sock: zmq.Socket) -> None:
+    def run(self, telemetry_sock: zmq.Socket, command_sock: zmq.Socket) -> None:
         """Drains the pipeline in order, then lets the services exit.
 
         Raises:
@@ -65,9 +65,9 @@ class Drain:
         self.actors.drain(wait, ACTOR_EXIT_TIMEOUT_S)
         clean = dict(self.actors.ended.clean)
         for name in ("compressor", "migrator", *self.fleet.names()):
-            self._await_final(name, telemetry_sock, control_sock, clean)
+            self._await_final(name, telemetry_sock, command_sock, clean)
         deadline = time.monotonic() + SERVICE_EXIT_TIMEOUT_S
-        self.services.exit_all(control_sock, deadline)
+        self.services.exit_all(command_sock, deadline)
         # the inference GMI reports its final counters as it exits: read them
         while (
             INFERENCE in self.services
@@ -77,7 +77,7 @@ class Drain:
             self.read(telemetry_sock, int(self.tick_s * 1000))
 
     def _await_final(
-        self, name: str, telemetry_sock: zmq.Socket, control_sock: zmq.Socket, clean: dict[str, int]
+        self, name: str, telemetry_sock: zmq.Socket, command_sock: zmq.Socket, clean: dict[str, int]
     ) -> None:
         deadline = time.monotonic() + SERVICE_DRAIN_TIMEOUT_S
         last_sent = 0.0
@@ -88,9 +88,9 @@ class Drain:
             if not self.services.all_alive():
                 self.read(telemetry_sock, 200)  # a final report may still be queued
                 self.services.check(self.telemetry.is_final)
-            self.fleet.send_retire(control_sock, self.telemetry.source("migrator"))
+            self.fleet.send_retire(command_sock, self.telemetry.source("migrator"))
             if name == "compressor" and now - last_sent >= DRAIN_RESEND_S:
-                wire.send_msg(control_sock, wire.MsgType.CONTROL, {"cmd": "drain", "expect": clean})
+                wire.send_msg(command_sock, wire.MsgType.COMMAND, {"cmd": "drain", "expect": clean})
                 last_sent = now
             self.read(telemetry_sock, int(self.tick_s * 1000))
             self.report()

@@ -55,13 +55,13 @@ class Generations:
         self,
         ep: topology.Endpoints,
         run_dir: str,
-        control_sock: zmq.Socket,
+        command_sock: zmq.Socket,
         meter: Any,
         started: float,
     ) -> None:
         """Starts the run's bookkeeping: generation 0's phase opens, the planned changes are due
         from ``started`` (``time.monotonic()``)."""
-        self._where = (ep, run_dir, control_sock)
+        self._where = (ep, run_dir, command_sock)
         self._due = list(self.planned)
         self.phases = PhaseLog(meter, started)
         self.phases.begin(0, self._mps_pcts(), 0)
@@ -97,8 +97,8 @@ class Generations:
             cfg: A new configuration for the GMIs (``reconfigure``, already checked).
         """
         assert self._where is not None and self.phases is not None, "begin() first"
-        ep, run_dir, control_sock = self._where
-        self.fleet.replace(ep, run_dir, control_sock, mps_pct, cfg)
+        ep, run_dir, command_sock = self._where
+        self.fleet.replace(ep, run_dir, command_sock, mps_pct, cfg)
         self.phases.begin(self.fleet.generation, self._mps_pcts(), trained)
 
     def end(self, trained: int) -> None:

@@ -186,11 +186,11 @@ class InferenceServer:
             "final": final,
         }
 
-    def run(self, control: zmq.Socket) -> None:
-        """Serves until the runner's CONTROL ``exit`` (sent once every actor has exited)."""
+    def run(self, commands: zmq.Socket) -> None:
+        """Serves until the runner's COMMAND ``exit`` (sent once every actor has exited)."""
         poller = zmq.Poller()
         poller.register(self.router, zmq.POLLIN)
-        poller.register(control, zmq.POLLIN)
+        poller.register(commands, zmq.POLLIN)
         last_stats = time.monotonic()
         while True:
             ready = dict(poller.poll(POLL_MS))
@@ -199,7 +199,7 @@ class InferenceServer:
                 requests = self.take_waiting()
                 if requests:
                     self.serve(requests)
-            if control in ready and exit_requested(control):
+            if commands in ready and exit_requested(commands):
                 break
             if self.stats is not None and time.monotonic() - last_stats >= STATS_INTERVAL_S:
                 self.stats.send(self.snapshot())
@@ -218,7 +218,7 @@ def inference_main(
 
     torch.set_num_threads(place.threads)
     ctx = zmq.Context()
-    router, weights, control = topology.inference_sockets(ctx, endpoints)
+    router, weights, commands = topology.inference_sockets(ctx, endpoints)
     stats = StatsSender(topology.telemetry_out(ctx, endpoints), NAME)
     server = InferenceServer(cfg, info, router, weights, stats, place)
     logger.info(
@@ -229,5 +229,5 @@ def inference_main(
         server.sm_count,
         os.getpid(),
     )
-    server.run(control)
+    server.run(commands)
     ctx.destroy(linger=0)

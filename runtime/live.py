@@ -6,7 +6,7 @@ Every ``TrainConfig`` field falls in one of these classes:
   their current rollout, which they deliver before exiting; ``steps``, ``max_wall_s``).
 * ``ACTOR_RESPAWN``: actors read it when they start (``envs_per_actor``, ``actor_nice``);
   every actor is replaced by a new incarnation, each old one delivering what it collected.
-* ``SERVICE_LIVE``: the compressor, trainers and actors take it from a CONTROL ``live``
+* ``SERVICE_LIVE``: the compressor, trainers and actors take it from a COMMAND ``live``
   message (``chunk_bytes``, ``chunk_timeout_s``, ``batch_size``, ``max_inflight_batches``).
   The message carries an epoch and the whole set, and the runner resends it every
   ``RESEND_S`` (PUB/SUB can drop a message sent before a subscriber joined); a process applies
@@ -89,7 +89,7 @@ def plan(old: TrainConfig, new: TrainConfig) -> Plan:
 
 
 def live_meta(cfg: TrainConfig, epoch: int) -> dict[str, Any]:
-    """The CONTROL ``live`` message for ``cfg``: every SERVICE_LIVE value, and each actor's
+    """The COMMAND ``live`` message for ``cfg``: every SERVICE_LIVE value, and each actor's
     in-flight budget in steps (it depends on ``actors`` too)."""
     return {
         "cmd": "live",
@@ -102,7 +102,7 @@ def live_meta(cfg: TrainConfig, epoch: int) -> dict[str, Any]:
 
 
 class LiveBroadcaster:
-    """The runner's side of the CONTROL ``live`` message: a new epoch per change, and the
+    """The runner's side of the COMMAND ``live`` message: a new epoch per change, and the
     current one resent every ``RESEND_S`` (PUB/SUB drops what a late subscriber missed)."""
 
     def __init__(self) -> None:
@@ -118,5 +118,5 @@ class LiveBroadcaster:
         """Resends the current epoch (after the first change) if ``RESEND_S`` has passed."""
         now = time.monotonic()
         if self.epoch and (force or now - self._sent >= RESEND_S):
-            wire.send_msg(sock, wire.MsgType.CONTROL, live_meta(cfg, self.epoch))
+            wire.send_msg(sock, wire.MsgType.COMMAND, live_meta(cfg, self.epoch))
             self._sent = now

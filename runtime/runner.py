@@ -14,7 +14,7 @@ goes through ``runtime.generations.Generations.replace``.
 
 ``reconfigure`` changes settings of the running job (``runtime.live``): actors are added or
 removed (a removed actor delivers what it collected before it exits), respawned with another
-env count, the compressor and trainers take chunk and batch sizes from a CONTROL ``live``
+env count, the compressor and trainers take chunk and batch sizes from a COMMAND ``live``
 message, and GMI settings start a new generation through the same hand-over.
 
 Lifecycle:
@@ -170,7 +170,7 @@ class Runner:
         self._pending_cfg = new
         return plan
 
-    def _apply(self, ep: topology.Endpoints, control_sock: zmq.Socket, new: TrainConfig) -> None:
+    def _apply(self, ep: topology.Endpoints, command_sock: zmq.Socket, new: TrainConfig) -> None:
         plan = live.plan(self.cfg, new)
         if plan.empty:
             return
@@ -180,7 +180,7 @@ class Runner:
         if plan.actors:
             self.actors.resize(new, ep)
         if plan.services:
-            self.live.bump(control_sock, new)
+            self.live.bump(command_sock, new)
         if plan.handover:
             self.generations.replace(self.telemetry.trained_steps, cfg=new)
         changed = {name: getattr(new, name) for name in plan.changed}
@@ -299,7 +299,7 @@ class Runner:
                 if self.cfg.transport == "ipc"
                 else topology.Endpoints.tcp()
             )
-            telemetry_sock, control_sock = topology.runner_sockets(ctx, ep)
+            telemetry_sock, command_sock = topology.runner_sockets(ctx, ep)
             forwarder = topology.WeightsForwarder(ctx, ep).start()
             previous = signal.signal(signal.SIGINT, self._on_sigint)
             previous_term = signal.signal(signal.SIGTERM, _raise_system_exit)
@@ -307,13 +307,13 @@ class Runner:
             meter.begin_window(RUN_WINDOW)
             started = self._started = time.monotonic()
             self.timeline.start()
-            self.generations.begin(ep, run_dir, control_sock, meter, started)
+            self.generations.begin(ep, run_dir, command_sock, meter, started)
             try:
                 self._start_services(ep)
                 self.actors.start(self.cfg, ep)
-                self._serve(ep, telemetry_sock, control_sock, started)
+                self._serve(ep, telemetry_sock, command_sock, started)
                 self._sample_timeline(started, force=True)
-                self._drain(telemetry_sock, control_sock, started)
+                self._drain(telemetry_sock, command_sock, started)
                 if self.cfg.checkpoint is not None:
                     episodes = self.resumed_episodes + self.telemetry.episodes
                     checkpoint.save_returns(
@@ -340,17 +340,17 @@ class Runner:
         self,
         ep: topology.Endpoints,
         telemetry_sock: zmq.Socket,
-        control_sock: zmq.Socket,
+        command_sock: zmq.Socket,
         started: float,
     ) -> None:
         while not self.stop_requested:
             self._read_telemetry(telemetry_sock, int(TICK_S * 1000))
             self._check_processes(ep)
-            self.fleet.send_retire(control_sock, self.telemetry.source("migrator"))
+            self.fleet.send_retire(command_sock, self.telemetry.source("migrator"))
             if self._pending_cfg is not None:
-                self._apply(ep, control_sock, self._pending_cfg)
+                self._apply(ep, command_sock, self._pending_cfg)
                 self._pending_cfg = None
-            self.live.send(control_sock, self.cfg)
+            self.live.send(command_sock, self.cfg)
             self.generations.replace_due(time.monotonic() - started, self.telemetry.trained_steps)
             if self.on_progress is not None:
                 self.on_progress(self.state(started))
@@ -370,7 +370,7 @@ class Runner:
             force,
         )
 
-    def _drain(self, telemetry_sock: zmq.Socket, control_sock: zmq.Socket, started: float) -> None:
+    def _drain(self, telemetry_sock: zmq.Socket, command_sock: zmq.Socket, started: float) -> None:
         def report() -> None:
             if self.on_progress is not None:
                 self.on_progress(self.state(started, draining=True))
@@ -383,7 +383,7 @@ class Runner:
             self._read_telemetry,
             report,
             TICK_S,
-        ).run(telemetry_sock, control_sock)
+        ).run(telemetry_sock, command_sock)
 
     def _kill_all(self) -> None:
         self.actors.kill_all()

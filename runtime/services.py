@@ -48,10 +48,10 @@ class Services:
             if not proc.is_alive() and not is_final(name):
                 raise RunError(f"{name} process died (exit code {proc.exitcode})")
 
-    def exit_all(self, control_sock: zmq.Socket, deadline: float) -> None:
+    def exit_all(self, command_sock: zmq.Socket, deadline: float) -> None:
         """Tells every service to exit (resent: PUB/SUB) until all have, or ``deadline``."""
         while any(p.is_alive() for p in self.procs.values()) and time.monotonic() < deadline:
-            wire.send_msg(control_sock, wire.MsgType.CONTROL, {"cmd": "exit"})
+            wire.send_msg(command_sock, wire.MsgType.COMMAND, {"cmd": "exit"})
             for proc in self.procs.values():
                 proc.join(timeout=0.1)
 

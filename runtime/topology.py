@@ -11,7 +11,7 @@
                                             observations go up, actions come down
     runner's forwarder   XPUB (bind)   --> weights      SUB   inference GMI (connect)
     every process        PUSH --connect--> telemetry    PULL  runner     (bind)
-    runner               PUB  (bind)   --> control      SUB   compressor, migrator (connect)
+    runner               PUB  (bind)   --> commands     SUB   compressor, migrator (connect)
 
 The weights pass through a forwarder in the runner so that the publishing trainer can be
 replaced during a run (a GMI hand-over) without anyone rebinding an address. Receipts (the
@@ -66,7 +66,7 @@ class Endpoints:
     weights: str
     inference: str
     telemetry: str
-    control: str
+    commands: str
 
     @classmethod
     def ipc(cls, run_dir: str) -> Endpoints:
@@ -93,7 +93,7 @@ _LINKS = (
     "weights",
     "inference",
     "telemetry",
-    "control",
+    "commands",
 )
 
 
@@ -153,20 +153,20 @@ def _subscriber(ctx: zmq.Context, endpoint: str, hwm: int) -> zmq.Socket:
 def compressor_sockets(
     ctx: zmq.Context, ep: Endpoints
 ) -> tuple[zmq.Socket, zmq.Socket, zmq.Socket]:
-    """(experience PULL, chunks PUSH, control SUB) of the compressor."""
+    """(experience PULL, chunks PUSH, commands SUB) of the compressor."""
     pull = _socket(ctx, zmq.PULL, rcvhwm=EXPERIENCE_HWM)
     pull.bind(ep.experience)
     push = _socket(ctx, zmq.PUSH, sndhwm=CHUNK_HWM)
     push.connect(ep.chunks)
-    return pull, push, control_in(ctx, ep)
+    return pull, push, command_in(ctx, ep)
 
 
-def control_in(ctx: zmq.Context, ep: Endpoints) -> zmq.Socket:
-    """A process's SUB for the runner's CONTROL commands (drain, retire, live, exit)."""
-    control = _socket(ctx, zmq.SUB)
-    control.setsockopt(zmq.SUBSCRIBE, b"")
-    control.connect(ep.control)
-    return control
+def command_in(ctx: zmq.Context, ep: Endpoints) -> zmq.Socket:
+    """A process's SUB for the runner's COMMAND messages (drain, retire, live, exit)."""
+    commands = _socket(ctx, zmq.SUB)
+    commands.setsockopt(zmq.SUBSCRIBE, b"")
+    commands.connect(ep.commands)
+    return commands
 
 
 # --- migrator -------------------------------------------------------------------------------
@@ -175,7 +175,7 @@ def control_in(ctx: zmq.Context, ep: Endpoints) -> zmq.Socket:
 def migrator_sockets(
     ctx: zmq.Context, ep: Endpoints
 ) -> tuple[zmq.Socket, zmq.Socket, zmq.Socket, zmq.Socket]:
-    """(chunks PULL, trainers ROUTER, receipts PUB, control SUB) of the migrator."""
+    """(chunks PULL, trainers ROUTER, receipts PUB, commands SUB) of the migrator."""
     pull = _socket(ctx, zmq.PULL, rcvhwm=CHUNK_HWM)
     pull.bind(ep.chunks)
     router = _socket(ctx, zmq.ROUTER, sndhwm=TRAINER_HWM, rcvhwm=TRAINER_HWM)
@@ -184,7 +184,7 @@ def migrator_sockets(
     receipts = _socket(ctx, zmq.PUB, sndhwm=RECEIPTS_HWM)
     receipts.setsockopt(zmq.LINGER, 0)
     receipts.bind(ep.receipts)
-    return pull, router, receipts, control_in(ctx, ep)
+    return pull, router, receipts, command_in(ctx, ep)
 
 
 # --- trainers -------------------------------------------------------------------------------
@@ -268,14 +268,14 @@ class WeightsForwarder:
 
 
 def inference_sockets(ctx: zmq.Context, ep: Endpoints) -> tuple[zmq.Socket, zmq.Socket, zmq.Socket]:
-    """(actors ROUTER, weights SUB, control SUB) of the inference GMI."""
+    """(actors ROUTER, weights SUB, commands SUB) of the inference GMI."""
     router = _socket(ctx, zmq.ROUTER, sndhwm=INFERENCE_HWM, rcvhwm=INFERENCE_HWM)
     router.setsockopt(zmq.LINGER, 0)
     router.bind(ep.inference)
-    return router, _subscriber(ctx, ep.weights, WEIGHTS_HWM), control_in(ctx, ep)
+    return router, _subscriber(ctx, ep.weights, WEIGHTS_HWM), command_in(ctx, ep)
 
 
-# --- telemetry and control ----------------------------------------------------------------
+# --- telemetry and commands ----------------------------------------------------------------
 
 
 def telemetry_out(ctx: zmq.Context, ep: Endpoints) -> zmq.Socket:
@@ -286,9 +286,9 @@ def telemetry_out(ctx: zmq.Context, ep: Endpoints) -> zmq.Socket:
 
 
 def runner_sockets(ctx: zmq.Context, ep: Endpoints) -> tuple[zmq.Socket, zmq.Socket]:
-    """(telemetry PULL, control PUB) of the runner."""
+    """(telemetry PULL, commands PUB) of the runner."""
     pull = _socket(ctx, zmq.PULL, rcvhwm=TELEMETRY_HWM)
     pull.bind(ep.telemetry)
     pub = _socket(ctx, zmq.PUB)
-    pub.bind(ep.control)
+    pub.bind(ep.commands)
     return pull, pub

@@ -119,7 +119,7 @@ class Trainer:
         stats: StatsSender | None,
         role: GMIRole | None = None,
         group: Any = None,
-        control: zmq.Socket | None = None,
+        commands: zmq.Socket | None = None,
     ) -> None:
         import torch
 
@@ -128,7 +128,7 @@ class Trainer:
 
         self.cfg, self.role, self.group = cfg, role, group
         self.dealer, self.weights, self.stats = dealer, weights, stats
-        self.control = control
+        self.commands = commands
         self.live = LiveSettings()
         on_gpu = role.spec.gpu is not None if role is not None else cfg.resolved_device() == "cuda"
         self.device = "cuda" if on_gpu else "cpu"
@@ -310,9 +310,9 @@ class Trainer:
             self.stats.send(self.snapshot(final=True))
 
     def _take_live_settings(self) -> None:
-        if self.control is None:
+        if self.commands is None:
             return
-        settings = self.live.poll(self.control, self.malformed)
+        settings = self.live.poll(self.commands, self.malformed)
         if settings is not None:
             self.batcher.batch_rows = max(1, settings["batch_size"] // self.cfg.rollout_len)
             logger.info(
@@ -371,8 +371,8 @@ def trainer_main(
     dealer = topology.trainer_experience_in(ctx, endpoints, role.name)
     weights = topology.trainer_weights_out(ctx, endpoints) if role.spec.rank == 0 else None
     stats = StatsSender(topology.telemetry_out(ctx, endpoints), role.name)
-    control = topology.control_in(ctx, endpoints)
-    trainer = Trainer(cfg, info, dealer, weights, stats, role, group, control)
+    commands = topology.command_in(ctx, endpoints)
+    trainer = Trainer(cfg, info, dealer, weights, stats, role, group, commands)
     logger.info(
         "%s on %s (gpu %s, mps %s%%, %s SMs, pid %d)",
         role.name,

@@ -16,7 +16,7 @@ Message types (``MsgType``) and who sends them:
     CREDIT   batcher -> migrator       "I have room for n more chunks"
     WEIGHTS  trainer -> actors         versioned policy parameters, one array per tensor
     STATS    any process -> runner     counters for the progress display and the summary
-    CONTROL  runner -> stages          commands (drain, retire, exit)
+    COMMAND  runner -> stages          commands (drain, retire, live settings, exit)
     RECEIPT  migrator -> actors        steps handed to a trainer, per actor incarnation
     RETIRE   migrator -> trainer       "train what you hold, hand the learner over, exit"
     INFER    actor -> inference GMI    observations [n, obs_dim] to act on (or to value)
@@ -79,7 +79,7 @@ class MsgType(str, enum.Enum):
     CREDIT = "credit"
     WEIGHTS = "weights"
     STATS = "stats"
-    CONTROL = "control"
+    COMMAND = "command"
     RECEIPT = "receipt"
     RETIRE = "retire"
     INFER = "infer"

@@ -4,7 +4,7 @@ A generation is one set of GMI processes. ``GMIFleet.replace`` starts the next g
 (an MPS client's percentage is fixed for its life, so a percentage change needs new
 processes): the new GMIs take chunks at once and train once they have loaded the learner
 state that the old ones write when they retire (``runtime.trainer``). The migrator is told to
-``retire`` the old generation by a CONTROL message that is resent until the migrator reports
+``retire`` the old generation by a COMMAND message that is resent until the migrator reports
 it, since PUB/SUB drops a message sent before a subscriber has joined.
 """
 
@@ -125,7 +125,7 @@ class GMIFleet:
         self,
         ep: topology.Endpoints,
         run_dir: str,
-        control_sock: zmq.Socket,
+        command_sock: zmq.Socket,
         mps_pct: tuple[int, ...] | None,
         cfg: TrainConfig | None = None,
     ) -> None:
@@ -150,15 +150,15 @@ class GMIFleet:
         )
         self.start(ep, run_dir, state_file(run_dir, old))
         self._retiring[old] = len(self.gmis)
-        self.send_retire(control_sock, None, force=True)
+        self.send_retire(command_sock, None, force=True)
 
     def send_retire(
-        self, control_sock: zmq.Socket, migrator: dict[str, Any] | None, force: bool = False
+        self, command_sock: zmq.Socket, migrator: dict[str, Any] | None, force: bool = False
     ) -> None:
         """(Re)sends ``retire`` for every generation the migrator has not yet reported.
 
         Args:
-            control_sock: The runner's CONTROL PUB.
+            command_sock: The runner's COMMAND PUB.
             migrator: The migrator's newest telemetry (its ``retired_generations``), or None.
             force: Send now rather than at most every ``RETIRE_RESEND_S``.
         """
@@ -170,7 +170,7 @@ class GMIFleet:
             return
         for gen, next_gmis in self._retiring.items():
             meta = {"cmd": "retire", "generation": gen, "next_trainers": next_gmis}
-            wire.send_msg(control_sock, wire.MsgType.CONTROL, meta)
+            wire.send_msg(command_sock, wire.MsgType.COMMAND, meta)
         self._retire_sent = now
 
     def stop(self) -> None:

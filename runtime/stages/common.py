@@ -44,8 +44,8 @@ EXIT_WAIT_S = 300.0
 """A drained service keeps its sockets open at most this long waiting for the runner's exit."""
 
 
-def await_exit(control: zmq.Socket, timeout_s: float = EXIT_WAIT_S) -> None:
-    """Blocks until the runner's CONTROL ``exit`` arrives (or ``timeout_s`` passes).
+def await_exit(commands: zmq.Socket, timeout_s: float = EXIT_WAIT_S) -> None:
+    """Blocks until the runner's COMMAND ``exit`` arrives (or ``timeout_s`` passes).
 
     A drained service must not close its output socket while the next stage may still be
     reading it: ZeroMQ can drop the queued tail of a socket closed under back-pressure, even
@@ -54,19 +54,19 @@ def await_exit(control: zmq.Socket, timeout_s: float = EXIT_WAIT_S) -> None:
     """
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if control.poll(100) and exit_requested(control):
+        if commands.poll(100) and exit_requested(commands):
             return
 
 
-def exit_requested(control: zmq.Socket) -> bool:
-    """Reads every CONTROL message waiting (never blocks); whether one was ``exit``."""
+def exit_requested(commands: zmq.Socket) -> bool:
+    """Reads every COMMAND message waiting (never blocks); whether one was ``exit``."""
     seen = False
-    while control.poll(0):
+    while commands.poll(0):
         try:
-            msg = wire.recv_msg(control)
+            msg = wire.recv_msg(commands)
         except wire.ProtocolError:
             continue
-        seen |= msg.type is wire.MsgType.CONTROL and msg.meta.get("cmd") == "exit"
+        seen |= msg.type is wire.MsgType.COMMAND and msg.meta.get("cmd") == "exit"
     return seen
 
 
@@ -102,7 +102,7 @@ class StatsSender:
 
 
 class LiveSettings:
-    """A process's view of the CONTROL ``live`` messages: the newest epoch it has applied."""
+    """A process's view of the COMMAND ``live`` messages: the newest epoch it has applied."""
 
     def __init__(self) -> None:
         self.epoch = 0
@@ -113,7 +113,7 @@ class LiveSettings:
         Raises:
             wire.ProtocolError: if a ``live`` message is malformed.
         """
-        if msg.type is not wire.MsgType.CONTROL or msg.meta.get("cmd") != "live":
+        if msg.type is not wire.MsgType.COMMAND or msg.meta.get("cmd") != "live":
             return None
         epoch = wire.meta_int(msg.meta, "epoch")
         if epoch <= self.epoch:
@@ -132,7 +132,7 @@ class LiveSettings:
         return out
 
     def poll(self, sock: zmq.Socket, malformed: wire.MalformedCounter) -> dict[str, Any] | None:
-        """Reads every waiting CONTROL message; returns the newest new settings, if any."""
+        """Reads every waiting COMMAND message; returns the newest new settings, if any."""
         newest = None
         if not sock.poll(0):
             return None

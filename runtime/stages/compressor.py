@@ -50,12 +50,12 @@ class Compressor:
         self,
         pull: zmq.Socket,
         push: zmq.Socket,
-        control: zmq.Socket | None,
+        commands: zmq.Socket | None,
         stats: StatsSender | None,
         chunk_bytes: int,
         chunk_timeout_s: float,
     ) -> None:
-        self.pull, self.push, self.control, self.stats = pull, push, control, stats
+        self.pull, self.push, self.commands, self.stats = pull, push, commands, stats
         self.chunk_bytes = chunk_bytes
         self.chunk_timeout_s = chunk_timeout_s
         self.live = LiveSettings()
@@ -204,7 +204,7 @@ class Compressor:
             return True
         return False
 
-    def _handle_control(self, msg: wire.Message) -> None:
+    def _handle_command(self, msg: wire.Message) -> None:
         settings = self.live.take(msg)
         if settings is not None:
             self.chunk_bytes = settings["chunk_bytes"]
@@ -215,7 +215,7 @@ class Compressor:
                 self.chunk_timeout_s,
                 self.live.epoch,
             )
-        if msg.type is wire.MsgType.CONTROL and msg.meta.get("cmd") == "drain":
+        if msg.type is wire.MsgType.COMMAND and msg.meta.get("cmd") == "drain":
             if self.expect is None:
                 self.last_input = time.monotonic()
             expect = msg.meta.get("expect", {})
@@ -228,8 +228,8 @@ class Compressor:
         """Serves until a drain completes, then flushes, sends EOS downstream and returns."""
         poller = zmq.Poller()
         poller.register(self.pull, zmq.POLLIN)
-        if self.control is not None:
-            poller.register(self.control, zmq.POLLIN)
+        if self.commands is not None:
+            poller.register(self.commands, zmq.POLLIN)
         last_stats = time.monotonic()
         while not self._drained():
             timeout_ms = max(1, int(self.chunk_timeout_s * 1000 / 2))
@@ -238,7 +238,7 @@ class Compressor:
                     if sock is self.pull:
                         self.last_input = time.monotonic()
                     try:
-                        self.handle(msg) if sock is self.pull else self._handle_control(msg)
+                        self.handle(msg) if sock is self.pull else self._handle_command(msg)
                     except wire.ProtocolError as exc:
                         self.malformed.drop(exc)
             now = time.monotonic()
@@ -265,8 +265,8 @@ def compressor_main(
     """Process entry point of the compressor service."""
     init_service_process("compressor")
     ctx = zmq.Context()
-    pull, push, control = topology.compressor_sockets(ctx, endpoints)
+    pull, push, commands = topology.compressor_sockets(ctx, endpoints)
     stats = StatsSender(topology.telemetry_out(ctx, endpoints), "compressor")
-    Compressor(pull, push, control, stats, chunk_bytes, chunk_timeout_s).run()
-    await_exit(control)
+    Compressor(pull, push, commands, stats, chunk_bytes, chunk_timeout_s).run()
+    await_exit(commands)
     ctx.destroy(linger=topology.LINGER_MS)

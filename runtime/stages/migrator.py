@@ -13,7 +13,7 @@ added to cumulative counts that the migrator publishes (RECEIPT, at most every
 throttle on them (end-to-end back-pressure) and exit only once everything they sent is
 counted. The migrator outlives every trainer, so the counts survive GMI hand-overs.
 
-Generations: trainer identities are ``trainer-<rank>.g<generation>``. The runner's CONTROL
+Generations: trainer identities are ``trainer-<rank>.g<generation>``. The runner's COMMAND
 ``retire`` for a generation stops new chunks going to its trainers; once the chunks already
 routed to one are complete, it gets RETIRE (after which nothing more comes) and hands its
 learner state to the next generation, which has been taking chunks meanwhile. The final EOS
@@ -71,7 +71,7 @@ class Migrator:
         n_trainers: Trainers of the current generation that must have said hello before the
             final EOS goes out.
         receipts: PUB for the receipts, or None (tests).
-        control: SUB for the runner's CONTROL (``retire``), or None.
+        commands: SUB for the runner's COMMAND (``retire``), or None.
     """
 
     def __init__(
@@ -81,10 +81,10 @@ class Migrator:
         stats: StatsSender | None,
         n_trainers: int,
         receipts: zmq.Socket | None = None,
-        control: zmq.Socket | None = None,
+        commands: zmq.Socket | None = None,
     ) -> None:
         self.pull, self.router, self.stats = pull, router, stats
-        self.receipts, self.control = receipts, control
+        self.receipts, self.commands = receipts, commands
         self.n_trainers = n_trainers
         self.generation = 0
         self.retired_generations: set[int] = set()
@@ -242,14 +242,14 @@ class Migrator:
         both, trainers_only = zmq.Poller(), zmq.Poller()
         for poller in (both, trainers_only):
             poller.register(self.router, zmq.POLLIN)
-            if self.control is not None:
-                poller.register(self.control, zmq.POLLIN)
+            if self.commands is not None:
+                poller.register(self.commands, zmq.POLLIN)
         both.register(self.pull, zmq.POLLIN)
         while not self._finished():
             reading = len(self.pending) < MAX_PENDING_MESSAGES and not self.upstream_done
             for sock, _ in (both if reading else trainers_only).poll(10):
-                if sock is self.control:
-                    self._read_control()
+                if sock is self.commands:
+                    self._read_commands()
                 else:
                     self._read(sock)
             self.dispatch()
@@ -264,9 +264,9 @@ class Migrator:
         if self.stats is not None:
             self.stats.send(self.snapshot(final=True))
 
-    def _read_control(self) -> None:
-        for msg in wire.recv_waiting(self.control, self.malformed):
-            if msg.type is not wire.MsgType.CONTROL or msg.meta.get("cmd") != "retire":
+    def _read_commands(self) -> None:
+        for msg in wire.recv_waiting(self.commands, self.malformed):
+            if msg.type is not wire.MsgType.COMMAND or msg.meta.get("cmd") != "retire":
                 continue  # drain and exit are for other services / after the run
             try:
                 self.retire(
@@ -301,9 +301,9 @@ def migrator_main(endpoints: topology.Endpoints, n_trainers: int) -> None:
     """Process entry point of the migrator service."""
     init_service_process("migrator")
     ctx = zmq.Context()
-    pull, router, receipts, control = topology.migrator_sockets(ctx, endpoints)
+    pull, router, receipts, commands = topology.migrator_sockets(ctx, endpoints)
     stats = StatsSender(topology.telemetry_out(ctx, endpoints), "migrator")
-    migrator = Migrator(pull, router, stats, n_trainers, receipts, control)
+    migrator = Migrator(pull, router, stats, n_trainers, receipts, commands)
     migrator.run()
-    await_exit(control)
+    await_exit(commands)
     ctx.destroy(linger=topology.LINGER_MS)

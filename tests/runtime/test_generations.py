@@ -23,8 +23,8 @@ class FakeFleet:
         if mps_pct is not None and max(mps_pct) > 100:
             raise ValueError(f"{mps_pct} does not fit")
 
-    def replace(self, ep, run_dir, control_sock, mps_pct, cfg=None) -> None:
-        assert (ep, run_dir, control_sock) == ("ep", "dir", "sock")
+    def replace(self, ep, run_dir, command_sock, mps_pct, cfg=None) -> None:
+        assert (ep, run_dir, command_sock) == ("ep", "dir", "sock")
         self.generation += 1
         self.pct = mps_pct if mps_pct is not None else self.pct
         self.replaced.append((mps_pct, cfg))

@@ -20,7 +20,7 @@ from runtime.runner import Runner
 
 
 class _Served:
-    """An inference server on its own thread, with a client, a weights PUB and a control PUB."""
+    """An inference server on its own thread, with a client, a weights PUB and a commands PUB."""
 
     def __init__(self, env: str, gpu: int | None = None) -> None:
         self.cfg = TrainConfig(env=env)
@@ -33,11 +33,11 @@ class _Served:
         sub = self.ctx.socket(zmq.SUB)
         sub.setsockopt(zmq.SUBSCRIBE, b"")
         sub.connect("inproc://weights")
-        self.control = self.ctx.socket(zmq.PUB)
-        self.control.bind("inproc://control")
+        self.commands = self.ctx.socket(zmq.PUB)
+        self.commands.bind("inproc://commands")
         control_sub = self.ctx.socket(zmq.SUB)
         control_sub.setsockopt(zmq.SUBSCRIBE, b"")
-        control_sub.connect("inproc://control")
+        control_sub.connect("inproc://commands")
         dealer = self.ctx.socket(zmq.DEALER)
         dealer.connect("inproc://infer")
         self.raw = self.ctx.socket(zmq.DEALER)
@@ -62,7 +62,7 @@ class _Served:
     def close(self) -> None:
         deadline = time.monotonic() + 5
         while self.thread.is_alive() and time.monotonic() < deadline:
-            wire.send_msg(self.control, wire.MsgType.CONTROL, {"cmd": "exit"})
+            wire.send_msg(self.commands, wire.MsgType.COMMAND, {"cmd": "exit"})
             self.thread.join(0.1)
         assert not self.thread.is_alive()
         self.ctx.destroy(linger=0)

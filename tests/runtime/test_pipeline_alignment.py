@@ -76,7 +76,7 @@ def test_rollouts_come_back_exactly(tmp_path, chunk_bytes, transport):
         if transport == "ipc"
         else topology.Endpoints.inproc(f"align-{chunk_bytes}")
     )
-    _, control = topology.runner_sockets(ctx, ep)
+    _, commands = topology.runner_sockets(ctx, ep)
     compressor = Compressor(*topology.compressor_sockets(ctx, ep), None, chunk_bytes, 0.005)
     pull, router, _, _ = topology.migrator_sockets(ctx, ep)
     migrator = Migrator(pull, router, None, n_trainers=1)
@@ -102,7 +102,7 @@ def test_rollouts_come_back_exactly(tmp_path, chunk_bytes, transport):
     expect = {f"{a}:0": n_rollouts * K * T for a in range(n_actors)}
     batches, eos = [], False
     while not eos or batcher.queued_rows:
-        wire.send_msg(control, wire.MsgType.CONTROL, {"cmd": "drain", "expect": expect})
+        wire.send_msg(commands, wire.MsgType.COMMAND, {"cmd": "drain", "expect": expect})
         n = batcher.credits_to_grant()
         if n:
             wire.send_msg(dealer, wire.MsgType.CREDIT, {"n": n, "queued_steps": 0})

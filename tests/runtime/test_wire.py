@@ -84,7 +84,7 @@ def test_malformed_messages_raise_protocol_error(frames, match):
 def test_compressor_counts_and_drops_malformed_messages_and_keeps_serving(tmp_path):
     ctx = zmq.Context()
     ep = topology.Endpoints.ipc(str(tmp_path))
-    _, control = topology.runner_sockets(ctx, ep)
+    _, commands = topology.runner_sockets(ctx, ep)
     sink = ctx.socket(zmq.PULL)
     sink.bind(ep.chunks)
     pull, push, ctrl = topology.compressor_sockets(ctx, ep)
@@ -107,7 +107,7 @@ def test_compressor_counts_and_drops_malformed_messages_and_keeps_serving(tmp_pa
     dispenser.dispatch(rollout, 2)
     dispenser.end_of_stream()
     while thread.is_alive():
-        wire.send_msg(control, wire.MsgType.CONTROL, {"cmd": "drain", "expect": {"0:0": 2}})
+        wire.send_msg(commands, wire.MsgType.COMMAND, {"cmd": "drain", "expect": {"0:0": 2}})
         thread.join(0.05)
     assert compressor.malformed.count == 3
     assert compressor.counters["rollouts"] == 1  # the good rollout still went through
