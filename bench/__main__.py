@@ -53,6 +53,16 @@ def parser() -> argparse.ArgumentParser:
             help="stop before a step that would not fit in N seconds (needs --state)",
         )
         sp.set_defaults(_check=getattr(mod, "check", None), _plan=mod.plan, _parser=sp)
+    from bench import figures
+
+    sp = sub.add_parser(
+        "figures",
+        help=figures.HELP,
+        description=figures.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    figures.add_args(sp)
+    sp.set_defaults(_parser=sp)
     return ap
 
 
@@ -61,9 +71,22 @@ def main(argv: list[str] | None = None) -> int:
 
     argv = sys.argv[1:] if argv is None else argv
     ap = parser()
-    if argv and not argv[0].startswith("-") and argv[0] not in SUITES:
-        ap.error(f"unknown suite {argv[0]!r}; the suites are: {', '.join(SUITES)}")
+    if argv and not argv[0].startswith("-") and argv[0] not in (*SUITES, "figures"):
+        ap.error(
+            f"unknown suite {argv[0]!r}; the suites are: {', '.join(SUITES)} "
+            "(and figures, which draws the page's plots)"
+        )
     a, extra = ap.parse_known_args(argv)
+    if a.suite == "figures":
+        if extra:
+            a._parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        from bench import figures
+
+        try:
+            figures.run(a.results, a.only)
+        except ValueError as e:
+            a._parser.error(str(e))
+        return 0
     if extra:
         flags = sorted(f for f in a._parser._option_string_actions if f.startswith("--"))
         a._parser.error(

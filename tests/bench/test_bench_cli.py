@@ -28,6 +28,10 @@ def test_help_lists_the_seven_suites_each_with_one_line():
     for name in SUITES:
         assert f"    {name}" in text, (name, text)
     assert "steps/J" in text and "Stable-Baselines3" in text and "MPS" in text
+    assert "    figures   draws the page's plots from the stored results" in text
+    proc = bench("figures", "--help")
+    assert proc.returncode == 0, proc.stderr
+    assert "usage: python -m bench figures" in proc.stdout and "--results DIR" in proc.stdout
     for name in SUITES:
         proc = bench(name, "--help")
         assert proc.returncode == 0, (name, proc.stderr)

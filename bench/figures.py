@@ -1,0 +1,536 @@
+"""``python -m bench figures``: draws the page's plots from the stored results.
+
+One function per figure of docs/BENCHMARKS.md that the measurement suites do not draw themselves.
+Each reads the JSON (or text) the page cites under ``--results`` (``docs/results`` by default) and
+writes a small PNG next to it; nothing is measured and no number is typed in here.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Callable
+from pathlib import Path
+from statistics import mean
+from typing import Any
+
+H100 = "H100 80GB, 16-core host"
+H200 = "2x H200, 32-core host"
+TWO_CORE = "2-core CPU machine"
+SIZE = (6.0, 3.5)
+DPI = 100
+
+HELP = "draws the page's plots from the stored results"
+
+
+def _load(path: Path) -> Any:
+    return json.loads(path.read_text())
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plt.rcParams.update({"font.size": 8, "axes.titlesize": 9, "legend.fontsize": 7})
+    return plt
+
+
+def _save(fig, path: Path) -> Path:
+    """Writes a palette PNG: the plots are a few flat colours, so this keeps each file small."""
+    from PIL import Image
+
+    plt = _plt()
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=DPI)
+    plt.close(fig)
+    buf.seek(0)
+    image = Image.open(buf).convert("RGB").quantize(colors=64)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    image.save(path, format="PNG", optimize=True)
+    return path
+
+
+def _wrap(text: str, width: int = 78) -> str:
+    import textwrap
+
+    return "\n".join(textwrap.wrap(text, width))
+
+
+def _suptitle(fig, text: str) -> None:
+    fig.suptitle(_wrap(text), fontsize=9)
+
+
+def _title(ax, text: str) -> None:
+    ax.set_title(_wrap(text, 64))
+
+
+def _label_bars(ax, bars, fmt: str = "{:,.0f}") -> None:
+    for bar in bars:
+        h = bar.get_height()
+        ax.annotate(
+            fmt.format(h),
+            (bar.get_x() + bar.get_width() / 2, h),
+            ha="center",
+            va="bottom",
+            fontsize=7,
+            xytext=(0, 1),
+            textcoords="offset points",
+        )
+
+
+def end_to_end(results: Path) -> Path:
+    src = results / "end-to-end" / "ant-e2e.json"
+    d = _load(src)
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=SIZE)
+    names = [
+        "raw random-action\nstepping",
+        "trained, steady\n(30-90 % of run)",
+        "trained, whole run\n(start-up included)",
+    ]
+    values = [
+        d["raw_steps_per_s"],
+        d["trained_steps_per_s_steady"],
+        d["trained_steps_per_s_whole_run"],
+    ]
+    bars = ax.bar(names, values, color=["grey", "tab:blue", "tab:blue"])
+    _label_bars(ax, bars)
+    ax.text(1, values[1] / 2, f"{d['ratio_steady_to_raw']:.2f} of raw", ha="center", color="w")
+    ax.text(2, values[2] / 2, f"{d['ratio_whole_run_to_raw']:.2f} of raw", ha="center", color="w")
+    ax.set_ylabel("env steps/s")
+    ax.set_ylim(0, max(values) * 1.15)
+    _title(
+        ax,
+        f"{d['env']}, {d['actors']} actors x {d['envs_per_actor']} envs: training vs raw "
+        f"stepping ({H100})",
+    )
+    return _save(fig, src.with_suffix(".png"))
+
+
+def _two_core_seeds(path: Path) -> tuple[list[tuple[str, float]], list[tuple[str, float]]]:
+    cartpole, pendulum = [], []
+    for line in path.read_text().splitlines():
+        if not line.strip() or line.startswith("#"):
+            continue
+        f = line.split()
+        if f[0] == "pendulum":
+            pendulum.append((f[1], float(f[2])))
+        else:
+            cartpole.append((f[0], float(f[1])))
+    return cartpole, pendulum
+
+
+def cli_defaults(results: Path) -> Path:
+    folder = results / "learning" / "defaults"
+    cartpole, pendulum = _two_core_seeds(folder / "seeds-2core.txt")
+    h100 = {
+        "CartPole-v1": _load(folder / "cartpole-h100.json"),
+        "Pendulum-v1": _load(folder / "pendulum-h100.json"),
+    }
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=SIZE, gridspec_kw={"width_ratios": [3, 2]})
+    for ax, env, rows, goal in (
+        (axes[0], "CartPole-v1", cartpole, None),
+        (axes[1], "Pendulum-v1", pendulum, -400.0),
+    ):
+        h = h100[env]
+        labels = [f"{s}" for s, _ in rows] + [f"{h['config']['seed']}\nH100"]
+        values = [r for _, r in rows] + [h["return_mean"]]
+        colors = ["tab:blue"] * len(rows) + ["tab:green"]
+        ax.bar(range(len(values)), values, color=colors)
+        ax.set_xticks(range(len(values)), labels)
+        if goal is not None:
+            ax.axhline(goal, color="tab:red", ls="--", lw=1, label=f"goal {goal:g}")
+            ax.set_ylim(min(goal, *values) * 1.15, 0)
+            ax.legend(loc="lower right")
+        else:
+            ax.set_ylim(0, max(values) * 1.1)
+        ax.set_title(env)
+    fig.supxlabel("seed (blue: 2-core machine; green: H100 host)", fontsize=8)
+    axes[0].set_ylabel("mean return, last 100 episodes")
+    _suptitle(fig, f"autotune train with its defaults: final return per seed ({TWO_CORE}, {H100})")
+    return _save(fig, folder / "returns-per-seed.png")
+
+
+def pipeline(results: Path) -> Path:
+    folder = results / "pipeline"
+    runs = [
+        (f"H100 host, {d['producers']} producers", d)
+        for d in [_load(folder / "pipeline-h100.json")]
+    ] + [
+        (f"2-core, {d['producers']} producers", d) for d in [_load(folder / "pipeline-2core.json")]
+    ]
+    plt = _plt()
+    sizes = list(dict.fromkeys(r["size"] for r in runs[0][1]["rows"]))
+    modes = list(dict.fromkeys(r["mode"] for r in runs[0][1]["rows"]))
+    fig, axes = plt.subplots(1, len(sizes), figsize=SIZE, sharey=True)
+    width = 0.8 / len(runs)
+    for ax, size in zip(axes, sizes, strict=True):
+        for i, (label, d) in enumerate(runs):
+            by_mode = {r["mode"]: r for r in d["rows"] if r["size"] == size}
+            xs = [m + (i - (len(runs) - 1) / 2) * width for m in range(len(modes))]
+            ax.bar(xs, [by_mode[m]["rollouts_per_s"] for m in modes], width, label=label)
+        kb = next(r["rollout_kb"] for r in runs[0][1]["rows"] if r["size"] == size)
+        ax.set_xticks(range(len(modes)), modes)
+        ax.set_yscale("log")
+        ax.set_xlabel("transport")
+        ax.set_title(f"{size} rollouts ({kb:g} KB)")
+    axes[0].set_ylabel("rollouts/s reaching the consumer")
+    axes[0].legend(loc="upper right")
+    _suptitle(fig, f"Stage pipeline, synthetic rollouts, 3 s per mode ({H100}; {TWO_CORE})")
+    return _save(fig, folder / "pipeline.png")
+
+
+def gmi_sms(results: Path) -> Path:
+    folder = results / "gmi"
+    series = [
+        ("256:128:64, 8 actors (H100)", _load(folder / "ant-small-8-actors.json")),
+        ("512:512:512:256, 15 actors (H100)", _load(folder / "ant-heavy.json")),
+        ("2048:2048:2048, 15 actors (H200)", _load(folder / "sm-bound-2xh200.json")),
+    ]
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=SIZE)
+    for label, d in series:
+        rows = sorted(
+            (r for r in d["rows"] if r["device"] == "cuda" and r["gmis"] == 1),
+            key=lambda r: r["sms"][0],
+        )
+        sms = [r["sms"][0] for r in rows]
+        (line,) = axes[0].plot(sms, [r["sampled_per_s"] for r in rows], "o-", label=label)
+        axes[1].plot(sms, [r["steps_per_joule"] for r in rows], "o-", color=line.get_color())
+        cpu = [r for r in d["rows"] if r["device"] == "cpu" and r["gmis"] == 1]
+        if cpu:
+            axes[1].axhline(
+                cpu[0]["steps_per_joule"],
+                color=line.get_color(),
+                ls=":",
+                lw=1,
+                label="256:128:64, CPU trainer",
+            )
+    for ax, ylabel in ((axes[0], "sampled env steps/s"), (axes[1], "trained steps/J")):
+        ax.set_xscale("log")
+        ax.set_xticks([12, 32, 66, 132], ["12", "32", "66", "132"])
+        ax.minorticks_off()
+        ax.set_xlabel("SMs granted to the trainer GMI (MPS)")
+        ax.set_ylabel(ylabel)
+        ax.set_ylim(0, ax.get_ylim()[1] * 1.4)
+    axes[0].legend(loc="upper center", fontsize=6)
+    axes[1].legend(loc="upper center", fontsize=6)
+    _suptitle(fig, f"Ant-v5, one trainer GMI vs SMs granted ({H100}; {H200}, GPU 0)")
+    return _save(fig, folder / "throughput-vs-sms.png")
+
+
+def mps_change(results: Path) -> Path:
+    src = results / "gmi" / "mps-change.json"
+    d = _load(src)
+    sms = {g["generation"]: g["sm_count"] for g in d["gmis"]}
+    phases = d["phases"]
+    plt = _plt()
+    fig, axes = plt.subplots(2, 1, figsize=SIZE, sharex=True)
+    for ax, key, ylabel in (
+        (axes[0], "steps_per_s", "trained steps/s"),
+        (axes[1], "gpu_w", "GPU W (NVML)"),
+    ):
+        for p in phases:
+            ax.hlines(p[key], p["start_s"], p["end_s"], color="tab:blue", lw=2)
+        ax.set_ylabel(ylabel)
+        ax.set_ylim(0, max(p[key] for p in phases) * 1.25)
+        for p in phases[1:]:
+            ax.axvline(p["start_s"], color="grey", ls="--", lw=1)
+    for p in phases:
+        pct = p["mps_pct"][0]
+        share = "no MPS limit" if pct is None else f"MPS {pct} %"
+        axes[0].text(
+            (p["start_s"] + p["end_s"]) / 2,
+            p["steps_per_s"] * 1.05,
+            f"GMI g{p['generation']}: {share}, {sms[p['generation']]} SMs",
+            ha="center",
+            va="bottom",
+            fontsize=7,
+        )
+    axes[1].set_xlabel("seconds into the run (phase means; phase 0 includes start-up)")
+    _suptitle(
+        fig, f"{d['env']}, 512-wide policy: the trainer GMI replaced at another MPS share ({H100})"
+    )
+    return _save(fig, src.with_suffix(".png"))
+
+
+def grad_sync(results: Path) -> Path:
+    folder = results / "grad-sync"
+    names = {
+        "multi-process-reduction": "MPR",
+        "multi-ring-reduction": "MRR",
+        "hierarchical-reduction": "HAR",
+    }
+    layouts = [_load(folder / f) for f in ("sync-2gpus-x1.json", "sync-2gpus-x2.json")]
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=SIZE)
+    width = 0.8 / len(names)
+    for i, (key, short) in enumerate(names.items()):
+        xs = [j + (i - 1) * width for j in range(len(layouts))]
+        bars = ax.bar(
+            xs, [d["results"][key]["sync_ms_median"] for d in layouts], width, label=short
+        )
+        _label_bars(ax, bars, "{:.2f}")
+    labels = [
+        f"{len(d['layout'])} GPUs x {len(d['layout'][0])} GMIs\n"
+        f"(Algorithm 1 picks {names[d['algorithm1_choice']]})"
+        for d in layouts
+    ]
+    ax.set_xticks(range(len(layouts)), labels)
+    ax.set_ylabel("median time of one gradient sync (ms)")
+    ax.legend(title="strategy")
+    params = layouts[0]["results"]["multi-ring-reduction"]["params"]
+    _title(
+        ax,
+        f"Gradient sync, {layouts[0]['policy']} MLP ({params:,} params), "
+        f"{layouts[0]['steps']} steps ({H200})",
+    )
+    return _save(fig, folder / "sync-time.png")
+
+
+def actor_inference(results: Path) -> Path:
+    folder = results / "inference"
+    call = _load(folder / "actor-policy-call.json")
+    setups = [
+        ("256 wide,\nCPU trainer", "inference_ant15.json", "cpu"),
+        ("256 wide,\ncuda trainer", "inference_ant15.json", "cuda"),
+        ("256 wide, cuda,\n8 actors", "inference_ant8.json", "cuda"),
+        ("512 wide,\ncuda trainer", "inference_heavy.json", "cuda"),
+        ("512 wide, MPS\n50 % + 25 %", "inference_heavy_mps.json", "cuda"),
+    ]
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=SIZE, gridspec_kw={"width_ratios": [2, 3]})
+    ax = axes[0]
+    envs = [r["envs"] for r in call["rows"]]
+    for i, lib in enumerate(("torch", "numpy")):
+        xs = [j + (i - 0.5) * 0.4 for j in range(len(envs))]
+        ax.bar(xs, [r["us_per_call"][lib] for r in call["rows"]], 0.4, label=lib)
+    ax.set_xticks(range(len(envs)), [str(e) for e in envs])
+    ax.set_xlabel("envs per actor (observations per call)")
+    ax.set_ylabel("one policy call on one core (µs)")
+    ax.set_ylim(0, ax.get_ylim()[1] * 1.2)
+    ax.set_title(f"policy call, {call['policy'].replace('auto:', '').replace(':auto', '')}")
+    ax.legend()
+    ax = axes[1]
+    for j, (_label, name, device) in enumerate(setups):
+        rows = {r["inference"]: r for r in _load(folder / name)["rows"] if r["device"] == device}
+        for i, where in enumerate(("actor", "gmi")):
+            if where in rows:
+                ax.barh(
+                    j + (i - 0.5) * 0.4,
+                    rows[where]["steps_per_joule"],
+                    0.4,
+                    color="tab:blue" if where == "actor" else "tab:orange",
+                    label=("on the actors" if where == "actor" else "inference GMI")
+                    if j == 0
+                    else None,
+                )
+    ax.set_yticks(range(len(setups)), [s[0] for s in setups], fontsize=6)
+    ax.invert_yaxis()
+    ax.set_xlabel("trained steps/J (torch actors)")
+    ax.set_title("Ant-v5 training, 15 actors unless noted")
+    ax.set_xlim(0, ax.get_xlim()[1] * 1.4)
+    ax.legend(loc="center right", title="actions computed")
+    _suptitle(fig, f"Where actions are computed, Ant-v5 ({H100})")
+    return _save(fig, folder / "where-actions.png")
+
+
+def cuda_context(results: Path) -> Path:
+    src = results / "cuda-context" / "gpu-idle-power.json"
+    d = _load(src)
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=SIZE)
+    phases = list(d["mean_w"])
+    values = [mean(d["mean_w"][p].values()) for p in phases]
+    colors = ["grey" if "no context" in p else "tab:red" for p in phases]
+    bars = ax.bar([p.replace(", ", ",\n").replace(" through", "\nthrough") for p in phases], values)
+    for bar, c in zip(bars, colors, strict=True):
+        bar.set_color(c)
+    _label_bars(ax, bars, "{:.1f} W")
+    ax.set_ylabel("GPU power, NVML (W)")
+    ax.set_ylim(0, max(values) * 1.15)
+    _title(
+        ax,
+        f"GPU power with and without an idle CUDA context, {d['seconds']:g} s per phase "
+        f"(no env; {H100})",
+    )
+    return _save(fig, src.with_suffix(".png"))
+
+
+def wrap(results: Path) -> Path:
+    src = results / "wrap" / "wrap-cartpole.json"
+    d = _load(src)
+    trials = d["trials"]
+    labels = [f"device={t['values']['device']}" for t in trials]
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=SIZE)
+    ax = axes[0]
+    ax.bar(labels, [t["gpu_j"] for t in trials], label="GPU J (NVML)", color="tab:red")
+    ax.bar(
+        labels,
+        [t["cpu_j"] for t in trials],
+        bottom=[t["gpu_j"] for t in trials],
+        label="CPU J (model)",
+        color="tab:blue",
+    )
+    ax.set_ylabel("energy charged to the trial (J)")
+    ax.legend()
+    ax = axes[1]
+    bars = ax.bar(labels, [t["objective"] for t in trials], color="tab:green")
+    _label_bars(ax, bars, "{:.1f}")
+    ax.set_ylabel("steps/J, whole run")
+    ax.set_ylim(0, max(t["objective"] for t in trials) * 1.15)
+    steps = trials[0]["steps"]
+    _suptitle(fig, f"autotune wrap: PPO script on CartPole-v1, {steps:,} steps per trial ({H100})")
+    return _save(fig, src.with_suffix(".png"))
+
+
+# The goals: which stored runs the page counts for each workload (its "Against the limit" sections).
+LIMIT_RUNS = {
+    "Ant-v5": [
+        ("limits/ant-cpu-trainer", None, ("exported", "exported-cpu")),
+        ("limits/ant-rounds", None, ("exported", "exported-cpu")),
+        ("limits/nice-mps/ant", None, ("exported",)),
+    ],
+    "HalfCheetah-v5": [
+        ("limits/others-ant-export", "halfcheetah", ("exported",)),
+        ("limits/halfcheetah-rounds", None, ("exported",)),
+        ("limits/nice-mps/halfcheetah", None, ("exported",)),
+    ],
+    "GPU-heavy": [
+        ("limits/others-ant-export", "ant-heavy", ("exported",)),
+        ("limits/others-rounds", "ant-heavy/", ("exported",)),
+    ],
+    "Humanoid-v5": [
+        ("humanoid/actor-nice", None, None),
+        ("humanoid/bf16-nice/round1", None, None),
+        ("humanoid/bf16-nice/round2", None, None),
+        ("humanoid/cpu-trainer", None, None),
+        ("humanoid/from-ant-export", None, None),
+        ("humanoid/own-export-confirmed", None, None),
+        ("limits/nice-mps/humanoid", None, None),
+        ("limits/others-ant-export", "humanoid", ("exported",)),
+        ("limits/others-rounds", "humanoid/", ("exported",)),
+    ],
+}
+NOT_ARMS = ("limit", "limit-end", "sb3-cpu", "sb3-cuda", "cleanrl", "default", "tuned")
+
+
+def _limit_ratios(results: Path, key: str) -> dict[str, list[float]]:
+    """Every counted measurement of ``key`` per workload (None arms: every config tried)."""
+    out: dict[str, list[float]] = {}
+    for workload, runs in LIMIT_RUNS.items():
+        for folder, run, arms in runs:
+            for g in _load(results / folder / "report.json")["groups"]:
+                if run is not None and not g["run"].startswith(run):
+                    continue
+                for arm, r in g["ratios"].items():
+                    if (arms is None and arm not in NOT_ARMS) or (arms and arm in arms):
+                        out.setdefault(workload, []).append(r[key])
+    return out
+
+
+def goals(results: Path) -> Path:
+    e2e = _load(results / "end-to-end" / "ant-e2e.json")
+    peers = _load(results / "peers" / "ant" / "report.json")["groups"][0]["ratios"]["exported"]
+    others = _load(results / "limits" / "others-ant-export" / "report.json")["groups"]
+    tuning = _load(results / "tuning" / "online" / "report.json")
+    side = tuning["side_by_side"]
+    tuned = mean(v["steps_per_joule"] for k, v in side.items() if k.startswith("fixed-tuned"))
+    grid = mean(v["steps_per_joule"] for k, v in side.items() if k.startswith("fixed-grid"))
+    rows: list[tuple[str, float, dict[str, list[float]]]] = [
+        ("trained/raw rate", 0.6, {"Ant-v5": [e2e["ratio_whole_run_to_raw"]]}),
+        ("steps/s / limit", 0.8, _limit_ratios(results, "steps_per_s_vs_limit")),
+        ("steps/J / limit", 0.8, _limit_ratios(results, "steps_per_joule_vs_limit")),
+        (
+            "steps/J / SB3 best",
+            7.0,
+            {
+                "Ant-v5": [peers["steps_per_joule_vs_sb3_best"]],
+                **{
+                    {"halfcheetah": "HalfCheetah-v5", "humanoid": "Humanoid-v5"}.get(
+                        g["run"], "GPU-heavy"
+                    ): [g["ratios"]["exported"]["steps_per_joule_vs_sb3_best"]]
+                    for g in others
+                },
+            },
+        ),
+        ("online tuned / default", 1.3, {"Ant-v5": [tuning["vs_default"]]}),
+        ("online tuned / grid best", 0.9, {"Ant-v5": [tuning["vs_grid_best"], tuned / grid]}),
+    ]
+    colors = {
+        "Ant-v5": "tab:blue",
+        "HalfCheetah-v5": "tab:green",
+        "GPU-heavy": "tab:purple",
+        "Humanoid-v5": "tab:orange",
+    }
+    offsets = {w: (i - 1.5) * 0.15 for i, w in enumerate(colors)}
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(SIZE[0], 3.8))
+    for y, (_name, goal, by_workload) in enumerate(rows):
+        for workload, values in by_workload.items():
+            xs = [v / goal for v in values]
+            ax.scatter(
+                xs,
+                [y + offsets[workload]] * len(xs),
+                s=14,
+                color=colors[workload],
+                alpha=0.8,
+                label=workload if y == 2 else None,
+            )
+    ax.axvline(1.0, color="tab:red", ls="--", lw=1)
+    ax.set_xscale("log")
+    ax.set_yticks(range(len(rows)), [f"{n} ≥ {g:g}" for n, g, _ in rows])
+    ax.invert_yaxis()
+    ax.set_xlabel("measured / goal (log; right of the red line: met)")
+    ax.legend(loc="upper right", title="workload")
+    _title(ax, f"The goals: every counted run (Humanoid-v5: every config tried; {H100})")
+    return _save(fig, results / "limits" / "goals.png")
+
+
+FIGURES: dict[str, Callable[[Path], Path]] = {
+    "end-to-end": end_to_end,
+    "cli-defaults": cli_defaults,
+    "pipeline": pipeline,
+    "gmi-sms": gmi_sms,
+    "mps-change": mps_change,
+    "grad-sync": grad_sync,
+    "actor-inference": actor_inference,
+    "cuda-context": cuda_context,
+    "wrap": wrap,
+    "goals": goals,
+}
+
+
+def add_args(ap) -> None:
+    ap.add_argument(
+        "--results",
+        default="docs/results",
+        metavar="DIR",
+        help="the stored results; each PNG is written next to the JSON it is drawn from",
+    )
+    ap.add_argument(
+        "--only",
+        default=None,
+        metavar="NAME,...",
+        help=f"draw only these figures (of: {', '.join(FIGURES)})",
+    )
+
+
+def run(results: str, only: str | None = None) -> list[Path]:
+    names = list(FIGURES) if not only else [n.strip() for n in only.split(",") if n.strip()]
+    unknown = [n for n in names if n not in FIGURES]
+    if unknown:
+        raise ValueError(
+            f"unknown figure(s) {', '.join(unknown)}; the figures are: {', '.join(FIGURES)}"
+        )
+    written = []
+    for name in names:
+        path = FIGURES[name](Path(results))
+        print(f"{name}: {path}")
+        written.append(path)
+    return written
