@@ -7,78 +7,25 @@ writes a small PNG next to it; nothing is measured and no number is typed in her
 
 from __future__ import annotations
 
-import io
-import json
 from collections.abc import Callable
 from pathlib import Path
 from statistics import mean
-from typing import Any
 
-H100 = "H100 80GB, 16-core host"
-H200 = "2x H200, 32-core host"
-TWO_CORE = "2-core CPU machine"
-SIZE = (6.0, 3.5)
-DPI = 100
+from bench.figure_goals import goals
+from bench.figure_kit import (
+    H100,
+    H200,
+    SIZE,
+    TWO_CORE,
+    _label_bars,
+    _load,
+    _plt,
+    _save,
+    _suptitle,
+    _title,
+)
 
 HELP = "draws the page's plots from the stored results"
-
-
-def _load(path: Path) -> Any:
-    return json.loads(path.read_text())
-
-
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    plt.rcParams.update({"font.size": 8, "axes.titlesize": 9, "legend.fontsize": 7})
-    return plt
-
-
-def _save(fig, path: Path) -> Path:
-    """Writes a palette PNG: the plots are a few flat colours, so this keeps each file small."""
-    from PIL import Image
-
-    plt = _plt()
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=DPI)
-    plt.close(fig)
-    buf.seek(0)
-    image = Image.open(buf).convert("RGB").quantize(colors=64)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    image.save(path, format="PNG", optimize=True)
-    return path
-
-
-def _wrap(text: str, width: int = 78) -> str:
-    import textwrap
-
-    return "\n".join(textwrap.wrap(text, width))
-
-
-def _suptitle(fig, text: str) -> None:
-    fig.suptitle(_wrap(text), fontsize=9)
-
-
-def _title(ax, text: str) -> None:
-    ax.set_title(_wrap(text, 64))
-
-
-def _label_bars(ax, bars, fmt: str = "{:,.0f}") -> None:
-    for bar in bars:
-        h = bar.get_height()
-        ax.annotate(
-            fmt.format(h),
-            (bar.get_x() + bar.get_width() / 2, h),
-            ha="center",
-            va="bottom",
-            fontsize=7,
-            xytext=(0, 1),
-            textcoords="offset points",
-        )
 
 
 def end_to_end(results: Path) -> Path:
@@ -390,106 +337,6 @@ def wrap(results: Path) -> Path:
 
 
 # The goals: which stored runs the page counts for each workload (its "Against the limit" sections).
-LIMIT_RUNS = {
-    "Ant-v5": [
-        ("limits/ant-cpu-trainer", None, ("exported", "exported-cpu")),
-        ("limits/ant-rounds", None, ("exported", "exported-cpu")),
-        ("limits/nice-mps/ant", None, ("exported",)),
-    ],
-    "HalfCheetah-v5": [
-        ("limits/others-ant-export", "halfcheetah", ("exported",)),
-        ("limits/halfcheetah-rounds", None, ("exported",)),
-        ("limits/nice-mps/halfcheetah", None, ("exported",)),
-    ],
-    "GPU-heavy": [
-        ("limits/others-ant-export", "ant-heavy", ("exported",)),
-        ("limits/others-rounds", "ant-heavy/", ("exported",)),
-    ],
-    "Humanoid-v5": [
-        ("humanoid/actor-nice", None, None),
-        ("humanoid/bf16-nice/round1", None, None),
-        ("humanoid/bf16-nice/round2", None, None),
-        ("humanoid/cpu-trainer", None, None),
-        ("humanoid/from-ant-export", None, None),
-        ("humanoid/own-export-confirmed", None, None),
-        ("limits/nice-mps/humanoid", None, None),
-        ("limits/others-ant-export", "humanoid", ("exported",)),
-        ("limits/others-rounds", "humanoid/", ("exported",)),
-    ],
-}
-NOT_ARMS = ("limit", "limit-end", "sb3-cpu", "sb3-cuda", "cleanrl", "default", "tuned")
-
-
-def _limit_ratios(results: Path, key: str) -> dict[str, list[float]]:
-    """Every counted measurement of ``key`` per workload (None arms: every config tried)."""
-    out: dict[str, list[float]] = {}
-    for workload, runs in LIMIT_RUNS.items():
-        for folder, run, arms in runs:
-            for g in _load(results / folder / "report.json")["groups"]:
-                if run is not None and not g["run"].startswith(run):
-                    continue
-                for arm, r in g["ratios"].items():
-                    if (arms is None and arm not in NOT_ARMS) or (arms and arm in arms):
-                        out.setdefault(workload, []).append(r[key])
-    return out
-
-
-def goals(results: Path) -> Path:
-    e2e = _load(results / "end-to-end" / "ant-e2e.json")
-    peers = _load(results / "peers" / "ant" / "report.json")["groups"][0]["ratios"]["exported"]
-    others = _load(results / "limits" / "others-ant-export" / "report.json")["groups"]
-    tuning = _load(results / "tuning" / "online" / "report.json")
-    side = tuning["side_by_side"]
-    tuned = mean(v["steps_per_joule"] for k, v in side.items() if k.startswith("fixed-tuned"))
-    grid = mean(v["steps_per_joule"] for k, v in side.items() if k.startswith("fixed-grid"))
-    rows: list[tuple[str, float, dict[str, list[float]]]] = [
-        ("trained/raw rate", 0.6, {"Ant-v5": [e2e["ratio_whole_run_to_raw"]]}),
-        ("steps/s / limit", 0.8, _limit_ratios(results, "steps_per_s_vs_limit")),
-        ("steps/J / limit", 0.8, _limit_ratios(results, "steps_per_joule_vs_limit")),
-        (
-            "steps/J / SB3 best",
-            7.0,
-            {
-                "Ant-v5": [peers["steps_per_joule_vs_sb3_best"]],
-                **{
-                    {"halfcheetah": "HalfCheetah-v5", "humanoid": "Humanoid-v5"}.get(
-                        g["run"], "GPU-heavy"
-                    ): [g["ratios"]["exported"]["steps_per_joule_vs_sb3_best"]]
-                    for g in others
-                },
-            },
-        ),
-        ("online tuned / default", 1.3, {"Ant-v5": [tuning["vs_default"]]}),
-        ("online tuned / grid best", 0.9, {"Ant-v5": [tuning["vs_grid_best"], tuned / grid]}),
-    ]
-    colors = {
-        "Ant-v5": "tab:blue",
-        "HalfCheetah-v5": "tab:green",
-        "GPU-heavy": "tab:purple",
-        "Humanoid-v5": "tab:orange",
-    }
-    offsets = {w: (i - 1.5) * 0.15 for i, w in enumerate(colors)}
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(SIZE[0], 3.8))
-    for y, (_name, goal, by_workload) in enumerate(rows):
-        for workload, values in by_workload.items():
-            xs = [v / goal for v in values]
-            ax.scatter(
-                xs,
-                [y + offsets[workload]] * len(xs),
-                s=14,
-                color=colors[workload],
-                alpha=0.8,
-                label=workload if y == 2 else None,
-            )
-    ax.axvline(1.0, color="tab:red", ls="--", lw=1)
-    ax.set_xscale("log")
-    ax.set_yticks(range(len(rows)), [f"{n} ≥ {g:g}" for n, g, _ in rows])
-    ax.invert_yaxis()
-    ax.set_xlabel("measured / goal (log; right of the red line: met)")
-    ax.legend(loc="upper right", title="workload")
-    _title(ax, f"The goals: every counted run (Humanoid-v5: every config tried; {H100})")
-    return _save(fig, results / "limits" / "goals.png")
 
 
 FIGURES: dict[str, Callable[[Path], Path]] = {
