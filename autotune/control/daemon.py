@@ -27,10 +27,10 @@ from typing import Any
 import zmq
 
 from autotune.control import protocol
-from autotune.control.protocol import MsgType, knobs_from_wire, knobs_to_wire
+from autotune.control.protocol import MsgType
 from autotune.control.status import live_rates, study_summary
 from autotune.tuning.counters import Counters, Measurement, measure
-from autotune.tuning.knobs import Knob
+from autotune.tuning.knobs import Knob, knobs_from_wire, knobs_to_wire
 from autotune.tuning.online_tuner import OnlineTuner
 from autotune.tuning.runner_job import tuning_doc
 from autotune.tuning.settings import TunerSettings

@@ -37,8 +37,6 @@ from urllib.parse import urlparse
 import msgpack
 import zmq
 
-from autotune.tuning.knobs import Knob
-
 PROTOCOL_VERSION = 1
 REPORT_INTERVAL_S = 0.5
 """How often a registered job reports its counters."""
@@ -209,22 +207,3 @@ def request(
         return decode(sock.recv())
     finally:
         sock.close(linger=0)
-
-
-def knobs_to_wire(space: dict[str, Knob]) -> dict[str, Any]:
-    """A knob space as a HELLO carries it."""
-    return {
-        k.name: {"choices": list(k.choices), "apply": k.apply, "unavailable": k.unavailable}
-        for k in space.values()
-    }
-
-
-def knobs_from_wire(doc: dict[str, Any]) -> dict[str, Knob]:
-    """Raises ``ValueError`` for a malformed knob space."""
-    try:
-        return {
-            name: Knob(name, tuple(k["choices"]), str(k["apply"]), k.get("unavailable"))
-            for name, k in doc.items()
-        }
-    except (AttributeError, KeyError, TypeError) as exc:
-        raise ValueError(f"malformed knob space: {exc}") from None

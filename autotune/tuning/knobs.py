@@ -188,3 +188,22 @@ def to_config_value(name: str, value: Any) -> Any:
     if name == "mps_pct":
         return None if value == 100 else (int(value),)
     return value
+
+
+def knobs_to_wire(space: dict[str, Knob]) -> dict[str, Any]:
+    """A knob space as plain data (what a daemon registration carries)."""
+    return {
+        k.name: {"choices": list(k.choices), "apply": k.apply, "unavailable": k.unavailable}
+        for k in space.values()
+    }
+
+
+def knobs_from_wire(doc: dict[str, Any]) -> dict[str, Knob]:
+    """Raises ``ValueError`` for a malformed knob space."""
+    try:
+        return {
+            name: Knob(name, tuple(k["choices"]), str(k["apply"]), k.get("unavailable"))
+            for name, k in doc.items()
+        }
+    except (AttributeError, KeyError, TypeError) as exc:
+        raise ValueError(f"malformed knob space: {exc}") from None

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 from autotune.control import protocol
 from autotune.control.job_link import DaemonLink, DaemonRefused
-from autotune.tuning.knobs import Knob, Machine, build_space
+from autotune.tuning.knobs import Knob, Machine, build_space, knobs_to_wire
 from autotune.tuning.online_tuner import OnlineTuner
 from autotune.tuning.runner_job import RunnerJob, TunableRunner, knob_values, tuning_doc
 from autotune.tuning.settings import TunerSettings
@@ -119,7 +119,7 @@ def start_tuning(options: TuneOptions, cfg: TrainConfig, runner: TunableRunner) 
             "study": study_name,
             "seed": cfg.seed,
             "settings": dataclasses.asdict(settings),
-            "knobs": protocol.knobs_to_wire(space),
+            "knobs": knobs_to_wire(space),
             "base": base,
         }
         link = DaemonLink(protocol.resolve_endpoint(options.control), hello, runner)
