@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.report import write_result
+from runtime.hw.gpus import no_gpu_reason
 
 RUN_FLAGS = ("--state", "--part-s")
 """Flags that say how a suite runs, not what it measures: left out of a state dir's command."""
@@ -45,16 +46,8 @@ class NotFinished(Exception):
 
 @functools.lru_cache(maxsize=1)
 def gpu_missing() -> str | None:
-    """Why no GPU can be used here (None where NVML sees one); creates no CUDA context."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        count = pynvml.nvmlDeviceGetCount()
-        pynvml.nvmlShutdown()
-    except Exception as exc:  # NVML raises its own types; any failure means no usable GPU
-        return f"no GPU that NVML can read ({exc})"
-    return None if count else "NVML reports no GPUs"
+    """Why no GPU can be used here (None where NVML sees one), asked once."""
+    return no_gpu_reason()
 
 
 def command_key(suite: str, argv: list[str]) -> list[str]:

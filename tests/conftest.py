@@ -6,20 +6,12 @@ import functools
 
 import pytest
 
+from runtime.hw.gpus import no_gpu_reason
+
 
 @functools.lru_cache(maxsize=1)
 def _gpu_missing_reason() -> str | None:
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        count = pynvml.nvmlDeviceGetCount()
-        pynvml.nvmlShutdown()
-    except Exception as exc:  # NVML raises its own types; any failure means no usable GPU
-        return f"no usable NVML here ({exc})"
-    if count == 0:
-        return "NVML reports no GPUs"
-    return None
+    return no_gpu_reason()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -72,6 +72,16 @@ def bf16_problem(gpus: list[GPUInfo]) -> str | None:
 _COMPUTE_MODES = {0: "default", 1: "exclusive-thread", 2: "prohibited", 3: "exclusive-process"}
 
 
+def no_gpu_reason() -> str | None:
+    """Why no GPU can be used here, or None where NVML sees at least one (no CUDA context)."""
+    try:
+        nvml.init()
+        count = nvml.nvml_call("count GPUs", nvml.pynvml.nvmlDeviceGetCount)
+    except nvml.NVMLUnavailable as exc:
+        return f"no GPU that NVML can read ({exc})"
+    return None if count else "NVML reports no GPUs"
+
+
 def list_gpus() -> list[GPUInfo]:
     """Every GPU NVML sees; an empty list where NVML is missing or has no driver."""
     try:

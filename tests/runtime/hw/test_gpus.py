@@ -61,6 +61,23 @@ def test_optional_readings_nvml_refuses_are_none_or_unsupported(monkeypatch):
     assert gpus.gpus_used_by([5]) == {0} and gpus.gpus_used_by([6]) == set()
 
 
+def test_no_gpu_reason_says_why_or_nothing(monkeypatch):
+    """What the ``gpu`` test marker and the GPU bench steps skip by."""
+    monkeypatch.setattr(nvml, "pynvml", None)
+    assert "pynvml is not installed" in gpus.no_gpu_reason()
+    fake = _fake_nvml()
+    monkeypatch.setattr(nvml, "pynvml", fake)
+    assert gpus.no_gpu_reason() is None
+    fake.nvmlDeviceGetCount = lambda: 0
+    assert gpus.no_gpu_reason() == "NVML reports no GPUs"
+
+    def no_driver():
+        raise FakeNVMLError("Driver Not Loaded")
+
+    fake.nvmlInit = no_driver
+    assert "Driver Not Loaded" in gpus.no_gpu_reason()
+
+
 def test_a_failed_required_reading_raises_nvml_unavailable(monkeypatch):
     fake = _fake_nvml()
 
