@@ -70,7 +70,6 @@ def knobs(defaults: dict[str, Any] | None = None) -> dict[str, Any]:
 
 class _Link:
     def __init__(self, endpoint: str) -> None:
-        self.zmq, self.control = zmq, protocol
         self.ctx = zmq.Context()
         self.sock = protocol.dealer(self.ctx, endpoint)
         self.trial = os.environ.get(ENV_TRIAL)
@@ -78,16 +77,16 @@ class _Link:
         self.sock.poll(CONNECT_WAIT_MS, zmq.POLLOUT)  # so the first report is not dropped
 
     def send(self, kind: MsgType, **body: Any) -> None:
-        msg = self.control.encode(kind, trial=self.trial, pid=os.getpid(), **body)
+        msg = protocol.encode(kind, trial=self.trial, pid=os.getpid(), **body)
         # if the wrapper is gone or busy the message is dropped: progress is a running total
-        with contextlib.suppress(self.zmq.Again):
-            self.sock.send(msg, self.zmq.NOBLOCK)
+        with contextlib.suppress(zmq.Again):
+            self.sock.send(msg, zmq.NOBLOCK)
 
     def take(self) -> dict[str, Any] | None:
         newest = None
         while self.sock.poll(0):
             try:
-                msg = self.control.decode(self.sock.recv())
+                msg = protocol.decode(self.sock.recv())
             except ValueError:
                 continue
             if msg["type"] == MsgType.KNOBS and int(msg["seq"]) > self.seq:
