@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields
 
 from policies.appo_config import APPOConfig
@@ -102,6 +103,10 @@ class TrainConfig:
     """Directory of the learner's state across runs (``runtime.checkpoint``): loaded at the start
     when it holds one (``steps`` then counts every run's trained steps), written when the run
     ends; None keeps no state."""
+    cpu_idle_w: float | None = None
+    """Idle power of the CPU packages in watts, charged per second of the run by the CPU energy
+    model where RAPL cannot be read (``runtime.energy.cpu_idle``); None takes it from the CPU's
+    TDP (CodeCarbon's table), or a per-core figure for a CPU the table does not know."""
     learner: APPOConfig = field(default_factory=APPOConfig)
     """Learner hyper-parameters."""
 
@@ -159,6 +164,16 @@ class TrainConfig:
             isinstance(self.checkpoint, str) and self.checkpoint.strip()
         ):
             out.append(f"checkpoint={self.checkpoint!r}: must be a directory path (or unset)")
+        if self.cpu_idle_w is not None and not (
+            isinstance(self.cpu_idle_w, (int, float))
+            and not isinstance(self.cpu_idle_w, bool)
+            and math.isfinite(self.cpu_idle_w)
+            and self.cpu_idle_w >= 0
+        ):
+            out.append(
+                f"cpu_idle_w={self.cpu_idle_w!r}: allowed a number of watts >= 0 (the CPU "
+                "packages' idle power), or unset to take it from the CPU's TDP"
+            )
         out.extend(self.learner.problems())
         return out
 

@@ -132,7 +132,10 @@ def build_result(runner: RunRecord, wall_s: float, energy: Any) -> dict[str, Any
 
     Keys: env, env_steps (trained), sampled_steps, discarded_steps, lost_steps, wall_s,
     steps_per_s (trained steps per second), energy {gpu_j, cpu_j, gpu_source, cpu_source, ...},
-    steps_per_joule (trained steps / (GPU + CPU joules)), return_mean (last 100 episodes),
+    steps_per_joule (trained steps / (GPU + CPU joules)), and where the CPU figure is the model
+    (``cpu_source`` ``model``) energy's cpu_model (its name, watts, idle watts and their
+    source), cpu_idle_j and cpu_j_busy_only, and steps_per_joule_busy_only (the busy-only
+    model's, without the packages' idle draw; absent for RAPL), return_mean (last 100 episodes),
     policy_lag {mean, max}, config, stages {dispenser|compressor|migrator|batcher: {messages,
     bytes}}, gmis (one entry per trainer GMI of every generation: rank, gpu, mps_pct,
     sm_count, trained_steps, ...), gmi_sharing (mps|shared|exclusive|cpu), gmi_sync,
@@ -160,6 +163,10 @@ def build_result(runner: RunRecord, wall_s: float, energy: Any) -> dict[str, Any
         else {"gpu_j": 0.0, "cpu_j": 0.0, "gpu_source": "none", "cpu_source": "none"}
     )
     total_j = energy_doc["gpu_j"] + energy_doc["cpu_j"]
+    busy_only = {}
+    if energy_doc.get("cpu_j_busy_only") is not None:
+        busy_only_j = energy_doc["gpu_j"] + energy_doc["cpu_j_busy_only"]
+        busy_only["steps_per_joule_busy_only"] = trained / busy_only_j if busy_only_j > 0 else None
     current = runner.trainer_names()
     trainer = tel.source(current[0])
     services = ["compressor", "migrator", *(["inference"] if runner.cfg.inference == "gmi" else [])]
@@ -178,6 +185,7 @@ def build_result(runner: RunRecord, wall_s: float, energy: Any) -> dict[str, Any
         "steps_per_s": trained / wall_s if wall_s > 0 else 0.0,
         "energy": energy_doc,
         "steps_per_joule": trained / total_j if total_j > 0 else None,
+        **busy_only,
         "return_mean": tel.return_mean,
         "episodes": tel.episodes,
         "policy_lag": {"mean": lag_mean, "max": lag_max},

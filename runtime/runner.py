@@ -50,7 +50,7 @@ from runtime import checkpoint, live, topology, wire
 from runtime.actor_pool import ActorPool, Incarnations
 from runtime.config import ConfigError, TrainConfig
 from runtime.drain import Drain
-from runtime.energy import EnergyMeter
+from runtime.energy import EnergyMeter, probe_cpu_energy
 from runtime.envs import EnvInfo
 from runtime.generations import Generations, MPSChange
 from runtime.gmi.fleet import GMIFleet
@@ -84,7 +84,8 @@ class Runner:
         cfg: The validated configuration.
         info: The environment description from ``cfg.validate()``.
         on_progress: Called with a ``RunState`` every tick (the CLI's live display).
-        meter: Energy meter (``runtime.energy.EnergyMeter``); a default one when None.
+        meter: Energy meter (``runtime.energy.EnergyMeter``); when None, a default one whose
+            CPU model (where RAPL is unreadable) charges ``cfg.cpu_idle_w`` of idle power.
         mps_changes: ``(seconds into the run, percentages or None)`` at which to replace the
             GMIs (``runtime.generations``; None keeps the percentages), in any order.
         mps_live: Start MPS (where GMIs are on a GPU) even if nothing needs it yet, so that
@@ -290,7 +291,9 @@ class Runner:
 
     def run(self) -> dict[str, Any]:
         """Runs the job; returns the result document (see ``runtime.results``)."""
-        meter = self.meter = self.meter if self.meter is not None else EnergyMeter()
+        if self.meter is None:
+            self.meter = EnergyMeter(cpu=probe_cpu_energy(idle_w=self.cfg.cpu_idle_w))
+        meter = self.meter
         ctx = zmq.Context()
         with tempfile.TemporaryDirectory(prefix="autotune-") as run_dir:
             self.run_dir = run_dir

@@ -147,6 +147,16 @@ def add_train_command(sub: Any) -> None:
         f"{d.trainer_precision})",
     )
     train.add_argument(
+        "--cpu-idle-w",
+        type=float,
+        default=d.cpu_idle_w,
+        metavar="W",
+        help="idle power of the CPU packages in watts, charged per second by the CPU energy "
+        "model where RAPL cannot be read (default: a share of the CPU's TDP from CodeCarbon's "
+        "table, or a per-core figure for an unknown CPU; the result's energy.cpu_model says "
+        "which)",
+    )
+    train.add_argument(
         "--inference",
         choices=["actor", "gmi"],
         default=d.inference,

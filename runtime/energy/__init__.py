@@ -1,5 +1,5 @@
 """Energy measurement: GPU energy (NVML, through ``runtime.hw.nvml``), CPU energy (RAPL or a
-labelled model), and the meter that reads both over windows."""
+labelled model of idle plus busy-core power), and the meter that reads both over windows."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from runtime.energy.cpu import (
     RaplEnergy,
     probe_cpu_energy,
 )
+from runtime.energy.cpu_idle import IdleEstimate, estimate_idle_w
 from runtime.energy.gpu import (
     POWER_POLL_INTERVAL_S,
     GPUEnergyError,
@@ -34,11 +35,13 @@ __all__ = [
     "EnergyMeter",
     "GPUEnergyError",
     "GPUEnergySource",
+    "IdleEstimate",
     "Measurement",
     "NVMLEnergy",
     "NVMLPowerPollingEnergy",
     "NullGPUEnergy",
     "RaplEnergy",
+    "estimate_idle_w",
     "probe_cpu_energy",
     "probe_gpu_energy",
 ]

@@ -1,8 +1,9 @@
 """CPU energy: RAPL package counters where readable, otherwise a labelled model.
 
-:class:`RaplEnergy` (source ``"rapl"``) reads the Linux powercap package counters.
-:class:`CPUModelEnergy` (source ``"model"``) estimates energy from busy CPU time;
-its figures are a model, not a measurement. :func:`probe_cpu_energy` picks one.
+:class:`RaplEnergy` (source ``"rapl"``) reads the Linux powercap package counters, which
+measure the packages whole, idle draw included. :class:`CPUModelEnergy` (source ``"model"``)
+estimates energy from the packages' idle power (``runtime.energy.cpu_idle``) and busy CPU
+time; its figures are a model, not a measurement. :func:`probe_cpu_energy` picks one.
 """
 
 from __future__ import annotations
@@ -11,10 +12,14 @@ import functools
 import logging
 import re
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import psutil
+
+from runtime.energy.cpu_idle import estimate_idle_w
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +54,18 @@ class CPUEnergySource:
     def read_energy_j(self) -> float:
         """Returns cumulative joules since an arbitrary, fixed origin."""
         raise NotImplementedError
+
+    def read_energy_parts_j(self) -> tuple[float, float | None]:
+        """Returns cumulative joules and, of them, the modelled idle baseline's joules.
+
+        The second is None for a source with no such part: one that measures the packages
+        whole (RAPL), whose figure has no busy-only counterpart.
+        """
+        return self.read_energy_j(), None
+
+    def describe(self) -> dict[str, Any] | None:
+        """How the figures are modelled, for the result document; None for a measurement."""
+        return None
 
     def close(self) -> None:
         """Releases resources; nothing to release by default."""
@@ -127,7 +144,15 @@ def tree_pids(root: int) -> list[int]:
 
 
 class CPUModelEnergy(CPUEnergySource):
-    """Models CPU energy as ``watts_per_busy_core * busy_core_seconds``.
+    """Models CPU energy as ``idle_w * elapsed_s + watts_per_busy_core * busy_core_seconds``.
+
+    The idle term charges the packages' idle draw for every second of wall time since
+    construction, busy or not, as the GPU's measured energy charges the GPU's; without it
+    (``idle_w=0``, the busy-only model) a configuration that leaves cores idle looks cheaper
+    than it is. :func:`probe_cpu_energy` sets ``idle_w`` from
+    :func:`runtime.energy.cpu_idle.estimate_idle_w`; built directly it defaults to 0.
+    ``read_energy_parts_j`` returns the idle term's joules too, so the busy-only figure is
+    the total less them.
 
     System-wide (``pids`` is ``None``), busy core-seconds are deltas of
     ``psutil.cpu_times()`` over every state except idle and iowait:
@@ -138,13 +163,19 @@ class CPUModelEnergy(CPUEnergySource):
     never goes backwards. Caveat: a listed child that exits and is reaped by a
     listed parent is then counted in both.
 
-    Idle power and uncore power are not modelled. Figures are labelled
-    ``"model"`` and are estimates, not measurements.
+    Uncore power above idle is not modelled. Figures are labelled ``"model"`` and
+    are estimates, not measurements.
 
     Args:
         watts_per_busy_core: Power charged per busy core, in watts.
         pids: Callable returning the process ids to account, or ``None`` for the
             whole system.
+        idle_w: Idle power of the packages, in watts (0: the busy-only model).
+        idle_source: Where ``idle_w`` came from (``IdleEstimate.source``).
+        clock: Monotonic seconds for the idle term (injectable for tests).
+
+    Raises:
+        ValueError: If ``idle_w`` is negative.
     """
 
     source = "model"
@@ -153,13 +184,22 @@ class CPUModelEnergy(CPUEnergySource):
         self,
         watts_per_busy_core: float = DEFAULT_WATTS_PER_BUSY_CORE,
         pids: Callable[[], list[int]] | None = None,
+        idle_w: float = 0.0,
+        idle_source: str = "none: busy cores only",
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        if not idle_w >= 0:
+            raise ValueError(f"idle_w={idle_w!r}: must be a number of watts >= 0")
         self.watts_per_busy_core = watts_per_busy_core
+        self.idle_w = float(idle_w)
+        self.idle_source = idle_source
         self._pids = pids
+        self._clock = clock
         self._lock = threading.Lock()
         self._proc_busy_s: dict[tuple[int, float], float] = {}
         self._last_busy_s = 0.0
         self._origin_busy_s = self._busy_core_s()
+        self._origin_s = clock()
 
     def _system_busy_s(self) -> float:
         times = psutil.cpu_times()
@@ -183,20 +223,41 @@ class CPUModelEnergy(CPUEnergySource):
         self._last_busy_s = max(busy_s, self._last_busy_s)
         return self._last_busy_s
 
-    def read_energy_j(self) -> float:
-        """Returns modelled energy in joules since construction."""
+    def read_energy_parts_j(self) -> tuple[float, float]:
+        """Returns modelled joules since construction and, of them, the idle term's."""
         with self._lock:
-            return self.watts_per_busy_core * (self._busy_core_s() - self._origin_busy_s)
+            busy_j = self.watts_per_busy_core * (self._busy_core_s() - self._origin_busy_s)
+            idle_j = self.idle_w * (self._clock() - self._origin_s)
+        return busy_j + idle_j, idle_j
+
+    def read_energy_j(self) -> float:
+        """Returns modelled energy in joules since construction (idle term included)."""
+        return self.read_energy_parts_j()[0]
+
+    def describe(self) -> dict[str, Any]:
+        """The model's name, watts per busy core, idle watts and where they came from."""
+        return {
+            "name": "busy-cores+idle" if self.idle_w > 0 else "busy-cores",
+            "watts_per_busy_core": self.watts_per_busy_core,
+            "idle_w": self.idle_w,
+            "idle_source": self.idle_source,
+        }
 
 
 @functools.cache
-def probe_cpu_energy(powercap_root: str | Path = DEFAULT_POWERCAP_ROOT) -> CPUEnergySource:
+def probe_cpu_energy(
+    powercap_root: str | Path = DEFAULT_POWERCAP_ROOT, idle_w: float | None = None
+) -> CPUEnergySource:
     """Returns RAPL when every package counter is readable, else the model.
 
-    The choice is cached per argument, so the fallback is logged once.
+    RAPL measures the packages whole, so it gets no idle term and ``idle_w`` is
+    ignored there. The model charges ``idle_w`` (None: from the CPU's TDP, see
+    :func:`runtime.energy.cpu_idle.estimate_idle_w`) plus its busy cores. The
+    choice is cached per argument, so the fallback is logged once.
 
     Args:
         powercap_root: Directory holding the ``intel-rapl:*`` zones.
+        idle_w: The packages' idle watts for the model (``TrainConfig.cpu_idle_w``).
 
     Returns:
         A shared :class:`RaplEnergy` or :class:`CPUModelEnergy`.
@@ -204,12 +265,17 @@ def probe_cpu_energy(powercap_root: str | Path = DEFAULT_POWERCAP_ROOT) -> CPUEn
     try:
         rapl = RaplEnergy(powercap_root)
     except CPUEnergyError as exc:
+        idle = estimate_idle_w(idle_w)
         logger.info(
-            "CPU energy: RAPL unavailable (%s); using the busy-core model at %.1f W/core "
-            "(estimates labelled 'model', not measurements)",
+            "CPU energy: RAPL unavailable (%s); using the model: %.1f W idle (%s) + %.1f W per "
+            "busy core (estimates labelled 'model', not measurements)",
             exc,
+            idle.idle_w,
+            idle.source,
             DEFAULT_WATTS_PER_BUSY_CORE,
         )
-        return CPUModelEnergy()
+        return CPUModelEnergy(idle_w=idle.idle_w, idle_source=idle.source)
     logger.info("CPU energy: RAPL package counters %s", [z.name for z in rapl.zones])
+    if idle_w is not None:
+        logger.info("cpu_idle_w=%s ignored: RAPL measures the packages, idle included", idle_w)
     return rapl

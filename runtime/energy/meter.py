@@ -16,9 +16,11 @@ Accuracy notes:
 * The NVML energy counter updates about every 100 ms, so GPU figures from
   windows shorter than about 10 s carry a large relative error (the design
   calls for windows of at least 10 s). Power polling has a similar granularity.
-* CPU figures whose ``cpu_source`` is ``"model"`` are estimates from busy CPU
-  time (see :class:`runtime.energy.cpu.CPUModelEnergy`), not measurements.
-  Only ``"rapl"`` figures are measured.
+* CPU figures whose ``cpu_source`` is ``"model"`` are estimates from the
+  packages' idle power and busy CPU time (see
+  :class:`runtime.energy.cpu.CPUModelEnergy`), not measurements; such a window
+  also carries the idle term's joules, so the busy-only model's figure is known
+  too. Only ``"rapl"`` figures are measured, and they have no busy-only figure.
 """
 
 from __future__ import annotations
@@ -45,9 +47,14 @@ class Measurement:
     Attributes:
         elapsed_s: Wall-clock (monotonic) length of the window in seconds.
         gpu_energy_j: Joules per GPU, keyed by NVML index.
-        cpu_energy_j: CPU joules (measured for ``"rapl"``, modelled for ``"model"``).
+        cpu_energy_j: CPU joules (measured for ``"rapl"``, modelled for ``"model"``,
+            the idle term included).
         gpu_source: ``"nvml"``, ``"nvml-power-polling"`` or ``"none"``.
         cpu_source: ``"rapl"`` or ``"model"``.
+        cpu_idle_j: Of ``cpu_energy_j``, the modelled idle term's joules; None for a
+            source without one (RAPL, measured whole).
+        cpu_model: The CPU model's description (``CPUEnergySource.describe``); None
+            for a measurement.
     """
 
     elapsed_s: float
@@ -55,6 +62,8 @@ class Measurement:
     cpu_energy_j: float = 0.0
     gpu_source: str = "none"
     cpu_source: str = "model"
+    cpu_idle_j: float | None = None
+    cpu_model: dict[str, Any] | None = None
 
     @property
     def gpu_total_j(self) -> float:
@@ -67,6 +76,11 @@ class Measurement:
         return self.gpu_total_j + self.cpu_energy_j
 
     @property
+    def cpu_busy_only_j(self) -> float | None:
+        """CPU joules of the busy-only model (without the idle term); None without a model."""
+        return None if self.cpu_idle_j is None else self.cpu_energy_j - self.cpu_idle_j
+
+    @property
     def gpu_power_w(self) -> float:
         """Mean GPU power over the window in watts (0 for an empty window)."""
         return self.gpu_total_j / self.elapsed_s if self.elapsed_s > 0 else 0.0
@@ -77,8 +91,12 @@ class Measurement:
         return self.cpu_energy_j / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        """Returns a JSON-ready dict; ``per_gpu_j`` keys are strings so they survive JSON."""
-        return {
+        """Returns a JSON-ready dict; ``per_gpu_j`` keys are strings so they survive JSON.
+
+        A modelled CPU figure adds ``cpu_idle_j``, ``cpu_j_busy_only`` and ``cpu_model``;
+        a measured one (RAPL) has none of them.
+        """
+        doc = {
             "gpu_j": self.gpu_total_j,
             "cpu_j": self.cpu_energy_j,
             "gpu_source": self.gpu_source,
@@ -88,6 +106,11 @@ class Measurement:
             "cpu_w": self.cpu_power_w,
             "per_gpu_j": {str(i): j for i, j in sorted(self.gpu_energy_j.items())},
         }
+        if self.cpu_idle_j is not None:
+            doc["cpu_idle_j"] = self.cpu_idle_j
+            doc["cpu_j_busy_only"] = self.cpu_busy_only_j
+            doc["cpu_model"] = self.cpu_model
+        return doc
 
 
 @dataclass(frozen=True)
@@ -95,6 +118,7 @@ class _Snapshot:
     t_s: float
     gpu_energy_j: dict[int, float]
     cpu_energy_j: float
+    cpu_idle_j: float | None
 
 
 class EnergyMeter:
@@ -123,7 +147,8 @@ class EnergyMeter:
             return list(self._open)
 
     def _snapshot(self) -> _Snapshot:
-        return _Snapshot(time.monotonic(), self.gpu.read_energy_j(), self.cpu.read_energy_j())
+        cpu_j, cpu_idle_j = self.cpu.read_energy_parts_j()
+        return _Snapshot(time.monotonic(), self.gpu.read_energy_j(), cpu_j, cpu_idle_j)
 
     def begin_window(self, key: str) -> None:
         """Starts the window ``key``.
@@ -175,10 +200,15 @@ class EnergyMeter:
             for i in end.gpu_energy_j
             if i in start.gpu_energy_j
         }
+        cpu_idle_j = None
+        if end.cpu_idle_j is not None and start.cpu_idle_j is not None:
+            cpu_idle_j = end.cpu_idle_j - start.cpu_idle_j
         return Measurement(
             elapsed_s=elapsed_s,
             gpu_energy_j=gpu_energy_j,
             cpu_energy_j=end.cpu_energy_j - start.cpu_energy_j,
             gpu_source=self.gpu.source,
             cpu_source=self.cpu.source,
+            cpu_idle_j=cpu_idle_j,
+            cpu_model=self.cpu.describe() if cpu_idle_j is not None else None,
         )

@@ -139,3 +139,61 @@ def test_process_tree_model_tolerates_vanished_pids() -> None:
     model = cpu.CPUModelEnergy(pids=lambda: pids)
     proc.wait()
     assert model.read_energy_j() == 0.0  # the exited child keeps its last value
+
+
+class FakeClock:
+    """Monotonic seconds advanced by the test."""
+
+    def __init__(self) -> None:
+        self.t_s = 500.0
+
+    def __call__(self) -> float:
+        return self.t_s
+
+
+def test_model_idle_term_charges_wall_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    samples = iter([cpu_times(100.0, 0.0), cpu_times(104.0, 0.0), cpu_times(104.0, 0.0)])
+    monkeypatch.setattr(cpu.psutil, "cpu_times", lambda: next(samples))
+    clock = FakeClock()
+    model = cpu.CPUModelEnergy(10.0, idle_w=52.5, idle_source="explicit", clock=clock)
+    clock.t_s += 20.0
+    # 52.5 W x 20 s idle + 10 W x 4 busy core-seconds
+    assert model.read_energy_parts_j() == pytest.approx((1050.0 + 40.0, 1050.0))
+    clock.t_s += 2.0  # nothing busy: the idle term still grows
+    assert model.read_energy_j() == pytest.approx(52.5 * 22.0 + 40.0)
+    assert model.describe() == {
+        "name": "busy-cores+idle",
+        "watts_per_busy_core": 10.0,
+        "idle_w": 52.5,
+        "idle_source": "explicit",
+    }
+
+
+def test_model_without_idle_is_the_busy_only_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    samples = iter([cpu_times(0.0, 0.0), cpu_times(3.0, 0.0)])
+    monkeypatch.setattr(cpu.psutil, "cpu_times", lambda: next(samples))
+    clock = FakeClock()
+    model = cpu.CPUModelEnergy(10.0, clock=clock)
+    clock.t_s += 100.0
+    assert model.read_energy_parts_j() == (30.0, 0.0)
+    assert model.describe()["name"] == "busy-cores"
+    with pytest.raises(ValueError, match=r"idle_w=-1\.0: must be a number of watts >= 0"):
+        cpu.CPUModelEnergy(idle_w=-1.0)
+
+
+def test_probe_builds_the_model_with_idle_watts(tmp_path: Path) -> None:
+    model = cpu.probe_cpu_energy(tmp_path / "missing", idle_w=40.0)
+    assert isinstance(model, cpu.CPUModelEnergy)
+    assert (model.idle_w, model.idle_source) == (40.0, "explicit: cpu_idle_w=40 W")
+    default = cpu.probe_cpu_energy(tmp_path / "missing")
+    assert isinstance(default, cpu.CPUModelEnergy)
+    assert default.idle_w > 0  # from the TDP table or the labelled per-core fallback
+    assert default.idle_source.startswith(("tdp-table: ", "fallback: "))
+
+
+def test_rapl_has_no_idle_term(powercap: Path) -> None:
+    rapl = cpu.probe_cpu_energy(powercap, idle_w=40.0)  # measured whole: idle_w is ignored
+    assert isinstance(rapl, cpu.RaplEnergy)
+    set_uj(powercap, "intel-rapl:0", 6_000_000)
+    assert rapl.read_energy_parts_j() == (pytest.approx(1.0), None)
+    assert rapl.describe() is None

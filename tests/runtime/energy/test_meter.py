@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import json
+import types
 
 import pytest
 
+from runtime.actor_pool import Incarnations
+from runtime.config import TrainConfig
+from runtime.energy import cpu as cpu_mod
 from runtime.energy import meter as meter_mod
 from runtime.energy.cpu import CPUEnergySource
 from runtime.energy.gpu import GPUEnergySource
 from runtime.energy.meter import EnergyMeter, Measurement
+from runtime.results import Timeline, build_result
+from runtime.telemetry import RunTelemetry
 
 
 class FakeGPU(GPUEnergySource):
@@ -153,3 +159,62 @@ def test_default_sources_are_probed() -> None:
     m = meter.end_window("w")
     assert m.elapsed_s >= 0.0
     assert m.gpu_source == meter.gpu.source
+
+
+def fake_run(trained_steps: int) -> types.SimpleNamespace:
+    """What ``build_result`` reads of a finished run: one CPU trainer, nothing else."""
+    telemetry = RunTelemetry()
+    telemetry.latest["trainer-0"] = {"trained_steps": trained_steps, "device": "cpu"}
+    return types.SimpleNamespace(
+        cfg=TrainConfig(),
+        telemetry=telemetry,
+        fleet=types.SimpleNamespace(sharing="cpu", mps_note=None),
+        resume=None,
+        timeline=Timeline(),
+        changes=[],
+        interrupted=False,
+        ended=Incarnations(),
+        restarts=0,
+        phases=None,
+        trainer_names=lambda: ["trainer-0"],
+    )
+
+
+def test_result_carries_both_cpu_models(clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    busy = iter([0.0, 2.0, 10.0])  # busy core-seconds: the model's origin, begin, end
+    monkeypatch.setattr(cpu_mod.CPUModelEnergy, "_system_busy_s", lambda self: next(busy))
+    model = cpu_mod.CPUModelEnergy(
+        10.0, idle_w=50.0, idle_source="tdp-table: Acme (200 W TDP) x 0.25 x 1 socket", clock=clock
+    )
+    gpu = FakeGPU({0: 0.0})
+    meter = EnergyMeter(gpu=gpu, cpu=model)
+    meter.begin_window("run")
+    clock.t_s += 10.0
+    gpu.energy_j[0] = 420.0
+    m = meter.end_window("run")
+    assert (m.cpu_energy_j, m.cpu_idle_j, m.cpu_busy_only_j) == (580.0, 500.0, 80.0)
+    result = json.loads(json.dumps(build_result(fake_run(1000), 10.0, m)))
+    energy = result["energy"]
+    assert energy["cpu_source"] == "model"
+    assert energy["cpu_model"] == {
+        "name": "busy-cores+idle",
+        "watts_per_busy_core": 10.0,
+        "idle_w": 50.0,
+        "idle_source": "tdp-table: Acme (200 W TDP) x 0.25 x 1 socket",
+    }
+    assert (energy["cpu_j"], energy["cpu_idle_j"], energy["cpu_j_busy_only"]) == (580, 500, 80)
+    assert result["steps_per_joule"] == pytest.approx(1000 / (420 + 580))
+    assert result["steps_per_joule_busy_only"] == pytest.approx(1000 / (420 + 80))
+
+
+def test_measured_cpu_has_no_busy_only_figure(clock: FakeClock) -> None:
+    meter = EnergyMeter(gpu=FakeGPU({0: 0.0}), cpu=FakeCPU())  # no idle part, like RAPL
+    meter.begin_window("run")
+    clock.t_s += 10.0
+    meter.cpu.energy_j = 100.0
+    m = meter.end_window("run")
+    assert (m.cpu_idle_j, m.cpu_model, m.cpu_busy_only_j) == (None, None, None)
+    result = build_result(fake_run(1000), 10.0, m)
+    assert not {"cpu_model", "cpu_idle_j", "cpu_j_busy_only"} & set(result["energy"])
+    assert "steps_per_joule_busy_only" not in result
+    assert result["steps_per_joule"] == pytest.approx(10.0)
