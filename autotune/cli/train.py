@@ -9,9 +9,10 @@ from typing import Any
 
 from rich.console import Console
 
+from autotune.cli.auto_flags import int_list, int_or_auto, mps_or_auto, size_run_config
 from autotune.cli.display import ProgressDisplay, summary_table
 from autotune.cli.output import write_json
-from autotune.cli.train_config import train_config
+from autotune.cli.train_config import auto_fields, train_config
 from autotune.cli.tune_flags import add_tune_args, tune_options
 from autotune.workflows.progress_log import ProgressLog
 from policies.appo_config import APPOConfig
@@ -44,13 +45,18 @@ def add_train_command(sub: Any) -> None:
         help=f"trained env steps to run for (default {d.steps})",
     )
     train.add_argument(
-        "--actors", type=int, default=d.actors, help=f"actor processes (default {d.actors})"
+        "--actors",
+        type=int_or_auto,
+        default="auto",
+        help="actor processes, or auto: sized from probes of the env, the policy and the "
+        "learner on this machine (default auto; every auto value and the measurements behind "
+        "it are printed and stored in the result's 'sizing')",
     )
     train.add_argument(
         "--envs-per-actor",
-        type=int,
-        default=d.envs_per_actor,
-        help=f"environments per actor (default {d.envs_per_actor})",
+        type=int_or_auto,
+        default="auto",
+        help="environments per actor, or auto (default auto)",
     )
     train.add_argument(
         "--rollout-len",
@@ -60,9 +66,9 @@ def add_train_command(sub: Any) -> None:
     )
     train.add_argument(
         "--batch-size",
-        type=int,
-        default=d.batch_size,
-        help=f"env steps per training batch, a multiple of --rollout-len (default {d.batch_size})",
+        type=int_or_auto,
+        default="auto",
+        help="env steps per training batch, a multiple of --rollout-len, or auto (default auto)",
     )
     train.add_argument(
         "--policy",
@@ -81,26 +87,27 @@ def add_train_command(sub: Any) -> None:
         "--trainer-device",
         choices=["auto", "cpu", "cuda"],
         default=d.trainer_device,
-        help="trainer device (default auto: cuda if present)",
+        help="trainer device; auto picks the one the probes predict best for the objective "
+        "(default auto)",
     )
     train.add_argument(
         "--trainers",
-        type=int,
-        default=d.trainers,
-        help="trainer GMIs per GPU (or trainer processes on the CPU), data-parallel "
-        f"(default {d.trainers})",
+        type=int_or_auto,
+        default="auto",
+        help="trainer GMIs per GPU (or trainer processes on the CPU), data-parallel, or auto "
+        "(default auto)",
     )
     train.add_argument(
         "--mps-pct",
-        type=_int_list,
-        default=None,
+        type=mps_or_auto,
+        default="auto",
         metavar="P[,P...]",
         help="MPS active-thread percentage (1..100) of every GMI, or one per GMI in GPU-major "
-        "order; starts or reuses an MPS daemon (default: no limit)",
+        "order; starts or reuses an MPS daemon; auto sizes it (100: no limit) (default auto)",
     )
     train.add_argument(
         "--gpus",
-        type=_int_list,
+        type=int_list,
         default=None,
         metavar="I[,I...]",
         help="CUDA device indices for the trainer GMIs (default 0)",
@@ -249,17 +256,6 @@ def add_train_command(sub: Any) -> None:
     train.set_defaults(func=cmd_train)
 
 
-def _int_list(text: str) -> tuple[int, ...]:
-    """``"50"`` or ``"50,25"`` -> a tuple of ints (argparse type)."""
-    try:
-        values = tuple(int(part) for part in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a comma-separated list of integers, e.g. 50 or 50,25"
-        ) from None
-    return values
-
-
 def _mps_change(text: str) -> tuple[float, tuple[int, ...]]:
     """``"60:50"`` or ``"60:50,25"`` -> (60.0, (50, 25)) (argparse type)."""
     when, sep, pcts = text.partition(":")
@@ -271,15 +267,22 @@ def _mps_change(text: str) -> tuple[float, tuple[int, ...]]:
         raise argparse.ArgumentTypeError(
             f"{text!r}: expected SECONDS:P[,P...] with SECONDS >= 0, e.g. 60:50 or 60:50,25"
         )
-    return seconds, _int_list(pcts)
+    return seconds, int_list(pcts)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
+    sizing = None
     try:
         cfg = train_config(args)
         if args.config is not None:
             console.print(f"config: {args.config}")
+        auto = auto_fields(args)
+        if auto:
+            cfg.validate()  # a bad env or policy is reported before it is probed
+            cfg, sizing = size_run_config(console, cfg, auto, args)
+            if sizing is None:
+                return 2
         info = cfg.validate()
     except ConfigError as exc:
         console.print(f"[red]error:[/red] {exc}")
@@ -319,7 +322,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         try:
             from autotune.workflows.tune import start_tuning  # optuna: only when tuning
 
-            tuning = start_tuning(tune_options(args), cfg, runner)
+            tuning = start_tuning(tune_options(args), cfg, runner, sizing)
         except ValueError as exc:  # KnobError, StudyError, ControlError, bad settings, refusal
             console.print(f"[red]error:[/red] {exc}")
             return 2
@@ -352,6 +355,8 @@ def cmd_train(args: argparse.Namespace) -> int:
                     force=True,
                 )
             curve.close()
+    if sizing is not None:
+        result["sizing"] = sizing
     if tuning is not None:
         result["tuning"] = doc or {
             "where": tuning.where,

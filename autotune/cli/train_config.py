@@ -35,11 +35,30 @@ def explicit_flags(parser: argparse.ArgumentParser, argv: list[str]) -> set[str]
 def config_with_flags(base, args: argparse.Namespace, explicit: set[str]):
     """``base`` (from ``--config``) with the flags given explicitly on the command line."""
     fields = {f.name for f in dataclasses.fields(base)} - {"learner"}
-    changes = {k: getattr(args, k) for k in explicit & fields}
+    changes = {k: getattr(args, k) for k in explicit & fields if getattr(args, k) != "auto"}
     learner = {k: getattr(args, k) for k in explicit & set(LEARNER_FLAGS)}
     return dataclasses.replace(
         base, **changes, learner=dataclasses.replace(base.learner, **learner)
     )
+
+
+AUTO = ("actors", "envs_per_actor", "batch_size", "trainer_device", "trainers", "mps_pct")
+"""The flags that take ``auto`` (sized from probes before the run: ``autotune.workflows.
+auto_size``)."""
+
+
+def auto_fields(args: argparse.Namespace) -> set[str]:
+    """The fields left ``auto``: every ``AUTO`` flag whose value is ``auto``; with ``--config``,
+    only those given ``auto`` explicitly (the file's values stand otherwise)."""
+    out = {f for f in AUTO if getattr(args, f, None) == "auto"}
+    if getattr(args, "config", None) is not None:
+        out &= set(getattr(args, "explicit", set()))
+    return out
+
+
+def _or_default(args: argparse.Namespace, name: str, default):
+    value = getattr(args, name)
+    return default if value == "auto" else value
 
 
 def config_from_args(args: argparse.Namespace):
@@ -57,19 +76,19 @@ def config_from_args(args: argparse.Namespace):
     return TrainConfig(
         env=args.env,
         steps=args.steps,
-        actors=args.actors,
-        envs_per_actor=args.envs_per_actor,
+        actors=_or_default(args, "actors", TrainConfig.actors),
+        envs_per_actor=_or_default(args, "envs_per_actor", TrainConfig.envs_per_actor),
         actor_nice=args.actor_nice,
         rollout_len=args.rollout_len,
-        batch_size=args.batch_size,
+        batch_size=_or_default(args, "batch_size", TrainConfig.batch_size),
         policy=args.policy,
         seed=args.seed,
         chunk_bytes=args.chunk_bytes,
         trainer_device=args.trainer_device,
         trainer_threads=args.trainer_threads,
         trainer_precision=args.trainer_precision,
-        trainers=args.trainers,
-        mps_pct=args.mps_pct,
+        trainers=_or_default(args, "trainers", TrainConfig.trainers),
+        mps_pct=_or_default(args, "mps_pct", None),
         gpus=args.gpus,
         grad_sync=args.grad_sync,
         inference=args.inference,

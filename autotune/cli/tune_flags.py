@@ -6,6 +6,7 @@ import argparse
 from typing import TYPE_CHECKING
 
 from autotune.tuning.settings import OBJECTIVES, SAMPLERS
+from autotune.tuning.sizing import DEFAULT_LAG_CEILING
 
 if TYPE_CHECKING:
     from autotune.workflows.tune import TuneOptions
@@ -54,11 +55,26 @@ def add_tune_args(parser: argparse.ArgumentParser) -> None:
         "--tune-warmup-s", type=float, default=5.0, help="warm-up after a change (default 5)"
     )
     tune.add_argument(
+        "--tune-window-max-s",
+        type=float,
+        default=30.0,
+        help="a window ends by then even if its estimate is not within --tune-window-target "
+        "(default 30; --tune-window-s is its floor)",
+    )
+    tune.add_argument(
+        "--tune-window-target",
+        type=float,
+        default=0.03,
+        help="a window ends once its steps/J estimate's 95 %% interval is within this share "
+        "(default 0.03)",
+    )
+    tune.add_argument(
         "--tune-sampler",
         choices=list(SAMPLERS),
-        default="tpe",
-        help="tpe (default), or grid: every combination of the tuned knobs once, the baseline "
-        "a tuner is compared with",
+        default="model",
+        help="model (default): the config with the best expected gain under a throughput and "
+        "power model fitted to the windows so far, primed by probes; tpe: Optuna's TPE; grid: "
+        "every combination of the tuned knobs once (baselines)",
     )
     tune.add_argument(
         "--control",
@@ -75,7 +91,10 @@ def add_tune_args(parser: argparse.ArgumentParser) -> None:
         "--min-steps-per-s", type=float, default=None, help="throughput floor (constraint)"
     )
     tune.add_argument(
-        "--max-lag", type=float, default=None, help="policy-lag ceiling, versions (constraint)"
+        "--max-lag",
+        type=float,
+        default=DEFAULT_LAG_CEILING,
+        help=f"policy-lag ceiling, versions (constraint; default {DEFAULT_LAG_CEILING:g})",
     )
 
 
@@ -90,6 +109,8 @@ def tune_options(args: argparse.Namespace) -> TuneOptions:
         study=args.study,
         trials=args.tune_trials,
         window_s=args.tune_window_s,
+        window_max_s=args.tune_window_max_s,
+        window_target=args.tune_window_target,
         warmup_s=args.tune_warmup_s,
         sampler=args.tune_sampler,
         control=args.control,

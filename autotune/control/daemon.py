@@ -29,8 +29,9 @@ import zmq
 from autotune.control import protocol
 from autotune.control.protocol import MsgType
 from autotune.control.status import live_rates, study_summary
-from autotune.tuning.counters import Counters, Measurement, measure
+from autotune.tuning.counters import Counters
 from autotune.tuning.knobs import Knob, knobs_from_wire, knobs_to_wire
+from autotune.tuning.model_sampler import machine_from_doc, sampler_for
 from autotune.tuning.online_tuner import OnlineTuner
 from autotune.tuning.runner_job import tuning_doc
 from autotune.tuning.settings import TunerSettings
@@ -57,7 +58,6 @@ class RemoteJob:
         self.refused: str | None = None
         self.settled = False
         self.latest: Counters | None = None
-        self._start: Counters | None = None
 
     def apply(self, values: dict[str, Any]) -> None:
         self.seq += 1
@@ -75,11 +75,10 @@ class RemoteJob:
             raise ConfigError([self.refused])
         return self.settled
 
-    def begin_window(self) -> None:
-        self._start = self.latest
-
-    def end_window(self) -> Measurement:
-        return measure(self._start, self.latest)
+    def counters(self) -> Counters:
+        if self.latest is None:
+            raise ConfigError(["the job has not reported its counters yet"])
+        return self.latest
 
     def on_report(self, msg: dict[str, Any]) -> None:
         """Takes a REPORT (raises ``ValueError`` for a malformed one)."""
@@ -245,8 +244,21 @@ class Daemon:
                 if settings.sampler == "grid"
                 else None
             )
-            study = open_study(msg["storage"], msg["study"], seed=msg.get("seed"), grid=grid)
-            tuner = OnlineTuner(study, space, remote, settings, msg["base"])
+            defaults = msg.get("defaults") or {}
+            sampler = None
+            if settings.sampler == "model" and msg.get("machine"):
+                sampler = sampler_for(
+                    machine_from_doc(msg["machine"]),
+                    space,
+                    defaults,
+                    settings.objective,
+                    settings.max_policy_lag,
+                    msg.get("seed"),
+                )
+            study = open_study(
+                msg["storage"], msg["study"], seed=msg.get("seed"), grid=grid, sampler=sampler
+            )
+            tuner = OnlineTuner(study, space, remote, settings, msg["base"], defaults=defaults)
         except (KeyError, TypeError, ValueError) as exc:  # StudyError, bad settings or knobs
             self._send(identity, MsgType.ERROR, message=f"cannot tune job {job_id}: {exc}")
             return

@@ -45,6 +45,9 @@ class Counters:
     gpu_j: float
     cpu_j: float
     cpu_source: str = "model"
+    return_mean: float | None = None
+    """Mean return of the job's recent episodes (None before the first, or when the job does
+    not say), so the tuner can record what each change did to learning."""
 
     def to_wire(self) -> dict[str, Any]:
         return asdict(self)
@@ -60,6 +63,7 @@ class Counters:
                 float(doc["gpu_j"]),
                 float(doc["cpu_j"]),
                 str(doc["cpu_source"]),
+                None if doc.get("return_mean") is None else float(doc["return_mean"]),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"malformed counters {doc!r}: {exc}") from None

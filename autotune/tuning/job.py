@@ -4,11 +4,16 @@ config measured (``History``)."""
 
 from __future__ import annotations
 
+import json
 import statistics
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from autotune.tuning.counters import Measurement
+import optuna
+from optuna.trial import TrialState
+
+from autotune.tuning.counters import Counters
+from autotune.tuning.storage import config_key, failed_configs
 
 
 class Job(Protocol):
@@ -22,9 +27,9 @@ class Job(Protocol):
         Raises ``runtime.config.ConfigError`` if it was refused or failed after ``apply``
         (a job in another process answers later)."""
 
-    def begin_window(self) -> None: ...
-
-    def end_window(self) -> Measurement: ...
+    def counters(self) -> Counters:
+        """The job's totals now (the tuner reads them about once a second while it measures,
+        and measures a window as the difference of two readings)."""
 
 
 @dataclass
@@ -38,3 +43,42 @@ class History:
     def best(self) -> tuple[str, float] | None:
         scored = [(k, statistics.median(v)) for k, v in self.by_config.items() if v]
         return max(scored, key=lambda kv: kv[1]) if scored else None
+
+    def envs_cap(self, values: dict[str, Any], gain: float) -> tuple[int, float] | None:
+        """(envs_per_actor past which more envs stopped paying, the gain of that doubling)
+        among configs like ``values`` in every other knob, or None (GMI-DRL's saturation)."""
+        if "envs_per_actor" not in values:
+            return None
+        rest = {k: v for k, v in values.items() if k != "envs_per_actor"}
+        speeds: dict[int, float] = {}
+        for key, sps in self.speed.items():
+            other = json.loads(key)
+            envs = other.pop("envs_per_actor", None)
+            if other == rest and envs is not None:
+                speeds[envs] = statistics.median(sps)
+        for envs in sorted(speeds):
+            if 2 * envs in speeds and speeds[envs] > 0:
+                up = speeds[2 * envs] / speeds[envs] - 1
+                if up < gain:
+                    return 2 * envs, up
+        return None
+
+
+def restore_history(study: optuna.Study) -> tuple[History, int, dict[str, Any] | None]:
+    """A resumed study's history: (the medians' inputs, failed configs; the trials finished;
+    the first measured trial's attributes, the reference of a ``weighted`` objective)."""
+    history, done, reference = History(failed=failed_configs(study)), 0, None
+    for t in study.get_trials(deepcopy=False):
+        if t.state == TrialState.RUNNING:
+            continue
+        done += 1
+        key = config_key(t.params)
+        if t.state != TrialState.COMPLETE:
+            continue
+        attrs = t.user_attrs
+        if attrs.get("feasible", True):
+            history.by_config.setdefault(key, []).append(float(t.value))
+        if "steps_per_s" in attrs:
+            history.speed.setdefault(key, []).append(attrs["steps_per_s"])
+            reference = reference or dict(attrs)
+    return history, done, reference

@@ -2,8 +2,9 @@
 
 ``OnlineTuner.tick`` is called often (every runner tick) and never blocks; it moves through
 
-    apply -> warm-up (until the job says the change took effect, then ``warmup_s``)
-          -> measure (an energy window of ``window_s``) -> tell -> apply ...
+    apply -> warm-up (until the job says the change took effect, then ``warmup_s`` if the
+          change started processes) -> measure (counters read about once a second until the
+          estimate is precise, ``autotune.tuning.windows``) -> tell -> apply ...
 
 and, once ``trials`` trials are done, holds the best config and re-measures it every
 ``recheck_s``; if the best has drifted down by more than ``drift_tol`` from its median, it
@@ -13,14 +14,16 @@ explores again for ``repeat_every`` more trials.
   of both, each relative to the first trial's value).
 * Constraints: a throughput floor and a policy-lag ceiling; a trial that breaks one is told to
   Optuna with its constraint values (``Trial.set_constraint``) and never becomes the best.
-* Noise: every ``repeat_every`` trials the incumbent is measured again; configs are compared by
-  the median of their measurements.
+* Noise: every ``repeat_every`` trials the incumbent is measured again, and a new best is
+  measured again at once until two measurements agree within ``tuner_rules.AGREE`` (or three exist);
+  configs are compared by the median of their measurements.
 * Failures: a config the job refuses (or that fails) is marked failed and never applied again.
 * Resume: a tuner opened on a study that already holds trials rebuilds its history from them
   (medians, failed configs, trial count); trials left RUNNING by a tuner that died are failed.
-* Samplers: ``tpe`` (default) or ``grid`` (every combination of the knobs' choices once, in
-  random order, without the default first, incumbent repeats or saturation pruning; the
-  baseline a tuner is compared with).
+* Samplers: ``model`` (default where the job was sized from probes:
+  ``autotune.tuning.model_sampler``), ``tpe``, or ``grid`` (every combination of the knobs'
+  choices once, in random order, without the default first, incumbent repeats or saturation
+  pruning; the baseline a tuner is compared with).
 * GMI-DRL's saturation heuristic: once doubling ``envs_per_actor`` gained less than
   ``saturation_gain`` in steps/s, larger values are pruned without being applied (more envs cost
   memory and policy lag for nothing).
@@ -34,14 +37,14 @@ import math
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import optuna
 from optuna.trial import TrialState
 
-from autotune.tuning.counters import Measurement
-from autotune.tuning.job import History, Job
+from autotune.tuning.counters import Counters, Measurement, measure
+from autotune.tuning.job import History, Job, restore_history
 from autotune.tuning.knobs import Knob
 from autotune.tuning.settings import TunerSettings, constraint_values, objective_value
 from autotune.tuning.storage import (
@@ -50,9 +53,10 @@ from autotune.tuning.storage import (
     fail_config,
     fail_interrupted,
     fail_orphans,
-    failed_configs,
     skip_if_failed,
 )
+from autotune.tuning.tuner_rules import change_warmup, confirmed, in_space
+from autotune.tuning.windows import SAMPLE_S, WindowRule, half_width, window_done
 from runtime.config import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -68,6 +72,10 @@ class _Current:
     since: float
     ready_at: float | None = None
     empty: int = 0
+    warmup_s: float = 0.0
+    samples: list[Counters] = field(default_factory=list)
+    """Counter readings of the window being measured, about one a second."""
+    return_before: float | None = None
 
 
 class OnlineTuner:
@@ -80,6 +88,8 @@ class OnlineTuner:
         settings: Measurement and decision settings.
         base: The job's current values of the online knobs (the default config).
         clock: Seconds, monotonic (injectable for tests).
+        defaults: The job's values of the other knobs (``batch_size`` sets how long a window
+            must be when it is not tuned).
     """
 
     def __init__(
@@ -90,6 +100,7 @@ class OnlineTuner:
         settings: TunerSettings,
         base: dict[str, Any],
         clock: Callable[[], float] = time.monotonic,
+        defaults: dict[str, Any] | None = None,
     ) -> None:
         problems = settings.problems()
         if problems:
@@ -110,6 +121,11 @@ class OnlineTuner:
         re-check of the best."""
         self.t0 = clock()
         self.current: _Current | None = None
+        self.applied: dict[str, Any] | None = None
+        """The values last applied (what a change is a change from)."""
+        self.defaults = dict(defaults or {})
+        """The job's values of knobs not tuned (the batch size, when it is fixed)."""
+        self.rule = WindowRule(settings.window_s, settings.window_max_s, settings.window_target)
         self._envs_cap: int | None = None
         self.grid = settings.sampler == "grid"
         if self.grid:
@@ -120,27 +136,13 @@ class OnlineTuner:
             study.enqueue_trial(self.base, skip_if_exists=True)  # the default config first
 
     def _in_space(self, values: dict[str, Any]) -> bool:
-        """Whether every value is one of its knob's choices (a job started outside the space
-        the user narrowed, or a best from an older, wider space, cannot be enqueued)."""
-        return all(k.name not in values or values[k.name] in k.choices for k in self.knobs)
+        return in_space(self.knobs, values)
 
     def _restore(self) -> None:
         """Rebuilds the history from the study's finished trials (a resumed study)."""
-        self.history.failed = failed_configs(self.study)
-        for t in self.study.get_trials(deepcopy=False):
-            if t.state == TrialState.RUNNING:
-                continue
-            self.trials_done += 1
-            key = config_key(t.params)
-            if t.state != TrialState.COMPLETE:
-                continue
-            attrs = t.user_attrs
-            if attrs.get("feasible", True):
-                self.history.by_config.setdefault(key, []).append(float(t.value))
-            if "steps_per_s" in attrs:
-                self.history.speed.setdefault(key, []).append(attrs["steps_per_s"])
-                if self.reference is None:
-                    self.reference = Measurement(**{f: attrs.get(f, 0.0) for f in MEASURED})
+        self.history, self.trials_done, ref = restore_history(self.study)
+        if ref is not None:
+            self.reference = Measurement(**{f: ref.get(f, 0.0) for f in MEASURED})
         if self.trials_done:
             logger.info(
                 "resumed study %r: %d trials, %d configs measured",
@@ -187,17 +189,20 @@ class OnlineTuner:
                 if ready:
                     cur.ready_at = now
                 return
-            if now - cur.ready_at >= s.warmup_s:
-                self.job.begin_window()
+            if now - cur.ready_at >= cur.warmup_s:
+                cur.samples = [self.job.counters()]
                 cur.phase, cur.since = "measure", now
-        elif cur.phase == "measure" and now - cur.since >= s.window_s:
-            m = self.job.end_window()
+        elif cur.phase == "measure" and now - cur.since >= SAMPLE_S * len(cur.samples):
+            cur.samples.append(self.job.counters())
+            per_joule = s.objective != "steps_per_s"
+            if not window_done(self.rule, cur.samples, self._batch(cur.values), per_joule):
+                return
+            m = measure(cur.samples[0], cur.samples[-1])
             if m.steps_per_s <= 0:
                 cur.empty += 1
                 if cur.empty < s.empty_windows:
-                    logger.info("no step trained in a %.0f s window; measuring again", s.window_s)
-                    self.job.begin_window()
-                    cur.since = now
+                    logger.info("no step trained in a %.0f s window; measuring again", m.window_s)
+                    cur.samples, cur.since = [self.job.counters()], now
                     return
                 self.current = None
                 self._failed(
@@ -205,14 +210,22 @@ class OnlineTuner:
                     cur.values,
                     ConfigError(
                         [
-                            f"no env step trained in {cur.empty} windows of {s.window_s:g} s: the "
-                            "config stalls training"
+                            f"no env step trained in {cur.empty} windows of {m.window_s:.0f} s: "
+                            "the config stalls training"
                         ]
                     ),
                 )
             else:
-                self._finish(m, now)
+                self._finish(m, now, cur.samples)
             self._next(now)  # no tick without a config on its way
+
+    def _batch(self, values: dict[str, Any]) -> int | None:
+        """The batch size a window's trained steps arrive in."""
+        batch = values.get("batch_size", self.defaults.get("batch_size"))
+        return int(batch) if batch else None
+
+    def _warmup(self, values: dict[str, Any]) -> float:
+        return change_warmup(self.knobs, self.applied or {}, values, self.settings.warmup_s)
 
     def _suggest(self, trial: optuna.trial.Trial) -> dict[str, Any]:
         values: dict[str, Any] = {}
@@ -230,6 +243,7 @@ class OnlineTuner:
             return
         best = self.history.best()
         repeat = self.trials_done and self.trials_done % self.settings.repeat_every == 0
+        repeat = repeat or (best is not None and not self._confirmed(best[0]))
         if repeat and best and not self.grid and self._in_space(json.loads(best[0])):
             self.study.enqueue_trial(json.loads(best[0]))  # re-measure the incumbent
         trial = ask(self.study)
@@ -251,13 +265,25 @@ class OnlineTuner:
             return
         self._start(trial, values, now)
 
+    def _confirmed(self, key: str) -> bool:
+        return confirmed(self.history.by_config.get(key, []))
+
     def _start(self, trial: optuna.trial.Trial | None, values: dict[str, Any], now: float) -> None:
+        warmup = self._warmup(values)
+        before = self._last_return()
         try:
             self.job.apply(values)
         except ConfigError as exc:
             self._failed(trial, values, exc)
             return
-        self.current = _Current(trial, values, "warmup", now)
+        self.applied = dict(values)
+        self.current = _Current(trial, values, "warmup", now, warmup_s=warmup, return_before=before)
+
+    def _last_return(self) -> float | None:
+        try:
+            return self.job.counters().return_mean
+        except ConfigError:  # a remote job that has not reported yet
+            return None
 
     def _failed(
         self, trial: optuna.trial.Trial | None, values: dict[str, Any], exc: Exception
@@ -300,13 +326,14 @@ class OnlineTuner:
 
     # --- telling ----------------------------------------------------------------------------
 
-    def _finish(self, m: Measurement, now: float) -> None:
+    def _finish(self, m: Measurement, now: float, samples: list[Counters]) -> None:
         cur = self.current
         assert cur is not None
         self.current = None
         if self.reference is None:
             self.reference = m
         value = objective_value(self.settings, m, self.reference)
+        per_joule = self.settings.objective != "steps_per_s"
         constraints = constraint_values(self.settings, m)
         feasible = all(c <= 0 for c in constraints.values())
         key = config_key(cur.values)
@@ -341,31 +368,18 @@ class OnlineTuner:
                 "feasible": feasible,
                 "state": state,
                 **m.__dict__,
+                "precision": half_width(samples, self._batch(cur.values), per_joule),
+                "return_before": cur.return_before,
+                "return_after": samples[-1].return_mean,
             }
         )
 
     def _update_saturation(self, values: dict[str, Any]) -> None:
         """Caps envs_per_actor once doubling it stopped paying (other knobs as in ``values``)."""
-        if "envs_per_actor" not in values:
-            return
-        rest = {k: v for k, v in values.items() if k != "envs_per_actor"}
-        speeds: dict[int, float] = {}
-        for key, sps in self.history.speed.items():
-            other = json.loads(key)
-            envs = other.pop("envs_per_actor", None)
-            if other == rest and envs is not None:
-                speeds[envs] = statistics.median(sps)
-        for envs in sorted(speeds):
-            if 2 * envs in speeds and speeds[envs] > 0:
-                gain = speeds[2 * envs] / speeds[envs] - 1
-                if gain < self.settings.saturation_gain:
-                    cap = 2 * envs
-                    if self._envs_cap is None or cap < self._envs_cap:
-                        self._envs_cap = cap
-                        logger.info(
-                            "envs_per_actor saturates at %d (gain %.1f %%)", cap, 100 * gain
-                        )
-                    return
+        found = self.history.envs_cap(values, self.settings.saturation_gain)
+        if found is not None and (self._envs_cap is None or found[0] < self._envs_cap):
+            self._envs_cap = found[0]
+            logger.info("envs_per_actor saturates at %d (gain %.1f %%)", found[0], 100 * found[1])
 
     def best(self) -> dict[str, Any] | None:
         """The best config so far (median objective among feasible measurements)."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
-from autotune.tuning.counters import Counters, Measurement, measure
+from autotune.tuning.counters import Counters
 from autotune.tuning.knobs import Knob, to_config_value
 from runtime.config import TrainConfig
 from runtime.runner import RUN_WINDOW
@@ -69,6 +69,7 @@ def read_counters(runner: TunableRunner) -> Counters:
         energy.gpu_total_j,
         energy.cpu_energy_j,
         energy.cpu_source,
+        tel.return_mean,
     )
 
 
@@ -77,7 +78,6 @@ class RunnerJob:
 
     def __init__(self, runner: TunableRunner) -> None:
         self.runner = runner
-        self._start: Counters | None = None
 
     def apply(self, values: dict[str, Any]) -> None:
         self.runner.reconfigure(**config_changes(values))
@@ -85,11 +85,8 @@ class RunnerJob:
     def ready(self) -> bool:
         return self.runner.settled()
 
-    def begin_window(self) -> None:
-        self._start = read_counters(self.runner)
-
-    def end_window(self) -> Measurement:
-        return measure(self._start, read_counters(self.runner))
+    def counters(self) -> Counters:
+        return read_counters(self.runner)
 
 
 def tuning_doc(tuner: OnlineTuner, space: dict[str, Knob]) -> dict[str, Any]:

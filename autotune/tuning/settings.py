@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from autotune.tuning.counters import Measurement
 
 OBJECTIVES = ("steps_per_joule", "steps_per_s", "weighted")
-SAMPLERS = ("tpe", "grid")
+SAMPLERS = ("model", "tpe", "grid")
 
 
 @dataclass(frozen=True)
@@ -25,8 +25,14 @@ class TunerSettings:
     weight: float = 0.5
     """``weighted``: the share of steps/s (the rest is steps/J)."""
     warmup_s: float = 5.0
+    """Warm-up after a change that starts processes (actors, GMIs); a change the running
+    processes take (batch or chunk size) is measured as soon as it has taken effect."""
     window_s: float = 10.0
-    """Measurement window; >= 10 s on a GPU, so the energy counter moves enough."""
+    """A window's floor: it lasts at least this long (``autotune.tuning.windows``)."""
+    window_max_s: float = 30.0
+    """A window's ceiling: it ends by then even if its estimate is not yet precise."""
+    window_target: float = 0.03
+    """A window ends once its estimate's 95 % interval is within this share."""
     trials: int = 30
     repeat_every: int = 5
     recheck_s: float = 120.0
@@ -34,7 +40,7 @@ class TunerSettings:
     saturation_gain: float = 0.05
     min_steps_per_s: float | None = None
     max_policy_lag: float | None = None
-    sampler: str = "tpe"
+    sampler: str = "model"
     settle_timeout_s: float = 180.0
     """A config that has not taken effect after this long is failed."""
     empty_windows: int = 3
@@ -49,7 +55,14 @@ class TunerSettings:
             out.append(f"sampler={self.sampler!r}: allowed {SAMPLERS}")
         if not 0.0 <= self.weight <= 1.0:
             out.append(f"weight={self.weight}: must be in 0..1")
-        for name in ("warmup_s", "window_s", "recheck_s"):
+        if not self.window_s <= self.window_max_s:
+            out.append(
+                f"window_s={self.window_s} > window_max_s={self.window_max_s}: the floor must "
+                "not exceed the ceiling"
+            )
+        if not 0 < self.window_target < 1:
+            out.append(f"window_target={self.window_target}: a share in (0, 1), e.g. 0.03")
+        for name in ("warmup_s", "window_s", "window_max_s", "recheck_s"):
             if not getattr(self, name) > 0:
                 out.append(f"{name}={getattr(self, name)}: must be > 0")
         if self.min_steps_per_s is not None and not self.min_steps_per_s > 0:

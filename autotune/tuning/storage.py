@@ -67,20 +67,23 @@ def open_study(
     seed: int | None = None,
     grid: dict[str, list[Any]] | None = None,
     metrics: tuple[str, ...] = (),
+    sampler: optuna.samplers.BaseSampler | None = None,
 ) -> optuna.Study:
     """Creates or loads the study ``name`` in the RDB storage URL ``storage``, every objective
-    maximised, with a TPE sampler (which honours constraints set on trials), or a grid sampler
-    over ``grid``. ``metrics`` names the objectives (two or more make a multi-objective study;
-    the names show in optuna-dashboard); an existing study must have the same number.
+    maximised, with ``sampler``, else a TPE sampler (which honours constraints set on trials),
+    or a grid sampler over ``grid``. ``metrics`` names the objectives (two or more make a
+    multi-objective study; the names show in optuna-dashboard); an existing study must have the
+    same number.
 
     Raises:
         StudyError: saying which URL or study failed and why.
     """
-    sampler: optuna.samplers.BaseSampler = (
-        optuna.samplers.TPESampler(seed=seed, n_startup_trials=5)
-        if grid is None
-        else _AskTellGrid(grid, seed=seed)
-    )
+    if sampler is None:
+        sampler = (
+            optuna.samplers.TPESampler(seed=seed, n_startup_trials=5)
+            if grid is None
+            else _AskTellGrid(grid, seed=seed)
+        )
     storage = storage_url(storage)
     try:
         rdb = optuna.storages.RDBStorage(storage)

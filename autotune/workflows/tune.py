@@ -14,10 +14,14 @@ from typing import Any, Protocol
 from autotune.control import protocol
 from autotune.control.job_link import DaemonLink, DaemonRefused
 from autotune.tuning.knobs import Knob, Machine, build_space, knobs_to_wire
+from autotune.tuning.model_sampler import machine_from_doc, sampler_for
 from autotune.tuning.online_tuner import OnlineTuner
+from autotune.tuning.perf_model import MachineModel
 from autotune.tuning.runner_job import RunnerJob, TunableRunner, knob_values, tuning_doc
 from autotune.tuning.settings import TunerSettings
+from autotune.tuning.sizing import DEFAULT_LAG_CEILING
 from autotune.tuning.storage import open_study, storage_url
+from autotune.workflows.auto_size import probed_model
 from runtime.config import TrainConfig
 
 
@@ -35,13 +39,15 @@ class TuneOptions:
     window_s: float | None = None
     """Measurement window per trial (None: 10 s with a GPU, 5 s without)."""
     warmup_s: float = 5.0
-    sampler: str = "tpe"
+    sampler: str = "model"
+    window_max_s: float = 30.0
+    window_target: float = 0.03
     control: str | None = None
     """The daemon's control endpoint (None: ``$AUTOTUNE_CONTROL`` or the private default)."""
     in_process: bool = False
     """Tune in this process even if a daemon answers."""
     min_steps_per_s: float | None = None
-    max_policy_lag: float | None = None
+    max_policy_lag: float | None = DEFAULT_LAG_CEILING
 
 
 class Tuning(Protocol):
@@ -86,9 +92,15 @@ class DaemonTuning:
         return doc
 
 
-def start_tuning(options: TuneOptions, cfg: TrainConfig, runner: TunableRunner) -> Tuning:
+def start_tuning(
+    options: TuneOptions,
+    cfg: TrainConfig,
+    runner: TunableRunner,
+    sizing: dict[str, Any] | None = None,
+) -> Tuning:
     """The tuning of ``train --tune``: registered with the daemon if one answers (unless
-    ``in_process``), else an ``OnlineTuner`` here.
+    ``in_process``), else an ``OnlineTuner`` here. The ``model`` sampler uses the machine
+    model of ``sizing`` (the result's section), or probes the workload now without one.
 
     Raises:
         ValueError: ``KnobError``, ``StudyError``, bad settings, a control endpoint that is not
@@ -101,6 +113,8 @@ def start_tuning(options: TuneOptions, cfg: TrainConfig, runner: TunableRunner) 
         objective=options.objective,
         warmup_s=options.warmup_s,
         window_s=window,
+        window_max_s=max(window, options.window_max_s),
+        window_target=options.window_target,
         trials=options.trials,
         min_steps_per_s=options.min_steps_per_s,
         max_policy_lag=options.max_policy_lag,
@@ -112,6 +126,8 @@ def start_tuning(options: TuneOptions, cfg: TrainConfig, runner: TunableRunner) 
     storage = storage_url(options.storage)
     study_name = options.study or f"online-{cfg.env}"
     base = knob_values(cfg, {k: v for k, v in space.items() if v.online})
+    defaults = knob_values(cfg, space)
+    model = _machine(cfg, sizing) if settings.sampler == "model" else None
     if not options.in_process:
         hello = {
             "env": cfg.env,
@@ -121,6 +137,8 @@ def start_tuning(options: TuneOptions, cfg: TrainConfig, runner: TunableRunner) 
             "settings": dataclasses.asdict(settings),
             "knobs": knobs_to_wire(space),
             "base": base,
+            "defaults": defaults,
+            "machine": dataclasses.asdict(model) if model else None,
         }
         link = DaemonLink(protocol.resolve_endpoint(options.control), hello, runner)
         try:
@@ -135,5 +153,27 @@ def start_tuning(options: TuneOptions, cfg: TrainConfig, runner: TunableRunner) 
         if settings.sampler == "grid"
         else None
     )
-    study = open_study(storage, study_name, seed=cfg.seed, grid=grid)
-    return InProcessTuning(OnlineTuner(study, space, RunnerJob(runner), settings, base), space)
+    sampler = None
+    if model is not None:
+        sampler = sampler_for(
+            model, space, defaults, settings.objective, settings.max_policy_lag, cfg.seed
+        )
+    study = open_study(storage, study_name, seed=cfg.seed, grid=grid, sampler=sampler)
+    tuner = OnlineTuner(study, space, RunnerJob(runner), settings, base, defaults=defaults)
+    return InProcessTuning(tuner, space)
+
+
+def _machine(cfg: TrainConfig, sizing: dict[str, Any] | None) -> MachineModel:
+    """The machine model from the run's sizing, or from probes taken now.
+
+    Raises:
+        ValueError: the workload could not be probed.
+    """
+    if sizing is not None:
+        return machine_from_doc(sizing["model"])
+    from runtime.probes import ProbeError
+
+    try:
+        return probed_model(cfg)
+    except ProbeError as exc:
+        raise ValueError(f"the model sampler could not probe the workload: {exc}") from None

@@ -22,7 +22,7 @@ from typing import Any
 
 from autotune.control import client, protocol
 from autotune.control.protocol import MsgType
-from autotune.tuning.counters import Counters, Measurement, measure
+from autotune.tuning.counters import Counters
 from autotune.tuning.job import Job
 from autotune.tuning.online_tuner import OnlineTuner
 from autotune.wrap.wrapper import GPU_CHECK_S, POLL_S, Wrapper, knob_env, stop_tree, substitute
@@ -50,7 +50,6 @@ class ScriptJob:
         there, so the total never jumps)."""
         self.next_gpu_check = 0.0
         self.latest = self._counters(0)
-        self._start: Counters | None = None
 
     def _counters(self, steps: int) -> Counters:
         gpu = self.wrapper.gpu.read_energy_j()
@@ -76,11 +75,8 @@ class ScriptJob:
     def ready(self) -> bool:
         return self.polled >= self.seq
 
-    def begin_window(self) -> None:
-        self._start = self.latest
-
-    def end_window(self) -> Measurement:
-        return measure(self._start, self.latest)
+    def counters(self) -> Counters:
+        return self.latest
 
     def pump(self, report_timeout_s: float) -> None:
         """Reads what the script sent; raises ``LiveModeUnsupported`` if it never polls."""

@@ -43,6 +43,8 @@ class GPUInfo:
     compute_mode: str
     compute_capability: tuple[int, int] | None = None
     """CUDA's (major, minor), None where NVML cannot say."""
+    power_limit_w: float | None = None
+    """The enforced power limit (read only), None where NVML cannot say."""
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -109,6 +111,9 @@ def list_gpus() -> list[GPUInfo]:
                     nvml.nvml_optional(p.nvmlDeviceGetComputeMode, h), "unknown"
                 ),
                 compute_capability=_capability(h),
+                power_limit_w=nvml.nvml_optional(
+                    lambda h=h: p.nvmlDeviceGetEnforcedPowerLimit(h) / 1000.0
+                ),
             )
         )
     return out

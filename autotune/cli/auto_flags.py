@@ -1,0 +1,65 @@
+"""The ``auto`` values of ``autotune train``'s sizing flags: their argparse types, and the run's
+config sized from probes (``autotune.workflows.auto_size``) with what was chosen printed."""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.console import Console
+
+from runtime.config import TrainConfig
+
+
+def int_list(text: str) -> tuple[int, ...]:
+    """``"50"`` or ``"50,25"`` -> a tuple of ints (argparse type)."""
+    try:
+        values = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a comma-separated list of integers, e.g. 50 or 50,25"
+        ) from None
+    return values
+
+
+def int_or_auto(text: str) -> int | str:
+    """An integer or ``auto`` (argparse type)."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected an integer or auto") from None
+
+
+def mps_or_auto(text: str) -> tuple[int, ...] | str:
+    return text if text == "auto" else int_list(text)
+
+
+def size_run_config(console: Console, cfg: TrainConfig, auto: set[str], args: argparse.Namespace):
+    """``cfg`` with its ``auto`` fields sized, and the ``sizing`` section; (cfg, None) after
+    printing why when the workload cannot be probed or sized."""
+    from autotune.workflows.auto_size import size_config
+    from runtime.probes import ProbeError
+
+    objective = args.objective if args.objective != "weighted" else "steps_per_joule"
+    try:
+        sized, doc = size_config(cfg, auto, objective)
+    except (ProbeError, ValueError) as exc:
+        console.print(f"[red]error:[/red] cannot size the run ({exc}); give explicit values")
+        return cfg, None
+    p, pr = doc["probes"], doc["predicted"]
+    console.print(
+        "sizing: "
+        + ", ".join(f"{k}={v}" for k, v in doc["chosen"].items())
+        + f" (predicted {pr['steps_per_s']:,.0f} steps/s, {pr['steps_per_joule']:.1f} steps/J, "
+        f"lag {pr['policy_lag']:.1f})"
+    )
+    learners = ", ".join(
+        f"{d} {min(c['seconds'].values()) * 1e3:.1f} ms/update" for d, c in p["learners"].items()
+    )
+    console.print(
+        f"  from: {doc['machine']['cores']} cores, env step {p['env_step_s'] * 1e6:.0f} us, "
+        f"forward {min(p['forward_s'].values()) * 1e6:.0f} us, learner {learners}; "
+        f"probes {p['probe_s']:.1f} s"
+    )
+    return sized, doc

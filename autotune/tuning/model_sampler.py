@@ -1,0 +1,275 @@
+"""The model-guided sampler: the next config is the one with the best expected improvement under
+the fitted throughput and power model (``autotune.tuning.perf_model``), discounted by what the
+change costs, never one predicted far below the incumbent.
+
+It is an ``optuna.samplers.BaseSampler``, so the study stays the store and the interface
+(``status``, export and the dashboard read it as before). For each trial it:
+
+1. fits the model to every completed trial's window (their ``steps_per_s``, ``gpu_j``,
+   ``cpu_j``, ``window_s`` and ``policy_lag`` attributes), primed by the probes;
+2. predicts, for every combination of the knobs the model describes (actors, envs per actor,
+   batch size, trainer device, trainers, MPS share, trainer threads; other knobs stay at the
+   incumbent's values), log steps/J (or steps/s) and its uncertainty, which grows with the
+   distance to the nearest measured config;
+3. drops configs measured or failed before, and those over the policy-lag ceiling; once the
+   study has measured ``caution_after_s`` of windows, also those predicted below ``caution``
+   times the incumbent unless their uncertainty exceeds ``unsure`` (the model cannot tell);
+4. scores the rest by expected improvement over the incumbent's median (log scale) times
+   ``horizon_s / (horizon_s + cost)``, the cost in seconds of the change (a respawn or a GMI
+   hand-over costs seconds, a batch-size change nothing);
+5. suggests the best; when no config is expected to gain ``min_gain``, it suggests the
+   incumbent again (the tuner then measures it once more; its median firms up).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from typing import Any
+
+import numpy as np
+import optuna
+from optuna.distributions import BaseDistribution
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.tuning.perf_model import (
+    MachineModel,
+    Window,
+    distance,
+    evaluate,
+    features,
+    fit,
+    uncertainty,
+)
+from autotune.tuning.storage import failed_configs
+
+MODELLED = (
+    "actors",
+    "envs_per_actor",
+    "batch_size",
+    "trainer_device",
+    "trainers",
+    "mps_pct",
+    "trainer_threads",
+)
+CHANGE_COST_S = {"respawn": 10.0, "handover": 15.0, "actors": 5.0, "live": 0.0}
+"""Seconds a change costs (warm-up and the transition), by how it applies."""
+MAX_CANDIDATES = 60_000
+
+
+def _norm_pdf(z: np.ndarray) -> np.ndarray:
+    return np.exp(-0.5 * z**2) / math.sqrt(2 * math.pi)
+
+
+def _norm_cdf(z: np.ndarray) -> np.ndarray:
+    erf = np.vectorize(math.erf)
+    return 0.5 * (1 + erf(z / math.sqrt(2)))
+
+
+def expected_improvement(mu: np.ndarray, sigma: np.ndarray, best: float) -> np.ndarray:
+    """EI of a normal ``(mu, sigma)`` over ``best``."""
+    z = (mu - best) / np.maximum(sigma, 1e-9)
+    return sigma * _norm_pdf(z) + (mu - best) * _norm_cdf(z)
+
+
+class ModelSampler(optuna.samplers.BaseSampler):
+    """See the module docstring.
+
+    Args:
+        machine: The probes' and the hardware's facts.
+        choices: Each tuned knob's choices.
+        defaults: The job's values of every knob (what an untuned knob stays at).
+        applies: How each knob applies (``autotune.tuning.knobs.Knob.apply``).
+        objective: ``steps_per_joule`` or ``steps_per_s``.
+        lag_ceiling: Configs predicted over this lag are not suggested (None: no ceiling).
+    """
+
+    def __init__(
+        self,
+        machine: MachineModel,
+        choices: dict[str, tuple[Any, ...]],
+        defaults: dict[str, Any],
+        applies: dict[str, str],
+        objective: str = "steps_per_joule",
+        lag_ceiling: float | None = None,
+        seed: int | None = None,
+        caution: float = 0.7,
+        caution_after_s: float = 45.0,
+        unsure: float = 0.35,
+        min_gain: float = 0.01,
+        horizon_s: float = 60.0,
+    ) -> None:
+        if objective not in ("steps_per_joule", "steps_per_s"):
+            raise ValueError(
+                f"the model sampler predicts steps_per_joule or steps_per_s, not {objective!r}; "
+                "use --tune-sampler tpe for a weighted objective"
+            )
+        self.machine, self.choices, self.defaults = machine, dict(choices), dict(defaults)
+        self.applies, self.objective, self.lag_ceiling = applies, objective, lag_ceiling
+        self.caution, self.caution_after_s, self.unsure = caution, caution_after_s, unsure
+        self.min_gain, self.horizon_s = min_gain, horizon_s
+        self.rng = np.random.default_rng(seed)
+        self._fallback = optuna.samplers.RandomSampler(seed=seed)
+        self._plans: dict[int, dict[str, Any]] = {}
+        self.last: dict[str, Any] = {}
+        """What the last plan saw and chose (for logs and tests)."""
+
+    # --- optuna's interface -----------------------------------------------------------------
+
+    def infer_relative_search_space(self, study, trial) -> dict[str, BaseDistribution]:
+        return {}
+
+    def sample_relative(self, study, trial, search_space) -> dict[str, Any]:
+        return {}
+
+    def sample_independent(
+        self, study: optuna.Study, trial: FrozenTrial, name: str, dist: BaseDistribution
+    ) -> Any:
+        plan = self._plans.get(trial.number)
+        if plan is None:
+            plan = self._plans[trial.number] = self.plan(study)
+        choices = getattr(dist, "choices", ())
+        if name in plan and plan[name] in choices:
+            return plan[name]
+        return self._fallback.sample_independent(study, trial, name, dist)
+
+    # --- the plan -------------------------------------------------------------------------
+
+    def _measured(self, study: optuna.Study) -> tuple[list[Window], dict[str, list[float]]]:
+        windows, by_config = [], {}
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+            a = t.user_attrs
+            span = a.get("window_s") or 0.0
+            if span <= 0 or "steps_per_s" not in a:
+                continue
+            values = {**self.defaults, **t.params}
+            windows.append(
+                Window(
+                    values,
+                    a["steps_per_s"],
+                    a.get("gpu_j", 0.0) / span,
+                    a.get("cpu_j", 0.0) / span,
+                    a.get("policy_lag", 0.0),
+                )
+            )
+            if a.get("feasible", True) and t.value is not None:
+                by_config.setdefault(self._key(values), []).append(float(t.value))
+        return windows, by_config
+
+    def _candidates(self, hold: dict[str, Any]) -> list[dict[str, Any]]:
+        tuned = [n for n in MODELLED if n in self.choices]
+        grid = [self.choices[n] for n in tuned]
+        size = math.prod(len(g) for g in grid)
+        if size <= MAX_CANDIDATES:
+            combos = itertools.product(*grid)
+        else:
+            combos = (
+                tuple(g[self.rng.integers(len(g))] for g in grid) for _ in range(MAX_CANDIDATES)
+            )
+        out = []
+        for combo in combos:
+            c = {**hold, **dict(zip(tuned, combo, strict=True))}
+            if c.get("trainer_device") == "cpu" and c.get("mps_pct", 100) != 100:
+                continue  # the MPS share means nothing to a CPU trainer
+            out.append(c)
+        return out
+
+    def _key(self, values: dict[str, Any]) -> str:
+        """A config's identity over the tuned knobs (a CPU trainer has no MPS share)."""
+        out = {n: values.get(n, self.defaults.get(n)) for n in self.choices}
+        if out.get("trainer_device") == "cpu" and "mps_pct" in out:
+            out["mps_pct"] = 100
+        return json.dumps(out, sort_keys=True)
+
+    def _cost(self, a: dict[str, Any], b: dict[str, Any]) -> float:
+        kinds = {
+            "actors" if n == "actors" else self.applies.get(n, "live")
+            for n in self.choices
+            if a.get(n) != b.get(n)
+        }
+        return max((CHANGE_COST_S.get(k, 0.0) for k in kinds), default=0.0)
+
+    def plan(self, study: optuna.Study) -> dict[str, Any]:
+        """The next config's values (see the module docstring)."""
+        windows, by_config = self._measured(study)
+        params, sigma = fit(self.machine, windows, self.defaults)
+        medians = {k: float(np.median(v)) for k, v in by_config.items()}
+        best_key = max(medians, key=medians.get) if medians else None
+        incumbent = json.loads(best_key) if best_key else dict(self.defaults)
+        hold = {n: incumbent.get(n, self.defaults.get(n)) for n in self.choices}
+        cands = self._candidates(hold)
+        x = features(cands, self.defaults)
+        pred = evaluate(self.machine, params, x)
+        value = pred.steps_per_joule if self.objective == "steps_per_joule" else pred.steps_per_s
+        mu = np.log(np.maximum(value, 1e-12))
+        seen = features([w.values for w in windows], self.defaults) if windows else None
+        dist = distance(x, seen) if seen is not None else np.full(len(cands), np.inf)
+        sd = uncertainty(sigma, dist)
+        tried = set(by_config) | {self._key(w.values) for w in windows}
+        tried |= {self._key({**self.defaults, **json.loads(k)}) for k in failed_configs(study)}
+        keys = [self._key(c) for c in cands]
+        ok = np.array([k not in tried for k in keys])
+        if self.lag_ceiling is not None:
+            ok &= pred.lag <= self.lag_ceiling
+        y_best = math.log(medians[best_key]) if best_key else float(np.max(mu))
+        measured_s = sum(
+            t.user_attrs.get("window_s", 0.0) for t in study.get_trials(deepcopy=False)
+        )
+        cautious = measured_s >= self.caution_after_s and best_key is not None
+        if cautious:
+            ok &= (mu >= y_best + math.log(self.caution)) | (sd > self.unsure)
+        ei = expected_improvement(mu, sd, y_best)
+        cost = np.array([self._cost(incumbent, c) for c in cands])
+        score = np.where(ok, ei * self.horizon_s / (self.horizon_s + cost), -np.inf)
+        i = int(np.argmax(score))
+        self.last = {
+            "windows": len(windows),
+            "sigma": sigma,
+            "params": params,
+            "incumbent": incumbent,
+            "candidates": int(ok.sum()),
+            "cautious": cautious,
+        }
+        if not np.isfinite(score[i]) or score[i] < self.min_gain:
+            self.last["chosen"] = "incumbent"
+            return incumbent
+        self.last.update(
+            chosen="model", predicted=float(np.exp(mu[i])), sd=float(sd[i]), ei=float(ei[i])
+        )
+        return cands[i]
+
+
+def machine_from_doc(doc: dict[str, Any]) -> MachineModel:
+    """A ``MachineModel`` from its plain-data form (the ``sizing`` section's ``model``).
+
+    Raises:
+        ValueError: a malformed document.
+    """
+    try:
+        fields = dict(doc)
+        fields["learner"] = {d: (float(a), float(b)) for d, (a, b) in doc["learner"].items()}
+        return MachineModel(**fields)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"malformed machine model: {exc}") from None
+
+
+def sampler_for(
+    machine: MachineModel,
+    space: dict[str, Any],
+    defaults: dict[str, Any],
+    objective: str,
+    lag_ceiling: float | None,
+    seed: int | None,
+) -> ModelSampler:
+    """The model sampler over the online knobs of ``space`` (``autotune.tuning.knobs``)."""
+    online = [k for k in space.values() if k.online]
+    return ModelSampler(
+        machine,
+        {k.name: k.choices for k in online},
+        defaults,
+        {k.name: k.apply for k in online},
+        objective=objective,
+        lag_ceiling=lag_ceiling,
+        seed=seed,
+    )

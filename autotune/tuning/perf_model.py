@@ -1,0 +1,284 @@
+"""A throughput and power model of a training job, primed by probes and fitted online.
+
+For a config (actors ``A``, envs per actor ``E``, batch ``B``, trainer device, trainers ``G``,
+MPS share ``P``, trainer threads ``H``) on a machine of ``C`` cores, with rollout length ``L``:
+
+* **Sampling** (actors): one actor round steps ``E`` envs and runs one policy forward,
+  ``E * t_env + f0 + f1 * E`` seconds; the actors together sample
+  ``k_S * A * E / round * squeeze`` steps/s, where ``squeeze = min(1, C / demand)`` shares the
+  cores out once actors, trainer threads and the stages ask for more than there are.
+* **Training** (trainers): one update of ``B`` samples takes ``c0 + c1 * B`` seconds on the
+  device (the learner probe's line), split over ``G`` trainers; a GMI limited to ``P`` of the
+  SMs runs at ``min(1, P / (q * G))`` of its speed, ``q`` the share past which the learner stops
+  gaining (GMI-DRL's saturation); ``k_T`` scales the device's line to what windows measure.
+* **Trained steps/s**: a soft minimum of the two rates (the pipeline backs the faster side up).
+* **Watts**: the GPU's idle draw (measured whole, as NVML counts it), plus ``gpu_ctx`` while a
+  trainer holds a context and ``gpu_dyn`` times its busy share; the CPU's idle draw plus
+  ``w_core`` per busy core (actors busy while they sample, trainer threads while they train,
+  about one core of stages), scaled by ``k_cpu``.
+* **Policy lag** (versions): ``k_lag * (A * E * L + 2 * B) / B`` (what is in flight, in
+  batches, as the actors keep a rollout each and the pipeline two batches).
+
+``fit`` moves the multipliers (``k_S``, ``k_T`` per device, ``q``, ``gpu_ctx``, ``gpu_dyn``,
+``k_cpu``) to the windows measured so far, by least squares on log rates and log watts with a
+prior that keeps them near the probes' values, as Pollux and Optimus fit step-time models from a
+handful of observed configs. ``predict`` gives, for many configs at once, steps/s, watts, steps/J,
+the lag, and the uncertainty of log steps/J: the fit's residual spread, growing with the distance
+to the nearest measured config.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+FEATURES = ("actors", "envs_per_actor", "batch_size", "cuda", "trainers", "mps", "threads")
+STAGE_CORES = 1.0
+"""Cores the four stages and the runner keep busy (about one between them)."""
+CUDA_TRAINER_CORES = 0.3
+"""Host CPU a trainer on a GPU keeps busy (it mostly waits on the GPU)."""
+SOFTMIN_N = 4.0
+PRIOR_SD = 0.4
+"""Prior spread of a log multiplier (a window can move it by about e^0.4 before the prior
+pushes back)."""
+U0_SD = 1.2
+"""Prior spread of the log per-batch overhead (it is not probed, so it is wide)."""
+NOISE_SD = 0.08
+"""Assumed spread of one window's log rate (its measurement noise)."""
+SIGMA0 = 0.2
+"""Uncertainty of log steps/J with no window measured."""
+SIGMA_PER_STEP = 0.04
+"""Growth of the uncertainty per doubling (or categorical change) away from measured configs."""
+
+
+@dataclass(frozen=True)
+class MachineModel:
+    """The machine's and workload's fixed facts, from the probes and the hardware."""
+
+    cores: int
+    rollout_len: int
+    t_env: float
+    """CPU seconds per env step."""
+    f0: float
+    """Seconds per policy forward, fixed part."""
+    f1: float
+    """Seconds per policy forward, per env."""
+    learner: dict[str, tuple[float, float]]
+    """Per device (``cpu``, ``cuda``): (seconds per update, seconds per sample)."""
+    gpu_idle_w: float = 0.0
+    """The GPUs' draw with no context (0 without a GPU)."""
+    gpu_limit_w: float = 0.0
+    """The GPU's power limit (priors of the context and busy draws)."""
+    cpu_idle_w: float = 0.0
+    w_core: float = 10.0
+
+
+@dataclass(frozen=True)
+class Params:
+    """What ``fit`` moves (see the module docstring)."""
+
+    k_s: float = 0.85
+    k_t: dict[str, float] = field(default_factory=lambda: {"cpu": 1.0, "cuda": 1.0})
+    q: float = 0.3
+    gpu_ctx: float = 0.0
+    gpu_dyn: float = 0.0
+    k_cpu: float = 1.0
+    k_lag: float = 1.0
+    u0: float = 0.03
+    """Seconds per batch the pipeline adds to an update (the batcher assembling it, the new
+    weights going out to the actors); a prior, fitted from windows where training bounds."""
+
+
+def prior_params(m: MachineModel) -> Params:
+    """Multipliers before any window: GPU context and busy draws as shares of its limit
+    (an H100's 700 W limit gives 56 W and 140 W)."""
+    return Params(gpu_ctx=0.08 * m.gpu_limit_w, gpu_dyn=0.2 * m.gpu_limit_w)
+
+
+def features(configs: list[dict[str, Any]], defaults: dict[str, Any]) -> dict[str, np.ndarray]:
+    """Configs (knob values, the rest from ``defaults``) as feature arrays."""
+
+    def col(name: str, fn=float) -> np.ndarray:
+        return np.array([fn(c.get(name, defaults.get(name))) for c in configs], float)
+
+    mps = [c.get("mps_pct", defaults.get("mps_pct", 100)) for c in configs]
+    return {
+        "actors": col("actors"),
+        "envs_per_actor": col("envs_per_actor"),
+        "batch_size": col("batch_size"),
+        "cuda": col("trainer_device", lambda d: d == "cuda"),
+        "trainers": col("trainers"),
+        "mps": np.array([(100 if p is None else p) / 100.0 for p in mps], float),
+        "threads": col("trainer_threads"),
+    }
+
+
+@dataclass
+class Prediction:
+    steps_per_s: np.ndarray
+    sample_rate: np.ndarray
+    train_rate: np.ndarray
+    gpu_w: np.ndarray
+    cpu_w: np.ndarray
+    lag: np.ndarray
+
+    @property
+    def watts(self) -> np.ndarray:
+        return self.gpu_w + self.cpu_w
+
+    @property
+    def steps_per_joule(self) -> np.ndarray:
+        return self.steps_per_s / np.maximum(self.watts, 1e-9)
+
+
+def trainer_cores(x: dict[str, np.ndarray]) -> np.ndarray:
+    """Cores the trainers keep busy when training flat out."""
+    return np.where(x["cuda"] > 0, CUDA_TRAINER_CORES * x["trainers"], x["trainers"] * x["threads"])
+
+
+def evaluate(m: MachineModel, p: Params, x: dict[str, np.ndarray]) -> Prediction:
+    """The model at configs ``x`` (``features``)."""
+    a, e, b = x["actors"], x["envs_per_actor"], x["batch_size"]
+    cuda, g, share, h = x["cuda"] > 0, x["trainers"], x["mps"], x["threads"]
+    demand = a + trainer_cores(x) + STAGE_CORES
+    squeeze = np.minimum(1.0, m.cores / demand)
+    round_s = e * m.t_env + m.f0 + m.f1 * e
+    sample = p.k_s * a * e / round_s * squeeze
+    c0c, c1c = m.learner.get("cuda", (1.0, 1.0))
+    c0p, c1p = m.learner.get("cpu", (1.0, 1.0))
+    gpu_speed = np.minimum(1.0, share / (p.q * g)) * p.k_t.get("cuda", 1.0)
+    upd_gpu = (c0c + c1c * b / g) / gpu_speed + 0.002 * (g - 1) + p.u0
+    cpu_speed = g * h**0.7 * squeeze * p.k_t.get("cpu", 1.0)
+    upd_cpu = c0p + c1p * b / cpu_speed + 0.002 * (g - 1) + p.u0
+    train = b / np.where(cuda, upd_gpu, upd_cpu)
+    rate = (sample**-SOFTMIN_N + train**-SOFTMIN_N) ** (-1.0 / SOFTMIN_N)
+    busy_actors = np.minimum(a, m.cores) * squeeze * rate / sample
+    busy_train = trainer_cores(x) * squeeze * rate / train
+    busy = np.minimum(m.cores, busy_actors + busy_train + STAGE_CORES * squeeze)
+    cpu_w = (m.cpu_idle_w + m.w_core * busy) * p.k_cpu
+    gpu_busy = np.where(cuda, rate / train, 0.0)
+    gpu_w = m.gpu_idle_w + np.where(cuda, p.gpu_ctx + p.gpu_dyn * gpu_busy * (0.5 + 0.5 * share), 0)
+    lag = p.k_lag * (a * e * m.rollout_len + 2 * b) / b
+    return Prediction(rate, sample, train, gpu_w, cpu_w, lag)
+
+
+@dataclass(frozen=True)
+class Window:
+    """One measured window of one config."""
+
+    values: dict[str, Any]
+    steps_per_s: float
+    gpu_w: float
+    cpu_w: float
+    lag: float
+
+
+def _unpack(v: np.ndarray, base: Params, devices: list[str]) -> Params:
+    k_t = dict(base.k_t)
+    for i, d in enumerate(devices):
+        k_t[d] = base.k_t.get(d, 1.0) * math.exp(v[1 + i])
+    j = 1 + len(devices)
+    return replace(
+        base,
+        k_s=base.k_s * math.exp(v[0]),
+        k_t=k_t,
+        q=min(1.0, base.q * math.exp(v[j])),
+        gpu_ctx=base.gpu_ctx * math.exp(v[j + 1]),
+        gpu_dyn=base.gpu_dyn * math.exp(v[j + 2]),
+        k_cpu=base.k_cpu * math.exp(v[j + 3]),
+        u0=base.u0 * math.exp(U0_SD / PRIOR_SD * v[j + 4]),
+    )
+
+
+def fit(
+    m: MachineModel, windows: list[Window], defaults: dict[str, Any], base: Params | None = None
+) -> tuple[Params, float]:
+    """Params fitted to ``windows`` (least squares on log rates and log watts, with the prior
+    ``base``), and the residual spread of log steps/J."""
+    base = base or prior_params(m)
+    if not windows:
+        return base, SIGMA0
+    x = features([w.values for w in windows], defaults)
+    r_obs = np.log(np.maximum([w.steps_per_s for w in windows], 1e-9))
+    g_obs = np.array([w.gpu_w for w in windows])
+    c_obs = np.log(np.maximum([w.cpu_w for w in windows], 1e-9))
+    devices = sorted({"cuda" if c else "cpu" for c in x["cuda"]})
+    has_gpu_w = m.gpu_limit_w > 0
+
+    def loss(v: np.ndarray) -> float:
+        pr = evaluate(m, _unpack(v, base, devices), x)
+        out = np.sum((np.log(pr.steps_per_s) - r_obs) ** 2) / NOISE_SD**2
+        out += np.sum((np.log(pr.cpu_w) - c_obs) ** 2) / NOISE_SD**2
+        if has_gpu_w:
+            out += np.sum((np.log(pr.gpu_w) - np.log(np.maximum(g_obs, 1e-9))) ** 2) / NOISE_SD**2
+        return float(out + np.sum(v**2) / PRIOR_SD**2)
+
+    v = nelder_mead(loss, np.zeros(6 + len(devices)))
+    params = _unpack(v, base, devices)
+    pr = evaluate(m, params, x)
+    lag_obs = np.array([w.lag for w in windows])
+    ok = lag_obs > 0
+    if ok.any():
+        k_lag = float(np.exp(np.mean(np.log(lag_obs[ok] / pr.lag[ok]))))
+        params = replace(params, k_lag=params.k_lag * k_lag)
+    spj_obs = r_obs - np.log(np.maximum(g_obs + np.exp(c_obs), 1e-9))
+    res = np.log(pr.steps_per_joule) - spj_obs
+    n0 = 2.0
+    sigma = math.sqrt((float(np.sum(res**2)) + n0 * NOISE_SD**2) / (len(windows) + n0))
+    return params, sigma
+
+
+def distance(x: dict[str, np.ndarray], measured: dict[str, np.ndarray]) -> np.ndarray:
+    """Per config in ``x``, the distance to the nearest config in ``measured``: doublings of
+    the numeric knobs, actors two at a time (their effect turns sharply at the core count),
+    plus one per categorical change (device, trainer count)."""
+    if not len(measured["actors"]):
+        return np.full(len(x["actors"]), np.inf)
+    out = np.zeros((len(x["actors"]), len(measured["actors"])))
+    out += np.abs(x["actors"][:, None] - measured["actors"][None, :]) / 2.0
+    for name in ("envs_per_actor", "batch_size", "mps", "threads"):
+        out += np.abs(np.log2(x[name][:, None]) - np.log2(measured[name][None, :]))
+    out += (x["cuda"][:, None] != measured["cuda"][None, :]) * 1.0
+    out += (x["trainers"][:, None] != measured["trainers"][None, :]) * 1.0
+    return out.min(axis=1)
+
+
+def uncertainty(sigma: float, dist: np.ndarray) -> np.ndarray:
+    """The spread of log steps/J at configs this far from measured ones."""
+    d = np.where(np.isfinite(dist), dist, 0.0)
+    base = np.where(np.isfinite(dist), sigma, SIGMA0 * 2)
+    return np.sqrt(base**2 + (SIGMA_PER_STEP * d) ** 2)
+
+
+def nelder_mead(fn, x0: np.ndarray, step: float = 0.3, iters: int = 400) -> np.ndarray:
+    """Minimises ``fn`` from ``x0`` (the simplex method; enough for a few parameters)."""
+    n = len(x0)
+    simplex = [x0] + [x0 + step * np.eye(n)[i] for i in range(n)]
+    vals = [fn(s) for s in simplex]
+    for _ in range(iters):
+        order = np.argsort(vals)
+        simplex, vals = [simplex[i] for i in order], [vals[i] for i in order]
+        if abs(vals[-1] - vals[0]) < 1e-6 * (1 + abs(vals[0])):
+            break
+        centre = np.mean(simplex[:-1], axis=0)
+        refl = centre + (centre - simplex[-1])
+        fr = fn(refl)
+        if fr < vals[0]:
+            exp = centre + 2 * (centre - simplex[-1])
+            fe = fn(exp)
+            simplex[-1], vals[-1] = (exp, fe) if fe < fr else (refl, fr)
+        elif fr < vals[-2]:
+            simplex[-1], vals[-1] = refl, fr
+        else:
+            con = centre + 0.5 * (simplex[-1] - centre)
+            fc = fn(con)
+            if fc < vals[-1]:
+                simplex[-1], vals[-1] = con, fc
+            else:
+                best = simplex[0]
+                simplex = [best + 0.5 * (s - best) for s in simplex]
+                vals = [fn(s) for s in simplex]
+    return simplex[int(np.argmin(vals))]

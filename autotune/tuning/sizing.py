@@ -1,0 +1,169 @@
+"""``auto`` sizing: a run's actors, envs per actor, batch size, trainer device, GMIs and MPS share,
+picked before the first step from what the machine and the workload measure.
+
+The probes (``runtime.probes``) give one env step's CPU cost, one policy forward on an actor
+core, and the learner's cost per update on each device; the hardware gives the cores (the
+affinity mask) and the GPU's idle draw and power limit. ``size_run`` evaluates the throughput and
+power model (``autotune.tuning.perf_model``) at every candidate config and takes the best by the
+objective, under three rules:
+
+* no core is oversubscribed: actors plus CPU trainer threads fit the cores, with one left for
+  the stages on machines of 8 cores or more;
+* the predicted policy lag stays under the ceiling;
+* the batch stays whole for the learner: a multiple of the rollout length and of the
+  minibatch count, each minibatch at least ``MIN_MINIBATCH`` samples.
+
+Explicit values (``fixed``) always win: they are held and the rest is sized around them. The
+function is pure given its inputs, so it is tested on synthetic machines.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from autotune.tuning.perf_model import (
+    MachineModel,
+    Params,
+    evaluate,
+    features,
+    prior_params,
+    trainer_cores,
+)
+
+SIZED = ("actors", "envs_per_actor", "batch_size", "trainer_device", "trainers", "mps_pct")
+"""What ``auto`` sizes (``trainer_threads`` too, on a CPU trainer)."""
+ENVS = (1, 2, 4, 8, 16, 32, 64)
+BATCHES = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
+TRAINERS = (1, 2)
+MPS = (25, 50, 100)
+THREADS = (1, 2, 4)
+MIN_MINIBATCH = 128
+MIN_UPDATES = 64
+"""A batch is at most the run's steps over this (a run learns in at least this many updates)."""
+TIE_SHARE = 0.02
+"""Configs predicted within this share of the best count as equal; the smallest batch wins."""
+DEFAULT_LAG_CEILING = 20.0
+"""Versions of policy lag the sizing and the tuner stay under unless told otherwise."""
+
+
+@dataclass(frozen=True)
+class Sizing:
+    """What ``size_run`` picked, what the model predicts for it, and from what."""
+
+    values: dict[str, Any]
+    predicted: dict[str, float]
+    candidates: int
+    rules: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "values": self.values,
+            "predicted": self.predicted,
+            "candidates": self.candidates,
+            "rules": self.rules,
+        }
+
+
+def reserved_cores(cores: int) -> int:
+    """Cores left for the stages: one on machines of 8 cores or more."""
+    return 1 if cores >= 8 else 0
+
+
+def candidates(
+    m: MachineModel, gpus: int, fixed: dict[str, Any], rollout_len: int, minibatches: int
+) -> list[dict[str, Any]]:
+    """Every config the sizing considers (``fixed`` values held)."""
+    devices = ("cpu", "cuda") if gpus and "cuda" in m.learner else ("cpu",)
+    grid = {
+        "actors": range(1, m.cores + 1),
+        "envs_per_actor": ENVS,
+        "batch_size": [
+            b
+            for b in BATCHES
+            if b % rollout_len == 0 and b % minibatches == 0 and b // minibatches >= MIN_MINIBATCH
+        ],
+        "trainer_device": devices,
+        "trainers": TRAINERS,
+        "mps_pct": MPS,
+        "trainer_threads": THREADS,
+    }
+    for name, value in fixed.items():
+        if name in grid:
+            grid[name] = (value,)
+    out = []
+    for combo in itertools.product(*grid.values()):
+        c = dict(zip(grid, combo, strict=True))
+        cpu = c["trainer_device"] == "cpu"
+        if cpu and c["mps_pct"] != 100 and "mps_pct" not in fixed:
+            continue  # the MPS share means nothing to a CPU trainer
+        if not cpu and c["trainer_threads"] != 1 and "trainer_threads" not in fixed:
+            continue  # a GPU trainer's host threads: left at one
+        out.append(c)
+    return out
+
+
+def size_run(
+    m: MachineModel,
+    gpus: int,
+    fixed: dict[str, Any],
+    minibatches: int,
+    objective: str = "steps_per_joule",
+    lag_ceiling: float = DEFAULT_LAG_CEILING,
+    params: Params | None = None,
+    steps: int | None = None,
+) -> Sizing:
+    """The best config under the model (see the module docstring).
+
+    Raises:
+        ValueError: when no candidate satisfies the rules (fixed values that leave none: the
+            message says which rule bound).
+    """
+    params = params or prior_params(m)
+    cands = candidates(m, gpus, fixed, m.rollout_len, minibatches)
+    if not cands:
+        raise ValueError(
+            f"no batch size in {BATCHES[0]}..{BATCHES[-1]} is a multiple of the rollout length "
+            f"({m.rollout_len}) and of {minibatches} minibatches of at least {MIN_MINIBATCH}"
+        )
+    x = features(cands, {})
+    pred = evaluate(m, params, x)
+    cpu_threads = np.where(x["cuda"] > 0, 0.0, np.ceil(trainer_cores(x)))
+    fits = x["actors"] + cpu_threads + reserved_cores(m.cores) <= max(m.cores, 2)
+    if "actors" in fixed:
+        fits = np.ones_like(fits)  # the user's actor count: size the rest around it
+    lag_ok = pred.lag <= lag_ceiling
+    big = x["batch_size"] > max(BATCHES[0], (steps or 0) // MIN_UPDATES) if steps else False
+    score = pred.steps_per_joule if objective == "steps_per_joule" else pred.steps_per_s
+    ok = fits & lag_ok & ~np.asarray(big)
+    if not ok.any():
+        ok = fits if fits.any() else np.ones_like(fits)
+    score = np.where(ok, score, -np.inf)
+    near = score >= (1 - TIE_SHARE) * score.max()
+    # among the near-best, the smallest batch, then the fewest envs (fresher experience, more
+    # updates, less memory), then the best score
+    order = np.lexsort((-score, x["envs_per_actor"], x["batch_size"], ~near))
+    i = int(order[0])
+    values = dict(cands[i])
+    predicted = {
+        "steps_per_s": float(pred.steps_per_s[i]),
+        "sample_rate": float(pred.sample_rate[i]),
+        "train_rate": float(pred.train_rate[i]),
+        "watts": float(pred.watts[i]),
+        "steps_per_joule": float(pred.steps_per_joule[i]),
+        "policy_lag": float(pred.lag[i]),
+    }
+    rules = {
+        "cores": m.cores,
+        "reserved_cores": reserved_cores(m.cores),
+        "lag_ceiling": lag_ceiling,
+        "min_minibatch": MIN_MINIBATCH,
+        "max_batch": max(BATCHES[0], steps // MIN_UPDATES) if steps else None,
+        "tie_share": TIE_SHARE,
+        "objective": objective,
+        "fixed": dict(fixed),
+    }
+    return Sizing(values, predicted, len(cands), rules)

@@ -1,0 +1,41 @@
+"""Small decisions of the online tuner (``autotune.tuning.online_tuner``), kept apart so each
+reads on its own: how long a change warms up, when a best is confirmed, what is in the space."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autotune.tuning.knobs import Knob
+
+AGREE = 0.1
+"""Two measurements of a config agree when they differ by at most this share."""
+
+
+def change_warmup(
+    knobs: list[Knob], before: dict[str, Any], values: dict[str, Any], warmup_s: float
+) -> float:
+    """Warm-up for a change from ``before`` to ``values``: ``warmup_s`` if it starts processes
+    (actors respawned or added, GMIs handed over, or the first config), else none: the
+    running processes take a batch or chunk size as it comes, and the tuner starts measuring
+    once the job says the change took effect."""
+    for knob in knobs:
+        old, new = before.get(knob.name), values.get(knob.name)
+        if old == new:
+            continue
+        if knob.apply in ("respawn", "handover") or knob.name == "actors" or old is None:
+            return warmup_s
+    return 0.0
+
+
+def confirmed(values: list[float]) -> bool:
+    """Whether a config's measurements agree enough for it to be held as the best: two within
+    ``AGREE`` of each other, or three or more (their median decides)."""
+    if len(values) >= 3:
+        return True
+    return len(values) == 2 and abs(values[0] - values[1]) <= AGREE * max(values)
+
+
+def in_space(knobs: list[Knob], values: dict[str, Any]) -> bool:
+    """Whether every value is one of its knob's choices (a job started outside the space the
+    user narrowed, or a best from an older, wider space, cannot be enqueued)."""
+    return all(k.name not in values or values[k.name] in k.choices for k in knobs)

@@ -1,0 +1,123 @@
+"""``auto`` sizing of ``autotune train``: the workload probed in a child process
+(``runtime.probes``), the machine read (cores in the affinity mask, GPUs, their idle draw and
+power limit, the CPU's idle watts), and ``autotune.tuning.sizing.size_run`` picking the values
+the user left ``auto``.
+
+The result's ``sizing`` section holds the values chosen, what the model predicts for them, the
+rules, and every measurement they came from; ``train`` prints them at start.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+from autotune.tuning.knobs import to_config_value
+from autotune.tuning.perf_model import MachineModel
+from autotune.tuning.sizing import SIZED, Sizing, size_run
+from runtime.config import TrainConfig
+from runtime.energy.cpu import DEFAULT_WATTS_PER_BUSY_CORE
+from runtime.energy.cpu_idle import estimate_idle_w
+from runtime.hw.gpus import list_gpus
+from runtime.probes import Probes, run_probes
+
+AUTO_FIELDS = (*SIZED, "trainer_threads")
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its affinity mask)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def machine_model(cfg: TrainConfig, probes: Probes, cores: int) -> tuple[MachineModel, dict]:
+    """The model's fixed facts, and the hardware readings they came from."""
+    gpus = list_gpus() if probes.sms else []
+    gpu_idle = sum(g.power_w or 0.0 for g in gpus[:1])
+    limit = sum(g.power_limit_w or 0.0 for g in gpus[:1])
+    idle = estimate_idle_w(cfg.cpu_idle_w)
+    f0, f1 = probes.forward_fit()
+    learner = {d: c.fit() for d, c in probes.learners.items()}
+    m = MachineModel(
+        cores=cores,
+        rollout_len=cfg.rollout_len,
+        t_env=probes.env_step_s,
+        f0=f0,
+        f1=f1,
+        learner=learner,
+        gpu_idle_w=gpu_idle,
+        gpu_limit_w=limit,
+        cpu_idle_w=idle.idle_w,
+        w_core=DEFAULT_WATTS_PER_BUSY_CORE,
+    )
+    hardware = {
+        "cores": cores,
+        "gpus": [
+            {"name": g.name, "idle_w": g.power_w, "power_limit_w": g.power_limit_w}
+            for g in gpus[:1]
+        ],
+        "sms": probes.sms,
+        "mig": [g.mig_mode for g in gpus[:1]],
+        "cpu_idle_w": idle.idle_w,
+        "cpu_idle_source": idle.source,
+    }
+    return m, hardware
+
+
+def probed_model(cfg: TrainConfig) -> MachineModel:
+    """The machine model of ``cfg``'s workload, probed now (raises ``ProbeError``)."""
+    devices = ["cpu", "cuda"] if cfg.resolved_device() == "cuda" else ["cpu"]
+    probes = run_probes(cfg.env, cfg.policy, cfg.rollout_len, cfg.learner.to_dict(), devices)
+    return machine_model(cfg, probes, usable_cores())[0]
+
+
+def size_config(
+    cfg: TrainConfig, auto: set[str], objective: str = "steps_per_joule"
+) -> tuple[TrainConfig, dict[str, Any]]:
+    """``cfg`` with the fields in ``auto`` sized; and the result's ``sizing`` section.
+
+    Raises:
+        runtime.probes.ProbeError: the workload could not be probed.
+        ValueError: no config satisfies the sizing rules around the fixed values.
+    """
+    cores = usable_cores()
+    if "trainer_device" in auto or cfg.trainer_device == "auto":
+        devices = ["cpu", "cuda"]
+    else:
+        devices = [cfg.trainer_device]
+    probes = run_probes(cfg.env, cfg.policy, cfg.rollout_len, cfg.learner.to_dict(), devices)
+    model, hardware = machine_model(cfg, probes, cores)
+    fixed = {f: _knob(cfg, f) for f in AUTO_FIELDS if f not in auto}
+    if fixed.get("trainer_device") == "auto":
+        fixed.pop("trainer_device")
+    sizing: Sizing = size_run(
+        model,
+        len(probes.sms),
+        fixed,
+        cfg.learner.minibatches,
+        objective=objective,
+        steps=cfg.steps,
+    )
+    changes = {f: to_config_value(f, v) for f, v in sizing.values.items() if f in auto}
+    if changes.get("trainer_device") == "cpu":
+        changes["mps_pct"] = None
+    sized = dataclasses.replace(cfg, **changes)
+    doc = {
+        "auto": sorted(auto),
+        "chosen": {f: sizing.values[f] for f in sorted(auto) if f in sizing.values},
+        **sizing.to_dict(),
+        "probes": probes.to_dict(),
+        "machine": hardware,
+        "model": dataclasses.asdict(model),
+    }
+    return sized, doc
+
+
+def _knob(cfg: TrainConfig, name: str) -> Any:
+    value = getattr(cfg, name)
+    if name == "mps_pct":
+        return 100 if value is None else value[0]
+    return value

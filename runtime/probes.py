@@ -1,0 +1,285 @@
+"""Short measurements of a workload on this machine, taken before a run is sized
+(``autotune.tuning.sizing``): one env step's CPU cost, one policy forward on an actor core at a
+few env counts, and the learner's cost per update at a few batch sizes on every device here.
+
+They run in a child process (``python -m runtime.probes``, JSON on stdout), so the caller never
+holds a CUDA context (about 56 W on an H100 while it lives) or torch's threads, and every
+measurement is of one thread, as an actor or a one-thread trainer runs. Each probe is bounded in
+time: a CartPole probe takes about a second of CPU, a MuJoCo one two or three.
+
+Raises ``ProbeError`` with the child's message when the workload cannot be probed (an env that
+cannot be made, a policy spec that does not fit it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+ENV_BATCHES = (1, 8, 32)
+"""Env counts one policy forward is timed at (the forward's fixed and per-env cost)."""
+LEARNER_BATCHES = (1024, 4096, 16384)
+"""Batch sizes the learner update is timed at (its fixed and per-sample cost)."""
+PROBE_S = 0.2
+"""About how long each timed loop runs."""
+LEARNER_STOP_S = 0.08
+"""The learner's batch stops growing once one update takes longer than this (the line through
+the sizes measured so far extrapolates)."""
+
+
+class ProbeError(RuntimeError):
+    """The workload could not be probed; the message says why."""
+
+
+@dataclass(frozen=True)
+class LearnerCost:
+    """Seconds per learner update (every epoch and minibatch) at each probed batch size."""
+
+    device: str
+    seconds: dict[int, float]
+
+    def fit(self) -> tuple[float, float]:
+        """(fixed seconds per update, seconds per sample): a least-squares line, both >= 0."""
+        xs = np.array(sorted(self.seconds), float)
+        ys = np.array([self.seconds[int(x)] for x in xs])
+        if len(xs) < 2:
+            return 0.0, float(ys[0] / xs[0])
+        slope, icpt = np.polyfit(xs, ys, 1)
+        slope = max(float(slope), 1e-12)
+        return max(float(icpt), 0.0), slope
+
+
+@dataclass(frozen=True)
+class Probes:
+    """What the probes measured (see the module docstring)."""
+
+    env: str
+    policy: str
+    env_step_s: float
+    """CPU seconds per env step (random actions), one thread."""
+    forward_s: dict[int, float]
+    """Seconds per policy forward on one core, by env count."""
+    learners: dict[str, LearnerCost] = field(default_factory=dict)
+    sms: list[int] = field(default_factory=list)
+    """SMs per CUDA GPU (empty without one)."""
+    probe_s: float = 0.0
+    """Wall seconds the probes took, child start-up included."""
+
+    def forward_fit(self) -> tuple[float, float]:
+        """(fixed seconds per forward, seconds per env)."""
+        xs = np.array(sorted(self.forward_s), float)
+        ys = np.array([self.forward_s[int(x)] for x in xs])
+        slope, icpt = np.polyfit(xs, ys, 1) if len(xs) > 1 else (ys[0], 0.0)
+        return max(float(icpt), 0.0), max(float(slope), 0.0)
+
+    def to_dict(self) -> dict[str, Any]:
+        doc = asdict(self)
+        doc["learners"] = {
+            d: {"seconds": {str(b): s for b, s in c.seconds.items()}}
+            for d, c in self.learners.items()
+        }
+        doc["forward_s"] = {str(k): v for k, v in self.forward_s.items()}
+        return doc
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> Probes:
+        """Raises ``ProbeError`` for a malformed document."""
+        try:
+            learners = {
+                d: LearnerCost(d, {int(b): float(s) for b, s in c["seconds"].items()})
+                for d, c in doc.get("learners", {}).items()
+            }
+            return cls(
+                str(doc["env"]),
+                str(doc["policy"]),
+                float(doc["env_step_s"]),
+                {int(k): float(v) for k, v in doc["forward_s"].items()},
+                learners,
+                [int(s) for s in doc.get("sms", [])],
+                float(doc.get("probe_s", 0.0)),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ProbeError(f"malformed probe results: {exc}") from None
+
+
+def _timed(fn, budget_s: float = PROBE_S, least: int = 3) -> float:
+    """Seconds per call of ``fn``: called until ``budget_s`` passed and at least ``least``
+    times, after one untimed call; the median of five slices."""
+    fn()
+    times: list[float] = []
+    start = time.perf_counter()
+    while len(times) < least or time.perf_counter() - start < budget_s:
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return float(np.median(times))
+
+
+def probe_env_step(env_id: str, seed: int = 0) -> float:
+    """CPU seconds per step of one env with random actions (resets included as they come)."""
+    from runtime.envs import make_env
+
+    env = make_env(env_id)
+    try:
+        env.reset(seed=seed)
+        env.action_space.seed(seed)
+        steps, start = 0, time.process_time()
+        wall = time.perf_counter()
+        while steps < 50 or time.perf_counter() - wall < PROBE_S:
+            _, _, term, trunc, _ = env.step(env.action_space.sample())
+            steps += 1
+            if term or trunc:
+                env.reset()
+        return max(time.process_time() - start, 1e-9) / steps
+    finally:
+        env.close()
+
+
+def probe_forward(env_id: str, policy: str, normalize: bool = True) -> dict[int, float]:
+    """Seconds per forward of the run's policy as an actor runs it, by env count."""
+    from policies.actor_critic import initial_state_arrays
+    from policies.numpy_policy import NumpyPolicy
+    from runtime.envs import probe_env
+
+    info = probe_env(env_id)
+    names, arrays = initial_state_arrays(
+        info.obs_dim, info.act_dim, info.discrete, policy, normalize, 0
+    )
+    model = NumpyPolicy(info.discrete, normalize, names, arrays, seed=0)
+    rng = np.random.default_rng(0)
+    out = {}
+    for n in ENV_BATCHES:
+        obs = rng.standard_normal((n, info.obs_dim)).astype(np.float32)
+        out[n] = _timed(lambda o=obs: model.act(o))
+    return out
+
+
+def probe_learner(
+    env_id: str, policy: str, device: str, rollout_len: int, learner: dict[str, Any]
+) -> LearnerCost:
+    """Seconds per update of the run's learner on ``device`` with synthetic batches; stops
+    growing the batch once one update takes over ``PROBE_S``."""
+    import torch
+
+    from policies.actor_critic import ActorCritic
+    from policies.appo import APPOLearner
+    from policies.appo_config import APPOConfig
+    from runtime.envs import probe_env
+
+    info = probe_env(env_id)
+    cfg = APPOConfig(**learner)
+    model = ActorCritic(info.obs_dim, info.act_dim, info.discrete, policy, cfg.normalize_obs)
+    dev = torch.device(device)
+    learn = APPOLearner(model, cfg, dev)
+    rng = np.random.default_rng(0)
+    seconds: dict[int, float] = {}
+    for size in LEARNER_BATCHES:
+        n = max(1, size // rollout_len)
+        act_shape = (n, rollout_len) if info.discrete else (n, rollout_len, info.act_dim)
+        batch = {
+            "obs": rng.standard_normal((n, rollout_len + 1, info.obs_dim)).astype(np.float32),
+            "actions": (
+                rng.integers(0, info.act_dim, act_shape)
+                if info.discrete
+                else rng.standard_normal(act_shape).astype(np.float32)
+            ),
+            "rewards": rng.standard_normal((n, rollout_len)).astype(np.float32),
+            "dones": np.zeros((n, rollout_len), np.float32),
+            "logp": np.full((n, rollout_len), -1.0, np.float32),
+            "versions": np.zeros((n, rollout_len), np.int64),
+        }
+
+        def update(b=batch) -> None:
+            learn.update(b)
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
+
+        seconds[n * rollout_len] = _timed(update, budget_s=PROBE_S / 2, least=2)
+        if seconds[n * rollout_len] > LEARNER_STOP_S:
+            break
+    return LearnerCost(device, seconds)
+
+
+def measure(
+    env_id: str, policy: str, rollout_len: int, learner: dict[str, Any], devices: list[str]
+) -> Probes:
+    """Every probe, in this process (``run_probes`` runs them in a child)."""
+    import torch
+
+    torch.set_num_threads(1)
+    start = time.perf_counter()
+    step = probe_env_step(env_id)
+    forward = probe_forward(env_id, policy, bool(learner.get("normalize_obs", True)))
+    sms: list[int] = []
+    if torch.cuda.is_available():
+        n = torch.cuda.device_count()
+        sms = [torch.cuda.get_device_properties(i).multi_processor_count for i in range(n)]
+    costs = {}
+    for device in devices:
+        if device == "cuda" and not sms:
+            continue
+        costs[device] = probe_learner(env_id, policy, device, rollout_len, learner)
+    return Probes(env_id, policy, step, forward, costs, sms, time.perf_counter() - start)
+
+
+def run_probes(
+    env_id: str,
+    policy: str,
+    rollout_len: int,
+    learner: dict[str, Any],
+    devices: list[str],
+    timeout_s: float = 300.0,
+) -> Probes:
+    """Every probe in a child process (see the module docstring).
+
+    Raises:
+        ProbeError: the child failed or timed out; its last error line is in the message.
+    """
+    args = {
+        "env": env_id,
+        "policy": policy,
+        "rollout_len": rollout_len,
+        "learner": learner,
+        "devices": devices,
+    }
+    cmd = [sys.executable, "-m", "runtime.probes", json.dumps(args)]
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise ProbeError(f"the workload probes took over {timeout_s:.0f} s") from None
+    if proc.returncode != 0:
+        lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
+        raise ProbeError(lines[-1] if lines else f"probe process exited {proc.returncode}")
+    try:
+        doc = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise ProbeError(f"probe process printed no result: {proc.stdout[-200:]!r}") from None
+    doc["probe_s"] = time.perf_counter() - start
+    return Probes.from_dict(doc)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="probe a workload's costs (JSON on stdout)")
+    ap.add_argument("spec", help="JSON: env, policy, rollout_len, learner, devices")
+    spec = json.loads(ap.parse_args(argv).spec)
+    try:
+        probes = measure(
+            spec["env"], spec["policy"], spec["rollout_len"], spec["learner"], spec["devices"]
+        )
+    except Exception as exc:  # reported to the parent as the last stderr line
+        print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(probes.to_dict()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
