@@ -230,7 +230,9 @@ def _wrap_live(
             objective=args.objective,
             warmup_s=args.warmup_s,
             window_s=args.window_s,
+            window_max_s=args.window_s,  # a script's steps come as it reports them: fixed windows
             trials=args.trials,
+            sampler="tpe",  # the throughput model describes the runtime, not a script
         )
 
         def factory(job: Job) -> OnlineTuner:
