@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from runtime.envs import EnvInfo, probe_env
+
 ENV_BATCHES = (1, 8, 32)
 """Env counts one policy forward is timed at (the forward's fixed and per-env cost)."""
 LEARNER_BATCHES = (1024, 4096, 16384)
@@ -46,14 +48,8 @@ class LearnerCost:
     seconds: dict[int, float]
 
     def fit(self) -> tuple[float, float]:
-        """(fixed seconds per update, seconds per sample): a least-squares line, both >= 0."""
-        xs = np.array(sorted(self.seconds), float)
-        ys = np.array([self.seconds[int(x)] for x in xs])
-        if len(xs) < 2:
-            return 0.0, float(ys[0] / xs[0])
-        slope, icpt = np.polyfit(xs, ys, 1)
-        slope = max(float(slope), 1e-12)
-        return max(float(icpt), 0.0), slope
+        """(fixed seconds per update, seconds per sample)."""
+        return _line(self.seconds, min_slope=1e-12)
 
 
 @dataclass(frozen=True)
@@ -74,10 +70,7 @@ class Probes:
 
     def forward_fit(self) -> tuple[float, float]:
         """(fixed seconds per forward, seconds per env)."""
-        xs = np.array(sorted(self.forward_s), float)
-        ys = np.array([self.forward_s[int(x)] for x in xs])
-        slope, icpt = np.polyfit(xs, ys, 1) if len(xs) > 1 else (ys[0], 0.0)
-        return max(float(icpt), 0.0), max(float(slope), 0.0)
+        return _line(self.forward_s)
 
     def to_dict(self) -> dict[str, Any]:
         doc = asdict(self)
@@ -107,6 +100,17 @@ class Probes:
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ProbeError(f"malformed probe results: {exc}") from None
+
+
+def _line(points: dict[int, float], min_slope: float = 0.0) -> tuple[float, float]:
+    """(intercept, slope) of the least-squares line through ``size -> seconds``, both >= 0;
+    through the origin for a single point."""
+    xs = np.array(sorted(points), float)
+    ys = np.array([points[int(x)] for x in xs])
+    if len(xs) < 2:
+        return 0.0, max(float(ys[0] / xs[0]), min_slope)
+    slope, icpt = np.polyfit(xs, ys, 1)
+    return max(float(icpt), 0.0), max(float(slope), min_slope)
 
 
 def _timed(fn, budget_s: float = PROBE_S, least: int = 3) -> float:
@@ -142,13 +146,11 @@ def probe_env_step(env_id: str, seed: int = 0) -> float:
         env.close()
 
 
-def probe_forward(env_id: str, policy: str, normalize: bool = True) -> dict[int, float]:
+def probe_forward(info: EnvInfo, policy: str, normalize: bool = True) -> dict[int, float]:
     """Seconds per forward of the run's policy as an actor runs it, by env count."""
     from policies.actor_critic import initial_state_arrays
     from policies.numpy_policy import NumpyPolicy
-    from runtime.envs import probe_env
 
-    info = probe_env(env_id)
     names, arrays = initial_state_arrays(
         info.obs_dim, info.act_dim, info.discrete, policy, normalize, 0
     )
@@ -162,7 +164,7 @@ def probe_forward(env_id: str, policy: str, normalize: bool = True) -> dict[int,
 
 
 def probe_learner(
-    env_id: str, policy: str, device: str, rollout_len: int, learner: dict[str, Any]
+    info: EnvInfo, policy: str, device: str, rollout_len: int, learner: dict[str, Any]
 ) -> LearnerCost:
     """Seconds per update of the run's learner on ``device`` with synthetic batches; stops
     growing the batch once one update takes over ``PROBE_S``."""
@@ -171,9 +173,7 @@ def probe_learner(
     from policies.actor_critic import ActorCritic
     from policies.appo import APPOLearner
     from policies.appo_config import APPOConfig
-    from runtime.envs import probe_env
 
-    info = probe_env(env_id)
     cfg = APPOConfig(**learner)
     model = ActorCritic(info.obs_dim, info.act_dim, info.discrete, policy, cfg.normalize_obs)
     dev = torch.device(device)
@@ -215,8 +215,9 @@ def measure(
 
     torch.set_num_threads(1)
     start = time.perf_counter()
+    info = probe_env(env_id)
     step = probe_env_step(env_id)
-    forward = probe_forward(env_id, policy, bool(learner.get("normalize_obs", True)))
+    forward = probe_forward(info, policy, bool(learner.get("normalize_obs", True)))
     sms: list[int] = []
     if torch.cuda.is_available():
         n = torch.cuda.device_count()
@@ -225,7 +226,7 @@ def measure(
     for device in devices:
         if device == "cuda" and not sms:
             continue
-        costs[device] = probe_learner(env_id, policy, device, rollout_len, learner)
+        costs[device] = probe_learner(info, policy, device, rollout_len, learner)
     return Probes(env_id, policy, step, forward, costs, sms, time.perf_counter() - start)
 
 
