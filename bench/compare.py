@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.workflows.progress_log import read_progress
-from bench.compare_arms import arm_command
+from bench.compare_arms import arm_command, arm_kind
 from bench.machine_meter import MachineMeter
 from bench.report import write_json
 
@@ -44,31 +44,93 @@ def window(rows: list[dict[str, Any]], warmup_s: float, final_third: bool) -> tu
     return inside[0], inside[-1]
 
 
+CURVE_S = 10.0
+"""Bin width of an arm's steps/J curve (its plots and the time it takes to reach a level)."""
+
+
+def _spj(steps: float, joules: float) -> float | None:
+    return steps / joules if joules > 0 else None
+
+
 def measure(
-    rows: list[dict[str, Any]], meter: MachineMeter, warmup_s: float, final_third: bool = False
+    rows: list[dict[str, Any]],
+    meter: MachineMeter,
+    warmup_s: float,
+    final_third: bool = False,
+    started: float | None = None,
 ) -> dict[str, Any]:
-    """Trained steps/s, GPU W, CPU W and steps/J of one arm's window."""
+    """Trained steps/s, GPU W, CPU W and steps/J of one arm's window; with ``started`` (the
+    arm's Unix start time), the whole run's figures too (start-up included, to its last
+    progress line) and its steps/J curve in ``CURVE_S`` bins. Steps/J is given under both CPU
+    models: with the packages' idle draw (``steps_per_joule``) and busy cores only."""
     a, b = window(rows, warmup_s, final_third)
-    (ga, ca), (gb, cb) = meter.at(a["t"]), meter.at(b["t"])
+    (ga, ca, ia), (gb, cb, ib) = meter.parts_at(a["t"]), meter.parts_at(b["t"])
     span, steps = b["t"] - a["t"], b["steps"] - a["steps"]
     joules = (gb - ga) + (cb - ca)
-    return {
+    doc: dict[str, Any] = {
         "window_s": span,
         "window_steps": steps,
         "steps_per_s": steps / span,
         "gpu_w": (gb - ga) / span,
         "cpu_w": (cb - ca) / span,
-        "steps_per_joule": steps / joules if joules > 0 else None,
+        "steps_per_joule": _spj(steps, joules),
+        "steps_per_joule_busy_only": _spj(steps, joules - (ib - ia)),
         "final_return": rows[-1].get("return"),
         "final_steps": rows[-1]["steps"],
     }
+    if started is not None:
+        end = rows[-1]
+        g0, c0, i0 = meter.parts_at(max(started, meter.samples[0][0]))
+        g1, c1, i1 = meter.parts_at(end["t"])
+        whole = (g1 - g0) + (c1 - c0)
+        doc["whole_run"] = {
+            "wall_s": end["t"] - started,
+            "steps": end["steps"],
+            "steps_per_s": end["steps"] / (end["t"] - started),
+            "steps_per_joule": _spj(end["steps"], whole),
+            "steps_per_joule_busy_only": _spj(end["steps"], whole - (i1 - i0)),
+        }
+        doc["curve"] = curve(rows, meter, started)
+    return doc
+
+
+def curve(rows: list[dict[str, Any]], meter: MachineMeter, started: float) -> list[dict]:
+    """Steps/s and steps/J in ``CURVE_S`` bins from the arm's start (``t``: the bin's end, in
+    seconds since the start), interpolated on the progress lines."""
+    import numpy as np
+
+    ts = np.array([r["t"] for r in rows])
+    steps = np.array([r["steps"] for r in rows], float)
+    out = []
+    edge = started + CURVE_S
+    while edge <= ts[-1]:
+        lo = edge - CURVE_S
+        s0 = float(np.interp(lo, ts, steps, left=0.0))
+        s1 = float(np.interp(edge, ts, steps))
+        try:
+            (g0, c0), (g1, c1) = meter.at(lo), meter.at(edge)
+        except ValueError:
+            edge += CURVE_S
+            continue
+        out.append(
+            {
+                "t": edge - started,
+                "steps_per_s": (s1 - s0) / CURVE_S,
+                "steps_per_joule": _spj(s1 - s0, (g1 - g0) + (c1 - c0)),
+            }
+        )
+        edge += CURVE_S
+    return out
 
 
 def run_arm(arm: str, a: argparse.Namespace, meter: MachineMeter, out_dir: Path) -> dict:
     stem = f"{a.env}-{arm}"
     progress, result = out_dir / f"{stem}.progress.jsonl", out_dir / f"{stem}.result.json"
     cmd = arm_command(arm, a, progress, result)
-    budget = (a.tuned_s if arm == "tuned" else a.seconds) + START_ALLOWANCE_S
+    if arm == "learner":
+        cmd += ["--json", str(result)]
+    tuned = arm_kind(arm) == "tuned"
+    budget = (a.tuned_s if tuned else a.seconds) + START_ALLOWANCE_S
     print(f"[{arm}] {' '.join(cmd)}", flush=True)
     doc: dict[str, Any] = {
         "arm": arm,
@@ -79,7 +141,11 @@ def run_arm(arm: str, a: argparse.Namespace, meter: MachineMeter, out_dir: Path)
         **meter.sources,
     }
     log = (out_dir / f"{stem}.log").open("w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    # each arm probes its workload afresh: its start-up is a first run's
+    env = {**os.environ, "AUTOTUNE_CACHE_DIR": str(out_dir / f"cache-{stem}")}
+    proc = subprocess.Popen(
+        cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env
+    )
     try:
         doc["returncode"] = proc.wait(timeout=budget)
     except subprocess.TimeoutExpired:
@@ -94,12 +160,18 @@ def run_arm(arm: str, a: argparse.Namespace, meter: MachineMeter, out_dir: Path)
     log.close()
     meter.sample()  # so the arm's last progress line lies inside the sampled span
     doc["wall_s"] = time.time() - doc["started_unix"]
-    try:
-        rows = read_progress(progress)
-        doc.update(measure(rows, meter, a.warmup_s, final_third=arm == "tuned"))
-    except (OSError, ValueError) as exc:
-        doc["error"] = f"{exc} (log: {stem}.log)"
-    if result.exists():
+    if arm == "learner":
+        if result.exists():
+            doc["learner"] = json.loads(result.read_text())
+        else:
+            doc["error"] = f"no result (log: {stem}.log)"
+    else:
+        try:
+            rows = read_progress(progress)
+            doc.update(measure(rows, meter, a.warmup_s, tuned, doc["started_unix"]))
+        except (OSError, ValueError) as exc:
+            doc["error"] = f"{exc} (log: {stem}.log)"
+    if result.exists() and arm != "learner":
         res = json.loads(result.read_text())
         doc["lost_steps"] = res.get("lost_steps")
         doc["config"] = {
@@ -113,6 +185,12 @@ def run_arm(arm: str, a: argparse.Namespace, meter: MachineMeter, out_dir: Path)
                 "trainer_device",
             )
         }
+        if "sizing" in res:
+            doc["sizing"] = {k: res["sizing"][k] for k in ("chosen", "predicted")}
+        if "tuning" in res:
+            doc["tuning"] = {
+                k: res["tuning"].get(k) for k in ("sampler", "best", "trials", "windows")
+            }
     write_json(out_dir / f"{stem}.json", doc)
     shown = {
         k: round(v, 2) if isinstance(v, float) else v

@@ -14,7 +14,17 @@ from pathlib import Path
 
 from bench.peers.common import hidden_from_policy
 
-ARMS = ("limit", "sb3-cpu", "sb3-cuda", "cleanrl", "default", "exported", "tuned")
+ARMS = (
+    "limit",
+    "learner",
+    "sb3-cpu",
+    "sb3-cuda",
+    "cleanrl",
+    "default",
+    "exported",
+    "tuned",
+    "tuned-tpe",
+)
 PEERS = ("sb3-cpu", "sb3-cuda", "cleanrl")
 OURS = ("default", "exported", "tuned")
 
@@ -28,6 +38,8 @@ def arm_kind(name: str) -> str:
     ``limit`` arm)."""
     if name == LIMIT_END:
         return "limit"
+    if name == "tuned-tpe":
+        return "tuned"
     return "exported" if name.startswith("exported-") else name
 
 
@@ -124,6 +136,8 @@ def arm_command(arm: str, a: argparse.Namespace, progress: Path, out: Path) -> l
             "--progress",
             str(progress),
         ]
+    if arm == "learner":
+        return [py, "-m", "bench.learner_limit", "--env", a.env, "--policy", a.policy]
     if arm in ("sb3-cpu", "sb3-cuda"):
         return [py, "-m", "bench.peers.sb3_ppo", *peer, "--device", arm.split("-")[1]]
     if arm == "cleanrl":
@@ -133,7 +147,8 @@ def arm_command(arm: str, a: argparse.Namespace, progress: Path, out: Path) -> l
         return [*train, "--env", a.env, "--max-wall-s", wall]
     if arm_kind(arm) == "exported":
         return [*train, "--config", str(a.exports[arm]), "--env", a.env, "--max-wall-s", wall]
-    knobs = [x for k in (a.knob or TUNE_KNOBS) for x in ("--knob", k)]
+    space = a.knob or (TUNE_KNOBS if a.tune_space == "narrow" else [])
+    knobs = [x for k in space for x in ("--knob", k)]
     return [
         *train,
         "--env",
@@ -148,5 +163,7 @@ def arm_command(arm: str, a: argparse.Namespace, progress: Path, out: Path) -> l
         f"compare-{a.env}-{int(time.time())}",
         "--tune-warmup-s",
         "4",
+        "--tune-sampler",
+        "tpe" if arm == "tuned-tpe" else "model",
         *knobs,
     ]

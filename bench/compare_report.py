@@ -220,6 +220,8 @@ def markdown(key: tuple[str, str, str], arms: dict[str, dict], summary: dict[str
     ]
     for name, r in summary["ratios"].items():
         d = arms[name]
+        if name == "learner":  # no trained steps: its figures are in the payoff section
+            continue
         if "error" in d:
             out.append(f"| {name} | failed: {d['error']} |||||||||")
             continue
@@ -263,7 +265,7 @@ def plot(key: tuple[str, str, str], arms: dict[str, dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = [n for n in ordered(arms) if "error" not in arms[n]]
+    names = [n for n in ordered(arms) if "error" not in arms[n] and n != "learner"]
     fig, axes = plt.subplots(1, 2, figsize=(10, 0.45 * len(names) + 1.6))
     for ax, metric, label in (
         (axes[0], "steps_per_s", "trained steps/s"),
@@ -286,6 +288,8 @@ def plot(key: tuple[str, str, str], arms: dict[str, dict], path: Path) -> None:
 
 
 def report(root: Path, markdown_path: str | None, plots: str | None) -> dict[str, Any]:
+    from bench import payoff_report as payoff
+
     groups = load_groups(root)
     text, doc = [], {"groups": [], "goals": {}}
     summaries = []
@@ -295,9 +299,16 @@ def report(root: Path, markdown_path: str | None, plots: str | None) -> dict[str
         text.append(markdown(key, arms, summary))
         doc["groups"].append({"run": key[0], "env": key[1], "policy": key[2], **summary})
         doc["goals"][f"{key[1]} {key[2]} ({key[0]})"] = summary["goals"]
+        slug = f"{key[0].replace('/', '_')}-{key[1]}-{key[2].replace(':', '_')}".strip(".-_")
         if plots:
-            slug = f"{key[0].replace('/', '_')}-{key[1]}-{key[2].replace(':', '_')}"
-            plot(key, arms, Path(plots) / f"compare-{slug.strip('.-_')}.png")
+            plot(key, arms, Path(plots) / f"compare-{slug}.png")
+        if payoff.applies(arms):  # the learner or TPE arm: whether tuning pays for itself
+            paid = payoff.summary(arms)
+            doc["groups"][-1]["payoff"] = paid
+            doc["goals"][f"{key[1]} {key[2]} ({key[0]}) payoff"] = paid["goals"]
+            text.append(payoff.markdown(key, paid))
+            if plots:
+                payoff.plot(key, arms, paid, Path(plots) / f"payoff-{slug}.png")
     doc["across_runs"] = across_runs(summaries)
     text += [across_markdown(entry) for entry in doc["across_runs"]]
     if markdown_path:

@@ -16,13 +16,15 @@ from runtime.energy import probe_cpu_energy, probe_gpu_energy
 
 
 class MachineMeter:
-    """Samples ``(unix time, GPU J, CPU J)`` every ``interval_s`` between ``start`` and ``stop``."""
+    """Samples ``(unix time, GPU J, CPU J, CPU idle J)`` every ``interval_s`` between ``start``
+    and ``stop``; the last is the CPU model's idle baseline (0 under RAPL, which measures the
+    packages whole), so figures can be given under both CPU models."""
 
     def __init__(self, interval_s: float = 0.5) -> None:
         self.interval_s = interval_s
         self._gpu = probe_gpu_energy()
         self._cpu = probe_cpu_energy()
-        self.samples: list[tuple[float, float, float]] = []
+        self.samples: list[tuple[float, float, float, float]] = []
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="machine-meter", daemon=True)
@@ -37,7 +39,8 @@ class MachineMeter:
         """Takes a sample now (the thread takes one every ``interval_s``)."""
         with self._lock:
             gpu = sum(self._gpu.read_energy_j().values())
-            self.samples.append((time.time(), gpu, self._cpu.read_energy_j()))
+            cpu, idle = self._cpu.read_energy_parts_j()
+            self.samples.append((time.time(), gpu, cpu, idle or 0.0))
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
@@ -55,12 +58,19 @@ class MachineMeter:
 
     def at(self, t: float) -> tuple[float, float]:
         """GPU J and CPU J at Unix time ``t``, interpolated between the samples around it."""
+        gpu, cpu, _ = self.parts_at(t)
+        return gpu, cpu
+
+    def parts_at(self, t: float) -> tuple[float, float, float]:
+        """GPU J, CPU J and the CPU model's idle J at Unix time ``t`` (interpolated)."""
         if not self.samples or not self.samples[0][0] <= t <= self.samples[-1][0]:
             raise ValueError(f"time {t:.2f} is outside the sampled span")
         times = [s[0] for s in self.samples]
         i = bisect.bisect_left(times, t)
         if times[i] == t or i == 0:
-            return self.samples[i][1], self.samples[i][2]
-        (ta, ga, ca), (tb, gb, cb) = self.samples[i - 1], self.samples[i]
-        w = (t - ta) / (tb - ta)
-        return ga + w * (gb - ga), ca + w * (cb - ca)
+            return self.samples[i][1:]
+        a, b = self.samples[i - 1], self.samples[i]
+        w = (t - a[0]) / (b[0] - a[0])
+        ga, ca, ia = a[1:]
+        gb, cb, ib = b[1:]
+        return ga + w * (gb - ga), ca + w * (cb - ca), ia + w * (ib - ia)

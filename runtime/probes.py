@@ -67,6 +67,10 @@ class Probes:
     """SMs per CUDA GPU (empty without one)."""
     probe_s: float = 0.0
     """Wall seconds the probes took, child start-up included."""
+    measured_at: float = 0.0
+    """Unix time the probes ran."""
+    cached: bool = False
+    """Read back from the probe cache (``runtime.probe_cache``), not measured now."""
 
     def forward_fit(self) -> tuple[float, float]:
         """(fixed seconds per forward, seconds per env)."""
@@ -97,6 +101,8 @@ class Probes:
                 learners,
                 [int(s) for s in doc.get("sms", [])],
                 float(doc.get("probe_s", 0.0)),
+                float(doc.get("measured_at", 0.0)),
+                bool(doc.get("cached", False)),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ProbeError(f"malformed probe results: {exc}") from None
@@ -163,11 +169,28 @@ def probe_forward(info: EnvInfo, policy: str, normalize: bool = True) -> dict[in
     return out
 
 
-def probe_learner(
-    info: EnvInfo, policy: str, device: str, rollout_len: int, learner: dict[str, Any]
-) -> LearnerCost:
-    """Seconds per update of the run's learner on ``device`` with synthetic batches; stops
-    growing the batch once one update takes over ``PROBE_S``."""
+def synthetic_batch(info: EnvInfo, size: int, rollout_len: int, seed: int = 0) -> dict:
+    """A learner batch of about ``size`` steps with random contents (the trainer's layout)."""
+    rng = np.random.default_rng(seed)
+    n = max(1, size // rollout_len)
+    act_shape = (n, rollout_len) if info.discrete else (n, rollout_len, info.act_dim)
+    return {
+        "obs": rng.standard_normal((n, rollout_len + 1, info.obs_dim)).astype(np.float32),
+        "actions": (
+            rng.integers(0, info.act_dim, act_shape)
+            if info.discrete
+            else rng.standard_normal(act_shape).astype(np.float32)
+        ),
+        "rewards": rng.standard_normal((n, rollout_len)).astype(np.float32),
+        "dones": np.zeros((n, rollout_len), np.float32),
+        "logp": np.full((n, rollout_len), -1.0, np.float32),
+        "versions": np.zeros((n, rollout_len), np.int64),
+    }
+
+
+def make_learner(info: EnvInfo, policy: str, device: str, learner: dict[str, Any]):
+    """The run's APPO learner for ``info``'s env on ``device``, and a function that runs one
+    update of a batch and waits for it to finish."""
     import torch
 
     from policies.actor_critic import ActorCritic
@@ -178,31 +201,27 @@ def probe_learner(
     model = ActorCritic(info.obs_dim, info.act_dim, info.discrete, policy, cfg.normalize_obs)
     dev = torch.device(device)
     learn = APPOLearner(model, cfg, dev)
-    rng = np.random.default_rng(0)
+
+    def update(batch: dict) -> None:
+        learn.update(batch)
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+
+    return learn, update
+
+
+def probe_learner(
+    info: EnvInfo, policy: str, device: str, rollout_len: int, learner: dict[str, Any]
+) -> LearnerCost:
+    """Seconds per update of the run's learner on ``device`` with synthetic batches; stops
+    growing the batch once one update takes over ``LEARNER_STOP_S``."""
+    _, update = make_learner(info, policy, device, learner)
     seconds: dict[int, float] = {}
     for size in LEARNER_BATCHES:
-        n = max(1, size // rollout_len)
-        act_shape = (n, rollout_len) if info.discrete else (n, rollout_len, info.act_dim)
-        batch = {
-            "obs": rng.standard_normal((n, rollout_len + 1, info.obs_dim)).astype(np.float32),
-            "actions": (
-                rng.integers(0, info.act_dim, act_shape)
-                if info.discrete
-                else rng.standard_normal(act_shape).astype(np.float32)
-            ),
-            "rewards": rng.standard_normal((n, rollout_len)).astype(np.float32),
-            "dones": np.zeros((n, rollout_len), np.float32),
-            "logp": np.full((n, rollout_len), -1.0, np.float32),
-            "versions": np.zeros((n, rollout_len), np.int64),
-        }
-
-        def update(b=batch) -> None:
-            learn.update(b)
-            if dev.type == "cuda":
-                torch.cuda.synchronize(dev)
-
-        seconds[n * rollout_len] = _timed(update, budget_s=PROBE_S / 2, least=2)
-        if seconds[n * rollout_len] > LEARNER_STOP_S:
+        batch = synthetic_batch(info, size, rollout_len)
+        size = batch["rewards"].size
+        seconds[size] = _timed(lambda b=batch: update(b), budget_s=PROBE_S / 2, least=2)
+        if seconds[size] > LEARNER_STOP_S:
             break
     return LearnerCost(device, seconds)
 
@@ -264,6 +283,7 @@ def run_probes(
     except (ValueError, IndexError):
         raise ProbeError(f"probe process printed no result: {proc.stdout[-200:]!r}") from None
     doc["probe_s"] = time.perf_counter() - start
+    doc["measured_at"] = time.time()
     return Probes.from_dict(doc)
 
 

@@ -4,6 +4,7 @@ config sized from probes (``autotune.workflows.auto_size``) with what was chosen
 from __future__ import annotations
 
 import argparse
+import time
 
 from rich.console import Console
 
@@ -35,6 +36,23 @@ def mps_or_auto(text: str) -> tuple[int, ...] | str:
     return text if text == "auto" else int_list(text)
 
 
+def tuned_space(args: argparse.Namespace) -> dict[str, tuple] | None:
+    """The values a tuned run's ``--knob`` flags narrow the sized fields to (the start is
+    sized inside the space the tuner searches); None when not tuning or nothing is narrowed.
+    A malformed ``--knob`` is left for the tuner to refuse with its own message."""
+    if not getattr(args, "tune", False) or not getattr(args, "knob", None):
+        return None
+    from autotune.tuning.knobs import KnobError, Machine, build_space
+    from autotune.workflows.auto_size import AUTO_FIELDS, usable_cores
+
+    named = {k.partition("=")[0].strip().replace("-", "_") for k in args.knob}
+    try:
+        space = build_space(Machine(usable_cores(), 1), list(args.knob))
+    except KnobError:
+        return None
+    return {n: space[n].choices for n in named & set(AUTO_FIELDS) if n in space}
+
+
 def size_run_config(console: Console, cfg: TrainConfig, auto: set[str], args: argparse.Namespace):
     """``cfg`` with its ``auto`` fields sized, and the ``sizing`` section; (cfg, None) after
     printing why when the workload cannot be probed or sized."""
@@ -43,7 +61,7 @@ def size_run_config(console: Console, cfg: TrainConfig, auto: set[str], args: ar
 
     objective = args.objective if args.objective != "weighted" else "steps_per_joule"
     try:
-        sized, doc = size_config(cfg, auto, objective)
+        sized, doc = size_config(cfg, auto, objective, tuned_space(args), args.reprobe)
     except (ProbeError, ValueError) as exc:
         console.print(f"[red]error:[/red] cannot size the run ({exc}); give explicit values")
         return cfg, None
@@ -60,6 +78,11 @@ def size_run_config(console: Console, cfg: TrainConfig, auto: set[str], args: ar
     console.print(
         f"  from: {doc['machine']['cores']} cores, env step {p['env_step_s'] * 1e6:.0f} us, "
         f"forward {min(p['forward_s'].values()) * 1e6:.0f} us, learner {learners}; "
-        f"probes {p['probe_s']:.1f} s"
+        + (
+            f"probes cached {time.strftime('%Y-%m-%d %H:%M', time.localtime(p['measured_at']))}"
+            " (--reprobe measures again)"
+            if p["cached"]
+            else f"probes {p['probe_s']:.1f} s"
+        )
     )
     return sized, doc

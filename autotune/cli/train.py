@@ -53,6 +53,13 @@ def add_train_command(sub: Any) -> None:
         "it are printed and stored in the result's 'sizing')",
     )
     train.add_argument(
+        "--reprobe",
+        action="store_true",
+        help="measure the workload's probes again instead of reading them from the cache "
+        "(they are kept a week per workload and machine, under $AUTOTUNE_CACHE_DIR, else "
+        "$XDG_CACHE_HOME/autotune, else ~/.cache/autotune)",
+    )
+    train.add_argument(
         "--envs-per-actor",
         type=int_or_auto,
         default="auto",

@@ -367,6 +367,7 @@ class OnlineTuner:
                 "objective": value,
                 "feasible": feasible,
                 "state": state,
+                "incumbent": best_before[1] if best_before else None,
                 **m.__dict__,
                 "precision": half_width(samples, self._batch(cur.values), per_joule),
                 "return_before": cur.return_before,

@@ -13,7 +13,8 @@ objective, under three rules:
 * the batch stays whole for the learner: a multiple of the rollout length and of the
   minibatch count, each minibatch at least ``MIN_MINIBATCH`` samples.
 
-Explicit values (``fixed``) always win: they are held and the rest is sized around them. The
+Explicit values (``fixed``) always win: they are held and the rest is sized around them; a
+tuned run's narrowed knobs (``allowed``) bound the values tried. The
 function is pure given its inputs, so it is tested on synthetic machines.
 """
 
@@ -74,9 +75,15 @@ def reserved_cores(cores: int) -> int:
 
 
 def candidates(
-    m: MachineModel, gpus: int, fixed: dict[str, Any], rollout_len: int, minibatches: int
+    m: MachineModel,
+    gpus: int,
+    fixed: dict[str, Any],
+    rollout_len: int,
+    minibatches: int,
+    allowed: dict[str, tuple[Any, ...]] | None = None,
 ) -> list[dict[str, Any]]:
-    """Every config the sizing considers (``fixed`` values held)."""
+    """Every config the sizing considers (``fixed`` values held; a field in ``allowed`` only
+    takes the values listed there, e.g. a tuned run's narrowed knobs)."""
     devices = ("cpu", "cuda") if gpus and "cuda" in m.learner else ("cpu",)
     grid = {
         "actors": range(1, m.cores + 1),
@@ -91,6 +98,10 @@ def candidates(
         "mps_pct": MPS,
         "trainer_threads": THREADS,
     }
+    for name, values in (allowed or {}).items():
+        if name in grid and name not in fixed:
+            grid[name] = tuple(v for v in values if name != "batch_size" or v in grid[name])
+            grid[name] = grid[name] or tuple(values)  # the user's own batches: theirs to keep
     for name, value in fixed.items():
         if name in grid:
             grid[name] = (value,)
@@ -115,6 +126,7 @@ def size_run(
     lag_ceiling: float = DEFAULT_LAG_CEILING,
     params: Params | None = None,
     steps: int | None = None,
+    allowed: dict[str, tuple[Any, ...]] | None = None,
 ) -> Sizing:
     """The best config under the model (see the module docstring).
 
@@ -123,7 +135,7 @@ def size_run(
             message says which rule bound).
     """
     params = params or prior_params(m)
-    cands = candidates(m, gpus, fixed, m.rollout_len, minibatches)
+    cands = candidates(m, gpus, fixed, m.rollout_len, minibatches, allowed)
     if not cands:
         raise ValueError(
             f"no batch size in {BATCHES[0]}..{BATCHES[-1]} is a multiple of the rollout length "
@@ -165,5 +177,6 @@ def size_run(
         "tie_share": TIE_SHARE,
         "objective": objective,
         "fixed": dict(fixed),
+        "allowed": {k: list(v) for k, v in (allowed or {}).items()},
     }
     return Sizing(values, predicted, len(cands), rules)

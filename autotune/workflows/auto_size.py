@@ -16,11 +16,12 @@ from typing import Any
 from autotune.tuning.knobs import to_config_value
 from autotune.tuning.perf_model import MachineModel
 from autotune.tuning.sizing import SIZED, Sizing, size_run
+from runtime import probe_cache
 from runtime.config import TrainConfig
 from runtime.energy.cpu import DEFAULT_WATTS_PER_BUSY_CORE
 from runtime.energy.cpu_idle import estimate_idle_w
 from runtime.hw.gpus import list_gpus
-from runtime.probes import Probes, run_probes
+from runtime.probes import Probes
 
 AUTO_FIELDS = (*SIZED, "trainer_threads")
 
@@ -70,14 +71,22 @@ def machine_model(cfg: TrainConfig, probes: Probes, cores: int) -> tuple[Machine
 def probed_model(cfg: TrainConfig) -> MachineModel:
     """The machine model of ``cfg``'s workload, probed now (raises ``ProbeError``)."""
     devices = ["cpu", "cuda"] if cfg.resolved_device() == "cuda" else ["cpu"]
-    probes = run_probes(cfg.env, cfg.policy, cfg.rollout_len, cfg.learner.to_dict(), devices)
+    probes = probe_cache.probes(
+        cfg.env, cfg.policy, cfg.rollout_len, cfg.learner.to_dict(), devices
+    )
     return machine_model(cfg, probes, usable_cores())[0]
 
 
 def size_config(
-    cfg: TrainConfig, auto: set[str], objective: str = "steps_per_joule"
+    cfg: TrainConfig,
+    auto: set[str],
+    objective: str = "steps_per_joule",
+    allowed: dict[str, tuple[Any, ...]] | None = None,
+    reprobe: bool = False,
 ) -> tuple[TrainConfig, dict[str, Any]]:
-    """``cfg`` with the fields in ``auto`` sized; and the result's ``sizing`` section.
+    """``cfg`` with the fields in ``auto`` sized (within ``allowed``, where it names a field);
+    and the result's ``sizing`` section. The probes come from the probe cache unless
+    ``reprobe`` (``runtime.probe_cache``).
 
     Raises:
         runtime.probes.ProbeError: the workload could not be probed.
@@ -85,10 +94,12 @@ def size_config(
     """
     cores = usable_cores()
     if "trainer_device" in auto or cfg.trainer_device == "auto":
-        devices = ["cpu", "cuda"]
+        devices = list((allowed or {}).get("trainer_device", ("cpu", "cuda")))
     else:
         devices = [cfg.trainer_device]
-    probes = run_probes(cfg.env, cfg.policy, cfg.rollout_len, cfg.learner.to_dict(), devices)
+    probes = probe_cache.probes(
+        cfg.env, cfg.policy, cfg.rollout_len, cfg.learner.to_dict(), devices, reprobe
+    )
     model, hardware = machine_model(cfg, probes, cores)
     fixed = {f: _knob(cfg, f) for f in AUTO_FIELDS if f not in auto}
     if fixed.get("trainer_device") == "auto":
@@ -100,6 +111,7 @@ def size_config(
         cfg.learner.minibatches,
         objective=objective,
         steps=cfg.steps,
+        allowed=allowed,
     )
     changes = {f: to_config_value(f, v) for f, v in sizing.values.items() if f in auto}
     if changes.get("trainer_device") == "cpu":

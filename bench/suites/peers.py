@@ -21,7 +21,12 @@ Arms (``--arms``, comma-separated):
   exported  ``autotune train --config FILE`` (``--exported FILE``; --policy set); more exported
             configs side by side: ``--exported LABEL=FILE`` (repeatable), each run as the arm
             ``exported-LABEL`` wherever ``exported`` is listed
-  tuned     ``autotune train --tune`` for ``--tuned-s``, measured over its final third
+  learner   the learner alone on synthetic batches (``bench/learner_limit.py``): joules per
+            trained sample above idle, per device and batch size; with the limit, the second
+            limit (one that counts the learning)
+  tuned     ``autotune train --tune`` (the model sampler) for ``--tuned-s``, measured over its
+            final third and whole (start-up included)
+  tuned-tpe the same with ``--tune-sampler tpe``
 
 ``--limit-again`` runs the limit once more after every other arm (``limit-end``): the report's
 ratios are then to the mean of the two limits, and it prints their drift, since a shared
@@ -51,6 +56,8 @@ WORKLOADS = {
     "ant-heavy": ("Ant-v5", "auto:1024:1024:512:auto"),
 }
 PARTS = ("arms", "report")
+LEARNER_S = 75.0
+"""About how long the learner arm takes (idle, then 3 batch sizes on each device)."""
 
 
 def add_args(ap: argparse.ArgumentParser) -> None:
@@ -100,6 +107,13 @@ def add_args(ap: argparse.ArgumentParser) -> None:
         action="append",
         default=None,
         help="the tuned arm's knobs (replaces its list; as in `autotune train --knob`)",
+    )
+    ap.add_argument(
+        "--tune-space",
+        choices=("narrow", "full"),
+        default="narrow",
+        help="the tuned arms' knob space without --knob: narrow (a GPU trainer, 4..16 actors, "
+        "batches of 2k..16k) or full (every knob, as `autotune train --tune` alone)",
     )
     ap.add_argument(
         "--limit-again",
@@ -201,7 +215,9 @@ def plan(a: argparse.Namespace):
             if a.limit_again:
                 names.append(LIMIT_END)
             for k, arm in enumerate(names):
-                budget = run.tuned_s if arm == "tuned" else run.seconds
+                budget = run.tuned_s if arm_kind(arm) == "tuned" else run.seconds
+                if arm == "learner":
+                    budget = LEARNER_S
                 if arm_kind(arm) in ("default", "exported"):
                     budget += run.startup_s
                 steps.append(

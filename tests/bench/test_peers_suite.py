@@ -256,7 +256,7 @@ def test_tuned_arm_command_and_final_third_window(tmp_path):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--arms", "limit,sb3"], "--arms: unknown ['sb3']; allowed limit, sb3-cpu"),
+        (["--arms", "limit,sb3"], "--arms: unknown ['sb3']; allowed limit, learner, sb3-cpu"),
         (["--arms", "exported"], "the exported arm needs --exported FILE"),
         (["--arms", "exported", "--exported", "x y=a.json"], "a label is letters, digits"),
         (["--arms", "exported", "--exported", "nothing.json"], "no such file 'nothing.json'"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -120,3 +121,35 @@ def test_bad_gmi_flags_are_refused_with_what_is_allowed(args, message, capsys):
     assert rc == 2
     err = capsys.readouterr().err
     assert message in " ".join(err.split()), err
+
+
+def test_auto_sizing_is_stored_explicit_flags_win_and_probes_are_cached(tmp_path):
+    """The defaults size the run from probes; the second run reads them from the cache."""
+    env = {**os.environ, "AUTOTUNE_CACHE_DIR": str(tmp_path / "cache")}
+
+    def train(name: str, *args: str) -> tuple[dict, str]:
+        out = tmp_path / f"{name}.json"
+        cmd = [sys.executable, "-m", "autotune.cli", "train", "--quiet", "--json", str(out)]
+        proc = subprocess.run(
+            [*cmd, "--steps", "4096", *args], capture_output=True, text=True, timeout=240, env=env
+        )
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(out.read_text()), proc.stderr
+
+    first, said = train("first")
+    sizing = first["sizing"]
+    assert "sizing: actors=" in said and "probes " in said and "cached" not in said
+    assert set(sizing["auto"]) >= {"actors", "envs_per_actor", "batch_size", "trainer_device"}
+    for field in ("actors", "envs_per_actor", "batch_size", "trainer_device"):
+        assert first["config"][field] == sizing["chosen"][field], field
+    assert sizing["probes"]["env_step_s"] > 0 and not sizing["probes"]["cached"]
+    assert sizing["values"]["batch_size"] == 512  # 4096 steps: the smallest batch (64 updates)
+    assert len(list((tmp_path / "cache" / "probes").glob("*.json"))) == 1
+
+    second, said = train("second", "--actors", "2")
+    assert second["config"]["actors"] == 2 and "actors" not in second["sizing"]["auto"]
+    assert second["sizing"]["probes"]["cached"] and "probes cached" in said
+    assert second["sizing"]["probes"]["env_step_s"] == sizing["probes"]["env_step_s"]
+
+    third, _ = train("third", "--reprobe", "--batch-size", "512")
+    assert not third["sizing"]["probes"]["cached"] and third["config"]["batch_size"] == 512

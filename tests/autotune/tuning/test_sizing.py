@@ -61,3 +61,14 @@ def test_explicit_values_win_and_the_rest_is_sized_around_them():
 def test_no_batch_that_fits_the_rules_is_a_clear_error():
     with pytest.raises(ValueError, match="multiple of the rollout length"):
         size_run(machine(16, False), 0, {}, 1024)
+
+
+def test_a_tuned_runs_narrowed_knobs_bound_the_start():
+    allowed = {"actors": (1, 2), "envs_per_actor": (4, 8), "batch_size": (512, 1024)}
+    s = size_run(machine(16, True), 1, {}, 4, allowed=allowed)
+    assert s.values["actors"] in (1, 2) and s.values["envs_per_actor"] in (4, 8)
+    assert s.values["batch_size"] in (512, 1024)
+    assert s.rules["allowed"] == {k: list(v) for k, v in allowed.items()}
+    # an explicit value still wins over the narrowed knob
+    held = size_run(machine(16, True), 1, {"actors": 3}, 4, allowed=allowed)
+    assert held.values["actors"] == 3

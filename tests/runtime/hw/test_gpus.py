@@ -42,6 +42,7 @@ def _fake_nvml():
         nvmlDeviceGetUUID=lambda h: f"GPU-{h}",
         nvmlDeviceGetMemoryInfo=lambda h: types.SimpleNamespace(total=16 * 2**30),
         nvmlDeviceGetPowerUsage=only_gpu0(70_000),
+        nvmlDeviceGetEnforcedPowerLimit=only_gpu0(350_000),
         nvmlDeviceGetTotalEnergyConsumption=only_gpu0(5),
         nvmlDeviceGetMigMode=only_gpu0((1, 1)),
         nvmlDeviceGetComputeMode=only_gpu0(3),
@@ -55,6 +56,7 @@ def test_optional_readings_nvml_refuses_are_none_or_unsupported(monkeypatch):
     full, bare = gpus.list_gpus()
     assert (full.name, full.uuid, full.memory_total_mib) == ("GPU", "GPU-0", 16384)
     assert (full.power_w, full.energy_counter, full.mig_mode) == (70.0, True, "enabled")
+    assert (full.power_limit_w, bare.power_limit_w) == (350.0, None)
     assert (full.compute_mode, full.compute_capability) == ("exclusive-process", (9, 0))
     assert (bare.power_w, bare.energy_counter, bare.mig_mode) == (None, False, "unsupported")
     assert (bare.compute_mode, bare.compute_capability) == ("unknown", None)

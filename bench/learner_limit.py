@@ -1,0 +1,122 @@
+"""The learner alone: joules per trained sample of a run's learner on synthetic batches, for
+each device and batch size, above the machine's idle draw. Added to the raw-stepping limit's
+joules per step, the cheapest of them gives a second limit, one that counts the learning: no
+run that trains every step it samples can beat it.
+
+    python -m bench.learner_limit --env Ant-v5 --policy auto:256:128:64:auto --json out.json
+
+The machine's idle power is measured first, before torch is imported (no CUDA context), with
+the same meter as every arm (``bench.machine_meter``). Each setting then runs updates for
+``--seconds``; its joules above idle per trained sample is its marginal cost. A GPU setting's
+cost includes what opening a CUDA context adds; a CPU setting's, its busy core. This is the
+process of the ``learner`` arm of ``python -m bench peers``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Any
+
+from bench.machine_meter import MachineMeter
+
+BATCHES = (4096, 16384, 65536)
+
+
+def _mark(meter: MachineMeter) -> float:
+    """Takes a sample now; its time."""
+    meter.sample()
+    return meter.samples[-1][0]
+
+
+def _joules(meter: MachineMeter, t0: float, t1: float) -> tuple[float, float]:
+    """(joules, of them the CPU model's idle) between two sampled times."""
+    g0, c0, i0 = meter.parts_at(t0)
+    g1, c1, i1 = meter.parts_at(t1)
+    return (g1 - g0) + (c1 - c0), i1 - i0
+
+
+def measure(
+    env_id: str,
+    policy: str,
+    rollout_len: int,
+    devices: list[str],
+    batches: tuple[int, ...],
+    seconds: float,
+    idle_s: float,
+) -> dict[str, Any]:
+    meter = MachineMeter(interval_s=0.25).start()
+    t0 = _mark(meter)
+    time.sleep(idle_s)
+    t1 = _mark(meter)
+    idle_j, _ = _joules(meter, t0, t1)
+    idle_w = idle_j / (t1 - t0)
+
+    import torch
+
+    from runtime.envs import probe_env
+    from runtime.probes import make_learner, synthetic_batch
+
+    torch.set_num_threads(1)
+    info = probe_env(env_id)
+    rows = []
+    for device in devices:
+        if device == "cuda" and not torch.cuda.is_available():
+            continue
+        _, update = make_learner(info, policy, device, {})
+        for size in batches:
+            batch = synthetic_batch(info, size, rollout_len)
+            samples_per_update = batch["rewards"].size
+            update(batch)  # warm-up: allocations, kernels chosen
+            a, updates = _mark(meter), 0
+            while time.time() - a < seconds:
+                update(batch)
+                updates += 1
+            b = _mark(meter)
+            joules, _ = _joules(meter, a, b)
+            samples = updates * samples_per_update
+            rows.append(
+                {
+                    "device": device,
+                    "batch_size": samples_per_update,
+                    "updates": updates,
+                    "samples_per_s": samples / (b - a),
+                    "watts": joules / (b - a),
+                    "marginal_j_per_sample": max(joules - idle_w * (b - a), 0.0) / samples,
+                }
+            )
+            print(json.dumps(rows[-1]), flush=True)
+    meter.stop()
+    best = min(rows, key=lambda r: r["marginal_j_per_sample"]) if rows else None
+    return {"idle_w": idle_w, "sources": meter.sources, "settings": rows, "best": best}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--env", required=True)
+    ap.add_argument("--policy", default="auto:64:64:auto")
+    ap.add_argument("--rollout-len", type=int, default=32)
+    ap.add_argument("--devices", default="cpu,cuda")
+    ap.add_argument("--batches", default=",".join(str(b) for b in BATCHES))
+    ap.add_argument("--seconds", type=float, default=6.0, help="per setting")
+    ap.add_argument("--idle-s", type=float, default=5.0, help="idle power, before torch")
+    ap.add_argument("--json", required=True, help="where the result goes")
+    a = ap.parse_args(argv)
+    try:
+        batches = tuple(int(b) for b in a.batches.split(","))
+    except ValueError:
+        ap.error(f"--batches {a.batches!r}: comma-separated integers")
+    devices = [d.strip() for d in a.devices.split(",") if d.strip()]
+    if bad := [d for d in devices if d not in ("cpu", "cuda")]:
+        ap.error(f"--devices: unknown {bad}; allowed cpu, cuda")
+    if a.seconds <= 0 or a.idle_s <= 0 or min(batches) < a.rollout_len:
+        ap.error("--seconds and --idle-s must be > 0, and every batch >= --rollout-len")
+    doc = measure(a.env, a.policy, a.rollout_len, devices, batches, a.seconds, a.idle_s)
+    with open(a.json, "w") as f:
+        json.dump(doc, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,230 @@
+"""Whether tuning pays for itself: the figures of ``python -m bench peers`` runs that hold the
+``learner`` arm and both tuned arms (``tuned``: the model sampler; ``tuned-tpe``: TPE).
+
+For each run (one env and policy, side by side on one machine) it gives every arm's steps/J
+over its measured window and over its whole run (start-up included), under both CPU models
+(idle draw included, and busy cores only), as ratios to two limits:
+
+* the raw-stepping limit (random actions on every core, no learning, GPU without a context);
+* the second limit, which counts the learning: the raw limit's joules per step plus the
+  learner's own joules per trained sample at its cheapest device and batch, measured alone
+  (``bench/learner_limit.py``).
+
+And the goals: ``auto`` sizing (the ``default`` arm) at 0.8 of the raw limit; the model-tuned
+run's whole-run steps/J at 0.9 of the best static config's (its steady window: a stricter
+reference than the static run's own whole run); 0.95 of it reached within 120 s; after the
+tuner's first 60 s no measured window under 0.7 of the incumbent; 1.3x TPE's whole-run
+steps/J; 0.85 of the second limit. Plots: steps/J and the knobs over time for both tuners.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from bench.compare_arms import arm_kind
+from bench.compare_report import limit_reference
+
+GOAL_AUTO_VS_LIMIT = 0.8
+GOAL_TUNED_VS_STATIC = 0.9
+GOAL_REACH = (0.95, 120.0)
+GOAL_FLOOR = (0.7, 60.0)
+GOAL_VS_TPE = 1.3
+GOAL_VS_LIMIT2 = 0.85
+TRAILING_S = 20.0
+"""The tuned run's steps/J when checking the 0.95 level: over this many trailing seconds."""
+
+
+def applies(arms: dict[str, dict[str, Any]]) -> bool:
+    return "learner" in arms or "tuned-tpe" in arms
+
+
+def _r(a: float | None, b: float | None) -> float | None:
+    return a / b if a and b else None
+
+
+def second_limit(arms: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The raw limit's steps/J (both CPU models) and the second limit's."""
+    limit = limit_reference(arms)
+    spj = limit.get("steps_per_joule")
+    busy = arms.get("limit", {}).get("steps_per_joule_busy_only")
+    best = (arms.get("learner", {}).get("learner") or {}).get("best")
+    out = {"limit": spj, "limit_busy_only": busy, "learner_best": best}
+    if spj and best:
+        out["limit2"] = 1 / (1 / spj + best["marginal_j_per_sample"])
+    if busy and best:
+        out["limit2_busy_only"] = 1 / (1 / busy + best["marginal_j_per_sample"])
+    return out
+
+
+def reach_time(curve: list[dict[str, Any]], level: float) -> float | None:
+    """Seconds from the arm's start to the first point where its steps/J over the trailing
+    ``TRAILING_S`` reaches ``level``."""
+    k = max(1, round(TRAILING_S / 10.0))
+    for i in range(k - 1, len(curve)):
+        values = [c["steps_per_joule"] or 0.0 for c in curve[i - k + 1 : i + 1]]
+        if sum(values) / k >= level:
+            return curve[i]["t"]
+    return None
+
+
+def floor_breaches(windows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Windows after the tuner's first ``GOAL_FLOOR[1]`` s under ``GOAL_FLOOR[0]`` x the
+    incumbent at the time."""
+    share, after = GOAL_FLOOR
+    return [
+        {"t": w["t"], "objective": w["objective"], "incumbent": w["incumbent"]}
+        for w in windows
+        if w["t"] >= after
+        and w.get("incumbent")
+        and w.get("objective") is not None
+        and w["objective"] < share * w["incumbent"]
+    ]
+
+
+def summary(arms: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    limits = second_limit(arms)
+    statics = [d for n, d in arms.items() if arm_kind(n) == "exported" and d.get("steps_per_joule")]
+    static = max(statics, key=lambda d: d["steps_per_joule"]) if statics else {}
+    rows = {}
+    for name, d in arms.items():
+        if arm_kind(name) in ("limit", "learner") or "error" in d:
+            continue
+        whole = d.get("whole_run") or {}
+        rows[name] = {
+            "steps_per_s": d.get("steps_per_s"),
+            "steps_per_joule": d.get("steps_per_joule"),
+            "steps_per_joule_busy_only": d.get("steps_per_joule_busy_only"),
+            "whole_steps_per_joule": whole.get("steps_per_joule"),
+            "whole_steps_per_joule_busy_only": whole.get("steps_per_joule_busy_only"),
+            "whole_wall_s": whole.get("wall_s"),
+            "vs_limit": _r(d.get("steps_per_joule"), limits["limit"]),
+            "vs_limit2": _r(d.get("steps_per_joule"), limits.get("limit2")),
+            "whole_vs_limit2": _r(whole.get("steps_per_joule"), limits.get("limit2")),
+            "config": d.get("config"),
+        }
+    tuned, tpe = arms.get("tuned", {}), arms.get("tuned-tpe", {})
+    tuned_whole = (tuned.get("whole_run") or {}).get("steps_per_joule")
+    static_spj = static.get("steps_per_joule")
+    reach = reach_time(tuned.get("curve") or [], GOAL_REACH[0] * static_spj) if static_spj else None
+    windows = (tuned.get("tuning") or {}).get("windows") or []
+    breaches = floor_breaches(windows)
+    best_ours = max((r["vs_limit2"] or 0.0 for r in rows.values()), default=None)
+    goals = {
+        "auto sizing steps/J vs limit": (
+            rows.get("default", {}).get("vs_limit"),
+            GOAL_AUTO_VS_LIMIT,
+        ),
+        "tuned whole-run steps/J vs best static": (
+            _r(tuned_whole, static_spj),
+            GOAL_TUNED_VS_STATIC,
+        ),
+        "tuned whole-run steps/J vs TPE's": (
+            _r(tuned_whole, (tpe.get("whole_run") or {}).get("steps_per_joule")),
+            GOAL_VS_TPE,
+        ),
+        "best steps/J vs second limit": (best_ours or None, GOAL_VS_LIMIT2),
+    }
+    out_goals = {
+        name: {"value": v, "goal": g, "met": None if v is None else v >= g}
+        for name, (v, g) in goals.items()
+    }
+    out_goals["tuned reaches 0.95 of best static (s)"] = {
+        "value": reach,
+        "goal": GOAL_REACH[1],
+        "met": None
+        if not static_spj or not tuned
+        else (reach is not None and reach <= GOAL_REACH[1]),
+    }
+    out_goals["tuned windows under 0.7 of the incumbent after 60 s"] = {
+        "value": len(breaches),
+        "goal": 0,
+        "met": None if not windows else not breaches,
+        "breaches": breaches,
+    }
+    return {
+        "limits": limits,
+        "static": static.get("arm"),
+        "rows": rows,
+        "goals": out_goals,
+    }
+
+
+def _n(v: float | None, digits: int = 1) -> str:
+    return "-" if v is None else f"{v:,.{digits}f}"
+
+
+def markdown(key: tuple[str, str, str], s: dict[str, Any]) -> str:
+    run, env, policy = key
+    lim = s["limits"]
+    best = lim.get("learner_best") or {}
+    out = [
+        f"**{env}**, policy `{policy}` (run `{run}`): limit {_n(lim['limit'])} steps/J "
+        f"(busy cores only {_n(lim['limit_busy_only'])}); learner alone at best "
+        f"{_n(best.get('marginal_j_per_sample', 0) * 1e6, 2)} uJ/sample "
+        f"({best.get('device', '-')}, batch {best.get('batch_size', '-')}); second limit "
+        f"{_n(lim.get('limit2'))} steps/J",
+        "",
+        "| arm | config | trained steps/s | steps/J window | busy-only | steps/J whole run "
+        "| busy-only | whole s | window / limit | window / 2nd limit | whole / 2nd limit |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, r in s["rows"].items():
+        c = r["config"] or {}
+        cfg = (
+            f"{c.get('actors')}x{c.get('envs_per_actor')}, b{c.get('batch_size')}, "
+            f"{c.get('trainer_device')}"
+            if c
+            else "-"
+        )
+        out.append(
+            f"| {name} | {cfg} | {_n(r['steps_per_s'], 0)} | {_n(r['steps_per_joule'])} | "
+            f"{_n(r['steps_per_joule_busy_only'])} | {_n(r['whole_steps_per_joule'])} | "
+            f"{_n(r['whole_steps_per_joule_busy_only'])} | {_n(r['whole_wall_s'], 0)} | "
+            f"{_n(r['vs_limit'], 2)} | {_n(r['vs_limit2'], 2)} | {_n(r['whole_vs_limit2'], 2)} |"
+        )
+    out.append("")
+    for name, g in s["goals"].items():
+        verdict = "not measured" if g["met"] is None else ("met" if g["met"] else "NOT met")
+        out.append(f"- {name}: {_n(g['value'], 2)}, goal {g['goal']}: {verdict}")
+    return "\n".join(out) + "\n"
+
+
+def plot(key: tuple[str, str, str], arms: dict[str, dict[str, Any]], s: dict, path: Path) -> None:
+    """Steps/J over time (10-s bins) and the knobs each tuner applied, for both tuners."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tuners = [n for n in ("tuned", "tuned-tpe") if arms.get(n, {}).get("curve")]
+    fig, axes = plt.subplots(4, 1, figsize=(9, 9), sharex=True)
+    for name, color in zip(tuners, ("tab:blue", "tab:orange"), strict=False):
+        d = arms[name]
+        xs = [c["t"] for c in d["curve"]]
+        axes[0].plot(xs, [c["steps_per_joule"] or 0 for c in d["curve"]], color=color, label=name)
+        windows = (d.get("tuning") or {}).get("windows") or []
+        t0 = d["started_unix"]
+        wt = [w["at"] - t0 for w in windows]
+        for ax, knob in zip(axes[1:], ("actors", "envs_per_actor", "batch_size"), strict=True):
+            ax.step(
+                wt, [w["values"].get(knob) for w in windows], where="post", color=color, marker="o"
+            )
+            ax.set_ylabel(knob, fontsize=8)
+    for ax in axes[2:]:
+        if ax.has_data():
+            ax.set_yscale("log", base=2)
+    for label, value, style in (
+        ("best static", (arms.get(s["static"] or "", {}) or {}).get("steps_per_joule"), "--"),
+        ("second limit", s["limits"].get("limit2"), ":"),
+    ):
+        if value:
+            axes[0].axhline(value, color="grey", ls=style, lw=1, label=label)
+    axes[0].set_ylabel("trained steps/J", fontsize=8)
+    axes[0].legend(fontsize=7)
+    axes[-1].set_xlabel("seconds since the run started (start-up included)")
+    fig.suptitle(f"{key[1]}, policy {key[2]}: model-guided tuner vs TPE", fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,137 @@
+"""Probes kept between runs: a workload probed on this machine is not probed again for a week.
+
+A run's probes (``runtime.probes``) take a few seconds, most of them the child's torch import
+and, on a GPU, its CUDA start-up. The results are stored as JSON under the cache directory
+(``$AUTOTUNE_CACHE_DIR``, else ``$XDG_CACHE_HOME/autotune``, else ``~/.cache/autotune``), one
+file per workload and machine: the key hashes the probe spec (env, policy, rollout length,
+learner settings, devices) with what the costs depend on here (host name, CPU model, the
+cores in the affinity mask, the GPUs' names, the Python, torch, numpy and gymnasium versions).
+An entry older than ``MAX_AGE_S``, one that cannot be read back, and any custom env
+(``module:Id``, whose code may have changed) is probed afresh; ``refresh`` forces it
+(``autotune train --reprobe``). Files are written whole (a temporary file, then a rename),
+readable by the owner only, and read with ``json`` alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from runtime.probes import ProbeError, Probes, run_probes
+
+MAX_AGE_S = 7 * 86400.0
+"""Seconds a cached probe stays valid."""
+
+
+def cache_dir() -> Path:
+    """Where probe results are kept (see the module docstring)."""
+    if os.environ.get("AUTOTUNE_CACHE_DIR"):
+        return Path(os.environ["AUTOTUNE_CACHE_DIR"]) / "probes"
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "autotune" / "probes"
+
+
+def _version(dist: str) -> str:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "-"
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_facts() -> dict[str, Any]:
+    """What probe results depend on besides the workload."""
+    from runtime.hw.gpus import list_gpus
+
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return {
+        "host": platform.node(),
+        "cpu": _cpu_model(),
+        "cores": cores,
+        "gpus": [g.name for g in list_gpus()],
+        "python": sys.version.split()[0],
+        **{dist: _version(dist) for dist in ("torch", "numpy", "gymnasium")},
+    }
+
+
+def cache_key(spec: dict[str, Any], facts: dict[str, Any]) -> str:
+    blob = json.dumps({"spec": spec, "machine": facts}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+def probes(
+    env_id: str,
+    policy: str,
+    rollout_len: int,
+    learner: dict[str, Any],
+    devices: list[str],
+    refresh: bool = False,
+) -> Probes:
+    """The workload's probes: from the cache when a valid entry exists, else measured now
+    (``runtime.probes.run_probes``) and stored.
+
+    Raises:
+        ProbeError: the workload could not be probed.
+    """
+    spec = {
+        "env": env_id,
+        "policy": policy,
+        "rollout_len": rollout_len,
+        "learner": learner,
+        "devices": sorted(devices),
+    }
+    cacheable = ":" not in env_id
+    path = cache_dir() / f"{cache_key(spec, machine_facts())}.json" if cacheable else None
+    if path is not None and not refresh:
+        hit = _read(path)
+        if hit is not None:
+            return hit
+    measured = run_probes(env_id, policy, rollout_len, learner, devices)
+    if path is not None:
+        _write(path, measured)
+    return measured
+
+
+def _read(path: Path) -> Probes | None:
+    try:
+        doc = json.loads(path.read_text())
+        found = Probes.from_dict({**doc, "cached": True})
+    except (OSError, ValueError, ProbeError):
+        return None
+    if not 0 <= time.time() - found.measured_at <= MAX_AGE_S:
+        return None
+    return found
+
+
+def _write(path: Path, found: Probes) -> None:
+    """Stores ``found``; a cache that cannot be written is skipped (the run goes on)."""
+    tmp = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".probe-", suffix=".json")
+        with os.fdopen(fd, "w") as f:
+            json.dump(found.to_dict(), f)
+        os.replace(tmp, path)
+    except OSError:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
