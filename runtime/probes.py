@@ -25,6 +25,8 @@ import numpy as np
 
 from runtime.envs import EnvInfo, probe_env
 
+GPU_POWER_S = 1.0
+"""Seconds each GPU power reading spans (idle, context open, learner busy)."""
 ENV_BATCHES = (1, 8, 32)
 """Env counts one policy forward is timed at (the forward's fixed and per-env cost)."""
 LEARNER_BATCHES = (1024, 4096, 16384)
@@ -32,8 +34,8 @@ LEARNER_BATCHES = (1024, 4096, 16384)
 PROBE_S = 0.2
 """About how long each timed loop runs."""
 LEARNER_STOP_S = 0.08
-"""The learner's batch stops growing once one update takes longer than this (the line through
-the sizes measured so far extrapolates)."""
+"""The learner's batch stops growing once one update takes longer than this, two sizes measured
+(the line through them extrapolates)."""
 
 
 class ProbeError(RuntimeError):
@@ -71,6 +73,10 @@ class Probes:
     """Unix time the probes ran."""
     cached: bool = False
     """Read back from the probe cache (``runtime.probe_cache``), not measured now."""
+    gpu_power: dict[str, float] = field(default_factory=dict)
+    """GPU 0's watts (NVML) with no context (``idle_w``), with the learner's context open and
+    nothing running (``context_w``), and with the learner updating back to back (``busy_w``);
+    empty without a GPU that NVML reads."""
 
     def forward_fit(self) -> tuple[float, float]:
         """(fixed seconds per forward, seconds per env)."""
@@ -103,6 +109,7 @@ class Probes:
                 float(doc.get("probe_s", 0.0)),
                 float(doc.get("measured_at", 0.0)),
                 bool(doc.get("cached", False)),
+                {str(k): float(v) for k, v in doc.get("gpu_power", {}).items()},
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ProbeError(f"malformed probe results: {exc}") from None
@@ -213,27 +220,53 @@ def make_learner(info: EnvInfo, policy: str, device: str, learner: dict[str, Any
 def probe_learner(
     info: EnvInfo, policy: str, device: str, rollout_len: int, learner: dict[str, Any]
 ) -> LearnerCost:
-    """Seconds per update of the run's learner on ``device`` with synthetic batches; stops
-    growing the batch once one update takes over ``LEARNER_STOP_S``."""
+    """Seconds per update of the run's learner on ``device`` with synthetic batches, at two
+    sizes at least (a GPU learner's update can cost the same at every size: a fixed cost the
+    line must see); stops growing the batch once one update takes over ``LEARNER_STOP_S``."""
     _, update = make_learner(info, policy, device, learner)
     seconds: dict[int, float] = {}
     for size in LEARNER_BATCHES:
         batch = synthetic_batch(info, size, rollout_len)
         size = batch["rewards"].size
         seconds[size] = _timed(lambda b=batch: update(b), budget_s=PROBE_S / 2, least=2)
-        if seconds[size] > LEARNER_STOP_S:
+        if len(seconds) >= 2 and seconds[size] > LEARNER_STOP_S:
             break
     return LearnerCost(device, seconds)
+
+
+def _gpu_watts(meter, work, seconds: float = GPU_POWER_S) -> float:
+    """GPU 0's mean watts while ``work()`` is called for ``seconds``."""
+    e0, t0 = meter.read_energy_j().get(0, 0.0), time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        work()
+    return (meter.read_energy_j().get(0, 0.0) - e0) / (time.perf_counter() - t0)
+
+
+def _gpu_meter():
+    """GPU 0's energy reader, or None where NVML cannot read it."""
+    from runtime.energy.gpu import GPUEnergyError, NullGPUEnergy, probe_gpu_energy
+
+    try:
+        meter = probe_gpu_energy((0,))
+    except GPUEnergyError:
+        return None
+    return None if isinstance(meter, NullGPUEnergy) else meter
 
 
 def measure(
     env_id: str, policy: str, rollout_len: int, learner: dict[str, Any], devices: list[str]
 ) -> Probes:
     """Every probe, in this process (``run_probes`` runs them in a child)."""
+    start = time.perf_counter()
+    # GPU 0's draw before anything here opens a context on it
+    meter = _gpu_meter() if "cuda" in devices else None
+    power: dict[str, float] = {}
+    if meter is not None:
+        power["idle_w"] = _gpu_watts(meter, lambda: time.sleep(0.05))
+
     import torch
 
     torch.set_num_threads(1)
-    start = time.perf_counter()
     info = probe_env(env_id)
     step = probe_env_step(env_id)
     forward = probe_forward(info, policy, bool(learner.get("normalize_obs", True)))
@@ -246,7 +279,22 @@ def measure(
         if device == "cuda" and not sms:
             continue
         costs[device] = probe_learner(info, policy, device, rollout_len, learner)
-    return Probes(env_id, policy, step, forward, costs, sms, time.perf_counter() - start)
+    if meter is not None and "cuda" in costs:
+        _, update = make_learner(info, policy, "cuda", learner)
+        batch = synthetic_batch(info, max(costs["cuda"].seconds), rollout_len)
+        update(batch)
+        power["context_w"] = _gpu_watts(meter, lambda: time.sleep(0.05))
+        power["busy_w"] = _gpu_watts(meter, lambda: update(batch))
+    return Probes(
+        env_id,
+        policy,
+        step,
+        forward,
+        costs,
+        sms,
+        time.perf_counter() - start,
+        gpu_power=power if len(power) == 3 else {},
+    )
 
 
 def run_probes(

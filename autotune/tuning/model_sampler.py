@@ -42,6 +42,7 @@ from autotune.tuning.perf_model import (
     fit,
     uncertainty,
 )
+from autotune.tuning.sizing import fits_cores
 from autotune.tuning.storage import failed_configs
 
 MODELLED = (
@@ -210,6 +211,7 @@ class ModelSampler(optuna.samplers.BaseSampler):
         tried |= {self._key({**self.defaults, **json.loads(k)}) for k in failed_configs(study)}
         keys = [self._key(c) for c in cands]
         ok = np.array([k not in tried for k in keys])
+        ok &= fits_cores(self.machine, x)  # no core oversubscribed, as at the start
         if self.lag_ceiling is not None:
             ok &= pred.lag <= self.lag_ceiling
         y_best = math.log(medians[best_key]) if best_key else float(np.max(mu))

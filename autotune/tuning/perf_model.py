@@ -74,6 +74,10 @@ class MachineModel:
     """The GPU's power limit (priors of the context and busy draws)."""
     cpu_idle_w: float = 0.0
     w_core: float = 10.0
+    gpu_ctx_w: float = 0.0
+    """Measured: what an open context adds to the GPU's idle draw (0: not measured)."""
+    gpu_busy_w: float = 0.0
+    """Measured: what the learner updating back to back adds to that (0: not measured)."""
 
 
 @dataclass(frozen=True)
@@ -93,9 +97,12 @@ class Params:
 
 
 def prior_params(m: MachineModel) -> Params:
-    """Multipliers before any window: GPU context and busy draws as shares of its limit
-    (an H100's 700 W limit gives 56 W and 140 W)."""
-    return Params(gpu_ctx=0.08 * m.gpu_limit_w, gpu_dyn=0.2 * m.gpu_limit_w)
+    """Multipliers before any window: the GPU's context and busy draws as the probes measured
+    them, else as shares of its power limit (an H100's 700 W gives 56 W and 140 W)."""
+    return Params(
+        gpu_ctx=m.gpu_ctx_w if m.gpu_ctx_w > 0 else 0.08 * m.gpu_limit_w,
+        gpu_dyn=m.gpu_busy_w if m.gpu_busy_w > 0 else 0.2 * m.gpu_limit_w,
+    )
 
 
 def features(configs: list[dict[str, Any]], defaults: dict[str, Any]) -> dict[str, np.ndarray]:

@@ -74,6 +74,12 @@ def reserved_cores(cores: int) -> int:
     return 1 if cores >= 8 else 0
 
 
+def fits_cores(m: MachineModel, x: dict[str, np.ndarray]) -> np.ndarray:
+    """Whether each config's actors and CPU trainer threads fit the cores (``features``)."""
+    cpu_threads = np.where(x["cuda"] > 0, 0.0, np.ceil(trainer_cores(x)))
+    return x["actors"] + cpu_threads + reserved_cores(m.cores) <= max(m.cores, 2)
+
+
 def candidates(
     m: MachineModel,
     gpus: int,
@@ -143,8 +149,7 @@ def size_run(
         )
     x = features(cands, {})
     pred = evaluate(m, params, x)
-    cpu_threads = np.where(x["cuda"] > 0, 0.0, np.ceil(trainer_cores(x)))
-    fits = x["actors"] + cpu_threads + reserved_cores(m.cores) <= max(m.cores, 2)
+    fits = fits_cores(m, x)
     if "actors" in fixed:
         fits = np.ones_like(fits)  # the user's actor count: size the rest around it
     lag_ok = pred.lag <= lag_ceiling

@@ -38,6 +38,9 @@ def machine_model(cfg: TrainConfig, probes: Probes, cores: int) -> tuple[Machine
     """The model's fixed facts, and the hardware readings they came from."""
     gpus = list_gpus() if probes.sms else []
     gpu_idle = sum(g.power_w or 0.0 for g in gpus[:1])
+    power = probes.gpu_power
+    if power:  # measured over a second each by the probes, before and with a context
+        gpu_idle = power["idle_w"]
     limit = sum(g.power_limit_w or 0.0 for g in gpus[:1])
     idle = estimate_idle_w(cfg.cpu_idle_w)
     f0, f1 = probes.forward_fit()
@@ -53,6 +56,8 @@ def machine_model(cfg: TrainConfig, probes: Probes, cores: int) -> tuple[Machine
         gpu_limit_w=limit,
         cpu_idle_w=idle.idle_w,
         w_core=DEFAULT_WATTS_PER_BUSY_CORE,
+        gpu_ctx_w=max(power["context_w"] - power["idle_w"], 1.0) if power else 0.0,
+        gpu_busy_w=max(power["busy_w"] - power["context_w"], 1.0) if power else 0.0,
     )
     hardware = {
         "cores": cores,
@@ -61,6 +66,7 @@ def machine_model(cfg: TrainConfig, probes: Probes, cores: int) -> tuple[Machine
             for g in gpus[:1]
         ],
         "sms": probes.sms,
+        "gpu_power": power,
         "mig": [g.mig_mode for g in gpus[:1]],
         "cpu_idle_w": idle.idle_w,
         "cpu_idle_source": idle.source,

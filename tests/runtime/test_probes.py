@@ -1,0 +1,40 @@
+"""The workload probes on this machine, in their child process, and their cache."""
+
+from __future__ import annotations
+
+import pytest
+
+from runtime import probe_cache
+from runtime.probes import ProbeError, Probes, run_probes
+
+pytestmark = pytest.mark.slow
+
+
+def test_probes_measure_the_env_the_forward_and_two_learner_sizes_at_least():
+    p = run_probes("CartPole-v1", "auto:64:64:auto", 32, {}, ["cpu"])
+    assert 0 < p.env_step_s < 0.01 and set(p.forward_s) == {1, 8, 32}
+    sizes = sorted(p.learners["cpu"].seconds)
+    assert len(sizes) >= 2 and sizes[0] == 1024  # a fixed cost needs two points to show
+    c0, c1 = p.learners["cpu"].fit()
+    assert c0 >= 0 and c1 > 0
+    assert Probes.from_dict(p.to_dict()) == p
+    assert p.measured_at > 0 and not p.cached
+
+
+def test_a_workload_that_cannot_be_probed_says_why():
+    with pytest.raises(ProbeError, match="NoSuchEnv"):
+        run_probes("NoSuchEnv-v0", "auto", 32, {}, ["cpu"])
+
+
+def test_the_cache_keeps_a_workload_per_machine_and_refresh_measures_again(tmp_path, monkeypatch):
+    monkeypatch.setenv("AUTOTUNE_CACHE_DIR", str(tmp_path))
+    first = probe_cache.probes("CartPole-v1", "auto:32:auto", 32, {}, ["cpu"])
+    again = probe_cache.probes("CartPole-v1", "auto:32:auto", 32, {}, ["cpu"])
+    assert not first.cached and again.cached and again.env_step_s == first.env_step_s
+    other = probe_cache.probes("CartPole-v1", "auto:32:auto", 16, {}, ["cpu"])
+    assert not other.cached  # another rollout length is another workload
+    refreshed = probe_cache.probes("CartPole-v1", "auto:32:auto", 32, {}, ["cpu"], refresh=True)
+    assert not refreshed.cached
+    for path in (tmp_path / "probes").glob("*.json"):
+        path.write_text("{not json")  # an unreadable entry is measured again, not trusted
+    assert not probe_cache.probes("CartPole-v1", "auto:32:auto", 32, {}, ["cpu"]).cached
