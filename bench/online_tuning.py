@@ -80,6 +80,8 @@ def tune_args(args: argparse.Namespace, knobs: list[str], study: str) -> list[st
         study,
         "--tune-window-s",
         str(args.window_s),
+        "--tune-window-max-s",
+        str(max(args.window_max_s, args.window_s)),
         "--tune-warmup-s",
         str(args.warmup_s),
         "--tune-trials",

@@ -63,7 +63,13 @@ def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--fixed-rounds", type=int, default=2)
     ap.add_argument("--storage", default=None, help="the online study (default OUT/tuning.db)")
     ap.add_argument("--trials", type=int, default=22, help="the online tuner's trials")
-    ap.add_argument("--window-s", type=float, default=10.0)
+    ap.add_argument("--window-s", type=float, default=10.0, help="a window's least seconds")
+    ap.add_argument(
+        "--window-max-s",
+        type=float,
+        default=30.0,
+        help="a window's most seconds (it ends sooner once its estimate is precise)",
+    )
     ap.add_argument("--warmup-s", type=float, default=4.0)
     ap.add_argument(
         "--knob",

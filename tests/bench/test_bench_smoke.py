@@ -156,6 +156,8 @@ def test_tuning_smoke_on_cpu(tmp_path):
         "CartPole-v1",
         "--window-s",
         "1",
+        "--window-max-s",
+        "2",
         "--warmup-s",
         "0.5",
         *knobs,

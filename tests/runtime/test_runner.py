@@ -117,7 +117,7 @@ def test_no_child_outlives_a_runner_that_is_terminated_or_killed(sig):
         [
             *[sys.executable, "-m", "autotune.cli", "train", "--steps", "10000000", "--quiet"],
             *["--actors", "2", "--envs-per-actor", "4", "--batch-size", "1024"],
-            *["--trainer-device", "cpu", "--trainers", "1", "--mps-pct", "100"],
+            *["--trainer-device", "cpu", "--trainers", "1"],
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
