@@ -17,6 +17,7 @@ from autotune.cli.tune_flags import add_tune_args, tune_options
 from autotune.workflows.progress_log import ProgressLog
 from policies.appo_config import APPOConfig
 from runtime.config import TRAINER_PRECISIONS, ConfigError, TrainConfig
+from runtime.hw.gpus import no_gpu_reason
 from runtime.runner import RunError, Runner
 
 
@@ -299,7 +300,8 @@ def cmd_train(args: argparse.Namespace) -> int:
             cfg,
             info,
             mps_changes=args.mps_change,
-            mps_live=args.tune and cfg.resolved_device() == "cuda",
+            # a tuner may move the trainer to a GPU share: MPS from the start where there is one
+            mps_live=args.tune and (cfg.resolved_device() == "cuda" or no_gpu_reason() is None),
         )
     except ConfigError as exc:  # the checkpoint
         console.print(f"[red]error:[/red] {exc}")

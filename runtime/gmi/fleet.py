@@ -80,10 +80,13 @@ class GMIFleet:
         """Decides how GMIs share their GPUs; starts or reuses MPS where it is wanted.
 
         Args:
-            mps_later: A percentage will be set during the run (MPS must run from the start).
+            mps_later: A percentage may be set during the run (MPS must run from the start),
+                also where the GMIs start on the CPU and a tuner may move them to a GPU.
         """
         self._set_up = True
-        if self.sharing == "cpu" or not (
+        if self.sharing == "cpu" and not mps_later:
+            return  # CPU GMIs, and none will move to a GPU share during the run
+        if not (
             placement.wants_mps(self.gmis) or mps_later or self.cfg.inference_mps_pct is not None
         ):
             return
