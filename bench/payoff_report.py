@@ -165,8 +165,9 @@ def markdown(key: tuple[str, str, str], s: dict[str, Any]) -> str:
         f"({best.get('device', '-')}, batch {best.get('batch_size', '-')}); second limit "
         f"{_n(lim.get('limit2'))} steps/J",
         "",
-        "| arm | config | trained steps/s | steps/J window | busy-only | steps/J whole run "
-        "| busy-only | whole s | window / limit | window / 2nd limit | whole / 2nd limit |",
+        "| arm | config at the end | trained steps/s | steps/J window | busy-only "
+        "| steps/J whole run | busy-only | whole s | window / limit | window / 2nd limit "
+        "| whole / 2nd limit |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, r in s["rows"].items():
