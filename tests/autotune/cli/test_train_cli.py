@@ -153,3 +153,23 @@ def test_auto_sizing_is_stored_explicit_flags_win_and_probes_are_cached(tmp_path
 
     third, _ = train("third", "--reprobe", "--batch-size", "512")
     assert not third["sizing"]["probes"]["cached"] and third["config"]["batch_size"] == 512
+
+
+def test_which_flags_are_sized_with_and_without_a_config_file(tmp_path):
+    """Without --config every sizing flag left at its default is auto; with one, only those
+    given `auto` on the command line (the file's values stand); a tuned run's --knob narrows
+    the sized values."""
+    from autotune.cli.auto_flags import tuned_space
+    from autotune.cli.main import parse_args as parse
+    from autotune.cli.train_config import AUTO, auto_fields
+
+    assert auto_fields(parse(["train"])) == set(AUTO)
+    assert auto_fields(parse(["train", "--actors", "3"])) == set(AUTO) - {"actors"}
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({"env": "CartPole-v1", "actors": 2}))
+    assert auto_fields(parse(["train", "--config", str(cfg)])) == set()
+    with_auto = parse(["train", "--config", str(cfg), "--batch-size", "auto"])
+    assert auto_fields(with_auto) == {"batch_size"}
+    tuned = parse(["train", "--tune", "--knob", "actors=1..2", "--knob", "batch_size=512,1024"])
+    assert tuned_space(tuned) == {"actors": (1, 2), "batch_size": (512, 1024)}
+    assert tuned_space(parse(["train", "--knob", "actors=1..2"])) is None  # not tuning
