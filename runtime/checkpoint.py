@@ -34,6 +34,7 @@ import io
 import json
 import logging
 import os
+import re
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -42,7 +43,8 @@ from runtime.config import ConfigError, TrainConfig
 from runtime.envs import EnvInfo
 
 # torch is imported only where ``learner.pt`` is read or written: the runner imports this
-# module, and checks a checkpoint by its ``learner.json``, without loading torch.
+# module without loading torch, and loads it only to check a checkpoint it resumes from.
+# ``learner.pt`` is only ever read with ``torch.load(weights_only=True)`` (``load_state``).
 
 STATE_NAME = "learner.pt"
 INFO_NAME = "learner.json"
@@ -101,15 +103,62 @@ def _sha256(path: str) -> str:
     return digest.hexdigest()
 
 
-def _counts_from_state(directory: str, state_path: str) -> dict[str, int]:
-    """The trained steps and version of ``learner.pt`` itself, for a ``learner.json`` that is
-    one save behind it."""
+class StateError(ValueError):
+    """A learner state file that is not one: refused unread (nothing in it runs)."""
+
+
+STATE_KEYS = {"model": dict, "optimizer": dict, "version": int, "trained_steps": int}
+
+
+def _why(exc: BaseException) -> str:
+    """The line of a load error that says what was refused (torch's message is long)."""
+    lines = [re.sub(r"\x1b\[[0-9;]*m", "", ln).strip() for ln in str(exc).splitlines()]
+    lines = [ln for ln in lines if ln]
+    for ln in lines:
+        found = re.search(r"Unsupported (global|operand).*?(?= was not|$)", ln)
+        if found:
+            return f"it names code to run: {found.group(0)}"
+    return lines[0] if lines else type(exc).__name__
+
+
+def load_state(path: str, device: Any = "cpu") -> dict[str, Any]:
+    """A learner ``state()`` from ``path`` (a checkpoint's ``learner.pt`` or a hand-over file),
+    read with ``torch.load(weights_only=True)``: tensors and plain containers only, so a file
+    crafted to run code on load is refused, not run.
+
+    Raises:
+        StateError: the file cannot be read that way, or is not a learner state (what it
+            lacks is named).
+    """
+    import pickle
+
     import torch
 
     try:
-        state = torch.load(state_path, map_location="cpu", weights_only=False)
-        counts = {"trained_steps": int(state["trained_steps"]), "version": int(state["version"])}
-    except Exception as exc:  # any unreadable file is reported the same way
+        state = torch.load(path, map_location=device, weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, OSError, EOFError, ValueError) as exc:
+        raise StateError(
+            f"{path}: not a learner state that loads as tensors and plain data "
+            f"({_why(exc)}); it was not loaded"
+        ) from None
+    if not isinstance(state, dict):
+        raise StateError(f"{path}: holds a {type(state).__name__}, not a learner state")
+    wrong = [k for k, kind in STATE_KEYS.items() if not isinstance(state.get(k), kind)]
+    if wrong:
+        raise StateError(
+            f"{path}: not a learner state: {', '.join(wrong)} missing or of the wrong type "
+            f"(a learner state holds {', '.join(STATE_KEYS)})"
+        )
+    return state
+
+
+def _counts_from_state(directory: str, state_path: str) -> dict[str, int]:
+    """The trained steps and version of ``learner.pt`` itself, for a ``learner.json`` that is
+    one save behind it."""
+    try:
+        state = load_state(state_path)
+        counts = {"trained_steps": state["trained_steps"], "version": state["version"]}
+    except StateError as exc:
         raise ConfigError(
             [
                 f"checkpoint={directory!r}: {INFO_NAME} does not describe "
@@ -144,6 +193,11 @@ def check(cfg: TrainConfig, info: EnvInfo) -> Resume | None:
     state_path = os.path.join(cfg.checkpoint, STATE_NAME)
     if "state_sha256" in doc and doc["state_sha256"] != _sha256(state_path):
         doc.update(_counts_from_state(cfg.checkpoint, state_path))
+    else:  # the trainers load it: refuse a file that is not a learner state now, unrun
+        try:
+            load_state(state_path)
+        except StateError as exc:
+            raise ConfigError([f"checkpoint={cfg.checkpoint!r}: {exc}"]) from None
     problems = []
     for name, ours in (
         ("env", cfg.env),

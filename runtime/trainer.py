@@ -191,13 +191,10 @@ class Trainer:
 
     def _try_resume(self) -> None:
         """Loads the previous generation's learner state once its file exists."""
-        import torch
-
         path = self.resume_from
         if not os.path.exists(path):
             return
-        state = torch.load(path, map_location=self.device, weights_only=False)
-        self.learner.load_state(state)
+        self.learner.load_state(checkpoint.load_state(path, self.device))
         self.resumed = True
         if self.role is not None and self.role.generation == 0:  # from the checkpoint
             self.floor_version = self.learner.version

@@ -27,6 +27,16 @@ def cfg_for(directory, **over) -> TrainConfig:
     return TrainConfig(**{**base, **over})
 
 
+def state_of(trained_steps: int, version: int) -> dict:
+    """A learner ``state()``'s shape, with a one-tensor model."""
+    return {
+        "model": {"w": torch.zeros(2)},
+        "optimizer": {"state": {}, "param_groups": [{"lr": 1e-3, "betas": (0.9, 0.999)}]},
+        "version": version,
+        "trained_steps": trained_steps,
+    }
+
+
 @pytest.mark.slow
 def test_a_second_run_goes_on_from_the_first_and_loses_nothing(tmp_path):
     ck = tmp_path / "ck"
@@ -74,8 +84,7 @@ def test_unresumable_checkpoints_are_refused_before_the_run(tmp_path):
     cfg = cfg_for(ck, env="CartPole-v1")
     info = cfg.validate()
     assert checkpoint.check(cfg, info) is None  # nothing saved yet: a fresh start
-    state = {"trained_steps": 5000, "version": 9}
-    checkpoint.save(str(ck), state, cfg, info)
+    checkpoint.save(str(ck), state_of(5000, 9), cfg, info)
     with pytest.raises(ConfigError, match="already holds 5000 trained steps"):
         checkpoint.check(cfg, info)  # steps=4096 < 5000
     other = dataclasses.replace(cfg, env="Pendulum-v1", steps=10_000)
@@ -99,9 +108,9 @@ def test_a_json_one_save_behind_its_state_resumes_from_the_state(tmp_path, caplo
     ck = tmp_path / "ck"
     cfg = cfg_for(ck, env="CartPole-v1", steps=10_000)
     info = cfg.validate()
-    checkpoint.save(str(ck), {"trained_steps": 3000, "version": 4}, cfg, info)
+    checkpoint.save(str(ck), state_of(3000, 4), cfg, info)
     behind = (ck / checkpoint.INFO_NAME).read_text()
-    checkpoint.save(str(ck), {"trained_steps": 5000, "version": 9}, cfg, info)
+    checkpoint.save(str(ck), state_of(5000, 9), cfg, info)
     assert checkpoint.check(cfg, info).trained_steps == 5000
     checkpoint.save_returns(str(ck), [1.0, 3.0], episodes=7)
     assert checkpoint.load_returns(str(ck), 5000) == ([1.0, 3.0], 7)
@@ -115,3 +124,39 @@ def test_a_json_one_save_behind_its_state_resumes_from_the_state(tmp_path, caplo
     (ck / checkpoint.STATE_NAME).write_bytes(b"not a torch file")
     with pytest.raises(ConfigError, match=r"not describe learner\.pt, and learner\.pt is unread"):
         checkpoint.check(cfg, info)
+
+
+class _Crafted:
+    """Pickles as a call of ``open(path, "w")``: loading it with pickle would create ``path``."""
+
+    def __init__(self, path) -> None:
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def test_a_crafted_learner_file_is_refused_and_nothing_in_it_runs(tmp_path):
+    ck, marker = tmp_path / "ck", tmp_path / "ran"
+    cfg = cfg_for(ck, env="CartPole-v1", steps=10_000)
+    info = cfg.validate()
+    checkpoint.save(str(ck), state_of(3000, 4), cfg, info)
+    state = ck / checkpoint.STATE_NAME
+    torch.save({**state_of(3000, 4), "model": _Crafted(marker)}, state)
+    # its learner.json describes it (the attacker wrote both) ...
+    doc = json.loads((ck / checkpoint.INFO_NAME).read_text())
+    doc["state_sha256"] = checkpoint._sha256(str(state))
+    (ck / checkpoint.INFO_NAME).write_text(json.dumps(doc))
+    with pytest.raises(ConfigError, match="not a learner state that loads as tensors"):
+        checkpoint.check(cfg, info)
+    # ... or not (its counts are then read from the file itself)
+    doc["state_sha256"] = "0" * 64
+    (ck / checkpoint.INFO_NAME).write_text(json.dumps(doc))
+    with pytest.raises(ConfigError, match="unreadable"):
+        checkpoint.check(cfg, info)
+    with pytest.raises(checkpoint.StateError, match="it was not loaded"):
+        checkpoint.load_state(str(state))  # as a trainer taking over would read it
+    assert not marker.exists()
+    torch.save({"model": {}, "version": 4}, state)  # loads, but is not a learner state
+    with pytest.raises(checkpoint.StateError, match="optimizer, trained_steps missing"):
+        checkpoint.load_state(str(state))
