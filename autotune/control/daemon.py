@@ -35,7 +35,7 @@ from autotune.tuning.model_sampler import machine_from_doc, sampler_for
 from autotune.tuning.online_tuner import OnlineTuner
 from autotune.tuning.runner_job import tuning_doc
 from autotune.tuning.settings import TunerSettings
-from autotune.tuning.storage import open_study
+from autotune.tuning.storage import open_study, redact
 from runtime.config import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -326,7 +326,7 @@ class Daemon:
                     "job": s.job_id,
                     "pid": s.hello.get("pid"),
                     "env": s.hello.get("env"),
-                    "storage": s.hello["storage"],
+                    "storage": redact(s.hello["storage"]),
                     "study": s.hello["study"],
                     "objective": s.tuner.settings.objective,
                     "unmet": s.tuner.unmet,

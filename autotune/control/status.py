@@ -11,7 +11,7 @@ from typing import Any
 import optuna
 
 from autotune.tuning.counters import Counters
-from autotune.tuning.storage import StudyError, storage_url
+from autotune.tuning.storage import StudyError, check_readable, redact, storage_url
 
 
 def live_rates(readings: list[Counters], span_s: float) -> dict[str, Any] | None:
@@ -81,11 +81,13 @@ def stored_status(storage: str, study_name: str) -> dict[str, Any]:
     Raises:
         autotune.tuning.storage.StudyError: if the storage cannot be opened or holds no such study.
     """
+    check_readable(storage)
     storage = storage_url(storage)
     try:
         study = optuna.load_study(study_name=study_name, storage=storage)
     except Exception as exc:  # SQLAlchemy and Optuna raise many kinds; all mean "cannot read"
         raise StudyError(
-            f"cannot read study {study_name!r} from {storage!r}: {type(exc).__name__}: {exc}"
+            f"cannot read study {study_name!r} from {redact(storage)!r}: "
+            f"{redact(f'{type(exc).__name__}: {exc}')}"
         ) from None
-    return {"job": None, "storage": storage, "study": study_name, **study_summary(study)}
+    return {"job": None, "storage": redact(storage), "study": study_name, **study_summary(study)}

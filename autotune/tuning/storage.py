@@ -18,6 +18,7 @@ import datetime
 import json
 import logging
 import os
+import re
 import socket
 import threading
 import time
@@ -41,6 +42,7 @@ __all__ = [
     "load_study",
     "open_study",
     "pareto_front",
+    "redact",
     "skip_if_failed",
     "storage_url",
     "trial_values",
@@ -96,12 +98,13 @@ def open_study(
         )
     except Exception as exc:  # SQLAlchemy and Optuna raise many kinds; all mean "cannot open"
         raise StudyError(
-            f"cannot open study {name!r} in storage {storage!r}: {type(exc).__name__}: {exc}"
+            f"cannot open study {name!r} in storage {redact(storage)!r}: "
+            f"{_failure(exc, storage)}"
         ) from None
     if len(study.directions) != max(1, len(metrics)):
         had = study.metric_names or [f"{len(study.directions)} objectives"]
         raise StudyError(
-            f"study {name!r} in {storage!r} has objectives {had}, not "
+            f"study {name!r} in {redact(storage)!r} has objectives {had}, not "
             f"{list(metrics)}; use its objective or a new --study name"
         )
     if metrics and study.metric_names is None:
@@ -112,21 +115,39 @@ def open_study(
 
 
 def load_study(storage: str, name: str) -> optuna.Study:
-    """An existing study, to read.
+    """An existing study, to read (a SQLite file that does not exist is not created).
 
     Raises:
         StudyError: the storage cannot be opened or has no such study (the ones it has named).
     """
+    check_readable(storage)
     storage = storage_url(storage)
     try:
         names = optuna.get_all_study_names(storage=storage)
     except Exception as exc:  # SQLAlchemy and Optuna raise many kinds; all mean "cannot open"
-        raise StudyError(f"cannot open storage {storage!r}: {type(exc).__name__}: {exc}") from None
+        raise StudyError(
+            f"cannot open storage {redact(storage)!r}: {_failure(exc, storage)}"
+        ) from None
     if name not in names:
         raise StudyError(
-            f"no study {name!r} in {storage!r}; studies there: {', '.join(names) or 'none'}"
+            f"no study {name!r} in {redact(storage)!r}; studies there: "
+            f"{', '.join(names) or 'none'}"
         )
     return optuna.load_study(study_name=name, storage=storage)
+
+
+def check_readable(storage: str) -> None:
+    """Refuses a SQLite URL whose file does not exist (opening it would create an empty one).
+
+    Raises:
+        StudyError: naming the file.
+    """
+    path = sqlite_file(storage)
+    if path is not None and not path.is_file():
+        raise StudyError(
+            f"no SQLite file {str(path)!r} (from {storage!r}); nothing was created: give the "
+            "--storage a study was run with"
+        )
 
 
 def config_key(values: dict[str, Any]) -> str:
@@ -142,6 +163,34 @@ def storage_url(url: str) -> str:
     if url.startswith(("postgresql://", "postgres://")):
         return "postgresql+psycopg://" + url.split("://", 1)[1]
     return url
+
+
+_PASSWORD = re.compile(r"(?P<head>[a-z][a-z0-9+.-]*://[^:/@\s]*:)(?P<secret>[^@\s]+)(?=@)", re.I)
+
+
+def redact(text: str) -> str:
+    """``text`` with every URL password (``scheme://user:PASSWORD@host``) replaced by ``***``:
+    what a message or a log line may show of a storage URL."""
+    return _PASSWORD.sub(lambda m: m.group("head") + "***", text)
+
+
+def _failure(exc: Exception, url: str) -> str:
+    """An exception's text for a message: type and text, the URL's password masked wherever it
+    appears (a driver may quote the URL)."""
+    text = f"{type(exc).__name__}: {exc}"
+    secret = _PASSWORD.search(url)
+    if secret is not None:
+        text = text.replace(secret.group("secret"), "***")
+    return redact(text)
+
+
+def sqlite_file(url: str) -> Path | None:
+    """The file of a ``sqlite:///`` URL (made absolute), or None for another URL or memory."""
+    prefix = "sqlite:///"
+    url = storage_url(url)
+    if not url.startswith(prefix) or url == prefix + ":memory:":
+        return None
+    return Path(url[len(prefix) :])
 
 
 def trial_values(t: optuna.trial.FrozenTrial) -> dict[str, Any]:

@@ -1,0 +1,54 @@
+"""Storage URLs in messages and reads that create nothing: a password never shows, and a study
+read from a SQLite file that does not exist leaves no file behind."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from autotune.control.status import stored_status
+from autotune.tuning.storage import StudyError, load_study, open_study, redact
+
+
+def test_passwords_in_urls_are_masked():
+    url = "postgresql+psycopg://tuner:s3cr%40t!@db.example:5432/studies"
+    assert redact(url) == "postgresql+psycopg://tuner:***@db.example:5432/studies"
+    assert redact(f"cannot open {url!r}: refused") == (
+        "cannot open 'postgresql+psycopg://tuner:***@db.example:5432/studies': refused"
+    )
+    assert redact("sqlite:////tmp/a.db") == "sqlite:////tmp/a.db"
+    assert redact("postgresql://tuner@db/x") == "postgresql://tuner@db/x"  # no password
+
+
+def test_an_unreachable_database_is_reported_without_its_password(tmp_path):
+    url = "postgresql://tuner:hunter2@127.0.0.1:9/studies"  # nothing listens on port 9
+    for call in (lambda: load_study(url, "s"), lambda: open_study(url, "s")):
+        with pytest.raises(StudyError) as err:
+            call()
+        assert "hunter2" not in str(err.value) and "tuner:***@" in str(err.value)
+    proc = subprocess.run(
+        [sys.executable, "-m", "autotune.cli", "export", "--storage", url, "--study", "s"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode != 0 and "hunter2" not in proc.stdout + proc.stderr
+
+
+def test_reading_a_missing_sqlite_file_creates_nothing(tmp_path):
+    db = tmp_path / "none.db"
+    url = f"sqlite:///{db}"
+    with pytest.raises(StudyError, match=r"no SQLite file .*nothing was created"):
+        load_study(url, "s")
+    with pytest.raises(StudyError, match="no SQLite file"):
+        stored_status(url, "s")
+    proc = subprocess.run(
+        [sys.executable, "-m", "autotune.cli", "export", "--storage", url, "--study", "s"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode != 0 and "no SQLite file" in proc.stdout + proc.stderr
+    assert not db.exists()
