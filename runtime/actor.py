@@ -201,6 +201,9 @@ class Actor:
             "version": self.policy.version,
             "throttle_waits": self.waits,
             "live_epoch": self.live.epoch,
+            "malformed": self.malformed.count
+            + self.receipts.malformed.count
+            + (self.policy.weights.malformed.count if isinstance(self.policy, LocalPolicy) else 0),
             "final": final,
         }
         if isinstance(self.policy, RemotePolicy):
@@ -283,7 +286,9 @@ def actor_main(
             raise ValueError("inference='actor' needs the version-0 weights")
         seed = np.random.SeedSequence([cfg.seed & (2**64 - 1), actor, incarnation])
         model = NumpyPolicy(info.discrete, cfg.learner.normalize_obs, *initial, seed=seed)
-        weights = WeightsReceiver(topology.actor_weights_in(ctx, endpoints), model, "actor")
+        weights = WeightsReceiver(
+            topology.actor_weights_in(ctx, endpoints), model, "actor", endpoints.weights_key
+        )
         if incarnation > 0:
             weights.poll(int(FIRST_WEIGHTS_WAIT_S * 1000))
         policy = LocalPolicy(weights)

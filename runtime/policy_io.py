@@ -30,32 +30,39 @@ the runner has noticed a dead inference GMI long before)."""
 
 
 class WeightsReceiver:
-    """Applies the newest WEIGHTS message waiting on a SUB socket to ``model``, never blocking."""
+    """Applies the newest genuine WEIGHTS message waiting on a SUB socket to ``model``, never
+    blocking. Every message must carry the run's signature (``wire.check_weights``) and a
+    version above the one held; a forged, malformed or older one is dropped and counted."""
 
-    def __init__(self, sock: zmq.Socket, model: Any, name: str) -> None:
+    def __init__(self, sock: zmq.Socket, model: Any, name: str, key: bytes) -> None:
         self.sock = sock
         self.model = model
+        self.key = key
         self.version = 0
         self.malformed = wire.MalformedCounter(f"{name}-weights")
 
     def poll(self, timeout_ms: int = 0) -> None:
         if not self.sock.poll(timeout_ms):
             return
-        newest = None
-        for newest in wire.recv_waiting(self.sock, self.malformed):  # noqa: B007 - keep the last
-            pass
-        if newest is None or newest.type is not wire.MsgType.WEIGHTS:
-            return
-        try:
-            version = wire.meta_int(newest.meta, "version")
-            if version > self.version and newest.arrays:
-                names = newest.meta.get("names")
-                if not isinstance(names, list):
-                    raise wire.ProtocolError("'names' must be a list")
-                self.model.load_state_arrays(names, newest.arrays)
+        waiting = [
+            m
+            for m in wire.recv_waiting(self.sock, self.malformed)
+            if m.type is wire.MsgType.WEIGHTS
+        ]
+        for msg in reversed(waiting):  # the newest genuine one wins; older ones go unchecked
+            try:
+                version, names = wire.check_weights(self.key, msg)
+            except wire.ProtocolError as exc:
+                self.malformed.drop(exc)
+                continue
+            if version <= self.version or not msg.arrays:
+                continue
+            try:
+                self.model.load_state_arrays(names, msg.arrays)
                 self.version = version
-        except (wire.ProtocolError, KeyError, RuntimeError, TypeError, ValueError) as exc:
-            self.malformed.drop(exc)
+                return
+            except (wire.ProtocolError, KeyError, RuntimeError, TypeError, ValueError) as exc:
+                self.malformed.drop(exc)
 
 
 class LocalPolicy:

@@ -144,7 +144,8 @@ def build_result(runner: RunRecord, wall_s: float, energy: Any) -> dict[str, Any
     (``inference_doc``), timeline (every ``TIMELINE_S`` while serving: seconds since the
     start, cumulative trained steps, GPU J and CPU J; ``started_unix`` dates it), checkpoint
     (``runtime.checkpoint.result_doc``, None without one), plus episodes, actor_restarts and
-    malformed message counts. Every count is this run's, also in a run resumed from a checkpoint;
+    malformed message counts (per service and trainer GMI, the actors summed, the runner's
+    own). Every count is this run's, also in a run resumed from a checkpoint;
     a resumed run's return window starts with the 100 returns its checkpoint kept.
     """
     tel = runner.telemetry
@@ -174,6 +175,8 @@ def build_result(runner: RunRecord, wall_s: float, energy: Any) -> dict[str, Any
         name: int(tel.source(name).get("malformed", 0))
         for name in (*services, *tel.trainer_sources())
     }
+    malformed["actors"] = sum(int(tel.source(a).get("malformed", 0)) for a in tel.actor_sources())
+    malformed["runner"] = tel.malformed.count
     digests = {tel.source(name).get("weights_digest") for name in current}
     return {
         "env": runner.cfg.env,

@@ -33,7 +33,7 @@ from __future__ import annotations
 import os
 import socket as pysocket
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import zmq
 
@@ -56,7 +56,10 @@ LINGER_MS = 10_000
 
 @dataclass(frozen=True)
 class Endpoints:
-    """Addresses of the links of one run."""
+    """Addresses of the links of one run, and the run's weights key: a random secret the
+    runner hands its own processes (never a socket or a command line), with which the trainer
+    signs every WEIGHTS message and the actors and the inference GMI check it
+    (``runtime.wire.weights_mac``), so weights published by anyone else are dropped."""
 
     experience: str
     chunks: str
@@ -67,6 +70,7 @@ class Endpoints:
     inference: str
     telemetry: str
     commands: str
+    weights_key: bytes = field(default_factory=lambda: os.urandom(32), repr=False)
 
     @classmethod
     def ipc(cls, run_dir: str) -> Endpoints:

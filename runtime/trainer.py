@@ -108,6 +108,7 @@ class Trainer:
         stats: Telemetry sender, or None.
         role: Place and generation; a single CPU/GPU trainer of generation 0 when None.
         group: The data-parallel group when the generation has several GMIs, else None.
+        weights_key: The run's weights key: every WEIGHTS message is signed with it.
     """
 
     def __init__(
@@ -120,6 +121,7 @@ class Trainer:
         role: GMIRole | None = None,
         group: Any = None,
         commands: zmq.Socket | None = None,
+        weights_key: bytes = b"",
     ) -> None:
         import torch
 
@@ -129,6 +131,7 @@ class Trainer:
         self.cfg, self.role, self.group = cfg, role, group
         self.dealer, self.weights, self.stats = dealer, weights, stats
         self.commands = commands
+        self.weights_key = weights_key
         self.live = LiveSettings()
         on_gpu = role.spec.gpu is not None if role is not None else cfg.resolved_device() == "cuda"
         self.device = "cuda" if on_gpu else "cpu"
@@ -164,7 +167,12 @@ class Trainer:
         if self.weights is None:
             return
         names, arrays = self.learner.model.state_arrays()
-        meta = {"version": self.learner.version, "names": names}
+        version = self.learner.version
+        meta = {
+            "version": version,
+            "names": names,
+            "mac": wire.weights_mac(self.weights_key, version, names, arrays),
+        }
         with contextlib.suppress(zmq.Again):  # no room for a subscriber: it gets a newer one
             wire.send_msg(self.weights, wire.MsgType.WEIGHTS, meta, arrays, zmq.NOBLOCK)
 
@@ -369,7 +377,9 @@ def trainer_main(
     weights = topology.trainer_weights_out(ctx, endpoints) if role.spec.rank == 0 else None
     stats = StatsSender(topology.telemetry_out(ctx, endpoints), role.name)
     commands = topology.command_in(ctx, endpoints)
-    trainer = Trainer(cfg, info, dealer, weights, stats, role, group, commands)
+    trainer = Trainer(
+        cfg, info, dealer, weights, stats, role, group, commands, endpoints.weights_key
+    )
     logger.info(
         "%s on %s (gpu %s, mps %s%%, %s SMs, pid %d)",
         role.name,

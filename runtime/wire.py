@@ -33,6 +33,8 @@ malformed; stages count and drop such messages (see ``MalformedCounter``).
 from __future__ import annotations
 
 import enum
+import hashlib
+import hmac
 import logging
 import math
 from collections.abc import Iterator, Sequence
@@ -113,6 +115,39 @@ def meta_int(meta: dict[str, Any], key: str, default: int | None = None) -> int:
     if not isinstance(value, int) or isinstance(value, bool):
         raise ProtocolError(f"header field {key!r} must be an integer, got {value!r}")
     return value
+
+
+def weights_mac(
+    key: bytes, version: int, names: Sequence[str], arrays: Sequence[np.ndarray]
+) -> str:
+    """HMAC-SHA256 (hex) of a WEIGHTS message's version, tensor names, dtypes, shapes and
+    bytes under the run's weights key (``runtime.topology.Endpoints.weights_key``)."""
+    mac = hmac.new(key, digestmod=hashlib.sha256)
+    mac.update(msgpack.packb([version, list(names)]))
+    for a in arrays:
+        a = np.ascontiguousarray(a)
+        mac.update(msgpack.packb([a.dtype.str, list(a.shape)]))
+        mac.update(memoryview(a).cast("B"))
+    return mac.hexdigest()
+
+
+def check_weights(key: bytes, msg: Message) -> tuple[int, list[str]]:
+    """The version and tensor names of a WEIGHTS message signed with ``key``.
+
+    Raises:
+        ProtocolError: a malformed header, or a signature that does not match (weights not
+            published by this run's trainer).
+    """
+    version = meta_int(msg.meta, "version")
+    names = msg.meta.get("names")
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise ProtocolError("WEIGHTS header field 'names' must be a list of strings")
+    given = msg.meta.get("mac")
+    if not isinstance(given, str) or not hmac.compare_digest(
+        given, weights_mac(key, version, names, msg.arrays)
+    ):
+        raise ProtocolError(f"forged WEIGHTS (version {version}): the signature does not match")
+    return version, names
 
 
 def meta_rollouts(meta: dict[str, Any]) -> list[list[int]]:

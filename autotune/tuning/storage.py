@@ -98,8 +98,7 @@ def open_study(
         )
     except Exception as exc:  # SQLAlchemy and Optuna raise many kinds; all mean "cannot open"
         raise StudyError(
-            f"cannot open study {name!r} in storage {redact(storage)!r}: "
-            f"{_failure(exc, storage)}"
+            f"cannot open study {name!r} in storage {redact(storage)!r}: {_failure(exc, storage)}"
         ) from None
     if len(study.directions) != max(1, len(metrics)):
         had = study.metric_names or [f"{len(study.directions)} objectives"]
@@ -130,8 +129,7 @@ def load_study(storage: str, name: str) -> optuna.Study:
         ) from None
     if name not in names:
         raise StudyError(
-            f"no study {name!r} in {redact(storage)!r}; studies there: "
-            f"{', '.join(names) or 'none'}"
+            f"no study {name!r} in {redact(storage)!r}; studies there: {', '.join(names) or 'none'}"
         )
     return optuna.load_study(study_name=name, storage=storage)
 

@@ -18,6 +18,9 @@ from runtime.inference import InferencePlace, InferenceServer
 from runtime.policy_io import RemotePolicy
 from runtime.runner import Runner
 
+KEY = b"k" * 32
+"""The run's weights key in these tests."""
+
 
 class _Served:
     """An inference server on its own thread, with a client, a weights PUB and a commands PUB."""
@@ -44,7 +47,7 @@ class _Served:
         self.raw.connect("inproc://infer")
         self.client = RemotePolicy(dealer)
         self.server = InferenceServer(
-            self.cfg, self.info, router, sub, None, InferencePlace(gpu, None, {}, 1)
+            self.cfg, self.info, router, sub, None, InferencePlace(gpu, None, {}, 1), KEY
         )
         self.thread = threading.Thread(target=self.server.run, args=(control_sub,), daemon=True)
         self.thread.start()
@@ -122,7 +125,7 @@ def test_on_a_gpu_the_answers_match_the_cpu_policy():
         served.close()
 
 
-def test_takes_newer_weights_and_says_which_version_acted(served):
+def test_takes_newer_genuine_weights_and_says_which_version_acted(served):
     ref = served.reference()
     with torch.no_grad():
         for p in ref.v.parameters():
@@ -133,11 +136,30 @@ def test_takes_newer_weights_and_says_which_version_acted(served):
     version = 0
     while version != 7:  # PUB/SUB: the first messages may go before the SUB has joined
         assert time.monotonic() < deadline, "the server never took version 7"
-        wire.send_msg(served.weights, wire.MsgType.WEIGHTS, {"version": 7, "names": names}, arrays)
+        meta = {"version": 7, "names": names, "mac": wire.weights_mac(KEY, 7, names, arrays)}
+        wire.send_msg(served.weights, wire.MsgType.WEIGHTS, meta, arrays)
         served.client.request(0, obs)
         _, _, version = served.client.actions(0)
     with torch.no_grad():
         expected = ref.values(torch.from_numpy(obs)).numpy()
+    np.testing.assert_allclose(served.client.value(obs), expected, rtol=1e-5, atol=1e-5)
+    # weights from anyone without the run's key: a huge version, unsigned or signed with
+    # another key, is dropped and counted, and the server keeps version 7
+    zeros = [np.zeros_like(a) for a in arrays]
+    forged = [
+        {"version": 10**9, "names": names},
+        {"version": 10**9, "names": names, "mac": wire.weights_mac(b"x" * 32, 10**9, names, zeros)},
+        {"version": 8, "names": names, "mac": wire.weights_mac(KEY, 8, names, arrays)},  # altered
+    ]
+    before = served.server.weights.malformed.count
+    deadline = time.monotonic() + 10
+    while served.server.weights.malformed.count < before + len(forged):
+        assert time.monotonic() < deadline, "the forged weights were never seen"
+        for meta in forged:
+            wire.send_msg(served.weights, wire.MsgType.WEIGHTS, meta, zeros)
+        served.client.request(0, obs)
+        _, _, version = served.client.actions(0)
+        assert version == 7
     np.testing.assert_allclose(served.client.value(obs), expected, rtol=1e-5, atol=1e-5)
 
 
