@@ -35,6 +35,14 @@ LEAVE_TIMEOUT_S = 60.0
 (and its undelivered steps counted as lost)."""
 
 
+RESTART_WINDOW_S = 60.0
+RESTART_LIMIT = 5
+"""An actor slot that dies this many times within ``RESTART_WINDOW_S`` is not restarted again,
+and the run stops (``ActorPool.gave_up`` says why): its env most likely fails at once."""
+BACKOFF_S = (0.5, 10.0)
+"""A dead actor is restarted after the first value, doubled for each death of its slot in the
+window, up to the second."""
+
 BLAS_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 
@@ -96,6 +104,11 @@ class ActorPool:
         self.leaving: list[ActorSlot] = []
         self.ended = Incarnations()
         self.restarts = 0
+        self.gave_up: str | None = None
+        """Why a slot is no longer restarted (the run then stops), or None."""
+        self._deaths: dict[int, list[float]] = {}
+        self._pending: dict[int, tuple[float, TrainConfig]] = {}
+        """Slots waiting out their back-off: index -> (restart time, config)."""
         self._next_incarnation: dict[int, int] = {}
         self._initial: dict[tuple[Any, ...], tuple[list[str], list[np.ndarray]]] = {}
 
@@ -150,15 +163,20 @@ class ActorPool:
         slot.leave_by = time.monotonic() + LEAVE_TIMEOUT_S
         self.leaving.append(slot)
 
+    def _used(self) -> set[int]:
+        return {s.index for s in self.slots} | set(self._pending)
+
     def resize(self, cfg: TrainConfig, ep: topology.Endpoints) -> None:
-        """Adds actors (new slots) or removes the highest slots to reach ``cfg.actors``."""
-        while len(self.slots) < cfg.actors:
-            used = {s.index for s in self.slots}
-            self.slots.append(self._start(cfg, ep, min(set(range(len(used) + 1)) - used)))
-        while len(self.slots) > cfg.actors:
-            self._leave(
-                self.slots.pop(max(range(len(self.slots)), key=lambda i: self.slots[i].index))
-            )
+        """Adds actors (new slots) or removes the highest slots to reach ``cfg.actors`` (a slot
+        waiting out its restart back-off counts, and is dropped first)."""
+        while len(self._used()) < cfg.actors:
+            free = min(set(range(len(self._used()) + 1)) - self._used())
+            self.slots.append(self._start(cfg, ep, free))
+        while len(self._used()) > cfg.actors:
+            top = max(self._used())
+            if self._pending.pop(top, None) is not None:
+                continue
+            self._leave(self.slots.pop(next(i for i, s in enumerate(self.slots) if s.index == top)))
 
     def respawn(self, cfg: TrainConfig, ep: topology.Endpoints) -> None:
         """Replaces every actor by a new incarnation started with ``cfg``."""
@@ -166,21 +184,46 @@ class ActorPool:
         for slot in old:
             self._leave(slot)
             self.slots.append(self._start(cfg, ep, slot.index))
+        self._pending = {i: (due, cfg) for i, (due, _) in self._pending.items()}
 
     def check(self, ep: topology.Endpoints | None) -> None:
-        """Restarts actors that died; reaps (or kills, past their timeout) leaving ones."""
-        for i, slot in enumerate(self.slots):
-            if slot.process.is_alive():
-                continue
+        """Restarts actors that died (after a back-off that grows with each death of the slot;
+        a slot that dies ``RESTART_LIMIT`` times in ``RESTART_WINDOW_S`` is given up, see
+        ``gave_up``); reaps (or kills, past their timeout) leaving ones. With ``ep`` None (the
+        drain) nothing is restarted."""
+        now = time.monotonic()
+        for slot in [s for s in self.slots if not s.process.is_alive()]:
             self._end(slot, died=True)
+            self.slots.remove(slot)
+            deaths = [t for t in self._deaths.get(slot.index, []) if now - t < RESTART_WINDOW_S]
+            deaths.append(now)
+            self._deaths[slot.index] = deaths
+            code, steps = slot.process.exitcode, int(slot.stepped.value)
+            if len(deaths) >= RESTART_LIMIT:
+                self.gave_up = self.gave_up or (
+                    f"actor {slot.index} died {len(deaths)} times within "
+                    f"{RESTART_WINDOW_S:.0f} s (last exit code {code}, after {steps} steps) and "
+                    "is not restarted again: its env fails at once (the actor's error is logged "
+                    "above)"
+                )
+                logger.error("%s", self.gave_up)
+                continue
+            delay = min(BACKOFF_S[0] * 2 ** (len(deaths) - 1), BACKOFF_S[1])
             logger.warning(
-                "actor %s died (exit code %s) after %d steps; restarting",
+                "actor %s died (exit code %s) after %d steps; restarting in %.1f s",
                 slot.key,
-                slot.process.exitcode,
-                slot.stepped.value,
+                code,
+                steps,
+                delay,
             )
-            self.restarts += 1
-            self.slots[i] = self._start(slot.cfg, ep, slot.index)
+            self._pending[slot.index] = (now + delay, slot.cfg)
+        if ep is not None:
+            for index, (due, cfg) in sorted(self._pending.items()):
+                if now >= due:
+                    del self._pending[index]
+                    self.restarts += 1
+                    self.slots.append(self._start(cfg, ep, index))
+            self.slots.sort(key=lambda s: s.index)
         for slot in list(self.leaving):
             if slot.process.is_alive() and time.monotonic() < (slot.leave_by or 0):
                 continue
@@ -202,6 +245,7 @@ class ActorPool:
         for slot in self.slots:
             self._leave(slot)
         self.slots = []
+        self._pending.clear()  # a slot waiting to restart is not restarted now
         deadline = time.monotonic() + timeout_s
         for slot in self.leaving:
             slot.leave_by = min(slot.leave_by or deadline, deadline)

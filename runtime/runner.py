@@ -137,6 +137,8 @@ class Runner:
         """Where the inference GMI runs (``inference='gmi'``), else None."""
         self.stop_requested = False
         self.interrupted = False
+        self.failure: str | None = None
+        """Why the run stopped before its budget (an actor slot given up), or None."""
 
     # --- live changes -------------------------------------------------------------------------
 
@@ -349,6 +351,10 @@ class Runner:
         while not self.stop_requested:
             self._read_telemetry(telemetry_sock, int(TICK_S * 1000))
             self._check_processes(ep)
+            if self.actors.gave_up is not None:
+                self.failure = self.actors.gave_up
+                logger.error("stopping the run: %s", self.failure)
+                break
             self.fleet.send_retire(command_sock, self.telemetry.source("migrator"))
             if self._pending_cfg is not None:
                 self._apply(ep, command_sock, self._pending_cfg)

@@ -376,4 +376,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     write_json(args.json, result)
     if args.json is not None:
         console.print(f"wrote {args.json}")
+    if result.get("failure"):
+        console.print(f"[red]run stopped early:[/red] {result['failure']}")
+        return 1
     return 0

@@ -174,3 +174,33 @@ def test_forged_weights_on_the_runs_socket_are_dropped_and_counted():
     assert_nothing_lost(result)
     assert result["malformed"]["actors"] > 0  # seen, dropped and counted
     assert 0 <= result["policy_lag"]["mean"] < 100 and result["policy_lag"]["max"] < 10**6
+
+
+FAILING_ENV = """
+import gymnasium as gym
+from gymnasium.envs.classic_control import CartPoleEnv
+
+
+class FailingStep(CartPoleEnv):
+    def step(self, action):
+        raise RuntimeError("this env fails at every step")
+
+
+gym.register("FailingStep-v0", entry_point=FailingStep)
+"""
+
+
+def test_an_env_that_fails_at_every_step_stops_the_run_with_a_reason(tmp_path, monkeypatch):
+    """No endless restart loop: each restart of the slot waits longer, and the fifth death
+    within a minute ends the run, drained, with a result that says why."""
+    (tmp_path / "failing_env.py").write_text(FAILING_ENV)
+    monkeypatch.syspath_prepend(str(tmp_path))  # the spawned actors get this path too
+    cfg = small_config(env="failing_env:FailingStep-v0", actors=1, steps=1_000_000)
+    started = time.monotonic()
+    result = Runner(cfg, cfg.validate()).run()
+    assert "actor 0 died 5 times within 60 s" in result["failure"]
+    assert "not restarted again" in result["failure"]
+    assert result["actor_restarts"] == 4 and result["env_steps"] == 0
+    assert_nothing_lost(result)
+    # the back-off: 0.5 + 1 + 2 + 4 s between the five starts
+    assert time.monotonic() - started >= 7.5
