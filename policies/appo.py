@@ -21,6 +21,7 @@ from torch import nn
 
 from policies.actor_critic import ActorCritic
 from policies.appo_config import APPOConfig
+from policies.nonfinite import NonFiniteUpdate
 from policies.vtrace import vtrace
 
 
@@ -125,6 +126,11 @@ class APPOLearner:
         sums = torch.cat([sums, torch.tensor([float(n * t)], dtype=torch.float64)])
         if group is not None:
             group.sum_(sums)
+        if not bool(torch.isfinite(sums).all()):
+            raise NonFiniteUpdate(
+                f"non-finite observations in the batch for version {self.version + 1}; "
+                "the update was not applied"
+            )
         self.model.obs_norm.update_from_sums(sums[:-1])
         total_steps = int(sums[-1].item())
         pi_losses, v_losses, entropies = [], [], []
@@ -167,7 +173,12 @@ class APPOLearner:
                         continue  # no trainer had rows for this minibatch
                 elif not len(idx):
                     continue
-                nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
+                norm = nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
+                if not bool(torch.isfinite(norm)):
+                    raise NonFiniteUpdate(
+                        f"non-finite gradient (norm {float(norm)}) in the update to version "
+                        f"{self.version + 1}; its remaining steps were not applied"
+                    )
                 self.optimizer.step()
         self.version += 1
         self.trained_steps += total_steps

@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import multiprocessing.sharedctypes
 import os
+import sys
 import time
 from typing import Any
 
@@ -44,6 +45,14 @@ DELIVERY_TIMEOUT_S = 30.0
 """How long a stopping actor waits for the trainer to confirm its last rollouts (less than
 ``drain.ACTOR_EXIT_TIMEOUT_S``, so it reports unconfirmed steps before the runner kills it)."""
 FIRST_WEIGHTS_WAIT_S = 2.0
+NONFINITE_EXIT = 3
+"""An actor's exit code after its env returned a non-finite value (it is not restarted)."""
+
+
+class NonFiniteEnv(ArithmeticError):
+    """An env returned a non-finite observation or reward."""
+
+
 """A restarted actor waits this long for current weights before acting with version 0."""
 
 
@@ -100,6 +109,7 @@ class Actor:
         commands: zmq.Socket | None = None,
     ) -> None:
         self.cfg, self.info = cfg, info
+        self.index = actor
         self.commands = commands
         self.live = LiveSettings()
         self.budget = cfg.inflight_steps_per_actor()
@@ -153,6 +163,7 @@ class Actor:
                 buf["obs"][envs, t], buf["actions"][envs, t] = self.obs[envs], act
                 buf["logp"][envs, t], buf["versions"][envs, t] = lp, version
                 self._step(envs, act, t, buf, truncated_final)
+                self._check_finite(envs, t, buf)
                 if t + 1 < t_len:
                     self.policy.request(g, self.obs[envs])
             if truncated_final:
@@ -162,6 +173,21 @@ class Actor:
             self.stepped.value += k
         buf["obs"][:, t_len] = self.obs
         return buf
+
+    def _check_finite(self, envs: slice, t: int, buf: dict[str, np.ndarray]) -> None:
+        """Raises ``NonFiniteEnv`` naming the env, this actor and the step where one of
+        ``envs`` returned a non-finite observation or reward (nothing of it is sent)."""
+        obs, rewards = self.obs[envs], buf["rewards"][envs, t]
+        if np.isfinite(obs).all() and np.isfinite(rewards).all():
+            return
+        bad = np.flatnonzero(~(np.isfinite(obs).all(axis=1) & np.isfinite(rewards)))[0]
+        i = range(*envs.indices(len(self.envs)))[int(bad)]
+        what = "reward" if not np.isfinite(rewards[bad]) else "observation"
+        raise NonFiniteEnv(
+            f"env {self.cfg.env}, actor {self.index}, env {i}: non-finite {what} at step "
+            f"{int(self.ep_length[i])} of its episode (after {int(self.stepped.value)} steps of "
+            "this actor); nothing of it was trained on"
+        )
 
     def _step(
         self,
@@ -304,7 +330,13 @@ def actor_main(
         os.getpid(),
     )
     commands = topology.command_in(ctx, endpoints)
-    Actor(cfg, info, actor, incarnation, dispenser, policy, receipts, stats, stepped, commands).run(
-        stop
-    )
+    try:
+        Actor(
+            cfg, info, actor, incarnation, dispenser, policy, receipts, stats, stepped, commands
+        ).run(stop)
+    except NonFiniteEnv as exc:  # not a crash to restart: the run stops, saying why
+        logger.error("%s", exc)
+        stats.send({"fatal": str(exc)})
+        ctx.destroy(linger=topology.LINGER_MS)
+        sys.exit(NONFINITE_EXIT)
     ctx.destroy(linger=topology.LINGER_MS)

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from runtime import topology
-from runtime.actor import actor_main
+from runtime.actor import NONFINITE_EXIT, actor_main
 from runtime.config import TrainConfig
 from runtime.envs import EnvInfo
 
@@ -199,6 +199,12 @@ class ActorPool:
             deaths.append(now)
             self._deaths[slot.index] = deaths
             code, steps = slot.process.exitcode, int(slot.stepped.value)
+            if code == NONFINITE_EXIT:
+                self.gave_up = self.gave_up or (
+                    f"actor {slot.index}: its env returned a non-finite value (the actor's "
+                    "error names the env and the step); not restarted"
+                )
+                continue
             if len(deaths) >= RESTART_LIMIT:
                 self.gave_up = self.gave_up or (
                     f"actor {slot.index} died {len(deaths)} times within "

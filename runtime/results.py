@@ -194,7 +194,7 @@ def build_result(runner: RunRecord, wall_s: float, energy: Any) -> dict[str, Any
         "policy_lag": {"mean": lag_mean, "max": lag_max},
         "actor_restarts": runner.restarts,
         "interrupted": runner.interrupted,
-        "failure": runner.failure,
+        "failure": (tel.fatal() or runner.failure) if runner.failure else None,
         "trainer_device": trainer.get("device"),
         "updates": trainer.get("version", 0),
         "gmis": [gmi_doc(name, tel.source(name)) for name in tel.trainer_sources()],

@@ -351,9 +351,9 @@ class Runner:
         while not self.stop_requested:
             self._read_telemetry(telemetry_sock, int(TICK_S * 1000))
             self._check_processes(ep)
-            if self.actors.gave_up is not None:
-                self.failure = self.actors.gave_up
-                logger.error("stopping the run: %s", self.failure)
+            if (why := self.telemetry.fatal() or self.actors.gave_up) is not None:
+                self.failure = why
+                logger.error("stopping the run: %s", why)
                 break
             self.fleet.send_retire(command_sock, self.telemetry.source("migrator"))
             if self._pending_cfg is not None:

@@ -55,6 +55,13 @@ class RunTelemetry:
         """Whether ``name`` sent its final report (after its drain)."""
         return bool(self.source(name).get("final"))
 
+    def fatal(self) -> str | None:
+        """The first reason a process gave for stopping the run (a non-finite value), or None."""
+        for counters in self.latest.values():
+            if isinstance(counters.get("fatal"), str):
+                return counters["fatal"]
+        return None
+
     def actor_sources(self) -> list[str]:
         return [s for s in self.latest if s.startswith("actor-")]
 

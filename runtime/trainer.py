@@ -22,16 +22,16 @@ import hashlib
 import logging
 import os
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import zmq
 
+from policies.nonfinite import NonFiniteUpdate
 from runtime import checkpoint, topology, wire
 from runtime.config import TrainConfig
 from runtime.envs import EnvInfo
 from runtime.gmi import placement
-from runtime.gmi.placement import GMISpec
+from runtime.gmi.role import GMIRole
 from runtime.stages.batcher import Batcher
 from runtime.stages.common import LiveSettings, StatsSender, init_service_process
 
@@ -44,48 +44,6 @@ logger = logging.getLogger(__name__)
 STATS_INTERVAL_S = 0.5
 WINDOW_CHUNKS = 4
 RESUME_POLL_S = 0.05
-
-
-@dataclass(frozen=True)
-class GMIRole:
-    """What one trainer GMI process is: its place, its generation and its group.
-
-    Attributes:
-        spec: Rank, GPU and MPS percentage.
-        generation: 0 for the first GMIs of a run, +1 at every hand-over.
-        layout: Per GPU, the ranks of this generation (see ``runtime.gmi.placement``).
-        run_dir: The run's private directory (rendezvous and hand-over files).
-        resume_from: The previous generation's state file to wait for (generation 0: the
-            checkpoint the run resumes from), or None.
-        env: Environment for the process (MPS client variables), set before CUDA starts.
-    """
-
-    spec: GMISpec
-    generation: int
-    layout: list[list[int]]
-    run_dir: str
-    resume_from: str | None = None
-    env: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def name(self) -> str:
-        return topology.trainer_name(self.spec.rank, self.generation)
-
-    @property
-    def world(self) -> int:
-        return sum(len(ranks) for ranks in self.layout)
-
-    def state_file(self) -> str:
-        """Where rank 0 of this generation leaves the learner state when it retires."""
-        return state_file(self.run_dir, self.generation)
-
-    def group_file(self) -> str:
-        return os.path.join(self.run_dir, f"group-g{self.generation}")
-
-
-def state_file(run_dir: str, generation: int) -> str:
-    """The learner-state file that generation ``generation`` leaves when it retires."""
-    return os.path.join(run_dir, f"handover-g{generation}.pt")
 
 
 def weights_digest(model: Any) -> str:
@@ -133,6 +91,8 @@ class Trainer:
         self.commands = commands
         self.weights_key = weights_key
         self.live = LiveSettings()
+        self.halted: str | None = None
+        """Why this trainer stopped training (a non-finite update), or None."""
         on_gpu = role.spec.gpu is not None if role is not None else cfg.resolved_device() == "cuda"
         self.device = "cuda" if on_gpu else "cpu"
         torch.manual_seed(cfg.seed)  # the actors build the same version-0 weights
@@ -220,11 +180,20 @@ class Trainer:
             taken = self.batcher.take(self.learner.version, lag, rows, self.floor_version)
             self.discarded_steps += taken.discarded_steps
             batch = taken.batch if taken.rows else None
-        if batch is None and self.group is None:
-            if rows != 0:  # only stale rows: announce the weights again for late subscribers
+        if batch is not None and self.halted is not None:  # a run that is stopping: not trained
+            self.discarded_steps += int(batch["rewards"].size)
+            batch = None
+        if batch is None and (self.group is None or self.halted is not None):
+            if rows != 0 and self.halted is None:  # only stale rows: announce the weights again
                 self.publish()
             return
-        result = self.learner.update(batch, self.group)
+        try:
+            result = self.learner.update(batch, self.group)
+        except NonFiniteUpdate as exc:
+            self.halted = f"{self.name}: {exc} (env {self.cfg.env})"
+            logger.error("%s; the run stops", self.halted)
+            self.discarded_steps += int(batch["rewards"].size) if batch is not None else 0
+            return
         if result.steps:
             self.trained_steps += result.steps
             self.lag_sum += result.policy_lag_mean * result.steps
@@ -253,6 +222,7 @@ class Trainer:
             "retired": final and self.retiring,
             "batch_size": self.batcher.batch_rows * self.cfg.rollout_len,
             "live_epoch": self.live.epoch,
+            "fatal": self.halted,
             **self.batcher.counters,
             **self.last,
             "final": final,

@@ -22,9 +22,10 @@ from runtime.config import TrainConfig
 from runtime.envs import EnvInfo
 from runtime.gmi import placement
 from runtime.gmi.placement import GMISpec
+from runtime.gmi.role import GMIRole, state_file
 from runtime.hw.mps import MPSControl, MPSUnavailable
 from runtime.inference import InferencePlace
-from runtime.trainer import GMIRole, state_file, trainer_main
+from runtime.trainer import trainer_main
 
 logger = logging.getLogger(__name__)
 

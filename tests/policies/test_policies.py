@@ -185,3 +185,27 @@ def test_bf16_matmuls_keep_float32_outputs_and_weights_and_stay_close_to_fp32():
     assert stats.steps == 64 * 8 and np.isfinite([stats.loss_pi, stats.loss_v]).all()
     for b, p in zip(before, model.parameters(), strict=True):
         assert p.dtype == torch.float32 and not torch.equal(b, p)
+
+
+def test_a_non_finite_gradient_is_never_applied():
+    """The update stops at the first non-finite gradient: the weights, the optimiser state and
+    the version stay as they were."""
+    from policies.nonfinite import NonFiniteUpdate
+
+    torch.manual_seed(0)
+    model = ActorCritic(2, 2, True, spec="auto", normalize_obs=True)
+    learner = APPOLearner(model, APPOConfig(lr=3e-3), torch.device("cpu"))
+    batch = bandit_batch(model)
+    before = {k: v.clone() for k, v in learner.model.state_dict().items()}
+    version = learner.version
+    batch = {**batch, "rewards": np.full_like(batch["rewards"], np.inf)}
+    with pytest.raises(NonFiniteUpdate, match="non-finite gradient"):
+        learner.update(batch)
+    assert learner.version == version
+    for k, v in learner.model.state_dict().items():
+        if k.startswith("obs_norm"):
+            continue  # the observation statistics took the (finite) observations
+        assert torch.equal(v, before[k]), k
+    obs = {**batch, "obs": np.full_like(batch["obs"], np.nan)}
+    with pytest.raises(NonFiniteUpdate, match="non-finite observations"):
+        learner.update(obs)

@@ -204,3 +204,81 @@ def test_an_env_that_fails_at_every_step_stops_the_run_with_a_reason(tmp_path, m
     assert_nothing_lost(result)
     # the back-off: 0.5 + 1 + 2 + 4 s between the five starts
     assert time.monotonic() - started >= 7.5
+
+
+NAN_ENV = '''
+import gymnasium as gym
+import numpy as np
+from gymnasium.envs.classic_control import CartPoleEnv
+
+
+class NaNAfter(CartPoleEnv):
+    """CartPole whose observations turn NaN after 300 steps of one env."""
+
+    count = 0
+
+    def step(self, action):
+        obs, r, term, trunc, info = super().step(action)
+        NaNAfter.count += 1
+        if NaNAfter.count > 300:
+            obs = np.full_like(obs, np.nan)
+        return obs, r, term, trunc, info
+
+
+gym.register("NaNAfter-v0", entry_point=NaNAfter)
+'''
+
+
+def test_a_nan_observation_stops_the_run_naming_the_env_actor_and_step(tmp_path, monkeypatch):
+    (tmp_path / "nan_env.py").write_text(NAN_ENV)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    ck = tmp_path / "ck"
+    cfg = small_config(env="nan_env:NaNAfter-v0", steps=1_000_000, checkpoint=str(ck))
+    result = Runner(cfg, cfg.validate()).run()
+    failure = result["failure"]
+    assert "env nan_env:NaNAfter-v0, actor " in failure and "non-finite observation" in failure
+    assert result["actor_restarts"] == 0  # not a crash to retry
+    assert_nothing_lost(result)
+    if (ck / "learner.pt").exists():  # whatever was saved holds no NaN
+        import torch
+
+        from runtime.checkpoint import load_state
+
+        state = load_state(str(ck / "learner.pt"))
+        assert all(torch.isfinite(v).all() for v in state["model"].values())
+
+
+HUGE_REWARD_ENV = '''
+import gymnasium as gym
+from gymnasium.envs.classic_control import CartPoleEnv
+
+
+class HugeReward(CartPoleEnv):
+    """Finite rewards whose squares overflow float32: the learner's loss does not stay finite."""
+
+    def step(self, action):
+        obs, r, term, trunc, info = super().step(action)
+        return obs, 3e38, term, trunc, info
+
+
+gym.register("HugeReward-v0", entry_point=HugeReward)
+'''
+
+
+def test_a_non_finite_update_stops_the_run_and_is_never_published_or_saved(tmp_path, monkeypatch):
+    (tmp_path / "huge_env.py").write_text(HUGE_REWARD_ENV)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    ck = tmp_path / "ck"
+    cfg = small_config(env="huge_env:HugeReward-v0", steps=1_000_000, checkpoint=str(ck))
+    result = Runner(cfg, cfg.validate()).run()
+    assert "trainer" in result["failure"] and "non-finite" in result["failure"]
+    assert "env huge_env:HugeReward-v0" in result["failure"]
+    assert_nothing_lost(result)
+    assert result["updates"] == 0  # the first update was the bad one: no version published
+    import torch
+
+    from runtime.checkpoint import load_state
+
+    state = load_state(str(ck / "learner.pt"))
+    assert all(torch.isfinite(v).all() for v in state["model"].values())
+    assert state["version"] == 0

@@ -1,0 +1,52 @@
+"""What one trainer GMI process is (``GMIRole``: its place, generation and group), and where a
+generation leaves the learner state when it retires (``state_file``)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from runtime import topology
+from runtime.gmi.placement import GMISpec
+
+
+@dataclass(frozen=True)
+class GMIRole:
+    """What one trainer GMI process is: its place, its generation and its group.
+
+    Attributes:
+        spec: Rank, GPU and MPS percentage.
+        generation: 0 for the first GMIs of a run, +1 at every hand-over.
+        layout: Per GPU, the ranks of this generation (see ``runtime.gmi.placement``).
+        run_dir: The run's private directory (rendezvous and hand-over files).
+        resume_from: The previous generation's state file to wait for (generation 0: the
+            checkpoint the run resumes from), or None.
+        env: Environment for the process (MPS client variables), set before CUDA starts.
+    """
+
+    spec: GMISpec
+    generation: int
+    layout: list[list[int]]
+    run_dir: str
+    resume_from: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return topology.trainer_name(self.spec.rank, self.generation)
+
+    @property
+    def world(self) -> int:
+        return sum(len(ranks) for ranks in self.layout)
+
+    def state_file(self) -> str:
+        """Where rank 0 of this generation leaves the learner state when it retires."""
+        return state_file(self.run_dir, self.generation)
+
+    def group_file(self) -> str:
+        return os.path.join(self.run_dir, f"group-g{self.generation}")
+
+
+def state_file(run_dir: str, generation: int) -> str:
+    """The learner-state file that generation ``generation`` leaves when it retires."""
+    return os.path.join(run_dir, f"handover-g{generation}.pt")
