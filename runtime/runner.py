@@ -39,14 +39,13 @@ import dataclasses
 import logging
 import multiprocessing as mp
 import signal
-import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
 
 import zmq
 
-from runtime import checkpoint, live, topology, wire
+from runtime import checkpoint, live, run_dirs, topology, wire
 from runtime.actor_pool import ActorPool, Incarnations
 from runtime.config import ConfigError, TrainConfig
 from runtime.drain import Drain
@@ -297,7 +296,7 @@ class Runner:
             self.meter = EnergyMeter(cpu=probe_cpu_energy(idle_w=self.cfg.cpu_idle_w))
         meter = self.meter
         ctx = zmq.Context()
-        with tempfile.TemporaryDirectory(prefix="autotune-") as run_dir:
+        with run_dirs.run_dir() as run_dir:
             self.run_dir = run_dir
             ep = (
                 topology.Endpoints.ipc(run_dir)

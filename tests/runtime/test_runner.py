@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
@@ -140,6 +143,21 @@ def test_no_child_outlives_a_runner_that_is_terminated_or_killed(sig):
     proc.wait(timeout=30)
     _, alive = psutil.wait_procs(children, timeout=15)
     assert not alive, [c.pid for c in alive]
+    # its private directory: removed by the run itself, or, after a SIGKILL, by the next run
+    from runtime import run_dirs
+
+    def its_dirs() -> list[str]:
+        out = []
+        for d in Path(tempfile.gettempdir()).glob(run_dirs.PREFIX + "*"):
+            with contextlib.suppress(OSError, ValueError):
+                if json.loads((d / run_dirs.OWNER).read_text())["pid"] == proc.pid:
+                    out.append(str(d))
+        return out
+
+    left = its_dirs()
+    assert (len(left) == 1) if sig == signal.SIGKILL else not left
+    run_dirs.sweep()
+    assert not its_dirs()
 
 
 def test_forged_weights_on_the_runs_socket_are_dropped_and_counted():
