@@ -15,7 +15,12 @@ from runtime import wire
 
 
 class RunError(RuntimeError):
-    """A service process died or a drain did not complete."""
+    """A service process died or a drain did not complete; ``killed`` when a signal ended it
+    (something outside the run, not the run's own fault)."""
+
+    def __init__(self, message: str, killed: bool = False) -> None:
+        super().__init__(message)
+        self.killed = killed
 
 
 class Services:
@@ -46,7 +51,10 @@ class Services:
         """Raises ``RunError`` for a service that exited before its final report."""
         for name, proc in self.procs.items():
             if not proc.is_alive() and not is_final(name):
-                raise RunError(f"{name} process died (exit code {proc.exitcode})")
+                raise RunError(
+                    f"{name} process died (exit code {proc.exitcode})",
+                    killed=proc.exitcode is not None and proc.exitcode < 0,
+                )
 
     def exit_all(self, command_sock: zmq.Socket, deadline: float) -> None:
         """Tells every service to exit (resent: PUB/SUB) until all have, or ``deadline``."""

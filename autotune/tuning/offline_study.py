@@ -59,6 +59,7 @@ from autotune.tuning.storage import (
     fail_interrupted,
     fail_orphans,
     failed_configs,
+    killed_before,
     owner_id,
     skip_if_failed,
 )
@@ -240,6 +241,12 @@ class OfflineStudy:
             measured = self.trials(trial.number, values)
         except TrialFailed as exc:
             row.error = str(exc)
+            if exc.killed and not killed_before(self.study, values):
+                # killed from outside: not the config's fault until it happens twice
+                trial.set_user_attr("killed", row.error)
+                fail_interrupted(self.study, trial, f"killed: {row.error}; run once more")
+                self.study.enqueue_trial(values, skip_if_exists=False)
+                return row
         except KeyboardInterrupt:
             fail_interrupted(self.study, trial, "Ctrl-C")
             raise

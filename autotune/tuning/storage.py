@@ -39,6 +39,7 @@ __all__ = [
     "fail_interrupted",
     "fail_orphans",
     "failed_configs",
+    "killed_before",
     "load_study",
     "open_study",
     "pareto_front",
@@ -295,6 +296,15 @@ def fail_config(
     if trial is not None:
         trial.set_user_attr("error", error)
         study.tell(trial, state=TrialState.FAIL)
+
+
+def killed_before(study: optuna.Study, values: dict[str, Any]) -> bool:
+    """Whether a trial of ``values`` was killed from outside before (``killed`` attribute)."""
+    key = config_key(values)
+    return any(
+        "killed" in t.user_attrs and config_key(trial_values(t)) == key
+        for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,))
+    )
 
 
 def fail_interrupted(study: optuna.Study, trial: optuna.trial.Trial, reason: str) -> None:

@@ -25,7 +25,12 @@ class ScriptRunner(Protocol):
 
 
 class TrialFailed(Exception):
-    """A trial that could not be measured; the message says why."""
+    """A trial that could not be measured; the message says why. ``killed``: a signal from
+    outside ended its run (the config is run once more before it counts as unrunnable)."""
+
+    def __init__(self, message: str, killed: bool = False) -> None:
+        super().__init__(message)
+        self.killed = killed
 
 
 @dataclasses.dataclass
@@ -147,7 +152,7 @@ class TrainTrials:
         except ConfigError as exc:
             raise TrialFailed(f"not runnable: {exc}") from None
         except RunError as exc:
-            raise TrialFailed(f"run failed: {exc}") from None
+            raise TrialFailed(f"run failed: {exc}", killed=exc.killed) from None
         attrs = {
             "gpu_w": rate["gpu_w"],
             "cpu_w": rate["cpu_w"],
@@ -176,7 +181,9 @@ class ScriptTrials:
     def __call__(self, number: int, values: dict[str, Any]) -> Measured:
         run = self.wrapper.run_trial(number, {**self.fixed, **values})
         if run.error is not None:
-            raise TrialFailed(run.error)
+            code = run.returncode
+            killed = code is not None and code < 0 and run.error == f"exited with code {code}"
+            raise TrialFailed(run.error, killed=killed)
         attrs = {
             "wall_s": run.wall_s,
             "steps": run.steps,
