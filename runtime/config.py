@@ -101,8 +101,11 @@ class TrainConfig:
     """``ipc`` (Unix sockets in a private temp dir) or ``tcp`` (loopback)."""
     checkpoint: str | None = None
     """Directory of the learner's state across runs (``runtime.checkpoint``): loaded at the start
-    when it holds one (``steps`` then counts every run's trained steps), written when the run
-    ends; None keeps no state."""
+    when it holds one (``steps`` then counts every run's trained steps), written every
+    ``checkpoint_every_s`` and when the run ends; None keeps no state."""
+    checkpoint_every_s: float = 300.0
+    """With ``checkpoint``: seconds between saves while the run trains (each save whole, then
+    renamed), so a run that dies keeps what it had trained by its last save."""
     cpu_idle_w: float | None = None
     """Idle power of the CPU packages in watts, charged per second of the run by the CPU energy
     model where RAPL cannot be read (``runtime.energy.cpu_idle``); None takes it from the CPU's
@@ -164,6 +167,12 @@ class TrainConfig:
             isinstance(self.checkpoint, str) and self.checkpoint.strip()
         ):
             out.append(f"checkpoint={self.checkpoint!r}: must be a directory path (or unset)")
+        if not (
+            isinstance(self.checkpoint_every_s, (int, float))
+            and math.isfinite(self.checkpoint_every_s)
+            and self.checkpoint_every_s > 0
+        ):
+            out.append(f"checkpoint_every_s={self.checkpoint_every_s!r}: must be seconds > 0")
         if self.cpu_idle_w is not None and not (
             isinstance(self.cpu_idle_w, (int, float))
             and not isinstance(self.cpu_idle_w, bool)

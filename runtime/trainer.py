@@ -91,6 +91,7 @@ class Trainer:
         self.commands = commands
         self.weights_key = weights_key
         self.live = LiveSettings()
+        self.saved_version: int | None = None
         self.halted: str | None = None
         """Why this trainer stopped training (a non-finite update), or None."""
         on_gpu = role.spec.gpu is not None if role is not None else cfg.resolved_device() == "cuda"
@@ -247,7 +248,7 @@ class Trainer:
         """Trains until EOS or RETIRE, then trains the remainder, hands over and reports."""
         if self.resumed:
             self.publish()
-        last_stats = time.monotonic()
+        last_stats = last_save = time.monotonic()
         last_resume_try = 0.0
         while True:
             self._take_live_settings()
@@ -268,21 +269,37 @@ class Trainer:
             if self.stats is not None and now - last_stats >= STATS_INTERVAL_S:
                 self.stats.send(self.snapshot())
                 last_stats = now
+            if now - last_save >= self.cfg.checkpoint_every_s:
+                last_save = now
+                self._checkpoint(periodic=True)
         self.batcher.evict_partial()  # anything still partial at EOS lost a channel
         while self.batcher.queued_rows and self.group is None:
             self._train(self.batcher.queued_rows)
         if self.retiring and self.role is not None and self.role.spec.rank == 0:
             self._save_state()
-        elif self.cfg.checkpoint is not None and (self.role is None or self.role.spec.rank == 0):
-            checkpoint.save(self.cfg.checkpoint, self.learner.state(), self.cfg, self.env_info)
-            logger.info(
-                "%s saved the learner at version %d to %s",
-                self.name,
-                self.learner.version,
-                self.cfg.checkpoint,
-            )
+        else:
+            self._checkpoint(periodic=False)
         if self.stats is not None:
             self.stats.send(self.snapshot(final=True))
+
+    def _checkpoint(self, periodic: bool) -> None:
+        """Saves the learner to ``cfg.checkpoint`` (rank 0, a finite learner that has the
+        run's state); a periodic save only when the version moved since the last."""
+        if self.cfg.checkpoint is None or (self.role is not None and self.role.spec.rank != 0):
+            return
+        if not self.resumed:
+            return  # not yet holding the state to go on from (a non-finite update never
+            # reaches the weights, so a halted trainer's are still fine to save)
+        if periodic and self.learner.version == self.saved_version:
+            return
+        checkpoint.save(self.cfg.checkpoint, self.learner.state(), self.cfg, self.env_info)
+        self.saved_version = self.learner.version
+        logger.info(
+            "%s saved the learner at version %d to %s",
+            self.name,
+            self.learner.version,
+            self.cfg.checkpoint,
+        )
 
     def _take_live_settings(self) -> None:
         if self.commands is None:

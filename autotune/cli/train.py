@@ -257,8 +257,17 @@ def add_train_command(sub: Any) -> None:
         metavar="DIR",
         help="keep the learner's state in DIR: a run whose DIR holds one goes on from it (--steps "
         "then counts every run's trained steps, the return window and episode count go on, and "
-        "--progress is appended to), and every run saves its state there when it ends "
-        "(runtime/checkpoint.py)",
+        "--progress is appended to), and every run saves its state there while it trains "
+        "(--checkpoint-every) and when it ends (runtime/checkpoint.py)",
+    )
+    train.add_argument(
+        "--checkpoint-every",
+        dest="checkpoint_every_s",
+        type=float,
+        default=d.checkpoint_every_s,
+        metavar="SECONDS",
+        help=f"with --checkpoint: seconds between saves while training (default "
+        f"{d.checkpoint_every_s:g})",
     )
     train.add_argument("--quiet", action="store_true", help="no live display")
     train.set_defaults(func=cmd_train)

@@ -95,6 +95,7 @@ def config_from_args(args: argparse.Namespace):
         inference_mps_pct=args.inference_mps_pct,
         max_wall_s=args.max_wall_s,
         checkpoint=args.checkpoint,
+        checkpoint_every_s=args.checkpoint_every_s,
         cpu_idle_w=args.cpu_idle_w,
         learner=learner,
     )

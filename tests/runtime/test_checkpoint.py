@@ -160,3 +160,53 @@ def test_a_crafted_learner_file_is_refused_and_nothing_in_it_runs(tmp_path):
     torch.save({"model": {}, "version": 4}, state)  # loads, but is not a learner state
     with pytest.raises(checkpoint.StateError, match="optimizer, trained_steps missing"):
         checkpoint.load_state(str(state))
+
+
+@pytest.mark.slow
+def test_a_killed_run_keeps_what_it_trained_by_its_last_periodic_save(tmp_path):
+    """--checkpoint-every: the learner is saved while the run trains, so a SIGKILLed run
+    leaves a checkpoint the next run goes on from."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    ck = tmp_path / "ck"
+    flags = ["--actors", "1", "--envs-per-actor", "4", "--batch-size", "512"]
+    flags += ["--trainer-device", "cpu", "--trainers", "1", "--checkpoint", str(ck), "--quiet"]
+    cli = [sys.executable, "-m", "autotune.cli", "train"]
+    proc = subprocess.Popen(
+        [*cli, "--steps", "100000000", *flags, "--checkpoint-every", "0.5"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    deadline, saved = time.monotonic() + 120, None
+    try:
+        while saved is None or saved["version"] < 2:  # two saves of a learner that trained
+            assert time.monotonic() < deadline, "no periodic save within 120 s"
+            assert proc.poll() is None, "the run ended on its own"
+            time.sleep(0.2)
+            try:
+                saved = json.loads((ck / checkpoint.INFO_NAME).read_text())
+            except (OSError, ValueError):
+                saved = None
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    saved = json.loads((ck / checkpoint.INFO_NAME).read_text())
+    state = checkpoint.load_state(str(ck / checkpoint.STATE_NAME))
+    # (a kill between the two renames of a save leaves learner.pt one save ahead)
+    assert state["version"] >= saved["version"] >= 2 and state["trained_steps"] >= 1024
+    out = tmp_path / "again.json"
+    steps = str(state["trained_steps"] + 2048)
+    again = subprocess.run(
+        [*cli, "--steps", steps, *flags, "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert again.returncode == 0, again.stderr[-2000:]
+    resumed = json.loads(out.read_text())["checkpoint"]["resumed_from_steps"]
+    assert resumed == state["trained_steps"]
