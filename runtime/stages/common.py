@@ -14,6 +14,7 @@ import sys
 import time
 from typing import Any
 
+import setproctitle
 import zmq
 
 from runtime import wire
@@ -28,9 +29,12 @@ def init_service_process(name: str, log_level: int | None = None) -> None:
     Children ignore SIGINT so that Ctrl-C in the terminal (sent to the whole process group)
     reaches only the runner, which then drains the pipeline in order. On Linux a child asks the
     kernel to SIGKILL it when the runner dies, however the runner died, so no actor or trainer
-    is left running on its own. SIGUSR1 prints every thread's stack to stderr (for a process
-    that seems stuck: ``pkill -USR1 -f multiprocessing``).
+    is left running on its own. The process title names the role (``autotune: actor 3``,
+    ``autotune: compressor``), so ``ps`` and ``top`` show it; SIGUSR1 prints every thread's
+    stack to stderr (for a process that seems stuck: ``kill -USR1 PID`` with the PID ``ps``
+    shows for that role).
     """
+    setproctitle.setproctitle(f"autotune: {name.replace('-', ' ', 1)}")
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     _die_with_parent()

@@ -107,7 +107,7 @@ def _cmdline(proc) -> str:
     import psutil
 
     try:
-        return " ".join(proc.cmdline())
+        return " ".join(proc.cmdline()).strip()
     except (psutil.ZombieProcess, psutil.NoSuchProcess):  # a child that ended meanwhile
         return ""
 
@@ -129,16 +129,20 @@ def test_no_child_outlives_a_runner_that_is_terminated_or_killed(sig):
     children: list = []
     while time.monotonic() < deadline and len(children) < 5:  # 3 services + 2 actors
         time.sleep(0.5)
-        # only the spawned processes: multiprocessing's resource tracker is a child too
+        # the run's processes, by the titles they set once started (``ps`` shows the role);
+        # multiprocessing's resource tracker is a child too
         children = [
             c
             for c in psutil.Process(proc.pid).children(recursive=True)
-            if "spawn_main" in _cmdline(c)
+            if _cmdline(c).startswith("autotune: ")
         ]
     if len(children) < 5:  # do not leave a 10M-step job running behind a failed test
         for p in [*psutil.Process(proc.pid).children(recursive=True), proc]:
             p.kill()
     assert len(children) >= 5
+    titles = {_cmdline(c) for c in children}
+    assert {"autotune: compressor", "autotune: migrator", "autotune: actor 0"} <= titles, titles
+    assert "autotune: actor 1" in titles and any(t.startswith("autotune: trainer") for t in titles)
     proc.send_signal(sig)
     proc.wait(timeout=30)
     _, alive = psutil.wait_procs(children, timeout=15)
