@@ -195,6 +195,7 @@ def build_result(runner: RunRecord, wall_s: float, energy: Any) -> dict[str, Any
         "actor_restarts": runner.restarts,
         "interrupted": runner.interrupted,
         "failure": (tel.fatal() or runner.failure) if runner.failure else None,
+        "stalls": tel.stalls,
         "trainer_device": trainer.get("device"),
         "updates": trainer.get("version", 0),
         "gmis": [gmi_doc(name, tel.source(name)) for name in tel.trainer_sources()],

@@ -253,6 +253,7 @@ class Runner:
     def _check_processes(self, ep: topology.Endpoints) -> None:
         self.services.check(self.telemetry.is_final)
         self.actors.check(ep)
+        self.telemetry.watch([n for n, p in self.services.items() if p.is_alive()])
 
     # --- telemetry --------------------------------------------------------------------------
 

@@ -8,12 +8,19 @@ since the previous one) and are appended here.
 from __future__ import annotations
 
 import collections
+import logging
+import time
 from typing import Any
 
 from runtime import wire
 
+logger = logging.getLogger(__name__)
+
 RETURN_WINDOW = 100
 """``return_mean`` is the mean over the last this-many finished episodes."""
+STALL_S = 30.0
+"""A running service or trainer silent this long (no telemetry; it reports every 0.5 s) is
+reported as stalled (a warning, and the result's ``stalls``)."""
 
 
 class RunTelemetry:
@@ -24,6 +31,11 @@ class RunTelemetry:
         self.returns: collections.deque[float] = collections.deque(maxlen=RETURN_WINDOW)
         self.episodes = 0
         self.malformed = wire.MalformedCounter("runner-telemetry")
+        self.seen: dict[str, float] = {}
+        """Monotonic time of each source's newest report."""
+        self.stalls: list[dict[str, Any]] = []
+        """One entry per stall seen: the process, when it fell silent and for how long."""
+        self._silent: dict[str, tuple[dict[str, Any], float]] = {}
 
     def handle(self, msg: wire.Message) -> None:
         """Takes one STATS message."""
@@ -46,6 +58,7 @@ class RunTelemetry:
             self.returns.append(float(ret))
             self.episodes += 1
         self.latest[source] = counters
+        self.seen[source] = time.monotonic()
 
     def source(self, name: str) -> dict[str, Any]:
         """Newest counters of one source (empty if it never reported)."""
@@ -54,6 +67,31 @@ class RunTelemetry:
     def is_final(self, name: str) -> bool:
         """Whether ``name`` sent its final report (after its drain)."""
         return bool(self.source(name).get("final"))
+
+    def watch(self, names: list[str], now: float | None = None) -> None:
+        """Reports each of ``names`` (running processes that report) that has been silent for
+        ``STALL_S``, once per stall, and notes when it reports again."""
+        now = time.monotonic() if now is None else now
+        for name in names:
+            last = self.seen.get(name)
+            if last is None:
+                continue  # still starting
+            if name in self._silent:
+                stall, since = self._silent[name]
+                stall["silent_s"] = (last if last > since else now) - since
+                if last > since:
+                    del self._silent[name]
+                    logger.warning("%s reports again after %.0f s", name, stall["silent_s"])
+            elif now - last >= STALL_S:
+                stall = {"process": name, "silent_s": now - last}
+                self._silent[name] = (stall, last)
+                self.stalls.append(stall)
+                logger.warning(
+                    "%s has sent nothing for %.0f s: it is stopped or stuck (SIGSTOP, a "
+                    "debugger, swapping); the run waits for it",
+                    name,
+                    now - last,
+                )
 
     def fatal(self) -> str | None:
         """The first reason a process gave for stopping the run (a non-finite value), or None."""

@@ -304,3 +304,33 @@ def test_a_non_finite_update_stops_the_run_and_is_never_published_or_saved(tmp_p
     state = load_state(str(ck / "learner.pt"))
     assert all(torch.isfinite(v).all() for v in state["model"].values())
     assert state["version"] == 0
+
+
+def test_a_stopped_trainer_is_reported_as_stalled_and_the_run_goes_on(monkeypatch):
+    """A trainer that stops reporting (SIGSTOP) is reported once it has been silent for the
+    stall time, and again when it reports once more (SIGCONT); nothing is lost."""
+    from runtime import telemetry
+
+    monkeypatch.setattr(telemetry, "STALL_S", 2.0)
+    cfg = small_config(steps=12_000)
+    paused: dict = {}
+    runner: Runner
+
+    def pause(state):
+        if "at" not in paused and state.trained_steps >= 1_000:
+            name = runner.trainer_names()[0]
+            paused.update(at=time.monotonic(), pid=runner.services.procs[name].pid, name=name)
+            os.kill(paused["pid"], signal.SIGSTOP)
+        elif "at" in paused and "resumed" not in paused:
+            stalled = any(s["process"] == paused["name"] for s in runner.telemetry.stalls)
+            if stalled or time.monotonic() - paused["at"] > 60:
+                os.kill(paused["pid"], signal.SIGCONT)
+                paused["resumed"] = stalled
+
+    runner = Runner(cfg, cfg.validate(), on_progress=pause)
+    result = runner.run()
+    assert paused.get("resumed"), "the stall was not reported within 60 s"
+    (stall,) = [s for s in result["stalls"] if s["process"] == paused["name"]]
+    assert stall["silent_s"] >= 2.0
+    assert_nothing_lost(result)
+    assert result["env_steps"] >= cfg.steps
