@@ -155,7 +155,13 @@ def build_result(runner: RunRecord, wall_s: float, energy: Any) -> dict[str, Any
     )
     for key, n in lost_by_inc.items():
         if n and key not in runner.ended.died:
-            logger.error("actor %s exited cleanly but %d of its steps never arrived", key, n)
+            logger.error(
+                "actor %s exited cleanly but %d of its steps never arrived whole (the "
+                "compressor evicted %d steps of incomplete rollouts in all)",
+                key,
+                n,
+                compressor.get("evicted_steps", 0),
+            )
     trained = tel.trained_steps
     lag_mean, lag_max = tel.policy_lag()
     energy_doc = (

@@ -6,8 +6,12 @@ rollout to the open chunk. The chunk is flushed as one CHUNK message per channel
 reach ``chunk_bytes`` or ``chunk_timeout_s`` after its first rollout. Every channel message of a
 chunk lists the same rollouts in the same order, so the channels stay aligned downstream.
 
-Accounting: ``complete_steps`` per actor incarnation (what arrived whole); rollouts still
-incomplete at drain come from actors that died mid-send and are reported as ``incomplete_steps``.
+Accounting: ``complete_steps`` per actor incarnation (what arrived whole). Memory is bounded:
+a rollout still incomplete ``PARTIAL_MAX_AGE_S`` after its first channel arrived, or the oldest
+ones past ``PARTIAL_MAX_BYTES`` held, is evicted and counted (``evicted_rollouts``,
+``evicted_steps``, each with a warning). Rollouts still incomplete at the drain are reported as
+``incomplete_steps``. The runner counts both kinds as lost: an actor died mid-send, or some of
+its channel messages never came.
 """
 
 from __future__ import annotations
@@ -28,6 +32,11 @@ logger = logging.getLogger(__name__)
 STATS_INTERVAL_S = 0.5
 DRAIN_IDLE_S = 10.0
 """A drain stops waiting for missing actor data after this long without any input."""
+PARTIAL_MAX_AGE_S = 30.0
+"""An incomplete rollout is evicted this long after its first channel arrived (an actor sends
+all channels of a rollout at once)."""
+PARTIAL_MAX_BYTES = 256 * 2**20
+"""Incomplete rollouts held at most; past it the oldest are evicted."""
 
 
 @dataclass
@@ -37,6 +46,7 @@ class _Rollout:
     steps: int
     rows: int
     channels: dict[int, tuple[str, np.ndarray]] = field(default_factory=dict)
+    first_at: float = field(default_factory=time.monotonic)
 
     @property
     def nbytes(self) -> int:
@@ -77,7 +87,10 @@ class Compressor:
             "chunks": 0,
             "rollouts": 0,
             "rejected_rollouts": 0,
+            "evicted_rollouts": 0,
+            "evicted_steps": 0,
         }
+        self.partial_bytes = 0
 
     # --- ingestion -----------------------------------------------------------------------
 
@@ -107,14 +120,37 @@ class Compressor:
         ):
             raise wire.ProtocolError(f"channel {name!r} conflicts with rollout {key} so far")
         rollout.channels[ci] = (name, msg.arrays[0])
+        self.partial_bytes += msg.arrays[0].nbytes
         if len(rollout.channels) == nch:
             del self.partial[key]
+            self.partial_bytes -= rollout.nbytes
             ordered = dict(rollout.channels[i] for i in range(nch))
             problem = layout_problem(ordered, steps)
             if problem:  # never counted complete: the runner counts its steps as lost
                 self.counters["rejected_rollouts"] += 1
                 raise wire.ProtocolError(f"rollout {key} rejected: {problem}")
             self._append(rollout)
+
+    def evict(self, now: float | None = None) -> None:
+        """Drops incomplete rollouts past ``PARTIAL_MAX_AGE_S``, then the oldest while more
+        than ``PARTIAL_MAX_BYTES`` are held; each is counted and warned about."""
+        now = time.monotonic() if now is None else now
+        for key, r in list(self.partial.items()):  # oldest first (insertion order)
+            if now - r.first_at < PARTIAL_MAX_AGE_S and self.partial_bytes <= PARTIAL_MAX_BYTES:
+                break
+            del self.partial[key]
+            self.partial_bytes -= r.nbytes
+            self.counters["evicted_rollouts"] += 1
+            self.counters["evicted_steps"] += r.steps
+            logger.warning(
+                "compressor: evicted rollout %s (%d steps, %d of %d channels after %.0f s): "
+                "counted as lost",
+                key,
+                r.steps,
+                len(r.channels),
+                r.nch,
+                now - r.first_at,
+            )
 
     def _append(self, rollout: _Rollout) -> None:
         if self.pending and not self._fits(rollout):
@@ -244,13 +280,16 @@ class Compressor:
             now = time.monotonic()
             if self.pending and now - self.pending_since >= self.chunk_timeout_s:
                 self.flush()
+            if self.partial:
+                self.evict(now)
             if self.stats is not None and now - last_stats >= STATS_INTERVAL_S:
                 self.stats.send(self.snapshot())
                 last_stats = now
         self.flush()
         if self.partial:
             logger.warning(
-                "compressor: %d incomplete rollouts (%d steps) from actors that died mid-send",
+                "compressor: %d rollouts (%d steps) incomplete at the drain: their actors died "
+                "mid-send, or some of their channel messages never came",
                 len(self.partial),
                 sum(r.steps for r in self.partial.values()),
             )

@@ -180,3 +180,32 @@ def test_compressor_rejects_a_rollout_whose_layout_cannot_be_trained():
             }
             compressor.handle(wire.Message(wire.MsgType.ROLLOUT, meta, [np.zeros(shapes[name])]))
     assert compressor.complete_steps == {} and compressor.counters["rejected_rollouts"] == 1
+
+
+def test_incomplete_rollouts_are_evicted_by_age_and_bytes_and_counted(monkeypatch):
+    """A rollout whose other channels never come is not held forever: it is evicted after the
+    age limit, and the oldest go first once the bytes limit is passed."""
+    from runtime.stages import compressor as comp
+
+    c = comp.Compressor(None, None, None, None, chunk_bytes=1 << 20, chunk_timeout_s=0.05)
+
+    def half_rollout(seq: int, rows: int = 4) -> wire.Message:
+        meta = {"actor": 0, "inc": 0, "seq": seq, "ci": 0, "nch": 2, "steps": rows * 8}
+        meta |= {"rows": rows, "ch": "obs"}
+        return wire.Message(wire.MsgType.ROLLOUT, meta, [np.zeros((rows, 8, 3), np.float32)])
+
+    for seq in range(3):
+        c.handle(half_rollout(seq))
+    assert len(c.partial) == 3 and c.partial_bytes == 3 * 4 * 8 * 3 * 4
+    c.evict()  # young and small: kept
+    assert len(c.partial) == 3
+    first = c.partial[(0, 0, 0)].first_at
+    c.evict(now=first + comp.PARTIAL_MAX_AGE_S + 1)
+    assert not c.partial and c.partial_bytes == 0
+    assert c.counters["evicted_rollouts"] == 3 and c.counters["evicted_steps"] == 3 * 32
+    monkeypatch.setattr(comp, "PARTIAL_MAX_BYTES", 2 * 4 * 8 * 3 * 4)
+    for seq in range(3, 7):
+        c.handle(half_rollout(seq))
+    c.evict()
+    assert sorted(c.partial) == [(0, 0, 5), (0, 0, 6)]  # the two newest fit
+    assert c.snapshot()["evicted_rollouts"] == 5
