@@ -84,6 +84,30 @@ def lost_steps_by_incarnation(complete: dict[str, int], stepped: dict[str, int])
     return {key: n - int(complete.get(key, 0)) for key, n in stepped.items()}
 
 
+def failed_result(runner: Any, wall_s: float, error: str) -> dict[str, Any]:
+    """The result of a run that failed (a service died): what it had done by then. Its
+    processes are gone, so everything sampled and not trained or discarded counts as lost."""
+    tel = runner.telemetry
+    trained, discarded = tel.trained_steps, tel.discarded_steps
+    sampled = max(runner.actors.sampled_steps(), trained + discarded)
+    return {
+        "env": runner.cfg.env,
+        "failed": True,
+        "failure": error,
+        "env_steps": trained,
+        "sampled_steps": sampled,
+        "discarded_steps": discarded,
+        "lost_steps": sampled - trained - discarded,
+        "wall_s": wall_s,
+        "return_mean": tel.return_mean,
+        "episodes": tel.episodes,
+        "actor_restarts": runner.restarts,
+        "stalls": tel.stalls,
+        "config": runner.cfg.to_dict(),
+        "checkpoint": checkpoint.result_doc(runner.cfg, runner.resume),
+    }
+
+
 def gmi_doc(name: str, counters: dict[str, Any]) -> dict[str, Any]:
     """One trainer GMI as the result lists it (SMs as CUDA reported them inside the GMI)."""
     keys = (

@@ -56,7 +56,7 @@ from runtime.gmi.fleet import GMIFleet
 from runtime.inference import NAME as INFERENCE
 from runtime.inference import inference_main
 from runtime.phases import PhaseLog
-from runtime.results import Timeline, build_result
+from runtime.results import Timeline, build_result, failed_result
 from runtime.run_state import RUN_WINDOW, RunState
 from runtime.services import RunError, Services
 from runtime.stages.compressor import compressor_main
@@ -255,8 +255,6 @@ class Runner:
         self.actors.check(ep)
         self.telemetry.watch([n for n, p in self.services.items() if p.is_alive()])
 
-    # --- telemetry --------------------------------------------------------------------------
-
     def _read_telemetry(self, sock: zmq.Socket, timeout_ms: int) -> None:
         if not sock.poll(timeout_ms):
             return
@@ -324,8 +322,10 @@ class Runner:
                     checkpoint.save_returns(
                         self.cfg.checkpoint, list(self.telemetry.returns), episodes
                     )
-            except BaseException:
+            except BaseException as exc:
                 self._kill_all()
+                if isinstance(exc, RunError):  # what it had done goes with the error
+                    exc.result = failed_result(self, time.monotonic() - started, str(exc))
                 raise
             finally:
                 signal.signal(signal.SIGINT, previous)

@@ -358,6 +358,10 @@ def cmd_train(args: argparse.Namespace) -> int:
             result = runner.run()
     except RunError as exc:
         console.print(f"[red]run failed:[/red] {exc}")
+        failed = getattr(exc, "result", None)
+        if failed is not None and args.json is not None:
+            write_json(args.json, failed)  # what it had done: steps, lost, checkpoint
+            console.print(f"wrote {args.json} (failed)")
         return 1
     except KeyboardInterrupt:
         console.print("[red]aborted[/red] (second Ctrl-C): no result written")

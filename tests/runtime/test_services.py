@@ -49,8 +49,16 @@ def test_a_migrator_killed_mid_run_ends_the_run_with_an_error_and_no_child_left(
             killed.append(proc.pid)
 
     runner = Runner(cfg, cfg.validate(), on_progress=kill_once)
-    with pytest.raises(RunError, match=r"migrator process died \(exit code -9\)"):
+    with pytest.raises(RunError, match=r"migrator process died \(exit code -9\)") as err:
         runner.run()
     assert killed
     assert not any(p.is_alive() for p in runner.services.values())
     assert not any(s.process.is_alive() for s in runner.slots)
+    # the error carries what the run had done: nothing trained is unaccounted for
+    failed, killed_by_signal = err.value.result, err.value.killed
+    assert killed_by_signal and failed["failed"] and "migrator" in failed["failure"]
+    assert failed["env_steps"] >= 1_000
+    assert failed["sampled_steps"] == (
+        failed["env_steps"] + failed["discarded_steps"] + failed["lost_steps"]
+    )
+    assert failed["lost_steps"] >= 0
