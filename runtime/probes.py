@@ -258,6 +258,7 @@ def measure(
 ) -> Probes:
     """Every probe, in this process (``run_probes`` runs them in a child)."""
     start = time.perf_counter()
+    info = probe_env(env_id)  # an env that cannot be made fails before torch loads
     # GPU 0's draw before anything here opens a context on it
     meter = _gpu_meter() if "cuda" in devices else None
     power: dict[str, float] = {}
@@ -267,7 +268,6 @@ def measure(
     import torch
 
     torch.set_num_threads(1)
-    info = probe_env(env_id)
     step = probe_env_step(env_id)
     forward = probe_forward(info, policy, bool(learner.get("normalize_obs", True)))
     sms: list[int] = []

@@ -173,6 +173,7 @@ def fake_run(trained_steps: int) -> types.SimpleNamespace:
         timeline=Timeline(),
         changes=[],
         interrupted=False,
+        failure=None,
         ended=Incarnations(),
         restarts=0,
         phases=None,
