@@ -14,7 +14,9 @@ user attribute where fixed knobs were not suggested.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import fcntl
 import json
 import logging
 import os
@@ -23,6 +25,7 @@ import socket
 import threading
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -216,7 +219,8 @@ def ask(study: optuna.Study) -> optuna.trial.Trial:
     start time) and kept alive (``beat``, every ``BEAT_S`` by a thread, until the trial is
     finished), so that ``fail_orphans`` in other processes and on other hosts leaves it alone
     while this process lives."""
-    trial = study.ask()
+    with _ask_lock(study):
+        trial = study.ask()
     trial.set_user_attr("owner", owner_id())
     trial.set_user_attr("beat", time.time())
     storage, trial_id = study._storage, trial._trial_id
@@ -233,6 +237,27 @@ def ask(study: optuna.Study) -> optuna.trial.Trial:
 
     threading.Thread(target=beat, name=f"trial-{trial.number}-beat", daemon=True).start()
     return trial
+
+
+@contextlib.contextmanager
+def _ask_lock(study: optuna.Study) -> Iterator[None]:
+    """Serialises ``study.ask()`` among the processes of this host that share a SQLite file.
+    Optuna pops a waiting (enqueued) trial by reading it WAITING and then setting it RUNNING;
+    on SQLite, which has no row locks, two processes can both read it WAITING and both run it.
+    An ``flock`` on ``<file>.ask-lock`` makes the read and the write one step. Server
+    databases lock the row themselves, and memory storages live in one process."""
+    backend = getattr(study._storage, "_backend", study._storage)
+    url = getattr(backend, "url", None)
+    path = sqlite_file(url) if isinstance(url, str) else None
+    if path is None:
+        yield
+        return
+    fd = os.open(f"{path}.ask-lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing drops the lock
 
 
 def _orphaned(trial: optuna.trial.FrozenTrial) -> bool:

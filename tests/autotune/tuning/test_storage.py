@@ -52,3 +52,46 @@ def test_reading_a_missing_sqlite_file_creates_nothing(tmp_path):
     )
     assert proc.returncode != 0 and "no SQLite file" in proc.stdout + proc.stderr
     assert not db.exists()
+
+
+_TAKER = """
+import json, sys
+import optuna
+from autotune.tuning.storage import ask
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+study = optuna.load_study(study_name="queue", storage=sys.argv[1])
+taken = []
+while True:
+    trial = ask(study)
+    fixed = study._storage.get_trial_system_attrs(trial._trial_id).get("fixed_params")
+    if not fixed:
+        study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        break
+    taken.append(trial.suggest_int("slot", 0, 39))
+    study.tell(trial, 1.0)
+print(json.dumps(taken))
+"""
+
+
+def test_two_processes_never_take_the_same_enqueued_trial(tmp_path):
+    """Optuna pops an enqueued trial with a read and then a write, which SQLite does not lock
+    as one step; ``ask`` serialises them, so two workers draining one queue take each trial
+    exactly once."""
+    import json
+
+    import optuna
+
+    url = f"sqlite:///{tmp_path / 'q.db'}"
+    study = optuna.create_study(study_name="queue", storage=url)
+    for slot in range(40):
+        study.enqueue_trial({"slot": slot})
+    procs = [
+        subprocess.Popen([sys.executable, "-c", _TAKER, url], stdout=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    taken = []
+    for proc in procs:
+        out, _ = proc.communicate(timeout=300)
+        assert proc.returncode == 0
+        taken += json.loads(out)
+    assert sorted(taken) == list(range(40))
