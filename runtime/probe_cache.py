@@ -29,6 +29,8 @@ from runtime.probes import ProbeError, Probes, run_probes
 
 MAX_AGE_S = 7 * 86400.0
 """Seconds a cached probe stays valid."""
+FORMAT = 2
+"""Part of the key: entries written before the loaded env-step probe existed are measured again."""
 
 
 def cache_dir() -> Path:
@@ -99,14 +101,16 @@ def probes(
         "rollout_len": rollout_len,
         "learner": learner,
         "devices": sorted(devices),
+        "format": FORMAT,
     }
     cacheable = ":" not in env_id
-    path = cache_dir() / f"{cache_key(spec, machine_facts())}.json" if cacheable else None
+    facts = machine_facts()
+    path = cache_dir() / f"{cache_key(spec, facts)}.json" if cacheable else None
     if path is not None and not refresh:
         hit = _read(path)
         if hit is not None:
             return hit
-    measured = run_probes(env_id, policy, rollout_len, learner, devices)
+    measured = run_probes(env_id, policy, rollout_len, learner, devices, procs=facts["cores"])
     if path is not None:
         _write(path, measured)
     return measured

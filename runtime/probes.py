@@ -1,5 +1,6 @@
 """Short measurements of a workload on this machine, taken before a run is sized
-(``autotune.tuning.sizing``): one env step's CPU cost, one policy forward on an actor core at a
+(``autotune.tuning.sizing``): one env step's CPU cost, alone and with every core stepping at
+once, one policy forward on an actor core at a
 few env counts, and the learner's cost per update at a few batch sizes on every device here.
 
 They run in a child process (``python -m runtime.probes``, JSON on stdout), so the caller never
@@ -33,6 +34,8 @@ LEARNER_BATCHES = (1024, 4096, 16384)
 """Batch sizes the learner update is timed at (its fixed and per-sample cost)."""
 PROBE_S = 0.2
 """About how long each timed loop runs."""
+LOADED_S = 1.0
+"""How long the loaded env-step probe steps in every process at once."""
 LEARNER_STOP_S = 0.08
 """The learner's batch stops growing once one update takes longer than this, two sizes measured
 (the line through them extrapolates)."""
@@ -61,7 +64,7 @@ class Probes:
     env: str
     policy: str
     env_step_s: float
-    """CPU seconds per env step (random actions), one thread."""
+    """CPU seconds per env step (random actions), one thread, the machine otherwise idle."""
     forward_s: dict[int, float]
     """Seconds per policy forward on one core, by env count."""
     learners: dict[str, LearnerCost] = field(default_factory=dict)
@@ -77,6 +80,16 @@ class Probes:
     """GPU 0's watts (NVML) with no context (``idle_w``), with the learner's context open and
     nothing running (``context_w``), and with the learner updating back to back (``busy_w``);
     empty without a GPU that NVML reads."""
+    env_step_loaded_s: float = 0.0
+    """CPU seconds per env step with one stepping process on every usable core at once (shared
+    caches, memory bandwidth, the clock under load): what an actor pays in a full run. Zero
+    where it was not measured."""
+
+    def load_factor(self) -> float:
+        """How much slower CPU work runs with every core busy than alone (at least 1)."""
+        if self.env_step_loaded_s <= 0.0:
+            return 1.0
+        return max(self.env_step_loaded_s / self.env_step_s, 1.0)
 
     def forward_fit(self) -> tuple[float, float]:
         """(fixed seconds per forward, seconds per env)."""
@@ -110,6 +123,7 @@ class Probes:
                 float(doc.get("measured_at", 0.0)),
                 bool(doc.get("cached", False)),
                 {str(k): float(v) for k, v in doc.get("gpu_power", {}).items()},
+                float(doc.get("env_step_loaded_s", 0.0)),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ProbeError(f"malformed probe results: {exc}") from None
@@ -157,6 +171,50 @@ def probe_env_step(env_id: str, seed: int = 0) -> float:
         return max(time.process_time() - start, 1e-9) / steps
     finally:
         env.close()
+
+
+def _step_loaded(env_id: str, seed: int, barrier, results, seconds: float) -> None:
+    """One process of ``probe_env_step_loaded``: make the env, wait for the others, step."""
+    from runtime.envs import make_env
+
+    env = make_env(env_id)
+    env.reset(seed=seed)
+    env.action_space.seed(seed)
+    barrier.wait(timeout=120)
+    steps, start, wall = 0, time.process_time(), time.perf_counter()
+    while steps < 50 or time.perf_counter() - wall < seconds:
+        _, _, term, trunc, _ = env.step(env.action_space.sample())
+        steps += 1
+        if term or trunc:
+            env.reset()
+    results.put(max(time.process_time() - start, 1e-9) / steps)
+    env.close()
+
+
+def probe_env_step_loaded(env_id: str, procs: int, seconds: float = LOADED_S) -> float:
+    """CPU seconds per env step with ``procs`` processes stepping at once, started together
+    (the median over them). A MuJoCo step costs about 1.4x as much with every core of a
+    16-core host busy as alone; a run whose actors fill the cores pays the loaded cost."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")  # no inherited NVML or torch state
+    barrier, results = ctx.Barrier(procs), ctx.Queue()
+    workers = [
+        ctx.Process(target=_step_loaded, args=(env_id, i, barrier, results, seconds), daemon=True)
+        for i in range(procs)
+    ]
+    for w in workers:
+        w.start()
+    try:
+        costs = [results.get(timeout=180) for _ in workers]
+    except Exception:
+        raise ProbeError(f"the loaded env-step probe of {env_id!r} did not finish") from None
+    finally:
+        for w in workers:
+            w.join(timeout=5)
+            if w.is_alive():
+                w.kill()
+    return float(np.median(costs))
 
 
 def probe_forward(info: EnvInfo, policy: str, normalize: bool = True) -> dict[int, float]:
@@ -254,7 +312,12 @@ def _gpu_meter():
 
 
 def measure(
-    env_id: str, policy: str, rollout_len: int, learner: dict[str, Any], devices: list[str]
+    env_id: str,
+    policy: str,
+    rollout_len: int,
+    learner: dict[str, Any],
+    devices: list[str],
+    procs: int = 1,
 ) -> Probes:
     """Every probe, in this process (``run_probes`` runs them in a child)."""
     start = time.perf_counter()
@@ -265,10 +328,12 @@ def measure(
     if meter is not None:
         power["idle_w"] = _gpu_watts(meter, lambda: time.sleep(0.05))
 
+    step = probe_env_step(env_id)
+    loaded = probe_env_step_loaded(env_id, procs) if procs > 1 else step
+
     import torch
 
     torch.set_num_threads(1)
-    step = probe_env_step(env_id)
     forward = probe_forward(info, policy, bool(learner.get("normalize_obs", True)))
     sms: list[int] = []
     if torch.cuda.is_available():
@@ -294,6 +359,7 @@ def measure(
         sms,
         time.perf_counter() - start,
         gpu_power=power if len(power) == 3 else {},
+        env_step_loaded_s=loaded,
     )
 
 
@@ -303,6 +369,7 @@ def run_probes(
     rollout_len: int,
     learner: dict[str, Any],
     devices: list[str],
+    procs: int = 1,
     timeout_s: float = 300.0,
 ) -> Probes:
     """Every probe in a child process (see the module docstring).
@@ -316,6 +383,7 @@ def run_probes(
         "rollout_len": rollout_len,
         "learner": learner,
         "devices": devices,
+        "procs": procs,
     }
     cmd = [sys.executable, "-m", "runtime.probes", json.dumps(args)]
     start = time.perf_counter()
@@ -341,7 +409,12 @@ def main(argv: list[str] | None = None) -> int:
     spec = json.loads(ap.parse_args(argv).spec)
     try:
         probes = measure(
-            spec["env"], spec["policy"], spec["rollout_len"], spec["learner"], spec["devices"]
+            spec["env"],
+            spec["policy"],
+            spec["rollout_len"],
+            spec["learner"],
+            spec["devices"],
+            int(spec.get("procs", 1)),
         )
     except Exception as exc:  # reported to the parent as the last stderr line
         print(f"{type(exc).__name__}: {exc}", file=sys.stderr)

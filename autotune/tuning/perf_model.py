@@ -4,7 +4,9 @@ For a config (actors ``A``, envs per actor ``E``, batch ``B``, trainer device, t
 MPS share ``P``, trainer threads ``H``) on a machine of ``C`` cores, with rollout length ``L``:
 
 * **Sampling** (actors): one actor round steps ``E`` envs and runs one policy forward,
-  ``E * t_env + f0 + f1 * E`` seconds; the actors together sample
+  ``E * t_env + f0 + f1 * E`` seconds, times ``1 + (load - 1) * min(1, demand / C)`` (the
+  probes' loaded-to-idle ratio of an env step, as more of the cores are busy); the actors
+  together sample
   ``k_S * A * E / round * squeeze`` steps/s, where ``squeeze = min(1, C / demand)`` shares the
   cores out once actors, trainer threads and the stages ask for more than there are.
 * **Training** (trainers): one update of ``B`` samples takes ``c0 + c1 * B`` seconds on the
@@ -78,6 +80,8 @@ class MachineModel:
     """Measured: what an open context adds to the GPU's idle draw (0: not measured)."""
     gpu_busy_w: float = 0.0
     """Measured: what the learner updating back to back adds to that (0: not measured)."""
+    load: float = 1.0
+    """CPU work's slow-down with every core busy (the probes' loaded / idle env step, >= 1)."""
 
 
 @dataclass(frozen=True)
@@ -152,7 +156,8 @@ def evaluate(m: MachineModel, p: Params, x: dict[str, np.ndarray]) -> Prediction
     cuda, g, share, h = x["cuda"] > 0, x["trainers"], x["mps"], x["threads"]
     demand = a + trainer_cores(x) + STAGE_CORES
     squeeze = np.minimum(1.0, m.cores / demand)
-    round_s = e * m.t_env + m.f0 + m.f1 * e
+    slow = 1.0 + (m.load - 1.0) * np.minimum(1.0, demand / m.cores)
+    round_s = (e * m.t_env + m.f0 + m.f1 * e) * slow
     sample = p.k_s * a * e / round_s * squeeze
     c0c, c1c = m.learner.get("cuda", (1.0, 1.0))
     c0p, c1p = m.learner.get("cpu", (1.0, 1.0))

@@ -58,6 +58,7 @@ def machine_model(cfg: TrainConfig, probes: Probes, cores: int) -> tuple[Machine
         w_core=DEFAULT_WATTS_PER_BUSY_CORE,
         gpu_ctx_w=max(power["context_w"] - power["idle_w"], 1.0) if power else 0.0,
         gpu_busy_w=max(power["busy_w"] - power["context_w"], 1.0) if power else 0.0,
+        load=probes.load_factor(),
     )
     hardware = {
         "cores": cores,
@@ -66,6 +67,7 @@ def machine_model(cfg: TrainConfig, probes: Probes, cores: int) -> tuple[Machine
             for g in gpus[:1]
         ],
         "sms": probes.sms,
+        "cpu_load_factor": round(probes.load_factor(), 3),
         "gpu_power": power,
         "mig": [g.mig_mode for g in gpus[:1]],
         "cpu_idle_w": idle.idle_w,
