@@ -24,6 +24,7 @@ ARMS = (
     "exported",
     "tuned",
     "tuned-tpe",
+    "tuned-best",
 )
 PEERS = ("sb3-cpu", "sb3-cuda", "cleanrl")
 OURS = ("default", "exported", "tuned")
@@ -40,7 +41,29 @@ def arm_kind(name: str) -> str:
         return "limit"
     if name == "tuned-tpe":
         return "tuned"
+    if name == "tuned-best":
+        return "exported"  # a static config, found by the tuned arm
     return "exported" if name.startswith("exported-") else name
+
+
+def tuned_best_flags(out_dir: Path, env: str) -> list[str]:
+    """The ``tuned`` arm's best config (its result's ``tuning.best.values``) as ``autotune
+    train`` flags: the best static config known where no study's export exists.
+
+    Raises:
+        SystemExit: the tuned arm has not run, or found no best.
+    """
+    import json
+
+    path = out_dir / f"{env}-tuned.result.json"
+    try:
+        values = json.loads(path.read_text())["tuning"]["best"]["values"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise SystemExit(f"tuned-best: no tuned best in {path} (run the tuned arm first)") from None
+    flags = []
+    for knob, value in sorted(values.items()):
+        flags += [f"--{knob.replace('_', '-')}", str(value)]
+    return flags
 
 
 def exported_arms(specs: list[str] | None) -> dict[str, Path]:
@@ -145,6 +168,8 @@ def arm_command(arm: str, a: argparse.Namespace, progress: Path, out: Path) -> l
     wall = str(a.seconds + a.startup_s)  # the peers' --seconds start at their training
     if arm == "default":
         return [*train, "--env", a.env, "--max-wall-s", wall]
+    if arm == "tuned-best":
+        return [*train, "--env", a.env, "--max-wall-s", wall, *tuned_best_flags(Path(a.out), a.env)]
     if arm_kind(arm) == "exported":
         return [*train, "--config", str(a.exports[arm]), "--env", a.env, "--max-wall-s", wall]
     space = a.knob or (TUNE_KNOBS if a.tune_space == "narrow" else [])

@@ -27,6 +27,8 @@ Arms (``--arms``, comma-separated):
   tuned     ``autotune train --tune`` (the model sampler) for ``--tuned-s``, measured over its
             final third and whole (start-up included)
   tuned-tpe the same with ``--tune-sampler tpe``
+  tuned-best ``autotune train`` with the tuned arm's best config as flags, for ``--seconds``:
+            the best static config known where no study's export exists (list it after tuned)
 
 ``--limit-again`` runs the limit once more after every other arm (``limit-end``): the report's
 ratios are then to the mean of the two limits, and it prints their drift, since a shared
@@ -156,6 +158,9 @@ def check(ap: argparse.ArgumentParser, a: argparse.Namespace) -> None:
     a.exports = exported_arms(a.exported)
     if "exported" in arms and not a.exports:
         raise SystemExit("the exported arm needs --exported FILE (an `autotune export` file)")
+    best = arms.index("tuned-best") if "tuned-best" in arms else None
+    if best is not None and ("tuned" not in arms or arms.index("tuned") > best):
+        raise SystemExit("--arms: tuned-best runs the tuned arm's best config; list tuned first")
     if a.limit_again and "limit" not in arms:
         raise SystemExit("--limit-again measures the limit arm again: add limit to --arms")
     a.arm_list = arms

@@ -140,6 +140,22 @@ def test_the_tpe_arm_runs_the_same_tuning_with_tpe():
     assert "--knob" in compare_arms.arm_command("tuned", a, "p.jsonl", "r.json")
 
 
+def test_the_tuned_best_arm_runs_the_tuned_arms_best_as_a_static_config(tmp_path):
+    a = argparse.Namespace(
+        env="Ant-v5", policy="auto", seconds=5.0, startup_s=4.0, out=str(tmp_path), exports={}
+    )
+    a.peer_rollout = 2048
+    with pytest.raises(SystemExit, match="run the tuned arm first"):
+        compare_arms.arm_command("tuned-best", a, "p.jsonl", "r.json")
+    best = {"actors": 15, "envs_per_actor": 32, "trainer_device": "cuda", "mps_pct": 50}
+    doc = {"tuning": {"best": {"values": best, "objective": 105.0}}}
+    (tmp_path / "Ant-v5-tuned.result.json").write_text(json.dumps(doc))
+    cmd = compare_arms.arm_command("tuned-best", a, "p.jsonl", "r.json")
+    assert cmd[cmd.index("--envs-per-actor") + 1] == "32" and "--tune" not in cmd
+    assert cmd[cmd.index("--trainer-device") + 1] == "cuda"
+    assert compare_arms.arm_kind("tuned-best") == "exported"  # a static config in the report
+
+
 @pytest.mark.slow
 def test_learner_alone_on_this_cpu(tmp_path):
     out = tmp_path / "l.json"
