@@ -24,7 +24,8 @@ STOP_TIMEOUT_S = 20.0
 
 def add_daemon_commands(sub: Any) -> None:
     control_help = (
-        "control endpoint: ipc://PATH or tcp://127.0.0.1:PORT (default "
+        "control endpoint: ipc://PATH or tcp://127.0.0.1:PORT (CURVE-authenticated: run "
+        "'autotune daemon keys' first; default "
         "$AUTOTUNE_CONTROL, else ipc://<private state dir>/control.sock)"
     )
     daemon = sub.add_parser(
@@ -36,8 +37,14 @@ def add_daemon_commands(sub: Any) -> None:
     )
     daemon.add_argument(
         "action",
-        choices=["start", "stop", "run"],
-        help="start (background), stop (cleanly) or run (foreground)",
+        choices=["start", "stop", "run", "keys"],
+        help="start (background), stop (cleanly), run (foreground), or keys: make the CURVE "
+        "keys a tcp:// control endpoint needs ($AUTOTUNE_KEYS, else <state dir>/keys, 0700)",
+    )
+    daemon.add_argument(
+        "--force",
+        action="store_true",
+        help="with keys: replace existing keys (clients with the old client key are refused)",
     )
     daemon.add_argument("--control", default=None, help=control_help)
     daemon.add_argument(
@@ -80,10 +87,31 @@ def _alive(pid: int) -> bool:
 def cmd_daemon(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     try:
+        if args.action == "keys":
+            return _keys(console, args.force)
         endpoint = protocol.resolve_endpoint(args.control)
+        return _daemon(console, args, endpoint)
     except protocol.ControlError as exc:
         console.print(f"[red]error:[/red] {exc}")
         return 2
+
+
+def _keys(console: Console, force: bool) -> int:
+    from autotune.control.keys import generate
+
+    path, made = generate(force=force)
+    if made:
+        console.print(
+            f"CURVE keys written to {path} (server and client pairs; the client key is allowed "
+            "in authorized/). Start the daemon with --control tcp://127.0.0.1:PORT; jobs and "
+            "clients of this user find the keys there"
+        )
+    else:
+        console.print(f"CURVE keys already in {path} (kept; --force makes new ones)")
+    return 0
+
+
+def _daemon(console: Console, args: argparse.Namespace, endpoint: str) -> int:
     if args.action == "run":
         from autotune.control.daemon import run_daemon  # optuna: only for the daemon
 
@@ -147,10 +175,10 @@ def cmd_status(args: argparse.Namespace) -> int:
     console = Console()
     try:
         endpoint = protocol.resolve_endpoint(args.control)
+        answer = protocol.request(endpoint, MsgType.STATUS)
     except protocol.ControlError as exc:
         console.print(f"[red]error:[/red] {exc}")
         return 2
-    answer = protocol.request(endpoint, MsgType.STATUS)
     doc: dict[str, Any] = {"daemon": None, "jobs": []}
     if answer is None:
         console.print(f"no daemon running on {endpoint}")

@@ -27,6 +27,8 @@ from typing import Any
 import zmq
 
 from autotune.control import protocol
+from autotune.control.admission import storage_problem
+from autotune.control.keys import serve_curve
 from autotune.control.protocol import MsgType
 from autotune.control.status import live_rates, study_summary
 from autotune.tuning.counters import Counters
@@ -120,6 +122,8 @@ class Daemon:
         self.started = time.time()
         self.ctx = zmq.Context()
         self.sock: zmq.Socket | None = None
+        self.auth: Any = None
+        """The ZAP authenticator of a tcp:// endpoint (``autotune.control.keys``), else None."""
 
     def bind(self) -> None:
         """Binds the control socket.
@@ -138,6 +142,12 @@ class Daemon:
         sock = self.ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        if path is None:  # tcp: every local user can reach it, so CURVE with an allow-list
+            try:
+                self.auth = serve_curve(self.ctx, sock)
+            except protocol.ControlError:
+                sock.close(linger=0)
+                raise
         sock.bind(self.endpoint)
         if path is not None:
             path.chmod(0o600)
@@ -157,6 +167,9 @@ class Daemon:
         finally:
             for session in list(self.sessions.values()):
                 self._drop(session, "daemon stopped")
+            self.sock.close(linger=0)
+            if self.auth is not None:
+                self.auth.stop()
             self.ctx.destroy(linger=0)
             path = protocol.ipc_path(self.endpoint)
             if path is not None and path.exists():
@@ -235,6 +248,10 @@ class Daemon:
                     "give this job another --study",
                 )
                 return
+        problem = storage_problem(msg.get("storage"))
+        if problem is not None:
+            self._send(identity, MsgType.ERROR, message=f"cannot tune job {job_id}: {problem}")
+            return
         remote = RemoteJob(lambda kind, **body: self._send(identity, kind, **body))
         try:
             space = knobs_from_wire(msg["knobs"])

@@ -6,7 +6,9 @@ Where: ``ipc://<state dir>/control.sock``. The state dir is private to the user 
 refused if another user owns it or others can write to it): ``$AUTOTUNE_HOME``, else
 ``$XDG_RUNTIME_DIR/autotune``, else ``/tmp/autotune-<uid>``. ``--control`` (or
 ``$AUTOTUNE_CONTROL``) picks another ``ipc://`` path or a loopback ``tcp://127.0.0.1:PORT``;
-any other address is refused, since whoever reaches the socket can reconfigure jobs. A wrapped
+any other address is refused, since whoever reaches the socket can reconfigure jobs. A
+``tcp://`` endpoint is served and reached only with ZeroMQ CURVE and an allow-list of client
+keys (``autotune.control.keys``; ``autotune daemon keys`` makes them). A wrapped
 script reaches its wrapper on a private ``ipc://`` socket named in ``$AUTOTUNE_WRAP``.
 
 Messages: one frame, a msgpack map ``{"v": PROTOCOL_VERSION, "type": TYPE, ...}`` (a ROUTER
@@ -177,6 +179,14 @@ def dealer(ctx: zmq.Context, endpoint: str) -> zmq.Socket:
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.IMMEDIATE, 1)
+    if endpoint.startswith("tcp://"):
+        from autotune.control.keys import connect_curve
+
+        try:
+            connect_curve(sock)  # a tcp:// daemon admits only allow-listed CURVE keys
+        except ControlError:
+            sock.close(linger=0)
+            raise
     sock.connect(endpoint)
     return sock
 

@@ -20,7 +20,7 @@ from autotune.tuning.perf_model import MachineModel
 from autotune.tuning.runner_job import RunnerJob, TunableRunner, knob_values, tuning_doc
 from autotune.tuning.settings import TunerSettings
 from autotune.tuning.sizing import DEFAULT_LAG_CEILING
-from autotune.tuning.storage import open_study, storage_url
+from autotune.tuning.storage import open_study, sqlite_file, storage_url
 from autotune.workflows.auto_size import probed_model
 from runtime.config import TrainConfig
 
@@ -129,6 +129,8 @@ def start_tuning(
     defaults = knob_values(cfg, space)
     model = _machine(cfg, sizing) if settings.sampler == "model" else None
     if not options.in_process:
+        if sqlite_file(storage) is not None:  # the daemon never creates a file from a message
+            open_study(storage, study_name, seed=cfg.seed)
         hello = {
             "env": cfg.env,
             "storage": storage,
