@@ -313,7 +313,7 @@ def actor_main(
         seed = np.random.SeedSequence([cfg.seed & (2**64 - 1), actor, incarnation])
         model = NumpyPolicy(info.discrete, cfg.learner.normalize_obs, *initial, seed=seed)
         weights = WeightsReceiver(
-            topology.actor_weights_in(ctx, endpoints), model, "actor", endpoints.weights_key
+            topology.actor_weights_in(ctx, endpoints), model, "actor", endpoints.run_key
         )
         if incarnation > 0:
             weights.poll(int(FIRST_WEIGHTS_WAIT_S * 1000))

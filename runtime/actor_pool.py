@@ -186,6 +186,21 @@ class ActorPool:
             self.slots.append(self._start(cfg, ep, slot.index))
         self._pending = {i: (due, cfg) for i, (due, _) in self._pending.items()}
 
+    def replace_all(self, ep: topology.Endpoints) -> None:
+        """After the compressor and the migrator were replaced: every actor process is killed
+        (what it sent and had no receipt for went with the old services, and it would wait for
+        that receipt forever) and each slot starts a new incarnation at once. These are not
+        deaths of the slots: no back-off, and they do not count toward ``RESTART_LIMIT``."""
+        old = self.slots + self.leaving
+        for slot in old:
+            if slot.process.is_alive():
+                slot.process.kill()
+        for slot in old:
+            slot.process.join(timeout=5)
+            self._end(slot, died=True)
+        running, self.slots, self.leaving = self.slots, [], []
+        self.slots = [self._start(slot.cfg, ep, slot.index) for slot in running]
+
     def check(self, ep: topology.Endpoints | None) -> None:
         """Restarts actors that died (after a back-off that grows with each death of the slot;
         a slot that dies ``RESTART_LIMIT`` times in ``RESTART_WINDOW_S`` is given up, see

@@ -66,7 +66,7 @@ class InferenceServer:
         weights: SUB for the versioned weights.
         stats: Telemetry sender, or None.
         place: Where this GMI runs.
-        weights_key: The run's weights key (the signature every WEIGHTS message must carry).
+        run_key: The run's weights key (the signature every WEIGHTS message must carry).
     """
 
     def __init__(
@@ -77,7 +77,7 @@ class InferenceServer:
         weights: zmq.Socket,
         stats: StatsSender | None,
         place: InferencePlace,
-        weights_key: bytes = b"",
+        run_key: bytes = b"",
     ) -> None:
         import torch
 
@@ -91,7 +91,7 @@ class InferenceServer:
             info.obs_dim, info.act_dim, info.discrete, cfg.policy, cfg.learner.normalize_obs
         )
         self.model = model.to(self.device).eval()
-        self.weights = WeightsReceiver(weights, self.model, NAME, weights_key)
+        self.weights = WeightsReceiver(weights, self.model, NAME, run_key)
         self.sm_count = (
             torch.cuda.get_device_properties(0).multi_processor_count
             if place.gpu is not None
@@ -222,7 +222,7 @@ def inference_main(
     ctx = zmq.Context()
     router, weights, commands = topology.inference_sockets(ctx, endpoints)
     stats = StatsSender(topology.telemetry_out(ctx, endpoints), NAME)
-    server = InferenceServer(cfg, info, router, weights, stats, place, endpoints.weights_key)
+    server = InferenceServer(cfg, info, router, weights, stats, place, endpoints.run_key)
     logger.info(
         "inference GMI on %s (gpu %s, mps %s%%, %s SMs, pid %d)",
         server.device,

@@ -18,6 +18,7 @@ if TYPE_CHECKING:  # only named in RunRecord's annotations
     from runtime.config import TrainConfig
     from runtime.gmi.fleet import GMIFleet
     from runtime.phases import PhaseLog
+    from runtime.supervisor import Supervisor
     from runtime.telemetry import RunTelemetry
 
 logger = logging.getLogger(__name__)
@@ -66,6 +67,7 @@ class RunRecord(Protocol):
     timeline: Timeline
     changes: list[dict[str, Any]]
     interrupted: bool
+    supervisor: Supervisor
 
     @property
     def ended(self) -> Incarnations: ...
@@ -102,6 +104,7 @@ def failed_result(runner: Any, wall_s: float, error: str) -> dict[str, Any]:
         "return_mean": tel.return_mean,
         "episodes": tel.episodes,
         "actor_restarts": runner.restarts,
+        "service_replacements": runner.supervisor.replacements,
         "stalls": tel.stalls,
         "config": runner.cfg.to_dict(),
         "checkpoint": checkpoint.result_doc(runner.cfg, runner.resume),
@@ -154,7 +157,9 @@ def inference_doc(runner: RunRecord) -> dict[str, Any]:
 def build_result(runner: RunRecord, wall_s: float, energy: Any) -> dict[str, Any]:
     """Assembles the JSON-ready result from the runner's telemetry and energy window.
 
-    Keys: env, env_steps (trained), sampled_steps, discarded_steps, lost_steps, wall_s,
+    Keys: env, env_steps (trained), sampled_steps, discarded_steps, lost_steps,
+    service_replacements (``runtime.supervisor``: each compressor or migrator death the run
+    survived; with any, lost_steps is what was sampled and neither trained nor discarded), wall_s,
     steps_per_s (trained steps per second), energy {gpu_j, cpu_j, gpu_source, cpu_source, ...},
     steps_per_joule (trained steps / (GPU + CPU joules)), and where the CPU figure is the model
     (``cpu_source`` ``model``) energy's cpu_model (its name, watts, idle watts and their
@@ -174,11 +179,12 @@ def build_result(runner: RunRecord, wall_s: float, energy: Any) -> dict[str, Any
     """
     tel = runner.telemetry
     compressor = tel.source("compressor")
+    replaced = runner.supervisor.replacements
     lost_by_inc = lost_steps_by_incarnation(
         compressor.get("complete_steps", {}), runner.ended.stepped
     )
     for key, n in lost_by_inc.items():
-        if n and key not in runner.ended.died:
+        if n and key not in runner.ended.died and not replaced:
             logger.error(
                 "actor %s exited cleanly but %d of its steps never arrived whole (the "
                 "compressor evicted %d steps of incomplete rollouts in all)",
@@ -201,10 +207,7 @@ def build_result(runner: RunRecord, wall_s: float, energy: Any) -> dict[str, Any
     current = runner.trainer_names()
     trainer = tel.source(current[0])
     services = ["compressor", "migrator", *(["inference"] if runner.cfg.inference == "gmi" else [])]
-    malformed = {
-        name: int(tel.source(name).get("malformed", 0))
-        for name in (*services, *tel.trainer_sources())
-    }
+    malformed = {name: tel.total(name, "malformed") for name in (*services, *tel.trainer_sources())}
     malformed["actors"] = sum(int(tel.source(a).get("malformed", 0)) for a in tel.actor_sources())
     malformed["runner"] = tel.malformed.count
     digests = {tel.source(name).get("weights_digest") for name in current}
@@ -213,7 +216,12 @@ def build_result(runner: RunRecord, wall_s: float, energy: Any) -> dict[str, Any
         "env_steps": trained,
         "sampled_steps": sum(runner.ended.stepped.values()),
         "discarded_steps": tel.discarded_steps,
-        "lost_steps": sum(lost_by_inc.values()),
+        "lost_steps": (
+            sum(runner.ended.stepped.values()) - trained - tel.discarded_steps
+            if replaced  # the old services' counts died with them; the drain left nothing
+            else sum(lost_by_inc.values())
+        ),
+        "service_replacements": replaced,
         "wall_s": wall_s,
         "steps_per_s": trained / wall_s if wall_s > 0 else 0.0,
         "energy": energy_doc,

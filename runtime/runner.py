@@ -21,7 +21,8 @@ Lifecycle:
   1. start the services, then the actors; open an energy window.
   2. every ``TICK_S``: read telemetry, restart any actor that died (its in-flight steps are
      counted as lost), stop when the trained-step target or the wall limit is reached, or on
-     Ctrl-C. A service (compressor, migrator, trainer) that dies ends the run with an error.
+     Ctrl-C. A dead compressor, migrator or trainer GMI is replaced (``runtime.supervisor``);
+     an inference GMI that dies ends the run with an error.
   3. drain (``runtime.drain``): actors deliver their last rollouts, every stage passes
      everything and an EOS on, the trainers train what is left and report; only then do the
      services (``runtime.services``) exit.
@@ -59,8 +60,7 @@ from runtime.phases import PhaseLog
 from runtime.results import Timeline, build_result, failed_result
 from runtime.run_state import RUN_WINDOW, RunState
 from runtime.services import RunError, Services
-from runtime.stages.compressor import compressor_main
-from runtime.stages.migrator import migrator_main
+from runtime.supervisor import Supervisor
 from runtime.telemetry import RunTelemetry
 
 __all__ = ["RUN_WINDOW", "RunError", "RunState", "Runner"]
@@ -106,8 +106,7 @@ class Runner:
         mps_live: bool = False,
     ) -> None:
         self.cfg, self.info = cfg, info
-        self.resume = checkpoint.check(cfg, info)
-        """The checkpoint this run starts from (``cfg.checkpoint``), or None."""
+        self.resume = checkpoint.check(cfg, info)  # the checkpoint it starts from, or None
         self.resumed_steps = self.resume.trained_steps if self.resume is not None else 0
         """Trained steps of the runs before this one, counted toward ``cfg.steps``."""
         self.mps_live = mps_live
@@ -132,6 +131,14 @@ class Runner:
             )
             self.telemetry.returns.extend(returns)
         self.actors = ActorPool(self.mp, info)
+        self.supervisor = Supervisor(
+            self.services,
+            self.actors,
+            self.telemetry,
+            self.fleet,
+            lambda: (self.cfg.chunk_bytes, self.cfg.chunk_timeout_s),
+            self.resume.state_file if self.resume is not None else None,
+        )
         self.inference_place: Any = None
         """Where the inference GMI runs (``inference='gmi'``), else None."""
         self.stop_requested = False
@@ -200,16 +207,10 @@ class Runner:
         return bool(gmis) and all(g.get("resumed") for g in gmis)
 
     def _start_services(self, ep: topology.Endpoints) -> None:
-        cfg = self.cfg
-        specs = {
-            "compressor": (compressor_main, (ep, cfg.chunk_bytes, cfg.chunk_timeout_s)),
-            "migrator": (migrator_main, (ep, len(self.fleet.gmis))),
-        }
-        if cfg.inference == "gmi":
-            self.inference_place = self.fleet.inference_place()
-            specs[INFERENCE] = (inference_main, (cfg, self.info, ep, self.inference_place))
-        for name, (target, args) in specs.items():
-            self.services.spawn(name, target, args)
+        self.supervisor.start(ep, self.run_dir)  # the compressor and the migrator
+        if self.cfg.inference == "gmi":
+            self.inference_place = place = self.fleet.inference_place()
+            self.services.spawn(INFERENCE, inference_main, (self.cfg, self.info, ep, place))
         self.fleet.start(
             ep, self.run_dir, self.resume.state_file if self.resume is not None else None
         )
@@ -250,8 +251,8 @@ class Runner:
     def restarts(self) -> int:
         return self.actors.restarts
 
-    def _check_processes(self, ep: topology.Endpoints) -> None:
-        self.services.check(self.telemetry.is_final)
+    def _check_processes(self, ep: topology.Endpoints, command_sock: zmq.Socket) -> None:
+        self.supervisor.check(ep, command_sock)
         self.actors.check(ep)
         self.telemetry.watch([n for n, p in self.services.items() if p.is_alive()])
 
@@ -264,15 +265,12 @@ class Runner:
             except wire.ProtocolError as exc:
                 self.telemetry.malformed.drop(exc)
 
-    def _sampled_steps(self) -> int:
-        return self.actors.sampled_steps()
-
     def state(self, started: float, draining: bool = False) -> RunState:
         lag_mean, lag_max = self.telemetry.policy_lag()
         return RunState(
             time.monotonic() - started,
             self.telemetry.trained_steps,
-            self._sampled_steps(),
+            self.actors.sampled_steps(),
             self.telemetry.return_mean,
             self.telemetry.episodes,
             lag_mean,
@@ -350,8 +348,9 @@ class Runner:
     ) -> None:
         while not self.stop_requested:
             self._read_telemetry(telemetry_sock, int(TICK_S * 1000))
-            self._check_processes(ep)
-            if (why := self.telemetry.fatal() or self.actors.gave_up) is not None:
+            self._check_processes(ep, command_sock)
+            fault = self.telemetry.fatal() or self.actors.gave_up or self.supervisor.failure
+            if (why := fault) is not None:
                 self.failure = why
                 logger.error("stopping the run: %s", why)
                 break
@@ -364,6 +363,8 @@ class Runner:
             if self.on_progress is not None:
                 self.on_progress(self.state(started))
             self._sample_timeline(started)
+            if self.supervisor.busy:
+                continue  # the drain needs the replaced pipeline up and acknowledged
             if self.resumed_steps + self.telemetry.trained_steps >= self.cfg.steps:
                 break
             max_wall = self.cfg.max_wall_s

@@ -35,6 +35,13 @@ class Services:
         proc.start()
         self.procs[name] = proc
 
+    def stop(self, name: str) -> None:
+        """Kills ``name`` if it still runs and forgets it (a process being replaced)."""
+        proc = self.procs.pop(name)
+        if proc.is_alive():
+            proc.kill()
+        proc.join(timeout=5)
+
     def __contains__(self, name: object) -> bool:
         return name in self.procs
 

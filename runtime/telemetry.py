@@ -36,6 +36,9 @@ class RunTelemetry:
         self.stalls: list[dict[str, Any]] = []
         """One entry per stall seen: the process, when it fell silent and for how long."""
         self._silent: dict[str, tuple[dict[str, Any], float]] = {}
+        self.replaced: dict[str, list[dict[str, Any]]] = {}
+        """The last counters of each process that was replaced (it died and a new one took
+        its name), by name, oldest first."""
 
     def handle(self, msg: wire.Message) -> None:
         """Takes one STATS message."""
@@ -59,6 +62,20 @@ class RunTelemetry:
             self.episodes += 1
         self.latest[source] = counters
         self.seen[source] = time.monotonic()
+
+    def replace(self, name: str) -> None:
+        """``name`` died and a new process takes its name: its last counters move to
+        ``replaced``, and the new one starts from nothing."""
+        if name in self.latest:
+            self.replaced.setdefault(name, []).append(self.latest.pop(name))
+        self.seen.pop(name, None)
+        self._silent.pop(name, None)
+
+    def total(self, name: str, key: str) -> int:
+        """One integer counter of ``name`` summed over it and every process it replaced."""
+        sources = [*self.replaced.get(name, []), self.source(name)]
+        values = (c.get(key, 0) for c in sources)
+        return sum(int(v) for v in values if isinstance(v, int | float))
 
     def source(self, name: str) -> dict[str, Any]:
         """Newest counters of one source (empty if it never reported)."""
@@ -141,7 +158,7 @@ class RunTelemetry:
         pick = {"messages", "bytes"}
         return {
             "dispenser": {k: self.sum_over(actors, k) for k in pick},
-            "compressor": {k: int(self.source("compressor").get(k, 0)) for k in pick},
-            "migrator": {k: int(self.source("migrator").get(k, 0)) for k in pick},
+            "compressor": {k: self.total("compressor", k) for k in pick},
+            "migrator": {k: self.total("migrator", k) for k in pick},
             "batcher": {k: self.sum_over(trainers, k) for k in pick},
         }

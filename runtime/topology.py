@@ -56,10 +56,12 @@ LINGER_MS = 10_000
 
 @dataclass(frozen=True)
 class Endpoints:
-    """Addresses of the links of one run, and the run's weights key: a random secret the
-    runner hands its own processes (never a socket or a command line), with which the trainer
-    signs every WEIGHTS message and the actors and the inference GMI check it
-    (``runtime.wire.weights_mac``), so weights published by anyone else are dropped."""
+    """Addresses of the links of one run, and the run's key: a random secret the runner hands
+    its own processes (never a socket or a command line). The trainer signs every WEIGHTS
+    message with it, and the actors and the inference GMI check it (``runtime.wire.weights_mac``);
+    the compressor signs its chunks and end of stream, and the trainers their credits, and the
+    migrator checks both (``runtime.wire.sign``). What anyone else sends there is dropped and
+    counted."""
 
     experience: str
     chunks: str
@@ -70,7 +72,7 @@ class Endpoints:
     inference: str
     telemetry: str
     commands: str
-    weights_key: bytes = field(default_factory=lambda: os.urandom(32), repr=False)
+    run_key: bytes = field(default_factory=lambda: os.urandom(32), repr=False)
 
     @classmethod
     def ipc(cls, run_dir: str) -> Endpoints:

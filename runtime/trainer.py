@@ -44,6 +44,9 @@ logger = logging.getLogger(__name__)
 STATS_INTERVAL_S = 0.5
 WINDOW_CHUNKS = 4
 RESUME_POLL_S = 0.05
+RECOVERY_S = 10.0
+"""How often the lead GMI keeps the learner state in the run's recovery file:
+what a generation started in place of a dead one goes on from (``runtime.supervisor``)."""
 
 
 def weights_digest(model: Any) -> str:
@@ -66,7 +69,7 @@ class Trainer:
         stats: Telemetry sender, or None.
         role: Place and generation; a single CPU/GPU trainer of generation 0 when None.
         group: The data-parallel group when the generation has several GMIs, else None.
-        weights_key: The run's weights key: every WEIGHTS message is signed with it.
+        run_key: The run's weights key: every WEIGHTS message is signed with it.
     """
 
     def __init__(
@@ -79,7 +82,7 @@ class Trainer:
         role: GMIRole | None = None,
         group: Any = None,
         commands: zmq.Socket | None = None,
-        weights_key: bytes = b"",
+        run_key: bytes = b"",
     ) -> None:
         import torch
 
@@ -89,7 +92,7 @@ class Trainer:
         self.cfg, self.role, self.group = cfg, role, group
         self.dealer, self.weights, self.stats = dealer, weights, stats
         self.commands = commands
-        self.weights_key = weights_key
+        self.run_key = run_key
         self.live = LiveSettings()
         self.saved_version: int | None = None
         self.halted: str | None = None
@@ -132,7 +135,7 @@ class Trainer:
         meta = {
             "version": version,
             "names": names,
-            "mac": wire.weights_mac(self.weights_key, version, names, arrays),
+            "mac": wire.weights_mac(self.run_key, version, names, arrays),
         }
         with contextlib.suppress(zmq.Again):  # no room for a subscriber: it gets a newer one
             wire.send_msg(self.weights, wire.MsgType.WEIGHTS, meta, arrays, zmq.NOBLOCK)
@@ -140,7 +143,9 @@ class Trainer:
     def _grant_credits(self) -> None:
         n = self.batcher.credits_to_grant()
         if n:
-            meta = {"n": n, "queued_steps": self.batcher.queued_steps}
+            meta = {"n": n, "queued_steps": self.batcher.queued_steps, "src": self.name}
+            if self.run_key:
+                meta = wire.sign(self.run_key, wire.MsgType.CREDIT, meta)
             wire.send_msg(self.dealer, wire.MsgType.CREDIT, meta)
 
     def _receive(self, timeout_ms: int) -> None:
@@ -223,6 +228,7 @@ class Trainer:
             "retired": final and self.retiring,
             "batch_size": self.batcher.batch_rows * self.cfg.rollout_len,
             "live_epoch": self.live.epoch,
+            "reset_epoch": self.live.reset_epoch,
             "fatal": self.halted,
             **self.batcher.counters,
             **self.last,
@@ -248,7 +254,7 @@ class Trainer:
         """Trains until EOS or RETIRE, then trains the remainder, hands over and reports."""
         if self.resumed:
             self.publish()
-        last_stats = last_save = time.monotonic()
+        last_stats = last_save = last_recovery = time.monotonic()
         last_resume_try = 0.0
         while True:
             self._take_live_settings()
@@ -272,11 +278,14 @@ class Trainer:
             if now - last_save >= self.cfg.checkpoint_every_s:
                 last_save = now
                 self._checkpoint(periodic=True)
+            if now - last_recovery >= RECOVERY_S and self._leads() and self.resumed:
+                last_recovery = now
+                self._save_state(self.role.recovery_file())
         self.batcher.evict_partial()  # anything still partial at EOS lost a channel
         while self.batcher.queued_rows and self.group is None:
             self._train(self.batcher.queued_rows)
-        if self.retiring and self.role is not None and self.role.spec.rank == 0:
-            self._save_state()
+        if self.retiring and self._leads():
+            self._save_state(self.role.state_file())
         else:
             self._checkpoint(periodic=False)
         if self.stats is not None:
@@ -305,6 +314,10 @@ class Trainer:
         if self.commands is None:
             return
         settings = self.live.poll(self.commands, self.malformed)
+        if self.live.reset_due:
+            self.live.reset_due = False
+            self.batcher.reset()
+            logger.warning("%s: the pipeline was restarted; credits granted again", self.name)
         if settings is not None:
             self.batcher.batch_rows = max(1, settings["batch_size"] // self.cfg.rollout_len)
             logger.info(
@@ -330,14 +343,18 @@ class Trainer:
         self._train(rows)
         return False
 
-    def _save_state(self) -> None:
+    def _leads(self) -> bool:
+        return self.role is not None and self.role.spec.rank == 0
+
+    def _save_state(self, path: str) -> None:
+        """Writes the learner state to ``path`` whole or not at all (write, then rename): the
+        hand-over file when retiring, the recovery file every ``RECOVERY_S``."""
         import torch
 
-        path = self.role.state_file()
         torch.save(self.learner.state(), path + ".tmp")
-        os.replace(path + ".tmp", path)  # the next generation sees the whole file or nothing
+        os.replace(path + ".tmp", path)
         logger.info(
-            "%s handed over the learner at version %d", self.role.name, self.learner.version
+            "%s saved the learner at version %d to %s", self.name, self.learner.version, path
         )
 
 
@@ -364,9 +381,7 @@ def trainer_main(
     weights = topology.trainer_weights_out(ctx, endpoints) if role.spec.rank == 0 else None
     stats = StatsSender(topology.telemetry_out(ctx, endpoints), role.name)
     commands = topology.command_in(ctx, endpoints)
-    trainer = Trainer(
-        cfg, info, dealer, weights, stats, role, group, commands, endpoints.weights_key
-    )
+    trainer = Trainer(cfg, info, dealer, weights, stats, role, group, commands, endpoints.run_key)
     logger.info(
         "%s on %s (gpu %s, mps %s%%, %s SMs, pid %d)",
         role.name,

@@ -121,7 +121,7 @@ def weights_mac(
     key: bytes, version: int, names: Sequence[str], arrays: Sequence[np.ndarray]
 ) -> str:
     """HMAC-SHA256 (hex) of a WEIGHTS message's version, tensor names, dtypes, shapes and
-    bytes under the run's weights key (``runtime.topology.Endpoints.weights_key``)."""
+    bytes under the run's weights key (``runtime.topology.Endpoints.run_key``)."""
     mac = hmac.new(key, digestmod=hashlib.sha256)
     mac.update(msgpack.packb([version, list(names)]))
     for a in arrays:
@@ -129,6 +129,34 @@ def weights_mac(
         mac.update(msgpack.packb([a.dtype.str, list(a.shape)]))
         mac.update(memoryview(a).cast("B"))
     return mac.hexdigest()
+
+
+SIG_HEX = 32
+"""Hex digits of a header signature (128 bits of HMAC-SHA256)."""
+
+
+def _signature(key: bytes, msg_type: MsgType, meta: dict[str, Any]) -> str:
+    body = msgpack.packb([msg_type.value, meta], use_bin_type=True)
+    return hmac.new(key, body, hashlib.sha256).hexdigest()[:SIG_HEX]
+
+
+def sign(key: bytes, msg_type: MsgType, meta: dict[str, Any]) -> dict[str, Any]:
+    """``meta`` with a ``sig``: an HMAC-SHA256 of the type and the metadata under the run's
+    key. It authenticates the header (every count, id and the sender's name); the arrays are
+    described by it, and nobody without the key can make a header that passes ``check_signed``."""
+    return {**meta, "sig": _signature(key, msg_type, meta)}
+
+
+def check_signed(key: bytes, msg: Message) -> None:
+    """Raises ``ProtocolError`` unless ``msg`` carries a valid ``sig`` under ``key``."""
+    meta = dict(msg.meta)
+    given = meta.pop("sig", None)
+    if not isinstance(given, str) or not hmac.compare_digest(
+        given, _signature(key, msg.type, meta)
+    ):
+        raise ProtocolError(
+            f"{msg.type.value} message without a valid signature: not from this run's processes"
+        )
 
 
 def check_weights(key: bytes, msg: Message) -> tuple[int, list[str]]:

@@ -11,6 +11,7 @@ it, since PUB/SUB drops a message sent before a subscriber has joined.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -22,7 +23,7 @@ from runtime.config import TrainConfig
 from runtime.envs import EnvInfo
 from runtime.gmi import placement
 from runtime.gmi.placement import GMISpec
-from runtime.gmi.role import GMIRole, state_file
+from runtime.gmi.role import GMIRole, recovery_file, state_file
 from runtime.hw.mps import MPSControl, MPSUnavailable
 from runtime.inference import InferencePlace
 from runtime.trainer import trainer_main
@@ -110,6 +111,15 @@ class GMIFleet:
             env = self.mps.client_env(spec.mps_pct) if self.mps and spec.gpu is not None else {}
             role = GMIRole(spec, self.generation, layout, run_dir, resume_from, env)
             self.spawn(role.name, trainer_main, (self.cfg, self.info, ep, role))
+
+    def restart(self, ep: topology.Endpoints, run_dir: str, fallback: str | None) -> None:
+        """Starts a new generation in place of one that died (its processes already gone), from
+        the lead GMI's newest recovery state, else ``fallback`` (the state the run started
+        from, or None: a fresh learner)."""
+        path = recovery_file(run_dir)
+        self.generation += 1
+        logger.warning("trainer GMIs restarted as generation %d", self.generation)
+        self.start(ep, run_dir, path if os.path.exists(path) else fallback)
 
     def inference_place(self) -> InferencePlace:
         """Where the inference GMI runs (``inference='gmi'``): on the first trainer GPU, an MPS

@@ -1,5 +1,6 @@
-"""What one trainer GMI process is (``GMIRole``: its place, generation and group), and where a
-generation leaves the learner state when it retires (``state_file``)."""
+"""What one trainer GMI process is (``GMIRole``: its place, generation and group), where a
+generation leaves the learner state when it retires (``state_file``), and where the lead GMI
+keeps it for a replacement should the generation die (``recovery_file``)."""
 
 from __future__ import annotations
 
@@ -43,6 +44,9 @@ class GMIRole:
         """Where rank 0 of this generation leaves the learner state when it retires."""
         return state_file(self.run_dir, self.generation)
 
+    def recovery_file(self) -> str:
+        return recovery_file(self.run_dir)
+
     def group_file(self) -> str:
         return os.path.join(self.run_dir, f"group-g{self.generation}")
 
@@ -50,3 +54,9 @@ class GMIRole:
 def state_file(run_dir: str, generation: int) -> str:
     """The learner-state file that generation ``generation`` leaves when it retires."""
     return os.path.join(run_dir, f"handover-g{generation}.pt")
+
+
+def recovery_file(run_dir: str) -> str:
+    """Where the lead GMI of the current generation keeps the learner state every
+    ``runtime.trainer.RECOVERY_S``, for a generation started in place of one that died."""
+    return os.path.join(run_dir, "recovery.pt")

@@ -146,6 +146,13 @@ class Batcher:
             chunk = self.partial.pop(old)
             self._drop(chunk.steps, f"chunk {old} never completed (a channel was dropped)")
 
+    def reset(self) -> None:
+        """The migrator was replaced (it died): partial chunks will never complete (dropped,
+        counted), and the credits the old one held are granted again, so the new one sees the
+        whole window less what this trainer owes."""
+        self.evict_partial()
+        self._grant = max(self.window_chunks - self.owed_credits, 0)
+
     def _drop(self, steps: int, why: str) -> None:
         logger.error("batcher: %s; %d steps dropped", why, steps)
         self.dropped_steps += steps

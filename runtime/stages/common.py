@@ -110,13 +110,23 @@ class LiveSettings:
 
     def __init__(self) -> None:
         self.epoch = 0
+        self.reset_epoch = 0
+        """The newest COMMAND ``reset`` taken (the runner replaced the compressor and the
+        migrator); ``reset_due`` is set until the process has acted on it."""
+        self.reset_due = False
 
     def take(self, msg: wire.Message) -> dict[str, Any] | None:
-        """The settings of ``msg`` if it is a ``live`` message newer than what was applied.
+        """The settings of ``msg`` if it is a ``live`` message newer than what was applied
+        (a newer ``reset`` sets ``reset_due``).
 
         Raises:
-            wire.ProtocolError: if a ``live`` message is malformed.
+            wire.ProtocolError: if a ``live`` or ``reset`` message is malformed.
         """
+        if msg.type is wire.MsgType.COMMAND and msg.meta.get("cmd") == "reset":
+            epoch = wire.meta_int(msg.meta, "epoch")
+            if epoch > self.reset_epoch:
+                self.reset_epoch, self.reset_due = epoch, True
+            return None
         if msg.type is not wire.MsgType.COMMAND or msg.meta.get("cmd") != "live":
             return None
         epoch = wire.meta_int(msg.meta, "epoch")

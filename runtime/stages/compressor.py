@@ -64,8 +64,11 @@ class Compressor:
         stats: StatsSender | None,
         chunk_bytes: int,
         chunk_timeout_s: float,
+        key: bytes = b"",
     ) -> None:
         self.pull, self.push, self.commands, self.stats = pull, push, commands, stats
+        self.key = key
+        """The run's key: chunks and the end of stream are signed with it (none if empty)."""
         self.chunk_bytes = chunk_bytes
         self.chunk_timeout_s = chunk_timeout_s
         self.live = LiveSettings()
@@ -200,6 +203,8 @@ class Compressor:
                 "steps": steps,
                 "rows": rows,
             }
+            if self.key:
+                meta = wire.sign(self.key, wire.MsgType.CHUNK, meta)
             self.counters["bytes"] += wire.send_msg(self.push, wire.MsgType.CHUNK, meta, [data])
             self.counters["messages"] += 1
         self.counters["chunks"] += 1
@@ -293,19 +298,24 @@ class Compressor:
                 len(self.partial),
                 sum(r.steps for r in self.partial.values()),
             )
-        wire.send_msg(self.push, wire.MsgType.EOS, {"stage": "compressor"})
+        eos = {"stage": "compressor"}
+        if self.key:
+            eos = wire.sign(self.key, wire.MsgType.EOS, eos)
+        wire.send_msg(self.push, wire.MsgType.EOS, eos)
         if self.stats is not None:
             self.stats.send(self.snapshot(final=True))
 
 
 def compressor_main(
-    endpoints: topology.Endpoints, chunk_bytes: int, chunk_timeout_s: float
+    endpoints: topology.Endpoints, chunk_bytes: int, chunk_timeout_s: float, first_chunk: int = 0
 ) -> None:
-    """Process entry point of the compressor service."""
+    """Process entry point of the compressor service. A compressor started in place of a dead
+    one numbers its chunks from ``first_chunk``, above every id the old one used: trainers take
+    chunk ids as increasing."""
     init_service_process("compressor")
     ctx = zmq.Context()
     pull, push, commands = topology.compressor_sockets(ctx, endpoints)
     stats = StatsSender(topology.telemetry_out(ctx, endpoints), "compressor")
-    Compressor(pull, push, commands, stats, chunk_bytes, chunk_timeout_s).run()
+    Compressor(pull, push, commands, stats, chunk_bytes, chunk_timeout_s, endpoints.run_key).run()
     await_exit(commands)
     ctx.destroy(linger=topology.LINGER_MS)

@@ -41,6 +41,7 @@ TRAINER_PREFIX = b"trainer-"
 STATS_INTERVAL_S = 0.5
 RECEIPT_INTERVAL_S = 0.005
 RECEIPT_REFRESH_S = 0.25
+LEFTOVER_QUIET_MS = 50
 
 
 def generation_of(identity: bytes) -> int:
@@ -72,6 +73,9 @@ class Migrator:
             final EOS goes out.
         receipts: PUB for the receipts, or None (tests).
         commands: SUB for the runner's COMMAND (``retire``), or None.
+        key: The run's key: chunks, their end of stream and credits must be signed with it
+            (``runtime.wire.check_signed``); anything else is dropped and counted. Empty: no
+            check (tests that drive the migrator alone).
     """
 
     def __init__(
@@ -82,8 +86,10 @@ class Migrator:
         n_trainers: int,
         receipts: zmq.Socket | None = None,
         commands: zmq.Socket | None = None,
+        key: bytes = b"",
     ) -> None:
         self.pull, self.router, self.stats = pull, router, stats
+        self.key = key
         self.receipts, self.commands = receipts, commands
         self.n_trainers = n_trainers
         self.generation = 0
@@ -105,6 +111,11 @@ class Migrator:
             raise wire.ProtocolError(f"migrator takes only credit from trainers, got {msg.type}")
         if not identity.startswith(TRAINER_PREFIX):
             raise wire.ProtocolError(f"credit from {identity!r}, which is not a trainer")
+        if self.key:
+            wire.check_signed(self.key, msg)
+            if msg.meta.get("src") != identity.decode(errors="replace"):
+                signer = msg.meta.get("src")
+                raise wire.ProtocolError(f"credit signed by {signer!r} came from {identity!r}")
         n = wire.meta_int(msg.meta, "n")
         queued = wire.meta_int(msg.meta, "queued_steps", 0)
         if n < 0:
@@ -146,6 +157,8 @@ class Migrator:
 
     def on_chunk(self, msg: wire.Message, frames: list[zmq.Frame]) -> None:
         """A message from the compressor: a chunk channel to route, or its end of stream."""
+        if self.key and msg.type in (wire.MsgType.EOS, wire.MsgType.CHUNK):
+            wire.check_signed(self.key, msg)
         if msg.type is wire.MsgType.EOS:
             self.upstream_done = True
             return
@@ -258,11 +271,32 @@ class Migrator:
             if self.stats is not None and now - last_stats >= STATS_INTERVAL_S:
                 self.stats.send(self.snapshot())
                 last_stats = now
+        self._count_leftovers()
         for trainer in self._active():
             wire.send(self.router, [trainer.identity, *wire.encode(wire.MsgType.EOS, {})])
         self.publish_receipts(time.monotonic() + RECEIPT_REFRESH_S)
         if self.stats is not None:
             self.stats.send(self.snapshot(final=True))
+
+    def _count_leftovers(self) -> None:
+        """After the compressor's end of stream, whatever else is queued on the chunk input
+        came from elsewhere: read it (until the socket stays quiet ``LEFTOVER_QUIET_MS``) so
+        that every foreign message is counted in ``malformed``."""
+        if self.pull is None:
+            return
+        while self.pull.poll(LEFTOVER_QUIET_MS):
+            while True:
+                try:
+                    frames = self.pull.recv_multipart(zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    break
+                try:
+                    msg = wire.decode(frames)
+                    if self.key:
+                        wire.check_signed(self.key, msg)
+                    raise wire.ProtocolError(f"{msg.type.value} message after the end of stream")
+                except wire.ProtocolError as exc:
+                    self.malformed.drop(exc)
 
     def _read_commands(self) -> None:
         for msg in wire.recv_waiting(self.commands, self.malformed):
@@ -297,13 +331,17 @@ class Migrator:
                 self.malformed.drop(exc)
 
 
-def migrator_main(endpoints: topology.Endpoints, n_trainers: int) -> None:
-    """Process entry point of the migrator service."""
+def migrator_main(endpoints: topology.Endpoints, n_trainers: int, generation: int = 0) -> None:
+    """Process entry point of the migrator service. One started in place of a dead one is told
+    the current GMI ``generation``: every older one is retired (a GMI of one that still says
+    hello gets RETIRE at once, and hands over)."""
     init_service_process("migrator")
     ctx = zmq.Context()
     pull, router, receipts, commands = topology.migrator_sockets(ctx, endpoints)
     stats = StatsSender(topology.telemetry_out(ctx, endpoints), "migrator")
-    migrator = Migrator(pull, router, stats, n_trainers, receipts, commands)
+    migrator = Migrator(pull, router, stats, n_trainers, receipts, commands, endpoints.run_key)
+    migrator.generation = generation
+    migrator.retired_generations = set(range(generation))
     migrator.run()
     await_exit(commands)
     ctx.destroy(linger=topology.LINGER_MS)

@@ -1,10 +1,11 @@
-"""The sockets of a running job that take messages from many senders (the actors' experience,
-everyone's telemetry), fuzzed while it trains: random frames, truncated and hostile headers,
-huge declared sizes, deep nesting, valid headers of the wrong kind, rollouts that never
-complete. The run finishes, its step accounting stays exact, and the fuzz is counted.
+"""Every socket a running job binds for input, fuzzed while it trains: the actors'
+experience, everyone's telemetry, and the migrator's chunks and trainers. Random frames,
+truncated and hostile headers, huge declared sizes, deep nesting, valid headers of the wrong
+kind, unsigned chunks, credits and ends of stream, rollouts that never complete. The run
+finishes, its step accounting stays exact, and every fuzz message is counted.
 
-(The migrator's sockets, chunks and trainers, are not fuzzed here: forged messages there stall
-the run today; docs/RELIABILITY.md lists it as open.)"""
+(The sockets the run's processes bind for output, receipts and weights, take nothing in: a
+SUB that connects there only reads. Forged weights are in ``test_runner.py``.)"""
 
 from __future__ import annotations
 
@@ -51,22 +52,31 @@ def _hostile(rng: random.Random, kind: int) -> list[bytes]:
     return wire.encode(wire.MsgType.CREDIT, {"n": -5, "queued_steps": "many"})
 
 
-def test_fuzzing_the_shared_input_sockets_leaves_the_run_whole_and_counted():
+def test_fuzzing_every_input_socket_leaves_the_run_whole_and_counted():
     cfg = TrainConfig(steps=16_000, actors=2, envs_per_actor=4, rollout_len=16, batch_size=512)
     ctx = zmq.Context()
     rng = random.Random(0)
     sent: dict[str, int] = {}
+    socks: list[zmq.Socket] = []  # open until the run ends: a closed socket drops its queue
     runner: Runner
 
     def fuzz(state):
         if sent or state.trained_steps < 1_000:
             return
         d = runner.run_dir
-        targets = {"experience": zmq.PUSH, "telemetry": zmq.PUSH}
+        targets = {
+            "experience": zmq.PUSH,
+            "telemetry": zmq.PUSH,
+            "chunks": zmq.PUSH,
+            "trainers": zmq.DEALER,
+        }
         for name, kind in targets.items():
             sock = ctx.socket(kind)
             sock.setsockopt(zmq.LINGER, 2000)
+            if kind == zmq.DEALER:  # named like a trainer: the migrator reads what it sends
+                sock.setsockopt(zmq.IDENTITY, b"trainer-9.g0")
             sock.connect(f"ipc://{d}/{name}")
+            socks.append(sock)
             kinds = [rng.randrange(8) for _ in range(PER_SOCKET)]
             for kind in kinds:
                 sock.send_multipart(_hostile(rng, kind))
@@ -87,3 +97,5 @@ def test_fuzzing_the_shared_input_sockets_leaves_the_run_whole_and_counted():
     # (held, then evicted or reported incomplete)
     assert bad["compressor"] == sent["experience"]
     assert bad["runner"] == PER_SOCKET  # none of them is a stats message from a process
+    # the migrator takes only what the run's compressor and trainers signed: all of it counted
+    assert bad["migrator"] == 2 * PER_SOCKET

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from runtime import wire
 from runtime.stages.migrator import Migrator
@@ -119,3 +120,38 @@ def test_a_trainer_of_a_retired_generation_that_says_hello_late_is_retired_at_on
     assert [(ident, msg.type) for ident, msg in router.sent] == [
         (b"trainer-1.g0", wire.MsgType.RETIRE)
     ]
+
+
+def test_with_the_runs_key_only_signed_chunks_end_of_stream_and_credits_count():
+    """Anyone of the same user can connect to the migrator's sockets; with the run's key it
+    takes only what the run's compressor and trainers signed, and counts the rest."""
+    key = b"k" * 32
+    router = FakeRouter()
+    m = Migrator(pull=None, router=router, stats=None, n_trainers=1, key=key)
+
+    def signed(kind, meta):
+        return wire.Message(kind, wire.sign(key, kind, meta))
+
+    forged = [
+        (b"trainer-0", credit(5, queued=0)),  # unsigned
+        (b"trainer-0", signed(wire.MsgType.CREDIT, {"n": 5, "queued_steps": 0, "src": "x"})),
+        (b"trainer-0", wire.Message(wire.MsgType.CREDIT, {"n": 5, "queued_steps": 0, "sig": "0"})),
+    ]
+    for identity, msg in forged:
+        with pytest.raises(wire.ProtocolError):
+            m.on_trainer(identity, msg)
+    msg, frames = chunk(0, 0)
+    with pytest.raises(wire.ProtocolError, match="without a valid signature"):
+        m.on_chunk(msg, frames)  # unsigned chunk
+    with pytest.raises(wire.ProtocolError, match="without a valid signature"):
+        m.on_chunk(wire.Message(wire.MsgType.EOS, {"stage": "compressor"}), [])
+    assert not m.upstream_done and not m.pending and not m.trainers
+
+    good = {"n": 1, "queued_steps": 0, "src": "trainer-0"}
+    m.on_trainer(b"trainer-0", signed(wire.MsgType.CREDIT, good))
+    meta = dict(msg.meta)
+    m.on_chunk(signed(wire.MsgType.CHUNK, meta), frames)
+    m.dispatch()
+    assert [ident for ident, _ in router.sent] == [b"trainer-0"]
+    m.on_chunk(signed(wire.MsgType.EOS, {"stage": "compressor"}), [])
+    assert m.upstream_done

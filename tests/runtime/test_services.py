@@ -1,5 +1,6 @@
-"""The runner's service processes: a service that dies ends the run with an error that names
-it, and nothing of the run is left behind."""
+"""The runner's service processes: a dead compressor or migrator is replaced and the run
+finishes exact; a trainer that dies ends the run with an error that names it, and nothing of
+the run is left behind."""
 
 from __future__ import annotations
 
@@ -37,28 +38,91 @@ def test_a_service_that_exits_before_its_final_report_is_named_with_its_exit_cod
 
 
 @pytest.mark.slow
-def test_a_migrator_killed_mid_run_ends_the_run_with_an_error_and_no_child_left():
-    cfg = TrainConfig(steps=10**9, actors=2, envs_per_actor=4, rollout_len=16, batch_size=512)
+def test_an_inference_gmi_killed_mid_run_ends_the_run_with_an_error_and_no_child_left():
+    cfg = TrainConfig(
+        steps=10**9, actors=2, envs_per_actor=4, rollout_len=16, batch_size=512, inference="gmi"
+    )
     killed = []
     runner: Runner
 
     def kill_once(state):
         if not killed and state.trained_steps >= 1_000:
-            proc = dict(runner.services.items())["migrator"]
+            proc = dict(runner.services.items())["inference"]
             os.kill(proc.pid, signal.SIGKILL)
             killed.append(proc.pid)
 
     runner = Runner(cfg, cfg.validate(), on_progress=kill_once)
-    with pytest.raises(RunError, match=r"migrator process died \(exit code -9\)") as err:
+    with pytest.raises(RunError, match=r"inference process died \(exit code -9\)") as err:
         runner.run()
     assert killed
     assert not any(p.is_alive() for p in runner.services.values())
     assert not any(s.process.is_alive() for s in runner.slots)
     # the error carries what the run had done: nothing trained is unaccounted for
     failed, killed_by_signal = err.value.result, err.value.killed
-    assert killed_by_signal and failed["failed"] and "migrator" in failed["failure"]
+    assert killed_by_signal and failed["failed"] and "inference" in failed["failure"]
     assert failed["env_steps"] >= 1_000
     assert failed["sampled_steps"] == (
         failed["env_steps"] + failed["discarded_steps"] + failed["lost_steps"]
     )
     assert failed["lost_steps"] >= 0
+
+
+def test_pipeline_replacements_back_off_and_stop_at_the_limit():
+    """Each death within the window doubles the wait before the replacement; the LIMIT-th
+    ends the run's supervision of the pipeline with a reason (the run then stops, drained)."""
+    from runtime import supervisor as sup_mod
+
+    sup = sup_mod.Supervisor(None, None, None, None, lambda: (1, 1.0))
+    waits = []
+    for _ in range(sup_mod.LIMIT - 1):
+        before = time.monotonic()
+        sup._died("compressor", -9)
+        waits.append(sup._due - before)
+        sup._dead = sup._due = None  # as after a replacement
+    assert waits == pytest.approx([0.1, 0.2, 0.4, 0.8], abs=0.05)
+    assert sup.failure is None
+    sup._died("migrator", 1)
+    assert sup.failure and "5th time within 60 s" in sup.failure and sup._due is None
+
+
+@pytest.mark.slow
+def test_the_compressor_the_migrator_and_a_trainer_killed_in_turn_are_replaced_exactly():
+    """One run, three faults, each once the run has trained on after the previous: the
+    compressor, then the migrator, then the trainer GMI (once it has a recovery state). Each is
+    replaced (the pipeline with every actor; the trainer as a new generation from the lead
+    GMI's recovery state, so the learner's version does not start over), and the run drains
+    with the step accounting exact."""
+    from runtime.gmi.role import recovery_file
+
+    cfg = TrainConfig(steps=10**9, actors=2, envs_per_actor=4, rollout_len=16, batch_size=512)
+    victims = ["compressor", "migrator", "trainer-0.g0"]
+    at_kill: list[int] = []
+    runner: Runner
+
+    def fault(state):
+        if runner.supervisor.busy or state.trained_steps < (at_kill[-1] if at_kill else 0) + 5_000:
+            return  # the last replacement is not settled, or too little trained since
+        if len(at_kill) == len(victims):
+            runner.stop_requested = True  # drains, as Ctrl-C does
+            return
+        victim = victims[len(at_kill)]
+        if victim.startswith("trainer") and not os.path.exists(recovery_file(runner.run_dir)):
+            return
+        os.kill(dict(runner.services.items())[victim].pid, signal.SIGKILL)
+        at_kill.append(state.trained_steps)
+
+    runner = Runner(cfg, cfg.validate(), on_progress=fault)
+    result = runner.run()
+    replaced = result["service_replacements"]
+    assert [r["process"] for r in replaced] == victims
+    assert {r["exit_code"] for r in replaced} == {-signal.SIGKILL}
+    assert runner.trainer_names() == ["trainer-0.g1"] and result["failure"] is None
+    assert result["env_steps"] >= at_kill[-1] + 5_000  # it trained on after the last fault
+    assert result["sampled_steps"] == (
+        result["env_steps"] + result["discarded_steps"] + result["lost_steps"]
+    )
+    assert result["lost_steps"] >= 0
+    assert runner.restarts == 0  # the actors were replaced, not counted as deaths
+    # the new generation went on from a saved state: more updates than it made itself
+    new = runner.telemetry.source("trainer-0.g1")
+    assert new["version"] > new["trained_steps"] // cfg.batch_size

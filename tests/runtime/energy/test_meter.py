@@ -176,6 +176,7 @@ def fake_run(trained_steps: int) -> types.SimpleNamespace:
         failure=None,
         ended=Incarnations(),
         restarts=0,
+        supervisor=types.SimpleNamespace(replacements=[]),
         phases=None,
         trainer_names=lambda: ["trainer-0"],
     )

@@ -1,0 +1,179 @@
+"""The runner's watch over its service processes: a dead compressor, migrator or trainer GMI is
+replaced and the run goes on; a dead inference GMI ends the run with an error (``RunError``).
+
+The compressor and the migrator hold only experience in flight, so they are replaced together
+(one dying leaves the other with half-routed chunks): the survivor is killed, both start again
+on the same endpoints, every actor is replaced by a new incarnation (each was waiting for
+receipts of what went to the old services), and the trainers get a COMMAND ``reset``: they drop
+chunks that will never complete and grant their credits to the new migrator. The runner resends
+``reset`` until every current trainer reports it. Whatever the old processes held is lost, and
+the run's accounting stays exact: with a replacement, ``lost_steps`` is what was sampled and
+neither trained nor discarded once the drain is done.
+
+A trainer GMI that dies takes its generation with it: every trainer process is killed, and a
+new generation starts from the lead GMI's recovery state (``runtime.gmi.role.recovery_file``,
+kept every ``runtime.trainer.RECOVERY_S``; else the state the run started from), with the
+pipeline replaced as above. The new actors act with the version-0 weights until the new
+generation publishes, so every actor takes its weights, whatever version they carry. With
+``inference='gmi'`` the inference GMI would keep newer weights than the recovered ones, so there
+a trainer's death, like the inference GMI's, ends the run with an error; the result and the
+last periodic checkpoint keep what was done.
+
+Replacements back off (``BACKOFF_S``: 0.1 s, doubling with each death in ``WINDOW_S``, at most
+10 s) and are limited: the ``LIMIT``-th death within ``WINDOW_S`` ends the run, drained, with
+``failure`` saying why.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+
+from runtime import topology, wire
+from runtime.inference import NAME as INFERENCE
+from runtime.services import RunError
+from runtime.stages.compressor import compressor_main
+from runtime.stages.migrator import migrator_main
+
+logger = logging.getLogger(__name__)
+
+PIPELINE = ("compressor", "migrator")
+WINDOW_S = 60.0
+LIMIT = 5
+"""The pipeline's deaths within ``WINDOW_S`` at which it is no longer replaced."""
+BACKOFF_S = (0.1, 10.0)
+RESET_RESEND_S = 0.5
+CHUNK_ID_STRIDE = 1 << 40
+"""Each compressor numbers its chunks from its replacement count times this, so ids keep
+increasing across replacements."""
+
+
+@dataclass
+class Supervisor:
+    """Watches the services of one run (see the module docstring).
+
+    Attributes:
+        services: The run's ``runtime.services.Services``.
+        actors: Its ``runtime.actor_pool.ActorPool``.
+        telemetry: Its ``runtime.telemetry.RunTelemetry``.
+        fleet: Its ``runtime.gmi.fleet.GMIFleet`` (the current GMIs must acknowledge a reset;
+            a new migrator retires every older generation).
+        chunk_args: The compressor's chunk settings now, ``(chunk_bytes, chunk_timeout_s)``.
+        start_state: The learner state the run started from (a checkpoint's), or None.
+    """
+
+    services: Any
+    actors: Any
+    telemetry: Any
+    fleet: Any
+    chunk_args: Callable[[], tuple[int, float]]
+    start_state: str | None = None
+    replacements: list[dict[str, Any]] = field(default_factory=list)
+    """One entry per replacement: seconds into the run, the process that died, its exit code."""
+    failure: str | None = None
+    """Why the pipeline is no longer replaced (the run then stops), or None."""
+    _deaths: list[float] = field(default_factory=list)
+    _due: float | None = None
+    _dead: tuple[str, int | None] | None = None
+    _reset_epoch: int = 0
+    _reset_sent: float = 0.0
+    _started: float = field(default_factory=time.monotonic)
+    _run_dir: str = ""
+
+    def start(self, ep: topology.Endpoints, run_dir: str) -> None:
+        """Starts the compressor and the migrator (the first time, or in place of dead ones)."""
+        self._run_dir = run_dir
+        chunk_bytes, chunk_timeout_s = self.chunk_args()
+        first_chunk = len(self.replacements) * CHUNK_ID_STRIDE
+        self.services.spawn(
+            "compressor", compressor_main, (ep, chunk_bytes, chunk_timeout_s, first_chunk)
+        )
+        gen, trainers = self.fleet.generation, len(self.fleet.names())
+        self.services.spawn("migrator", migrator_main, (ep, trainers, gen))
+
+    def check(self, ep: topology.Endpoints, command_sock: zmq.Socket) -> None:
+        """Replaces a dead compressor or migrator (after its back-off); resends ``reset``
+        until acknowledged.
+
+        Raises:
+            RunError: the inference GMI died before its final report, or a trainer GMI in a
+                run with one.
+        """
+        for name, proc in self.services.items():
+            if proc.is_alive() or self.telemetry.is_final(name):
+                continue
+            if name == INFERENCE or (name not in PIPELINE and INFERENCE in self.services):
+                raise RunError(
+                    f"{name} process died (exit code {proc.exitcode})",
+                    killed=proc.exitcode is not None and proc.exitcode < 0,
+                )
+            if self._dead is None and self.failure is None:
+                self._died(name, proc.exitcode)
+        now = time.monotonic()
+        if self._due is not None and now >= self._due:
+            self._replace(ep)
+        self._send_reset(command_sock, now)
+
+    @property
+    def busy(self) -> bool:
+        """A replacement is pending or not yet acknowledged by every trainer."""
+        return self._due is not None or self._reset_pending()
+
+    def _died(self, name: str, code: int | None) -> None:
+        now = time.monotonic()
+        self._deaths = [t for t in self._deaths if now - t < WINDOW_S] + [now]
+        if len(self._deaths) >= LIMIT:
+            self.failure = (
+                f"{name} died (exit code {code}) for the {len(self._deaths)}th time within "
+                f"{WINDOW_S:.0f} s; the pipeline is not replaced again"
+            )
+            logger.error("%s", self.failure)
+            return
+        delay = min(BACKOFF_S[0] * 2 ** (len(self._deaths) - 1), BACKOFF_S[1])
+        logger.error(
+            "%s died (exit code %s); replacing %sthe compressor and the migrator in %.1f s "
+            "(what they held is counted as lost)",
+            name,
+            code,
+            "the trainer GMIs, " if name not in PIPELINE else "",
+            delay,
+        )
+        self._dead, self._due = (name, code), now + delay
+
+    def _replace(self, ep: topology.Endpoints) -> None:
+        name, code = self._dead or ("?", None)
+        if name not in PIPELINE:  # a trainer GMI: its whole generation goes, and any retiring
+            for service in [n for n, _ in self.services.items() if n.startswith("trainer-")]:
+                self.services.stop(service)
+            self.fleet.restart(ep, self._run_dir, self.start_state)
+        for service in PIPELINE:
+            self.services.stop(service)
+            self.telemetry.replace(service)
+        self.replacements.append(
+            {"t": time.monotonic() - self._started, "process": name, "exit_code": code}
+        )
+        self.start(ep, self._run_dir)
+        self.actors.replace_all(ep)
+        self._reset_epoch += 1
+        self._reset_sent = 0.0
+        self._dead = self._due = None
+        logger.warning(
+            "replaced after %s died (%d so far); actors restarted", name, len(self.replacements)
+        )
+
+    def _reset_pending(self) -> bool:
+        if not self._reset_epoch:
+            return False
+        epochs = [self.telemetry.source(t).get("reset_epoch", 0) for t in self.fleet.names()]
+        return any(not isinstance(e, int) or e < self._reset_epoch for e in epochs)
+
+    def _send_reset(self, command_sock: zmq.Socket, now: float) -> None:
+        if self._reset_pending() and now - self._reset_sent >= RESET_RESEND_S:
+            meta = {"cmd": "reset", "epoch": self._reset_epoch}
+            wire.send_msg(command_sock, wire.MsgType.COMMAND, meta)
+            self._reset_sent = now
