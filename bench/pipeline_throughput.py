@@ -122,7 +122,8 @@ def _stage_consumer(endpoints, batch_rows: int, out) -> None:
     while not eos:
         n = batcher.credits_to_grant()
         if n:
-            wire.send_msg(dealer, wire.MsgType.CREDIT, {"n": n, "queued_steps": 0})
+            meta = wire.credit_meta(endpoints.run_key, topology.trainer_name(0), n, 0)
+            wire.send_msg(dealer, wire.MsgType.CREDIT, meta)
         if not dealer.poll(100):
             continue
         msg = wire.recv_msg(dealer)

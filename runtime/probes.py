@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from runtime.env_probes import PROBE_S, ProbeError, probe_env_step, probe_env_step_loaded
 from runtime.envs import EnvInfo, probe_env
 
 GPU_POWER_S = 1.0
@@ -32,17 +33,9 @@ ENV_BATCHES = (1, 8, 32)
 """Env counts one policy forward is timed at (the forward's fixed and per-env cost)."""
 LEARNER_BATCHES = (1024, 4096, 16384)
 """Batch sizes the learner update is timed at (its fixed and per-sample cost)."""
-PROBE_S = 0.2
-"""About how long each timed loop runs."""
-LOADED_S = 1.0
-"""How long the loaded env-step probe steps in every process at once."""
 LEARNER_STOP_S = 0.08
 """The learner's batch stops growing once one update takes longer than this, two sizes measured
 (the line through them extrapolates)."""
-
-
-class ProbeError(RuntimeError):
-    """The workload could not be probed; the message says why."""
 
 
 @dataclass(frozen=True)
@@ -151,70 +144,6 @@ def _timed(fn, budget_s: float = PROBE_S, least: int = 3) -> float:
         fn()
         times.append(time.perf_counter() - t)
     return float(np.median(times))
-
-
-def probe_env_step(env_id: str, seed: int = 0) -> float:
-    """CPU seconds per step of one env with random actions (resets included as they come)."""
-    from runtime.envs import make_env
-
-    env = make_env(env_id)
-    try:
-        env.reset(seed=seed)
-        env.action_space.seed(seed)
-        steps, start = 0, time.process_time()
-        wall = time.perf_counter()
-        while steps < 50 or time.perf_counter() - wall < PROBE_S:
-            _, _, term, trunc, _ = env.step(env.action_space.sample())
-            steps += 1
-            if term or trunc:
-                env.reset()
-        return max(time.process_time() - start, 1e-9) / steps
-    finally:
-        env.close()
-
-
-def _step_loaded(env_id: str, seed: int, barrier, results, seconds: float) -> None:
-    """One process of ``probe_env_step_loaded``: make the env, wait for the others, step."""
-    from runtime.envs import make_env
-
-    env = make_env(env_id)
-    env.reset(seed=seed)
-    env.action_space.seed(seed)
-    barrier.wait(timeout=120)
-    steps, start, wall = 0, time.process_time(), time.perf_counter()
-    while steps < 50 or time.perf_counter() - wall < seconds:
-        _, _, term, trunc, _ = env.step(env.action_space.sample())
-        steps += 1
-        if term or trunc:
-            env.reset()
-    results.put(max(time.process_time() - start, 1e-9) / steps)
-    env.close()
-
-
-def probe_env_step_loaded(env_id: str, procs: int, seconds: float = LOADED_S) -> float:
-    """CPU seconds per env step with ``procs`` processes stepping at once, started together
-    (the median over them). A MuJoCo step costs about 1.4x as much with every core of a
-    16-core host busy as alone; a run whose actors fill the cores pays the loaded cost."""
-    import multiprocessing as mp
-
-    ctx = mp.get_context("spawn")  # no inherited NVML or torch state
-    barrier, results = ctx.Barrier(procs), ctx.Queue()
-    workers = [
-        ctx.Process(target=_step_loaded, args=(env_id, i, barrier, results, seconds), daemon=True)
-        for i in range(procs)
-    ]
-    for w in workers:
-        w.start()
-    try:
-        costs = [results.get(timeout=180) for _ in workers]
-    except Exception:
-        raise ProbeError(f"the loaded env-step probe of {env_id!r} did not finish") from None
-    finally:
-        for w in workers:
-            w.join(timeout=5)
-            if w.is_alive():
-                w.kill()
-    return float(np.median(costs))
 
 
 def probe_forward(info: EnvInfo, policy: str, normalize: bool = True) -> dict[int, float]:

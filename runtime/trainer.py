@@ -143,9 +143,7 @@ class Trainer:
     def _grant_credits(self) -> None:
         n = self.batcher.credits_to_grant()
         if n:
-            meta = {"n": n, "queued_steps": self.batcher.queued_steps, "src": self.name}
-            if self.run_key:
-                meta = wire.sign(self.run_key, wire.MsgType.CREDIT, meta)
+            meta = wire.credit_meta(self.run_key, self.name, n, self.batcher.queued_steps)
             wire.send_msg(self.dealer, wire.MsgType.CREDIT, meta)
 
     def _receive(self, timeout_ms: int) -> None:

@@ -147,6 +147,13 @@ def sign(key: bytes, msg_type: MsgType, meta: dict[str, Any]) -> dict[str, Any]:
     return {**meta, "sig": _signature(key, msg_type, meta)}
 
 
+def credit_meta(key: bytes, src: str, n: int, queued_steps: int) -> dict[str, Any]:
+    """A trainer's CREDIT: ``n`` free chunk slots, its queued steps, its own name (``src``,
+    its identity at the migrator), signed with the run's key when there is one."""
+    meta = {"n": n, "queued_steps": queued_steps, "src": src}
+    return sign(key, MsgType.CREDIT, meta) if key else meta
+
+
 def check_signed(key: bytes, msg: Message) -> None:
     """Raises ``ProtocolError`` unless ``msg`` carries a valid ``sig`` under ``key``."""
     meta = dict(msg.meta)

@@ -8,7 +8,7 @@ import os
 import stat
 from typing import Any
 
-from autotune.control.protocol import state_dir
+from autotune.control.home import state_dir
 from autotune.tuning.storage import sqlite_file
 
 

@@ -6,7 +6,7 @@ only with ZeroMQ CURVE: the traffic is encrypted, and a ZAP handler admits only 
 public keys in the allow-list.
 
 The keys live in ``$AUTOTUNE_KEYS``, else ``<state dir>/keys`` (created 0700; the state dir is
-``autotune.control.protocol.state_dir``):
+``autotune.control.home.state_dir``):
 
     server.key          the daemon's public key (clients need it)
     server.key_secret   the daemon's secret key (the daemon only)
@@ -31,7 +31,7 @@ import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
-from autotune.control.protocol import ControlError, state_dir
+from autotune.control.home import ControlError, state_dir
 
 FILES = ("server.key", "server.key_secret", "client.key", "client.key_secret")
 

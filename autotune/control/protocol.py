@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import ipaddress
 import os
-import stat
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -38,6 +37,9 @@ from urllib.parse import urlparse
 
 import msgpack
 import zmq
+
+from autotune.control.home import ControlError, state_dir
+from autotune.control.keys import connect_curve
 
 PROTOCOL_VERSION = 1
 REPORT_INTERVAL_S = 0.5
@@ -81,33 +83,6 @@ CLIENT_TYPES = (MsgType.PING, MsgType.STATUS, MsgType.STOP)
 DAEMON_TAKES = JOB_TYPES + CLIENT_TYPES
 SCRIPT_TYPES = (MsgType.PROGRESS, MsgType.POLL)
 """What a wrapped script sends its wrapper."""
-
-
-class ControlError(ValueError):
-    """A control endpoint that is not allowed, or a state dir that is not private."""
-
-
-def state_dir() -> Path:
-    """The private directory for the daemon's socket, pid and log (created 0700 if missing).
-
-    Raises:
-        ControlError: if it exists but another user owns it or others can write to it.
-    """
-    if os.environ.get("AUTOTUNE_HOME"):
-        path = Path(os.environ["AUTOTUNE_HOME"])
-    elif os.environ.get("XDG_RUNTIME_DIR"):
-        path = Path(os.environ["XDG_RUNTIME_DIR"]) / "autotune"
-    else:
-        path = Path(f"/tmp/autotune-{os.getuid()}")
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    info = path.stat()
-    if info.st_uid != os.getuid() or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise ControlError(
-            f"state dir {path} is not private (owner uid {info.st_uid}, mode "
-            f"{stat.filemode(info.st_mode)}); it must be yours and writable by "
-            "you only (set AUTOTUNE_HOME to another directory)"
-        )
-    return path
 
 
 def resolve_endpoint(endpoint: str | None = None) -> str:
@@ -180,8 +155,6 @@ def dealer(ctx: zmq.Context, endpoint: str) -> zmq.Socket:
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.IMMEDIATE, 1)
     if endpoint.startswith("tcp://"):
-        from autotune.control.keys import connect_curve
-
         try:
             connect_curve(sock)  # a tcp:// daemon admits only allow-listed CURVE keys
         except ControlError:

@@ -1,0 +1,35 @@
+"""The user's private directory for the control plane (the daemon's socket, pid, log and CURVE
+keys), and the error for a control endpoint or directory that is not allowed."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+
+class ControlError(ValueError):
+    """A control endpoint that is not allowed, or a state dir that is not private."""
+
+
+def state_dir() -> Path:
+    """The private directory for the daemon's socket, pid and log (created 0700 if missing).
+
+    Raises:
+        ControlError: if it exists but another user owns it or others can write to it.
+    """
+    if os.environ.get("AUTOTUNE_HOME"):
+        path = Path(os.environ["AUTOTUNE_HOME"])
+    elif os.environ.get("XDG_RUNTIME_DIR"):
+        path = Path(os.environ["XDG_RUNTIME_DIR"]) / "autotune"
+    else:
+        path = Path(f"/tmp/autotune-{os.getuid()}")
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = path.stat()
+    if info.st_uid != os.getuid() or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise ControlError(
+            f"state dir {path} is not private (owner uid {info.st_uid}, mode "
+            f"{stat.filemode(info.st_mode)}); it must be yours and writable by "
+            "you only (set AUTOTUNE_HOME to another directory)"
+        )
+    return path
