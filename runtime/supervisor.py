@@ -19,6 +19,10 @@ generation publishes, so every actor takes its weights, whatever version they ca
 a trainer's death, like the inference GMI's, ends the run with an error; the result and the
 last periodic checkpoint keep what was done.
 
+A compressor, migrator or trainer GMI silent for ``STALL_KILL_S`` (it reports every 0.5 s; a
+stall is reported at ``runtime.telemetry.STALL_S``) is stuck: it is killed, and replaced as a
+dead one is. Its stall entry in the result says so (``killed``).
+
 Replacements back off (``BACKOFF_S``: 0.1 s, doubling with each death in ``WINDOW_S``, at most
 10 s) and are limited: the ``LIMIT``-th death within ``WINDOW_S`` ends the run, drained, with
 ``failure`` saying why.
@@ -47,6 +51,8 @@ WINDOW_S = 60.0
 LIMIT = 5
 """The pipeline's deaths within ``WINDOW_S`` at which it is no longer replaced."""
 BACKOFF_S = (0.1, 10.0)
+STALL_KILL_S = 120.0
+"""A replaceable process silent this long is killed and replaced."""
 RESET_RESEND_S = 0.5
 CHUNK_ID_STRIDE = 1 << 40
 """Each compressor numbers its chunks from its replacement count times this, so ids keep
@@ -104,10 +110,11 @@ class Supervisor:
             RunError: the inference GMI died before its final report, or a trainer GMI in a
                 run with one.
         """
+        self._kill_stuck()
         for name, proc in self.services.items():
             if proc.is_alive() or self.telemetry.is_final(name):
                 continue
-            if name == INFERENCE or (name not in PIPELINE and INFERENCE in self.services):
+            if not self._replaceable(name):
                 raise RunError(
                     f"{name} process died (exit code {proc.exitcode})",
                     killed=proc.exitcode is not None and proc.exitcode < 0,
@@ -118,6 +125,19 @@ class Supervisor:
         if self._due is not None and now >= self._due:
             self._replace(ep)
         self._send_reset(command_sock, now)
+
+    def _replaceable(self, name: str) -> bool:
+        return name in PIPELINE or (name.startswith("trainer-") and INFERENCE not in self.services)
+
+    def _kill_stuck(self) -> None:
+        for name, proc in list(self.services.items()):
+            stall = self.telemetry.stall(name)
+            if stall is None or stall[1] < STALL_KILL_S or not self._replaceable(name):
+                continue
+            logger.error("%s has been silent for %.0f s: killed, to be replaced", name, stall[1])
+            stall[0].update(killed=True, silent_s=stall[1])
+            proc.kill()
+            proc.join(timeout=5)
 
     @property
     def busy(self) -> bool:

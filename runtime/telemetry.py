@@ -110,6 +110,14 @@ class RunTelemetry:
                     now - last,
                 )
 
+    def stall(self, name: str) -> tuple[dict[str, Any], float] | None:
+        """``name``'s stall going on now (its ``stalls`` entry and how long it has been
+        silent), or None."""
+        if name not in self._silent:
+            return None
+        entry, since = self._silent[name]
+        return entry, time.monotonic() - since
+
     def fatal(self) -> str | None:
         """The first reason a process gave for stopping the run (a non-finite value), or None."""
         for counters in self.latest.values():

@@ -126,3 +126,34 @@ def test_the_compressor_the_migrator_and_a_trainer_killed_in_turn_are_replaced_e
     # the new generation went on from a saved state: more updates than it made itself
     new = runner.telemetry.source("trainer-0.g1")
     assert new["version"] > new["trained_steps"] // cfg.batch_size
+
+
+@pytest.mark.slow
+def test_a_stuck_migrator_is_killed_and_replaced(monkeypatch):
+    """A migrator that stops (SIGSTOP) is reported as stalled, then killed and replaced once
+    silent past the longer limit; the run goes on and its accounting stays exact."""
+    from runtime import supervisor, telemetry
+
+    monkeypatch.setattr(telemetry, "STALL_S", 1.0)
+    monkeypatch.setattr(supervisor, "STALL_KILL_S", 3.0)
+    cfg = TrainConfig(steps=10**9, actors=2, envs_per_actor=4, rollout_len=16, batch_size=512)
+    at_stop: list[int] = []
+    runner: Runner
+
+    def stop_once(state):
+        if not at_stop and state.trained_steps >= 2_000:
+            os.kill(dict(runner.services.items())["migrator"].pid, signal.SIGSTOP)
+            at_stop.append(state.trained_steps)
+        elif at_stop and not runner.supervisor.busy and runner.supervisor.replacements:
+            if state.trained_steps >= at_stop[0] + 5_000:
+                runner.stop_requested = True
+
+    runner = Runner(cfg, cfg.validate(), on_progress=stop_once)
+    result = runner.run()
+    assert [r["process"] for r in result["service_replacements"]] == ["migrator"]
+    (stall,) = [s for s in result["stalls"] if s["process"] == "migrator"]
+    assert stall["killed"] and stall["silent_s"] >= 3.0
+    assert result["env_steps"] >= at_stop[0] + 5_000
+    assert result["sampled_steps"] == (
+        result["env_steps"] + result["discarded_steps"] + result["lost_steps"]
+    )
