@@ -45,3 +45,29 @@ def postgres_url() -> str:
     except Exception as exc:  # any driver error means the server cannot be used
         pytest.skip(f"PostgreSQL at {url} does not answer: {exc}")
     return url
+
+
+def wait_until(ready, proc=None, timeout_s: float = 300.0, what: str = "progress") -> None:
+    """Waits until ``ready()`` is true, checking twice a second: a test that drives a real run
+    waits on its progress, never on a fixed number of seconds, so a loaded machine only makes
+    it slower. Fails, naming ``what``, if ``proc`` exits first or ``timeout_s`` passes."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not ready():
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"the run exited ({proc.returncode}) before {what}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no {what} within {timeout_s:.0f} s")
+        time.sleep(0.5)
+
+
+def trained_steps(progress_file) -> int:
+    """The newest trained-step count in an ``autotune train --progress`` file (0 before any)."""
+    from autotune.workflows.progress_log import read_progress
+
+    try:
+        rows = read_progress(progress_file)
+    except (OSError, ValueError):
+        return 0
+    return int(rows[-1]["steps"]) if rows else 0

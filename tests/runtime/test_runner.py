@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import trained_steps, wait_until
 
 from runtime.config import TrainConfig
 from runtime.runner import Runner
@@ -76,24 +77,17 @@ def test_an_actor_killed_mid_run_is_restarted_and_its_lost_steps_counted():
 
 
 def test_ctrl_c_drains_in_flight_experience_and_writes_the_result(tmp_path):
-    out = tmp_path / "r.json"
+    out, progress = tmp_path / "r.json", tmp_path / "p.jsonl"
     proc = subprocess.Popen(
         [
-            sys.executable,
-            "-m",
-            "autotune.cli",
-            "train",
-            "--steps",
-            "10000000",
-            "--quiet",
-            "--json",
-            str(out),
+            *[sys.executable, "-m", "autotune.cli", "train", "--steps", "10000000"],
+            *["--quiet", "--json", str(out), "--progress", str(progress)],
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
-    time.sleep(12)
+    wait_until(lambda: trained_steps(progress) >= 2_000, proc, what="2,000 trained steps")
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err

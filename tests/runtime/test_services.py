@@ -144,9 +144,8 @@ def test_a_stuck_migrator_is_killed_and_replaced(monkeypatch):
         if not at_stop and state.trained_steps >= 2_000:
             os.kill(dict(runner.services.items())["migrator"].pid, signal.SIGSTOP)
             at_stop.append(state.trained_steps)
-        elif at_stop and not runner.supervisor.busy and runner.supervisor.replacements:
-            if state.trained_steps >= at_stop[0] + 5_000:
-                runner.stop_requested = True
+        elif at_stop and runner.supervisor.replacements and not runner.supervisor.busy:
+            runner.stop_requested = state.trained_steps >= at_stop[0] + 5_000
 
     runner = Runner(cfg, cfg.validate(), on_progress=stop_once)
     result = runner.run()

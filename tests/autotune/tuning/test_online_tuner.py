@@ -7,12 +7,14 @@ import json
 import math
 import os
 import random
+import signal
 import socket
 import subprocess
 import sys
 
 import optuna
 import pytest
+from conftest import wait_until
 
 from autotune.tuning.counters import Counters
 from autotune.tuning.knobs import KnobError, Machine, build_space, default_space
@@ -308,7 +310,7 @@ def test_train_tune_drives_a_real_run_and_keeps_every_step(tmp_path):
         "--steps",
         "1000000000",
         "--max-wall-s",
-        "20",
+        "600",
         "--tune-window-s",
         "1.5",
         "--tune-warmup-s",
@@ -332,8 +334,20 @@ def test_train_tune_drives_a_real_run_and_keeps_every_step(tmp_path):
         "--json",
         str(out),
     ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+    def measured(n: int) -> bool:
+        try:
+            study = optuna.load_study(study_name="online-CartPole-v1", storage=f"sqlite:///{db}")
+        except KeyError:  # not created yet
+            return False
+        return sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials) >= n
+
+    # waits on windows measured, not on seconds: then Ctrl-C drains the run
+    wait_until(lambda: measured(2), proc, what="two measured trials")
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-3000:]
     r = json.loads(out.read_text())
     assert r["lost_steps"] == 0
     assert r["sampled_steps"] == r["env_steps"] + r["discarded_steps"]
