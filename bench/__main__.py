@@ -12,7 +12,7 @@ import argparse
 import importlib
 import sys
 
-SUITES = ("limits", "pipeline", "end-to-end", "tuning", "learning", "peers", "gmi")
+SUITES = ("limits", "pipeline", "end-to-end", "tuning", "learning", "peers", "gmi", "faults")
 
 
 def _module(suite: str):

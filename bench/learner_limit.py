@@ -7,7 +7,9 @@ run that trains every step it samples can beat it.
 
 The machine's idle power is measured first, before torch is imported (no CUDA context), with
 the same meter as every arm (``bench.machine_meter``). Each setting then runs updates for
-``--seconds``; its joules above idle per trained sample is its marginal cost. A GPU setting's
+``--seconds`` (cuda first, batches in increasing size; a setting whose first update alone takes
+longer is measured on that update, marked ``single_update``, and the larger batches of that
+device are skipped); its joules above idle per trained sample is its marginal cost. A GPU setting's
 cost includes what opening a CUDA context adds; a CPU setting's, its busy core. This is the
 process of the ``learner`` arm of ``python -m bench peers``.
 """
@@ -61,19 +63,24 @@ def measure(
     torch.set_num_threads(1)
     info = probe_env(env_id)
     rows = []
-    for device in devices:
+    for device in sorted(devices, key=lambda d: d != "cuda"):  # the likely cheapest first
         if device == "cuda" and not torch.cuda.is_available():
             continue
         _, update = make_learner(info, policy, device, {})
-        for size in batches:
+        for size in sorted(batches):
             batch = synthetic_batch(info, size, rollout_len)
             samples_per_update = batch["rewards"].size
+            a = _mark(meter)
             update(batch)  # warm-up: allocations, kernels chosen
-            a, updates = _mark(meter), 0
-            while time.time() - a < seconds:
-                update(batch)
-                updates += 1
             b = _mark(meter)
+            slow = b - a > seconds  # one update takes longer than a setting's budget
+            updates = 1 if slow else 0
+            if not slow:  # measured again without the warm-up
+                a = _mark(meter)
+                while time.time() - a < seconds:
+                    update(batch)
+                    updates += 1
+                b = _mark(meter)
             joules, _ = _joules(meter, a, b)
             samples = updates * samples_per_update
             rows.append(
@@ -84,9 +91,12 @@ def measure(
                     "samples_per_s": samples / (b - a),
                     "watts": joules / (b - a),
                     "marginal_j_per_sample": max(joules - idle_w * (b - a), 0.0) / samples,
+                    "single_update": slow,
                 }
             )
             print(json.dumps(rows[-1]), flush=True)
+            if slow:
+                break  # larger batches on this device would take longer still
     meter.stop()
     best = min(rows, key=lambda r: r["marginal_j_per_sample"]) if rows else None
     return {"idle_w": idle_w, "sources": meter.sources, "settings": rows, "best": best}
