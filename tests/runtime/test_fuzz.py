@@ -1,11 +1,13 @@
 """Every socket a running job binds for input, fuzzed while it trains: the actors'
-experience, everyone's telemetry, and the migrator's chunks and trainers. Random frames,
+experience, everyone's telemetry, the migrator's chunks and trainers, and the inference GMI's
+requests. Random frames,
 truncated and hostile headers, huge declared sizes, deep nesting, valid headers of the wrong
 kind, unsigned chunks, credits and ends of stream, rollouts that never complete. The run
 finishes, its step accounting stays exact, and every fuzz message is counted.
 
-(The sockets the run's processes bind for output, receipts and weights, take nothing in: a
-SUB that connects there only reads. Forged weights are in ``test_runner.py``.)"""
+(The sockets the run's processes bind for output, receipts, weights and commands, take
+nothing in: a SUB that connects there only reads. Forged weights, published into the
+weights forwarder's input, are in ``test_runner.py``.)"""
 
 from __future__ import annotations
 
@@ -99,3 +101,36 @@ def test_fuzzing_every_input_socket_leaves_the_run_whole_and_counted():
     assert bad["runner"] == PER_SOCKET  # none of them is a stats message from a process
     # the migrator takes only what the run's compressor and trainers signed: all of it counted
     assert bad["migrator"] == 2 * PER_SOCKET
+
+
+def test_fuzzing_the_inference_gmis_socket_leaves_the_run_whole_and_counted():
+    """With ``inference='gmi'`` the inference GMI binds a ROUTER every actor connects to; what
+    is not a well-formed request of the run's shape is counted and dropped, and the actors'
+    own requests are still answered."""
+    cfg = TrainConfig(
+        steps=8_000, actors=2, envs_per_actor=4, rollout_len=16, batch_size=512, inference="gmi"
+    )
+    ctx = zmq.Context()
+    rng = random.Random(1)
+    socks: list[zmq.Socket] = []
+    runner: Runner
+
+    def fuzz(state):
+        if socks or state.trained_steps < 1_000:
+            return
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 2000)
+        sock.connect(f"ipc://{runner.run_dir}/inference")
+        socks.append(sock)
+        for _ in range(PER_SOCKET):
+            sock.send_multipart(_hostile(rng, rng.randrange(8)))
+
+    runner = Runner(cfg, cfg.validate(), on_progress=fuzz)
+    try:
+        result = runner.run()
+    finally:
+        ctx.destroy(linger=2000)
+    assert socks, "the run ended before the fuzz"
+    assert result["sampled_steps"] == result["env_steps"] + result["discarded_steps"]
+    assert result["env_steps"] >= cfg.steps and result["lost_steps"] == 0
+    assert result["malformed"]["inference"] == PER_SOCKET
