@@ -36,7 +36,7 @@ def synthetic_rollout(k: int, t: int, d: int, a: int) -> dict[str, np.ndarray]:
 
 
 def _producer(
-    mode: str, endpoint: str, index: int, size: tuple, seconds: float, start, done
+    mode: str, endpoint: str, index: int, size: tuple, seconds: float, start, done, key: bytes
 ) -> None:
     import zmq
 
@@ -50,7 +50,7 @@ def _producer(
     sock.setsockopt(zmq.SNDHWM, topology.EXPERIENCE_HWM)
     sock.connect(endpoint)
     blob = b"".join(bytes(memoryview(v).cast("B")) for v in rollout.values())
-    dispenser = Dispenser(sock, index, 0)
+    dispenser = Dispenser(sock, index, 0, key)
     start.wait()
     t0 = time.monotonic()
     while time.monotonic() - t0 < seconds:
@@ -174,7 +174,10 @@ def measure(mode: str, producers: int, size: tuple, seconds: float, chunk_bytes:
         for s in services:
             s.start()
         prods = [
-            ctx.Process(target=_producer, args=(mode, target, i, size, seconds, start, done))
+            ctx.Process(
+                target=_producer,
+                args=(mode, target, i, size, seconds, start, done, ep.run_key),
+            )
             for i in range(producers)
         ]
         for p in prods:

@@ -319,7 +319,9 @@ def actor_main(
             weights.poll(int(FIRST_WEIGHTS_WAIT_S * 1000))
         policy = LocalPolicy(weights)
     receipts = _Receipts(topology.actor_receipts_in(ctx, endpoints), f"{actor}:{incarnation}")
-    dispenser = Dispenser(topology.actor_experience_out(ctx, endpoints), actor, incarnation)
+    dispenser = Dispenser(
+        topology.actor_experience_out(ctx, endpoints), actor, incarnation, endpoints.run_key
+    )
     stats = StatsSender(topology.telemetry_out(ctx, endpoints), f"actor-{actor}.{incarnation}")
     logger.debug(
         "actor %d.%d stepping %d x %s (pid %d)",

@@ -189,8 +189,9 @@ class ActorPool:
     def replace_all(self, ep: topology.Endpoints) -> None:
         """After the compressor and the migrator were replaced: every actor process is killed
         (what it sent and had no receipt for went with the old services, and it would wait for
-        that receipt forever) and each slot starts a new incarnation at once. These are not
-        deaths of the slots: no back-off, and they do not count toward ``RESTART_LIMIT``."""
+        that receipt forever) and each slot starts a new incarnation at once. The killed
+        incarnations are recorded as died (their undelivered steps are lost), but they are not
+        deaths of their slots: no back-off, and they do not count toward ``RESTART_LIMIT``."""
         old = self.slots + self.leaving
         for slot in old:
             if slot.process.is_alive():
@@ -200,6 +201,9 @@ class ActorPool:
             self._end(slot, died=True)
         running, self.slots, self.leaving = self.slots, [], []
         self.slots = [self._start(slot.cfg, ep, slot.index) for slot in running]
+        # what incarnations that ended cleanly before had sent went through the old services:
+        # the new compressor's drain waits only for the incarnations it serves
+        self.ended.clean.clear()
 
     def check(self, ep: topology.Endpoints | None) -> None:
         """Restarts actors that died (after a back-off that grows with each death of the slot;

@@ -144,7 +144,7 @@ class Runner:
         self.stop_requested = False
         self.interrupted = False
         self.failure: str | None = None
-        """Why the run stopped before its budget (an actor slot given up), or None."""
+        """Why the run stopped early (an actor slot given up, a non-finite value), or None."""
 
     # --- live changes -------------------------------------------------------------------------
 
@@ -346,11 +346,11 @@ class Runner:
         command_sock: zmq.Socket,
         started: float,
     ) -> None:
-        while not self.stop_requested:
+        # after Ctrl-C too, a replacement under way finishes first: the drain needs it
+        while not self.stop_requested or self.supervisor.busy:
             self._read_telemetry(telemetry_sock, int(TICK_S * 1000))
             self._check_processes(ep, command_sock)
-            fault = self.telemetry.fatal() or self.actors.gave_up or self.supervisor.failure
-            if (why := fault) is not None:
+            if (why := self.telemetry.fatal() or self.actors.gave_up) is not None:
                 self.failure = why
                 logger.error("stopping the run: %s", why)
                 break

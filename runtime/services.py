@@ -1,7 +1,8 @@
 """The runner's service processes: the compressor, the migrator, the trainer GMIs and, with
-``inference='gmi'``, the inference GMI. Started by name, watched every tick (one that dies
-before its final report ends the run), told to exit once the drain is done, and killed when a
-run is abandoned."""
+``inference='gmi'``, the inference GMI. Started by name, watched every tick (during the run by
+``runtime.supervisor``, which replaces the ones it can; during the drain one that dies before
+its final report ends the run), told to exit once the drain is done, and killed when a run is
+abandoned."""
 
 from __future__ import annotations
 

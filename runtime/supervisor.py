@@ -20,12 +20,14 @@ a trainer's death, like the inference GMI's, ends the run with an error; the res
 last periodic checkpoint keep what was done.
 
 A compressor, migrator or trainer GMI silent for ``STALL_KILL_S`` (it reports every 0.5 s; a
-stall is reported at ``runtime.telemetry.STALL_S``) is stuck: it is killed, and replaced as a
-dead one is. Its stall entry in the result says so (``killed``).
+stall is reported at ``runtime.telemetry.STALL_S``) that used less than a second of CPU since
+its stall began is stuck (stopped, deadlocked; not a trainer in a long update): it is killed,
+and replaced as a dead one is. Its stall entry in the result says so (``killed``).
 
 Replacements back off (``BACKOFF_S``: 0.1 s, doubling with each death in ``WINDOW_S``, at most
-10 s) and are limited: the ``LIMIT``-th death within ``WINDOW_S`` ends the run, drained, with
-``failure`` saying why.
+10 s) and are limited: the ``LIMIT``-th death within ``WINDOW_S`` ends the run with an error
+(``RunError``), whose result is marked failed with the reason and the counts so far. A process
+that exits with code 0 is not a death (its final report is on its way).
 """
 
 from __future__ import annotations
@@ -49,11 +51,14 @@ logger = logging.getLogger(__name__)
 PIPELINE = ("compressor", "migrator")
 WINDOW_S = 60.0
 LIMIT = 5
-"""The pipeline's deaths within ``WINDOW_S`` at which it is no longer replaced."""
+"""Deaths of replaceable processes (any of them) within ``WINDOW_S`` that end the run."""
 BACKOFF_S = (0.1, 10.0)
 STALL_KILL_S = 120.0
 """A replaceable process silent this long is killed and replaced."""
 RESET_RESEND_S = 0.5
+BUSY_MAX_S = 60.0
+"""How long after a replacement the run waits for the trainers' reset acknowledgements before
+its step target and wall limit apply again."""
 CHUNK_ID_STRIDE = 1 << 40
 """Each compressor numbers its chunks from its replacement count times this, so ids keep
 increasing across replacements."""
@@ -90,6 +95,8 @@ class Supervisor:
     _reset_sent: float = 0.0
     _started: float = field(default_factory=time.monotonic)
     _run_dir: str = ""
+    _replaced_at: float = 0.0
+    _cpu_at_stall: dict[str, float] = field(default_factory=dict)
 
     def start(self, ep: topology.Endpoints, run_dir: str) -> None:
         """Starts the compressor and the migrator (the first time, or in place of dead ones)."""
@@ -112,15 +119,17 @@ class Supervisor:
         """
         self._kill_stuck()
         for name, proc in self.services.items():
-            if proc.is_alive() or self.telemetry.is_final(name):
-                continue
+            if proc.is_alive() or self.telemetry.is_final(name) or proc.exitcode == 0:
+                continue  # a clean exit's final report may still be on its way
             if not self._replaceable(name):
                 raise RunError(
                     f"{name} process died (exit code {proc.exitcode})",
                     killed=proc.exitcode is not None and proc.exitcode < 0,
                 )
-            if self._dead is None and self.failure is None:
+            if self._dead is None:
                 self._died(name, proc.exitcode)
+            if self.failure is not None:
+                raise RunError(self.failure, killed=proc.exitcode is not None and proc.exitcode < 0)
         now = time.monotonic()
         if self._due is not None and now >= self._due:
             self._replace(ep)
@@ -130,9 +139,16 @@ class Supervisor:
         return name in PIPELINE or (name.startswith("trainer-") and INFERENCE not in self.services)
 
     def _kill_stuck(self) -> None:
+        """Kills a replaceable process silent for ``STALL_KILL_S`` that used less than a second
+        of CPU meanwhile: stopped or deadlocked, not busy in a long update."""
         for name, proc in list(self.services.items()):
             stall = self.telemetry.stall(name)
-            if stall is None or stall[1] < STALL_KILL_S or not self._replaceable(name):
+            if stall is None or not proc.is_alive() or not self._replaceable(name):
+                self._cpu_at_stall.pop(name, None)
+                continue
+            used = _cpu_s(proc.pid)
+            start = self._cpu_at_stall.setdefault(name, used)
+            if stall[1] < STALL_KILL_S or used - start >= 1.0:
                 continue
             logger.error("%s has been silent for %.0f s: killed, to be replaced", name, stall[1])
             stall[0].update(killed=True, silent_s=stall[1])
@@ -141,8 +157,13 @@ class Supervisor:
 
     @property
     def busy(self) -> bool:
-        """A replacement is pending or not yet acknowledged by every trainer."""
-        return self._due is not None or self._reset_pending()
+        """A replacement is pending, or not yet acknowledged by every trainer that reports
+        (for at most ``BUSY_MAX_S`` after it: a run's step target and wall limit then apply
+        again whatever a trainer does)."""
+        if self._due is not None:
+            return True
+        recent = time.monotonic() - self._replaced_at < BUSY_MAX_S
+        return recent and self._reset_pending()
 
     def _died(self, name: str, code: int | None) -> None:
         now = time.monotonic()
@@ -167,6 +188,8 @@ class Supervisor:
 
     def _replace(self, ep: topology.Endpoints) -> None:
         name, code = self._dead or ("?", None)
+        self._reset_epoch += 1
+        self.fleet.reset_epoch = self._reset_epoch  # GMIs started from now on hold it
         if name not in PIPELINE:  # a trainer GMI: its whole generation goes, and any retiring
             for service in [n for n, _ in self.services.items() if n.startswith("trainer-")]:
                 self.services.stop(service)
@@ -179,17 +202,20 @@ class Supervisor:
         )
         self.start(ep, self._run_dir)
         self.actors.replace_all(ep)
-        self._reset_epoch += 1
         self._reset_sent = 0.0
+        self._replaced_at = time.monotonic()
         self._dead = self._due = None
         logger.warning(
             "replaced after %s died (%d so far); actors restarted", name, len(self.replacements)
         )
 
     def _reset_pending(self) -> bool:
+        """Whether a current trainer that reports has not taken the newest reset (one started
+        since holds it from its start, ``GMIRole.reset_epoch``)."""
         if not self._reset_epoch:
             return False
-        epochs = [self.telemetry.source(t).get("reset_epoch", 0) for t in self.fleet.names()]
+        reports = [self.telemetry.source(t) for t in self.fleet.names()]
+        epochs = [r.get("reset_epoch", 0) for r in reports if r]
         return any(not isinstance(e, int) or e < self._reset_epoch for e in epochs)
 
     def _send_reset(self, command_sock: zmq.Socket, now: float) -> None:
@@ -197,3 +223,14 @@ class Supervisor:
             meta = {"cmd": "reset", "epoch": self._reset_epoch}
             wire.send_msg(command_sock, wire.MsgType.COMMAND, meta)
             self._reset_sent = now
+
+
+def _cpu_s(pid: int) -> float:
+    """CPU seconds ``pid`` has used (user and system), 0 where it cannot be read."""
+    import psutil
+
+    try:
+        times = psutil.Process(pid).cpu_times()
+    except (psutil.Error, OSError):
+        return 0.0
+    return times.user + times.system

@@ -94,6 +94,7 @@ class Trainer:
         self.commands = commands
         self.run_key = run_key
         self.live = LiveSettings()
+        self.live.reset_epoch = role.reset_epoch if role is not None else 0
         self.saved_version: int | None = None
         self.halted: str | None = None
         """Why this trainer stopped training (a non-finite update), or None."""

@@ -48,6 +48,8 @@ class GMIFleet:
         self.cfg, self.info, self.spawn = cfg, info, spawn
         self.gmis: list[GMISpec] = placement.place(cfg)
         self.generation = 0
+        self.reset_epoch = 0
+        """The run's newest pipeline reset (``runtime.supervisor``), handed to every GMI started."""
         self.mps_note: str | None = None
         """Why MPS could not start, when ``sharing`` is ``shared``."""
         self.mps: Any = None
@@ -109,17 +111,23 @@ class GMIFleet:
         layout = placement.layout(self.gmis)
         for spec in self.gmis:
             env = self.mps.client_env(spec.mps_pct) if self.mps and spec.gpu is not None else {}
-            role = GMIRole(spec, self.generation, layout, run_dir, resume_from, env)
+            role = GMIRole(
+                spec, self.generation, layout, run_dir, resume_from, env, self.reset_epoch
+            )
             self.spawn(role.name, trainer_main, (self.cfg, self.info, ep, role))
 
     def restart(self, ep: topology.Endpoints, run_dir: str, fallback: str | None) -> None:
         """Starts a new generation in place of one that died (its processes already gone), from
-        the lead GMI's newest recovery state, else ``fallback`` (the state the run started
-        from, or None: a fresh learner)."""
-        path = recovery_file(run_dir)
+        the newest learner state the run kept: the lead GMI's recovery state, or the hand-over
+        file of the generation before (when the one that died took over less than
+        ``RECOVERY_S`` ago); else ``fallback`` (the state the run started from, or None: a
+        fresh learner)."""
+        saved = [recovery_file(run_dir), state_file(run_dir, self.generation - 1)]
+        saved = [p for p in saved if os.path.exists(p)]
+        newest = max(saved, key=os.path.getmtime) if saved else fallback
         self.generation += 1
-        logger.warning("trainer GMIs restarted as generation %d", self.generation)
-        self.start(ep, run_dir, path if os.path.exists(path) else fallback)
+        logger.warning("trainer GMIs restarted as generation %d from %s", self.generation, newest)
+        self.start(ep, run_dir, newest)
 
     def inference_place(self) -> InferencePlace:
         """Where the inference GMI runs (``inference='gmi'``): on the first trainer GPU, an MPS

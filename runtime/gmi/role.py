@@ -23,6 +23,9 @@ class GMIRole:
         resume_from: The previous generation's state file to wait for (generation 0: the
             checkpoint the run resumes from), or None.
         env: Environment for the process (MPS client variables), set before CUDA starts.
+        reset_epoch: The run's newest pipeline reset when the GMI starts (``runtime.supervisor``):
+            a GMI started after a replacement holds nothing of the old pipeline, so it takes
+            only newer resets.
     """
 
     spec: GMISpec
@@ -31,6 +34,7 @@ class GMIRole:
     run_dir: str
     resume_from: str | None = None
     env: dict[str, str] = field(default_factory=dict)
+    reset_epoch: int = 0
 
     @property
     def name(self) -> str:

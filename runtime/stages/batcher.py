@@ -48,6 +48,10 @@ class Taken:
     discarded_steps: int
 
 
+EVICTED_KEPT = 1024
+"""How many dropped chunk ids a batcher remembers."""
+
+
 class Batcher:
     """Chunk reassembly, the row queue, and the credit window of one trainer.
 
@@ -74,7 +78,10 @@ class Batcher:
         """Steps of chunks rejected or left incomplete (counted as discarded by the trainer)."""
         self.received_steps: dict[str, int] = {}
         """Steps received whole, by actor incarnation ``"actor:inc"``."""
-        self.counters = {"messages": 0, "bytes": 0, "chunks": 0, "batches": 0}
+        self.counters = {"messages": 0, "bytes": 0, "chunks": 0, "batches": 0, "late_channels": 0}
+        self.evicted: collections.deque[int] = collections.deque(maxlen=EVICTED_KEPT)
+        """Ids of chunks dropped incomplete: a channel of one that comes late (after a reset,
+        from the replaced migrator) is ignored, not taken as a new chunk and dropped twice."""
 
     def add(self, msg: wire.Message) -> bool:
         """Takes one CHUNK channel message; returns True when it completed its chunk.
@@ -95,6 +102,9 @@ class Batcher:
         if array.ndim < 2 or array.shape[0] != rows or not 0 <= ci < nch:
             raise wire.ProtocolError(f"chunk {chunk_id} channel {name!r} has a bad layout")
         rollouts = wire.meta_rollouts(m)
+        if chunk_id in self.evicted:
+            self.counters["late_channels"] += 1  # its chunk was dropped (and counted) already
+            return False
         chunk = self.partial.setdefault(chunk_id, _Chunk(nch, steps, rows, rollouts))
         if ci in chunk.channels or (chunk.nch, chunk.rows) != (nch, rows):
             raise wire.ProtocolError(f"chunk {chunk_id} channel {name!r} conflicts with its chunk")
@@ -145,6 +155,7 @@ class Batcher:
         for old in [c for c in self.partial if before is None or c < before]:
             chunk = self.partial.pop(old)
             self._drop(chunk.steps, f"chunk {old} never completed (a channel was dropped)")
+            self.evicted.append(old)
 
     def reset(self) -> None:
         """The migrator was replaced (it died): partial chunks will never complete (dropped,

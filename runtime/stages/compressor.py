@@ -68,7 +68,8 @@ class Compressor:
     ) -> None:
         self.pull, self.push, self.commands, self.stats = pull, push, commands, stats
         self.key = key
-        """The run's key: chunks and the end of stream are signed with it (none if empty)."""
+        """The run's key: the actors' rollouts must be signed with it, and the chunks and the
+        end of stream are (no check and no signature if empty)."""
         self.chunk_bytes = chunk_bytes
         self.chunk_timeout_s = chunk_timeout_s
         self.live = LiveSettings()
@@ -98,7 +99,10 @@ class Compressor:
     # --- ingestion -----------------------------------------------------------------------
 
     def handle(self, msg: wire.Message) -> None:
-        """Takes one message from the experience socket."""
+        """Takes one message from the experience socket (with the run's key: only what one of
+        the run's actors signed)."""
+        if self.key:
+            wire.check_signed(self.key, msg)
         if msg.type is wire.MsgType.EOS:
             actor, inc = wire.meta_int(msg.meta, "actor"), wire.meta_int(msg.meta, "inc")
             self.eos_seen.add(f"{actor}:{inc}")
@@ -205,11 +209,22 @@ class Compressor:
             }
             if self.key:
                 meta = wire.sign(self.key, wire.MsgType.CHUNK, meta)
-            self.counters["bytes"] += wire.send_msg(self.push, wire.MsgType.CHUNK, meta, [data])
+            self.counters["bytes"] += self._send(meta, data)
             self.counters["messages"] += 1
         self.counters["chunks"] += 1
         self.pending = []
         self.pending_bytes = 0
+
+    def _send(self, meta: dict, data: np.ndarray) -> int:
+        """Sends one CHUNK channel, waiting while the migrator applies back-pressure; meanwhile
+        it keeps reporting, so the runner tells a blocked compressor from a stuck one."""
+        while True:
+            try:
+                return wire.send_msg(self.push, wire.MsgType.CHUNK, meta, [data], zmq.NOBLOCK)
+            except zmq.Again:
+                self.push.poll(int(STATS_INTERVAL_S * 1000), zmq.POLLOUT)
+                if self.stats is not None:
+                    self.stats.send(self.snapshot())
 
     def snapshot(self, final: bool = False) -> dict[str, object]:
         """Counters for telemetry; ``final`` marks the last report after a drain."""
@@ -316,6 +331,10 @@ def compressor_main(
     ctx = zmq.Context()
     pull, push, commands = topology.compressor_sockets(ctx, endpoints)
     stats = StatsSender(topology.telemetry_out(ctx, endpoints), "compressor")
-    Compressor(pull, push, commands, stats, chunk_bytes, chunk_timeout_s, endpoints.run_key).run()
+    compressor = Compressor(
+        pull, push, commands, stats, chunk_bytes, chunk_timeout_s, endpoints.run_key
+    )
+    compressor.next_chunk = first_chunk
+    compressor.run()
     await_exit(commands)
     ctx.destroy(linger=topology.LINGER_MS)

@@ -61,8 +61,9 @@ class Dispenser:
         incarnation: How many times this slot was restarted before this process.
     """
 
-    def __init__(self, sock: zmq.Socket, actor: int, incarnation: int) -> None:
+    def __init__(self, sock: zmq.Socket, actor: int, incarnation: int, key: bytes = b"") -> None:
         self.sock = sock
+        self.key = key
         self.actor = actor
         self.incarnation = incarnation
         self.seq = 0
@@ -97,6 +98,8 @@ class Dispenser:
                 "steps": steps,
                 "rows": rows[name],
             }
+            if self.key:
+                meta = wire.sign(self.key, wire.MsgType.ROLLOUT, meta)
             self.bytes += wire.send_msg(self.sock, wire.MsgType.ROLLOUT, meta, [rollout[name]])
             self.messages += 1
         self.seq += 1
@@ -105,4 +108,6 @@ class Dispenser:
     def end_of_stream(self) -> None:
         """Tells the compressor this incarnation will send nothing more."""
         meta = {"actor": self.actor, "inc": self.incarnation, "rollouts": self.seq}
+        if self.key:
+            meta = wire.sign(self.key, wire.MsgType.EOS, meta)
         wire.send_msg(self.sock, wire.MsgType.EOS, meta)

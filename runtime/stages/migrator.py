@@ -42,6 +42,9 @@ STATS_INTERVAL_S = 0.5
 RECEIPT_INTERVAL_S = 0.005
 RECEIPT_REFRESH_S = 0.25
 LEFTOVER_QUIET_MS = 50
+LEFTOVER_MAX_S = 1.0
+"""At most this long is spent on what is left on the chunk input after the end of stream (a
+sender that never stops cannot hold the run's end back)."""
 
 
 def generation_of(identity: bytes) -> int:
@@ -137,6 +140,8 @@ class Migrator:
             generation: The generation being replaced.
             next_trainers: Trainers in the generation that replaces it (for the final EOS).
         """
+        if generation in self.retired_generations:
+            return  # a resent retire, or one a replaced migrator was started past
         self.retired_generations.add(generation)
         self.generation = max(self.generation, generation + 1)
         self.n_trainers = next_trainers
@@ -280,12 +285,13 @@ class Migrator:
 
     def _count_leftovers(self) -> None:
         """After the compressor's end of stream, whatever else is queued on the chunk input
-        came from elsewhere: read it (until the socket stays quiet ``LEFTOVER_QUIET_MS``) so
-        that every foreign message is counted in ``malformed``."""
+        came from elsewhere: read it (until the socket stays quiet ``LEFTOVER_QUIET_MS``, for at
+        most ``LEFTOVER_MAX_S``) so that every foreign message is counted in ``malformed``."""
         if self.pull is None:
             return
-        while self.pull.poll(LEFTOVER_QUIET_MS):
-            while True:
+        deadline = time.monotonic() + LEFTOVER_MAX_S
+        while time.monotonic() < deadline and self.pull.poll(LEFTOVER_QUIET_MS):
+            while time.monotonic() < deadline:
                 try:
                     frames = self.pull.recv_multipart(zmq.NOBLOCK, copy=False)
                 except zmq.Again:
