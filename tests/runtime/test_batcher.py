@@ -111,3 +111,24 @@ def test_a_chunk_with_another_trajectory_length_is_rejected_whole():
         for m in other:
             b.add(m)
     assert b.dropped_steps == 2 * T and b.queued_rows == 2
+
+
+def test_a_reset_drops_partial_chunks_once_and_grants_the_window_again():
+    """After the migrator was replaced: the chunk half-delivered by the old one is dropped and
+    counted once, even when its last channels arrive after the reset, and the new migrator is
+    granted the whole window again."""
+    b = Batcher(batch_rows=8, window_chunks=4)
+    assert b.credits_to_grant() == 4  # all held by the old migrator
+    for m in chunk_messages(0, 2, 0):
+        b.add(m)  # one whole chunk: its credit comes back
+    half = chunk_messages(1, 2, 2)
+    for m in half[:2]:
+        b.add(m)
+    b.credits_to_grant()
+    b.reset()
+    assert b.dropped_steps == 2 * T and b.partial == {}
+    assert b.credits_to_grant() == 4  # nothing owed: the whole window
+    for m in half[2:]:  # the rest of the dropped chunk, late from the old migrator's queue
+        assert b.add(m) is False
+    assert b.partial == {} and b.dropped_steps == 2 * T
+    assert b.counters["late_channels"] == len(half) - 2
