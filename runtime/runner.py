@@ -21,8 +21,8 @@ Lifecycle:
   1. start the services, then the actors; open an energy window.
   2. every ``TICK_S``: read telemetry, restart any actor that died (its in-flight steps are
      counted as lost), stop when the trained-step target or the wall limit is reached, or on
-     Ctrl-C. A dead compressor, migrator or trainer GMI is replaced (``runtime.supervisor``);
-     an inference GMI that dies ends the run with an error.
+     Ctrl-C. A dead compressor, migrator, trainer or inference GMI is replaced
+     (``runtime.supervisor``).
   3. drain (``runtime.drain``): actors deliver their last rollouts, every stage passes
      everything and an EOS on, the trainers train what is left and report; only then do the
      services (``runtime.services``) exit.
@@ -139,8 +139,7 @@ class Runner:
             lambda: (self.cfg.chunk_bytes, self.cfg.chunk_timeout_s),
             self.resume.state_file if self.resume is not None else None,
         )
-        self.inference_place: Any = None
-        """Where the inference GMI runs (``inference='gmi'``), else None."""
+        self.inference_place: Any = None  # where the inference GMI runs, else None
         self.stop_requested = False
         self.interrupted = False
         self.failure: str | None = None
@@ -208,9 +207,10 @@ class Runner:
 
     def _start_services(self, ep: topology.Endpoints) -> None:
         self.supervisor.start(ep, self.run_dir)  # the compressor and the migrator
-        if self.cfg.inference == "gmi":
+        if self.cfg.inference == "gmi":  # the supervisor starts it again should it die
             self.inference_place = place = self.fleet.inference_place()
-            self.services.spawn(INFERENCE, inference_main, (self.cfg, self.info, ep, place))
+            self.supervisor.inference = (inference_main, (self.cfg, self.info, ep, place))
+            self.services.spawn(INFERENCE, *self.supervisor.inference)
         self.fleet.start(
             ep, self.run_dir, self.resume.state_file if self.resume is not None else None
         )

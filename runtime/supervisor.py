@@ -1,5 +1,5 @@
-"""The runner's watch over its service processes: a dead compressor, migrator or trainer GMI is
-replaced and the run goes on; a dead inference GMI ends the run with an error (``RunError``).
+"""The runner's watch over its service processes: a dead compressor, migrator, trainer GMI or
+inference GMI is replaced and the run goes on.
 
 The compressor and the migrator hold only experience in flight, so they are replaced together
 (one dying leaves the other with half-routed chunks): the survivor is killed, both start again
@@ -15,9 +15,9 @@ new generation starts from the lead GMI's recovery state (``runtime.gmi.role.rec
 kept every ``runtime.trainer.RECOVERY_S``; else the state the run started from), with the
 pipeline replaced as above. The new actors act with the version-0 weights until the new
 generation publishes, so every actor takes its weights, whatever version they carry. With
-``inference='gmi'`` the inference GMI would keep newer weights than the recovered ones, so there
-a trainer's death, like the inference GMI's, ends the run with an error; the result and the
-last periodic checkpoint keep what was done.
+``inference='gmi'`` the inference GMI is replaced too (it would hold newer weights than the
+recovered ones), and an inference GMI that dies is replaced with the pipeline and the actors
+(each was waiting for its answers); the new one takes the trainer's next weights.
 
 A compressor, migrator or trainer GMI silent for ``STALL_KILL_S`` (it reports every 0.5 s; a
 stall is reported at ``runtime.telemetry.STALL_S``) that used less than a second of CPU since
@@ -76,6 +76,8 @@ class Supervisor:
             a new migrator retires every older generation).
         chunk_args: The compressor's chunk settings now, ``(chunk_bytes, chunk_timeout_s)``.
         start_state: The learner state the run started from (a checkpoint's), or None.
+        inference: With ``inference='gmi'``, the inference GMI's process target and arguments
+            (set by the runner when it starts it), to start a new one.
     """
 
     services: Any
@@ -84,6 +86,7 @@ class Supervisor:
     fleet: Any
     chunk_args: Callable[[], tuple[int, float]]
     start_state: str | None = None
+    inference: tuple[Callable[..., None], tuple[Any, ...]] | None = None
     replacements: list[dict[str, Any]] = field(default_factory=list)
     """One entry per replacement: seconds into the run, the process that died, its exit code."""
     failure: str | None = None
@@ -114,8 +117,7 @@ class Supervisor:
         until acknowledged.
 
         Raises:
-            RunError: the inference GMI died before its final report, or a trainer GMI in a
-                run with one.
+            RunError: the ``LIMIT``-th death within ``WINDOW_S``.
         """
         self._kill_stuck()
         for name, proc in self.services.items():
@@ -136,7 +138,7 @@ class Supervisor:
         self._send_reset(command_sock, now)
 
     def _replaceable(self, name: str) -> bool:
-        return name in PIPELINE or (name.startswith("trainer-") and INFERENCE not in self.services)
+        return name in PIPELINE or name == INFERENCE or name.startswith("trainer-")
 
     def _kill_stuck(self) -> None:
         """Kills a replaceable process silent for ``STALL_KILL_S`` that used less than a second
@@ -181,7 +183,7 @@ class Supervisor:
             "(what they held is counted as lost)",
             name,
             code,
-            "the trainer GMIs, " if name not in PIPELINE else "",
+            "" if name in PIPELINE else "the trainer GMIs, " if name != INFERENCE else "it, ",
             delay,
         )
         self._dead, self._due = (name, code), now + delay
@@ -190,10 +192,14 @@ class Supervisor:
         name, code = self._dead or ("?", None)
         self._reset_epoch += 1
         self.fleet.reset_epoch = self._reset_epoch  # GMIs started from now on hold it
-        if name not in PIPELINE:  # a trainer GMI: its whole generation goes, and any retiring
+        if name.startswith("trainer-"):  # its whole generation goes, and any retiring
             for service in [n for n, _ in self.services.items() if n.startswith("trainer-")]:
                 self.services.stop(service)
             self.fleet.restart(ep, self._run_dir, self.start_state)
+        if self.inference is not None and name != "compressor" and name != "migrator":
+            self.services.stop(INFERENCE)  # it died, or holds weights newer than recovered ones
+            self.telemetry.replace(INFERENCE)
+            self.services.spawn(INFERENCE, *self.inference)
         for service in PIPELINE:
             self.services.stop(service)
             self.telemetry.replace(service)
