@@ -158,8 +158,8 @@ def build_result(runner: RunRecord, wall_s: float, energy: Any) -> dict[str, Any
     """Assembles the JSON-ready result from the runner's telemetry and energy window.
 
     Keys: env, env_steps (trained), sampled_steps, discarded_steps, lost_steps,
-    service_replacements (``runtime.supervisor``: each service death the run survived; with any, lost_steps is what was sampled and neither trained nor discarded),
-    wall_s,
+    service_replacements (``runtime.supervisor``: each service death the run survived; with
+    any, lost_steps is what was sampled and neither trained nor discarded), wall_s,
     steps_per_s (trained steps per second), energy {gpu_j, cpu_j, gpu_source, cpu_source, ...},
     steps_per_joule (trained steps / (GPU + CPU joules)), and where the CPU figure is the model
     (``cpu_source`` ``model``) energy's cpu_model (its name, watts, idle watts and their
