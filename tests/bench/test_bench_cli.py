@@ -20,10 +20,19 @@ def bench(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     )
 
 
-def test_help_lists_the_seven_suites_each_with_one_line():
+def test_help_lists_the_eight_suites_each_with_one_line():
     proc = bench("--help")
     assert proc.returncode == 0, proc.stderr
-    assert SUITES == ("limits", "pipeline", "end-to-end", "tuning", "learning", "peers", "gmi")
+    assert SUITES == (
+        "limits",
+        "pipeline",
+        "end-to-end",
+        "tuning",
+        "learning",
+        "peers",
+        "gmi",
+        "faults",
+    )
     text = proc.stdout
     for name in SUITES:
         assert f"    {name}" in text, (name, text)
