@@ -90,38 +90,50 @@ def test_pipeline_replacements_back_off_and_stop_at_the_limit():
 
 
 @pytest.mark.slow
-def test_the_compressor_the_migrator_and_a_trainer_killed_in_turn_are_replaced_exactly():
+def test_the_compressor_killed_the_migrator_stuck_and_a_trainer_killed_are_replaced(monkeypatch):
     """One run, three faults, each once the run has trained on after the previous: the
-    compressor, then the migrator, then the trainer GMI (once it has a recovery state). Each is
-    replaced (the pipeline with every actor; the trainer as a new generation from the lead
-    GMI's recovery state, so the learner's version does not start over), and the run drains
-    with the step accounting exact."""
+    compressor SIGKILLed, then the migrator SIGSTOPped (reported as stalled, then killed as
+    stuck), then the trainer GMI SIGKILLed (once it has a recovery state). Each is replaced
+    (the pipeline with every actor; the trainer as a new generation from the lead GMI's
+    recovery state, so the learner's version does not start over), and the run drains with the
+    step accounting exact."""
+    from runtime import supervisor, telemetry
     from runtime.gmi.role import recovery_file
 
+    monkeypatch.setattr(telemetry, "STALL_S", 1.0)
+    monkeypatch.setattr(supervisor, "STALL_KILL_S", 3.0)
     cfg = TrainConfig(steps=10**9, actors=2, envs_per_actor=4, rollout_len=16, batch_size=512)
-    victims = ["compressor", "migrator", "trainer-0.g0"]
-    at_kill: list[int] = []
+    faults = [("compressor", signal.SIGKILL), ("migrator", signal.SIGSTOP)]
+    faults.append(("trainer-0.g0", signal.SIGKILL))
+    at_fault: list[int] = []
     runner: Runner
 
     def fault(state):
-        if runner.supervisor.busy or state.trained_steps < (at_kill[-1] if at_kill else 0) + 5_000:
+        if (
+            runner.supervisor.busy
+            or state.trained_steps < (at_fault[-1] if at_fault else 0) + 5_000
+        ):
             return  # the last replacement is not settled, or too little trained since
-        if len(at_kill) == len(victims):
+        if len(at_fault) == len(faults):
             runner.stop_requested = True  # drains, as Ctrl-C does
             return
-        victim = victims[len(at_kill)]
+        victim, sig = faults[len(at_fault)]
         if victim.startswith("trainer") and not os.path.exists(recovery_file(runner.run_dir)):
             return
-        os.kill(dict(runner.services.items())[victim].pid, signal.SIGKILL)
-        at_kill.append(state.trained_steps)
+        if len(runner.supervisor.replacements) < len(at_fault):
+            return  # the stuck migrator is not replaced yet
+        os.kill(dict(runner.services.items())[victim].pid, sig)
+        at_fault.append(state.trained_steps)
 
     runner = Runner(cfg, cfg.validate(), on_progress=fault)
     result = runner.run()
     replaced = result["service_replacements"]
-    assert [r["process"] for r in replaced] == victims
+    assert [r["process"] for r in replaced] == [v for v, _ in faults]
     assert {r["exit_code"] for r in replaced} == {-signal.SIGKILL}
+    (stall,) = [s for s in result["stalls"] if s["process"] == "migrator"]
+    assert stall["killed"] and stall["silent_s"] >= 3.0
     assert runner.trainer_names() == ["trainer-0.g1"] and result["failure"] is None
-    assert result["env_steps"] >= at_kill[-1] + 5_000  # it trained on after the last fault
+    assert result["env_steps"] >= at_fault[-1] + 5_000  # it trained on after the last fault
     assert result["sampled_steps"] == (
         result["env_steps"] + result["discarded_steps"] + result["lost_steps"]
     )
@@ -130,33 +142,3 @@ def test_the_compressor_the_migrator_and_a_trainer_killed_in_turn_are_replaced_e
     # the new generation went on from a saved state: more updates than it made itself
     new = runner.telemetry.source("trainer-0.g1")
     assert new["version"] > new["trained_steps"] // cfg.batch_size
-
-
-@pytest.mark.slow
-def test_a_stuck_migrator_is_killed_and_replaced(monkeypatch):
-    """A migrator that stops (SIGSTOP) is reported as stalled, then killed and replaced once
-    silent past the longer limit; the run goes on and its accounting stays exact."""
-    from runtime import supervisor, telemetry
-
-    monkeypatch.setattr(telemetry, "STALL_S", 1.0)
-    monkeypatch.setattr(supervisor, "STALL_KILL_S", 3.0)
-    cfg = TrainConfig(steps=10**9, actors=2, envs_per_actor=4, rollout_len=16, batch_size=512)
-    at_stop: list[int] = []
-    runner: Runner
-
-    def stop_once(state):
-        if not at_stop and state.trained_steps >= 2_000:
-            os.kill(dict(runner.services.items())["migrator"].pid, signal.SIGSTOP)
-            at_stop.append(state.trained_steps)
-        elif at_stop and runner.supervisor.replacements and not runner.supervisor.busy:
-            runner.stop_requested = state.trained_steps >= at_stop[0] + 5_000
-
-    runner = Runner(cfg, cfg.validate(), on_progress=stop_once)
-    result = runner.run()
-    assert [r["process"] for r in result["service_replacements"]] == ["migrator"]
-    (stall,) = [s for s in result["stalls"] if s["process"] == "migrator"]
-    assert stall["killed"] and stall["silent_s"] >= 3.0
-    assert result["env_steps"] >= at_stop[0] + 5_000
-    assert result["sampled_steps"] == (
-        result["env_steps"] + result["discarded_steps"] + result["lost_steps"]
-    )
