@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import statistics
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,8 +47,22 @@ GRID_KNOBS = [
 SHOWN = ("actors", "envs_per_actor", "batch_size", "mps_pct")
 
 
-def train(args: argparse.Namespace, seconds: float, out: Path, extra: list[str]) -> int:
-    """Runs ``autotune train`` for ``seconds`` with ``extra`` flags, its JSON to ``out``."""
+UNTIL_WALL_FACTOR = 20.0
+"""With ``until``, the run's own wall limit is this many times ``seconds`` (a safety net)."""
+
+
+def train(
+    args: argparse.Namespace,
+    seconds: float,
+    out: Path,
+    extra: list[str],
+    until: Callable[[], bool] | None = None,
+) -> int:
+    """Runs ``autotune train`` for ``seconds`` with ``extra`` flags, its JSON to ``out``. With
+    ``until``, the run goes on past ``seconds`` until ``until()`` holds (checked twice a
+    second), then Ctrl-C drains it: a slow or loaded machine gets a longer run, not one that
+    measured nothing."""
+    wall = seconds * UNTIL_WALL_FACTOR if until is not None else seconds
     cmd = [
         sys.executable,
         "-m",
@@ -56,14 +73,51 @@ def train(args: argparse.Namespace, seconds: float, out: Path, extra: list[str])
         "--steps",
         "1000000000",
         "--max-wall-s",
-        str(seconds),
+        str(wall),
         "--quiet",
         "--json",
         str(out),
         *extra,
     ]
     print(" ".join(cmd), flush=True)
-    return subprocess.run(cmd).returncode
+    if until is None:
+        return subprocess.run(cmd).returncode
+    proc = subprocess.Popen(cmd)
+    start = time.monotonic()
+    while proc.poll() is None:
+        time.sleep(0.5)
+        if time.monotonic() - start >= seconds and until():
+            proc.send_signal(signal.SIGINT)
+            break
+    return proc.wait()
+
+
+def complete_trials(storage: str, study: str) -> int:
+    """Measured (COMPLETE) trials of ``study`` so far (0 before it exists)."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        trials = optuna.load_study(study_name=study, storage=storage).trials
+    except KeyError:
+        return 0
+    return sum(t.state == optuna.trial.TrialState.COMPLETE for t in trials)
+
+
+def trained_past(progress: Path, skip_s: float, steps: int) -> bool:
+    """Whether a run's ``--progress`` file shows ``steps`` trained steps after its first
+    ``skip_s`` seconds."""
+    from autotune.workflows.progress_log import read_progress
+
+    try:
+        rows = read_progress(progress)
+    except (OSError, ValueError):
+        return False
+    if not rows:
+        return False
+    t0 = rows[0]["t"]
+    before = [r["steps"] for r in rows if r["t"] - t0 <= skip_s]
+    return rows[-1]["steps"] - (before[-1] if before else 0) >= steps
 
 
 def knob_args(knobs: list[str]) -> list[str]:

@@ -12,6 +12,10 @@ Arms (``--arms``, in the order given; each a step, or several):
   grid       ``train --tune --tune-sampler grid`` over a coarse lattice of the same knobs: every
              combination measured once, live, with the same warm-up and window (``--grid-s``)
   default    the CLI's default config, untuned (``--default-s``)
+With ``--min-trials N`` the tune and grid arms run on past their seconds until their study
+holds N more measured trials, and with ``--min-steps N`` the default arm until it trained N
+steps after ``--skip-s``; then Ctrl-C drains them. A slow or loaded machine then gets longer
+runs instead of runs that measured nothing.
   fixed      each ``--fixed LABEL=JSON`` (knob values as plain ``train`` flags) for
              ``--fixed-s``, ``--fixed-rounds`` times in turn (A B A B): the tuned best and the
              grid best re-measured side by side for the same span
@@ -58,6 +62,20 @@ def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--tune-s", default="300", help="the tuned run's parts, seconds each")
     ap.add_argument("--grid-s", type=float, default=300.0)
     ap.add_argument("--default-s", type=float, default=120.0)
+    ap.add_argument(
+        "--min-trials",
+        type=int,
+        default=0,
+        help="the tune and grid arms run on past their seconds until their study holds this "
+        "many more measured trials (a slow machine gets a longer run, not an empty one)",
+    )
+    ap.add_argument(
+        "--min-steps",
+        type=int,
+        default=0,
+        help="the default arm runs on past --default-s until it trained this many steps after "
+        "--skip-s",
+    )
     ap.add_argument("--fixed", action="append", default=None, metavar="LABEL=JSON")
     ap.add_argument("--fixed-s", type=float, default=100.0)
     ap.add_argument("--fixed-rounds", type=int, default=2)
@@ -106,6 +124,8 @@ def check(ap: argparse.ArgumentParser, a: argparse.Namespace) -> None:
         ap.error(f"--tune-s {a.tune_s!r}: expected seconds, e.g. 510,390")
     if min([*a.tune_parts, a.grid_s, a.default_s, a.fixed_s, a.remeasure_s]) <= 0:
         ap.error("--tune-s, --grid-s, --default-s, --fixed-s and --remeasure-s must be > 0")
+    if a.min_trials < 0 or a.min_steps < 0:
+        ap.error("--min-trials and --min-steps must be >= 0 (0: the seconds alone)")
     a.fixed_values = {}
     for spec in a.fixed or []:
         label, sep, text = spec.partition("=")
@@ -203,8 +223,22 @@ def plan(a: argparse.Namespace):
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
 
-    def train(seconds: float, name: str, extra: list[str]) -> dict:
-        rc = ot.train(a, seconds, out / f"{name}.json", extra)
+    def train(seconds: float, name: str, extra: list[str], study: str | None = None) -> dict:
+        until = None
+        if study is not None and a.min_trials:
+            start = ot.complete_trials(a.storage, study)
+
+            def until() -> bool:
+                return ot.complete_trials(a.storage, study) >= start + a.min_trials
+
+        elif name == "default" and a.min_steps:
+            progress = out / "default.progress.jsonl"
+            extra = [*extra, "--progress", str(progress)]
+
+            def until() -> bool:
+                return ot.trained_past(progress, a.skip_s, a.min_steps)
+
+        rc = ot.train(a, seconds, out / f"{name}.json", extra, until)
         return {"json": str(out / f"{name}.json"), "returncode": rc, "failed": rc != 0}
 
     def report() -> dict:
@@ -215,12 +249,16 @@ def plan(a: argparse.Namespace):
     steps: list[Step] = []
     for arm in a.arm_list:
         if arm == "tune":
-            extra = ot.tune_args(a, ot.TUNE_KNOBS, f"tune-{a.env}")
+            study = f"tune-{a.env}"
+            extra = ot.tune_args(a, ot.TUNE_KNOBS, study)
             for k, secs in enumerate(a.tune_parts, 1):
-                steps.append(Step(f"tune{k}", partial(train, secs, f"tune{k}", extra), secs + 30))
+                run = partial(train, secs, f"tune{k}", extra, study)
+                steps.append(Step(f"tune{k}", run, secs + 30))
         elif arm == "grid":
-            extra = [*ot.tune_args(a, ot.GRID_KNOBS, f"grid-{a.env}"), "--tune-sampler", "grid"]
-            steps.append(Step("grid", lambda e=extra: train(a.grid_s, "grid", e), a.grid_s + 30))
+            study = f"grid-{a.env}"
+            extra = [*ot.tune_args(a, ot.GRID_KNOBS, study), "--tune-sampler", "grid"]
+            run = partial(train, a.grid_s, "grid", extra, study)
+            steps.append(Step("grid", run, a.grid_s + 30))
         elif arm == "default":
             steps.append(
                 Step("default", lambda: train(a.default_s, "default", []), a.default_s + 30)

@@ -130,10 +130,10 @@ def test_gmi_table_smoke_on_cpu(tmp_path):
 
 def test_tuning_smoke_on_cpu(tmp_path):
     """Every online arm of the tuning suite as a tiny CartPole run, then the report and its
-    plot, in one command. Training starts about 5 s into each run here (more on a loaded 2-core
-    machine), so the tuned run lasts 20 s for its final third to hold trained steps, the grid
-    11 s for one grid point after the baseline window (8 s left none once), and the default
-    run 10 s for trained steps after its first second (6 s left none once)."""
+    plot, in one command. The arms wait on progress, not seconds: the tuned and grid runs go on
+    until their studies hold two more measured trials (the grid's first is its baseline), the
+    default run until it trained 4,000 steps after its first second; so a loaded machine gives
+    longer runs, never empty ones."""
     knobs = [
         "--knob",
         "actors=1..2",
@@ -162,11 +162,15 @@ def test_tuning_smoke_on_cpu(tmp_path):
         "0.5",
         *knobs,
         "--tune-s",
-        "20",
+        "4",
         "--grid-s",
-        "11",
+        "4",
         "--default-s",
-        "10",
+        "3",
+        "--min-trials",
+        "2",
+        "--min-steps",
+        "4000",
         "--skip-s",
         "1",
         "--plot",
