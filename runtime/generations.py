@@ -101,6 +101,12 @@ class Generations:
         self.fleet.replace(ep, run_dir, command_sock, mps_pct, cfg)
         self.phases.begin(self.fleet.generation, self._mps_pcts(), trained)
 
+    def restarted(self, trained: int) -> None:
+        """The supervisor started a generation in place of one that died
+        (``runtime.supervisor``): its phase begins."""
+        if self.phases is not None:
+            self.phases.begin(self.fleet.generation, self._mps_pcts(), trained)
+
     def end(self, trained: int) -> None:
         """Ends the last phase at the end of the run."""
         if self.phases is not None:

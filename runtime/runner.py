@@ -135,7 +135,7 @@ class Runner:
             self.services,
             self.actors,
             self.telemetry,
-            self.fleet,
+            self.generations,
             lambda: (self.cfg.chunk_bytes, self.cfg.chunk_timeout_s),
             self.resume.state_file if self.resume is not None else None,
         )

@@ -72,8 +72,9 @@ class Supervisor:
         services: The run's ``runtime.services.Services``.
         actors: Its ``runtime.actor_pool.ActorPool``.
         telemetry: Its ``runtime.telemetry.RunTelemetry``.
-        fleet: Its ``runtime.gmi.fleet.GMIFleet`` (the current GMIs must acknowledge a reset;
-            a new migrator retires every older generation).
+        generations: Its ``runtime.generations.Generations``: the GMIs (``fleet``; the current
+            ones must acknowledge a reset, a new migrator retires every older generation), and
+            the phase a restarted generation begins.
         chunk_args: The compressor's chunk settings now, ``(chunk_bytes, chunk_timeout_s)``.
         start_state: The learner state the run started from (a checkpoint's), or None.
         inference: With ``inference='gmi'``, the inference GMI's process target and arguments
@@ -83,7 +84,7 @@ class Supervisor:
     services: Any
     actors: Any
     telemetry: Any
-    fleet: Any
+    generations: Any
     chunk_args: Callable[[], tuple[int, float]]
     start_state: str | None = None
     inference: tuple[Callable[..., None], tuple[Any, ...]] | None = None
@@ -100,6 +101,10 @@ class Supervisor:
     _run_dir: str = ""
     _replaced_at: float = 0.0
     _cpu_at_stall: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def fleet(self) -> Any:
+        return self.generations.fleet
 
     def start(self, ep: topology.Endpoints, run_dir: str) -> None:
         """Starts the compressor and the migrator (the first time, or in place of dead ones)."""
@@ -196,6 +201,7 @@ class Supervisor:
             for service in [n for n, _ in self.services.items() if n.startswith("trainer-")]:
                 self.services.stop(service)
             self.fleet.restart(ep, self._run_dir, self.start_state)
+            self.generations.restarted(self.telemetry.trained_steps)
         if self.inference is not None and name != "compressor" and name != "migrator":
             self.services.stop(INFERENCE)  # it died, or holds weights newer than recovered ones
             self.telemetry.replace(INFERENCE)

@@ -133,6 +133,7 @@ def test_the_compressor_killed_the_migrator_stuck_and_a_trainer_killed_are_repla
     (stall,) = [s for s in result["stalls"] if s["process"] == "migrator"]
     assert stall["killed"] and stall["silent_s"] >= 3.0
     assert runner.trainer_names() == ["trainer-0.g1"] and result["failure"] is None
+    assert [p["generation"] for p in result["phases"]] == [0, 1]  # the new one opened a phase
     assert result["env_steps"] >= at_fault[-1] + 5_000  # it trained on after the last fault
     assert result["sampled_steps"] == (
         result["env_steps"] + result["discarded_steps"] + result["lost_steps"]
