@@ -143,3 +143,32 @@ def test_the_compressor_killed_the_migrator_stuck_and_a_trainer_killed_are_repla
     # the new generation went on from a saved state: more updates than it made itself
     new = runner.telemetry.source("trainer-0.g1")
     assert new["version"] > new["trained_steps"] // cfg.batch_size
+
+
+@pytest.mark.slow
+def test_a_compressor_that_keeps_dying_ends_the_run_with_an_error_and_a_failed_result():
+    """Killed again as soon as each replacement is up: the fifth death within a minute ends the
+    run with an error whose result says why, with the counts so far and nothing left running."""
+    cfg = TrainConfig(steps=10**9, actors=2, envs_per_actor=4, rollout_len=16, batch_size=512)
+    kills: list[int] = []
+    runner: Runner
+
+    def kill_again(state):
+        proc = dict(runner.services.items())["compressor"]
+        replaced = len(kills) == len(runner.supervisor.replacements)  # the last one is up
+        if state.trained_steps >= 1_000 and replaced and proc.is_alive():
+            os.kill(proc.pid, signal.SIGKILL)
+            kills.append(proc.pid)
+
+    runner = Runner(cfg, cfg.validate(), on_progress=kill_again)
+    with pytest.raises(RunError, match=r"compressor died .* for the 5th time within 60 s") as err:
+        runner.run()
+    assert len(kills) == 5 and len(runner.supervisor.replacements) == 4
+    failed = err.value.result
+    assert failed["failed"] and "5th time" in failed["failure"]
+    assert len(failed["service_replacements"]) == 4
+    assert failed["sampled_steps"] == (
+        failed["env_steps"] + failed["discarded_steps"] + failed["lost_steps"]
+    )
+    assert not any(p.is_alive() for p in runner.services.values())
+    assert not any(s.process.is_alive() for s in runner.slots)
