@@ -14,7 +14,8 @@ MPS share ``P``, trainer threads ``H``) on a machine of ``C`` cores, with rollou
   (``TrainConfig.inflight_steps_per_actor`` at the default two batches). With fewer than two it
   waits for receipts between rollouts. On Humanoid-v5 (H100 host, 15 actors, batches of 8,192,
   two runs of one day), 16 envs per actor (n = 2.1) trained 32.2k steps/s, 32 envs (n = 1.07)
-  21.8k: the form is fitted to that one pair.
+  21.8k: the form is fitted to that one pair, and the host's raw stepping rate moved by up to
+  30 % between runs that day, so part of the gap may be the host's.
 * **Training** (trainers): one update of ``B`` samples takes ``c0 + c1 * B`` seconds on the
   device (the learner probe's line), split over ``G`` trainers; a GMI limited to ``P`` of the
   SMs runs at ``min(1, P / (q * G))`` of its speed, ``q`` the share past which the learner stops
