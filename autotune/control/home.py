@@ -24,12 +24,23 @@ def state_dir() -> Path:
         path = Path(os.environ["XDG_RUNTIME_DIR"]) / "autotune"
     else:
         path = Path(f"/tmp/autotune-{os.getuid()}")
+    return private_dir(path, "state dir", hint=" (set AUTOTUNE_HOME to another directory)")
+
+
+def private_dir(path: Path, what: str, closed: bool = False, hint: str = "") -> Path:
+    """``path``, created 0700 if missing.
+
+    Raises:
+        ControlError: another user owns it, or others can write to it (``closed``: others
+            can read or enter it at all).
+    """
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
     info = path.stat()
-    if info.st_uid != os.getuid() or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+    bad = (stat.S_IRWXG | stat.S_IRWXO) if closed else (stat.S_IWGRP | stat.S_IWOTH)
+    if info.st_uid != os.getuid() or info.st_mode & bad:
+        rule = "closed to others (0700)" if closed else "writable by you only"
         raise ControlError(
-            f"state dir {path} is not private (owner uid {info.st_uid}, mode "
-            f"{stat.filemode(info.st_mode)}); it must be yours and writable by "
-            "you only (set AUTOTUNE_HOME to another directory)"
+            f"{what} {path} is not private (owner uid {info.st_uid}, mode "
+            f"{stat.filemode(info.st_mode)}); it must be yours and {rule}{hint}"
         )
     return path

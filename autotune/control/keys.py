@@ -24,14 +24,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import stat
 from pathlib import Path
 
 import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
-from autotune.control.home import ControlError, state_dir
+from autotune.control.home import ControlError, private_dir, state_dir
 
 FILES = ("server.key", "server.key_secret", "client.key", "client.key_secret")
 
@@ -41,16 +40,6 @@ def keys_dir() -> Path:
     if os.environ.get("AUTOTUNE_KEYS"):
         return Path(os.environ["AUTOTUNE_KEYS"])
     return state_dir() / "keys"
-
-
-def _private_dir(path: Path) -> None:
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    info = path.stat()
-    if info.st_uid != os.getuid() or info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise ControlError(
-            f"key dir {path} is not private (owner uid {info.st_uid}, mode "
-            f"{stat.filemode(info.st_mode)}); it must be yours and closed to others (0700)"
-        )
 
 
 def _need_curve() -> None:
@@ -73,7 +62,7 @@ def generate(path: Path | None = None, force: bool = False) -> tuple[Path, bool]
     """
     _need_curve()
     path = path or keys_dir()
-    _private_dir(path)
+    private_dir(path, "key dir", closed=True)
     if all((path / f).exists() for f in FILES) and not force:
         return path, False
     allowed = path / "authorized"
@@ -85,7 +74,7 @@ def generate(path: Path | None = None, force: bool = False) -> tuple[Path, bool]
         public, secret = zmq.auth.create_certificates(str(path), name)
         os.chmod(secret, 0o600)
         os.chmod(public, 0o644)
-    _private_dir(allowed)
+    private_dir(allowed, "key dir", closed=True)
     shutil.copyfile(path / "client.key", allowed / "client.key")
     return path, True
 
@@ -115,7 +104,7 @@ def serve_curve(
     """
     _need_curve()
     path = path or keys_dir()
-    _private_dir(path)
+    private_dir(path, "key dir", closed=True)
     public, secret = _load(path, "server", secret=True)
     allowed = path / "authorized"
     if not allowed.is_dir() or not any(allowed.glob("*.key")):
