@@ -123,6 +123,30 @@ def curve(rows: list[dict[str, Any]], meter: MachineMeter, started: float) -> li
     return out
 
 
+MIN_STEPS_WALL_FACTOR = 20.0
+"""With ``--min-steps``, an arm's own wall limit is this many times its budget (a safety net)."""
+
+
+def _trained(progress: Path) -> int:
+    """The newest trained-step count in an arm's progress file (0 before any)."""
+    try:
+        rows = read_progress(progress)
+    except (OSError, ValueError):
+        return 0
+    return int(rows[-1]["steps"]) if rows else 0
+
+
+def _run_until(proc: subprocess.Popen, wall: float, done: Any, budget: float) -> None:
+    """Once ``wall`` seconds have passed and ``done()`` holds, Ctrl-C drains ``proc`` (checked
+    twice a second); ``budget`` bounds the wait."""
+    start = time.monotonic()
+    while proc.poll() is None and time.monotonic() - start < budget:
+        time.sleep(0.5)
+        if time.monotonic() - start >= wall and done():
+            os.killpg(proc.pid, signal.SIGINT)
+            return
+
+
 def run_arm(arm: str, a: argparse.Namespace, meter: MachineMeter, out_dir: Path) -> dict:
     stem = f"{a.env}-{arm}"
     progress, result = out_dir / f"{stem}.progress.jsonl", out_dir / f"{stem}.result.json"
@@ -143,10 +167,18 @@ def run_arm(arm: str, a: argparse.Namespace, meter: MachineMeter, out_dir: Path)
     log = (out_dir / f"{stem}.log").open("w")
     # each arm probes its workload afresh: its start-up is a first run's
     env = {**os.environ, "AUTOTUNE_CACHE_DIR": str(out_dir / f"cache-{stem}")}
+    min_steps = getattr(a, "min_steps", 0) if arm_kind(arm) in ("default", "exported") else 0
+    if min_steps:  # its own wall limit becomes a safety net; this process ends it
+        at = cmd.index("--max-wall-s") + 1
+        wall = float(cmd[at])
+        cmd[at] = str(wall * MIN_STEPS_WALL_FACTOR)
+        budget += wall * (MIN_STEPS_WALL_FACTOR - 1)
     proc = subprocess.Popen(
         cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env
     )
     try:
+        if min_steps:
+            _run_until(proc, wall, lambda: _trained(progress) >= min_steps, budget)
         doc["returncode"] = proc.wait(timeout=budget)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGINT)

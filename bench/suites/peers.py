@@ -98,6 +98,14 @@ def add_args(ap: argparse.ArgumentParser) -> None:
         help="added to the default and exported arms' wall budget for their start-up",
     )
     ap.add_argument(
+        "--min-steps",
+        type=int,
+        default=0,
+        help="the default and exported arms run on past their wall budget until they trained "
+        "this many steps (then Ctrl-C drains them): a loaded machine gets longer runs, not "
+        "empty ones",
+    )
+    ap.add_argument(
         "--exported",
         action="append",
         default=None,
@@ -133,7 +141,7 @@ def check(ap: argparse.ArgumentParser, a: argparse.Namespace) -> None:
         a.seconds <= 0
         or a.tuned_s <= 0
         or a.peer_rollout < 1
-        or min(a.warmup_s, a.settle_s, a.startup_s) < 0
+        or min(a.warmup_s, a.settle_s, a.startup_s, a.min_steps) < 0
     ):
         ap.error(
             "--seconds and --tuned-s must be > 0, --peer-rollout >= 1; --warmup-s, --settle-s,"

@@ -62,6 +62,8 @@ def test_compare_arms_then_report(tmp_path):
         "0",
         "--peer-rollout",
         "256",
+        "--min-steps",
+        "3000",  # ours runs on until it trained that much: a loaded machine waits, not fails
         "--arms",
         "limit,sb3-cpu,cleanrl,exported",
         "--exported",
