@@ -13,6 +13,7 @@ import time
 import msgpack
 import optuna
 import pytest
+from conftest import wait_until
 
 from autotune.control import protocol
 from autotune.control.status import live_rates
@@ -87,15 +88,6 @@ def _trials(db, study):
     return {t.number: (t.state.name, t.params, t.value) for t in s.get_trials()}
 
 
-def _wait(predicate, timeout_s, what):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def _complete(db, study):
     try:
         return sum(s == "COMPLETE" for s, _, _ in _trials(db, study).values())
@@ -146,7 +138,7 @@ def test_sigkilled_daemon_restarts_and_resumes_the_study_with_no_trial_lost(tmp_
         text=True,
     )
     try:
-        _wait(lambda: _complete(db, study) >= 2, 300, "2 trials under the first daemon")
+        wait_until(lambda: _complete(db, study) >= 2, job, what="2 trials under the first daemon")
         # status from the running daemon: the job, its live rates and its trials
         out = _cli(env, "status", "--json", str(tmp_path / "st.json"))
         assert out.returncode == 0, out.stdout
@@ -160,7 +152,9 @@ def test_sigkilled_daemon_restarts_and_resumes_the_study_with_no_trial_lost(tmp_
         assert job.poll() is None, "the job must keep training without its daemon"
         pid = _daemon_pid(env)
         done = sum(s == "COMPLETE" for s, _, _ in before.values())
-        _wait(lambda: _complete(db, study) >= done + 1, 300, "a trial under the new daemon")
+        wait_until(
+            lambda: _complete(db, study) >= done + 1, job, what="a trial under the new daemon"
+        )
         after = _trials(db, study)
     finally:
         job.send_signal(signal.SIGINT)  # a clean drain, then the result with the tuning section
