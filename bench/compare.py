@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from autotune.workflows.progress_log import read_progress
+from autotune.workflows.progress_log import latest_steps, read_progress
 from bench.compare_arms import arm_command, arm_kind
 from bench.machine_meter import MachineMeter
 from bench.report import write_json
@@ -127,15 +127,6 @@ MIN_STEPS_WALL_FACTOR = 20.0
 """With ``--min-steps``, an arm's own wall limit is this many times its budget (a safety net)."""
 
 
-def _trained(progress: Path) -> int:
-    """The newest trained-step count in an arm's progress file (0 before any)."""
-    try:
-        rows = read_progress(progress)
-    except (OSError, ValueError):
-        return 0
-    return int(rows[-1]["steps"]) if rows else 0
-
-
 def _run_until(proc: subprocess.Popen, wall: float, done: Any, budget: float) -> None:
     """Once ``wall`` seconds have passed and ``done()`` holds, Ctrl-C drains ``proc`` (checked
     twice a second); ``budget`` bounds the wait."""
@@ -178,7 +169,7 @@ def run_arm(arm: str, a: argparse.Namespace, meter: MachineMeter, out_dir: Path)
     )
     try:
         if min_steps:
-            _run_until(proc, wall, lambda: _trained(progress) >= min_steps, budget)
+            _run_until(proc, wall, lambda: latest_steps(progress) >= min_steps, budget)
         doc["returncode"] = proc.wait(timeout=budget)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGINT)

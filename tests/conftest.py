@@ -60,14 +60,3 @@ def wait_until(ready, proc=None, timeout_s: float = 300.0, what: str = "progress
         if time.monotonic() > deadline:
             raise AssertionError(f"no {what} within {timeout_s:.0f} s")
         time.sleep(0.5)
-
-
-def trained_steps(progress_file) -> int:
-    """The newest trained-step count in an ``autotune train --progress`` file (0 before any)."""
-    from autotune.workflows.progress_log import read_progress
-
-    try:
-        rows = read_progress(progress_file)
-    except (OSError, ValueError):
-        return 0
-    return int(rows[-1]["steps"]) if rows else 0

@@ -102,3 +102,14 @@ def value_at_steps(rows: list[dict[str, Any]], steps: int, key: str = "return") 
         if row["steps"] >= steps and row.get(key) is not None:
             return row[key]
     return None
+
+
+def latest_steps(path: str | Path) -> int:
+    """The newest trained-step count in a progress file: 0 before its first line, or while it
+    cannot be read yet (a run that is starting). Callers poll this to wait on a run's
+    progress."""
+    try:
+        rows = read_progress(path)
+    except (OSError, ValueError):
+        return 0
+    return int(rows[-1]["steps"]) if rows else 0

@@ -13,8 +13,9 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import trained_steps, wait_until
+from conftest import wait_until
 
+from autotune.workflows.progress_log import latest_steps
 from runtime.config import TrainConfig
 from runtime.runner import Runner
 
@@ -87,7 +88,7 @@ def test_ctrl_c_drains_in_flight_experience_and_writes_the_result(tmp_path):
         stderr=subprocess.PIPE,
         text=True,
     )
-    wait_until(lambda: trained_steps(progress) >= 2_000, proc, what="2,000 trained steps")
+    wait_until(lambda: latest_steps(progress) >= 2_000, proc, what="2,000 trained steps")
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
