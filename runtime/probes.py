@@ -77,6 +77,9 @@ class Probes:
     """CPU seconds per env step with one stepping process on every usable core at once (shared
     caches, memory bandwidth, the clock under load): what an actor pays in a full run. Zero
     where it was not measured."""
+    stage_s: dict[str, float] = field(default_factory=dict)
+    """Wall seconds each probe took (``env``, ``env_loaded``, ``torch``, ``forward``,
+    ``learner_<device>``, ``gpu_power``): where a first run's start-up goes."""
 
     def load_factor(self) -> float:
         """How much slower CPU work runs with every core busy than alone (at least 1)."""
@@ -117,6 +120,7 @@ class Probes:
                 bool(doc.get("cached", False)),
                 {str(k): float(v) for k, v in doc.get("gpu_power", {}).items()},
                 float(doc.get("env_step_loaded_s", 0.0)),
+                {str(k): float(v) for k, v in doc.get("stage_s", {}).items()},
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ProbeError(f"malformed probe results: {exc}") from None
@@ -250,35 +254,50 @@ def measure(
 ) -> Probes:
     """Every probe, in this process (``run_probes`` runs them in a child)."""
     start = time.perf_counter()
+    stage_s: dict[str, float] = {}
+    mark = [start]
+
+    def took(stage: str) -> None:
+        now = time.perf_counter()
+        stage_s[stage] = stage_s.get(stage, 0.0) + now - mark[0]
+        mark[0] = now
+
     info = probe_env(env_id)  # an env that cannot be made fails before torch loads
     # GPU 0's draw before anything here opens a context on it
     meter = _gpu_meter() if "cuda" in devices else None
     power: dict[str, float] = {}
     if meter is not None:
         power["idle_w"] = _gpu_watts(meter, lambda: time.sleep(0.05))
+    took("gpu_power")
 
     step = probe_env_step(env_id)
+    took("env")
     loaded = probe_env_step_loaded(env_id, procs) if procs > 1 else step
+    took("env_loaded")
 
     import torch
 
     torch.set_num_threads(1)
+    took("torch")
     forward = probe_forward(info, policy, bool(learner.get("normalize_obs", True)))
     sms: list[int] = []
     if torch.cuda.is_available():
         n = torch.cuda.device_count()
         sms = [torch.cuda.get_device_properties(i).multi_processor_count for i in range(n)]
+    took("forward")
     costs = {}
     for device in devices:
         if device == "cuda" and not sms:
             continue
         costs[device] = probe_learner(info, policy, device, rollout_len, learner)
+        took(f"learner_{device}")
     if meter is not None and "cuda" in costs:
         _, update = make_learner(info, policy, "cuda", learner)
         batch = synthetic_batch(info, max(costs["cuda"].seconds), rollout_len)
         update(batch)
         power["context_w"] = _gpu_watts(meter, lambda: time.sleep(0.05))
         power["busy_w"] = _gpu_watts(meter, lambda: update(batch))
+        took("gpu_power")
     return Probes(
         env_id,
         policy,
@@ -289,6 +308,7 @@ def measure(
         time.perf_counter() - start,
         gpu_power=power if len(power) == 3 else {},
         env_step_loaded_s=loaded,
+        stage_s={k: round(v, 3) for k, v in stage_s.items()},
     )
 
 

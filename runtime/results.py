@@ -169,7 +169,9 @@ def build_result(runner: RunRecord, wall_s: float, energy: Any) -> dict[str, Any
     bytes}}, gmis (one entry per trainer GMI of every generation: rank, gpu, mps_pct,
     sm_count, trained_steps, ...), gmi_sharing (mps|shared|exclusive|cpu), gmi_sync,
     weights_identical (the current GMIs ended with bit-identical weights), phases (one per
-    GMI generation, with its own steps/s, GPU W, CPU W and steps per joule), inference
+    GMI generation, with its own steps/s, GPU W, CPU W and steps per joule), gmi_handovers
+    (``runtime.gmi.fleet.GMIFleet.handovers``: how long each old generation trained on while
+    its successor started), inference
     (``inference_doc``), timeline (every ``TIMELINE_S`` while serving: seconds since the
     start, cumulative trained steps, GPU J and CPU J; ``started_unix`` dates it), checkpoint
     (``runtime.checkpoint.result_doc``, None without one), plus episodes, actor_restarts and
@@ -242,6 +244,7 @@ def build_result(runner: RunRecord, wall_s: float, energy: Any) -> dict[str, Any
         "mps_note": runner.fleet.mps_note,
         "weights_identical": len(digests) == 1 and None not in digests,
         "phases": runner.phases.to_list() if runner.phases else [],
+        "gmi_handovers": list(runner.fleet.handovers),
         "inference": inference_doc(runner),
         "changes": runner.changes,
         "checkpoint": checkpoint.result_doc(runner.cfg, runner.resume),

@@ -354,7 +354,9 @@ class Runner:
                 self.failure = why
                 logger.error("stopping the run: %s", why)
                 break
-            self.fleet.send_retire(command_sock, self.telemetry.source("migrator"))
+            self.fleet.send_retire(
+                command_sock, self.telemetry.source("migrator"), self.telemetry.seen.__contains__
+            )
             if self._pending_cfg is not None:
                 self._apply(ep, command_sock, self._pending_cfg)
                 self._pending_cfg = None

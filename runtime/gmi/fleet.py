@@ -3,9 +3,15 @@
 A generation is one set of GMI processes. ``GMIFleet.replace`` starts the next generation
 (an MPS client's percentage is fixed for its life, so a percentage change needs new
 processes): the new GMIs take chunks at once and train once they have loaded the learner
-state that the old ones write when they retire (``runtime.trainer``). The migrator is told to
-``retire`` the old generation by a COMMAND message that is resent until the migrator reports
-it, since PUB/SUB drops a message sent before a subscriber has joined.
+state that the old ones write when they retire (``runtime.trainer``).
+
+Make before break: the old generation keeps training while the new one starts (a Python
+process importing torch, and on a GPU a CUDA context as an MPS client: seconds). Only once
+every new GMI has reported (its learner is built) is the migrator told to ``retire`` the old
+one, so training pauses for the state's hand-over alone, not for the new processes' start-up.
+A new generation that has not reported within ``STANDBY_MAX_S`` is not waited for any longer.
+The ``retire`` COMMAND is resent until the migrator reports it, since PUB/SUB drops a message
+sent before a subscriber has joined.
 """
 
 from __future__ import annotations
@@ -31,6 +37,9 @@ from runtime.trainer import trainer_main
 logger = logging.getLogger(__name__)
 
 RETIRE_RESEND_S = 0.5
+STANDBY_MAX_S = 120.0
+"""The longest an old generation keeps training while the next one starts; then it retires
+whether or not the new GMIs have reported (the supervisor deals with one that never does)."""
 
 Spawn = Callable[[str, Callable[..., None], tuple[Any, ...]], None]
 
@@ -55,6 +64,13 @@ class GMIFleet:
         self.mps: Any = None
         self._retiring: dict[int, int] = {}
         """Generations being retired (-> GMIs of the next) until the migrator confirms."""
+        self._standby: dict[int, tuple[list[str], float]] = {}
+        """Generations still training while the next starts (-> the next's GMI names, and
+        ``time.monotonic()`` when they were started)."""
+        self.handovers: list[dict[str, Any]] = []
+        """One entry per hand-over: the new ``generation``, ``standby_s`` (how long the old
+        generation trained on while the new one started) and ``waited_out`` (True when the new
+        GMIs had not reported within ``STANDBY_MAX_S``)."""
         self._retire_sent = 0.0
         self._set_up = False
 
@@ -126,6 +142,7 @@ class GMIFleet:
         saved = [p for p in saved if os.path.exists(p)]
         newest = max(saved, key=os.path.getmtime) if saved else fallback
         self.generation += 1
+        self._standby.clear()  # every trainer process was killed, the standby ones too
         logger.warning("trainer GMIs restarted as generation %d from %s", self.generation, newest)
         self.start(ep, run_dir, newest)
 
@@ -151,7 +168,8 @@ class GMIFleet:
         mps_pct: tuple[int, ...] | None,
         cfg: TrainConfig | None = None,
     ) -> None:
-        """Starts the next generation and retires the current one.
+        """Starts the next generation; the current one retires once the new GMIs have
+        reported (``send_retire``).
 
         Args:
             mps_pct: New percentages (None: the same, or ``cfg``'s).
@@ -171,23 +189,46 @@ class GMIFleet:
             [s.mps_pct for s in self.gmis],
         )
         self.start(ep, run_dir, state_file(run_dir, old))
-        self._retiring[old] = len(self.gmis)
-        self.send_retire(command_sock, None, force=True)
+        self._standby[old] = (self.names(), time.monotonic())
 
     def send_retire(
-        self, command_sock: zmq.Socket, migrator: dict[str, Any] | None, force: bool = False
+        self,
+        command_sock: zmq.Socket,
+        migrator: dict[str, Any] | None,
+        reported: Callable[[str], bool] | None = None,
+        force: bool = False,
     ) -> None:
-        """(Re)sends ``retire`` for every generation the migrator has not yet reported.
+        """Retires every generation whose successor has started, and (re)sends ``retire`` for
+        every generation the migrator has not yet reported retired.
 
         Args:
             command_sock: The runner's COMMAND PUB.
             migrator: The migrator's newest telemetry (its ``retired_generations``), or None.
+            reported: Whether a GMI has reported (its learner is built). None: retire every
+                generation on standby now (the run is draining).
             force: Send now rather than at most every ``RETIRE_RESEND_S``.
         """
+        now = time.monotonic()
+        for gen, (names, since) in list(self._standby.items()):
+            started = reported is not None and all(reported(name) for name in names)
+            waited_out = reported is not None and now - since >= STANDBY_MAX_S
+            if started or waited_out or reported is None:
+                del self._standby[gen]
+                self._retiring[gen] = len(names)
+                force = True
+                self.handovers.append(
+                    {"generation": gen + 1, "standby_s": now - since, "waited_out": waited_out}
+                )
+                if waited_out:
+                    logger.warning(
+                        "GMI generation %d has not reported in %.0f s; generation %d retires",
+                        gen + 1,
+                        STANDBY_MAX_S,
+                        gen,
+                    )
         done = (migrator or {}).get("retired_generations")
         for gen in [g for g in self._retiring if isinstance(done, list) and g in done]:
             del self._retiring[gen]
-        now = time.monotonic()
         if not self._retiring or (not force and now - self._retire_sent < RETIRE_RESEND_S):
             return
         for gen, next_gmis in self._retiring.items():

@@ -161,21 +161,24 @@ def test_two_cpu_gmis_train_in_lockstep_with_identical_weights():
 @pytest.mark.parametrize("trainers", [1, 2])
 def test_gmi_hand_over_mid_run_keeps_every_step_and_the_learner(trainers):
     """Replacing the GMIs mid-run: the new ones resume the learner, nothing is dropped."""
-    cfg = small(trainers=trainers, steps=30_000)
+    cfg = small(trainers=trainers, steps=10**9)
     runner = Runner(cfg, cfg.validate())
 
     def hand_over_once(state):
-        if (
-            state.trained_steps >= 10_000
-            and runner.generation == 0
-            and not runner.generations.requested
-        ):
+        if state.trained_steps >= 10_000 and runner.generation == 0:
             runner.request_replace()
+        new = [runner.telemetry.source(f"trainer-{r}.g1") for r in range(trainers)]
+        if all(n.get("trained_steps", 0) >= cfg.batch_size for n in new):
+            runner.stop_requested = True  # the new generation trained: drain and end
 
     runner.on_progress = hand_over_once
     result = runner.run()
     assert_nothing_lost(result)
     by_gen = {g: [x for x in result["gmis"] if x["generation"] == g] for g in (0, 1)}
+    # make before break: generation 0 trained on while generation 1 started
+    (handover,) = result["gmi_handovers"]
+    assert handover["generation"] == 1 and not handover["waited_out"]
+    assert handover["standby_s"] > 0
     assert len(by_gen[0]) == len(by_gen[1]) == trainers
     assert all(x["retired"] for x in by_gen[0]) and all(x["resumed"] for x in by_gen[1])
     assert all(x["trained_steps"] > 0 for x in by_gen[0] + by_gen[1])
@@ -185,3 +188,54 @@ def test_gmi_hand_over_mid_run_keeps_every_step_and_the_learner(trainers):
     phases = result["phases"]
     assert [p["generation"] for p in phases] == [0, 1]
     assert sum(p["trained_steps"] for p in phases) == result["env_steps"]
+
+
+def test_the_old_generation_retires_only_once_the_new_gmis_have_reported(tmp_path, monkeypatch):
+    """Make before break: ``replace`` starts the next generation, and the migrator is told to
+    retire the old one only when every new GMI has reported (or ``STANDBY_MAX_S`` passed)."""
+    import zmq
+
+    from runtime import topology, wire
+    from runtime.envs import probe_env
+    from runtime.gmi import fleet as fleet_mod
+
+    started: list[str] = []
+    cfg = small(trainers=2)
+    fleet = fleet_mod.GMIFleet(cfg, probe_env("CartPole-v1"), lambda name, *_: started.append(name))
+    ctx = zmq.Context()
+    pub, sub = ctx.socket(zmq.PUB), ctx.socket(zmq.SUB)
+    pub.bind("inproc://commands")
+    sub.connect("inproc://commands")
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    ep = topology.Endpoints.inproc("fleet-test")
+
+    def retires() -> list[dict]:
+        out = []
+        while sub.poll(50):
+            msg = wire.decode(sub.recv_multipart())
+            out.append(msg.meta)
+        return [m for m in out if m.get("cmd") == "retire"]
+
+    fleet.start(ep, str(tmp_path))
+    fleet.replace(ep, str(tmp_path), pub, None)
+    assert started == ["trainer-0.g0", "trainer-1.g0", "trainer-0.g1", "trainer-1.g1"]
+    reported = {"trainer-0.g1"}
+    fleet.send_retire(pub, None, reported.__contains__, force=True)
+    assert retires() == [] and fleet.handovers == []  # one new GMI has not reported yet
+    reported.add("trainer-1.g1")
+    fleet.send_retire(pub, None, reported.__contains__)
+    assert retires() == [{"cmd": "retire", "generation": 0, "next_trainers": 2}]
+    (handover,) = fleet.handovers
+    assert handover["generation"] == 1 and not handover["waited_out"]
+    # a generation that never reports is waited for STANDBY_MAX_S, not for ever
+    fleet.replace(ep, str(tmp_path), pub, None)
+    monkeypatch.setattr(fleet_mod, "STANDBY_MAX_S", 0.0)
+    fleet.send_retire(pub, {"retired_generations": [0]}, reported.__contains__)
+    assert retires() == [{"cmd": "retire", "generation": 1, "next_trainers": 2}]
+    assert fleet.handovers[-1]["waited_out"]
+    # the drain retires what is on standby at once
+    monkeypatch.setattr(fleet_mod, "STANDBY_MAX_S", 120.0)
+    fleet.replace(ep, str(tmp_path), pub, None)
+    fleet.send_retire(pub, {"retired_generations": [0, 1]}, None)
+    assert retires() == [{"cmd": "retire", "generation": 2, "next_trainers": 2}]
+    ctx.destroy(linger=0)
