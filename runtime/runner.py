@@ -6,9 +6,9 @@
 Trainer GMIs are placed by ``runtime.gmi.placement`` (``trainers`` per GPU, MPS percentages);
 where MPS is wanted the runner reuses or starts an MPS daemon (``runtime.hw.mps``) and stops
 it at the end if it started it. A percentage change replaces every GMI by a new generation
-with other percentages (an MPS client's percentage is fixed for its life): the new GMIs take
-chunks at once, the old ones get RETIRE from the migrator, train what they hold and hand the
-learner state over. Each period between changes is a phase with its own energy window. Every
+with other percentages (an MPS client's percentage is fixed for its life): the old ones train
+on until the new ones report, then retire and hand the learner state over (``runtime.gmi.fleet``).
+Each period between changes is a phase with its own energy window. Every
 GMI change, planned (``mps_changes``), asked for (``request_replace``) or from ``reconfigure``,
 goes through ``runtime.generations.Generations.replace``.
 
@@ -85,8 +85,7 @@ class Runner:
         on_progress: Called with a ``RunState`` every tick (the CLI's live display).
         meter: Energy meter (``runtime.energy.EnergyMeter``); when None, a default one whose
             CPU model (where RAPL is unreadable) charges ``cfg.cpu_idle_w`` of idle power.
-        mps_changes: ``(seconds into the run, percentages or None)`` at which to replace the
-            GMIs (``runtime.generations``; None keeps the percentages), in any order.
+        mps_changes: Planned GMI replacements (``runtime.generations.MPSChange``), any order.
         mps_live: Start MPS (where GMIs are on a GPU) even if nothing needs it yet, so that
             ``reconfigure`` can set percentages later (a tuner does).
 
@@ -354,9 +353,8 @@ class Runner:
                 self.failure = why
                 logger.error("stopping the run: %s", why)
                 break
-            self.fleet.send_retire(
-                command_sock, self.telemetry.source("migrator"), self.telemetry.seen.__contains__
-            )
+            tel = self.telemetry  # a GMI generation retires once the next one reports
+            self.fleet.send_retire(command_sock, tel.source("migrator"), tel.seen.__contains__)
             if self._pending_cfg is not None:
                 self._apply(ep, command_sock, self._pending_cfg)
                 self._pending_cfg = None
