@@ -48,6 +48,10 @@ class Counters:
     return_mean: float | None = None
     """Mean return of the job's recent episodes (None before the first, or when the job does
     not say), so the tuner can record what each change did to learning."""
+    remaining_s: float | None = None
+    """Seconds the job has left: its wall limit, or its step target at the rate so far,
+    whichever comes first (None when neither bounds it, or the job does not say); near the
+    end, a trial cannot pay back (``autotune.tuning.tuner_rules.endgame``)."""
 
     def to_wire(self) -> dict[str, Any]:
         return asdict(self)
@@ -64,6 +68,7 @@ class Counters:
                 float(doc["cpu_j"]),
                 str(doc["cpu_source"]),
                 None if doc.get("return_mean") is None else float(doc["return_mean"]),
+                None if doc.get("remaining_s") is None else float(doc["remaining_s"]),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"malformed counters {doc!r}: {exc}") from None

@@ -8,7 +8,9 @@
 
 and, once ``trials`` trials are done, holds the best config and re-measures it every
 ``recheck_s``; if the best has drifted down by more than ``drift_tol`` from its median, it
-explores again for ``repeat_every`` more trials.
+explores again for ``repeat_every`` more trials. Near the job's end (its wall limit or step
+target, ``Counters.remaining_s``), when another trial could not pay back, it holds the best
+config too (``tuner_rules.endgame``).
 
 * Objective: ``steps_per_joule`` (default), ``steps_per_s``, or ``weighted`` (a weighted mean
   of both, each relative to the first trial's value).
@@ -55,7 +57,7 @@ from autotune.tuning.storage import (
     fail_orphans,
     skip_if_failed,
 )
-from autotune.tuning.tuner_rules import change_warmup, confirmed, in_space
+from autotune.tuning.tuner_rules import change_warmup, confirmed, endgame, in_space, suggest
 from autotune.tuning.windows import SAMPLE_S, WindowRule, half_width, window_done
 from runtime.config import ConfigError
 
@@ -227,18 +229,10 @@ class OnlineTuner:
     def _warmup(self, values: dict[str, Any]) -> float:
         return change_warmup(self.knobs, self.applied or {}, values, self.settings.warmup_s)
 
-    def _suggest(self, trial: optuna.trial.Trial) -> dict[str, Any]:
-        values: dict[str, Any] = {}
-        for knob in self.knobs:
-            if knob.name == "mps_pct" and values.get("trainer_device", "cuda") == "cpu":
-                continue  # no MPS for CPU trainers: the knob does not exist in that branch
-            values[knob.name] = trial.suggest_categorical(knob.name, list(knob.choices))
-        return values
-
     def _next(self, now: float) -> None:
         if not self.knobs:
             return
-        if self.trials_done >= self.explore_until:
+        if self.trials_done >= self.explore_until or self._endgame():
             self._hold(now)
             return
         best = self.history.best()
@@ -247,7 +241,7 @@ class OnlineTuner:
         if repeat and best and not self.grid and self._in_space(json.loads(best[0])):
             self.study.enqueue_trial(json.loads(best[0]))  # re-measure the incumbent
         trial = ask(self.study)
-        values = self._suggest(trial)
+        values = suggest(self.knobs, trial)
         if skip_if_failed(self.study, trial, values, self.history.failed):
             self.trials_done += 1
             return
@@ -264,6 +258,16 @@ class OnlineTuner:
             self.trials_done += 1
             return
         self._start(trial, values, now)
+
+    def _endgame(self) -> bool:
+        """Whether a best exists and too little of the job is left for another trial."""
+        if self.grid or self.history.best() is None:
+            return False
+        try:  # a remote job that has not reported yet cannot say
+            left = self.job.counters().remaining_s
+        except ConfigError:
+            return False
+        return endgame(left, [w["window_s"] for w in self.log], self.settings.warmup_s)
 
     def _confirmed(self, key: str) -> bool:
         return confirmed(self.history.by_config.get(key, []))

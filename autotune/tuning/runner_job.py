@@ -70,7 +70,19 @@ def read_counters(runner: TunableRunner) -> Counters:
         energy.cpu_energy_j,
         energy.cpu_source,
         tel.return_mean,
+        remaining_s(runner.cfg, energy.elapsed_s, steps),
     )
+
+
+def remaining_s(cfg: TrainConfig, elapsed_s: float, trained: int) -> float | None:
+    """Seconds a run has left: to its wall limit, or to its step target at the rate so far,
+    whichever is nearer; None when neither is near enough to say (no limit, nothing trained)."""
+    left = []
+    if cfg.max_wall_s is not None:
+        left.append(max(cfg.max_wall_s - elapsed_s, 0.0))
+    if trained > 0 and elapsed_s > 0:
+        left.append(max(cfg.steps - trained, 0) * elapsed_s / trained)
+    return min(left) if left else None
 
 
 class RunnerJob:

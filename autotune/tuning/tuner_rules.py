@@ -9,6 +9,9 @@ from autotune.tuning.knobs import Knob
 
 AGREE = 0.1
 """Two measurements of a config agree when they differ by at most this share."""
+PAYBACK = 2.0
+"""A trial is started only while the job has at least this many trials' worth of time left:
+the trial itself, then as long again to run what it found."""
 
 
 def change_warmup(
@@ -39,3 +42,25 @@ def in_space(knobs: list[Knob], values: dict[str, Any]) -> bool:
     """Whether every value is one of its knob's choices (a job started outside the space the
     user narrowed, or a best from an older, wider space, cannot be enqueued)."""
     return all(k.name not in values or values[k.name] in k.choices for k in knobs)
+
+
+def endgame(remaining_s: float | None, window_s: list[float], warmup_s: float) -> bool:
+    """Whether too little of the job is left for another trial to pay back: less than
+    ``PAYBACK`` times what a trial takes (a warm-up and the median window measured so far).
+    The tuner then holds its best config to the end. False when the job's end is unknown or
+    no window has been measured yet."""
+    if remaining_s is None or not window_s:
+        return False
+    trial_s = warmup_s + sorted(window_s)[len(window_s) // 2]
+    return remaining_s < PAYBACK * trial_s
+
+
+def suggest(knobs: list[Knob], trial: Any) -> dict[str, Any]:
+    """A trial's values of ``knobs`` (an ``optuna.trial.Trial``); a CPU trainer has no MPS
+    share, so that knob does not exist in its branch."""
+    values: dict[str, Any] = {}
+    for knob in knobs:
+        if knob.name == "mps_pct" and values.get("trainer_device", "cuda") == "cpu":
+            continue
+        values[knob.name] = trial.suggest_categorical(knob.name, list(knob.choices))
+    return values

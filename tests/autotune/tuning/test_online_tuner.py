@@ -39,6 +39,7 @@ class World:
         self.last = self.steps = self.joules = self.lag = 0.0
         self.applied: list[dict] = []
         self.stall, self.stuck = stall, stuck  # actors values that train nothing / never settle
+        self.ends_at: float | None = None  # the job's end (its wall limit), if it has one
 
     def apply(self, values):
         if values == self.refuse:
@@ -61,7 +62,8 @@ class World:
             self.steps += 1000 * spj * dt
             self.joules += 1000 * dt
             self.lag += a / 2 * 1000 * spj * dt
-        return Counters(self.t, int(self.steps), self.lag, 0.0, self.joules)
+        left = None if self.ends_at is None else max(self.ends_at - self.t, 0.0)
+        return Counters(self.t, int(self.steps), self.lag, 0.0, self.joules, remaining_s=left)
 
 
 def _tuner(tmp_path, world, seed=0, **settings):
@@ -113,6 +115,29 @@ def test_after_the_budget_it_holds_the_best_and_rechecks_it(tmp_path):
         tuner.tick()
     held = [w for w in tuner.log if w["state"] == "hold"]
     assert len(held) >= 3 and all(w["values"] == tuner.best()["values"] for w in held)
+
+
+def test_near_the_jobs_end_it_holds_the_best_instead_of_another_trial(tmp_path):
+    """A trial takes a warm-up and a window (2 s here); with less than twice that left, no new
+    config is tried: the best so far runs to the end."""
+    world = World(0)
+    tuner = _tuner(tmp_path, world, recheck_s=1000.0)
+    _run(tuner, world, 4)
+    world.ends_at = world.t + 3.9  # under 2 x (1 s warm-up + the 1-s windows measured)
+    applied, done = len(world.applied), tuner.trials_done
+    for _ in range(40):
+        world.t += 0.5
+        tuner.tick()
+    best = tuner.best()["values"]
+    assert tuner.trials_done == done + 1 and tuner.holding  # the trial in flight, no other
+    assert world.applied[applied:] == [best] and world.values == best
+    # with time enough left it explores as before
+    world = World(0)
+    (tmp_path / "more").mkdir()
+    tuner = _tuner(tmp_path / "more", world)
+    world.ends_at = 1e9
+    _run(tuner, world, 8)
+    assert not tuner.holding
 
 
 def test_a_refused_config_is_failed_and_never_applied_again(tmp_path):
@@ -356,3 +381,15 @@ def test_train_tune_drives_a_real_run_and_keeps_every_step(tmp_path):
     assert {k for k, v in tuning["knobs"].items() if v["tuned"]} == {"batch_size", "envs_per_actor"}
     study = optuna.load_study(study_name="online-CartPole-v1", storage=f"sqlite:///{db}")
     assert len([t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]) >= 2
+
+
+def test_a_runs_time_left_is_its_nearer_end():
+    from autotune.tuning.runner_job import remaining_s
+    from runtime.config import TrainConfig
+
+    walled = TrainConfig(steps=1_000_000, max_wall_s=300.0)
+    assert remaining_s(walled, 100.0, 0) == 200.0  # nothing trained: the wall alone
+    assert remaining_s(walled, 100.0, 900_000) == pytest.approx(100.0 / 9)  # the steps first
+    assert remaining_s(walled, 400.0, 10) == 0.0
+    assert remaining_s(TrainConfig(steps=1_000_000), 10.0, 0) is None  # nothing says yet
+    assert remaining_s(TrainConfig(steps=1_000_000), 10.0, 500_000) == 10.0
