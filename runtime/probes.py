@@ -36,6 +36,10 @@ LEARNER_BATCHES = (1024, 4096, 16384)
 LEARNER_STOP_S = 0.08
 """The learner's batch stops growing once one update takes longer than this, two sizes measured
 (the line through them extrapolates)."""
+DOMINATED = 4.0
+"""A device whose update at the smallest batch is over ``LEARNER_STOP_S`` and this many times
+slower than a device already probed is measured at that one size only (its line goes through
+the origin): it cannot keep up, and a big policy's CPU update takes seconds per size."""
 
 
 @dataclass(frozen=True)
@@ -209,11 +213,18 @@ def make_learner(info: EnvInfo, policy: str, device: str, learner: dict[str, Any
 
 
 def probe_learner(
-    info: EnvInfo, policy: str, device: str, rollout_len: int, learner: dict[str, Any]
+    info: EnvInfo,
+    policy: str,
+    device: str,
+    rollout_len: int,
+    learner: dict[str, Any],
+    rival: LearnerCost | None = None,
 ) -> LearnerCost:
     """Seconds per update of the run's learner on ``device`` with synthetic batches, at two
     sizes at least (a GPU learner's update can cost the same at every size: a fixed cost the
-    line must see); stops growing the batch once one update takes over ``LEARNER_STOP_S``."""
+    line must see); stops growing the batch once one update takes over ``LEARNER_STOP_S``,
+    and after the first size where ``device`` is ``DOMINATED`` by ``rival`` (another device
+    probed before)."""
     _, update = make_learner(info, policy, device, learner)
     seconds: dict[int, float] = {}
     for size in LEARNER_BATCHES:
@@ -222,7 +233,17 @@ def probe_learner(
         seconds[size] = _timed(lambda b=batch: update(b), budget_s=PROBE_S / 2, least=2)
         if len(seconds) >= 2 and seconds[size] > LEARNER_STOP_S:
             break
+        if _dominated(seconds[size], size, rival):
+            break
     return LearnerCost(device, seconds)
+
+
+def _dominated(update_s: float, size: int, rival: LearnerCost | None) -> bool:
+    """Whether an update of ``size`` samples taking ``update_s`` is ``DOMINATED`` by
+    ``rival``'s update at the same size."""
+    if rival is None or size not in rival.seconds or update_s <= LEARNER_STOP_S:
+        return False
+    return update_s > DOMINATED * rival.seconds[size]
 
 
 def _gpu_watts(meter, work, seconds: float = GPU_POWER_S) -> float:
@@ -285,11 +306,12 @@ def measure(
         n = torch.cuda.device_count()
         sms = [torch.cuda.get_device_properties(i).multi_processor_count for i in range(n)]
     took("forward")
-    costs = {}
-    for device in devices:
+    costs: dict[str, LearnerCost] = {}
+    for device in sorted(devices, key=lambda d: d != "cuda"):  # cuda first: the fast one
         if device == "cuda" and not sms:
             continue
-        costs[device] = probe_learner(info, policy, device, rollout_len, learner)
+        rival = costs.get("cuda")
+        costs[device] = probe_learner(info, policy, device, rollout_len, learner, rival)
         took(f"learner_{device}")
     if meter is not None and "cuda" in costs:
         _, update = make_learner(info, policy, "cuda", learner)

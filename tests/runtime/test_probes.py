@@ -21,6 +21,25 @@ def test_probes_measure_the_env_the_forward_and_two_learner_sizes_at_least():
     assert c0 >= 0 and c1 > 0
     assert Probes.from_dict(p.to_dict()) == p
     assert p.measured_at > 0 and not p.cached
+    assert {"env", "env_loaded", "torch", "forward", "learner_cpu"} <= set(p.stage_s)
+
+
+def test_a_device_far_slower_than_one_probed_before_is_timed_at_one_size(monkeypatch):
+    """A big policy's CPU update takes seconds per size: once another device is many times
+    faster at the smallest batch, the slow one is not timed at larger ones."""
+    from runtime import probes
+    from runtime.envs import probe_env
+
+    info = probe_env("CartPole-v1")
+    monkeypatch.setattr(probes, "LEARNER_STOP_S", 0.0)  # every update counts as slow
+    alone = probes.probe_learner(info, "auto:16:auto", "cpu", 32, {})
+    assert len(alone.seconds) >= 2
+    fast = probes.LearnerCost("cuda", {1024: 1e-9})
+    beaten = probes.probe_learner(info, "auto:16:auto", "cpu", 32, {}, rival=fast)
+    assert list(beaten.seconds) == [1024]
+    assert beaten.fit()[1] == pytest.approx(beaten.seconds[1024] / 1024)  # through the origin
+    close = probes.LearnerCost("cuda", dict(alone.seconds))  # as fast: no cut
+    assert len(probes.probe_learner(info, "auto:16:auto", "cpu", 32, {}, rival=close).seconds) >= 2
 
 
 def test_a_workload_that_cannot_be_probed_says_why():
