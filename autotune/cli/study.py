@@ -60,7 +60,9 @@ def add_study_command(sub: Any) -> None:
         type=float,
         default=30.0,
         dest="trial_s",
-        help="wall seconds per trial run (default 30)",
+        help="the longest a trial run lasts, in wall seconds (default 30); a train trial "
+        "ends sooner once its window's steps/J is known to +/-3 %% (at least 10 s after "
+        "--warmup-s)",
     )
     study.add_argument(
         "--warmup-s",

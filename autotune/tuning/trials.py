@@ -6,11 +6,14 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from autotune.tuning.counters import Counters
 from autotune.tuning.knobs import Knob
 from autotune.tuning.runner_job import config_changes, knob_values
+from autotune.tuning.windows import WindowRule, window_done
 from runtime.config import ConfigError, TrainConfig
 from runtime.energy import EnergyMeter
 from runtime.results import timeline_rate
@@ -54,12 +57,32 @@ class TrialResult:
     error: str | None = None
 
 
+TRIAL_WINDOW = WindowRule(floor_s=10.0, ceiling_s=math.inf, target=0.03)
+"""When a train trial's measured window (from ``warmup_s`` after its first trained step) knows
+enough: at least 10 s, and its steps/J estimate's 95 % interval within 3 %
+(``autotune.tuning.windows``). The run then drains and ends; its wall limit (``--trial-s``)
+is the longest it runs, on a machine too loaded to get there sooner."""
+
+
+def measured_window(rows: list[list[float]], warmup_s: float) -> list[Counters]:
+    """A run's timeline rows (``runtime.results.Timeline``) from ``warmup_s`` after its first
+    trained step, as counter readings."""
+    first = next((r[0] for r in rows if r[1] > 0), None)
+    if first is None:
+        return []
+    return [Counters(t, int(n), 0.0, g, c) for t, n, g, c in rows if t >= first + warmup_s]
+
+
 def run_config(
-    cfg: TrainConfig, warmup_s: float, meter: EnergyMeter | None = None
+    cfg: TrainConfig,
+    warmup_s: float,
+    meter: EnergyMeter | None = None,
+    rule: WindowRule | None = TRIAL_WINDOW,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """One quiet training run of ``cfg``; returns its result and its rates from ``warmup_s``
     after its first trained step to its end (process start-up is left out, however long).
-    ``meter`` is the ``EnergyMeter`` to charge (default: the machine's).
+    The run ends once that window satisfies ``rule`` (None: at its wall limit), or at
+    ``cfg.max_wall_s``. ``meter`` is the ``EnergyMeter`` to charge (default: the machine's).
 
     Raises:
         ConfigError: the config cannot run here.
@@ -68,6 +91,13 @@ def run_config(
     info = cfg.validate()
     runner = Runner(cfg, info)
     runner.meter = meter
+
+    def stop_once_measured(_state: Any) -> None:
+        samples = measured_window(runner.timeline.rows, warmup_s)
+        if rule is not None and window_done(rule, samples, cfg.batch_size):
+            runner.stop_requested = True  # drains; the window's figures are complete
+
+    runner.on_progress = stop_once_measured
     result = runner.run()
     rows = result["timeline"]["rows"]
     first = next((r[0] for r in rows if r[1] > 0), None)
@@ -104,7 +134,8 @@ class TrainTrials:
 
     Args:
         space: The knobs; every one with several choices that applies here is tuned.
-        base: The config each trial starts from (its ``max_wall_s`` is the trial length).
+        base: The config each trial starts from (its ``max_wall_s`` is the longest a trial
+            runs; it ends sooner once measured, ``TRIAL_WINDOW``).
         warmup_s: Seconds after the first trained step left out of each run's figures.
         run: How a config is run (injectable for tests).
         meter: A factory of the ``EnergyMeter`` each run charges (None: the machine's).
@@ -159,6 +190,8 @@ class TrainTrials:
             "lost_steps": result["lost_steps"],
             "cpu_source": result["energy"]["cpu_source"],
         }
+        if "to_s" in rate:  # a measured run's window (test doubles may not say)
+            attrs["window_s"] = rate["to_s"] - rate["from_s"]
         return Measured(rate["steps_per_s"], rate["steps_per_joule"] or 0.0, attrs)
 
 

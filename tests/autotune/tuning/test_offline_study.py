@@ -111,7 +111,7 @@ def test_study_cli_runs_a_real_trial_and_refuses_bad_input(tmp_path, capsys):
             "--trials",
             "1",
             "--trial-s",
-            "14",
+            "240",  # the longest it may run: it ends once its window is measured
             "--warmup-s",
             "1",
             "--json",
@@ -119,7 +119,7 @@ def test_study_cli_runs_a_real_trial_and_refuses_bad_input(tmp_path, capsys):
         ],
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=290,
         env=env,
     )
     assert out.returncode == 0, out.stderr
@@ -127,6 +127,7 @@ def test_study_cli_runs_a_real_trial_and_refuses_bad_input(tmp_path, capsys):
     row = doc["trials"][0]
     assert row["error"] is None and row["steps_per_s"] > 0 and row["steps_per_joule"] > 0
     assert row["attrs"]["lost_steps"] == 0 and doc["best"]["cpu_source"] == "model"
+    assert 10 <= row["attrs"]["window_s"] < 230  # ended once measured, not at --trial-s
     assert row["role"] == "default" and doc["best"]["role"] == "default"
     # export round-trips into train --config, which runs it as is (flags given override it)
     export = [
