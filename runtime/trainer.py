@@ -10,9 +10,10 @@ End of a GMI:
   * EOS from the migrator (end of the run): train what is left, report, exit.
   * RETIRE (a hand-over; the runner started the next generation of GMIs): the same, then
     rank 0 writes the learner state (weights, optimiser, policy version) to the file the next
-    generation waits for. The next generation takes chunks from the migrator meanwhile, but
-    trains only once it has loaded that state, so nothing trained is lost and no experience
-    is dropped.
+    generation waits for. The next generation grants the migrator credits only once it has
+    loaded that state: until then the old generation trains on every chunk (make before
+    break, ``runtime.gmi.fleet``), and none waits, growing stale, in a GMI that cannot train
+    it yet. Nothing trained is lost and no experience is dropped.
 """
 
 from __future__ import annotations
@@ -257,7 +258,8 @@ class Trainer:
         last_resume_try = 0.0
         while True:
             self._take_live_settings()
-            self._grant_credits()
+            if self.resumed:
+                self._grant_credits()
             self._receive(0 if self.batcher.ready() else 20)
             now = time.monotonic()
             if not self.resumed:

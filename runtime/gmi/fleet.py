@@ -2,8 +2,8 @@
 
 A generation is one set of GMI processes. ``GMIFleet.replace`` starts the next generation
 (an MPS client's percentage is fixed for its life, so a percentage change needs new
-processes): the new GMIs take chunks at once and train once they have loaded the learner
-state that the old ones write when they retire (``runtime.trainer``).
+processes): the new GMIs ask for chunks, and train, once they have loaded the learner state
+that the old ones write when they retire (``runtime.trainer``).
 
 Make before break: the old generation keeps training while the new one starts (a Python
 process importing torch, and on a GPU a CUDA context as an MPS client: seconds). Only once

@@ -16,8 +16,11 @@ counted. The migrator outlives every trainer, so the counts survive GMI hand-ove
 Generations: trainer identities are ``trainer-<rank>.g<generation>``. The runner's COMMAND
 ``retire`` for a generation stops new chunks going to its trainers; once the chunks already
 routed to one are complete, it gets RETIRE (after which nothing more comes) and hands its
-learner state to the next generation, which has been taking chunks meanwhile. The final EOS
+learner state to the next generation, which asks for chunks once it has loaded it. The final EOS
 goes to every trainer not retired.
+
+A trainer that disconnects (its process died) is marked gone: what was routed to it is lost,
+and the supervisor replaces it together with the pipeline. The migrator does not die of it.
 """
 
 from __future__ import annotations
@@ -63,6 +66,9 @@ class _Trainer:
     open_routes: int = 0
     retiring: bool = False
     retired: bool = False
+    gone: bool = False
+    """Its process has disconnected (``EHOSTUNREACH``): it died, and the supervisor replaces it
+    with the pipeline; nothing more is sent to it."""
 
 
 class Migrator:
@@ -102,7 +108,7 @@ class Migrator:
         self.pending: collections.deque[tuple[wire.Message, list[zmq.Frame]]] = collections.deque()
         self.upstream_done = False
         self.malformed = wire.MalformedCounter("migrator")
-        self.counters = {"messages": 0, "bytes": 0, "chunks": 0, "retired": 0}
+        self.counters = {"messages": 0, "bytes": 0, "chunks": 0, "retired": 0, "undelivered": 0}
         self.received: dict[str, int] = {}
         """Steps handed to a trainer, by actor incarnation ``"actor:inc"`` (the receipts)."""
         self._receipts_changed = False
@@ -156,9 +162,27 @@ class Migrator:
 
     def _retire_if_done(self, trainer: _Trainer) -> None:
         if trainer.retiring and not trainer.retired and trainer.open_routes == 0:
-            wire.send(self.router, [trainer.identity, *wire.encode(wire.MsgType.RETIRE, {})])
+            self._send_to(trainer, wire.encode(wire.MsgType.RETIRE, {}))
             trainer.retired = True
             self.counters["retired"] += 1
+
+    def _send_to(self, trainer: _Trainer, frames: list) -> bool:
+        """Sends one message to ``trainer``; False (and the trainer marked gone) when its
+        process has disconnected, which only a death does (a retired trainer gets nothing
+        after RETIRE). The supervisor then replaces it and this migrator; until then the
+        migrator routes on rather than dying first and hiding which process failed."""
+        if trainer.gone:
+            return False
+        try:
+            wire.send(self.router, [trainer.identity, *frames])
+        except zmq.ZMQError as exc:
+            if exc.errno != zmq.EHOSTUNREACH:
+                raise
+            logger.warning("%s has disconnected; no more chunks go to it", trainer.identity)
+            trainer.gone = trainer.retiring = trainer.retired = True
+            trainer.credits = 0
+            return False
+        return True
 
     def on_chunk(self, msg: wire.Message, frames: list[zmq.Frame]) -> None:
         """A message from the compressor: a chunk channel to route, or its end of stream."""
@@ -196,9 +220,11 @@ class Migrator:
                     self.received[key] = self.received.get(key, 0) + steps
                 self._receipts_changed = True
             trainer, remaining = route
-            wire.send(self.router, [trainer.identity, *frames])
-            self.counters["messages"] += 1
-            self.counters["bytes"] += msg.nbytes
+            if self._send_to(trainer, frames):
+                self.counters["messages"] += 1
+                self.counters["bytes"] += msg.nbytes
+            else:
+                self.counters["undelivered"] += 1  # the supervisor counts its steps as lost
             if remaining > 1:
                 self.routes[chunk] = (trainer, remaining - 1)
             else:
@@ -278,7 +304,7 @@ class Migrator:
                 last_stats = now
         self._count_leftovers()
         for trainer in self._active():
-            wire.send(self.router, [trainer.identity, *wire.encode(wire.MsgType.EOS, {})])
+            self._send_to(trainer, wire.encode(wire.MsgType.EOS, {}))
         self.publish_receipts(time.monotonic() + RECEIPT_REFRESH_S)
         if self.stats is not None:
             self.stats.send(self.snapshot(final=True))

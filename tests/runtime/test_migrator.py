@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import zmq
 import pytest
 
 from runtime import wire
@@ -155,3 +156,33 @@ def test_with_the_runs_key_only_signed_chunks_end_of_stream_and_credits_count():
     assert [ident for ident, _ in router.sent] == [b"trainer-0"]
     m.on_chunk(signed(wire.MsgType.EOS, {"stage": "compressor"}), [])
     assert m.upstream_done
+
+
+class DeadPeerRouter(FakeRouter):
+    """A ROUTER_MANDATORY socket whose peer ``dead`` has disconnected."""
+
+    def __init__(self, dead: bytes) -> None:
+        super().__init__()
+        self.dead = dead
+
+    def send(self, frame, flags=0, copy=True):
+        if not getattr(self, "_parts", []) and bytes(frame) == self.dead:
+            raise zmq.ZMQError(zmq.EHOSTUNREACH)
+        super().send(frame, flags, copy)
+
+
+def test_a_trainer_that_disconnected_gets_nothing_more_and_the_migrator_routes_on():
+    router = DeadPeerRouter(dead=b"trainer-0.g0")
+    m = Migrator(pull=None, router=router, stats=None, n_trainers=2)
+    m.on_trainer(b"trainer-0.g0", credit(4, queued=0))
+    m.on_trainer(b"trainer-1.g0", credit(4, queued=50))
+    m.on_chunk(*chunk(0, 0))
+    m.on_chunk(*chunk(0, 1))
+    m.dispatch()  # trainer-0 (least queued) is picked, and found gone
+    assert router.sent == [] and m.counters["undelivered"] == 2
+    assert m.trainers[b"trainer-0.g0"].gone and m.trainers[b"trainer-0.g0"].credits == 0
+    m.on_chunk(*chunk(1, 0))
+    m.on_chunk(*chunk(1, 1))
+    m.dispatch()
+    assert [(i, msg.meta["chunk"]) for i, msg in router.sent] == [(b"trainer-1.g0", 1)] * 2
+    assert not m.pending and not m.routes

@@ -168,7 +168,7 @@ def fake_run(trained_steps: int) -> types.SimpleNamespace:
     return types.SimpleNamespace(
         cfg=TrainConfig(),
         telemetry=telemetry,
-        fleet=types.SimpleNamespace(sharing="cpu", mps_note=None),
+        fleet=types.SimpleNamespace(sharing="cpu", mps_note=None, handovers=[]),
         resume=None,
         timeline=Timeline(),
         changes=[],
