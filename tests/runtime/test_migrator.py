@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import numpy as np
-import zmq
 import pytest
+import zmq
 
 from runtime import wire
 from runtime.stages.migrator import Migrator
