@@ -8,9 +8,8 @@
 
 and, once ``trials`` trials are done, holds the best config and re-measures it every
 ``recheck_s``; if the best has drifted down by more than ``drift_tol`` from its median, it
-explores again for ``repeat_every`` more trials. Near the job's end (its wall limit or step
-target, ``Counters.remaining_s``), when another trial could not pay back, it holds the best
-config too (``tuner_rules.endgame``).
+explores again for ``repeat_every`` more trials. Near the job's end (``Counters.remaining_s``),
+when another trial could not pay back, it holds the best config too (``tuner_rules.endgame``).
 
 * Objective: ``steps_per_joule`` (default), ``steps_per_s``, or ``weighted`` (a weighted mean
   of both, each relative to the first trial's value).
@@ -78,6 +77,7 @@ class _Current:
     samples: list[Counters] = field(default_factory=list)
     """Counter readings of the window being measured, about one a second."""
     return_before: float | None = None
+    started: float = 0.0  # when the change was applied (a trial's length runs from here)
 
 
 class OnlineTuner:
@@ -237,7 +237,7 @@ class OnlineTuner:
             return
         best = self.history.best()
         repeat = self.trials_done and self.trials_done % self.settings.repeat_every == 0
-        repeat = repeat or (best is not None and not self._confirmed(best[0]))
+        repeat = repeat or (best is not None and not confirmed(self.history.by_config[best[0]]))
         if repeat and best and not self.grid and self._in_space(json.loads(best[0])):
             self.study.enqueue_trial(json.loads(best[0]))  # re-measure the incumbent
         trial = ask(self.study)
@@ -267,10 +267,7 @@ class OnlineTuner:
             left = self.job.counters().remaining_s
         except ConfigError:
             return False
-        return endgame(left, [w["window_s"] for w in self.log], self.settings.warmup_s)
-
-    def _confirmed(self, key: str) -> bool:
-        return confirmed(self.history.by_config.get(key, []))
+        return endgame(left, [w["trial_s"] for w in self.log if w["state"] == "trial"])
 
     def _start(self, trial: optuna.trial.Trial | None, values: dict[str, Any], now: float) -> None:
         warmup = self._warmup(values)
@@ -281,7 +278,9 @@ class OnlineTuner:
             self._failed(trial, values, exc)
             return
         self.applied = dict(values)
-        self.current = _Current(trial, values, "warmup", now, warmup_s=warmup, return_before=before)
+        self.current = _Current(
+            trial, values, "warmup", now, warmup_s=warmup, return_before=before, started=now
+        )
 
     def _last_return(self) -> float | None:
         try:
@@ -376,6 +375,7 @@ class OnlineTuner:
                 "precision": half_width(samples, self._batch(cur.values), per_joule),
                 "return_before": cur.return_before,
                 "return_after": samples[-1].return_mean,
+                "trial_s": now - cur.started,
             }
         )
 

@@ -44,15 +44,15 @@ def in_space(knobs: list[Knob], values: dict[str, Any]) -> bool:
     return all(k.name not in values or values[k.name] in k.choices for k in knobs)
 
 
-def endgame(remaining_s: float | None, window_s: list[float], warmup_s: float) -> bool:
+def endgame(remaining_s: float | None, trial_s: list[float]) -> bool:
     """Whether too little of the job is left for another trial to pay back: less than
-    ``PAYBACK`` times what a trial takes (a warm-up and the median window measured so far).
-    The tuner then holds its best config to the end. False when the job's end is unknown or
-    no window has been measured yet."""
-    if remaining_s is None or not window_s:
+    ``PAYBACK`` times the median trial so far, from its change being applied to its window's
+    end (so a GMI hand-over's start-up and settling count, not only the nominal warm-up). The
+    tuner then holds its best config to the end. False when the job's end is unknown or no
+    trial has been measured yet."""
+    if remaining_s is None or not trial_s:
         return False
-    trial_s = warmup_s + sorted(window_s)[len(window_s) // 2]
-    return remaining_s < PAYBACK * trial_s
+    return remaining_s < PAYBACK * sorted(trial_s)[len(trial_s) // 2]
 
 
 def suggest(knobs: list[Knob], trial: Any) -> dict[str, Any]:

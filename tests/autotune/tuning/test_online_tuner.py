@@ -140,6 +140,16 @@ def test_near_the_jobs_end_it_holds_the_best_instead_of_another_trial(tmp_path):
     assert not tuner.holding
 
 
+def test_the_end_of_job_rule_counts_a_trials_whole_length():
+    """A trial's length runs from its change to its window's end: a GMI hand-over's start-up
+    counts: with trials of 34, 34, 40 and 64 s (the median 40) and 69 s left, no new trial."""
+    from autotune.tuning.tuner_rules import endgame
+
+    assert endgame(69.0, [34.0, 64.0, 34.0, 40.0])
+    assert not endgame(100.0, [34.0, 64.0, 34.0, 40.0])
+    assert not endgame(None, [34.0]) and not endgame(5.0, [])
+
+
 def test_a_refused_config_is_failed_and_never_applied_again(tmp_path):
     refused = {"actors": 6, "batch_size": 4096}
     world = World(0, refuse=refused)
