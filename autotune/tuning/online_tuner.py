@@ -15,9 +15,9 @@ when another trial could not pay back, it holds the best config too (``tuner_rul
   of both, each relative to the first trial's value).
 * Constraints: a throughput floor and a policy-lag ceiling; a trial that breaks one is told to
   Optuna with its constraint values (``Trial.set_constraint``) and never becomes the best.
-* Noise: every ``repeat_every`` trials the incumbent is measured again, and a new best is
-  measured again at once until two measurements agree within ``tuner_rules.AGREE`` (or three exist);
-  configs are compared by the median of their measurements.
+* Noise: every ``repeat_every`` trials the incumbent is measured again, and a new best (not
+  the start config: exploring first pays more) is measured again at once until two measurements
+  agree within ``tuner_rules.AGREE`` (or three exist); configs compare by their medians.
 * Failures: a config the job refuses (or that fails) is marked failed and never applied again.
 * Resume: a tuner opened on a study that already holds trials rebuilds its history from them
   (medians, failed configs, trial count); trials left RUNNING by a tuner that died are failed.
@@ -134,11 +134,8 @@ class OnlineTuner:
             self.explore_until = math.prod(len(k.choices) for k in self.knobs)
         fail_orphans(study)
         self._restore()
-        if self.knobs and not self.grid and self._in_space(self.base):
+        if self.knobs and not self.grid and in_space(self.knobs, self.base):
             study.enqueue_trial(self.base, skip_if_exists=True)  # the default config first
-
-    def _in_space(self, values: dict[str, Any]) -> bool:
-        return in_space(self.knobs, values)
 
     def _restore(self) -> None:
         """Rebuilds the history from the study's finished trials (a resumed study)."""
@@ -237,8 +234,10 @@ class OnlineTuner:
             return
         best = self.history.best()
         repeat = self.trials_done and self.trials_done % self.settings.repeat_every == 0
-        repeat = repeat or (best is not None and not confirmed(self.history.by_config[best[0]]))
-        if repeat and best and not self.grid and self._in_space(json.loads(best[0])):
+        # a new best is measured again at once; the start config waits for the periodic repeat
+        unsure = best is not None and not confirmed(self.history.by_config[best[0]])
+        repeat = repeat or (unsure and best[0] != config_key(self.base))
+        if repeat and best and not self.grid and in_space(self.knobs, json.loads(best[0])):
             self.study.enqueue_trial(json.loads(best[0]))  # re-measure the incumbent
         trial = ask(self.study)
         values = suggest(self.knobs, trial)
