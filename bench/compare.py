@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.workflows.progress_log import latest_steps, read_progress
-from bench.compare_arms import arm_command, arm_kind
+from bench.compare_arms import MIN_STEPS_WALL_FACTOR, PEERS, arm_command, arm_kind
 from bench.machine_meter import MachineMeter
 from bench.report import write_json
 
@@ -123,10 +123,6 @@ def curve(rows: list[dict[str, Any]], meter: MachineMeter, started: float) -> li
     return out
 
 
-MIN_STEPS_WALL_FACTOR = 20.0
-"""With ``--min-steps``, an arm's own wall limit is this many times its budget (a safety net)."""
-
-
 def _run_until(proc: subprocess.Popen, wall: float, done: Any, budget: float) -> None:
     """Once ``wall`` seconds have passed and ``done()`` holds, Ctrl-C drains ``proc`` (checked
     twice a second); ``budget`` bounds the wait."""
@@ -164,6 +160,8 @@ def run_arm(arm: str, a: argparse.Namespace, meter: MachineMeter, out_dir: Path)
         wall = float(cmd[at])
         cmd[at] = str(wall * MIN_STEPS_WALL_FACTOR)
         budget += wall * (MIN_STEPS_WALL_FACTOR - 1)
+    elif arm in PEERS and getattr(a, "min_steps", 0):  # the peer runs on past --seconds itself
+        budget += a.seconds * (MIN_STEPS_WALL_FACTOR - 1)
     proc = subprocess.Popen(
         cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env
     )

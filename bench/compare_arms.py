@@ -102,6 +102,8 @@ TUNE_KNOBS = [
     "rollout_len=32",
     "trainer_device=cuda",
 ]
+MIN_STEPS_WALL_FACTOR = 20.0
+"""With ``--min-steps``, an arm's own wall limit is this many times its budget (a safety net)."""
 TRAIN_STARTUP_S = 15.0
 """Added to ``autotune train``'s wall budget by default (``--startup-s``): its process start-up
 (Ant-v5 on an H100 80GB, 16-core host: about 12 s to the first trained step), which the peers'
@@ -128,6 +130,8 @@ def arm_command(arm: str, a: argparse.Namespace, progress: Path, out: Path) -> l
         "--rollout",
         str(a.peer_rollout),
     ]
+    if getattr(a, "min_steps", 0):  # a peer goes on past its --seconds until it trained these
+        peer += ["--min-steps", str(a.min_steps)]
     train = [
         py,
         "-m",

@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.workflows.progress_log import read_progress, value_at_steps
+from bench.compare_arms import MIN_STEPS_WALL_FACTOR
 from bench.peers.common import hidden_from_policy
 from bench.report import write_json
 
@@ -51,12 +53,14 @@ def run_command(
             "--json",
             str(out),
         ]
-        if a.max_wall_s:
-            cmd += ["--max-wall-s", str(a.max_wall_s)]
+        if a.max_wall_s:  # with --min-steps a safety net: run_all stops it with Ctrl-C
+            wall = a.max_wall_s * (MIN_STEPS_WALL_FACTOR if a.min_steps else 1)
+            cmd += ["--max-wall-s", str(wall)]
         cmd += ["--checkpoint", str(checkpoint_dir(out))]
         return cmd + (["--config", str(a.config)] if a.config else []) + shlex.split(a.ours_args)
     peer = "sb3_ppo" if arm == "sb3" else "cleanrl_ppo"
     extra = ["--seconds", str(a.max_wall_s)] if a.max_wall_s else []
+    extra += ["--min-steps", str(a.min_steps)] if a.max_wall_s and a.min_steps else []
     extra += ["--rollout", str(a.peer_rollout)]
     if arm == "sb3":
         extra += ["--checkpoint", str(checkpoint_dir(out))]
@@ -124,7 +128,7 @@ def run_all(a: argparse.Namespace, arms: list[str], seeds: list[int]) -> list[di
     if done:
         print(f"already at {a.steps} steps, skipped: {done}", flush=True)
     jobs = [j for j in jobs if j not in done]
-    slices, running, docs = core_slices(a.parallel), {}, []
+    slices, running, docs, stopped = core_slices(a.parallel), {}, [], set()
     while jobs or running:
         free = [i for i in range(len(slices)) if i not in running]
         while jobs and free:
@@ -147,10 +151,15 @@ def run_all(a: argparse.Namespace, arms: list[str], seeds: list[int]) -> list[di
                 stderr=subprocess.STDOUT,
                 preexec_fn=lambda c=cores: os.sched_setaffinity(0, c),
             )
-            running[slot] = (stem, proc, log, time.time(), arm, seed, cmd)
+            start = finished_steps(out_dir / f"{stem}.progress.jsonl")
+            running[slot] = (stem, proc, log, time.time(), arm, seed, cmd, start)
         time.sleep(1.0)
-        for slot, (stem, proc, log, t0, arm, seed, cmd) in list(running.items()):
+        for slot, (stem, proc, log, t0, arm, seed, cmd, start) in list(running.items()):
             if proc.poll() is None:
+                curve = out_dir / f"{stem}.progress.jsonl"
+                if arm == "ours" and proc.pid not in stopped and _part_done(a, t0, curve, start):
+                    proc.send_signal(signal.SIGINT)  # once: it drains and saves its checkpoint
+                    stopped.add(proc.pid)
                 continue
             log.close()
             del running[slot]
@@ -175,6 +184,14 @@ def run_all(a: argparse.Namespace, arms: list[str], seeds: list[int]) -> list[di
                 flush=True,
             )
     return docs
+
+
+def _part_done(a: argparse.Namespace, t0: float, curve: Path, start: int) -> bool:
+    """Whether a run given ``--min-steps`` has passed ``--max-wall-s`` and trained that many
+    steps since it started at ``start``."""
+    if not (a.max_wall_s and a.min_steps) or time.time() - t0 < a.max_wall_s:
+        return False
+    return finished_steps(curve) >= start + a.min_steps
 
 
 def finished_steps(curve: Path) -> int:

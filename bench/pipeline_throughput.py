@@ -118,12 +118,13 @@ def _stage_consumer(endpoints, batch_rows: int, out) -> None:
     ctx = zmq.Context()
     dealer = topology.trainer_experience_in(ctx, endpoints, topology.trainer_name(0))
     batcher = Batcher(batch_rows)
-    t0, eos, rollouts = None, False, 0
+    t0, eos, rollouts, sent = None, False, 0, 0
     while not eos:
         n = batcher.credits_to_grant()
         if n:
-            meta = wire.credit_meta(endpoints.run_key, topology.trainer_name(0), n, 0)
+            meta = wire.credit_meta(endpoints.run_key, topology.trainer_name(0), n, 0, sent)
             wire.send_msg(dealer, wire.MsgType.CREDIT, meta)
+            sent += 1
         if not dealer.poll(100):
             continue
         msg = wire.recv_msg(dealer)

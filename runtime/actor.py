@@ -322,7 +322,9 @@ def actor_main(
     dispenser = Dispenser(
         topology.actor_experience_out(ctx, endpoints), actor, incarnation, endpoints.run_key
     )
-    stats = StatsSender(topology.telemetry_out(ctx, endpoints), f"actor-{actor}.{incarnation}")
+    stats = StatsSender(
+        topology.telemetry_out(ctx, endpoints), f"actor-{actor}.{incarnation}", endpoints.run_key
+    )
     logger.debug(
         "actor %d.%d stepping %d x %s (pid %d)",
         actor,

@@ -221,7 +221,7 @@ def inference_main(
     torch.set_num_threads(place.threads)
     ctx = zmq.Context()
     router, weights, commands = topology.inference_sockets(ctx, endpoints)
-    stats = StatsSender(topology.telemetry_out(ctx, endpoints), NAME)
+    stats = StatsSender(topology.telemetry_out(ctx, endpoints), NAME, endpoints.run_key)
     server = InferenceServer(cfg, info, router, weights, stats, place, endpoints.run_key)
     logger.info(
         "inference GMI on %s (gpu %s, mps %s%%, %s SMs, pid %d)",

@@ -83,15 +83,14 @@ class Runner:
         cfg: The validated configuration.
         info: The environment description from ``cfg.validate()``.
         on_progress: Called with a ``RunState`` every tick (the CLI's live display).
-        meter: Energy meter (``runtime.energy.EnergyMeter``); when None, a default one whose
-            CPU model (where RAPL is unreadable) charges ``cfg.cpu_idle_w`` of idle power.
+        meter: Energy meter (``runtime.energy.EnergyMeter``); None: the default, whose CPU
+            model (no RAPL) charges ``cfg.cpu_idle_w`` of idle power.
         mps_changes: Planned GMI replacements (``runtime.generations.MPSChange``), any order.
         mps_live: Start MPS (where GMIs are on a GPU) even if nothing needs it yet, so that
             ``reconfigure`` can set percentages later (a tuner does).
 
     Raises:
-        ConfigError: ``cfg.checkpoint`` holds a state this run cannot resume
-            (``runtime.checkpoint.check``).
+        ConfigError: ``cfg.checkpoint`` holds a state this run cannot resume (``checkpoint.check``).
         ValueError: a percentage in ``mps_changes`` does not fit the GMIs.
     """
 
@@ -300,6 +299,7 @@ class Runner:
                 else topology.Endpoints.tcp()
             )
             telemetry_sock, command_sock = topology.runner_sockets(ctx, ep)
+            self.telemetry.key = ep.run_key  # reports must be the run's processes' own
             forwarder = topology.WeightsForwarder(ctx, ep).start()
             previous = signal.signal(signal.SIGINT, self._on_sigint)
             previous_term = signal.signal(signal.SIGTERM, _raise_system_exit)

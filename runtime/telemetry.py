@@ -26,7 +26,14 @@ reported as stalled (a warning, and the result's ``stalls``)."""
 class RunTelemetry:
     """Aggregates STATS messages into run-level figures."""
 
-    def __init__(self) -> None:
+    def __init__(self, key: bytes = b"") -> None:
+        self.key = key
+        """The run's key: reports must be signed with it and numbered (``StatsSender``);
+        empty: no check (tests that feed the telemetry alone)."""
+        self._senders: dict[str, tuple[str, int]] = {}
+        """By source: the sender taken (``inst``) and its newest report number."""
+        self._gone: set[str] = set()
+        """Senders of sources that were replaced: their reports are refused."""
         self.latest: dict[str, dict[str, Any]] = {}
         self.returns: collections.deque[float] = collections.deque(maxlen=RETURN_WINDOW)
         self.episodes = 0
@@ -47,6 +54,8 @@ class RunTelemetry:
         source, counters = msg.meta.get("src"), msg.meta.get("c")
         if not isinstance(source, str) or not isinstance(counters, dict):
             raise wire.ProtocolError("stats message needs 'src' (str) and 'c' (map)")
+        if self.key:
+            self._check_sender(source, msg)
         episodes = counters.pop("episodes", None) or []
         if not isinstance(episodes, list) or not all(
             isinstance(e, list) and len(e) == 2 and all(isinstance(x, int | float) for x in e)
@@ -63,9 +72,26 @@ class RunTelemetry:
         self.latest[source] = counters
         self.seen[source] = time.monotonic()
 
+    def _check_sender(self, source: str, msg: wire.Message) -> None:
+        """Refuses a report not signed with the run's key, one from a sender other than the
+        one taken for ``source`` (the first to report, or the first after a replacement), and
+        one numbered at or below that sender's newest (sent again)."""
+        wire.check_signed(self.key, msg)
+        inst, n = msg.meta.get("inst"), wire.meta_int(msg.meta, "n")
+        if not isinstance(inst, str) or inst in self._gone:
+            raise wire.ProtocolError(f"stats for {source!r} from a process no longer running")
+        taken, last = self._senders.get(source, (inst, -1))
+        if inst != taken:
+            raise wire.ProtocolError(f"stats for {source!r} from another process than its own")
+        if n <= last:
+            raise wire.ProtocolError(f"stats {n} for {source!r} after its {last}: sent again")
+        self._senders[source] = (inst, n)
+
     def replace(self, name: str) -> None:
         """``name`` died and a new process takes its name: its last counters move to
         ``replaced``, and the new one starts from nothing."""
+        if name in self._senders:
+            self._gone.add(self._senders.pop(name)[0])
         if name in self.latest:
             self.replaced.setdefault(name, []).append(self.latest.pop(name))
         self.seen.pop(name, None)

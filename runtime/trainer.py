@@ -92,8 +92,7 @@ class Trainer:
 
         self.cfg, self.role, self.group = cfg, role, group
         self.dealer, self.weights, self.stats = dealer, weights, stats
-        self.commands = commands
-        self.run_key = run_key
+        self.commands, self.run_key = commands, run_key
         self.live = LiveSettings()
         self.live.reset_epoch = role.reset_epoch if role is not None else 0
         self.saved_version: int | None = None
@@ -112,8 +111,7 @@ class Trainer:
         )
         self.batcher = Batcher(cfg.batch_size // cfg.rollout_len, WINDOW_CHUNKS)
         self.malformed = wire.MalformedCounter("trainer")
-        self.eos = False
-        self.retiring = False
+        self.eos = self.retiring = False
         self.env_info = info
         self.resume_from = role.resume_from if role is not None else None
         """The hand-over file of the previous generation, or for generation 0 the checkpoint
@@ -123,6 +121,7 @@ class Trainer:
         """Experience sampled with an older version is discarded (a run resumed from a
         checkpoint: the actors' first weights are not the loaded ones)."""
         self.trained_steps = 0
+        self.credits_sent = 0  # CREDIT messages sent: the next one's number (``cseq``)
         self.discarded_steps = 0
         self.lag_sum = 0.0
         self.lag_max = 0
@@ -145,7 +144,10 @@ class Trainer:
     def _grant_credits(self) -> None:
         n = self.batcher.credits_to_grant()
         if n:
-            meta = wire.credit_meta(self.run_key, self.name, n, self.batcher.queued_steps)
+            meta = wire.credit_meta(
+                self.run_key, self.name, n, self.batcher.queued_steps, self.credits_sent
+            )
+            self.credits_sent += 1
             wire.send_msg(self.dealer, wire.MsgType.CREDIT, meta)
 
     def _receive(self, timeout_ms: int) -> None:
@@ -380,7 +382,7 @@ def trainer_main(
     ctx = zmq.Context()
     dealer = topology.trainer_experience_in(ctx, endpoints, role.name)
     weights = topology.trainer_weights_out(ctx, endpoints) if role.spec.rank == 0 else None
-    stats = StatsSender(topology.telemetry_out(ctx, endpoints), role.name)
+    stats = StatsSender(topology.telemetry_out(ctx, endpoints), role.name, endpoints.run_key)
     commands = topology.command_in(ctx, endpoints)
     trainer = Trainer(cfg, info, dealer, weights, stats, role, group, commands, endpoints.run_key)
     logger.info(

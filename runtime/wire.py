@@ -117,6 +117,20 @@ def meta_int(meta: dict[str, Any], key: str, default: int | None = None) -> int:
     return value
 
 
+def _mac_arrays(mac: Any, arrays: Sequence[np.ndarray]) -> None:
+    """Feeds each array's dtype, shape and bytes, as ``encode`` puts them on the wire, to
+    ``mac``."""
+    for a in arrays:
+        a = np.asarray(a)
+        if a.dtype.byteorder == ">":
+            a = a.astype(a.dtype.newbyteorder("<"))
+        if not a.flags.c_contiguous:
+            a = a.copy(order="C")
+        mac.update(msgpack.packb([a.dtype.str, list(a.shape)]))
+        if a.nbytes:
+            mac.update(memoryview(a).cast("B"))
+
+
 def weights_mac(
     key: bytes, version: int, names: Sequence[str], arrays: Sequence[np.ndarray]
 ) -> str:
@@ -124,33 +138,38 @@ def weights_mac(
     bytes under the run's weights key (``runtime.topology.Endpoints.run_key``)."""
     mac = hmac.new(key, digestmod=hashlib.sha256)
     mac.update(msgpack.packb([version, list(names)]))
-    for a in arrays:
-        a = np.ascontiguousarray(a)
-        mac.update(msgpack.packb([a.dtype.str, list(a.shape)]))
-        mac.update(memoryview(a).cast("B"))
+    _mac_arrays(mac, arrays)
     return mac.hexdigest()
 
 
 SIG_HEX = 32
-"""Hex digits of a header signature (128 bits of HMAC-SHA256)."""
+"""Hex digits of a message signature (128 bits of HMAC-SHA256)."""
 
 
-def _signature(key: bytes, msg_type: MsgType, meta: dict[str, Any]) -> str:
-    body = msgpack.packb([msg_type.value, meta], use_bin_type=True)
-    return hmac.new(key, body, hashlib.sha256).hexdigest()[:SIG_HEX]
+def _signature(
+    key: bytes, msg_type: MsgType, meta: dict[str, Any], arrays: Sequence[np.ndarray]
+) -> str:
+    mac = hmac.new(key, msgpack.packb([msg_type.value, meta], use_bin_type=True), hashlib.sha256)
+    _mac_arrays(mac, arrays)
+    return mac.hexdigest()[:SIG_HEX]
 
 
-def sign(key: bytes, msg_type: MsgType, meta: dict[str, Any]) -> dict[str, Any]:
-    """``meta`` with a ``sig``: an HMAC-SHA256 of the type and the metadata under the run's
-    key. It authenticates the header (every count, id and the sender's name); the arrays are
-    described by it, and nobody without the key can make a header that passes ``check_signed``."""
-    return {**meta, "sig": _signature(key, msg_type, meta)}
+def sign(
+    key: bytes, msg_type: MsgType, meta: dict[str, Any], arrays: Sequence[np.ndarray] = ()
+) -> dict[str, Any]:
+    """``meta`` with a ``sig``: an HMAC-SHA256 of the type, the metadata and the arrays (their
+    dtypes, shapes and bytes) under the run's key. Nobody without the key can make a message
+    that passes ``check_signed``, nor change a signed one's header or array bytes. A signed
+    message copied and sent again is caught by its sequence number where it is received
+    (``seq`` of a rollout, ``chunk`` of a chunk, ``cseq`` of a credit)."""
+    return {**meta, "sig": _signature(key, msg_type, meta, arrays)}
 
 
-def credit_meta(key: bytes, src: str, n: int, queued_steps: int) -> dict[str, Any]:
+def credit_meta(key: bytes, src: str, n: int, queued_steps: int, cseq: int) -> dict[str, Any]:
     """A trainer's CREDIT: ``n`` free chunk slots, its queued steps, its own name (``src``,
-    its identity at the migrator), signed with the run's key when there is one."""
-    meta = {"n": n, "queued_steps": queued_steps, "src": src}
+    its identity at the migrator) and the credit's number (``cseq``, from 0, one up each
+    credit: a copy sent again is refused), signed with the run's key when there is one."""
+    meta = {"n": n, "queued_steps": queued_steps, "src": src, "cseq": cseq}
     return sign(key, MsgType.CREDIT, meta) if key else meta
 
 
@@ -159,7 +178,7 @@ def check_signed(key: bytes, msg: Message) -> None:
     meta = dict(msg.meta)
     given = meta.pop("sig", None)
     if not isinstance(given, str) or not hmac.compare_digest(
-        given, _signature(key, msg.type, meta)
+        given, _signature(key, msg.type, meta, msg.arrays)
     ):
         raise ProtocolError(
             f"{msg.type.value} message without a valid signature: not from this run's processes"

@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import time
 from collections import deque
 
 import gymnasium as gym
 import numpy as np
 
-from bench.peers.common import add_peer_args, check_peer_args, deadline
+from bench.peers.common import StopRule, add_peer_args, check_peer_args
 
 
 def make_env(env_id: str, gamma: float):
@@ -127,9 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     next_done = torch.zeros(a.num_envs, device=dev)
     if log:
         log.write(0, None, 0, force=True)
-    stop_at = deadline(a)
+    stop = StopRule(a)
     for update in range(updates):
-        if time.time() >= stop_at:
+        if stop.due(steps):
             break
         opt.param_groups[0]["lr"] = a.lr * (1.0 - update / updates)
         for t in range(n_steps):

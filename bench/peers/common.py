@@ -24,6 +24,13 @@ def add_peer_args(ap: argparse.ArgumentParser) -> None:
         "--seconds", type=float, default=0.0, help="stop after this wall time (0: none)"
     )
     ap.add_argument(
+        "--min-steps",
+        type=int,
+        default=0,
+        help="with --seconds, go on past them until this run trained this many steps: a loaded "
+        "machine gets a longer run, not an empty one (0: the seconds alone)",
+    )
+    ap.add_argument(
         "--progress",
         default=None,
         metavar="FILE",
@@ -41,8 +48,10 @@ def check_peer_args(ap: argparse.ArgumentParser, a: argparse.Namespace) -> None:
         a.hidden = []
     if not a.hidden or min(a.hidden) < 1:
         ap.error(f"--net {a.net!r}: expected comma-separated positive integers, e.g. 256,128,64")
-    if a.num_envs < 1 or a.threads < 1 or a.total_steps < 1 or a.seconds < 0:
-        ap.error("--num-envs, --threads and --total-steps must be >= 1 and --seconds >= 0")
+    if a.num_envs < 1 or a.threads < 1 or a.total_steps < 1 or min(a.seconds, a.min_steps) < 0:
+        ap.error(
+            "--num-envs, --threads and --total-steps must be >= 1, --seconds and --min-steps >= 0"
+        )
     if a.device == "auto":
         import torch
 
@@ -51,9 +60,16 @@ def check_peer_args(ap: argparse.ArgumentParser, a: argparse.Namespace) -> None:
         ap.error(f"--device {a.device!r}: allowed cpu, cuda, auto")
 
 
-def deadline(a: argparse.Namespace) -> float:
-    """When a run that starts training now must stop (``--seconds`` after now; inf without it)."""
-    return time.time() + a.seconds if a.seconds else float("inf")
+class StopRule:
+    """When a run that starts training now must stop: ``--seconds`` after now (never without
+    it), and not before it trained ``--min-steps`` more than ``start_steps``."""
+
+    def __init__(self, a: argparse.Namespace, start_steps: int = 0) -> None:
+        self.at = time.time() + a.seconds if a.seconds else float("inf")
+        self.min_steps, self.start_steps = a.min_steps, start_steps
+
+    def due(self, trained: int) -> bool:
+        return time.time() >= self.at and trained - self.start_steps >= self.min_steps
 
 
 def hidden_from_policy(spec: str) -> str:

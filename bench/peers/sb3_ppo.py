@@ -19,10 +19,9 @@ appending to the same progress curve.
 from __future__ import annotations
 
 import argparse
-import time
 from pathlib import Path
 
-from bench.peers.common import add_peer_args, check_peer_args, deadline
+from bench.peers.common import StopRule, add_peer_args, check_peer_args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,14 +52,14 @@ def main(argv: list[str] | None = None) -> int:
     log = ProgressLog(a.progress, append=resume) if a.progress else None
 
     class Progress(BaseCallback):
-        stop_at = float("inf")
+        stop: StopRule
         trained = 0  # steps sampled before the current rollout: all trained
 
         def _on_training_start(self) -> None:
-            self.stop_at = deadline(a)
+            self.stop = StopRule(a, self.num_timesteps)
 
         def _on_step(self) -> bool:
-            return time.time() < self.stop_at
+            return not self.stop.due(self.trained)
 
         def _on_rollout_start(self) -> None:
             self.trained = self.num_timesteps

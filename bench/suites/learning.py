@@ -19,7 +19,8 @@ slice's cores; ``--ours-args`` adds train flags such as the learner's), ``sb3``
 (``bench/peers/sb3_ppo.py``, the RL Zoo's MuJoCo settings) and ``cleanrl``
 (``bench/peers/cleanrl_ppo.py``). Every arm gets the hidden sizes of ``--policy``.
 
-Runs longer than one command: ``--max-wall-s`` stops every run after that many seconds; an
+Runs longer than one command: ``--max-wall-s`` stops every run after that many seconds (with
+``--min-steps N``, not before it trained N steps in that command); an
 ``ours`` run (``autotune train --checkpoint``) or an ``sb3`` run saves a checkpoint then, the
 ``runs`` step is left unfinished, and running the same command again (same ``--out``) skips the
 runs that reached ``--steps`` and resumes the others from their checkpoints, appending to their
@@ -72,17 +73,24 @@ def add_args(ap: argparse.ArgumentParser) -> None:
         default=0.0,
         help="stop each run after this many seconds (0: none); run again to resume sb3 runs",
     )
+    ap.add_argument(
+        "--min-steps",
+        type=int,
+        default=0,
+        help="with --max-wall-s, each run goes on past it until it trained this many steps in "
+        "this command (ours is then stopped with Ctrl-C and saves; a peer stops itself): a "
+        "loaded machine gets longer parts, not empty ones",
+    )
     ap.add_argument("--at", default="1000000,3000000", help="report: step counts")
     ap.add_argument("--markdown", default=None, metavar="FILE", help="report: the table")
     ap.add_argument("--plot", default=None, metavar="PNG", help="report: the curves")
 
 
 def check(ap: argparse.ArgumentParser, a: argparse.Namespace) -> None:
-    if a.steps < 1 or a.parallel < 1 or a.max_wall_s < 0 or a.peer_envs < 0 or a.peer_rollout < 1:
-        ap.error(
-            "--steps, --parallel and --peer-rollout must be >= 1, --max-wall-s >= 0 and "
-            "--peer-envs >= 0"
-        )
+    if a.steps < 1 or a.parallel < 1 or a.peer_rollout < 1:
+        ap.error("--steps, --parallel and --peer-rollout must be >= 1")
+    if min(a.max_wall_s, a.peer_envs, a.min_steps) < 0:
+        ap.error("--max-wall-s, --peer-envs and --min-steps must be >= 0")
     a.only = [x.strip() for x in a.only.split(",") if x.strip()]
     bad = [x for x in a.only if x not in PARTS]
     if bad or not a.only:

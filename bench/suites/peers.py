@@ -101,9 +101,9 @@ def add_args(ap: argparse.ArgumentParser) -> None:
         "--min-steps",
         type=int,
         default=0,
-        help="the default and exported arms run on past their wall budget until they trained "
-        "this many steps (then Ctrl-C drains them): a loaded machine gets longer runs, not "
-        "empty ones",
+        help="the default, exported and peer arms run on past their wall budget until they "
+        "trained this many steps (then Ctrl-C drains ours; a peer stops itself): a loaded "
+        "machine gets longer runs, not empty ones",
     )
     ap.add_argument(
         "--exported",

@@ -91,16 +91,22 @@ class StatsSender:
     """Sends STATS messages (a source name and a counter map) to the runner's telemetry socket.
 
     Periodic reports are sent without blocking and skipped when the socket is full (they are
-    cumulative, so a skipped one loses nothing); a final report blocks until queued.
+    cumulative, so a skipped one loses nothing); a final report blocks until queued. With the
+    run's key each report is signed and numbered (``inst``: this sender, ``n``: its report
+    count), so the runner takes no report that another process made or sent again.
     """
 
-    def __init__(self, sock: zmq.Socket, source: str) -> None:
-        self.sock = sock
-        self.source = source
+    def __init__(self, sock: zmq.Socket, source: str, key: bytes = b"") -> None:
+        self.sock, self.source, self.key = sock, source, key
+        self.inst = os.urandom(8).hex()
+        self.n = 0
 
     def send(self, counters: dict[str, Any]) -> None:
         final = bool(counters.get("final"))
         meta = {"src": self.source, "time": time.time(), "c": counters}
+        if self.key:
+            meta = wire.sign(self.key, wire.MsgType.STATS, meta | {"inst": self.inst, "n": self.n})
+        self.n += 1
         with contextlib.suppress(zmq.Again):
             wire.send_msg(self.sock, wire.MsgType.STATS, meta, flags=0 if final else zmq.NOBLOCK)
 

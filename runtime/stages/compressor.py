@@ -74,6 +74,9 @@ class Compressor:
         self.chunk_timeout_s = chunk_timeout_s
         self.live = LiveSettings()
         self.partial: dict[tuple[int, int, int], _Rollout] = {}
+        self.last_seq: dict[tuple[int, int], int] = {}
+        """The newest rollout begun, by (actor, incarnation): with the run's key, an older one
+        is refused (a signed message sent again)."""
         self.pending: list[_Rollout] = []
         self.pending_bytes = 0
         self.pending_since = 0.0
@@ -120,6 +123,14 @@ class Compressor:
         self.counters["messages_in"] += 1
         self.counters["bytes_in"] += msg.nbytes
         rollout = self.partial.get(key)
+        if rollout is None and self.key:  # signed: an actor sends its rollouts in order
+            last = self.last_seq.get(key[:2], -1)
+            if key[2] <= last:
+                raise wire.ProtocolError(
+                    f"rollout {key} after this actor incarnation's rollout {last} began: "
+                    "a message sent again (replayed) or out of order"
+                )
+            self.last_seq[key[:2]] = key[2]
         if rollout is None:
             rollout = self.partial[key] = _Rollout(key, nch, steps, rows)
         elif (rollout.nch, rollout.steps, rollout.rows) != (nch, steps, rows) or (
@@ -208,7 +219,7 @@ class Compressor:
                 "rows": rows,
             }
             if self.key:
-                meta = wire.sign(self.key, wire.MsgType.CHUNK, meta)
+                meta = wire.sign(self.key, wire.MsgType.CHUNK, meta, [data])
             self.counters["bytes"] += self._send(meta, data)
             self.counters["messages"] += 1
         self.counters["chunks"] += 1
@@ -330,7 +341,7 @@ def compressor_main(
     init_service_process("compressor")
     ctx = zmq.Context()
     pull, push, commands = topology.compressor_sockets(ctx, endpoints)
-    stats = StatsSender(topology.telemetry_out(ctx, endpoints), "compressor")
+    stats = StatsSender(topology.telemetry_out(ctx, endpoints), "compressor", endpoints.run_key)
     compressor = Compressor(
         pull, push, commands, stats, chunk_bytes, chunk_timeout_s, endpoints.run_key
     )

@@ -99,7 +99,7 @@ class Dispenser:
                 "rows": rows[name],
             }
             if self.key:
-                meta = wire.sign(self.key, wire.MsgType.ROLLOUT, meta)
+                meta = wire.sign(self.key, wire.MsgType.ROLLOUT, meta, [rollout[name]])
             self.bytes += wire.send_msg(self.sock, wire.MsgType.ROLLOUT, meta, [rollout[name]])
             self.messages += 1
         self.seq += 1

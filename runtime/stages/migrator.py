@@ -106,6 +106,10 @@ class Migrator:
         self.trainers: dict[bytes, _Trainer] = {}
         self.routes: dict[int, tuple[_Trainer, int]] = {}
         self.pending: collections.deque[tuple[wire.Message, list[zmq.Frame]]] = collections.deque()
+        self.last_chunk: tuple[int, set[int]] = (-1, set())
+        """The newest chunk begun and its channels so far (signed chunks come in order, each
+        channel once: anything older is refused); ``last_credit``: the newest ``cseq``."""
+        self.last_credit: dict[bytes, int] = {}
         self.upstream_done = False
         self.malformed = wire.MalformedCounter("migrator")
         self.counters = {"messages": 0, "bytes": 0, "chunks": 0, "retired": 0, "undelivered": 0}
@@ -129,6 +133,14 @@ class Migrator:
         queued = wire.meta_int(msg.meta, "queued_steps", 0)
         if n < 0:
             raise wire.ProtocolError(f"credit of {n} slots; must be >= 0")
+        if self.key:  # signed credits are numbered: one sent again is refused
+            cseq = wire.meta_int(msg.meta, "cseq")
+            if cseq <= self.last_credit.get(identity, -1):
+                raise wire.ProtocolError(
+                    f"credit {cseq} from {identity!r} after its credit "
+                    f"{self.last_credit[identity]}: a message sent again (replayed)"
+                )
+            self.last_credit[identity] = cseq
         trainer = self.trainers.get(identity)
         if trainer is None:
             trainer = self.trainers[identity] = _Trainer(identity)
@@ -196,6 +208,15 @@ class Migrator:
         for key in ("chunk", "nch", "steps"):
             wire.meta_int(msg.meta, key)  # validated here so dispatch() cannot fail on them
         wire.meta_rollouts(msg.meta)
+        chunk, ci = msg.meta["chunk"], wire.meta_int(msg.meta, "ci", 0)
+        last, seen = self.last_chunk
+        if self.key and (chunk < last or (chunk == last and ci in seen)):
+            raise wire.ProtocolError(
+                f"chunk {chunk} channel {ci} after chunk {last} began: sent again (replayed)"
+            )
+        if chunk > last:
+            self.last_chunk = (chunk, set())
+        self.last_chunk[1].add(ci)
         self.pending.append((msg, frames))
 
     def dispatch(self) -> None:
@@ -370,7 +391,7 @@ def migrator_main(endpoints: topology.Endpoints, n_trainers: int, generation: in
     init_service_process("migrator")
     ctx = zmq.Context()
     pull, router, receipts, commands = topology.migrator_sockets(ctx, endpoints)
-    stats = StatsSender(topology.telemetry_out(ctx, endpoints), "migrator")
+    stats = StatsSender(topology.telemetry_out(ctx, endpoints), "migrator", endpoints.run_key)
     migrator = Migrator(pull, router, stats, n_trainers, receipts, commands, endpoints.run_key)
     migrator.generation = generation
     migrator.retired_generations = set(range(generation))

@@ -41,14 +41,14 @@ def test_learning_runs_resume_and_report(tmp_path, capsys):
         "--peer-rollout",
         "256",
     ]
-    # sb3: stopped by --max-wall-s (its --seconds start at its training), then resumed to the end;
-    # rollouts of 256 so that it trains some in 2 s on a loaded machine (2048 trained none once)
+    # sb3: stopped by --max-wall-s (its --seconds start at its training), once it trained at
+    # least 512 steps (--min-steps: a loaded machine makes the part longer), then resumed to the end
     long = [*common, "--arms", "sb3", "--seeds", "7", "--steps", "8192"]
-    proc = bench(*long, "--max-wall-s", "2")
+    proc = bench(*long, "--max-wall-s", "2", "--min-steps", "512")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert "1 steps left; run the same command again (left: runs)" in proc.stdout
     first = json.loads((out / "Pendulum-v1-sb3-seed7.json").read_text())
-    assert not first["finished"] and 0 < first["trained_steps"] < 8192, first
+    assert not first["finished"] and 512 <= first["trained_steps"] < 8192, first
     assert (out / "Pendulum-v1-sb3-seed7.checkpoint" / "model.zip").is_file()
     proc = bench(*long)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
@@ -59,15 +59,16 @@ def test_learning_runs_resume_and_report(tmp_path, capsys):
 
     assert main(long) == 0
     assert "already at 8192 steps, skipped" in capsys.readouterr().out
-    # ours: two parts of a run too long for either; the second goes on from the first (10 s
-    # each: 7 s trained nothing more in the second part once, on a loaded 2-core machine)
-    long = [*common, "--arms", "ours", "--seeds", "7", "--steps", "5000000", "--max-wall-s", "10"]
+    # ours: two parts of a run too long for either; the second goes on from the first. Each part
+    # runs 5 s and on until it trained 2,048 steps (then Ctrl-C: it drains and saves)
+    long = [*common, "--arms", "ours", "--seeds", "7", "--steps", "5000000", "--max-wall-s", "5"]
+    long += ["--min-steps", "2048"]
     reached = []
     for _ in range(2):
         proc = bench(*long)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
         doc = json.loads((out / "Pendulum-v1-ours-seed7.json").read_text())
-        assert not doc["finished"] and doc["trained_steps"] > (reached or [0])[-1], doc
+        assert not doc["finished"] and doc["trained_steps"] >= (reached or [0])[-1] + 2048, doc
         reached.append(doc["trained_steps"])
     log = (out / "Pendulum-v1-ours-seed7.log").read_text()
     assert f"going on from {reached[0]} trained steps" in log
@@ -112,7 +113,8 @@ def test_learning_runs_resume_and_report(tmp_path, capsys):
         (["--arms", "ours,zoo"], "--arms: unknown ['zoo']"),
         (["--seeds", "a,b"], "--seeds 'a,b': expected integers"),
         (["--parallel", "999"], "--parallel 999: more runs at once"),
-        (["--max-wall-s", "-1"], "--max-wall-s >= 0"),
+        (["--max-wall-s", "-1"], "--max-wall-s, --peer-envs and --min-steps must be >= 0"),
+        (["--min-steps", "-1"], "--max-wall-s, --peer-envs and --min-steps must be >= 0"),
         (["--peer-rollout", "0"], "--peer-rollout must be >= 1"),
         (["--only", "report"], "no `python -m bench learning` results under"),
         (["--at", "x"], "--at 'x': expected step counts"),
@@ -139,6 +141,7 @@ def test_learning_arm_commands(tmp_path):
         peer_device="cpu",
         peer_envs=2,
         peer_rollout=1024,
+        min_steps=0,
     )
     result = tmp_path / "Ant-v5-x-seed1.result.json"
     for arm, module in (("sb3", "bench.peers.sb3_ppo"), ("cleanrl", "bench.peers.cleanrl_ppo")):
@@ -150,6 +153,12 @@ def test_learning_arm_commands(tmp_path):
     cmd = learning.run_command("ours", 1, 3, a, tmp_path / "p.jsonl", result)
     assert cmd[cmd.index("--actors") + 1] == "3" and cmd[-2:] == ["--lr", "3e-4"]
     assert cmd[cmd.index("--checkpoint") + 1] == str(tmp_path / "Ant-v5-x-seed1.checkpoint")
+    assert cmd[cmd.index("--max-wall-s") + 1] == "60.0"
+    a.min_steps = 5000  # the wall limit is then a safety net; the suite stops the run itself
+    cmd = learning.run_command("ours", 1, 3, a, tmp_path / "p.jsonl", result)
+    assert float(cmd[cmd.index("--max-wall-s") + 1]) > 60.0
+    cmd = learning.run_command("sb3", 1, 3, a, tmp_path / "p.jsonl", result)
+    assert cmd[cmd.index("--min-steps") + 1] == "5000"
 
 
 def test_core_slices_leave_no_core_idle(monkeypatch):

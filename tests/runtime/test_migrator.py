@@ -130,8 +130,8 @@ def test_with_the_runs_key_only_signed_chunks_end_of_stream_and_credits_count():
     router = FakeRouter()
     m = Migrator(pull=None, router=router, stats=None, n_trainers=1, key=key)
 
-    def signed(kind, meta):
-        return wire.Message(kind, wire.sign(key, kind, meta))
+    def signed(kind, meta, arrays=()):
+        return wire.Message(kind, wire.sign(key, kind, meta, arrays), list(arrays))
 
     forged = [
         (b"trainer-0", credit(5, queued=0)),  # unsigned
@@ -148,14 +148,53 @@ def test_with_the_runs_key_only_signed_chunks_end_of_stream_and_credits_count():
         m.on_chunk(wire.Message(wire.MsgType.EOS, {"stage": "compressor"}), [])
     assert not m.upstream_done and not m.pending and not m.trainers
 
-    good = {"n": 1, "queued_steps": 0, "src": "trainer-0"}
+    good = {"n": 1, "queued_steps": 0, "src": "trainer-0", "cseq": 0}
     m.on_trainer(b"trainer-0", signed(wire.MsgType.CREDIT, good))
     meta = dict(msg.meta)
-    m.on_chunk(signed(wire.MsgType.CHUNK, meta), frames)
+    tampered = signed(wire.MsgType.CHUNK, meta, msg.arrays)
+    tampered.arrays = [msg.arrays[0] + 1]  # the header as signed, other bytes
+    with pytest.raises(wire.ProtocolError, match="without a valid signature"):
+        m.on_chunk(tampered, frames)
+    m.on_chunk(signed(wire.MsgType.CHUNK, meta, msg.arrays), frames)
     m.dispatch()
     assert [ident for ident, _ in router.sent] == [b"trainer-0"]
     m.on_chunk(signed(wire.MsgType.EOS, {"stage": "compressor"}), [])
     assert m.upstream_done
+
+
+def test_a_signed_chunk_or_credit_sent_again_is_refused():
+    """A copy of a signed message, sent again by whoever could read a link, is refused by its
+    number: chunks come in order with each channel once, credits are numbered per trainer."""
+    key = b"k" * 32
+    router = FakeRouter()
+    m = Migrator(pull=None, router=router, stats=None, n_trainers=1, key=key)
+
+    def signed(kind, meta, arrays=()):
+        return wire.Message(kind, wire.sign(key, kind, meta, arrays), list(arrays))
+
+    def credit_msg(cseq):
+        return wire.Message(wire.MsgType.CREDIT, wire.credit_meta(key, "trainer-0", 2, 0, cseq))
+
+    m.on_trainer(b"trainer-0", credit_msg(0))
+    with pytest.raises(wire.ProtocolError, match="sent again"):
+        m.on_trainer(b"trainer-0", credit_msg(0))
+    assert m.trainers[b"trainer-0"].credits == 2
+    m.on_trainer(b"trainer-0", credit_msg(1))
+    assert m.trainers[b"trainer-0"].credits == 4
+    sent = [chunk(c, ci) for c in (0, 1) for ci in (0, 1)]
+    sent = [(signed(wire.MsgType.CHUNK, msg.meta, msg.arrays), frames) for msg, frames in sent]
+    m.on_chunk(*sent[0])
+    with pytest.raises(wire.ProtocolError, match="sent again"):
+        m.on_chunk(*sent[0])  # the same channel of the open chunk
+    for msg in sent[1:]:
+        m.on_chunk(*msg)
+    for old in sent[:2]:
+        with pytest.raises(wire.ProtocolError, match="sent again"):
+            m.on_chunk(*old)  # a chunk before the newest
+    m.dispatch()
+    assert [(i, msg.meta["chunk"]) for i, msg in router.sent] == [(b"trainer-0", 0)] * 2 + [
+        (b"trainer-0", 1)
+    ] * 2
 
 
 class DeadPeerRouter(FakeRouter):

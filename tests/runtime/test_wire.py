@@ -182,6 +182,42 @@ def test_compressor_rejects_a_rollout_whose_layout_cannot_be_trained():
     assert compressor.complete_steps == {} and compressor.counters["rejected_rollouts"] == 1
 
 
+def test_a_signed_rollout_sent_again_or_with_other_bytes_is_refused():
+    """With the run's key the compressor takes a rollout channel once: a copy sent again (even
+    after the rollout completed) is refused by its sequence number, and one whose array bytes
+    differ from what was signed by its signature."""
+    key = b"k" * 32
+    c = Compressor(None, None, None, None, 1 << 30, 10.0, key=key)
+    shapes = {
+        "obs": ((2, 3, 4), np.float32),
+        "actions": ((2, 2), np.int64),
+        "rewards": ((2, 2), np.float32),
+        "dones": ((2, 2), np.uint8),
+        "logp": ((2, 2), np.float32),
+        "versions": ((2, 2), np.int32),
+    }
+
+    def channel(seq: int, ci: int, tamper: bool = False) -> wire.Message:
+        name = list(shapes)[ci]
+        arr = np.full(shapes[name][0], seq, shapes[name][1])
+        meta = {"actor": 0, "inc": 0, "seq": seq, "ci": ci, "nch": len(shapes), "steps": 4}
+        meta = wire.sign(key, wire.MsgType.ROLLOUT, meta | {"rows": 2, "ch": name}, [arr])
+        return wire.Message(wire.MsgType.ROLLOUT, meta, [arr + 1 if tamper else arr])
+
+    with pytest.raises(wire.ProtocolError, match="without a valid signature"):
+        c.handle(channel(0, 0, tamper=True))
+    for ci in range(len(shapes)):
+        c.handle(channel(0, ci))
+    assert c.complete_steps == {"0:0": 4}
+    for ci in (0, 5):
+        with pytest.raises(wire.ProtocolError, match="sent again"):
+            c.handle(channel(0, ci))  # a completed rollout's channels
+    c.handle(channel(1, 0))
+    with pytest.raises(wire.ProtocolError, match="conflicts"):
+        c.handle(channel(1, 0))  # the same channel of the open rollout
+    assert sorted(c.partial) == [(0, 0, 1)] and c.complete_steps == {"0:0": 4}
+
+
 def test_incomplete_rollouts_are_evicted_by_age_and_bytes_and_counted(monkeypatch):
     """A rollout whose other channels never come is not held forever: it is evicted after the
     age limit, and the oldest go first once the bytes limit is passed."""

@@ -1,0 +1,73 @@
+"""The runner's telemetry takes, with the run's key, only reports its own processes signed:
+each from the one sender of its name, in order, and none from a process that was replaced."""
+
+from __future__ import annotations
+
+import pytest
+
+from runtime import wire
+from runtime.stages.common import StatsSender
+from runtime.telemetry import RunTelemetry
+
+KEY = b"k" * 32
+
+
+class Capture:
+    """Stands in for the telemetry PUSH socket: keeps what would be sent."""
+
+    def __init__(self) -> None:
+        self.sent: list[wire.Message] = []
+
+    def send(self, frame, flags=0, copy=True):
+        self._parts = [*getattr(self, "_parts", []), bytes(frame)]
+        if not flags & 2:  # zmq.SNDMORE
+            self.sent.append(wire.decode(self._parts))
+            self._parts = []
+
+
+def reports(source: str, *counts: int) -> tuple[StatsSender, list[wire.Message]]:
+    sock = Capture()
+    sender = StatsSender(sock, source, KEY)
+    for c in counts:
+        sender.send({"trained_steps": c})
+    return sender, sock.sent
+
+
+def test_signed_numbered_reports_are_taken_and_forged_or_replayed_ones_refused():
+    tel = RunTelemetry(KEY)
+    _, sent = reports("trainer-0.g0", 100, 200)
+    tel.handle(sent[0])
+    unsigned = wire.Message(
+        wire.MsgType.STATS, {"src": "trainer-0.g0", "c": {"trained_steps": 10**12}}
+    )
+    with pytest.raises(wire.ProtocolError, match="without a valid signature"):
+        tel.handle(unsigned)
+    with pytest.raises(wire.ProtocolError, match="sent again"):
+        tel.handle(sent[0])
+    tel.handle(sent[1])
+    with pytest.raises(wire.ProtocolError, match="sent again"):
+        tel.handle(sent[0])
+    _, other = reports("trainer-0.g0", 10**12)  # signed, but by another sender of that name
+    with pytest.raises(wire.ProtocolError, match="another process"):
+        tel.handle(other[0])
+    assert tel.latest["trainer-0.g0"]["trained_steps"] == 200
+
+
+def test_after_a_replacement_only_the_new_process_reports_under_the_name():
+    tel = RunTelemetry(KEY)
+    _, old = reports("compressor", 1, 2, 3)
+    tel.handle(old[0])
+    tel.handle(old[1])
+    tel.replace("compressor")
+    _, new = reports("compressor", 7)
+    tel.handle(new[0])
+    with pytest.raises(wire.ProtocolError, match="no longer running"):
+        tel.handle(old[2])  # the dead one's report, late or sent again
+    assert tel.latest["compressor"] == {"trained_steps": 7}
+    assert tel.replaced["compressor"] == [{"trained_steps": 2}]
+
+
+def test_without_a_key_reports_are_taken_unchecked():
+    tel = RunTelemetry()
+    tel.handle(wire.Message(wire.MsgType.STATS, {"src": "actor-0.0", "c": {"stepped": 5}}))
+    assert tel.latest["actor-0.0"] == {"stepped": 5}
