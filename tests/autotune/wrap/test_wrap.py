@@ -11,6 +11,7 @@ from pathlib import Path
 
 import optuna
 import pytest
+from conftest import wait_until
 
 from autotune import client
 from autotune.tuning.knobs import KnobError
@@ -169,12 +170,13 @@ def test_bad_wrap_input_is_refused(tmp_path):
 
 
 LIVE = """
-import sys, time
+import os, sys, time
 from autotune import client
 k = client.knobs({"num_envs": 1})
 poll = "nopoll" not in sys.argv
-steps, t_end = 0, time.time() + float(sys.argv[1])
-while time.time() < t_end:
+stop = sys.argv[1]  # seconds to run, or a file whose existence ends the run
+steps, t_end = 0, time.time() + float(stop) if stop.isdigit() else float("inf")
+while time.time() < t_end and not os.path.exists(stop):
     if poll and client.poll():
         k = client.knobs()
         print("applied", k["num_envs"], flush=True)
@@ -186,9 +188,11 @@ while time.time() < t_end:
 
 
 def test_live_mode_changes_knobs_while_the_script_runs(tmp_path):
-    script = tmp_path / "live.py"
+    """The script runs until the study holds three measured trials (then the test ends it),
+    however long a loaded machine takes to measure them."""
+    script, stop = tmp_path / "live.py", tmp_path / "stop"
     script.write_text(LIVE)
-    out = subprocess.run(
+    proc = subprocess.Popen(
         [
             sys.executable,
             "-m",
@@ -211,18 +215,27 @@ def test_live_mode_changes_knobs_while_the_script_runs(tmp_path):
             "--",
             sys.executable,
             str(script),
-            "14",
+            str(stop),
         ],
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=120,
     )
-    assert out.returncode == 0, out.stderr
+
+    def complete() -> int:
+        try:
+            study = optuna.load_study(study_name="wrap-live", storage=f"sqlite:///{tmp_path}/l.db")
+        except KeyError:  # not created yet
+            return 0
+        return sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
+
+    wait_until(lambda: complete() >= 3, proc, what="three measured trials")
+    stop.touch()
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0, stderr
     doc = json.loads((tmp_path / "l.json").read_text())
     assert doc["returncode"] == 0 and doc["trials"] >= 3
-    applied = [
-        int(line.split()[1]) for line in out.stdout.splitlines() if line.startswith("applied")
-    ]
+    applied = [int(line.split()[1]) for line in stdout.splitlines() if line.startswith("applied")]
     assert len(set(applied)) >= 2  # the script took different knobs without restarting
     measured = [w for w in doc["windows"] if w["state"] == "trial"]
     assert measured and all(w["steps_per_s"] > 0 and w["cpu_j"] > 0 for w in measured)
