@@ -140,16 +140,6 @@ def test_near_the_jobs_end_it_holds_the_best_instead_of_another_trial(tmp_path):
     assert not tuner.holding
 
 
-def test_the_end_of_job_rule_counts_a_trials_whole_length():
-    """A trial's length runs from its change to its window's end: a GMI hand-over's start-up
-    counts: with trials of 34, 34, 40 and 64 s (the median 40) and 69 s left, no new trial."""
-    from autotune.tuning.tuner_rules import endgame
-
-    assert endgame(69.0, [34.0, 64.0, 34.0, 40.0])
-    assert not endgame(100.0, [34.0, 64.0, 34.0, 40.0])
-    assert not endgame(None, [34.0]) and not endgame(5.0, [])
-
-
 def test_a_refused_config_is_failed_and_never_applied_again(tmp_path):
     refused = {"actors": 6, "batch_size": 4096}
     world = World(0, refuse=refused)
@@ -391,15 +381,3 @@ def test_train_tune_drives_a_real_run_and_keeps_every_step(tmp_path):
     assert {k for k, v in tuning["knobs"].items() if v["tuned"]} == {"batch_size", "envs_per_actor"}
     study = optuna.load_study(study_name="online-CartPole-v1", storage=f"sqlite:///{db}")
     assert len([t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]) >= 2
-
-
-def test_a_runs_time_left_is_its_nearer_end():
-    from autotune.tuning.runner_job import remaining_s
-    from runtime.config import TrainConfig
-
-    walled = TrainConfig(steps=1_000_000, max_wall_s=300.0)
-    assert remaining_s(walled, 100.0, 0) == 200.0  # nothing trained: the wall alone
-    assert remaining_s(walled, 100.0, 900_000) == pytest.approx(100.0 / 9)  # the steps first
-    assert remaining_s(walled, 400.0, 10) == 0.0
-    assert remaining_s(TrainConfig(steps=1_000_000), 10.0, 0) is None  # nothing says yet
-    assert remaining_s(TrainConfig(steps=1_000_000), 10.0, 500_000) == 10.0

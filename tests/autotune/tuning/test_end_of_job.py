@@ -1,0 +1,27 @@
+"""The tuner's rules for ending exploration near a job's end: how much time the job has left,
+and whether another trial could still pay back."""
+
+from __future__ import annotations
+
+import pytest
+
+from autotune.tuning.runner_job import remaining_s
+from autotune.tuning.tuner_rules import endgame
+from runtime.config import TrainConfig
+
+
+def test_the_end_of_job_rule_counts_a_trials_whole_length():
+    """A trial's length runs from its change to its window's end: a GMI hand-over's start-up
+    counts: with trials of 34, 34, 40 and 64 s (the median 40) and 69 s left, no new trial."""
+    assert endgame(69.0, [34.0, 64.0, 34.0, 40.0])
+    assert not endgame(100.0, [34.0, 64.0, 34.0, 40.0])
+    assert not endgame(None, [34.0]) and not endgame(5.0, [])
+
+
+def test_a_runs_time_left_is_its_nearer_end():
+    walled = TrainConfig(steps=1_000_000, max_wall_s=300.0)
+    assert remaining_s(walled, 100.0, 0) == 200.0  # nothing trained: the wall alone
+    assert remaining_s(walled, 100.0, 900_000) == pytest.approx(100.0 / 9)  # the steps first
+    assert remaining_s(walled, 400.0, 10) == 0.0
+    assert remaining_s(TrainConfig(steps=1_000_000), 10.0, 0) is None  # nothing says yet
+    assert remaining_s(TrainConfig(steps=1_000_000), 10.0, 500_000) == 10.0
