@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 
 LR_SCHEDULES = ("linear", "constant")
@@ -47,8 +48,8 @@ class APPOConfig:
         """Every invalid field, described with what is allowed."""
         out = []
         for name in ("lr", "clip", "max_grad_norm", "rho_bar", "c_bar", "reward_scale"):
-            if not getattr(self, name) > 0:
-                out.append(f"learner.{name}={getattr(self, name)!r}: must be > 0")
+            if not finite_number(getattr(self, name), above=0.0):
+                out.append(f"learner.{name}={getattr(self, name)!r}: must be a finite number > 0")
         if self.lr_schedule not in LR_SCHEDULES:
             out.append(f"learner.lr_schedule={self.lr_schedule!r}: allowed {LR_SCHEDULES}")
         for name in ("gamma", "vtrace_lambda"):
@@ -58,9 +59,16 @@ class APPOConfig:
             if not (isinstance(getattr(self, name), int) and getattr(self, name) >= 1):
                 out.append(f"learner.{name}={getattr(self, name)!r}: must be an integer >= 1")
         for name in ("value_coef", "entropy_coef"):
-            if getattr(self, name) < 0:
-                out.append(f"learner.{name}={getattr(self, name)!r}: must be >= 0")
+            if not finite_number(getattr(self, name), at_least=0.0):
+                out.append(f"learner.{name}={getattr(self, name)!r}: must be a finite number >= 0")
         return out
 
     def to_dict(self) -> dict[str, float | int | bool]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def finite_number(value: object, above: float | None = None, at_least: float | None = None) -> bool:
+    """Whether ``value`` is a real number (not a bool, NaN or infinite) past the bound."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return False
+    return (above is None or value > above) and (at_least is None or value >= at_least)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, fields
 
-from policies.appo_config import APPOConfig
+from policies.appo_config import APPOConfig, finite_number
 from runtime.envs import EnvError, EnvInfo, probe_env
 
 TRAINER_DEVICES = ("auto", "cpu", "cuda")
@@ -148,10 +148,9 @@ class TrainConfig:
             or not 0 <= self.actor_nice <= ACTOR_NICE_MAX
         ):
             out.append(f"actor_nice={self.actor_nice!r}: allowed an integer 0..{ACTOR_NICE_MAX}")
-        if not self.max_inflight_batches > 0:
-            out.append(f"max_inflight_batches={self.max_inflight_batches!r}: must be > 0")
-        if not self.chunk_timeout_s > 0:
-            out.append(f"chunk_timeout_s={self.chunk_timeout_s!r}: must be > 0")
+        for name in ("max_inflight_batches", "chunk_timeout_s"):
+            if not finite_number(getattr(self, name), above=0.0):
+                out.append(f"{name}={getattr(self, name)!r}: must be a finite number > 0")
         if self.trainer_precision not in TRAINER_PRECISIONS:
             out.append(
                 f"trainer_precision={self.trainer_precision!r}: allowed {TRAINER_PRECISIONS}"
@@ -161,8 +160,8 @@ class TrainConfig:
         out.extend(self._gmi_problems())
         if self.transport not in ("ipc", "tcp"):
             out.append(f"transport={self.transport!r}: allowed 'ipc' or 'tcp'")
-        if self.max_wall_s is not None and not self.max_wall_s > 0:
-            out.append(f"max_wall_s={self.max_wall_s!r}: must be > 0 (or unset)")
+        if self.max_wall_s is not None and not finite_number(self.max_wall_s, above=0.0):
+            out.append(f"max_wall_s={self.max_wall_s!r}: must be a finite number > 0 (or unset)")
         if self.checkpoint is not None and not (
             isinstance(self.checkpoint, str) and self.checkpoint.strip()
         ):

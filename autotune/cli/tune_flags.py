@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from typing import TYPE_CHECKING
 
 from autotune.tuning.settings import OBJECTIVES, SAMPLERS
@@ -10,6 +11,18 @@ from autotune.tuning.sizing import DEFAULT_LAG_CEILING
 
 if TYPE_CHECKING:
     from autotune.workflows.tune import TuneOptions
+
+
+def seconds(text: str) -> float:
+    """A number of seconds > 0 (argparse type): 0, negative, NaN or infinite is refused
+    before anything starts, saying what is allowed."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{text!r}: allowed a finite number of seconds > 0")
+    return value
 
 
 def add_tune_args(parser: argparse.ArgumentParser) -> None:
@@ -47,16 +60,16 @@ def add_tune_args(parser: argparse.ArgumentParser) -> None:
     )
     tune.add_argument(
         "--tune-window-s",
-        type=float,
+        type=seconds,
         default=None,
         help="measurement window per trial (default 10 with a GPU, 5 without)",
     )
     tune.add_argument(
-        "--tune-warmup-s", type=float, default=5.0, help="warm-up after a change (default 5)"
+        "--tune-warmup-s", type=seconds, default=5.0, help="warm-up after a change (default 5)"
     )
     tune.add_argument(
         "--tune-window-max-s",
-        type=float,
+        type=seconds,
         default=30.0,
         help="a window ends by then even if its estimate is not within --tune-window-target "
         "(default 30; --tune-window-s is its floor)",

@@ -21,6 +21,7 @@ HalfCheetah-v5, docs/BENCHMARKS.md section 10).
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -86,6 +87,13 @@ class Knob:
                     raise ValueError
                 picked = tuple(dict.fromkeys(values))
         except ValueError:
+            reversed_range = re.fullmatch(r"\s*(-?\d+)\s*\.\.\s*(-?\d+)\s*", spec)
+            if numeric and reversed_range:  # the only way a range of integers fails
+                lo, hi = reversed_range.groups()
+                raise KnobError(
+                    f"knob {self.name}={spec!r}: the range is reversed (LOW {lo} > HIGH {hi}); "
+                    f"give {hi}..{lo}. Allowed values: {allowed}"
+                ) from None
             raise KnobError(
                 f"knob {self.name}={spec!r}: allowed values are {allowed} (give one "
                 "value, LOW..HIGH, or a comma-separated subset)"

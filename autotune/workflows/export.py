@@ -233,9 +233,21 @@ def load_config(path: str, flag: str = "--config") -> Any:
         runtime.config.ConfigError: the config has unknown or invalid fields.
     """
     try:
-        doc = yaml.safe_load(Path(path).read_text())  # YAML reads JSON too
-    except (OSError, yaml.YAMLError) as exc:
+        text = Path(path).read_text()
+    except OSError as exc:
         raise ExportError(f"{flag} {path}: cannot read it: {exc}") from None
+    if path.endswith(".json") or text.lstrip().startswith(("{", "[")):
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as exc:  # in JSON's words, with its line and column
+            raise ExportError(
+                f"{flag} {path}: not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}"
+            ) from None
+    else:
+        try:
+            doc = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ExportError(f"{flag} {path}: not valid YAML: {exc}") from None
     if isinstance(doc, dict) and isinstance(doc.get("recommended"), dict):
         doc = doc["recommended"].get("config")
     elif isinstance(doc, dict) and isinstance(doc.get("config"), dict):

@@ -108,7 +108,8 @@ def start_tuning(
     """
     machine = Machine.here()
     space = build_space(machine, list(options.knobs))
-    window = options.window_s or (10.0 if machine.gpus else 5.0)
+    window = options.window_s  # an explicit 0 is refused below, not taken as the default
+    window = (10.0 if machine.gpus else 5.0) if window is None else window
     settings = TunerSettings(
         objective=options.objective,
         warmup_s=options.warmup_s,

@@ -32,11 +32,32 @@ from runtime.config import ConfigError, TrainConfig
         ({"actor_nice": 20}, "actor_nice=20: allowed an integer 0..19"),
         ({"actor_nice": -1}, "actor_nice=-1: allowed an integer 0..19"),
         ({"trainer_precision": "fp16"}, "trainer_precision='fp16': allowed ('fp32', 'bf16')"),
+        ({"max_wall_s": float("inf")}, "max_wall_s=inf: must be a finite number > 0"),
+        ({"chunk_timeout_s": float("nan")}, "chunk_timeout_s=nan: must be a finite number > 0"),
     ],
 )
 def test_bad_settings_name_the_value_and_what_is_allowed(kwargs, needle):
     with pytest.raises(ConfigError) as err:
         TrainConfig(**kwargs).validate()
+    assert needle in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "needle"),
+    [
+        ("entropy_coef", float("nan"), "learner.entropy_coef=nan: must be a finite number >= 0"),
+        ("value_coef", float("inf"), "learner.value_coef=inf: must be a finite number >= 0"),
+        ("lr", float("inf"), "learner.lr=inf: must be a finite number > 0"),
+        ("lr", float("nan"), "learner.lr=nan: must be a finite number > 0"),
+    ],
+)
+def test_learner_numbers_must_be_finite(field, value, needle):
+    """A NaN or infinite learner setting is refused before the run (a NaN entropy coefficient
+    once reached the probes and failed there, in the learner's words)."""
+    from policies.appo_config import APPOConfig
+
+    with pytest.raises(ConfigError) as err:
+        TrainConfig(learner=APPOConfig(**{field: value})).validate()
     assert needle in str(err.value)
 
 
@@ -63,6 +84,14 @@ def test_cli_rejects_bad_input_before_starting_any_process():
     assert "actors=0" in proc.stderr and "multiple of rollout_len" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert time.monotonic() - start < 30
+    proc = subprocess.run(  # an explicit 0 is refused, not taken as "the default"
+        [sys.executable, "-m", "autotune.cli", "train", "--tune", "--tune-window-s", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert "--tune-window-s: '0': allowed a finite number of seconds > 0" in proc.stderr
 
 
 def test_cuda_trainer_without_cuda_is_refused():

@@ -287,6 +287,8 @@ def test_bad_knobs_and_storage_are_refused_with_what_is_allowed(tmp_path):
         build_space(machine, ["actors=9..12"])
     with pytest.raises(KnobError, match="batch_size='1000': allowed values are 512, 1024"):
         build_space(machine, ["batch_size=1000"])
+    with pytest.raises(KnobError, match=r"actors='4..2': the range is reversed .*give 2\.\.4"):
+        build_space(machine, ["actors=4..2"])
     with pytest.raises(KnobError, match="mps_pct cannot be set here: no CUDA GPU"):
         build_space(machine, ["mps_pct=50"])
     with pytest.raises(StudyError, match="cannot open study 'x' in storage 'nosuch://'"):

@@ -106,6 +106,12 @@ def test_bad_exports_and_configs_say_what_is_wrong(study, tmp_path):
     (tmp_path / "bad.json").write_text(json.dumps({"actors": 2, "actros": 3}))
     with pytest.raises(ConfigError, match="unknown field 'actros'; allowed: actor_nice, actors"):
         load_config(str(tmp_path / "bad.json"))
+    (tmp_path / "broken.json").write_text('{"actors": 2,\n')
+    with pytest.raises(ExportError, match=r"not valid JSON: Expecting property name .* line 2"):
+        load_config(str(tmp_path / "broken.json"))
+    (tmp_path / "broken.yaml").write_text("actors: [1\n")
+    with pytest.raises(ExportError, match="not valid YAML"):
+        load_config(str(tmp_path / "broken.yaml"))
     (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
     with pytest.raises(ExportError, match="no config in it"):
         load_config(str(tmp_path / "list.yaml"))
