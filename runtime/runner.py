@@ -201,7 +201,7 @@ class Runner:
         if any(slot.stepped.value == 0 for slot in self.actors.slots):
             return False  # a new actor is still starting
         gmis = [self.telemetry.source(name) for name in self.trainer_names()]
-        return bool(gmis) and all(g.get("resumed") for g in gmis)
+        return bool(gmis) and all(g.get("holds_state") for g in gmis)
 
     def _start_services(self, ep: topology.Endpoints) -> None:
         self.supervisor.start(ep, self.run_dir)  # the compressor and the migrator

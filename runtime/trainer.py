@@ -123,8 +123,7 @@ class Trainer:
         self.trained_steps = 0
         self.credits_sent = 0  # CREDIT messages sent: the next one's number (``cseq``)
         self.discarded_steps = 0
-        self.lag_sum = 0.0
-        self.lag_max = 0
+        self.lag_sum, self.lag_max = 0.0, 0
         self.last: dict[str, float] = {}
 
     def publish(self) -> None:
@@ -226,7 +225,8 @@ class Trainer:
             "device": self.device,
             "sm_count": self.sm_count,
             "malformed": self.malformed.count,
-            "resumed": self.resumed,
+            "holds_state": self.resumed,  # it has the run's learner state and trains
+            "resumed": self.resumed and self.resume_from is not None,  # took over a saved one
             "retired": final and self.retiring,
             "batch_size": self.batcher.batch_rows * self.cfg.rollout_len,
             "live_epoch": self.live.epoch,

@@ -69,8 +69,12 @@ def summary_table(result: dict[str, Any]) -> Table:
     table = Table(title=f"autotune train: {result['env']}", show_header=False)
     table.add_column("metric", style="bold")
     table.add_column("value", justify="right")
+    asked = (result.get("config") or {}).get("steps")
+    trained = f"{result['env_steps']:,}"
+    if isinstance(asked, int) and result["env_steps"] > asked:  # the drain trains what is in flight
+        trained += f" ({asked:,} asked; what was in flight then was trained too)"
     rows = [
-        ("trained env steps", f"{result['env_steps']:,}"),
+        ("trained env steps", trained),
         (
             "sampled / discarded / lost",
             f"{result['sampled_steps']:,} / "

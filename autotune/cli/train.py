@@ -43,7 +43,9 @@ def add_train_command(sub: Any) -> None:
         "--steps",
         type=int,
         default=d.steps,
-        help=f"trained env steps to run for (default {d.steps})",
+        help=f"trained env steps to run for, at least (default {d.steps}): sampling stops once "
+        "this many are trained, and what is in flight then is trained too, in whole batches "
+        "(nothing sampled is dropped), so a run trains somewhat more",
     )
     train.add_argument(
         "--actors",

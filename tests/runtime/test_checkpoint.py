@@ -46,6 +46,7 @@ def test_a_second_run_goes_on_from_the_first_and_loses_nothing(tmp_path):
     assert saved["trained_steps"] == first["env_steps"] >= 4096
     assert saved["version"] == first["updates"] > 0
     assert first["checkpoint"]["resumed_from_steps"] == 0
+    assert [g["resumed"] for g in first["gmis"]] == [False]  # a fresh run resumed nothing
     state = torch.load(ck / checkpoint.STATE_NAME, weights_only=False)
     assert state["trained_steps"] == saved["trained_steps"]
 
@@ -72,6 +73,7 @@ def test_a_second_run_goes_on_from_the_first_and_loses_nothing(tmp_path):
     assert second["env_steps"] >= 4096
     past = [t.trained_steps for t in ticks if not t.draining and t.trained_steps >= 4096]
     assert len(past) == 1, (past, saved)
+    assert [g["resumed"] for g in second["gmis"]] == [True]
     doc = second["checkpoint"]
     assert doc["resumed_from_steps"] == saved["trained_steps"]
     assert doc["resumed_from_version"] == saved["version"]

@@ -173,3 +173,35 @@ def test_which_flags_are_sized_with_and_without_a_config_file(tmp_path):
     tuned = parse(["train", "--tune", "--knob", "actors=1..2", "--knob", "batch_size=512,1024"])
     assert tuned_space(tuned) == {"actors": (1, 2), "batch_size": (512, 1024)}
     assert tuned_space(parse(["train", "--knob", "actors=1..2"])) is None  # not tuning
+
+
+def test_the_summary_says_when_more_was_trained_than_asked():
+    """--steps is a minimum: the drain trains what is in flight, and the summary says so."""
+    from rich.console import Console
+
+    from autotune.cli.display import summary_table
+
+    def rendered(trained: int) -> str:
+        result = {
+            "env": "CartPole-v1",
+            "env_steps": trained,
+            "sampled_steps": trained,
+            "discarded_steps": 0,
+            "lost_steps": 0,
+            "wall_s": 5.0,
+            "steps_per_s": trained / 5.0,
+            "energy": {"gpu_j": 0.0, "cpu_j": 100.0, "gpu_source": "none", "cpu_source": "model"},
+            "steps_per_joule": trained / 100.0,
+            "return_mean": 20.0,
+            "policy_lag": {"mean": 1.0, "max": 2},
+            "actor_restarts": 0,
+            "trainer_device": "cpu",
+            "stages": {},
+            "config": {"steps": 4096},
+        }
+        console = Console(record=True, width=200)
+        console.print(summary_table(result))
+        return console.export_text()
+
+    assert "8,960 (4,096 asked; what was in flight then was trained too)" in rendered(8960)
+    assert "asked" not in rendered(4096)
