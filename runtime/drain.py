@@ -26,6 +26,28 @@ SERVICE_DRAIN_TIMEOUT_S = 120.0
 """How long the drain waits for each service's final report."""
 DRAIN_RESEND_S = 0.5
 SERVICE_EXIT_TIMEOUT_S = 30.0
+DRAIN_EXIT_S = 1.0
+"""What a drain takes beyond training the steps in flight: the processes' exits."""
+
+
+def wall_reserve_s(cfg: Any, trained: int, elapsed_s: float) -> float:
+    """How long before ``cfg.max_wall_s`` the drain begins, so that the run ends by then: the
+    steps that can be in flight (the actors' budget and a rollout each) at the rate trained so
+    far, and the processes' exits; at most half the limit."""
+    rate = trained / elapsed_s if trained > 0 and elapsed_s > 0 else 0.0
+    rollouts = cfg.actors * cfg.envs_per_actor * cfg.rollout_len
+    inflight = cfg.max_inflight_batches * cfg.batch_size + rollouts
+    need = (inflight / rate if rate > 0 else 0.0) + DRAIN_EXIT_S
+    return min(need, 0.5 * cfg.max_wall_s)
+
+
+def wall_due(cfg: Any, since: float, started: float, trained: int) -> bool:
+    """Whether the drain must begin now for the run to end by ``cfg.max_wall_s`` counted from
+    ``since`` (``time.monotonic()``; the run trained ``trained`` steps since ``started``)."""
+    if cfg.max_wall_s is None:
+        return False
+    now = time.monotonic()
+    return cfg.max_wall_s - (now - since) <= wall_reserve_s(cfg, trained, now - started)
 
 
 @dataclass

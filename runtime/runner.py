@@ -49,7 +49,7 @@ import zmq
 from runtime import checkpoint, live, run_dirs, topology, wire
 from runtime.actor_pool import ActorPool, Incarnations
 from runtime.config import ConfigError, TrainConfig
-from runtime.drain import Drain
+from runtime.drain import Drain, wall_due
 from runtime.energy import EnergyMeter, probe_cpu_energy
 from runtime.envs import EnvInfo
 from runtime.generations import Generations, MPSChange
@@ -113,6 +113,7 @@ class Runner:
         self.changes: list[dict[str, Any]] = []
         """Every live change applied: ``{"t": seconds into the run, "changed": {name: value}}``."""
         self._started = time.monotonic()
+        self.wall_from: float | None = None  # when max_wall_s counts from (None: the run's start)
         self.mp = mp.get_context("spawn")
         self.services = Services(self.mp)
         self.fleet = GMIFleet(cfg, info, self.services.spawn)
@@ -367,9 +368,8 @@ class Runner:
                 continue  # the drain needs the replaced pipeline up and acknowledged
             if self.resumed_steps + self.telemetry.trained_steps >= self.cfg.steps:
                 break
-            max_wall = self.cfg.max_wall_s
-            if max_wall is not None and time.monotonic() - started >= max_wall:
-                logger.info("wall-clock limit of %.0f s reached; draining", max_wall)
+            if wall_due(self.cfg, self.wall_from or started, started, tel.trained_steps):
+                logger.info("draining to end by the wall limit of %.0f s", self.cfg.max_wall_s)
                 break
 
     def _sample_timeline(self, started: float, force: bool = False) -> None:

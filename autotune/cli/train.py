@@ -12,7 +12,7 @@ from rich.console import Console
 from autotune.cli.auto_flags import int_list, int_or_auto, mps_or_auto, size_run_config
 from autotune.cli.display import ProgressDisplay, summary_table
 from autotune.cli.output import write_json
-from autotune.cli.train_config import auto_fields, train_config
+from autotune.cli.train_config import auto_fields, process_started, train_config
 from autotune.cli.tune_flags import add_tune_args, tune_options
 from autotune.workflows.progress_log import ProgressLog
 from policies.appo_config import APPOConfig
@@ -193,7 +193,8 @@ def add_train_command(sub: Any) -> None:
         "--max-wall-s",
         type=float,
         default=None,
-        help="stop (with a clean drain) after this many seconds",
+        help="end by this many seconds after the process started (start-up and probes "
+        "included): the drain begins early enough to train what is in flight",
     )
     train.add_argument("--lr", type=float, default=dl.lr, help=f"learning rate (default {dl.lr})")
     train.add_argument(
@@ -320,6 +321,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     except ValueError as exc:
         console.print(f"[red]error:[/red] --mps-change: {exc}")
         return 2
+    runner.wall_from = process_started()  # --max-wall-s counts the start-up and probes too
     done, episodes = runner.resumed_steps, runner.resumed_episodes  # of the runs before
     if runner.resume is not None:
         console.print(

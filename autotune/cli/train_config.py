@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import time
 
 from policies.appo_config import APPOConfig
 from runtime.config import ConfigError, TrainConfig
@@ -117,3 +118,11 @@ def train_config(args: argparse.Namespace):
         return config_with_flags(load_config(args.config), args, args.explicit)
     except ExportError as exc:
         raise ConfigError([str(exc)]) from None
+
+
+def process_started() -> float:
+    """This process's start, on the ``time.monotonic()`` clock (what ``--max-wall-s`` counts
+    from)."""
+    import psutil
+
+    return time.monotonic() - max(0.0, time.time() - psutil.Process().create_time())
