@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import sys
+import threading
 import time
 from typing import Any
 
@@ -14,14 +17,55 @@ from runtime.config import TrainConfig
 from runtime.runner import RunState
 
 REFRESH_S = 0.5
+PLAIN_EVERY_S = 5.0
+"""Without a terminal (CI logs, ``nohup``), a plain progress line this often."""
 
 
 def _fmt(value: float | None, spec: str = ",.0f") -> str:
     return "-" if value is None else format(value, spec)
 
 
+class StderrRelay:
+    """While a live line shows, what the run's processes write to stderr (children inherit
+    fd 2: an actor's traceback, a warning) goes through a pipe and is printed above the live
+    line, a line at a time, instead of onto it. The console writes to the terminal itself."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self._saved: int | None = None
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> StderrRelay:
+        sys.stderr.flush()
+        self._saved = os.dup(2)
+        self._old_file = self.console.file
+        self.console.file = os.fdopen(os.dup(self._saved), "w", buffering=1)
+        read, write = os.pipe()
+        os.dup2(write, 2)
+        os.close(write)
+        self._thread = threading.Thread(target=self._pump, args=(read,), daemon=True)
+        self._thread.start()
+        return self
+
+    def _pump(self, read: int) -> None:
+        with os.fdopen(read, "rb") as pipe:
+            for raw in iter(pipe.readline, b""):
+                text = raw.decode(errors="replace").rstrip("\n")
+                self.console.print(text, markup=False, highlight=False, soft_wrap=True)
+
+    def __exit__(self, *exc: object) -> None:
+        sys.stderr.flush()
+        assert self._saved is not None and self._thread is not None
+        os.dup2(self._saved, 2)  # the pipe ends once the children holding it have exited
+        os.close(self._saved)
+        self._thread.join(timeout=1.0)
+        self.console.file.flush()
+        self.console.file = self._old_file
+
+
 class ProgressDisplay:
-    """A rich ``Live`` view refreshed from the runner's progress callback."""
+    """A rich ``Live`` view refreshed from the runner's progress callback; without a terminal,
+    a plain line every ``PLAIN_EVERY_S`` instead (a log shows the run as it goes)."""
 
     def __init__(
         self, console: Console, cfg: TrainConfig, enabled: bool = True, steps_before: int = 0
@@ -30,37 +74,58 @@ class ProgressDisplay:
         self.steps_before = steps_before
         """Trained steps of the runs before (a run resumed from a checkpoint)."""
         self.live = Live(console=console, refresh_per_second=4, transient=False)
+        self.plain = not console.is_terminal
+        self.relay = StderrRelay(console)
+        self._unprinted: Text | None = None
         self._last_render = 0.0
         self._rate_mark: tuple[float, int] = (0.0, 0)
         self._rate = 0.0
 
     def __enter__(self) -> ProgressDisplay:
-        if self.enabled:
+        if self.enabled and not self.plain:
+            self.relay.__enter__()
             self.live.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self.enabled:
+        if self.enabled and not self.plain:
             self.live.__exit__(*exc)
+            self.relay.__exit__(*exc)
+        elif self._unprinted is not None:  # the last state, even if newer than the last line
+            self.console.print(self._unprinted)
+
+    def print(self, *objects: Any) -> None:
+        """Prints above the live line (not onto it), or as a line of its own without one."""
+        (self.live.console if self.enabled and not self.plain else self.console).print(*objects)
 
     def update(self, state: RunState) -> None:
         now = time.monotonic()
-        if not self.enabled or now - self._last_render < REFRESH_S:
+        every = PLAIN_EVERY_S if self.plain else REFRESH_S
+        if not self.enabled or now - self._last_render < every:
+            if self.enabled and self.plain:
+                self._unprinted = self._line(state, self._rate)
             return
         t0, s0 = self._rate_mark
         if state.elapsed_s > t0:
             self._rate = (state.trained_steps - s0) / (state.elapsed_s - t0)
         self._rate_mark = (state.elapsed_s, state.trained_steps)
         self._last_render = now
+        line = self._line(state, self._rate)
+        if self.plain:
+            self.console.print(line)
+            self._unprinted = None
+        else:
+            self.live.update(line)
+
+    def _line(self, state: RunState, rate: float) -> Text:
         phase = "[yellow]draining[/yellow]" if state.draining else "[green]training[/green]"
-        line = Text.from_markup(
+        return Text.from_markup(
             f"{phase} {self.steps_before + state.trained_steps:,}/{self.cfg.steps:,} trained "
-            f"({state.sampled_steps:,} sampled)  {self._rate:,.0f} steps/s  "
+            f"({state.sampled_steps:,} sampled)  {rate:,.0f} steps/s  "
             f"return {_fmt(state.return_mean, '.1f')} ({state.episodes:,} ep)  "
             f"lag {state.policy_lag_mean:.1f}/{state.policy_lag_max}  "
             f"restarts {state.actor_restarts}  {state.elapsed_s:,.0f}s"
         )
-        self.live.update(line)
 
 
 def summary_table(result: dict[str, Any]) -> Table:

@@ -54,6 +54,8 @@ def auto_fields(args: argparse.Namespace) -> set[str]:
     out = {f for f in AUTO if getattr(args, f, None) == "auto"}
     if getattr(args, "config", None) is not None:
         out &= set(getattr(args, "explicit", set()))
+    if getattr(args, "trainer_device", None) == "cpu":
+        out.discard("mps_pct")  # a CPU trainer has no GPU share to size
     return out
 
 
