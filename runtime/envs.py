@@ -34,7 +34,8 @@ def make_env(env_id: str) -> gym.Env:
         known = list(gym.registry)
         close = difflib.get_close_matches(env_id, known, n=3, cutoff=0.5)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
-        raise EnvError(f"cannot make environment {env_id!r}: {exc}{hint}") from None
+        why = str(exc).split(" Did you mean")[0] if close else str(exc)  # one hint, ours
+        raise EnvError(f"cannot make environment {env_id!r}: {why}{hint}") from None
     except ImportError as exc:
         raise EnvError(
             f"environment {env_id!r} needs a package that is not installed ({exc}); "

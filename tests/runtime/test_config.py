@@ -61,6 +61,13 @@ def test_learner_numbers_must_be_finite(field, value, needle):
     assert needle in str(err.value)
 
 
+def test_an_unknown_env_gets_one_hint():
+    """gymnasium's own "Did you mean" is dropped where ours names the close ids."""
+    with pytest.raises(ConfigError) as err:
+        TrainConfig(env="CartPol-v1").validate()
+    assert str(err.value).lower().count("did you mean") == 1
+
+
 def test_every_problem_is_reported_at_once():
     with pytest.raises(ConfigError) as err:
         TrainConfig(actors=0, envs_per_actor=0, steps=-1).validate()
