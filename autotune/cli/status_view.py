@@ -90,27 +90,39 @@ def render(console: Any, job: dict[str, Any], history: int = 20) -> None:
     )
     rows = job.get("trials", [])
     knobs = sorted({k for r in rows for k in r["values"]})
-    table = Table(title=f"trials ({len(rows)}; last {min(history, len(rows))})")
-    for col in (
-        "#",
-        "state",
-        *(SHORT.get(k, k) for k in knobs),
-        "steps/s",
-        "steps/J",
-        "objective",
-        "note",
-    ):
-        table.add_column(col, overflow="fold")
-    for r in rows[-history:]:
-        table.add_row(
-            str(r["number"]),
-            r["state"][:8].lower(),
-            *(_knob(k, r["values"].get(k)) for k in knobs),
-            _fmt(r["steps_per_s"]),
-            _fmt(r["steps_per_joule"]),
-            _fmt(r["objective"]),
-            r["note"],
-        )
-    console.print(table)
+    console.print(trial_table(rows[-history:], knobs, len(rows), console.width))
     if knobs:
         console.print("columns: " + ", ".join(f"{SHORT.get(k, k)}={k}" for k in knobs))
+
+
+def trial_table(rows: list[dict[str, Any]], knobs: list[str], total: int, width: int) -> Table:
+    """The trials, a column per knob where that fits ``width``, else the knobs as one column
+    of ``name=value`` words that wraps between them. No number is ever split."""
+    table = Table(title=f"trials ({total}; last {len(rows)})")
+    first = [[str(r["number"]), r["state"][:8].lower()] for r in rows]
+    per_knob = [[_knob(k, r["values"].get(k)) for k in knobs] for r in rows]
+    last = [
+        [_fmt(r["steps_per_s"]), _fmt(r["steps_per_joule"]), _fmt(r["objective"])] for r in rows
+    ]
+    knob_heads = [SHORT.get(k, k) for k in knobs]
+    wide = [*zip(["#", "state", *knob_heads, "steps/s", "steps/J", "objective"], strict=True)]
+    cells = [f + k + t for f, k, t in zip(first, per_knob, last, strict=True)]
+    widths = [max([len(h[0]), *(len(c[i]) for c in cells)]) for i, h in enumerate(wide)]
+    if sum(widths) + 3 * (len(widths) + 1) + 12 > width:  # the note needs room too: one column
+        widths = [*widths[:2], 0, *widths[-3:]]
+        cells = [
+            [*f, " ".join(f"{h}={v}" for h, v in zip(knob_heads, k, strict=True)), *t]
+            for f, k, t in zip(first, per_knob, last, strict=True)
+        ]
+        heads = ["#", "state", "config", "steps/s", "steps/J", "objective"]
+    else:
+        heads = [h[0] for h in wide]
+    for head, w in zip(heads, widths, strict=True):
+        if head == "config":
+            table.add_column(head, ratio=2)  # wraps between its words
+        else:
+            table.add_column(head, no_wrap=True, min_width=w)
+    table.add_column("note", overflow="fold", ratio=1)
+    for c, r in zip(cells, rows, strict=True):
+        table.add_row(*c, r["note"] or "")
+    return table

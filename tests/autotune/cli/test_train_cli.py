@@ -311,3 +311,23 @@ def test_without_a_terminal_progress_is_a_plain_line_every_few_seconds(monkeypat
         ["training", "7,000/10,000"],
         ["draining", "10,000/10,000"],
     ]
+
+
+def test_the_trial_table_never_splits_a_number_at_80_columns():
+    """Too narrow for a column per knob, the knobs share one column that wraps between its
+    name=value words; every figure stays whole."""
+    from rich.console import Console
+
+    from autotune.cli.status_view import trial_table
+
+    values = {"actors": 15, "envs_per_actor": 64, "batch_size": 65536, "chunk_bytes": 262144}
+    values |= {"trainers": 2, "mps_pct": 100, "trainer_device": "cuda", "trainer_threads": 4}
+    row = {"number": 7, "state": "COMPLETE", "values": values, "note": "a note " * 6}
+    row |= {"steps_per_s": 102456.0, "steps_per_joule": 111.5, "objective": 111.51}
+    for width in (80, 200):
+        console = Console(width=width, record=True)
+        console.print(trial_table([row], sorted(values), 1, width))
+        text = console.export_text()
+        assert all(len(line) <= width for line in text.splitlines())
+        for figure in ("102,456", "65536", "256K"):
+            assert figure in text, (width, text)
