@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, field, fields
 
 from policies.appo_config import APPOConfig, finite_number
-from runtime.envs import EnvError, EnvInfo, probe_env
+from runtime.envs import EnvError, EnvInfo, probe_env, use_env_modules
 
 TRAINER_DEVICES = ("auto", "cpu", "cuda")
 TRAINER_PRECISIONS = ("fp32", "bf16")
@@ -43,7 +43,11 @@ class TrainConfig:
     """Everything a training run needs; ``validate`` checks it against the environment too."""
 
     env: str = "CartPole-v1"
-    """Gymnasium environment id."""
+    """Gymnasium environment id (``module:EnvId`` imports ``module`` first, as gymnasium does,
+    in every process, from the directory the run started in)."""
+    env_modules: tuple[str, ...] = ()
+    """Modules imported in every process of the run before an env is made: custom envs that
+    register themselves with gymnasium (``runtime.envs.use_env_modules``)."""
     steps: int = 200_000
     """Trained environment steps after which the run drains and stops."""
     actors: int = 2
@@ -182,6 +186,12 @@ class TrainConfig:
                 f"cpu_idle_w={self.cpu_idle_w!r}: allowed a number of watts >= 0 (the CPU "
                 "packages' idle power), or unset to take it from the CPU's TDP"
             )
+        bad = [m for m in self.env_modules if not all(p.isidentifier() for p in str(m).split("."))]
+        if not isinstance(self.env_modules, tuple) or bad:
+            out.append(
+                f"env_modules={self.env_modules!r}: allowed a tuple of module names "
+                "(dotted Python identifiers, e.g. my_envs or pkg.envs)"
+            )
         out.extend(self.learner.problems())
         return out
 
@@ -240,6 +250,7 @@ class TrainConfig:
         from policies.mlp import PolicySpecError, parse_spec  # imports torch
 
         try:
+            use_env_modules(self.env_modules)
             info = probe_env(self.env)
         except EnvError as exc:
             raise ConfigError([str(exc)]) from None
@@ -328,7 +339,7 @@ class TrainConfig:
         if problems:
             raise ConfigError(problems)
         values = {k: v for k, v in doc.items() if k != "learner"}
-        for name in ("mps_pct", "gpus"):
+        for name in ("mps_pct", "gpus", "env_modules"):
             if isinstance(values.get(name), list):
                 values[name] = tuple(values[name])
         cfg = cls(**values, learner=APPOConfig(**learner))  # type: ignore[arg-type]

@@ -1,8 +1,20 @@
-"""Environment facts the runtime needs before any process starts, and the env factory actors use."""
+"""Environment facts the runtime needs before any process starts, and the env factory actors use.
+
+Custom envs: a module that registers envs with gymnasium is imported in every process of a run
+(the CLI's, the probes', the actors') before an env is made, from the directory the run was
+started in. It is named in the env id (``module:EnvId``, gymnasium's own form) or given with
+``TrainConfig.env_modules`` (``--env-module``); ``use_env_modules`` hands both to the run's
+child processes through the environment (``AUTOTUNE_ENV_MODULES``, ``AUTOTUNE_ENV_PATH``).
+"""
 
 from __future__ import annotations
 
 import difflib
+import importlib
+import os
+import sys
+import traceback
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import gymnasium as gym
@@ -26,8 +38,48 @@ class EnvInfo:
     act_high: tuple[float, ...] = ()
 
 
+ENV_MODULES = "AUTOTUNE_ENV_MODULES"
+ENV_PATH = "AUTOTUNE_ENV_PATH"
+
+
+def use_env_modules(modules: Sequence[str]) -> None:
+    """Imports ``modules`` here and has every child process started from now on import them
+    too (with this process's working directory on its path)."""
+    os.environ.setdefault(ENV_PATH, os.getcwd())
+    known = [m for m in os.environ.get(ENV_MODULES, "").split(",") if m]
+    os.environ[ENV_MODULES] = ",".join(dict.fromkeys([*known, *modules]))
+    import_env_modules(modules)
+
+
+def import_env_modules(modules: Sequence[str]) -> None:
+    """Imports each module (it registers its envs with gymnasium) with the run's directory on
+    the path.
+
+    Raises:
+        EnvError: a module that fails to import, with its own error and where it was raised.
+    """
+    where = os.environ.get(ENV_PATH) or os.getcwd()
+    if where not in sys.path:
+        sys.path.insert(0, where)
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:
+            frames = traceback.extract_tb(exc.__traceback__)
+            at = next((f for f in reversed(frames) if "importlib" not in f.filename), None)
+            missing = isinstance(exc, ModuleNotFoundError) and exc.name == name
+            place = f" ({at.filename}, line {at.lineno})" if at and not missing else ""
+            raise EnvError(
+                f"env module {name!r} (looked for in {where} and on the Python path) failed to "
+                f"import: {type(exc).__name__}: {exc}{place}"
+            ) from None
+
+
 def make_env(env_id: str) -> gym.Env:
-    """Creates one environment; unknown ids raise ``EnvError`` with close matches."""
+    """Creates one environment, after importing the run's env modules and the module an id of
+    the form ``module:EnvId`` names; unknown ids raise ``EnvError`` with close matches."""
+    module = [env_id.split(":", 1)[0]] if ":" in env_id else []
+    import_env_modules([m for m in os.environ.get(ENV_MODULES, "").split(",") if m] + module)
     try:
         return gym.make(env_id)
     except gym.error.Error as exc:
@@ -37,9 +89,10 @@ def make_env(env_id: str) -> gym.Env:
         why = str(exc).split(" Did you mean")[0] if close else str(exc)  # one hint, ours
         raise EnvError(f"cannot make environment {env_id!r}: {why}{hint}") from None
     except ImportError as exc:
+        ours = "mujoco" in str(exc).lower()  # an extra of this package: say which
+        hint = "; MuJoCo envs need: pip install 'rl-autotune[mujoco]'" if ours else ""
         raise EnvError(
-            f"environment {env_id!r} needs a package that is not installed ({exc}); "
-            "MuJoCo envs need: pip install 'rl-autotune[mujoco]'"
+            f"environment {env_id!r} needs a module that cannot be imported ({exc}){hint}"
         ) from None
 
 

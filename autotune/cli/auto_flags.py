@@ -7,6 +7,7 @@ import argparse
 import time
 
 from rich.console import Console
+from rich.markup import escape
 
 from runtime.config import TrainConfig
 
@@ -63,7 +64,9 @@ def size_run_config(console: Console, cfg: TrainConfig, auto: set[str], args: ar
     try:
         sized, doc = size_config(cfg, auto, objective, tuned_space(args), args.reprobe)
     except (ProbeError, ValueError) as exc:
-        console.print(f"[red]error:[/red] cannot size the run ({exc}); give explicit values")
+        console.print(
+            f"[red]error:[/red] cannot size the run ({escape(str(exc))}); give explicit values"
+        )
         return cfg, None
     p, pr = doc["probes"], doc["predicted"]
     console.print(

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 
 from autotune.cli.output import write_json
 from autotune.cli.status_view import render
@@ -92,7 +93,7 @@ def cmd_daemon(args: argparse.Namespace) -> int:
         endpoint = protocol.resolve_endpoint(args.control)
         return _daemon(console, args, endpoint)
     except protocol.ControlError as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        console.print(f"[red]error:[/red] {escape(str(exc))}")
         return 2
 
 
@@ -177,7 +178,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         endpoint = protocol.resolve_endpoint(args.control)
         answer = protocol.request(endpoint, MsgType.STATUS)
     except protocol.ControlError as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        console.print(f"[red]error:[/red] {escape(str(exc))}")
         return 2
     doc: dict[str, Any] = {"daemon": None, "jobs": []}
     if answer is None:
@@ -197,7 +198,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         try:
             doc["jobs"] = [stored_status(args.storage, args.study)]
         except StudyError as exc:
-            console.print(f"[red]error:[/red] {exc}")
+            console.print(f"[red]error:[/red] {escape(str(exc))}")
             return 1
         console.print("(read from storage: no job is tuning it now)")
     elif answer is None:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 
 from runtime.config import ConfigError
 
@@ -77,7 +78,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         study = load_study(args.storage, args.study)
         doc = export_doc(study, args.pick, args.target_gpus, args.target_cores, args.sms)
     except (ExportError, StudyError, ConfigError) as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        console.print(f"[red]error:[/red] {escape(str(exc))}")
         return 2
     text = dump(doc, fmt)
     if args.out is None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich.markup import escape
 from rich.table import Table
 
 
@@ -77,7 +78,7 @@ def render(console: Any, job: dict[str, Any], history: int = 20) -> None:
         if absent:
             console.print(f"not on this machine: {', '.join(absent)}")
     if job.get("unmet"):
-        console.print(f"[red]{job['unmet']}[/red]")
+        console.print(f"[red]{escape(str(job['unmet']))}[/red]")
     best = job.get("best")
     console.print(
         "best so far: "

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
 from autotune.cli.output import write_json
@@ -200,7 +201,7 @@ def cmd_study(args: argparse.Namespace) -> int:
         plan = plan_workers(options) if options.workers > 1 else []
         offline = make_study(options, cores=len(plan[0].cores) if plan else None)
     except (KnobError, StudyError, ValueError) as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        console.print(f"[red]error:[/red] {escape(str(exc))}")
         return 2
     progress = Progress(
         TextColumn("{task.description}"),
@@ -245,7 +246,7 @@ def describe(row: dict[str, Any]) -> str:
     if row.get("worker") is not None:
         head = f"[w{row['worker']}] {head}"
     if row["error"]:
-        return f"{head}: [red]{row['error']}[/red]"
+        return f"{head}: [red]{escape(str(row['error']))}[/red]"
     text = f"{head}: {row['steps_per_s']:,.0f} steps/s, {row['steps_per_joule'] or 0:.4g} steps/J"
     scaled = row["attrs"].get("scaled_steps_per_joule")
     if scaled and row["steps_per_joule"] and abs(scaled / row["steps_per_joule"] - 1) > 1e-9:

@@ -8,11 +8,12 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 
 from autotune.cli.auto_flags import int_list, int_or_auto, mps_or_auto, size_run_config
 from autotune.cli.display import ProgressDisplay, summary_table
 from autotune.cli.output import write_json
-from autotune.cli.train_config import auto_fields, process_started, train_config
+from autotune.cli.train_config import add_env_args, auto_fields, process_started, train_config
 from autotune.cli.tune_flags import add_tune_args, tune_options
 from autotune.workflows.progress_log import ProgressLog
 from policies.appo_config import APPOConfig
@@ -38,7 +39,7 @@ def add_train_command(sub: Any) -> None:
         "result or a mapping of config fields; JSON or YAML); flags given "
         "as well override it",
     )
-    train.add_argument("--env", default=d.env, help=f"gymnasium env id (default {d.env})")
+    add_env_args(train, d.env)
     train.add_argument(
         "--steps",
         type=int,
@@ -305,7 +306,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                 return 2
         info = cfg.validate()
     except ConfigError as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        console.print(f"[red]error:[/red] {escape(str(exc))}")
         return 2
     try:
         runner = Runner(
@@ -316,10 +317,10 @@ def cmd_train(args: argparse.Namespace) -> int:
             mps_live=args.tune and (cfg.resolved_device() == "cuda" or no_gpu_reason() is None),
         )
     except ConfigError as exc:  # the checkpoint
-        console.print(f"[red]error:[/red] {exc}")
+        console.print(f"[red]error:[/red] {escape(str(exc))}")
         return 2
     except ValueError as exc:
-        console.print(f"[red]error:[/red] --mps-change: {exc}")
+        console.print(f"[red]error:[/red] --mps-change: {escape(str(exc))}")
         return 2
     runner.wall_from = process_started()  # --max-wall-s counts the start-up and probes too
     done, episodes = runner.resumed_steps, runner.resumed_episodes  # of the runs before
@@ -346,7 +347,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
             tuning = start_tuning(tune_options(args), cfg, runner, sizing)
         except ValueError as exc:  # KnobError, StudyError, ControlError, bad settings, refusal
-            console.print(f"[red]error:[/red] {exc}")
+            console.print(f"[red]error:[/red] {escape(str(exc))}")
             return 2
         console.print(f"tuning: {tuning.where}")
 
@@ -361,7 +362,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         with display:
             result = runner.run()
     except RunError as exc:
-        console.print(f"[red]run failed:[/red] {exc}")
+        console.print(f"[red]run failed:[/red] {escape(str(exc))}")
         failed = getattr(exc, "result", None)
         if failed is not None and args.json is not None:
             write_json(args.json, failed)  # what it had done: steps, lost, checkpoint
@@ -394,6 +395,6 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.json is not None:
         console.print(f"wrote {args.json}")
     if result.get("failure"):
-        console.print(f"[red]run stopped early:[/red] {result['failure']}")
+        console.print(f"[red]run stopped early:[/red] {escape(str(result['failure']))}")
         return 1
     return 0

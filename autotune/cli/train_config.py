@@ -38,6 +38,8 @@ def config_with_flags(base, args: argparse.Namespace, explicit: set[str]):
     fields = {f.name for f in dataclasses.fields(base)} - {"learner"}
     changes = {k: getattr(args, k) for k in explicit & fields if getattr(args, k) != "auto"}
     learner = {k: getattr(args, k) for k in explicit & set(LEARNER_FLAGS)}
+    if "env_module" in explicit:  # added to the file's
+        changes["env_modules"] = tuple(dict.fromkeys([*base.env_modules, *args.env_module]))
     return dataclasses.replace(
         base, **changes, learner=dataclasses.replace(base.learner, **learner)
     )
@@ -78,6 +80,7 @@ def config_from_args(args: argparse.Namespace):
     )
     return TrainConfig(
         env=args.env,
+        env_modules=tuple(getattr(args, "env_module", None) or ()),
         steps=args.steps,
         actors=_or_default(args, "actors", TrainConfig.actors),
         envs_per_actor=_or_default(args, "envs_per_actor", TrainConfig.envs_per_actor),
@@ -128,3 +131,21 @@ def process_started() -> float:
     import psutil
 
     return time.monotonic() - max(0.0, time.time() - psutil.Process().create_time())
+
+
+def add_env_args(parser: argparse.ArgumentParser, default: str) -> None:
+    """``--env`` and ``--env-module``."""
+    parser.add_argument(
+        "--env",
+        default=default,
+        help=f"gymnasium env id (default {default}); MODULE:ID imports MODULE first, from the "
+        "current directory too (a custom env that registers itself with gymnasium)",
+    )
+    parser.add_argument(
+        "--env-module",
+        action="append",
+        metavar="MODULE",
+        help="import MODULE in every process of the run before making an env (repeatable): "
+        "a custom env module that calls gymnasium.register; the current directory is on the "
+        "path (examples/custom_env.py)",
+    )

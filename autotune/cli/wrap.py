@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 
 from autotune.cli.output import write_json
 from autotune.tuning.knobs import KnobError
@@ -114,7 +115,7 @@ def cmd_wrap(args: argparse.Namespace) -> int:
         study = open_study(args.storage, name, seed=args.seed)
         wrapper = Wrapper(cmd, args.trial_s, args.report_timeout_s)
     except (KnobError, StudyError, ValueError) as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        console.print(f"[red]error:[/red] {escape(str(exc))}")
         return 2
     if args.mode == "live":
         return _wrap_live(args, console, cmd, space, study, wrapper)
@@ -175,7 +176,9 @@ def _wrap_restart(
             row = {"number": trial.number, **run.__dict__, "unit": run.unit}
             if run.error is not None:
                 fail_config(study, trial, values, run.error, failed)
-                console.print(f"  [red]failed:[/red] {run.error} (the best so far is kept)")
+                console.print(
+                    f"  [red]failed:[/red] {escape(str(run.error))} (the best so far is kept)"
+                )
             else:
                 row["objective"] = score = run.score(args.objective)
                 study.tell(trial, score)
@@ -240,10 +243,10 @@ def _wrap_live(
 
         tuner, code = run_live(wrapper, factory, base, args.report_timeout_s)
     except ValueError as exc:  # bad settings
-        console.print(f"[red]error:[/red] {exc}")
+        console.print(f"[red]error:[/red] {escape(str(exc))}")
         return 2
     except LiveModeUnsupported as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        console.print(f"[red]error:[/red] {escape(str(exc))}")
         return 2
     except KeyboardInterrupt:
         console.print("[red]interrupted[/red]: the study is consistent; rerun to go on")

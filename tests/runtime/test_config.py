@@ -99,6 +99,13 @@ def test_cli_rejects_bad_input_before_starting_any_process():
     )
     assert proc.returncode == 2
     assert "--tune-window-s: '0': allowed a finite number of seconds > 0" in proc.stderr
+    proc = subprocess.run(  # square brackets in an error are printed, not taken as markup
+        [sys.executable, "-m", "autotune.cli", "train", "--config", "no-such[mujoco].json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2 and "no-such[mujoco].json" in proc.stderr, proc.stderr
 
 
 def test_cuda_trainer_without_cuda_is_refused():

@@ -331,3 +331,55 @@ def test_the_trial_table_never_splits_a_number_at_80_columns():
         assert all(len(line) <= width for line in text.splitlines())
         for figure in ("102,456", "65536", "256K"):
             assert figure in text, (width, text)
+
+
+WALK_ENV = """
+import gymnasium as gym
+import numpy as np
+
+class Walk(gym.Env):
+    observation_space = gym.spaces.Box(-1, 1, (3,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, seed=None, options=None):
+        self.t = 0
+        return np.zeros(3, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        return np.zeros(3, np.float32), float(action), False, self.t >= 20, {}
+
+gym.register("Walk-v0", entry_point=Walk)
+"""
+
+
+@pytest.mark.parametrize("how", ["--env-module", "module:id"])
+def test_a_custom_env_module_trains_from_the_current_directory(tmp_path, how):
+    """A module in the current directory that registers an env: imported in every process
+    (the actors' too) with no PYTHONPATH set; one that fails to import says why, in its
+    own words, with its file and line."""
+    import os
+
+    (tmp_path / "walk_envs.py").write_text(WALK_ENV)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "AUTOTUNE_ENV_MODULES")}
+    which = ["--env-module", "walk_envs", "--env", "Walk-v0"]
+    which = which if how == "--env-module" else ["--env", "walk_envs:Walk-v0"]
+    flags = ["--actors", "1", "--envs-per-actor", "2", "--batch-size", "512"]
+    flags += ["--trainer-device", "cpu", "--trainers", "1", "--steps", "2048"]
+    cmd = [sys.executable, "-m", "autotune.cli", "train", "--quiet", "--json", "r.json"]
+    proc = subprocess.run(
+        [*cmd, *which, *flags], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240
+    )
+    assert proc.returncode == 0, proc.stderr
+    r = json.loads((tmp_path / "r.json").read_text())
+    assert r["env_steps"] >= 2048 and r["lost_steps"] == 0 and r["return_mean"] > 0
+    if how == "--env-module":
+        assert r["config"]["env_modules"] == ["walk_envs"]
+        (tmp_path / "broken_envs.py").write_text("x = 1\nraise ValueError('no such setting')\n")
+        bad = ["--env-module", "broken_envs", "--env", "Walk-v0"]
+        proc = subprocess.run(
+            [*cmd, *bad, *flags], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+        )
+        said = " ".join(proc.stderr.split())
+        assert proc.returncode == 2 and "ValueError: no such setting" in said, proc.stderr
+        assert "broken_envs.py, line 2" in said and "mujoco" not in said.lower()
