@@ -111,7 +111,8 @@ class Drain:
                 self.read(telemetry_sock, 200)  # a final report may still be queued
                 self.services.check(self.telemetry.is_final)
             self.fleet.send_retire(command_sock, self.telemetry.source("migrator"))
-            if name == "compressor" and now - last_sent >= DRAIN_RESEND_S:
+            due = now - last_sent >= DRAIN_RESEND_S and not self.fleet.retire_pending
+            if name == "compressor" and due:
                 wire.send_msg(command_sock, wire.MsgType.COMMAND, {"cmd": "drain", "expect": clean})
                 last_sent = now
             self.read(telemetry_sock, int(self.tick_s * 1000))

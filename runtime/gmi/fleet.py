@@ -160,6 +160,14 @@ class GMIFleet:
         """Telemetry names of the current generation's GMIs."""
         return [topology.trainer_name(s.rank, self.generation) for s in self.gmis]
 
+    @property
+    def retire_pending(self) -> bool:
+        """Whether a generation is still to be retired, or its retirement is not yet confirmed
+        by the migrator. A drain holds the end of stream back until it is not: a migrator that
+        ended first would send the old GMIs EOS instead of RETIRE, and the new ones would wait
+        for a learner state that never comes."""
+        return bool(self._standby or self._retiring)
+
     def replace(
         self,
         ep: topology.Endpoints,

@@ -190,6 +190,31 @@ def test_gmi_hand_over_mid_run_keeps_every_step_and_the_learner(trainers):
     assert sum(p["trained_steps"] for p in phases) == result["env_steps"]
 
 
+@pytest.mark.slow
+def test_a_run_that_ends_while_new_gmis_start_hands_over_and_drains_exact():
+    """The run ends while a new generation is on standby (started, the old one still
+    training): the drain retires the old one first, the new one takes the learner over and
+    drains, and nothing is lost."""
+    cfg = small(steps=10**9)
+    runner = Runner(cfg, cfg.validate())
+
+    def replace_and_stop(state):
+        if state.trained_steps >= 4_000 and runner.generation == 0:
+            runner.request_replace()
+        elif runner.generation == 1 and "trainer-0.g1" not in runner.telemetry.seen:
+            runner.stop_requested = True  # the new GMIs started and have not reported yet
+
+    runner.on_progress = replace_and_stop
+    result = runner.run()
+    assert_nothing_lost(result)
+    assert result["failure"] is None
+    by_gen = {g: [x for x in result["gmis"] if x["generation"] == g] for g in (0, 1)}
+    assert [x["retired"] for x in by_gen[0]] == [True]
+    assert [x["resumed"] for x in by_gen[1]] == [True]
+    (handover,) = result["gmi_handovers"]  # retired by the drain, before the new GMI reported
+    assert handover["generation"] == 1 and not handover["waited_out"]
+
+
 def test_the_old_generation_retires_only_once_the_new_gmis_have_reported(tmp_path, monkeypatch):
     """Make before break: ``replace`` starts the next generation, and the migrator is told to
     retire the old one only when every new GMI has reported (or ``STANDBY_MAX_S`` passed)."""

@@ -29,7 +29,14 @@ def _free_port() -> int:
 
 
 def _ask(sock: zmq.Socket, kind: str, wait_ms: int = 1500) -> dict | None:
-    sock.send(protocol.encode(kind))
+    """The daemon's answer, or None: none came, or the message could not even be handed over
+    (a client the daemon refuses has no connection to send on, and a send would block)."""
+    if not sock.poll(wait_ms, zmq.POLLOUT):
+        return None
+    try:
+        sock.send(protocol.encode(kind), zmq.NOBLOCK)
+    except zmq.Again:
+        return None
     return protocol.decode(sock.recv()) if sock.poll(wait_ms) else None
 
 
