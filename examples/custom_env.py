@@ -19,8 +19,6 @@ import numpy as np
 
 
 class PointReach(gym.Env):
-    metadata: dict = {"render_modes": []}
-
     def __init__(self) -> None:
         self.observation_space = gym.spaces.Box(-2.0, 2.0, (4,), np.float32)
         self.action_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)

@@ -163,7 +163,8 @@ class APPOLearner:
                     surrogate = torch.min(ratio * adv, clipped)
                     loss_pi = -surrogate.mean()
                     loss_v = 0.5 * (v - ret.vs[idx]).pow(2).mean()
-                    loss = loss_pi + cfg.value_coef * loss_v - cfg.entropy_coef * entropy.mean()
+                    bonus = cfg.entropy_for(self.model.discrete) * entropy.mean()
+                    loss = loss_pi + cfg.value_coef * loss_v - bonus
                     loss.backward()
                     pi_losses.append(loss_pi.detach())
                     v_losses.append(loss_v.detach())

@@ -6,6 +6,8 @@ import math
 from dataclasses import dataclass, fields
 
 LR_SCHEDULES = ("linear", "constant")
+DISCRETE_ENTROPY_COEF = 0.01
+"""The entropy bonus weight for discrete actions when none is given."""
 
 
 @dataclass(frozen=True)
@@ -27,8 +29,10 @@ class APPOConfig:
     """PPO ratio clip."""
     value_coef: float = 0.5
     """Weight of the value loss."""
-    entropy_coef: float = 0.01
-    """Weight of the entropy bonus."""
+    entropy_coef: float | None = None
+    """Weight of the entropy bonus; None: by action space (``entropy_for``), 0.01 for
+    discrete actions and 0 for continuous ones, as SB3 and CleanRL default for continuous
+    control (a bonus there can widen the action distribution until the policy diverges)."""
     max_grad_norm: float = 0.5
     """Global gradient-norm clip."""
     rho_bar: float = 1.0
@@ -59,11 +63,19 @@ class APPOConfig:
             if not (isinstance(getattr(self, name), int) and getattr(self, name) >= 1):
                 out.append(f"learner.{name}={getattr(self, name)!r}: must be an integer >= 1")
         for name in ("value_coef", "entropy_coef"):
+            if name == "entropy_coef" and self.entropy_coef is None:
+                continue  # by action space
             if not finite_number(getattr(self, name), at_least=0.0):
                 out.append(f"learner.{name}={getattr(self, name)!r}: must be a finite number >= 0")
         return out
 
-    def to_dict(self) -> dict[str, float | int | bool]:
+    def entropy_for(self, discrete: bool) -> float:
+        """The entropy bonus weight for a policy with ``discrete`` (else continuous) actions."""
+        if self.entropy_coef is not None:
+            return self.entropy_coef
+        return DISCRETE_ENTROPY_COEF if discrete else 0.0
+
+    def to_dict(self) -> dict[str, float | int | bool | None]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 

@@ -228,8 +228,8 @@ def add_train_command(sub: Any) -> None:
     train.add_argument(
         "--entropy-coef",
         type=float,
-        default=dl.entropy_coef,
-        help=f"entropy bonus weight (default {dl.entropy_coef})",
+        default=None,
+        help="entropy bonus weight (default: 0.01 for discrete actions, 0 for continuous)",
     )
     train.add_argument(
         "--reward-scale",

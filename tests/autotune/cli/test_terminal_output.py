@@ -1,0 +1,164 @@
+"""What `autotune train` prints: the summary, progress with and without a terminal, the
+status tables at 80 columns, and child processes' output around the live line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+
+def test_the_summary_says_when_more_was_trained_than_asked():
+    """--steps is a minimum: the drain trains what is in flight, and the summary says so."""
+    from rich.console import Console
+
+    from autotune.cli.display import summary_table
+
+    def rendered(trained: int) -> str:
+        result = {
+            "env": "CartPole-v1",
+            "env_steps": trained,
+            "sampled_steps": trained,
+            "discarded_steps": 0,
+            "lost_steps": 0,
+            "wall_s": 5.0,
+            "steps_per_s": trained / 5.0,
+            "energy": {"gpu_j": 0.0, "cpu_j": 100.0, "gpu_source": "none", "cpu_source": "model"},
+            "steps_per_joule": trained / 100.0,
+            "return_mean": 20.0,
+            "policy_lag": {"mean": 1.0, "max": 2},
+            "actor_restarts": 0,
+            "trainer_device": "cpu",
+            "stages": {},
+            "config": {"steps": 4096},
+        }
+        console = Console(record=True, width=200)
+        console.print(summary_table(result))
+        return console.export_text()
+
+    assert "8,960 (4,096 asked; what was in flight then was trained too)" in rendered(8960)
+    assert "asked" not in rendered(4096)
+
+
+NOISY_ENV = """
+import sys
+import gymnasium as gym
+import numpy as np
+
+class Noisy(gym.Env):
+    observation_space = gym.spaces.Box(-1, 1, (3,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+    said = False
+
+    def reset(self, seed=None, options=None):
+        self.t = 0
+        return np.zeros(3, np.float32), {}
+
+    def step(self, action):
+        if not Noisy.said:
+            Noisy.said = True
+            print("noisy env: a line from an actor process", file=sys.stderr, flush=True)
+        self.t += 1
+        return np.zeros(3, np.float32), 1.0, False, self.t >= 50, {}
+
+gym.register("Noisy-v0", entry_point="noisyenv:Noisy")
+"""
+
+
+@pytest.mark.slow
+def test_child_output_goes_above_the_live_line_not_onto_it(tmp_path):
+    """In a terminal, a line an actor process writes to stderr is printed on its own line
+    above the live progress line (children write to the terminal directly otherwise, right
+    after the live line's text)."""
+    import os
+    import pty
+    import select
+
+    (tmp_path / "noisyenv.py").write_text(NOISY_ENV)
+    flags = ["--actors", "1", "--envs-per-actor", "2", "--batch-size", "1024"]
+    flags += ["--trainer-device", "cpu", "--trainers", "1", "--steps", "8192"]
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "autotune.cli", "train", "--env", "noisyenv:Noisy-v0", *flags],
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        env={**os.environ, "PYTHONPATH": str(tmp_path), "COLUMNS": "200", "TERM": "xterm"},
+        cwd=tmp_path,
+    )
+    os.close(slave)
+    out = b""
+    while True:
+        ready, _, _ = select.select([master], [], [], 1.0)
+        if ready:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # the child side closed
+                break
+            if not chunk:
+                break
+            out += chunk
+        elif proc.poll() is not None:
+            break
+    assert proc.wait(timeout=240) == 0, out[-3000:]
+    text = out.decode(errors="replace")
+    line = "noisy env: a line from an actor process"
+    assert line in text, text[-3000:]
+    assert all(before.endswith(("\x1b[2K", "\n")) for before in text.split(line)[:-1]), text
+
+
+def test_without_a_terminal_progress_is_a_plain_line_every_few_seconds(monkeypatch):
+    """A log (CI, nohup) gets a progress line every PLAIN_EVERY_S, and the last state at the
+    end, instead of nothing until the summary."""
+    import io
+
+    from rich.console import Console
+
+    from autotune.cli import display
+    from runtime.config import TrainConfig
+    from runtime.run_state import RunState
+
+    clock = [1000.0]
+    monkeypatch.setattr(display.time, "monotonic", lambda: clock[0])
+    out = io.StringIO()
+    shown = display.ProgressDisplay(Console(file=out, width=200), TrainConfig(steps=10_000))
+    assert shown.plain
+
+    def state(t: float, steps: int, draining: bool = False) -> RunState:
+        return RunState(t, steps, steps, None, 0, 0.0, 0, 0, draining)
+
+    with shown:
+        shown.update(state(1.0, 1000))
+        clock[0] += 1.0
+        shown.update(state(2.0, 2000))  # too soon for a line of its own
+        clock[0] += display.PLAIN_EVERY_S
+        shown.update(state(7.0, 7000))
+        clock[0] += 1.0
+        shown.update(state(8.0, 10_000, draining=True))  # the last state: printed at the end
+    lines = out.getvalue().splitlines()
+    assert [line.split()[:2] for line in lines] == [
+        ["training", "1,000/10,000"],
+        ["training", "7,000/10,000"],
+        ["draining", "10,000/10,000"],
+    ]
+
+
+def test_the_trial_table_never_splits_a_number_at_80_columns():
+    """Too narrow for a column per knob, the knobs share one column that wraps between its
+    name=value words; every figure stays whole."""
+    from rich.console import Console
+
+    from autotune.cli.status_view import trial_table
+
+    values = {"actors": 15, "envs_per_actor": 64, "batch_size": 65536, "chunk_bytes": 262144}
+    values |= {"trainers": 2, "mps_pct": 100, "trainer_device": "cuda", "trainer_threads": 4}
+    row = {"number": 7, "state": "COMPLETE", "values": values, "note": "a note " * 6}
+    row |= {"steps_per_s": 102456.0, "steps_per_joule": 111.5, "objective": 111.51}
+    for width in (80, 200):
+        console = Console(width=width, record=True)
+        console.print(trial_table([row], sorted(values), 1, width))
+        text = console.export_text()
+        assert all(len(line) <= width for line in text.splitlines())
+        for figure in ("102,456", "65536", "256K"):
+            assert figure in text, (width, text)
