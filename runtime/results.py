@@ -106,6 +106,7 @@ def failed_result(runner: Any, wall_s: float, error: str) -> dict[str, Any]:
         "actor_restarts": runner.restarts,
         "service_replacements": runner.supervisor.replacements,
         "stalls": tel.stalls,
+        "divergence": tel.divergence.found,
         "config": runner.cfg.to_dict(),
         "checkpoint": checkpoint.result_doc(runner.cfg, runner.resume),
     }
@@ -236,6 +237,7 @@ def build_result(runner: RunRecord, wall_s: float, energy: Any) -> dict[str, Any
         "interrupted": runner.interrupted,
         "failure": (tel.fatal() or runner.failure) if runner.failure else None,
         "stalls": tel.stalls,
+        "divergence": tel.divergence.found,
         "trainer_device": trainer.get("device"),
         "updates": trainer.get("version", 0),
         "gmis": [gmi_doc(name, tel.source(name)) for name in tel.trainer_sources()],

@@ -121,7 +121,7 @@ class Runner:
         self.on_progress = on_progress
         self.timeline = Timeline()
         self.meter = meter
-        self.telemetry = RunTelemetry()
+        self.telemetry = RunTelemetry(act_dim=None if info.discrete else info.act_dim)
         self.resumed_episodes = 0
         """Episodes of the runs before this one (the return window goes on from theirs)."""
         if self.resume is not None:

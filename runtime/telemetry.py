@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from runtime import wire
+from runtime.divergence import DivergenceWatch
 
 logger = logging.getLogger(__name__)
 
@@ -26,8 +27,10 @@ reported as stalled (a warning, and the result's ``stalls``)."""
 class RunTelemetry:
     """Aggregates STATS messages into run-level figures."""
 
-    def __init__(self, key: bytes = b"") -> None:
+    def __init__(self, key: bytes = b"", act_dim: int | None = None) -> None:
         self.key = key
+        self.divergence = DivergenceWatch(act_dim)
+        """Whether the run looks like it is diverging (``runtime.divergence``)."""
         """The run's key: reports must be signed with it and numbered (``StatsSender``);
         empty: no check (tests that feed the telemetry alone)."""
         self._senders: dict[str, tuple[str, int]] = {}
@@ -71,6 +74,9 @@ class RunTelemetry:
             self.episodes += 1
         self.latest[source] = counters
         self.seen[source] = time.monotonic()
+        if episodes or source.startswith("trainer-"):
+            lead = next((c for s, c in self.latest.items() if s.startswith("trainer-")), {})
+            self.divergence.check(self.episodes, self.return_mean, lead.get("entropy"))
 
     def _check_sender(self, source: str, msg: wire.Message) -> None:
         """Refuses a report not signed with the run's key, one from a sender other than the
