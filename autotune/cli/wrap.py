@@ -85,6 +85,11 @@ def add_wrap_command(sub: Any) -> None:
     wrap.add_argument("--study", default=None, help="study name (default wrap-<script name>)")
     wrap.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
     wrap.add_argument(
+        "--resume",
+        action="store_true",
+        help="go on with a study made for another command or other knobs (refused otherwise)",
+    )
+    wrap.add_argument(
         "--json",
         type=Path,
         default=None,
@@ -113,6 +118,7 @@ def cmd_wrap(args: argparse.Namespace) -> int:
             raise KnobError(f"a knob is given twice: {names}")
         name = args.study or f"wrap-{script_name(cmd)}"
         study = open_study(args.storage, name, seed=args.seed)
+        same_study(study, {"mode": args.mode, "cmd": cmd, "knobs": list(args.knob)}, args.resume)
         wrapper = Wrapper(cmd, args.trial_s, args.report_timeout_s)
     except (KnobError, StudyError, ValueError) as exc:
         console.print(f"[red]error:[/red] {escape(str(exc))}")
@@ -120,6 +126,24 @@ def cmd_wrap(args: argparse.Namespace) -> int:
     if args.mode == "live":
         return _wrap_live(args, console, cmd, space, study, wrapper)
     return _wrap_restart(args, console, cmd, space, study, wrapper)
+
+
+def same_study(study: Any, made: dict[str, Any], resume: bool) -> None:
+    """Records what a wrap study is made for (mode, command, knobs), or refuses to go on with
+    one made for something else, naming what differs, unless ``resume``.
+
+    Raises:
+        ValueError: the study was made for another command, mode or knobs.
+    """
+    before = study.user_attrs.get("wrap")
+    if isinstance(before, dict) and before != made and not resume:
+        changed = [k for k in made if before.get(k) != made[k]]
+        diff = "; ".join(f"{k}: {before.get(k)!r} then, {made[k]!r} now" for k in changed)
+        raise ValueError(
+            f"study {study.study_name!r} was made for another run ({diff}); give --resume to go "
+            "on with it, or a new --study name"
+        )
+    study.set_user_attr("wrap", made)
 
 
 def _wrap_restart(
