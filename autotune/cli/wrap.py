@@ -85,6 +85,14 @@ def add_wrap_command(sub: Any) -> None:
     wrap.add_argument("--study", default=None, help="study name (default wrap-<script name>)")
     wrap.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
     wrap.add_argument(
+        "--default",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="the script's own value of a knob (repeatable): trial one runs the script's "
+        "defaults (a knob without one: its first value)",
+    )
+    wrap.add_argument(
         "--resume",
         action="store_true",
         help="go on with a study made for another command or other knobs (refused otherwise)",
@@ -103,7 +111,7 @@ def add_wrap_command(sub: Any) -> None:
 def cmd_wrap(args: argparse.Namespace) -> int:
     # optuna, through the tuning layer: imported by this command only
     from autotune.tuning.storage import StudyError, open_study
-    from autotune.wrap.wrapper import Wrapper, parse_knob, script_name
+    from autotune.wrap.wrapper import Wrapper, parse_knob, script_defaults, script_name
 
     console = Console(stderr=True)
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
@@ -119,6 +127,10 @@ def cmd_wrap(args: argparse.Namespace) -> int:
         name = args.study or f"wrap-{script_name(cmd)}"
         study = open_study(args.storage, name, seed=args.seed)
         same_study(study, {"mode": args.mode, "cmd": cmd, "knobs": list(args.knob)}, args.resume)
+        args.defaults = script_defaults(args.default, space)
+        if args.mode != "live" and not study.trials:  # trial one: the script's own defaults
+            tuned = [k.name for k in space if len(k.choices) > 1]
+            study.enqueue_trial({name: args.defaults[name] for name in tuned})
         wrapper = Wrapper(cmd, args.trial_s, args.report_timeout_s)
     except (KnobError, StudyError, ValueError) as exc:
         console.print(f"[red]error:[/red] {escape(str(exc))}")
@@ -251,7 +263,7 @@ def _wrap_live(
     from autotune.wrap.live import LiveModeUnsupported, run_live
 
     knobs = {k.name: k for k in space}
-    base = {k.name: k.choices[0] for k in space}
+    base = dict(args.defaults)  # the script's own values: where the live tuner starts
     try:
         settings = TunerSettings(
             objective=args.objective,

@@ -62,6 +62,27 @@ def _scalar(text: str) -> Any:
     return text
 
 
+def script_defaults(specs: list[str], space: list[Knob]) -> dict[str, Any]:
+    """Trial one's values: each ``NAME=VALUE`` of ``specs`` (the script's own defaults), the
+    first choice of every knob not named.
+
+    Raises:
+        KnobError: a name that is not a knob, or a value that is not among its choices.
+    """
+    knobs = {k.name: k for k in space}
+    out = {k.name: k.choices[0] for k in space}
+    for spec in specs:
+        name, sep, text = spec.partition("=")
+        knob = knobs.get(name.strip())
+        if not sep or knob is None:
+            raise KnobError(f"--default {spec!r}: expected NAME=VALUE for a knob: {list(knobs)}")
+        value = _scalar(text.strip())
+        if value not in knob.choices:
+            raise KnobError(f"--default {spec!r}: {value!r} is not among {list(knob.choices)}")
+        out[knob.name] = value
+    return out
+
+
 def parse_knob(spec: str, apply: str = "restart") -> Knob:
     """A script knob from ``NAME=LOW..HIGH`` (integers), ``NAME=A,B,C`` or ``NAME=VALUE``.
 

@@ -111,24 +111,6 @@ def test_a_failing_script_fails_its_trial_and_the_best_is_kept(tmp_path, mode, f
     assert states == ["COMPLETE", "FAIL"]
 
 
-def test_a_study_made_for_another_command_or_knobs_is_refused_unless_resumed(tmp_path):
-    first = _wrap(tmp_path, "--knob", "num_envs=2", "--knob", "mode=ok", "--trials", "1")
-    assert first.returncode == 0, first.stderr
-    other = _wrap(tmp_path, "--knob", "num_envs=1..2", "--knob", "mode=ok", "--trials", "1")
-    said = " ".join(other.stderr.split())
-    assert other.returncode == 2, other.stderr
-    assert "was made for another run (knobs: ['num_envs=2', 'mode=ok'] then," in said
-    assert "give --resume to go on with it, or a new --study name" in said
-    study = optuna.load_study(study_name="wrap-train", storage=f"sqlite:///{tmp_path}/w.db")
-    assert len(study.trials) == 1  # nothing ran
-    again = _wrap(
-        tmp_path, "--knob", "num_envs=1..2", "--knob", "mode=ok", "--trials", "1", "--resume"
-    )
-    assert again.returncode == 0, again.stderr
-    study = optuna.load_study(study_name="wrap-train", storage=f"sqlite:///{tmp_path}/w.db")
-    assert study.user_attrs["wrap"]["knobs"] == ["num_envs=1..2", "mode=ok"]
-
-
 def test_knob_specs_and_placeholders():
     assert parse_knob("num_envs=2..5").choices == (2, 3, 4, 5)
     assert parse_knob("device=cpu,cuda").choices == ("cpu", "cuda")
