@@ -166,7 +166,11 @@ def report(args: argparse.Namespace, d: Path) -> dict[str, Any]:
         start = part["timeline"]["started_unix"]
         windows += [{**w, "t_run": offset + w["at"] - start} for w in part["tuning"]["windows"]]
         tuned_rows.append([[offset + r[0], *r[1:]] for r in part["timeline"]["rows"]])
-        rate = timeline_rate(part, max(0.0, 2 * total / 3 - offset), part["wall_s"])
+        begin = max(0.0, 2 * total / 3 - offset)
+        rate = timeline_rate(part, begin, part["wall_s"])
+        if rate is None or not rate["steps_per_joule"]:  # a short run: from the row before
+            before = [r[0] for r in part["timeline"]["rows"] if r[0] < begin]
+            rate = timeline_rate(part, before[-1], part["wall_s"]) if before else rate
         if rate is not None and rate["steps_per_joule"]:
             span = rate["to_s"] - rate["from_s"]
             steps += rate["steps_per_s"] * span
