@@ -46,9 +46,13 @@ def use_env_modules(modules: Sequence[str]) -> None:
     """Imports ``modules`` here and has every child process started from now on import them
     too (with this process's working directory on its path)."""
     os.environ.setdefault(ENV_PATH, os.getcwd())
-    known = [m for m in os.environ.get(ENV_MODULES, "").split(",") if m]
-    os.environ[ENV_MODULES] = ",".join(dict.fromkeys([*known, *modules]))
+    os.environ[ENV_MODULES] = ",".join(dict.fromkeys([*_run_modules(), *modules]))
     import_env_modules(modules)
+
+
+def _run_modules() -> list[str]:
+    """The env modules this run's processes import (``use_env_modules``)."""
+    return [m for m in os.environ.get(ENV_MODULES, "").split(",") if m]
 
 
 def import_env_modules(modules: Sequence[str]) -> None:
@@ -79,7 +83,7 @@ def make_env(env_id: str) -> gym.Env:
     """Creates one environment, after importing the run's env modules and the module an id of
     the form ``module:EnvId`` names; unknown ids raise ``EnvError`` with close matches."""
     module = [env_id.split(":", 1)[0]] if ":" in env_id else []
-    import_env_modules([m for m in os.environ.get(ENV_MODULES, "").split(",") if m] + module)
+    import_env_modules(_run_modules() + module)
     try:
         return gym.make(env_id)
     except gym.error.Error as exc:

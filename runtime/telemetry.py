@@ -29,10 +29,10 @@ class RunTelemetry:
 
     def __init__(self, key: bytes = b"", act_dim: int | None = None) -> None:
         self.key = key
-        self.divergence = DivergenceWatch(act_dim)
-        """Whether the run looks like it is diverging (``runtime.divergence``)."""
         """The run's key: reports must be signed with it and numbered (``StatsSender``);
         empty: no check (tests that feed the telemetry alone)."""
+        self.divergence = DivergenceWatch(act_dim)
+        """Whether the run looks like it is diverging (``runtime.divergence``)."""
         self._senders: dict[str, tuple[str, int]] = {}
         """By source: the sender taken (``inst``) and its newest report number."""
         self._gone: set[str] = set()
