@@ -6,7 +6,10 @@
 
 from __future__ import annotations
 
-from torch import nn
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # parsing a spec needs no torch (the probes' actor loop runs without it)
+    from torch import nn
 
 DEFAULT_HIDDEN = (64, 64)
 
@@ -59,8 +62,11 @@ def parse_spec(spec: str, obs_dim: int, act_dim: int) -> list[int]:
     return sizes
 
 
-def build_mlp(sizes: list[int], activation: type[nn.Module] = nn.Tanh) -> nn.Sequential:
-    """An MLP with ``activation`` between layers and a linear output layer."""
+def build_mlp(sizes: list[int], activation: type[nn.Module] | None = None) -> nn.Sequential:
+    """An MLP with ``activation`` (default tanh) between layers and a linear output layer."""
+    from torch import nn
+
+    activation = activation or nn.Tanh
     layers: list[nn.Module] = []
     for i in range(len(sizes) - 1):
         layers.append(nn.Linear(sizes[i], sizes[i + 1]))

@@ -141,3 +141,27 @@ def _mlp(layers: Layers, x: np.ndarray) -> np.ndarray:
         if i < len(layers) - 1:
             np.tanh(x, out=x)
     return x
+
+
+def random_state_arrays(
+    sizes: list[int], discrete: bool, seed: int = 0
+) -> tuple[list[str], list[np.ndarray]]:
+    """An ``ActorCritic`` state of layer sizes ``sizes`` (``policies.mlp.parse_spec``) with
+    random weights, built without torch: what the probes' actor loop acts with."""
+    rng = np.random.default_rng(seed)
+    names: list[str] = []
+    arrays: list[np.ndarray] = []
+    for net, dims in (("pi", sizes), ("v", [*sizes[:-1], 1])):
+        for i in range(len(dims) - 1):
+            scale = 1.0 / math.sqrt(dims[i])
+            names += [f"{net}.{2 * i}.weight", f"{net}.{2 * i}.bias"]
+            arrays += [
+                rng.uniform(-scale, scale, (dims[i + 1], dims[i])).astype(np.float32),
+                np.zeros(dims[i + 1], np.float32),
+            ]
+    names += ["obs_norm.mean", "obs_norm.var"]
+    arrays += [np.zeros(sizes[0], np.float32), np.ones(sizes[0], np.float32)]
+    if not discrete:
+        names.append("log_std")
+        arrays.append(np.zeros(sizes[-1], np.float32))
+    return names, arrays

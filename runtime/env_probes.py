@@ -1,6 +1,7 @@
-"""The env-step probes of ``runtime.probes``: one env's CPU cost per step alone, and with one
-stepping process on every usable core at once (what an actor pays when the run fills the
-cores). They run before torch is imported, so the spawned processes stay light."""
+"""The env-step probes of ``runtime.probes``: one env's CPU cost per step alone, and an actor's
+round (its envs stepped, one policy forward) with one such actor on every usable core at once
+(what an actor pays when the run fills the cores). They run before torch is imported, so the
+spawned processes stay light."""
 
 from __future__ import annotations
 
@@ -11,11 +12,46 @@ import numpy as np
 PROBE_S = 0.2
 """About how long each timed loop of the probes runs."""
 LOADED_S = 1.0
-"""How long the loaded env-step probe steps in every process at once."""
+"""About how long the loaded probe runs an actor's rounds at each env count, in every process
+at once."""
+
+
+ENV_BATCHES = (1, 8, 32)
+"""Env counts one policy forward is timed at (the forward's fixed and per-env cost)."""
 
 
 class ProbeError(RuntimeError):
     """The workload could not be probed; the message says why."""
+
+
+def timed(fn, budget_s: float = PROBE_S, least: int = 3) -> float:
+    """Seconds per call of ``fn``: called until ``budget_s`` passed and at least ``least``
+    times, after one untimed call; the median of five slices."""
+    fn()
+    times: list[float] = []
+    start = time.perf_counter()
+    while len(times) < least or time.perf_counter() - start < budget_s:
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return float(np.median(times))
+
+
+def probe_forward(
+    sizes: list[int], discrete: bool, normalize: bool = True, batches: tuple = ENV_BATCHES
+) -> dict[int, float]:
+    """Seconds per forward of a policy of layer ``sizes`` as an actor runs it (numpy, one
+    thread, weights in the core's caches), by env count."""
+    from policies.numpy_policy import NumpyPolicy, random_state_arrays
+
+    state = random_state_arrays(sizes, discrete)
+    model = NumpyPolicy(discrete, normalize, *state, seed=0)
+    rng = np.random.default_rng(0)
+    out = {}
+    for n in batches:
+        obs = rng.standard_normal((n, sizes[0])).astype(np.float32)
+        out[n] = timed(lambda o=obs: model.act(o))
+    return out
 
 
 def probe_env_step(env_id: str, seed: int = 0) -> float:
@@ -38,34 +74,62 @@ def probe_env_step(env_id: str, seed: int = 0) -> float:
         env.close()
 
 
-def _step_loaded(env_id: str, seed: int, barrier, results, seconds: float) -> None:
-    """One process of ``probe_env_step_loaded``: make the env, wait for the others, step."""
+ROUND_ENVS = (2, 16)
+"""Env counts the loaded probe times an actor's round at (its fixed and per-env cost)."""
+
+
+def _rounds_loaded(
+    env_id: str, seed: int, barrier, results, seconds: float, sizes: list[int], discrete: bool
+) -> None:
+    """One process of ``probe_rounds_loaded``: make the envs and a numpy policy of the run's
+    layer sizes, wait for the others, then run an actor's rounds (each env stepped once, one
+    policy forward over their observations) at each of ``ROUND_ENVS`` env counts."""
+    from policies.numpy_policy import NumpyPolicy, random_state_arrays
     from runtime.envs import make_env
 
-    env = make_env(env_id)
-    env.reset(seed=seed)
-    env.action_space.seed(seed)
+    envs = [make_env(env_id) for _ in range(max(ROUND_ENVS))]
+    obs = np.stack(
+        [
+            np.asarray(e.reset(seed=seed * 100 + i)[0], np.float32).ravel()
+            for i, e in enumerate(envs)
+        ]
+    )
+    policy = NumpyPolicy(discrete, True, *random_state_arrays(sizes, discrete, seed), seed=seed)
+    low, high = (None, None) if discrete else (envs[0].action_space.low, envs[0].action_space.high)
     barrier.wait(timeout=120)
-    steps, start, wall = 0, time.process_time(), time.perf_counter()
-    while steps < 50 or time.perf_counter() - wall < seconds:
-        _, _, term, trunc, _ = env.step(env.action_space.sample())
-        steps += 1
-        if term or trunc:
-            env.reset()
-    results.put(max(time.process_time() - start, 1e-9) / steps)
-    env.close()
+    out = {}
+    for k in ROUND_ENVS:
+        rounds, start, wall = 0, time.process_time(), time.perf_counter()
+        while rounds < 5 or time.perf_counter() - wall < seconds / len(ROUND_ENVS):
+            act, _ = policy.act(obs[:k])
+            act = act if discrete else np.clip(act, low, high)
+            for i in range(k):
+                o, _, term, trunc, _ = envs[i].step(act[i])
+                if term or trunc:
+                    o, _ = envs[i].reset()
+                obs[i] = np.asarray(o, np.float32).ravel()
+            rounds += 1
+        out[k] = max(time.process_time() - start, 1e-9) / rounds
+    results.put(out)
+    for env in envs:
+        env.close()
 
 
-def probe_env_step_loaded(env_id: str, procs: int, seconds: float = LOADED_S) -> float:
-    """CPU seconds per env step with ``procs`` processes stepping at once, started together
-    (the median over them). A MuJoCo step costs about 1.4x as much with every core of a
-    16-core host busy as alone; a run whose actors fill the cores pays the loaded cost."""
+def probe_rounds_loaded(
+    env_id: str, procs: int, sizes: list[int], discrete: bool, seconds: float = 2 * LOADED_S
+) -> dict[int, float]:
+    """CPU seconds per actor round (``k`` envs stepped, one forward of the run's policy) by env
+    count ``k``, with one such actor on each of ``procs`` cores at once, started together (the
+    median over them). A MuJoCo step costs about 1.4x as much with every core of a 16-core host
+    busy as alone, and the forward's fixed cost grows more than that (its weights no longer stay
+    in the core's caches), which the idle forward probe does not see."""
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")  # no inherited NVML or torch state
     barrier, results = ctx.Barrier(procs), ctx.Queue()
+    args = (barrier, results, seconds, sizes, discrete)
     workers = [
-        ctx.Process(target=_step_loaded, args=(env_id, i, barrier, results, seconds), daemon=True)
+        ctx.Process(target=_rounds_loaded, args=(env_id, i, *args), daemon=True)
         for i in range(procs)
     ]
     for w in workers:
@@ -73,10 +137,10 @@ def probe_env_step_loaded(env_id: str, procs: int, seconds: float = LOADED_S) ->
     try:
         costs = [results.get(timeout=180) for _ in workers]
     except Exception:
-        raise ProbeError(f"the loaded env-step probe of {env_id!r} did not finish") from None
+        raise ProbeError(f"the loaded actor-round probe of {env_id!r} did not finish") from None
     finally:
         for w in workers:
             w.join(timeout=5)
             if w.is_alive():
                 w.kill()
-    return float(np.median(costs))
+    return {k: float(np.median([c[k] for c in costs])) for k in ROUND_ENVS}

@@ -29,8 +29,9 @@ from runtime.probes import ProbeError, Probes, run_probes
 
 MAX_AGE_S = 7 * 86400.0
 """Seconds a cached probe stays valid."""
-FORMAT = 2
-"""Part of the key: entries written before the loaded env-step probe existed are measured again."""
+FORMAT = 3
+"""Part of the key: entries written before the loaded actor-round probe existed are measured
+again."""
 
 
 def cache_dir() -> Path:

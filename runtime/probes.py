@@ -1,7 +1,7 @@
 """Short measurements of a workload on this machine, taken before a run is sized
-(``autotune.tuning.sizing``): one env step's CPU cost, alone and with every core stepping at
-once, one policy forward on an actor core at a
-few env counts, and the learner's cost per update at a few batch sizes on every device here.
+(``autotune.tuning.sizing``): one env step's CPU cost alone, an actor's round (envs stepped,
+one policy forward) with an actor on every core at once, one policy forward on an actor core
+at a few env counts, and the learner's cost per update at a few batch sizes on every device.
 
 They run in a child process (``python -m runtime.probes``, JSON on stdout), so the caller never
 holds a CUDA context (about 56 W on an H100 while it lives) or torch's threads, and every
@@ -24,13 +24,17 @@ from typing import Any
 
 import numpy as np
 
-from runtime.env_probes import PROBE_S, ProbeError, probe_env_step, probe_env_step_loaded
+from policies.mlp import parse_spec
+from runtime.env_probes import (
+    PROBE_S,
+    ProbeError,
+    probe_env_step,
+    probe_forward,
+    probe_rounds_loaded,
+    timed,
+)
 from runtime.envs import EnvInfo, probe_env
 
-GPU_POWER_S = 1.0
-"""Seconds each GPU power reading spans (idle, context open, learner busy)."""
-ENV_BATCHES = (1, 8, 32)
-"""Env counts one policy forward is timed at (the forward's fixed and per-env cost)."""
 LEARNER_BATCHES = (1024, 4096, 16384)
 """Batch sizes the learner update is timed at (its fixed and per-sample cost)."""
 LEARNER_STOP_S = 0.08
@@ -40,6 +44,8 @@ DOMINATED = 4.0
 """A device whose update at the smallest batch is over ``LEARNER_STOP_S`` and this many times
 slower than a device already probed is measured at that one size only (its line goes through
 the origin): it cannot keep up, and a big policy's CPU update takes seconds per size."""
+GPU_POWER_S = 1.0
+"""Seconds each GPU power reading spans (idle, context open, learner busy)."""
 
 
 @dataclass(frozen=True)
@@ -77,23 +83,30 @@ class Probes:
     """GPU 0's watts (NVML) with no context (``idle_w``), with the learner's context open and
     nothing running (``context_w``), and with the learner updating back to back (``busy_w``);
     empty without a GPU that NVML reads."""
-    env_step_loaded_s: float = 0.0
-    """CPU seconds per env step with one stepping process on every usable core at once (shared
-    caches, memory bandwidth, the clock under load): what an actor pays in a full run. Zero
-    where it was not measured."""
+    round_loaded_s: dict[int, float] = field(default_factory=dict)
+    """CPU seconds per actor round (``k`` envs stepped, one forward of the policy) by ``k``, with
+    one such actor on every usable core at once (shared caches, memory bandwidth, the clock
+    under load): what an actor pays in a full run. Empty where it was not measured."""
     stage_s: dict[str, float] = field(default_factory=dict)
     """Wall seconds each probe took (``env``, ``env_loaded``, ``torch``, ``forward``,
     ``learner_<device>``, ``gpu_power``): where a first run's start-up goes."""
 
     def load_factor(self) -> float:
-        """How much slower CPU work runs with every core busy than alone (at least 1)."""
-        if self.env_step_loaded_s <= 0.0:
+        """How much slower an actor's per-env work (an env step and its share of the forward)
+        runs with every core busy than alone (at least 1)."""
+        per_env = self.loaded_round_fit()[1]
+        if per_env <= 0.0:
             return 1.0
-        return max(self.env_step_loaded_s / self.env_step_s, 1.0)
+        return max(per_env / (self.env_step_s + self.forward_fit()[1]), 1.0)
 
     def forward_fit(self) -> tuple[float, float]:
         """(fixed seconds per forward, seconds per env)."""
         return _line(self.forward_s)
+
+    def loaded_round_fit(self) -> tuple[float, float]:
+        """(fixed seconds per actor round, seconds per env) with every core busy; (0, 0) where
+        not measured."""
+        return _line(self.round_loaded_s) if self.round_loaded_s else (0.0, 0.0)
 
     def to_dict(self) -> dict[str, Any]:
         doc = asdict(self)
@@ -102,6 +115,7 @@ class Probes:
             for d, c in self.learners.items()
         }
         doc["forward_s"] = {str(k): v for k, v in self.forward_s.items()}
+        doc["round_loaded_s"] = {str(k): v for k, v in self.round_loaded_s.items()}
         return doc
 
     @classmethod
@@ -123,7 +137,7 @@ class Probes:
                 float(doc.get("measured_at", 0.0)),
                 bool(doc.get("cached", False)),
                 {str(k): float(v) for k, v in doc.get("gpu_power", {}).items()},
-                float(doc.get("env_step_loaded_s", 0.0)),
+                {int(k): float(v) for k, v in doc.get("round_loaded_s", {}).items()},
                 {str(k): float(v) for k, v in doc.get("stage_s", {}).items()},
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -139,36 +153,6 @@ def _line(points: dict[int, float], min_slope: float = 0.0) -> tuple[float, floa
         return 0.0, max(float(ys[0] / xs[0]), min_slope)
     slope, icpt = np.polyfit(xs, ys, 1)
     return max(float(icpt), 0.0), max(float(slope), min_slope)
-
-
-def _timed(fn, budget_s: float = PROBE_S, least: int = 3) -> float:
-    """Seconds per call of ``fn``: called until ``budget_s`` passed and at least ``least``
-    times, after one untimed call; the median of five slices."""
-    fn()
-    times: list[float] = []
-    start = time.perf_counter()
-    while len(times) < least or time.perf_counter() - start < budget_s:
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return float(np.median(times))
-
-
-def probe_forward(info: EnvInfo, policy: str, normalize: bool = True) -> dict[int, float]:
-    """Seconds per forward of the run's policy as an actor runs it, by env count."""
-    from policies.actor_critic import initial_state_arrays
-    from policies.numpy_policy import NumpyPolicy
-
-    names, arrays = initial_state_arrays(
-        info.obs_dim, info.act_dim, info.discrete, policy, normalize, 0
-    )
-    model = NumpyPolicy(info.discrete, normalize, names, arrays, seed=0)
-    rng = np.random.default_rng(0)
-    out = {}
-    for n in ENV_BATCHES:
-        obs = rng.standard_normal((n, info.obs_dim)).astype(np.float32)
-        out[n] = _timed(lambda o=obs: model.act(o))
-    return out
 
 
 def synthetic_batch(info: EnvInfo, size: int, rollout_len: int, seed: int = 0) -> dict:
@@ -230,7 +214,7 @@ def probe_learner(
     for size in LEARNER_BATCHES:
         batch = synthetic_batch(info, size, rollout_len)
         size = batch["rewards"].size
-        seconds[size] = _timed(lambda b=batch: update(b), budget_s=PROBE_S / 2, least=2)
+        seconds[size] = timed(lambda b=batch: update(b), budget_s=PROBE_S / 2, least=2)
         if len(seconds) >= 2 and seconds[size] > LEARNER_STOP_S:
             break
         if _dominated(seconds[size], size, rival):
@@ -293,14 +277,15 @@ def measure(
 
     step = probe_env_step(env_id)
     took("env")
-    loaded = probe_env_step_loaded(env_id, procs) if procs > 1 else step
+    sizes = parse_spec(policy, info.obs_dim, info.act_dim)
+    loaded = probe_rounds_loaded(env_id, procs, sizes, info.discrete)
     took("env_loaded")
 
     import torch
 
     torch.set_num_threads(1)
     took("torch")
-    forward = probe_forward(info, policy, bool(learner.get("normalize_obs", True)))
+    forward = probe_forward(sizes, info.discrete, bool(learner.get("normalize_obs", True)))
     sms: list[int] = []
     if torch.cuda.is_available():
         n = torch.cuda.device_count()
@@ -329,7 +314,7 @@ def measure(
         sms,
         time.perf_counter() - start,
         gpu_power=power if len(power) == 3 else {},
-        env_step_loaded_s=loaded,
+        round_loaded_s=loaded,
         stage_s={k: round(v, 3) for k, v in stage_s.items()},
     )
 

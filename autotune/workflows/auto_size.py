@@ -44,6 +44,7 @@ def machine_model(cfg: TrainConfig, probes: Probes, cores: int) -> tuple[Machine
     limit = sum(g.power_limit_w or 0.0 for g in gpus[:1])
     idle = estimate_idle_w(cfg.cpu_idle_w)
     f0, f1 = probes.forward_fit()
+    g0, g1 = probes.loaded_round_fit()
     learner = {d: c.fit() for d, c in probes.learners.items()}
     m = MachineModel(
         cores=cores,
@@ -59,6 +60,8 @@ def machine_model(cfg: TrainConfig, probes: Probes, cores: int) -> tuple[Machine
         gpu_ctx_w=max(power["context_w"] - power["idle_w"], 1.0) if power else 0.0,
         gpu_busy_w=max(power["busy_w"] - power["context_w"], 1.0) if power else 0.0,
         load=probes.load_factor(),
+        g0=g0,
+        g1=g1,
     )
     hardware = {
         "cores": cores,
