@@ -134,6 +134,10 @@ class Actor:
         self.ep_length = np.zeros(k, np.int64)
         self.episodes: list[list[float]] = []
         self.waits = 0
+        self.throttle_s = 0.0
+        """Seconds spent waiting for receipts (the in-flight budget full: the learner behind)."""
+        self.dispatch_s = 0.0
+        """Seconds spent handing rollouts to the stages (blocked while they push back)."""
         if not info.discrete:
             self.act_low = np.asarray(info.act_low, np.float32)
             self.act_high = np.asarray(info.act_high, np.float32)
@@ -226,6 +230,8 @@ class Actor:
             "episodes": self.episodes,
             "version": self.policy.version,
             "throttle_waits": self.waits,
+            "throttle_s": round(self.throttle_s, 3),
+            "dispatch_s": round(self.dispatch_s, 3),
             "live_epoch": self.live.epoch,
             "malformed": self.malformed.count
             + self.receipts.malformed.count
@@ -243,7 +249,10 @@ class Actor:
         steps = self.cfg.envs_per_actor * self.cfg.rollout_len
         sent = 0
         while not stop.is_set():
-            self.dispenser.dispatch(self.collect(), steps)
+            rollout = self.collect()
+            t0 = time.monotonic()
+            self.dispenser.dispatch(rollout, steps)  # blocks while the stages push back
+            t1 = time.monotonic()
             sent += steps
             self._take_live_settings()
             while sent - self.receipts.poll() > self.budget and not stop.is_set():
@@ -251,6 +260,8 @@ class Actor:
                 self.receipts.poll(THROTTLE_POLL_MS)  # back-pressure: the learner is behind
                 self.policy.poll()
                 self._take_live_settings()
+            self.dispatch_s += t1 - t0
+            self.throttle_s += time.monotonic() - t1
             if time.monotonic() - last_stats >= STATS_INTERVAL_S:
                 self.report()
                 last_stats = time.monotonic()

@@ -132,8 +132,11 @@ def probe_rounds_loaded(
         ctx.Process(target=_rounds_loaded, args=(env_id, i, *args), daemon=True)
         for i in range(procs)
     ]
-    for w in workers:
-        w.start()
+    from runtime.actor_pool import one_blas_thread
+
+    with one_blas_thread():  # as the actors start: numpy's BLAS on one thread each
+        for w in workers:
+            w.start()
     try:
         costs = [results.get(timeout=180) for _ in workers]
     except Exception:

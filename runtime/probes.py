@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -25,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from policies.mlp import parse_spec
+from runtime.actor_pool import BLAS_THREAD_VARS
 from runtime.env_probes import (
     PROBE_S,
     ProbeError,
@@ -344,7 +346,8 @@ def run_probes(
     cmd = [sys.executable, "-m", "runtime.probes", json.dumps(args)]
     start = time.perf_counter()
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+        env = dict(os.environ, **dict.fromkeys(BLAS_THREAD_VARS, "1"))  # as an actor runs
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
     except subprocess.TimeoutExpired:
         raise ProbeError(f"the workload probes took over {timeout_s:.0f} s") from None
     if proc.returncode != 0:

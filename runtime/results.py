@@ -155,6 +155,17 @@ def inference_doc(runner: RunRecord) -> dict[str, Any]:
     return {"mode": "gmi", **{k: counters.get(k) for k in keys}, "actor_wait_s": waited}
 
 
+def actor_waits(tel: Any) -> dict[str, float]:
+    """Seconds the actors (every incarnation, summed) spent not stepping: ``throttle_s``
+    waiting for receipts with their in-flight budget full (the learner behind), ``dispatch_s``
+    handing rollouts to the stages (blocked while those push back)."""
+    sources = tel.actor_sources()
+    return {
+        key: round(sum(float(tel.source(a).get(key, 0.0) or 0.0) for a in sources), 3)
+        for key in ("throttle_s", "dispatch_s")
+    }
+
+
 def build_result(runner: RunRecord, wall_s: float, energy: Any) -> dict[str, Any]:
     """Assembles the JSON-ready result from the runner's telemetry and energy window.
 
@@ -166,7 +177,7 @@ def build_result(runner: RunRecord, wall_s: float, energy: Any) -> dict[str, Any
     (``cpu_source`` ``model``) energy's cpu_model (its name, watts, idle watts and their
     source), cpu_idle_j and cpu_j_busy_only, and steps_per_joule_busy_only (the busy-only
     model's, without the packages' idle draw; absent for RAPL), return_mean (last 100 episodes),
-    policy_lag {mean, max}, config, stages {dispenser|compressor|migrator|batcher: {messages,
+    policy_lag {mean, max}, actor_waits {throttle_s, dispatch_s}, config, stages {dispenser|compressor|migrator|batcher: {messages,
     bytes}}, gmis (one entry per trainer GMI of every generation: rank, gpu, mps_pct,
     sm_count, trained_steps, ...), gmi_sharing (mps|shared|exclusive|cpu), gmi_sync,
     weights_identical (the current GMIs ended with bit-identical weights), phases (one per
@@ -233,6 +244,7 @@ def build_result(runner: RunRecord, wall_s: float, energy: Any) -> dict[str, Any
         "return_mean": tel.return_mean,
         "episodes": tel.episodes,
         "policy_lag": {"mean": lag_mean, "max": lag_max},
+        "actor_waits": actor_waits(tel),
         "actor_restarts": runner.restarts,
         "interrupted": runner.interrupted,
         "failure": (tel.fatal() or runner.failure) if runner.failure else None,
