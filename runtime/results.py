@@ -177,7 +177,8 @@ def build_result(runner: RunRecord, wall_s: float, energy: Any) -> dict[str, Any
     (``cpu_source`` ``model``) energy's cpu_model (its name, watts, idle watts and their
     source), cpu_idle_j and cpu_j_busy_only, and steps_per_joule_busy_only (the busy-only
     model's, without the packages' idle draw; absent for RAPL), return_mean (last 100 episodes),
-    policy_lag {mean, max}, actor_waits {throttle_s, dispatch_s}, config, stages {dispenser|compressor|migrator|batcher: {messages,
+    policy_lag {mean, max}, actor_waits {throttle_s, dispatch_s}, config,
+    stages {dispenser|compressor|migrator|batcher: {messages,
     bytes}}, gmis (one entry per trainer GMI of every generation: rank, gpu, mps_pct,
     sm_count, trained_steps, ...), gmi_sharing (mps|shared|exclusive|cpu), gmi_sync,
     weights_identical (the current GMIs ended with bit-identical weights), phases (one per

@@ -104,6 +104,18 @@ def add_wrap_command(sub: Any) -> None:
         metavar="PATH",
         help="write the trials and the best config to PATH",
     )
+    wrap.add_argument(
+        "--export",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="when the wrap ends, write the study's recommendation to PATH (JSON, or YAML for "
+        ".yaml/.yml): the best knob values, the command with them filled in, and the evidence "
+        "(as autotune export --study NAME does)",
+    )
+    wrap.add_argument(
+        "--plots", type=Path, default=None, metavar="DIR", help="with --export: PNG plots into DIR"
+    )
     wrap.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
     wrap.set_defaults(func=cmd_wrap)
 
@@ -126,8 +138,11 @@ def cmd_wrap(args: argparse.Namespace) -> int:
             raise KnobError(f"a knob is given twice: {names}")
         name = args.study or f"wrap-{script_name(cmd)}"
         study = open_study(args.storage, name, seed=args.seed)
-        same_study(study, {"mode": args.mode, "cmd": cmd, "knobs": list(args.knob)}, args.resume)
+        made = {"mode": args.mode, "cmd": cmd, "knobs": list(args.knob)}
+        same_study(study, made, args.resume)
+        study.set_user_attr("wrap", {**made, "objective": args.objective, "trial_s": args.trial_s})
         args.defaults = script_defaults(args.default, space)
+        study.set_user_attr("wrap_defaults", args.defaults)
         if args.mode != "live" and not study.trials:  # trial one: the script's own defaults
             tuned = [k.name for k in space if len(k.choices) > 1]
             study.enqueue_trial({name: args.defaults[name] for name in tuned})
@@ -141,21 +156,20 @@ def cmd_wrap(args: argparse.Namespace) -> int:
 
 
 def same_study(study: Any, made: dict[str, Any], resume: bool) -> None:
-    """Records what a wrap study is made for (mode, command, knobs), or refuses to go on with
-    one made for something else, naming what differs, unless ``resume``.
+    """Refuses to go on with a wrap study made for another mode, command or knobs than
+    ``made``, naming what differs, unless ``resume``.
 
     Raises:
         ValueError: the study was made for another command, mode or knobs.
     """
     before = study.user_attrs.get("wrap")
-    if isinstance(before, dict) and before != made and not resume:
+    if isinstance(before, dict) and any(before.get(k) != v for k, v in made.items()) and not resume:
         changed = [k for k in made if before.get(k) != made[k]]
         diff = "; ".join(f"{k}: {before.get(k)!r} then, {made[k]!r} now" for k in changed)
         raise ValueError(
             f"study {study.study_name!r} was made for another run ({diff}); give --resume to go "
             "on with it, or a new --study name"
         )
-    study.set_user_attr("wrap", made)
 
 
 def _wrap_restart(
@@ -206,6 +220,7 @@ def _wrap_restart(
                 ("cpu_j", run.cpu_j),
                 ("stopped", run.stopped),
                 ("metrics", run.metrics),
+                ("window", run.window),
                 ("values", values),
             ):
                 trial.set_user_attr(name, value)
@@ -217,6 +232,8 @@ def _wrap_restart(
                 )
             else:
                 row["objective"] = score = run.score(args.objective)
+                for name, value in run.figures().items():
+                    trial.set_user_attr(name, value)
                 study.tell(trial, score)
                 per = "J" if "joule" in args.objective else "s"
                 console.print(
@@ -244,6 +261,7 @@ def _wrap_restart(
     else:
         console.print(f"best: trial {best.number} {doc['best']['values']} -> {best.value:.4g}")
     write_json(args.json, doc)
+    export_at_end(args, console, study)
     return 0 if best is not None else 1
 
 
@@ -296,4 +314,27 @@ def _wrap_live(
         f"script exited with code {code}; {tuner.trials_done} configs tried; best: {said}"
     )
     write_json(args.json, doc)
+    export_at_end(args, console, study)
     return 0 if best is not None else 1
+
+
+def export_at_end(args: argparse.Namespace, console: Any, study: Any) -> None:
+    """``--export PATH`` (and ``--plots DIR``): the study's recommendation, once it has a
+    completed trial."""
+    if args.export is None:
+        return
+    from autotune.workflows.export import ExportError, dump
+    from autotune.workflows.wrap_export import wrap_export_doc, write_wrap_plots
+
+    try:
+        doc = wrap_export_doc(study)
+    except ExportError as exc:
+        console.print(f"[yellow]not exported:[/yellow] {escape(str(exc))}")
+        return
+    fmt = "yaml" if args.export.suffix in (".yaml", ".yml") else "json"
+    args.export.parent.mkdir(parents=True, exist_ok=True)
+    args.export.write_text(dump(doc, fmt))
+    console.print(f"exported {args.export}: {' '.join(doc['recommended']['command'])}")
+    if args.plots is not None:
+        paths = write_wrap_plots(study, args.plots, doc["recommended"]["values"])
+        console.print("plots: " + ", ".join(str(p) for p in paths))

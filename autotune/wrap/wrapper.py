@@ -28,7 +28,9 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -154,17 +156,34 @@ class TrialRun:
     gpus: list[int] = field(default_factory=list)
     """NVML indices of the GPUs the run used (their energy is ``gpu_j``)."""
 
+    window: dict[str, Any] = field(default_factory=dict)
+    """The measured span: ``from`` (``first report``, ``first output line`` or ``start``),
+    ``s``, ``amount`` (steps, or 1 run), ``gpu_j``, ``cpu_j``; start-up before it left out."""
+
     @property
     def unit(self) -> str:
         return "steps" if self.steps else "runs"
 
+    def figures(self) -> dict[str, float]:
+        """Steps (or runs) per joule and per second, GPU and CPU watts, over the window."""
+        measured = self.window and self.window["gpu_j"] + self.window["cpu_j"] > 0
+        w = self.window if measured else {  # too short a window to meter: the whole run
+            "s": self.wall_s,
+            "amount": float(self.steps or 1),
+            "gpu_j": self.gpu_j,
+            "cpu_j": self.cpu_j,
+        }
+        joules, secs = w["gpu_j"] + w["cpu_j"], w["s"]
+        return {
+            "steps_per_joule": w["amount"] / joules if joules > 0 else 0.0,
+            "steps_per_s": w["amount"] / secs if secs > 0 else 0.0,
+            "gpu_w": w["gpu_j"] / secs if secs > 0 else 0.0,
+            "cpu_w": w["cpu_j"] / secs if secs > 0 else 0.0,
+        }
+
     def score(self, objective: str) -> float:
-        """Steps (or one run) per joule, or per second."""
-        amount = float(self.steps) if self.steps else 1.0
-        if objective == "steps_per_s":
-            return amount / self.wall_s if self.wall_s > 0 else 0.0
-        joules = self.gpu_j + self.cpu_j
-        return amount / joules if joules > 0 else 0.0
+        """Steps (or one run) per joule, or per second, over the window."""
+        return self.figures()[objective]
 
 
 class Wrapper:
@@ -210,14 +229,17 @@ class Wrapper:
             client.ENV_ENDPOINT: self.endpoint,
             client.ENV_TRIAL: str(number),
         }
+        env["PYTHONUNBUFFERED"] = "1"  # its lines come as it prints them: the first one times it
         start = time.monotonic()
         gpu0 = self.gpu.read_energy_j()
         try:
-            proc = subprocess.Popen(substitute(self.cmd, values), env=env)
+            proc = subprocess.Popen(substitute(self.cmd, values), env=env, stdout=subprocess.PIPE)
         except OSError as exc:
             run.error = f"cannot start {self.cmd[0]!r}: {exc}"
             return run
+        tee = Tee(proc.stdout)
         cpu = CPUModelEnergy(pids=lambda: tree_pids(proc.pid))
+        marks = Marks()
         last_report, used, next_gpu_check = None, set(), start
         while proc.poll() is None:
             if time.monotonic() >= next_gpu_check:
@@ -227,7 +249,10 @@ class Wrapper:
                 while self.sock.poll(0):
                     if self._take(run, str(number)):
                         last_report = time.monotonic()
-            cpu.read_energy_j()  # samples the tree while its processes live
+                        marks.report(run.steps, self.gpu.read_energy_j(), cpu.read_energy_j())
+            cpu_j = cpu.read_energy_j()  # samples the tree while its processes live
+            if tee.first_line_at is not None and marks.output is None:
+                marks.output = (tee.first_line_at, self.gpu.read_energy_j(), cpu_j)
             now = time.monotonic()
             if last_report is not None and now - last_report > self.report_timeout_s:
                 run.error = (
@@ -249,11 +274,14 @@ class Wrapper:
         while self.sock.poll(0):
             self._take(run, str(number))
         run.returncode = proc.wait()
-        run.wall_s = time.monotonic() - start
+        tee.join()
+        end = time.monotonic()
+        run.wall_s = end - start
         gpu1 = self.gpu.read_energy_j()
         run.gpus = sorted(i for i in used if i in gpu0 and i in gpu1)
         run.gpu_j = sum(gpu1[i] - gpu0[i] for i in run.gpus)
         run.cpu_j = cpu.read_energy_j()
+        run.window = marks.window(run.gpus, (end, gpu1, run.cpu_j))
         if run.error is None and not run.stopped and run.returncode != 0:
             run.error = f"exited with code {run.returncode}"
         return run
@@ -273,6 +301,67 @@ class Wrapper:
             run.steps = max(run.steps or 0, int(msg["steps"]))
         run.metrics.update(msg.get("metrics") or {})
         return True
+
+
+class Tee:
+    """Copies the script's stdout through to ours, line by line, as it comes, noting when the
+    first line came (what a script that never reports is timed from)."""
+
+    def __init__(self, pipe: Any) -> None:
+        self.first_line_at: float | None = None
+        self._thread = threading.Thread(target=self._copy, args=(pipe,), daemon=True)
+        self._thread.start()
+
+    def _copy(self, pipe: Any) -> None:
+        out = sys.stdout.buffer
+        for line in iter(pipe.readline, b""):
+            if self.first_line_at is None:
+                self.first_line_at = time.monotonic()
+            with contextlib.suppress(OSError, ValueError):
+                out.write(line)
+                out.flush()
+        pipe.close()
+
+    def join(self) -> None:
+        self._thread.join(timeout=TERM_GRACE_S)
+
+
+@dataclass
+class Marks:
+    """Where a trial's measured window starts and ends: (monotonic time, steps, GPU joules by
+    index, CPU joules) at its first and its latest report, and at its first output line."""
+
+    first: tuple[float, int, dict, float] | None = None
+    last: tuple[float, int, dict, float] | None = None
+    output: tuple[float, dict, float] | None = None
+
+    def report(self, steps: int | None, gpu: dict, cpu_j: float) -> None:
+        mark = (time.monotonic(), int(steps or 0), gpu, cpu_j)
+        if self.first is None:
+            self.first = mark
+        self.last = mark
+
+    def window(self, gpus: list[int], end: tuple[float, dict, float]) -> dict[str, Any]:
+        """From the first report to the latest (steps counted after the first), where the
+        steps grew between them; else from the first output line to the end, as one run;
+        else empty (the whole run is the window)."""
+
+        def span(a: tuple, b: tuple, amount: float, origin: str) -> dict[str, Any]:
+            (t0, g0, c0), (t1, g1, c1) = a, b
+            return {
+                "from": origin,
+                "s": t1 - t0,
+                "amount": amount,
+                "gpu_j": sum(g1[i] - g0[i] for i in gpus if i in g0 and i in g1),
+                "cpu_j": c1 - c0,
+            }
+
+        a, b = self.first, self.last
+        if a and b and b[1] > a[1] and b[0] > a[0]:
+            return span((a[0], a[2], a[3]), (b[0], b[2], b[3]), b[1] - a[1], "first report")
+        if self.first is None and self.output is not None and end[0] > self.output[0]:
+            return span(self.output, end, 1.0, "first output line")
+        return {}
 
 
 def stop_tree(proc: subprocess.Popen) -> None:

@@ -1,0 +1,206 @@
+"""``autotune export`` of an ``autotune wrap`` study: the wrapped script's best knob values.
+
+From the completed trials, grouped by config (every knob's value):
+
+* **recommended**: the config with the best median figure (steps/J, or steps/s with
+  ``pick="steps_per_s"``), as the knob values, the command line with its ``{name}``
+  placeholders filled in, and the environment variables the script reads them from
+  (``AUTOTUNE_KNOBS``, ``AUTOTUNE_<NAME>``): what runs it again without autotune;
+* **evidence**: trial counts, and the recommendation's measured figures (median, range, trial
+  numbers) beside the script's own defaults' (trial one), with their ratio.
+
+A script that reports no steps is scored per run: its figures are runs per joule and runs per
+second, and the document says so (``unit``: ``runs``).
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Any
+
+from optuna.trial import TrialState
+
+from autotune.tuning.storage import config_key
+from autotune.workflows.export import FORMAT_VERSION, ExportError
+
+METRICS = ("steps_per_joule", "steps_per_s")
+
+
+def is_wrap_study(study: Any) -> bool:
+    return isinstance(study.user_attrs.get("wrap"), dict)
+
+
+def trial_figures(trial: Any) -> dict[str, float | None]:
+    """A completed wrap trial's steps (or runs) per joule and per second, and its watts: as
+    the trial recorded them, else from its steps, joules and seconds (studies made before the
+    figures were recorded)."""
+    attrs = trial.user_attrs
+    if attrs.get("steps_per_joule") is not None:
+        return {k: attrs.get(k) for k in (*METRICS, "gpu_w", "cpu_w")}
+    amount = float(attrs.get("steps") or 1)
+    wall = attrs.get("wall_s") or 0.0
+    joules = (attrs.get("gpu_j") or 0.0) + (attrs.get("cpu_j") or 0.0)
+    return {
+        "steps_per_joule": amount / joules if joules > 0 else None,
+        "steps_per_s": amount / wall if wall > 0 else None,
+        "gpu_w": (attrs.get("gpu_j") or 0.0) / wall if wall > 0 else None,
+        "cpu_w": (attrs.get("cpu_j") or 0.0) / wall if wall > 0 else None,
+    }
+
+
+def single_valued(meta: dict[str, Any]) -> dict[str, Any]:
+    """The wrap study's knobs that have one value, with it."""
+    from autotune.wrap.wrapper import parse_knob
+
+    space = [parse_knob(k) for k in meta.get("knobs", [])]
+    return {k.name: k.choices[0] for k in space if len(k.choices) == 1}
+
+
+def trial_config(trial: Any, fixed: dict[str, Any]) -> dict[str, Any]:
+    """Every knob's value in a trial: the values it ran with, else its parameters and the
+    single-valued knobs."""
+    values = trial.user_attrs.get("values")
+    return dict(values) if isinstance(values, dict) else {**fixed, **trial.params}
+
+
+def _stats(values: list[float]) -> dict[str, float | None]:
+    if not values:
+        return {"median": None, "min": None, "max": None}
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def _measured(trials: list[Any]) -> dict[str, Any]:
+    figs = [trial_figures(t) for t in trials]
+    out: dict[str, Any] = {"trials": [t.number for t in trials]}
+    for metric in METRICS:
+        out[metric] = _stats([f[metric] for f in figs if f[metric] is not None])
+    for watts in ("gpu_w", "cpu_w"):
+        out[watts] = _stats([f[watts] for f in figs if f[watts] is not None])["median"]
+    return out
+
+
+def fill_command(cmd: list[str], values: dict[str, Any]) -> list[str]:
+    from autotune.wrap.wrapper import substitute
+
+    return substitute(cmd, values)
+
+
+def wrap_export_doc(study: Any, pick: str | None = None) -> dict[str, Any]:
+    """The export document of a wrap study (see the module docstring).
+
+    Raises:
+        ExportError: not a wrap study, an unknown ``pick``, or no completed trial.
+    """
+    from autotune.wrap.wrapper import knob_env
+
+    meta = study.user_attrs.get("wrap")
+    if not isinstance(meta, dict):
+        raise ExportError(f"study {study.study_name!r} is not an 'autotune wrap' study")
+    metric = pick or meta.get("objective", "steps_per_joule")
+    if metric not in METRICS:
+        raise ExportError(f"pick={pick!r}: allowed {', '.join(METRICS)}")
+    fixed = single_valued(meta)
+    trials = study.get_trials(deepcopy=False)
+    done = [t for t in trials if t.state == TrialState.COMPLETE]
+    if not done:
+        raise ExportError(
+            f"study {study.study_name!r} has no completed trial yet; run autotune wrap first"
+        )
+    groups: dict[str, list[Any]] = {}
+    for t in done:
+        groups.setdefault(config_key(trial_config(t, fixed)), []).append(t)
+
+    def median(ts: list[Any]) -> float:
+        return statistics.median(trial_figures(t)[metric] or 0.0 for t in ts)
+
+    best = max(groups.values(), key=lambda ts: (median(ts), len(ts)))
+    values = trial_config(best[0], fixed)
+    defaults = study.user_attrs.get("wrap_defaults")
+    default = groups.get(config_key(defaults), []) if isinstance(defaults, dict) else []
+    ratio = median(best) / median(default) if default and median(default) else None
+    unit = "steps" if any(t.user_attrs.get("steps") for t in done) else "runs"
+    cmd = list(meta.get("cmd", []))
+    return {
+        "autotune_export": FORMAT_VERSION,
+        "kind": "wrap",
+        "study": study.study_name,
+        "workload": {"command": cmd, "mode": meta.get("mode"), "knobs": meta.get("knobs")},
+        "picked_by": metric,
+        "unit": unit,
+        "recommended": {
+            "values": values,
+            "command": fill_command(cmd, values),
+            "environment": knob_env(values),
+        },
+        "evidence": {
+            "trial_s": meta.get("trial_s"),
+            "trials": {
+                "complete": len(done),
+                "failed": sum(t.state == TrialState.FAIL for t in trials),
+                "configs": len(groups),
+            },
+            "recommended": _measured(best),
+            "default": {"values": defaults, **_measured(default)},
+            f"{metric}_vs_default": ratio,
+            "note": (
+                f"medians of the study's runs, in {unit} per joule and per second"
+                + (
+                    " (the script reported no steps: one run counts as one)"
+                    if unit == "runs"
+                    else " (steps the script reported through autotune.client)"
+                )
+                + "; run the recommended command to re-measure"
+            ),
+        },
+    }
+
+
+def write_wrap_plots(study: Any, out_dir: Path, recommended: dict[str, Any]) -> list[Path]:
+    """Plots of a wrap study's completed trials: the figure per trial in order, and per knob
+    (the recommended config circled); returns their paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    meta = study.user_attrs.get("wrap", {})
+    space = [k.partition("=")[0] for k in meta.get("knobs", [])]
+    done = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE]
+    unit = "steps" if any(t.user_attrs.get("steps") for t in done) else "runs"
+    per_j = [trial_figures(t)["steps_per_joule"] or 0.0 for t in done]
+    configs = [trial_config(t, single_valued(meta)) for t in done]
+    rec = [config_key(c) == config_key(recommended) for c in configs]
+    title = f"wrap study {study.study_name}: {len(done)} trials"
+    paths: list[Path] = []
+
+    def save(fig: Any, name: str) -> None:
+        fig.tight_layout()
+        fig.savefig(out_dir / name, dpi=120)
+        plt.close(fig)
+        paths.append(out_dir / name)
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    numbers = [t.number for t in done]
+    ax.plot(numbers, per_j, "o-", color="C0", label="trials")
+    ax.scatter(
+        [n for n, r in zip(numbers, rec, strict=True) if r],
+        [y for y, r in zip(per_j, rec, strict=True) if r],
+        s=160,
+        facecolors="none",
+        edgecolors="red",
+        label="recommended",
+    )
+    ax.set(xlabel="trial", ylabel=f"{unit} per joule", title=title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    save(fig, "per_joule_by_trial.png")
+    for name in space:
+        xs = [str(c.get(name)) for c in configs]
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        ax.scatter(xs, per_j, color="C1")
+        ax.set(xlabel=name, ylabel=f"{unit} per joule", title=title)
+        ax.grid(alpha=0.3)
+        save(fig, f"per_joule_vs_{name}.png")
+    return paths
