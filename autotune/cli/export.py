@@ -18,7 +18,9 @@ def add_export_command(sub: Any) -> None:
         "export",
         help="write a study's recommended runtime config and hardware sizing (JSON or YAML), "
         "with its evidence and plots",
-        description="Reads an 'autotune study --env' study and writes the config with the best "
+        description="Reads an 'autotune study --env' or 'autotune wrap' study. For a wrap "
+        "study it writes the script's best knob values, the command with them filled in and the "
+        "evidence. For a training study it writes the config with the best "
         "median steps/J (actors, envs per actor, GMIs per GPU, MPS % per GMI, batch sizes, "
         "trainer device, and a full config for 'autotune train --config'), the CPU threads "
         "per GPU SM it needs, what a target machine would need, and the evidence: trials, and "
@@ -67,6 +69,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     # optuna, through the tuning layer: imported by this command only
     from autotune.tuning.storage import StudyError, load_study
     from autotune.workflows.export import ExportError, dump, export_doc
+    from autotune.workflows.wrap_export import is_wrap_study, wrap_export_doc, write_wrap_plots
 
     console = Console(stderr=True)
     fmt = args.format or ("yaml" if args.out and args.out.suffix in (".yaml", ".yml") else "json")
@@ -76,7 +79,18 @@ def cmd_export(args: argparse.Namespace) -> int:
             if value is not None and value < 1:
                 raise ExportError(f"--{name.replace('_', '-')} {value}: must be >= 1")
         study = load_study(args.storage, args.study)
-        doc = export_doc(study, args.pick, args.target_gpus, args.target_cores, args.sms)
+        wrapped = is_wrap_study(study)
+        if wrapped:
+            given = [n for n in ("target_gpus", "target_cores", "sms") if getattr(args, n)]
+            if given:
+                flags = ", ".join("--" + n.replace("_", "-") for n in given)
+                raise ExportError(
+                    f"{flags}: a hardware sizing needs a study of autotune's own runtime "
+                    "('autotune study --env'); a wrap study holds a script's knobs"
+                )
+            doc = wrap_export_doc(study, args.pick)
+        else:
+            doc = export_doc(study, args.pick, args.target_gpus, args.target_cores, args.sms)
     except (ExportError, StudyError, ConfigError) as exc:
         console.print(f"[red]error:[/red] {escape(str(exc))}")
         return 2
@@ -90,14 +104,21 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.plots is not None:
         from autotune.workflows.plots import write_plots
 
-        paths = write_plots(
-            study, args.plots, doc["sizing"]["sm_count"], doc["recommended"]["values"]
+        values = doc["recommended"]["values"]
+        paths = (
+            write_wrap_plots(study, args.plots, values)
+            if wrapped
+            else write_plots(study, args.plots, doc["sizing"]["sm_count"], values)
         )
         console.print("plots: " + ", ".join(str(p) for p in paths))
     ev, metric = doc["evidence"], doc["picked_by"]
     rec, ratio = ev["recommended"][metric]["median"], ev[f"{metric}_vs_default"]
-    scaled, refs = ev["recommended"][f"scaled_{metric}"]["median"], ev.get("reference_runs")
+    scaled = ev["recommended"].get(f"scaled_{metric}", {}).get("median")
+    refs = ev.get("reference_runs")
     unit = metric.replace("_per_", "/")
+    if wrapped:
+        unit = unit.replace("steps", doc["unit"])
+        console.print("command: " + " ".join(doc["recommended"]["command"]))
     console.print(
         f"recommended: {doc['recommended']['values']} -> {rec:.4g} {unit} (median of "
         f"{len(ev['recommended']['trials'])} trial(s))"

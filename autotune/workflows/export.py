@@ -150,9 +150,8 @@ def export_doc(
     meta = study.user_attrs.get("autotune")
     if not meta or meta.get("kind") != "train":
         raise ExportError(
-            f"study {study.study_name!r} is not an 'autotune study --env' "
-            "study (it has no runtime config to export); export studies of "
-            "train runs"
+            f"study {study.study_name!r} is neither an 'autotune study --env' study nor an "
+            "'autotune wrap' study: it holds no config to export"
         )
     metric = pick or (
         "steps_per_joule" if meta["objective"] in ("both", "steps_per_joule") else "steps_per_s"

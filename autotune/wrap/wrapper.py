@@ -167,12 +167,16 @@ class TrialRun:
     def figures(self) -> dict[str, float]:
         """Steps (or runs) per joule and per second, GPU and CPU watts, over the window."""
         measured = self.window and self.window["gpu_j"] + self.window["cpu_j"] > 0
-        w = self.window if measured else {  # too short a window to meter: the whole run
-            "s": self.wall_s,
-            "amount": float(self.steps or 1),
-            "gpu_j": self.gpu_j,
-            "cpu_j": self.cpu_j,
-        }
+        w = (
+            self.window
+            if measured
+            else {  # too short a window to meter: the whole run
+                "s": self.wall_s,
+                "amount": float(self.steps or 1),
+                "gpu_j": self.gpu_j,
+                "cpu_j": self.cpu_j,
+            }
+        )
         joules, secs = w["gpu_j"] + w["cpu_j"], w["s"]
         return {
             "steps_per_joule": w["amount"] / joules if joules > 0 else 0.0,
