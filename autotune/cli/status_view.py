@@ -54,14 +54,15 @@ def render(console: Any, job: dict[str, Any], history: int = 20) -> None:
             f"{job['objective']}, phase {job['phase']}{trial}"
         )
         head += f"\ncurrent config: {_values(job['config'])}"
-        live = job.get("live")
-        if live:
-            head += (
-                f"\nnow (last {live['span_s']:.0f} s): {_fmt(live['steps_per_s'])} "
-                f"steps/s, {_fmt(live['steps_per_joule'])} steps/J; GPU "
-                f"{live['gpu_w']:.0f} W, CPU {live['cpu_w']:.0f} W "
-                f"({live['cpu_source']})"
-            )
+    live = job.get("live")
+    if live:
+        trial = f", trial {live['trial']}" if live.get("trial") is not None else ""
+        head += (
+            f"\nnow (last {live['span_s']:.0f} s{trial}): {_fmt(live['steps_per_s'])} "
+            f"steps/s, {_fmt(live['steps_per_joule'])} steps/J; GPU "
+            f"{live['gpu_w']:.0f} W, CPU {live['cpu_w']:.0f} W "
+            f"({live['cpu_source']})"
+        )
     console.print(head)
     if job.get("knobs"):
         tuned = set(job.get("tuned", []))

@@ -191,9 +191,12 @@ def _wrap_restart(
         skip_if_failed,
         trial_values,
     )
+    from autotune.wrap.progress import WrapProgress, clear_live
 
     fail_orphans(study)
     failed = failed_configs(study)
+    progress = WrapProgress(console, study)
+    wrapper.on_report = progress.update
     rows: list[dict[str, Any]] = []
     try:
         for _ in range(args.trials):
@@ -207,6 +210,7 @@ def _wrap_restart(
             if skip_if_failed(study, trial, values, failed):
                 continue
             console.print(f"[bold]trial {trial.number}[/bold]: {values}")
+            progress.start(trial.number)
             try:
                 run = wrapper.run_trial(trial.number, values)
             except KeyboardInterrupt:
@@ -246,6 +250,7 @@ def _wrap_restart(
         console.print("[red]interrupted[/red]: the study is consistent; rerun to go on")
     finally:
         wrapper.close()
+        clear_live(study)
     best = best_trial(study)
     doc = {
         "study": study.study_name,
@@ -279,6 +284,7 @@ def _wrap_live(
     from autotune.tuning.runner_job import tuning_doc
     from autotune.tuning.settings import TunerSettings
     from autotune.wrap.live import LiveModeUnsupported, run_live
+    from autotune.wrap.progress import WrapProgress, clear_live
 
     knobs = {k.name: k for k in space}
     base = dict(args.defaults)  # the script's own values: where the live tuner starts
@@ -295,7 +301,9 @@ def _wrap_live(
         def factory(job: Job) -> OnlineTuner:
             return OnlineTuner(study, knobs, job, settings, base)
 
-        tuner, code = run_live(wrapper, factory, base, args.report_timeout_s)
+        progress = WrapProgress(console, study)
+        progress.start("live")
+        tuner, code = run_live(wrapper, factory, base, args.report_timeout_s, progress.update)
     except ValueError as exc:  # bad settings
         console.print(f"[red]error:[/red] {escape(str(exc))}")
         return 2
@@ -307,6 +315,7 @@ def _wrap_live(
         return 130
     finally:
         wrapper.close()
+        clear_live(study)
     doc = {"cmd": cmd, "mode": "live", "returncode": code, **tuning_doc(tuner, knobs)}
     best = doc["best"]
     said = f"{best['values']} -> {best['objective']:.4g}" if best else "none"

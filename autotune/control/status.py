@@ -76,7 +76,8 @@ def study_summary(study: Any, best: dict[str, Any] | None = None) -> dict[str, A
 
 
 def stored_status(storage: str, study_name: str) -> dict[str, Any]:
-    """The status document of a study read from its storage (no daemon, no live figures).
+    """The status document of a study read from its storage (no daemon); live figures only
+    where an ``autotune wrap`` is writing them (``autotune.wrap.progress``).
 
     Raises:
         autotune.tuning.storage.StudyError: if the storage cannot be opened or holds no such study.
@@ -90,4 +91,12 @@ def stored_status(storage: str, study_name: str) -> dict[str, Any]:
             f"cannot read study {study_name!r} from {redact(storage)!r}: "
             f"{redact(f'{type(exc).__name__}: {exc}')}"
         ) from None
-    return {"job": None, "storage": redact(storage), "study": study_name, **study_summary(study)}
+    from autotune.wrap.progress import fresh_live
+
+    return {
+        "job": None,
+        "storage": redact(storage),
+        "study": study_name,
+        "live": fresh_live(study),
+        **study_summary(study),
+    }

@@ -112,8 +112,10 @@ def run_live(
     tuner_factory: Callable[[Job], OnlineTuner],
     base: dict[str, Any],
     report_timeout_s: float,
+    on_report: Callable[[Counters], None] | None = None,
 ) -> tuple[OnlineTuner, int]:
-    """Runs CMD once with ``base`` knobs and tunes it live until it exits.
+    """Runs CMD once with ``base`` knobs and tunes it live until it exits; ``on_report`` gets
+    the script's totals at each of its reports.
 
     Returns:
         The tuner and the script's exit code.
@@ -132,7 +134,10 @@ def run_live(
     tuner = tuner_factory(job)
     try:
         while proc.poll() is None:
+            seen = job.latest
             job.pump(report_timeout_s)
+            if on_report is not None and job.latest is not seen:
+                on_report(job.latest)
             tuner.tick()
     except (LiveModeUnsupported, KeyboardInterrupt):
         stop_tree(proc)

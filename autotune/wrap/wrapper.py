@@ -32,6 +32,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,7 @@ import zmq
 
 from autotune.control import client, protocol
 from autotune.control.protocol import MsgType
+from autotune.tuning.counters import Counters
 from autotune.tuning.knobs import Knob, KnobError
 from runtime.energy.cpu import CPUModelEnergy, tree_pids
 from runtime.energy.gpu import probe_gpu_energy
@@ -212,6 +214,8 @@ class Wrapper:
                 "no command to wrap: give it after --, e.g. autotune wrap -- python train.py"
             )
         self.cmd, self.trial_s, self.report_timeout_s = cmd, trial_s, report_timeout_s
+        self.on_report: Callable[[Counters], None] | None = None
+        """Called with the run's totals (steps, GPU and CPU joules) at each of its reports."""
         self.gpu = gpu if gpu is not None else probe_gpu_energy()
         self._dir = tempfile.TemporaryDirectory(prefix="autotune-wrap-")
         self.endpoint = f"ipc://{self._dir.name}/wrap.sock"
@@ -253,7 +257,13 @@ class Wrapper:
                 while self.sock.poll(0):
                     if self._take(run, str(number)):
                         last_report = time.monotonic()
-                        marks.report(run.steps, self.gpu.read_energy_j(), cpu.read_energy_j())
+                        gpu, cpu_j = self.gpu.read_energy_j(), cpu.read_energy_j()
+                        marks.report(run.steps, gpu, cpu_j)
+                        if self.on_report is not None:
+                            gpu_j = sum(gpu[i] - gpu0[i] for i in used if i in gpu and i in gpu0)
+                            self.on_report(
+                                Counters(time.monotonic(), run.steps or 0, 0.0, gpu_j, cpu_j)
+                            )
             cpu_j = cpu.read_energy_j()  # samples the tree while its processes live
             if tee.first_line_at is not None and marks.output is None:
                 marks.output = (tee.first_line_at, self.gpu.read_energy_j(), cpu_j)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import optuna
 import yaml
+from conftest import wait_until
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "ppo_gymnasium.py"
 
@@ -146,3 +147,44 @@ def test_export_refuses_an_unknown_study_kind_and_names_what_it_takes(tmp_path):
     out = _cli("export", "--storage", db, "--study", "bare")
     assert out.returncode == 2
     assert "autotune study --env" in out.stderr and "autotune wrap" in out.stderr
+
+
+UNTIL_TOLD = """
+import os, sys, time
+from autotune import client
+steps = 0
+while not os.path.exists(sys.argv[1]):
+    x = sum(j * j for j in range(100000))
+    steps += 100
+    client.report(steps=steps)
+    time.sleep(0.05)
+"""
+
+
+def test_a_running_wrap_shows_its_rates_in_the_terminal_and_in_status(tmp_path):
+    db = f"sqlite:///{tmp_path}/w.db"
+    script, stop = tmp_path / "run.py", tmp_path / "stop"
+    script.write_text(UNTIL_TOLD)
+    cmd = [sys.executable, "-m", "autotune.cli", "wrap", "--storage", db, "--study", "live"]
+    cmd += ["--knob", "x=1", "--trials", "1", "--", sys.executable, str(script), str(stop)]
+    env = {**os.environ, "COLUMNS": "200"}
+    wrap = subprocess.Popen(
+        cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env
+    )
+    seen: list[str] = []
+
+    def status_shows_rates() -> bool:
+        seen.append(_cli("status", "--storage", db, "--study", "live").stdout)
+        return "now (last" in seen[-1]
+
+    try:
+        wait_until(status_shows_rates, wrap, 240, "autotune status showing the wrap's rates")
+        assert "steps/s" in seen[-1] and "steps/J" in seen[-1] and "trial 0" in seen[-1]
+    finally:
+        stop.write_text("")
+        _, err = wrap.communicate(timeout=240)
+    assert wrap.returncode == 0, err
+    lines = [ln for ln in err.splitlines() if ln.startswith("  trial 0: ")]  # progress lines
+    assert lines and "steps/s" in lines[0] and "steps/J" in lines[0]
+    # once the wrap is over, status no longer shows it as running
+    assert "now (last" not in _cli("status", "--storage", db, "--study", "live").stdout
