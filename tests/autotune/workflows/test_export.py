@@ -99,9 +99,7 @@ def load_config_text(text: str, fmt: str, tmp=None) -> TrainConfig:
 
 def test_bad_exports_and_configs_say_what_is_wrong(study, tmp_path):
     other = open_study(f"sqlite:///{tmp_path}/e.db", "not-ours")
-    with pytest.raises(
-        ExportError, match="neither an 'autotune study --env' study nor"
-    ):
+    with pytest.raises(ExportError, match="neither an 'autotune study --env' study nor"):
         export_doc(other)
     with pytest.raises(ExportError, match="pick='nope'"):
         export_doc(study, pick="nope")

@@ -1,0 +1,94 @@
+"""The Python API: ``autotune.train``, ``tune``, ``study`` and ``export`` from a script, and a
+script without a main guard refused at once instead of hanging."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import autotune
+
+pytestmark = pytest.mark.slow
+
+SCRIPT = """
+import json, sys
+import autotune
+
+if __name__ == "__main__":
+    cfg = autotune.TrainConfig(env="CartPole-v1", steps=4096, actors=1, batch_size=1024)
+    run = autotune.train(cfg)
+    tuned = autotune.tune(
+        autotune.TrainConfig(env="CartPole-v1", steps=30000, actors=1, batch_size=1024),
+        autotune.TuneOptions(
+            storage=sys.argv[1], study="api-online", in_process=True, sampler="tpe",
+            window_s=1.0, warmup_s=0.5, knobs=("envs_per_actor=4,8",),
+        ),
+    )
+    found = autotune.study(autotune.StudyOptions(
+        env="CartPole-v1", trials=2, trial_s=240.0, warmup_s=1.0, storage=sys.argv[1],
+        study="api-study", profile=False,
+        knobs=("envs_per_actor=4,8", "actors=1", "batch_size=1024", "trainers=1",
+               "trainer_threads=1"),
+    ))  # a trial ends once its window is measured; trial_s is the longest it may run
+    best = autotune.export("api-study", storage=sys.argv[1])
+    print(json.dumps({
+        "trained": run["env_steps"], "tuned": tuned["env_steps"],
+        "tuning": sorted(tuned["tuning"]), "study": found["study"],
+        "best": found["best"] is not None, "export": best["recommended"]["values"],
+    }))
+"""
+
+UNGUARDED = """
+import autotune
+autotune.train(autotune.TrainConfig(env="CartPole-v1", steps=4096, actors=1))
+"""
+
+
+def test_train_tune_study_and_export_from_a_script(tmp_path):
+    script = tmp_path / "use_api.py"
+    script.write_text(SCRIPT)
+    out = subprocess.run(
+        [sys.executable, str(script), f"sqlite:///{tmp_path}/api.db"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    doc = json.loads(out.stdout.strip().splitlines()[-1])
+    assert doc["trained"] >= 4096 and doc["tuned"] >= 30000
+    assert "trials" in doc["tuning"] and "where" in doc["tuning"]
+    assert doc["study"] == "api-study" and doc["best"]
+    assert doc["export"]["envs_per_actor"] in (4, 8)
+
+
+def test_a_script_without_a_main_guard_fails_at_once_saying_so(tmp_path):
+    script = tmp_path / "unguarded.py"
+    script.write_text(UNGUARDED)
+    out = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
+    assert out.returncode != 0
+    assert "MainGuardError" in out.stderr and 'if __name__ == "__main__":' in out.stderr
+    assert "Traceback" in out.stderr and out.stderr.count("Traceback") == 1  # no child started
+
+
+def test_the_api_loads_lazily_and_names_what_it_has():
+    code = textwrap.dedent(
+        """
+        import sys, autotune
+        assert "optuna" not in sys.modules and "torch" not in sys.modules
+        from autotune import client
+        assert "optuna" not in sys.modules
+        print(autotune.train.__module__, autotune.TuneOptions.__name__)
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["autotune.api", "TuneOptions"]
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        autotune.nope  # noqa: B018
