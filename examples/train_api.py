@@ -2,9 +2,9 @@
 
     python examples/train_api.py --env Pendulum-v1 --steps 300000
 
-The same runtime as ``autotune train``: ``TrainConfig.validate()`` checks every setting against
-the environment before any process starts, ``Runner.run()`` starts the actors, the four stages and
-the trainer, drains them at the end, and returns the dict that ``--json`` writes.
+The same runtime as ``autotune train``: ``autotune.train`` checks every setting against the
+environment before any process starts (``TrainConfig.validate()``), starts the actors, the four
+stages and the trainer, drains them at the end, and returns the dict that ``--json`` writes.
 """
 
 from __future__ import annotations
@@ -13,9 +13,10 @@ import argparse
 import json
 from dataclasses import replace
 
+import autotune
 from policies.appo import APPOConfig
 from runtime.config import ConfigError, TrainConfig
-from runtime.runner import Runner, RunState
+from runtime.runner import RunState
 
 
 def main() -> int:
@@ -29,11 +30,6 @@ def main() -> int:
     if args.env == "Pendulum-v1":  # rewards of -16..0 per step: scale them, shorter horizon
         learner = replace(learner, reward_scale=0.1, gamma=0.95)
     cfg = TrainConfig(env=args.env, steps=args.steps, actors=args.actors, learner=learner)
-    try:
-        info = cfg.validate()
-    except ConfigError as exc:
-        print(exc)
-        return 2
 
     def progress(state: RunState) -> None:
         if int(state.elapsed_s * 10) % 50 == 0:  # about every 5 s
@@ -42,7 +38,11 @@ def main() -> int:
                 f"return {state.return_mean}"
             )
 
-    result = Runner(cfg, info, on_progress=progress).run()
+    try:
+        result = autotune.train(cfg, on_progress=progress)
+    except ConfigError as exc:
+        print(exc)
+        return 2
     summary = {
         k: result[k]
         for k in (
