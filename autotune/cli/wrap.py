@@ -12,6 +12,10 @@ from rich.markup import escape
 from autotune.cli.output import write_json
 from autotune.tuning.knobs import KnobError
 
+RETRIES = 1
+"""A config whose run failed is run once more (in the next trial) before it is marked
+unrunnable: the cause may have been a busy machine or too short a ``--trial-s``."""
+
 
 def add_wrap_command(sub: Any) -> None:
     wrap = sub.add_parser(
@@ -184,6 +188,7 @@ def _wrap_restart(
     from autotune.tuning.storage import (
         ask,
         best_trial,
+        config_errors,
         fail_config,
         fail_interrupted,
         fail_orphans,
@@ -194,12 +199,12 @@ def _wrap_restart(
     from autotune.wrap.progress import WrapProgress, clear_live
 
     fail_orphans(study)
-    failed = failed_configs(study)
+    failed = failed_configs(study, RETRIES)
     progress = WrapProgress(console, study)
     wrapper.on_report = progress.update
     rows: list[dict[str, Any]] = []
     try:
-        for _ in range(args.trials):
+        for i in range(args.trials):
             trial = ask(study)
             values = {
                 k.name: k.choices[0]
@@ -230,9 +235,12 @@ def _wrap_restart(
                 trial.set_user_attr(name, value)
             row = {"number": trial.number, **run.__dict__, "unit": run.unit}
             if run.error is not None:
-                fail_config(study, trial, values, run.error, failed)
+                again = fail_config(study, trial, values, run.error, failed, RETRIES)
+                if again and i + 1 < args.trials:  # a busy machine, a short --trial-s: next
+                    study.enqueue_trial({k: v for k, v in values.items() if k in trial.params})
                 console.print(
-                    f"  [red]failed:[/red] {escape(str(run.error))} (the best so far is kept)"
+                    f"  [red]failed:[/red] {escape(str(run.error))} (the best so far is kept; "
+                    + ("it is tried once more)" if again else "not tried again)")
                 )
             else:
                 row["objective"] = score = run.score(args.objective)
@@ -263,6 +271,8 @@ def _wrap_restart(
     }
     if best is None:
         console.print("[red]no trial completed[/red]")
+        for key, errors in config_errors(study).items():
+            console.print(f"  {escape(key)} failed {len(errors)}x: {escape(errors[-1])}")
     else:
         console.print(f"best: trial {best.number} {doc['best']['values']} -> {best.value:.4g}")
     write_json(args.json, doc)

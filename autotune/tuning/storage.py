@@ -7,9 +7,10 @@ A study is created or loaded by name (``load_if_exists``), so a rerun, a restart
 relative SQLite path is made absolute, so a daemon elsewhere opens the same file).
 
 Rules: trials left RUNNING by a tuner that died are failed (``fail_orphans``); a config that
-failed (a FAIL trial with an ``error``) is never tried again (``failed_configs``,
-``skip_if_failed``, ``fail_config``); a trial's knob values are its params, or its ``values``
-user attribute where fixed knobs were not suggested.
+failed (a FAIL trial with an ``error``) more than a tuner's ``retries`` times (none for the
+runtime's tuners; once for ``wrap``, whose failures may be a busy machine) is never tried
+again (``failed_configs``, ``skip_if_failed``, ``fail_config``); a trial's knob values are its
+params, or its ``values`` user attribute where fixed knobs were not suggested.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ __all__ = [
     "StudyError",
     "ask",
     "best_trial",
+    "config_errors",
     "config_key",
     "fail_config",
     "fail_interrupted",
@@ -289,13 +291,19 @@ def fail_orphans(study: optuna.Study) -> None:
             logger.warning("trial %d was left running (its tuner ended); marked failed", t.number)
 
 
-def failed_configs(study: optuna.Study) -> set[str]:
-    """Keys of the configs that failed (FAIL trials with an ``error``; not interrupted ones)."""
-    return {
-        config_key(trial_values(t))
-        for t in study.get_trials(deepcopy=False)
-        if t.state == TrialState.FAIL and "error" in t.user_attrs
-    }
+def failed_configs(study: optuna.Study, retries: int = 0) -> set[str]:
+    """Keys of the configs that failed more than ``retries`` times (FAIL trials with an
+    ``error``; not interrupted ones): those not to be tried again."""
+    return {key for key, errors in config_errors(study).items() if len(errors) > retries}
+
+
+def config_errors(study: optuna.Study) -> dict[str, list[str]]:
+    """Each config's errors, oldest first (its FAIL trials with an ``error``)."""
+    out: dict[str, list[str]] = {}
+    for t in study.get_trials(deepcopy=False):
+        if t.state == TrialState.FAIL and "error" in t.user_attrs:
+            out.setdefault(config_key(trial_values(t)), []).append(str(t.user_attrs["error"]))
+    return out
 
 
 def skip_if_failed(
@@ -315,12 +323,18 @@ def fail_config(
     values: dict[str, Any],
     error: str,
     failed: set[str],
-) -> None:
-    """Marks ``values`` failed for good and tells ``trial`` (if any) failed with ``error``."""
-    failed.add(config_key(values))
+    retries: int = 0,
+) -> bool:
+    """Tells ``trial`` (if any) failed with ``error``; marks ``values`` failed for good once
+    they have failed more than ``retries`` times. True if they may be tried again."""
     if trial is not None:
         trial.set_user_attr("error", error)
         study.tell(trial, state=TrialState.FAIL)
+    key = config_key(values)
+    if len(config_errors(study).get(key, [])) > retries or trial is None:
+        failed.add(key)
+        return False
+    return True
 
 
 def killed_before(study: optuna.Study, values: dict[str, Any]) -> bool:

@@ -4,6 +4,9 @@ refused unless resumed, and trial one runs the script's own defaults."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import optuna
 from test_wrap import _wrap
@@ -35,3 +38,54 @@ def test_trial_one_runs_the_scripts_own_defaults(tmp_path):
     bad = _wrap(tmp_path, "--knob", "num_envs=1..4", "--default", "num_envs=9", "--study", "x")
     said = " ".join(bad.stderr.split())
     assert bad.returncode == 2 and "--default 'num_envs=9': 9 is not among [1, 2, 3, 4]" in said
+
+
+FLAKY = """
+import os, sys
+from autotune import client
+if not os.path.exists(sys.argv[1]):   # the first run fails (a busy machine, say)
+    open(sys.argv[1], "w").close()
+    sys.exit(5)
+if sys.argv[2] == "always":
+    sys.exit(6)
+client.report(steps=100)
+client.report(steps=200)
+"""
+
+
+def test_a_failed_config_is_tried_once_more_before_it_is_given_up(tmp_path):
+    script = tmp_path / "flaky.py"
+    script.write_text(FLAKY)
+
+    def wrap(study: str, how: str, trials: str):
+        marker = tmp_path / f"{study}.ran"
+        cmd = ["--knob", "x=1,2", "--default", "x=1", "--trials", trials, "--study", study]
+        argv = [
+            sys.executable,
+            "-m",
+            "autotune.cli",
+            "wrap",
+            "--storage",
+            f"sqlite:///{tmp_path}/w.db",
+        ]
+        argv += [*cmd, "--", sys.executable, str(script), str(marker), how]
+        env = {**os.environ, "COLUMNS": "200"}
+        return subprocess.run(argv, capture_output=True, text=True, timeout=180, env=env)
+
+    once = wrap("once", "then-ok", "2")
+    assert once.returncode == 0, once.stderr
+    study = optuna.load_study(study_name="once", storage=f"sqlite:///{tmp_path}/w.db")
+    assert [t.state.name for t in study.trials] == ["FAIL", "COMPLETE"]
+    assert [t.params for t in study.trials] == [{"x": 1}, {"x": 1}]  # the retry came next
+    assert "it is tried once more" in " ".join(once.stderr.split())
+
+    never = wrap("never", "always", "3")
+    said = " ".join(never.stderr.split())
+    assert never.returncode == 1 and "no trial completed" in said
+    assert "failed 2x: exited with code 6" in said  # the reason, kept and shown
+    study = optuna.load_study(study_name="never", storage=f"sqlite:///{tmp_path}/w.db")
+    errors = [t.user_attrs.get("error") for t in study.trials if t.params == {"x": 1}]
+    assert errors[:2] == ["exited with code 5", "exited with code 6"]
+    # a third time it is not run: skipped, saying why
+    skipped = [t for t in study.trials[2:] if t.params == {"x": 1}]
+    assert all("failed before" in t.user_attrs["skipped"] for t in skipped)
