@@ -247,12 +247,7 @@ def _wrap_restart(
                 for name, value in run.figures().items():
                     trial.set_user_attr(name, value)
                 study.tell(trial, score)
-                per = "J" if "joule" in args.objective else "s"
-                console.print(
-                    f"  {score:.4g} {run.unit}/{per} ({run.steps or 1} {run.unit}, "
-                    f"{run.wall_s:.1f} s, "
-                    f"GPU {run.gpu_j:.0f} J + CPU {run.cpu_j:.0f} J model)"
-                )
+                console.print(f"  {measured_line(run, args.objective)}", highlight=False)
             rows.append(row)
     except KeyboardInterrupt:
         console.print("[red]interrupted[/red]: the study is consistent; rerun to go on")
@@ -357,3 +352,20 @@ def export_at_end(args: argparse.Namespace, console: Any, study: Any) -> None:
     if args.plots is not None:
         paths = write_wrap_plots(study, args.plots, doc["recommended"]["values"])
         console.print("plots: " + ", ".join(str(p) for p in paths))
+
+
+def measured_line(run: Any, objective: str) -> str:
+    """A trial's figure, what it was measured over, and its whole run."""
+    per = "J" if "joule" in objective else "s"
+    head = f"{run.score(objective):.4g} {run.unit}/{per}"
+    whole = (
+        f"{run.steps or 1:,} {run.unit} in {run.wall_s:.1f} s, "
+        f"GPU {run.gpu_j:.0f} J + CPU {run.cpu_j:.0f} J model"
+    )
+    w = run.window
+    if not w or w["gpu_j"] + w["cpu_j"] <= 0:
+        return f"{head} (the whole run: {whole})"
+    return (
+        f"{head} over {w['s']:.1f} s from its {w['from']} ({w['amount']:,.0f} {run.unit}, "
+        f"{w['gpu_j'] + w['cpu_j']:.0f} J); whole run: {whole}"
+    )
