@@ -34,6 +34,7 @@ from runtime import topology, wire
 from runtime.config import TrainConfig
 from runtime.envs import EnvInfo, make_env
 from runtime.policy_io import LocalPolicy, RemotePolicy, WeightsReceiver
+from runtime.reward_norm import RewardNormalizer
 from runtime.stages.common import LiveSettings, StatsSender, init_service_process
 from runtime.stages.dispenser import Dispenser
 
@@ -134,6 +135,11 @@ class Actor:
         self.ep_length = np.zeros(k, np.int64)
         self.episodes: list[list[float]] = []
         self.waits = 0
+        self.reward_norm = (
+            RewardNormalizer(k, cfg.learner.gamma)
+            if cfg.learner.reward_norm_for(info.discrete)
+            else None
+        )
         self.throttle_s = 0.0
         """Seconds spent waiting for receipts (the in-flight budget full: the learner behind)."""
         self.dispatch_s = 0.0
@@ -168,6 +174,9 @@ class Actor:
                 buf["logp"][envs, t], buf["versions"][envs, t] = lp, version
                 self._step(envs, act, t, buf, truncated_final)
                 self._check_finite(envs, t, buf)
+                if self.reward_norm is not None:  # what the learner sees; episodes stay raw
+                    rewards = buf["rewards"][envs, t]
+                    buf["rewards"][envs, t] = self.reward_norm(envs, rewards, buf["dones"][envs, t])
                 if t + 1 < t_len:
                     self.policy.request(g, self.obs[envs])
             if truncated_final:

@@ -13,17 +13,22 @@ from rich.markup import escape
 from autotune.cli.auto_flags import int_list, int_or_auto, mps_or_auto, size_run_config
 from autotune.cli.display import ProgressDisplay, summary_table
 from autotune.cli.output import write_json
-from autotune.cli.train_config import add_env_args, auto_fields, process_started, train_config
+from autotune.cli.train_config import (
+    add_env_args,
+    add_learner_args,
+    auto_fields,
+    process_started,
+    train_config,
+)
 from autotune.cli.tune_flags import add_tune_args, tune_options
 from autotune.workflows.progress_log import ProgressLog
-from policies.appo_config import APPOConfig
 from runtime.config import TRAINER_PRECISIONS, ConfigError, TrainConfig
 from runtime.hw.gpus import no_gpu_reason
 from runtime.runner import RunError, Runner
 
 
 def add_train_command(sub: Any) -> None:
-    d, dl = TrainConfig(), APPOConfig()
+    d = TrainConfig()
     train = sub.add_parser(
         "train",
         help="run an RL training job (actors -> dispenser -> compressor -> migrator -> "
@@ -197,52 +202,7 @@ def add_train_command(sub: Any) -> None:
         help="end by this many seconds after the process started (start-up and probes "
         "included): the drain begins early enough to train what is in flight",
     )
-    train.add_argument("--lr", type=float, default=dl.lr, help=f"learning rate (default {dl.lr})")
-    train.add_argument(
-        "--lr-schedule",
-        choices=["linear", "constant"],
-        default=dl.lr_schedule,
-        help="linear: anneal the learning rate to 0 over --steps (default); constant: keep it",
-    )
-    train.add_argument(
-        "--vtrace-lambda",
-        type=float,
-        default=dl.vtrace_lambda,
-        help=f"V-trace trace decay, GAE's lambda on-policy (default {dl.vtrace_lambda})",
-    )
-    train.add_argument(
-        "--gamma", type=float, default=dl.gamma, help=f"discount (default {dl.gamma})"
-    )
-    train.add_argument(
-        "--epochs",
-        type=int,
-        default=dl.epochs,
-        help=f"passes over each batch (default {dl.epochs})",
-    )
-    train.add_argument(
-        "--minibatches",
-        type=int,
-        default=dl.minibatches,
-        help=f"minibatches per pass (default {dl.minibatches})",
-    )
-    train.add_argument(
-        "--entropy-coef",
-        type=float,
-        default=None,
-        help="entropy bonus weight (default: 0.01 for discrete actions, 0 for continuous)",
-    )
-    train.add_argument(
-        "--reward-scale",
-        type=float,
-        default=dl.reward_scale,
-        help=f"reward multiplier for learning (default {dl.reward_scale})",
-    )
-    train.add_argument(
-        "--max-policy-lag",
-        type=int,
-        default=dl.max_policy_lag,
-        help=f"discard experience older than this many versions (default {dl.max_policy_lag})",
-    )
+    add_learner_args(train)
     train.add_argument(
         "--json", type=Path, default=None, metavar="PATH", help="write the result document to PATH"
     )

@@ -19,8 +19,75 @@ LEARNER_FLAGS = (
     "minibatches",
     "entropy_coef",
     "reward_scale",
+    "normalize_reward",
     "max_policy_lag",
 )
+
+
+def add_learner_args(parser: argparse.ArgumentParser) -> None:
+    """The learner's flags of ``autotune train`` (``APPOConfig``)."""
+    dl = APPOConfig()
+    parser.add_argument("--lr", type=float, default=dl.lr, help=f"learning rate (default {dl.lr})")
+    parser.add_argument(
+        "--lr-schedule",
+        choices=["linear", "constant"],
+        default=dl.lr_schedule,
+        help="linear: anneal the learning rate to 0 over --steps (default); constant: keep it",
+    )
+    parser.add_argument(
+        "--vtrace-lambda",
+        type=float,
+        default=dl.vtrace_lambda,
+        help=f"V-trace trace decay, GAE's lambda on-policy (default {dl.vtrace_lambda})",
+    )
+    parser.add_argument(
+        "--gamma", type=float, default=dl.gamma, help=f"discount (default {dl.gamma})"
+    )
+    parser.add_argument(
+        "--epochs",
+        type=int,
+        default=dl.epochs,
+        help=f"passes over each batch (default {dl.epochs})",
+    )
+    parser.add_argument(
+        "--minibatches",
+        type=int,
+        default=dl.minibatches,
+        help=f"minibatches per pass (default {dl.minibatches})",
+    )
+    parser.add_argument(
+        "--entropy-coef",
+        type=float,
+        default=None,
+        help="entropy bonus weight (default: 0.01 for discrete actions, 0 for continuous)",
+    )
+    parser.add_argument(
+        "--normalize-reward",
+        type=_on_off_auto,
+        default=None,
+        metavar="{auto,on,off}",
+        help="divide rewards by the running std of their discounted returns, in the actors "
+        "(default auto: on for continuous actions, off for discrete ones)",
+    )
+    parser.add_argument(
+        "--reward-scale",
+        type=float,
+        default=dl.reward_scale,
+        help=f"reward multiplier for learning (default {dl.reward_scale})",
+    )
+    parser.add_argument(
+        "--max-policy-lag",
+        type=int,
+        default=dl.max_policy_lag,
+        help=f"discard experience older than this many versions (default {dl.max_policy_lag})",
+    )
+
+
+def _on_off_auto(text: str) -> bool | None:
+    values = {"auto": None, "on": True, "off": False}
+    if text not in values:
+        raise argparse.ArgumentTypeError(f"{text!r}: allowed auto, on, off")
+    return values[text]
 
 
 def explicit_flags(parser: argparse.ArgumentParser, argv: list[str]) -> set[str]:
@@ -76,6 +143,7 @@ def config_from_args(args: argparse.Namespace):
         minibatches=args.minibatches,
         entropy_coef=args.entropy_coef,
         reward_scale=args.reward_scale,
+        normalize_reward=args.normalize_reward,
         max_policy_lag=args.max_policy_lag,
     )
     return TrainConfig(
