@@ -135,6 +135,27 @@ def sizing(
     return out
 
 
+def by_config(
+    study: Any, values_of: Any, command: str
+) -> tuple[list[Any], list[Any], dict[str, list[Any]]]:
+    """Every trial of ``study``, its completed ones, and those grouped by config (the key of
+    ``values_of(trial)``).
+
+    Raises:
+        ExportError: no completed trial (run ``command`` first).
+    """
+    trials = study.get_trials(deepcopy=False)
+    done = [t for t in trials if t.state == TrialState.COMPLETE]
+    if not done:
+        raise ExportError(
+            f"study {study.study_name!r} has no completed trial yet; run {command} first"
+        )
+    groups: dict[str, list[Any]] = {}
+    for t in done:
+        groups.setdefault(config_key(values_of(t)), []).append(t)
+    return trials, done, groups
+
+
 def export_doc(
     study: Any,
     pick: str | None = None,
@@ -158,15 +179,7 @@ def export_doc(
     )
     if metric not in ("steps_per_joule", "steps_per_s"):
         raise ExportError(f"pick={pick!r}: allowed steps_per_joule, steps_per_s")
-    trials = study.get_trials(deepcopy=False)
-    done = [t for t in trials if t.state == TrialState.COMPLETE]
-    if not done:
-        raise ExportError(
-            f"study {study.study_name!r} has no completed trial yet; run autotune study first"
-        )
-    groups: dict[str, list[Any]] = {}
-    for t in done:
-        groups.setdefault(config_key(t.params), []).append(t)
+    trials, done, groups = by_config(study, lambda t: t.params, "autotune study")
 
     def median(ts: list[Any]) -> float:
         return statistics.median(score(t, metric) or 0.0 for t in ts)

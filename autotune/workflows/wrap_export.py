@@ -22,7 +22,7 @@ from typing import Any
 from optuna.trial import TrialState
 
 from autotune.tuning.storage import config_key
-from autotune.workflows.export import FORMAT_VERSION, ExportError
+from autotune.workflows.export import FORMAT_VERSION, ExportError, by_config
 
 METRICS = ("steps_per_joule", "steps_per_s")
 
@@ -101,15 +101,7 @@ def wrap_export_doc(study: Any, pick: str | None = None) -> dict[str, Any]:
     if metric not in METRICS:
         raise ExportError(f"pick={pick!r}: allowed {', '.join(METRICS)}")
     fixed = single_valued(meta)
-    trials = study.get_trials(deepcopy=False)
-    done = [t for t in trials if t.state == TrialState.COMPLETE]
-    if not done:
-        raise ExportError(
-            f"study {study.study_name!r} has no completed trial yet; run autotune wrap first"
-        )
-    groups: dict[str, list[Any]] = {}
-    for t in done:
-        groups.setdefault(config_key(trial_config(t, fixed)), []).append(t)
+    trials, done, groups = by_config(study, lambda t: trial_config(t, fixed), "autotune wrap")
 
     def median(ts: list[Any]) -> float:
         return statistics.median(trial_figures(t)[metric] or 0.0 for t in ts)

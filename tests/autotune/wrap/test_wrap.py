@@ -39,9 +39,12 @@ if k["mode"] == "silent":
 """
 
 
-def _wrap(tmp_path, *args, timeout=180):
-    script = tmp_path / "train.py"
-    script.write_text(SCRIPT)
+def _wrap(tmp_path, *args, timeout=180, script_cmd=None):
+    """``autotune wrap ARGS -- SCRIPT_CMD`` (default: ``SCRIPT`` with ``--envs={num_envs}``)."""
+    if script_cmd is None:
+        script = tmp_path / "train.py"
+        script.write_text(SCRIPT)
+        script_cmd = [sys.executable, str(script), "--envs={num_envs}"]
     cmd = [
         sys.executable,
         "-m",
@@ -53,9 +56,7 @@ def _wrap(tmp_path, *args, timeout=180):
         str(tmp_path / "w.json"),
         *args,
         "--",
-        sys.executable,
-        str(script),
-        "--envs={num_envs}",
+        *script_cmd,
     ]
     env = {**os.environ, "COLUMNS": "200"}
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)

@@ -4,8 +4,6 @@ refused unless resumed, and trial one runs the script's own defaults."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 
 import optuna
@@ -60,17 +58,8 @@ def test_a_failed_config_is_tried_once_more_before_it_is_given_up(tmp_path):
     def wrap(study: str, how: str, trials: str):
         marker = tmp_path / f"{study}.ran"
         cmd = ["--knob", "x=1,2", "--default", "x=1", "--trials", trials, "--study", study]
-        argv = [
-            sys.executable,
-            "-m",
-            "autotune.cli",
-            "wrap",
-            "--storage",
-            f"sqlite:///{tmp_path}/w.db",
-        ]
-        argv += [*cmd, "--", sys.executable, str(script), str(marker), how]
-        env = {**os.environ, "COLUMNS": "200"}
-        return subprocess.run(argv, capture_output=True, text=True, timeout=180, env=env)
+        script_cmd = [sys.executable, str(script), str(marker), how]
+        return _wrap(tmp_path, *cmd, script_cmd=script_cmd)
 
     once = wrap("once", "then-ok", "2")
     assert once.returncode == 0, once.stderr
