@@ -94,7 +94,8 @@ def add_wrap_command(sub: Any) -> None:
         default=[],
         metavar="NAME=VALUE",
         help="the script's own value of a knob (repeatable): trial one runs the script's "
-        "defaults (a knob without one: its first value)",
+        "defaults (a knob without one: the value its --NAME flag has in CMD without a "
+        "placeholder, else its first value)",
     )
     wrap.add_argument(
         "--resume",
@@ -145,7 +146,7 @@ def cmd_wrap(args: argparse.Namespace) -> int:
         made = {"mode": args.mode, "cmd": cmd, "knobs": list(args.knob)}
         same_study(study, made, args.resume)
         study.set_user_attr("wrap", {**made, "objective": args.objective, "trial_s": args.trial_s})
-        args.defaults = script_defaults(args.default, space)
+        args.defaults = script_defaults(args.default, space, cmd)
         study.set_user_attr("wrap_defaults", args.defaults)
         if args.mode != "live" and not study.trials:  # trial one: the script's own defaults
             tuned = [k.name for k in space if len(k.choices) > 1]

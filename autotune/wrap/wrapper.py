@@ -66,15 +66,16 @@ def _scalar(text: str) -> Any:
     return text
 
 
-def script_defaults(specs: list[str], space: list[Knob]) -> dict[str, Any]:
-    """Trial one's values: each ``NAME=VALUE`` of ``specs`` (the script's own defaults), the
-    first choice of every knob not named.
+def script_defaults(specs: list[str], space: list[Knob], cmd: list[str] = ()) -> dict[str, Any]:
+    """Trial one's values: each ``NAME=VALUE`` of ``specs`` (the script's own defaults), else
+    the value ``cmd`` gives the knob's flag without a placeholder (``--num-envs 8``,
+    ``--num_envs=8``) where it is one of the knob's choices, else its first choice.
 
     Raises:
         KnobError: a name that is not a knob, or a value that is not among its choices.
     """
     knobs = {k.name: k for k in space}
-    out = {k.name: k.choices[0] for k in space}
+    out = {k.name: _flag_value(cmd, k) for k in space}
     for spec in specs:
         name, sep, text = spec.partition("=")
         knob = knobs.get(name.strip())
@@ -85,6 +86,19 @@ def script_defaults(specs: list[str], space: list[Knob]) -> dict[str, Any]:
             raise KnobError(f"--default {spec!r}: {value!r} is not among {list(knob.choices)}")
         out[knob.name] = value
     return out
+
+
+def _flag_value(cmd: list[str], knob: Knob) -> Any:
+    """The value of ``--NAME`` (dashes or underscores) in ``cmd`` if it is among the knob's
+    choices, else the knob's first choice."""
+    flags = {f"--{knob.name}", f"--{knob.name.replace('_', '-')}"}
+    for i, arg in enumerate(cmd):
+        flag, eq, text = arg.partition("=")
+        if flag in flags:
+            value = _scalar(text if eq else (cmd[i + 1] if i + 1 < len(cmd) else ""))
+            if value in knob.choices:
+                return value
+    return knob.choices[0]
 
 
 def parse_knob(spec: str, apply: str = "restart") -> Knob:

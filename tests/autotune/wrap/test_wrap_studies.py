@@ -78,3 +78,18 @@ def test_a_failed_config_is_tried_once_more_before_it_is_given_up(tmp_path):
     # a third time it is not run: skipped, saying why
     skipped = [t for t in study.trials[2:] if t.params == {"x": 1}]
     assert all("failed before" in t.user_attrs["skipped"] for t in skipped)
+
+
+def test_the_scripts_defaults_come_from_its_command_line_where_not_given():
+    from autotune.wrap.wrapper import parse_knob, script_defaults
+
+    space = [parse_knob("num_envs=4,8,16"), parse_knob("batch_size=256,512"), parse_knob("lr=1,2")]
+    cmd = ["python", "t.py", "--num-envs", "8", "--batch_size=512", "--lr", "3"]
+    # flags without placeholders give the script's values; one not among the choices does not
+    assert script_defaults([], space, cmd) == {"num_envs": 8, "batch_size": 512, "lr": 1}
+    assert script_defaults(["num_envs=16"], space, cmd)["num_envs"] == 16  # --default wins
+    assert script_defaults([], space, ["python", "t.py", "--num-envs", "{num_envs}"]) == {
+        "num_envs": 4,
+        "batch_size": 256,
+        "lr": 1,
+    }
