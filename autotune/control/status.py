@@ -6,6 +6,7 @@ history is read straight from a study's storage. ``autotune.cli.status_view`` dr
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import optuna
@@ -34,6 +35,19 @@ def live_rates(readings: list[Counters], span_s: float) -> dict[str, Any] | None
         "steps_per_joule": steps / (gpu_j + cpu_j) if gpu_j + cpu_j > 0 else None,
         "cpu_source": last.cpu_source,
     }
+
+
+LIVE_FRESH_S = 30.0
+"""``autotune status`` shows a wrap's live figures (``autotune.wrap.progress``) while they are
+younger than this."""
+
+
+def fresh_live(study: Any) -> dict[str, Any] | None:
+    """The study's ``wrap_live`` figures while a wrap is writing them, else None."""
+    live = study.user_attrs.get("wrap_live")
+    if isinstance(live, dict) and time.time() - float(live.get("unix", 0)) < LIVE_FRESH_S:
+        return live
+    return None
 
 
 def _note(t: Any) -> str:
@@ -91,8 +105,6 @@ def stored_status(storage: str, study_name: str) -> dict[str, Any]:
             f"cannot read study {study_name!r} from {redact(storage)!r}: "
             f"{redact(f'{type(exc).__name__}: {exc}')}"
         ) from None
-    from autotune.wrap.progress import fresh_live
-
     return {
         "job": None,
         "storage": redact(storage),

@@ -1,6 +1,7 @@
 """What a wrapped script is doing now: its steps/s and steps/J over the last seconds, printed
 as a plain line every few seconds and kept in the study (user attribute ``wrap_live``), where
-``autotune status --study NAME`` reads them while the wrap runs."""
+``autotune status --study NAME`` reads them while the wrap runs
+(``autotune.control.status.fresh_live``)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,6 @@ PRINT_S = 5.0
 """Seconds between two progress lines (and two writes to the study)."""
 SPAN_S = 10.0
 """The figures are over the script's reports of the last this many seconds."""
-FRESH_S = 30.0
-"""``autotune status`` shows the figures while they are younger than this."""
 
 
 class WrapProgress:
@@ -51,14 +50,6 @@ class WrapProgress:
             highlight=False,
         )
         self.study.set_user_attr("wrap_live", {**rates, "trial": self.trial, "unix": time.time()})
-
-
-def fresh_live(study: Any) -> dict[str, Any] | None:
-    """The study's ``wrap_live`` figures while a wrap is writing them, else None."""
-    live = study.user_attrs.get("wrap_live")
-    if isinstance(live, dict) and time.time() - float(live.get("unix", 0)) < FRESH_S:
-        return live
-    return None
 
 
 def clear_live(study: Any) -> None:

@@ -28,9 +28,7 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -43,6 +41,7 @@ from autotune.control import client, protocol
 from autotune.control.protocol import MsgType
 from autotune.tuning.counters import Counters
 from autotune.tuning.knobs import Knob, KnobError
+from autotune.wrap.measure import Marks, Tee
 from runtime.energy.cpu import CPUModelEnergy, tree_pids
 from runtime.energy.gpu import probe_gpu_energy
 from runtime.hw.gpus import gpus_used_by
@@ -329,67 +328,6 @@ class Wrapper:
             run.steps = max(run.steps or 0, int(msg["steps"]))
         run.metrics.update(msg.get("metrics") or {})
         return True
-
-
-class Tee:
-    """Copies the script's stdout through to ours, line by line, as it comes, noting when the
-    first line came (what a script that never reports is timed from)."""
-
-    def __init__(self, pipe: Any) -> None:
-        self.first_line_at: float | None = None
-        self._thread = threading.Thread(target=self._copy, args=(pipe,), daemon=True)
-        self._thread.start()
-
-    def _copy(self, pipe: Any) -> None:
-        out = sys.stdout.buffer
-        for line in iter(pipe.readline, b""):
-            if self.first_line_at is None:
-                self.first_line_at = time.monotonic()
-            with contextlib.suppress(OSError, ValueError):
-                out.write(line)
-                out.flush()
-        pipe.close()
-
-    def join(self) -> None:
-        self._thread.join(timeout=TERM_GRACE_S)
-
-
-@dataclass
-class Marks:
-    """Where a trial's measured window starts and ends: (monotonic time, steps, GPU joules by
-    index, CPU joules) at its first and its latest report, and at its first output line."""
-
-    first: tuple[float, int, dict, float] | None = None
-    last: tuple[float, int, dict, float] | None = None
-    output: tuple[float, dict, float] | None = None
-
-    def report(self, steps: int | None, gpu: dict, cpu_j: float) -> None:
-        mark = (time.monotonic(), int(steps or 0), gpu, cpu_j)
-        if self.first is None:
-            self.first = mark
-        self.last = mark
-
-    def window(self, gpus: list[int], end: tuple[float, dict, float]) -> dict[str, Any]:
-        """From the first report to the latest (steps counted after the first), where the
-        steps grew between them; else from the first output line to the end, as one run;
-        else empty (the whole run is the window)."""
-
-        def span(a: tuple, b: tuple, amount: float, origin: str) -> dict[str, Any]:
-            (t0, g0, c0), (t1, g1, c1) = a, b
-            return {
-                "from": origin,
-                "s": t1 - t0,
-                "amount": amount,
-                "gpu_j": sum(g1[i] - g0[i] for i in gpus if i in g0 and i in g1),
-                "cpu_j": c1 - c0,
-            }
-
-        a, b = self.first, self.last
-        if a and b and b[1] > a[1] and b[0] > a[0]:
-            return span((a[0], a[2], a[3]), (b[0], b[2], b[3]), b[1] - a[1], "first report")
-        if self.first is None and self.output is not None and end[0] > self.output[0]:
-            return span(self.output, end, 1.0, "first output line")
-        return {}
 
 
 def stop_tree(proc: subprocess.Popen) -> None:
