@@ -17,7 +17,7 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 def test_figures_command_writes_pngs_next_to_the_json(tmp_path):
     pytest.importorskip("matplotlib")
-    for sub in ("end-to-end", "cuda-context", "wrap"):
+    for sub in ("end-to-end", "cuda-context", "wrap-guide"):
         shutil.copytree(RESULTS / sub, tmp_path / sub, ignore=shutil.ignore_patterns("*.png"))
     proc = subprocess.run(
         [
@@ -38,7 +38,7 @@ def test_figures_command_writes_pngs_next_to_the_json(tmp_path):
     for path in (
         tmp_path / "end-to-end" / "ant-e2e.png",
         tmp_path / "cuda-context" / "gpu-idle-power.png",
-        tmp_path / "wrap" / "wrap-cartpole.png",
+        tmp_path / "wrap-guide" / "wrap-guide.png",
     ):
         data = path.read_bytes()
         assert data.startswith(PNG), path
