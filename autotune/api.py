@@ -117,11 +117,14 @@ def tune(
     """
     _check_main_guard("tune")
     from autotune.workflows.tune import TuneOptions, start_tuning
+    from runtime.hw.gpus import no_gpu_reason
     from runtime.runner import Runner
 
     options = options or TuneOptions(in_process=True)
     info = config.validate()
-    runner = Runner(config, info, mps_live=config.resolved_device() == "cuda")
+    # a tuner may move the trainer to a GPU share: MPS from the start where there is a GPU
+    gpu_here = config.resolved_device() == "cuda" or no_gpu_reason() is None
+    runner = Runner(config, info, mps_live=gpu_here)
     tuning = start_tuning(options, config, runner)
 
     def progress(state: Any) -> None:
