@@ -136,9 +136,7 @@ class Actor:
         self.episodes: list[list[float]] = []
         self.waits = 0
         self.reward_norm = (
-            RewardNormalizer(k, cfg.learner.gamma)
-            if cfg.learner.reward_norm_for(info.discrete)
-            else None
+            RewardNormalizer(k, cfg.learner.gamma) if cfg.learner.normalize_reward else None
         )
         self.throttle_s = 0.0
         """Seconds spent waiting for receipts (the in-flight budget full: the learner behind)."""

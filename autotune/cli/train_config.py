@@ -63,11 +63,10 @@ def add_learner_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--normalize-reward",
-        type=_on_off_auto,
-        default=None,
-        metavar="{auto,on,off}",
-        help="divide rewards by the running std of their discounted returns, in the actors "
-        "(default auto: on for continuous actions, off for discrete ones)",
+        choices=["on", "off"],
+        default="off",
+        help="divide rewards by the running std of their discounted returns, in the actors, "
+        "as CleanRL's continuous PPO does (default off)",
     )
     parser.add_argument(
         "--reward-scale",
@@ -81,13 +80,6 @@ def add_learner_args(parser: argparse.ArgumentParser) -> None:
         default=dl.max_policy_lag,
         help=f"discard experience older than this many versions (default {dl.max_policy_lag})",
     )
-
-
-def _on_off_auto(text: str) -> bool | None:
-    values = {"auto": None, "on": True, "off": False}
-    if text not in values:
-        raise argparse.ArgumentTypeError(f"{text!r}: allowed auto, on, off")
-    return values[text]
 
 
 def explicit_flags(parser: argparse.ArgumentParser, argv: list[str]) -> set[str]:
@@ -105,6 +97,8 @@ def config_with_flags(base, args: argparse.Namespace, explicit: set[str]):
     fields = {f.name for f in dataclasses.fields(base)} - {"learner"}
     changes = {k: getattr(args, k) for k in explicit & fields if getattr(args, k) != "auto"}
     learner = {k: getattr(args, k) for k in explicit & set(LEARNER_FLAGS)}
+    if "normalize_reward" in learner:  # on/off on the command line
+        learner["normalize_reward"] = learner["normalize_reward"] == "on"
     if "env_module" in explicit:  # added to the file's
         changes["env_modules"] = tuple(dict.fromkeys([*base.env_modules, *args.env_module]))
     return dataclasses.replace(
@@ -143,7 +137,7 @@ def config_from_args(args: argparse.Namespace):
         minibatches=args.minibatches,
         entropy_coef=args.entropy_coef,
         reward_scale=args.reward_scale,
-        normalize_reward=args.normalize_reward,
+        normalize_reward=args.normalize_reward == "on",
         max_policy_lag=args.max_policy_lag,
     )
     return TrainConfig(

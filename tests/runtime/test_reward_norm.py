@@ -1,5 +1,5 @@
 """Reward normalisation in the actors: the same figures as gymnasium's ``NormalizeReward``, per
-env returns reset where episodes end, clipping, and the setting by action space."""
+env returns reset where episodes end, clipping, and off unless asked for."""
 
 from __future__ import annotations
 
@@ -51,9 +51,6 @@ def test_returns_restart_where_episodes_end_and_rewards_are_clipped():
     assert big[0] == CLIP and big.dtype == np.float32
 
 
-def test_by_action_space_unless_set():
-    assert APPOConfig().reward_norm_for(discrete=False)
-    assert not APPOConfig().reward_norm_for(discrete=True)
-    assert APPOConfig(normalize_reward=True).reward_norm_for(discrete=True)
-    assert not APPOConfig(normalize_reward=False).reward_norm_for(discrete=False)
+def test_off_unless_asked_for_and_checked():
+    assert not APPOConfig().normalize_reward
     assert "normalize_reward='yes'" in APPOConfig(normalize_reward="yes").problems()[0]
