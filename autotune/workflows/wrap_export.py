@@ -49,6 +49,14 @@ def trial_figures(trial: Any) -> dict[str, float | None]:
     }
 
 
+def study_unit(meta: dict[str, Any], done: list[Any]) -> str:
+    """``steps`` where the script reported steps (live mode always measures them), else
+    ``runs``."""
+    if meta.get("mode") == "live" or any(t.user_attrs.get("steps") for t in done):
+        return "steps"
+    return "runs"
+
+
 def single_valued(meta: dict[str, Any]) -> dict[str, Any]:
     """The wrap study's knobs that have one value, with it."""
     from autotune.wrap.wrapper import parse_knob
@@ -111,7 +119,7 @@ def wrap_export_doc(study: Any, pick: str | None = None) -> dict[str, Any]:
     defaults = study.user_attrs.get("wrap_defaults")
     default = groups.get(config_key(defaults), []) if isinstance(defaults, dict) else []
     ratio = median(best) / median(default) if default and median(default) else None
-    unit = "steps" if any(t.user_attrs.get("steps") for t in done) else "runs"
+    unit = study_unit(meta, done)
     cmd = list(meta.get("cmd", []))
     return {
         "autotune_export": FORMAT_VERSION,
@@ -160,7 +168,7 @@ def write_wrap_plots(study: Any, out_dir: Path, recommended: dict[str, Any]) -> 
     meta = study.user_attrs.get("wrap", {})
     space = [k.partition("=")[0] for k in meta.get("knobs", [])]
     done = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE]
-    unit = "steps" if any(t.user_attrs.get("steps") for t in done) else "runs"
+    unit = study_unit(meta, done)
     per_j = [trial_figures(t)["steps_per_joule"] or 0.0 for t in done]
     configs = [trial_config(t, single_valued(meta)) for t in done]
     rec = [config_key(c) == config_key(recommended) for c in configs]

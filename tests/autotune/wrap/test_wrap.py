@@ -214,6 +214,8 @@ def test_live_mode_changes_knobs_while_the_script_runs(tmp_path):
             f"sqlite:///{tmp_path}/l.db",
             "--json",
             str(tmp_path / "l.json"),
+            "--export",
+            str(tmp_path / "export.json"),
             "--",
             sys.executable,
             str(script),
@@ -243,6 +245,11 @@ def test_live_mode_changes_knobs_while_the_script_runs(tmp_path):
     assert measured and all(w["steps_per_s"] > 0 and w["cpu_j"] > 0 for w in measured)
     # more envs -> more steps per loop: the best has more than one env
     assert doc["best"]["values"]["num_envs"] > 1
+    # exported when it ended: the knob values, in steps (live mode measures reported steps)
+    export = json.loads((tmp_path / "export.json").read_text())
+    assert export["kind"] == "wrap" and export["unit"] == "steps"
+    assert export["recommended"]["values"]["num_envs"] in range(1, 5)
+    assert export["evidence"]["recommended"]["steps_per_joule"]["median"] > 0
 
 
 def test_live_mode_refuses_a_script_that_never_polls(tmp_path):
