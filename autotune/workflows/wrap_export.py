@@ -23,6 +23,7 @@ from optuna.trial import TrialState
 
 from autotune.tuning.storage import config_key
 from autotune.workflows.export import FORMAT_VERSION, ExportError, by_config
+from autotune.wrap.wrapper import knob_env, parse_knob, substitute
 
 METRICS = ("steps_per_joule", "steps_per_s")
 
@@ -59,8 +60,6 @@ def study_unit(meta: dict[str, Any], done: list[Any]) -> str:
 
 def single_valued(meta: dict[str, Any]) -> dict[str, Any]:
     """The wrap study's knobs that have one value, with it."""
-    from autotune.wrap.wrapper import parse_knob
-
     space = [parse_knob(k) for k in meta.get("knobs", [])]
     return {k.name: k.choices[0] for k in space if len(k.choices) == 1}
 
@@ -88,20 +87,12 @@ def _measured(trials: list[Any]) -> dict[str, Any]:
     return out
 
 
-def fill_command(cmd: list[str], values: dict[str, Any]) -> list[str]:
-    from autotune.wrap.wrapper import substitute
-
-    return substitute(cmd, values)
-
-
 def wrap_export_doc(study: Any, pick: str | None = None) -> dict[str, Any]:
     """The export document of a wrap study (see the module docstring).
 
     Raises:
         ExportError: not a wrap study, an unknown ``pick``, or no completed trial.
     """
-    from autotune.wrap.wrapper import knob_env
-
     meta = study.user_attrs.get("wrap")
     if not isinstance(meta, dict):
         raise ExportError(f"study {study.study_name!r} is not an 'autotune wrap' study")
@@ -130,7 +121,7 @@ def wrap_export_doc(study: Any, pick: str | None = None) -> dict[str, Any]:
         "unit": unit,
         "recommended": {
             "values": values,
-            "command": fill_command(cmd, values),
+            "command": substitute(cmd, values),
             "environment": knob_env(values),
         },
         "evidence": {
@@ -170,7 +161,8 @@ def write_wrap_plots(study: Any, out_dir: Path, recommended: dict[str, Any]) -> 
     done = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE]
     unit = study_unit(meta, done)
     per_j = [trial_figures(t)["steps_per_joule"] or 0.0 for t in done]
-    configs = [trial_config(t, single_valued(meta)) for t in done]
+    fixed = single_valued(meta)
+    configs = [trial_config(t, fixed) for t in done]
     rec = [config_key(c) == config_key(recommended) for c in configs]
     title = f"wrap study {study.study_name}: {len(done)} trials"
     paths: list[Path] = []
