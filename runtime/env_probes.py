@@ -121,8 +121,7 @@ def probe_rounds_loaded(
     """CPU seconds per actor round (``k`` envs stepped, one forward of the run's policy) by env
     count ``k``, with one such actor on each of ``procs`` cores at once, started together (the
     median over them). A MuJoCo step costs about 1.4x as much with every core of a 16-core host
-    busy as alone, and the forward's fixed cost grows more than that (its weights no longer stay
-    in the core's caches), which the idle forward probe does not see."""
+    busy as alone; this times the forward under that load as well."""
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")  # no inherited NVML or torch state

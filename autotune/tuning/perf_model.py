@@ -5,11 +5,11 @@ MPS share ``P``, trainer threads ``H``) on a machine of ``C`` cores, with rollou
 
 * **Sampling** (actors): one actor round steps ``E`` envs and runs one policy forward,
   ``E * t_env + f0 + f1 * E`` seconds alone, moving toward the probes' loaded round
-  ``g0 + g1 * E`` (an actor on every core) by ``min(1, demand / C)`` as the cores fill. Under
-  load the forward's fixed cost grows far more than an env step: its weights no longer stay
-  in the core's caches. On an H200 16-core host with Humanoid-v5's 400:200:100 policy,
-  15 actors trained 24.5k steps/s with 8 envs each and 32.1k with 64 (batches of 16,384
-  and 65,536; the idle probe's forward costs 0.05 ms of an 8-env round's 2.7 ms). The actors
+  ``g0 + g1 * E`` (an actor on every core) by ``min(1, demand / C)`` as the cores fill. On an
+  H200 16-core host with Humanoid-v5's 400:200:100 policy the loaded round measured 0.29 ms
+  plus 0.35 ms per env, so 8 envs per actor should lose about 8 % to 64; runs lost up to 24 %
+  (24.5k against 32.1k trained steps/s, batches of 16,384 and 65,536), most of it waiting for
+  receipts (the result's ``actor_waits``), which this model does not count yet. The actors
   together sample
   ``k_S * A * E / round * squeeze * pipe`` steps/s, where ``squeeze = min(1, C / demand)``
   shares the cores out once actors, trainer threads and the stages ask for more than there
