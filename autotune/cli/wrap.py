@@ -347,12 +347,18 @@ def export_at_end(args: argparse.Namespace, console: Any, study: Any) -> None:
         console.print(f"[yellow]not exported:[/yellow] {escape(str(exc))}")
         return
     fmt = "yaml" if args.export.suffix in (".yaml", ".yml") else "json"
-    args.export.parent.mkdir(parents=True, exist_ok=True)
-    args.export.write_text(dump(doc, fmt))
-    console.print(f"exported {args.export}: {' '.join(doc['recommended']['command'])}")
-    if args.plots is not None:
-        paths = write_wrap_plots(study, args.plots, doc["recommended"]["values"])
-        console.print("plots: " + ", ".join(str(p) for p in paths))
+    try:
+        args.export.parent.mkdir(parents=True, exist_ok=True)
+        args.export.write_text(dump(doc, fmt))
+        console.print(f"exported {args.export}: {' '.join(doc['recommended']['command'])}")
+        if args.plots is not None:
+            paths = write_wrap_plots(study, args.plots, doc["recommended"]["values"])
+            console.print("plots: " + ", ".join(str(p) for p in paths))
+    except OSError as exc:  # the study keeps every trial: autotune export can write it later
+        console.print(
+            f"[red]not exported:[/red] {escape(str(exc))}; the study is intact: "
+            f"autotune export --study {escape(study.study_name)} --out PATH"
+        )
 
 
 def measured_line(run: Any, objective: str) -> str:

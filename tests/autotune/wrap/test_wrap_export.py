@@ -188,3 +188,17 @@ def test_a_running_wrap_shows_its_rates_in_the_terminal_and_in_status(tmp_path):
     assert lines and "steps/s" in lines[0] and "steps/J" in lines[0]
     # once the wrap is over, status no longer shows it as running
     assert "now (last" not in _cli("status", "--storage", db, "--study", "live").stdout
+
+
+def test_an_export_path_that_cannot_be_written_says_so_and_keeps_the_study(tmp_path):
+    db = f"sqlite:///{tmp_path}/w.db"
+    (tmp_path / "a-file").write_text("")
+    out = _cli(
+        "wrap", "--storage", db, "--study", "kept", "--knob", "x=1", "--trials", "1",
+        "--export", str(tmp_path / "a-file" / "x.json"), "--", sys.executable, "-c", "print(1)",
+    )  # fmt: skip
+    said = " ".join(out.stderr.split())
+    assert out.returncode == 0 and "not exported:" in said
+    assert "autotune export --study kept --out PATH" in said
+    again = _cli("export", "--storage", db, "--study", "kept")
+    assert again.returncode == 0 and json.loads(again.stdout)["recommended"]["values"] == {"x": 1}
