@@ -194,9 +194,22 @@ def test_an_export_path_that_cannot_be_written_says_so_and_keeps_the_study(tmp_p
     db = f"sqlite:///{tmp_path}/w.db"
     (tmp_path / "a-file").write_text("")
     out = _cli(
-        "wrap", "--storage", db, "--study", "kept", "--knob", "x=1", "--trials", "1",
-        "--export", str(tmp_path / "a-file" / "x.json"), "--", sys.executable, "-c", "print(1)",
-    )  # fmt: skip
+        "wrap",
+        "--storage",
+        db,
+        "--study",
+        "kept",
+        "--knob",
+        "x=1",
+        "--trials",
+        "1",
+        "--export",
+        str(tmp_path / "a-file" / "x.json"),
+        "--",
+        sys.executable,
+        "-c",
+        "print(1)",
+    )
     said = " ".join(out.stderr.split())
     assert out.returncode == 0 and "not exported:" in said
     assert "autotune export --study kept --out PATH" in said
