@@ -14,11 +14,16 @@ script reaches its wrapper on a private ``ipc://`` socket named in ``$AUTOTUNE_W
 Messages: one frame, a msgpack map ``{"v": PROTOCOL_VERSION, "type": TYPE, ...}`` (a ROUTER
 adds the peer's identity frame in front). Nothing off the socket is unpickled.
 
-    job     -> daemon   HELLO    register: job id, pid, env, study, storage, settings, knobs, base
-                        REPORT   every REPORT_INTERVAL_S: counters, settled, config, applied seq
+    job     -> daemon   OFFER    before it sizes itself: its claim; the daemon answers OFFER
+                                 with the budget it would get now (or ERROR: refused)
+                        HELLO    register: job id, pid, env, study, storage, settings, knobs,
+                                 base, claim (weight, min share, exclusive, fixed budget, GPU)
+                        REPORT   every REPORT_INTERVAL_S: counters, settled, config, applied
+                                 seq, the budget seq it has taken
                         BYE      the job is ending
     daemon  -> job      WELCOME  registered          ERROR  refused, with the reason
                         APPLY    seq + knob values   WHO    unknown job: send HELLO again
+                        BUDGET   seq + cores, GPU, MPS share: pin to these, stay within
                         FAREWELL the tuning section for the job's result
     client  -> daemon   PING, STATUS, STOP;  daemon -> client  PONG, STATUS, STOPPING
     script  -> wrapper  PROGRESS the script's running step total and metrics
@@ -71,12 +76,14 @@ class MsgType(str, Enum):
     PROGRESS = "PROGRESS"
     POLL = "POLL"
     KNOBS = "KNOBS"
+    BUDGET = "BUDGET"
+    OFFER = "OFFER"
 
     def __str__(self) -> str:
         return self.value
 
 
-JOB_TYPES = (MsgType.HELLO, MsgType.REPORT, MsgType.BYE)
+JOB_TYPES = (MsgType.OFFER, MsgType.HELLO, MsgType.REPORT, MsgType.BYE)
 """What a training job sends the daemon."""
 CLIENT_TYPES = (MsgType.PING, MsgType.STATUS, MsgType.STOP)
 """What ``autotune daemon`` and ``autotune status`` send the daemon."""

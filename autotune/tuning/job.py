@@ -33,6 +33,23 @@ class Job(Protocol):
 
 
 @dataclass
+class Current:
+    """The config the tuner has applied and where its measurement stands."""
+
+    trial: optuna.trial.Trial | None
+    values: dict[str, Any]
+    phase: str
+    since: float
+    ready_at: float | None = None
+    empty: int = 0
+    warmup_s: float = 0.0
+    samples: list[Counters] = field(default_factory=list)
+    """Counter readings of the window being measured, about one a second."""
+    return_before: float | None = None
+    started: float = 0.0  # when the change was applied (a trial's length runs from here)
+
+
+@dataclass
 class History:
     """Measurements by config (a JSON key of its knob values)."""
 

@@ -33,6 +33,7 @@ import optuna
 from optuna.distributions import BaseDistribution
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune.tuning.budget import fits, machine_within
 from autotune.tuning.perf_model import (
     MachineModel,
     Window,
@@ -115,6 +116,11 @@ class ModelSampler(optuna.samplers.BaseSampler):
         self._plans: dict[int, dict[str, Any]] = {}
         self.last: dict[str, Any] = {}
         """What the last plan saw and chose (for logs and tests)."""
+        self.limits: dict[str, int] | None = None
+
+    def set_limits(self, limits: dict[str, int] | None) -> None:
+        """Plans only inside a budget's limits (``autotune.tuning.budget``)."""
+        self.limits = limits
 
     # --- optuna's interface -----------------------------------------------------------------
 
@@ -211,7 +217,9 @@ class ModelSampler(optuna.samplers.BaseSampler):
         tried |= {self._key({**self.defaults, **json.loads(k)}) for k in failed_configs(study)}
         keys = [self._key(c) for c in cands]
         ok = np.array([k not in tried for k in keys])
-        ok &= fits_cores(self.machine, x)  # no core oversubscribed, as at the start
+        ok &= fits_cores(machine_within(self.machine, self.limits), x)  # none oversubscribed
+        if self.limits:  # the daemon's budget for this job
+            ok &= np.array([fits(c, self.limits) for c in cands], dtype=bool)
         if self.lag_ceiling is not None:
             ok &= pred.lag <= self.lag_ceiling
         y_best = math.log(medians[best_key]) if best_key else float(np.max(mu))

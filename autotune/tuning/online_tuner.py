@@ -18,6 +18,7 @@ when another trial could not pay back, it holds the best config too (``tuner_rul
 * Noise: every ``repeat_every`` trials the incumbent is measured again, and a new best (not
   the start config: exploring first pays more) is measured again at once until two measurements
   agree within ``tuner_rules.AGREE`` (or three exist); configs compare by their medians.
+* Budget: under the daemon, configs stay inside the job's budget (``autotune.tuning.budget``).
 * Failures: a config the job refuses (or that fails) is marked failed and never applied again.
 * Resume: a tuner opened on a study that already holds trials rebuilds its history from them
   (medians, failed configs, trial count); trials left RUNNING by a tuner that died are failed.
@@ -38,14 +39,14 @@ import math
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import optuna
 from optuna.trial import TrialState
 
+from autotune.tuning.budget import BudgetLimits
 from autotune.tuning.counters import Counters, Measurement, measure
-from autotune.tuning.job import History, Job, restore_history
+from autotune.tuning.job import Current, History, Job, restore_history
 from autotune.tuning.knobs import Knob
 from autotune.tuning.settings import TunerSettings, constraint_values, objective_value
 from autotune.tuning.storage import (
@@ -56,7 +57,14 @@ from autotune.tuning.storage import (
     fail_orphans,
     skip_if_failed,
 )
-from autotune.tuning.tuner_rules import change_warmup, confirmed, endgame, in_space, suggest
+from autotune.tuning.tuner_rules import (
+    change_warmup,
+    confirmed,
+    endgame,
+    in_space,
+    suggest,
+    unmet_message,
+)
 from autotune.tuning.windows import SAMPLE_S, WindowRule, half_width, window_done
 from runtime.config import ConfigError
 
@@ -65,22 +73,7 @@ logger = logging.getLogger(__name__)
 MEASURED = tuple(Measurement.__dataclass_fields__)
 
 
-@dataclass
-class _Current:
-    trial: optuna.trial.Trial | None
-    values: dict[str, Any]
-    phase: str
-    since: float
-    ready_at: float | None = None
-    empty: int = 0
-    warmup_s: float = 0.0
-    samples: list[Counters] = field(default_factory=list)
-    """Counter readings of the window being measured, about one a second."""
-    return_before: float | None = None
-    started: float = 0.0  # when the change was applied (a trial's length runs from here)
-
-
-class OnlineTuner:
+class OnlineTuner(BudgetLimits):
     """Ask/tell tuning of a running job (see the module docstring).
 
     Args:
@@ -122,7 +115,7 @@ class OnlineTuner:
         (``at``), values, the measurement, the objective and whether it was a trial or a
         re-check of the best."""
         self.t0 = clock()
-        self.current: _Current | None = None
+        self.current: Current | None = None
         self.applied: dict[str, Any] | None = None
         """The values last applied (what a change is a change from)."""
         self.defaults = dict(defaults or {})
@@ -244,6 +237,8 @@ class OnlineTuner:
         if skip_if_failed(self.study, trial, values, self.history.failed):
             self.trials_done += 1
             return
+        if self._out_of_budget(trial, values):
+            return
         envs = values.get("envs_per_actor")
         capped = self._envs_cap is not None and not self.grid
         if capped and envs is not None and envs > self._envs_cap:
@@ -277,7 +272,7 @@ class OnlineTuner:
             self._failed(trial, values, exc)
             return
         self.applied = dict(values)
-        self.current = _Current(
+        self.current = Current(
             trial, values, "warmup", now, warmup_s=warmup, return_before=before, started=now
         )
 
@@ -304,22 +299,15 @@ class OnlineTuner:
             return
         if not self.holding:
             self.holding = True
-            self._start(None, json.loads(best[0]), now)
+            self._start(None, self._inside(json.loads(best[0])), now)
             return
         last = self.t0 + self.log[-1]["t"] if self.log else now
         if now - last >= self.settings.recheck_s:
-            self._start(None, json.loads(best[0]), now)
+            self._start(None, self._inside(json.loads(best[0])), now)
 
     def _give_up(self) -> None:
         """No config met the constraints: the job goes back to its default config."""
-        s = self.settings
-        fastest = max((max(v) for v in self.history.speed.values()), default=0.0)
-        self.unmet = (
-            f"no config met the constraints in {self.trials_done} trials (floor "
-            f"{s.min_steps_per_s} steps/s, lag ceiling {s.max_policy_lag}; fastest "
-            f"seen {fastest:,.0f} steps/s); back to the default config, tuning "
-            "stopped"
-        )
+        self.unmet = unmet_message(self.settings, self.history.speed, self.trials_done)
         logger.error("%s", self.unmet)
         try:
             self.job.apply(self.base)  # applied, not measured: nothing left to compare it with

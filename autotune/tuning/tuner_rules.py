@@ -64,3 +64,13 @@ def suggest(knobs: list[Knob], trial: Any) -> dict[str, Any]:
             continue
         values[knob.name] = trial.suggest_categorical(knob.name, list(knob.choices))
     return values
+
+
+def unmet_message(settings: Any, speed: dict[str, list[float]], trials: int) -> str:
+    """Why tuning stopped with no best: no config met the constraints."""
+    fastest = max((max(v) for v in speed.values()), default=0.0)
+    return (
+        f"no config met the constraints in {trials} trials (floor "
+        f"{settings.min_steps_per_s} steps/s, lag ceiling {settings.max_policy_lag}; fastest "
+        f"seen {fastest:,.0f} steps/s); back to the default config, tuning stopped"
+    )

@@ -1,0 +1,164 @@
+"""The machine as the daemon sees it: the cores it may hand out, the GPUs, the energy meters,
+and what jobs it does not manage already take.
+
+* **Cores**: the daemon's own CPU affinity mask, less a reserve for the daemon itself (one core
+  on machines of 8 cores or more, none below: the daemon mostly sleeps). Each job's budget
+  includes the cores its stages run on.
+* **GPUs**: NVML's list (name, memory, MIG mode), the SM count of each as a short-lived CUDA
+  process reads it (the daemon never holds a CUDA context), and whether MPS can run there: the
+  control binary is installed and the GPU is not in MIG mode.
+* **Meters**: the GPU energy counter where NVML has it, and RAPL or the labelled CPU model.
+* **Foreign load**: processes the daemon does not manage (a wrapped script in restart mode, a
+  process on the GPU) are seen through psutil and NVML. The cores they keep busy and the GPUs
+  they hold count as taken: the allocator hands them out last.
+
+Tests describe machines with ``MachineView.from_dict``; nothing here changes any setting.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+BUSY_CORE_SHARE = 0.5
+"""A foreign process using at least this share of a core counts one core as taken."""
+MPS_PROCESSES = ("nvidia-cuda-mps-server", "nvidia-cuda-mps-control")
+
+
+def daemon_reserve(cores: int) -> int:
+    """Cores kept back for the daemon: one on machines of 8 cores or more."""
+    return 1 if cores >= 8 else 0
+
+
+@dataclass(frozen=True)
+class GPUView:
+    """One GPU as the allocator uses it."""
+
+    index: int
+    name: str
+    sms: int
+    memory_mib: int
+    mig: str = "disabled"
+    mps: bool = True
+    """Whether GMIs can share it through MPS (else a job's GMIs run as plain processes)."""
+
+
+@dataclass(frozen=True)
+class MachineView:
+    """What the daemon may hand out (see the module docstring)."""
+
+    cores: tuple[int, ...]
+    """The cores jobs may be given (the affinity mask less the reserve), ascending."""
+    reserved: tuple[int, ...] = ()
+    gpus: tuple[GPUView, ...] = ()
+    meters: dict[str, str] = field(default_factory=dict)
+    """``{"gpu": "nvml" | "none", "cpu": "rapl" | "model"}``."""
+
+    def __post_init__(self) -> None:
+        if not self.cores:
+            raise ValueError("a machine needs at least one core to hand out")
+        if len(set(self.cores)) != len(self.cores) or set(self.cores) & set(self.reserved):
+            raise ValueError(f"cores {self.cores} and reserve {self.reserved} overlap or repeat")
+
+    def gpu(self, index: int) -> GPUView:
+        for g in self.gpus:
+            if g.index == index:
+                return g
+        raise ValueError(f"no GPU {index}; this machine has {[g.index for g in self.gpus]}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "cores": list(self.cores),
+            "reserved": list(self.reserved),
+            "gpus": [asdict(g) for g in self.gpus],
+            "meters": dict(self.meters),
+        }
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> MachineView:
+        """A machine description (``to_dict``'s form; ``cores`` may be a count)."""
+        cores = doc["cores"]
+        cores = tuple(range(cores)) if isinstance(cores, int) else tuple(int(c) for c in cores)
+        return cls(
+            tuple(sorted(cores)),
+            tuple(int(c) for c in doc.get("reserved", ())),
+            tuple(GPUView(**g) for g in doc.get("gpus", ())),
+            dict(doc.get("meters", {})),
+        )
+
+
+def detect(reserve: int | None = None, sms: bool = True) -> MachineView:
+    """This machine, read now (NVML, the affinity mask, one short CUDA query for SMs).
+
+    Args:
+        reserve: Cores kept back for the daemon (None: ``daemon_reserve``).
+        sms: Read the SM counts (a short-lived CUDA process; False leaves them 0).
+
+    Raises:
+        ValueError: the reserve leaves no core to hand out.
+    """
+    from runtime.energy.cpu import probe_cpu_energy
+    from runtime.hw.gpus import list_gpus, sm_counts
+
+    mask = sorted(os.sched_getaffinity(0))
+    keep = daemon_reserve(len(mask)) if reserve is None else reserve
+    if not 0 <= keep < len(mask):
+        raise ValueError(
+            f"a reserve of {keep} cores leaves none of the {len(mask)} in the affinity mask "
+            f"{mask}; allowed: 0..{len(mask) - 1}"
+        )
+    reserved, cores = tuple(mask[:keep]), tuple(mask[keep:])
+    nv = list_gpus()
+    counts = sm_counts() if nv and sms else []
+    mps_binary = shutil.which("nvidia-cuda-mps-control") is not None
+    gpus = tuple(
+        GPUView(
+            g.index,
+            g.name,
+            counts[i] if i < len(counts) else 0,
+            g.memory_total_mib,
+            g.mig_mode,
+            mps_binary and g.mig_mode != "enabled",
+        )
+        for i, g in enumerate(nv)
+    )
+    meters = {
+        "gpu": "nvml" if any(g.energy_counter for g in nv) else "none",
+        "cpu": probe_cpu_energy().source,
+    }
+    return MachineView(cores, reserved, gpus, meters)
+
+
+def foreign_load(managed: set[int], cores: tuple[int, ...]) -> dict[str, Any]:
+    """What processes outside ``managed`` (the daemon's and its jobs' process trees) take:
+    ``{"cores": n, "gpus": [index, ...], "pids": [...]}``. ``cores`` counts their CPU use
+    among ``cores`` in whole cores (a process using ``BUSY_CORE_SHARE`` of a core or more
+    counts); ``gpus`` are the GPUs where one holds a compute context (MPS's own server, which
+    carries the managed jobs' GMIs, does not count).
+
+    CPU use is psutil's, over the interval since the previous call (the first call reads 0)."""
+    import psutil
+
+    from runtime.hw.gpus import gpus_used_by
+
+    busy, pids, others = 0.0, [], []
+    allowed = set(cores)
+    for proc in psutil.process_iter(["pid", "name", "cpu_affinity"]):
+        pid = proc.info["pid"]
+        if pid in managed or pid == os.getpid() or proc.info["name"] in MPS_PROCESSES:
+            continue
+        others.append(pid)
+        try:
+            share = proc.cpu_percent(None) / 100.0
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        affinity = proc.info.get("cpu_affinity") or list(allowed)
+        if share >= BUSY_CORE_SHARE and allowed & set(affinity):
+            busy += share
+            pids.append(pid)
+    return {"cores": int(busy), "gpus": sorted(gpus_used_by(others)), "pids": pids}

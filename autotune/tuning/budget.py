@@ -1,0 +1,123 @@
+"""A job's tuner inside the budget the daemon gave it (``autotune.control.allocator``).
+
+The budget's cores bound the actors (one core is left to the stages on budgets of 8 cores or
+more, as ``auto`` sizing leaves it) and a CPU trainer's threads; its MPS share bounds the GMIs'
+``mps_pct``, and a budget with no share of a GPU leaves the trainer on the CPU. The knobs keep
+their choices (an Optuna study's space cannot change), so a suggested config outside the budget
+is pruned, not measured, and the nearest config inside it is enqueued in its place.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from typing import Any
+
+from autotune.tuning.knobs import Knob
+from autotune.tuning.sizing import reserved_cores
+
+logger = logging.getLogger(__name__)
+
+
+def limits_for(cores: int, mps_pct: int | None) -> dict[str, int]:
+    """The knob limits of a budget of ``cores`` cores and ``mps_pct`` % of a GPU (None: no
+    GPU in the budget's terms, nothing bounded there; 0: no share, a CPU trainer)."""
+    out = {"actors": max(1, cores - reserved_cores(cores)), "trainer_threads": max(1, cores)}
+    if mps_pct is not None:
+        out["mps_pct"] = int(mps_pct)
+    return out
+
+
+def _share_ok(values: dict[str, Any], share: int) -> bool:
+    if values.get("trainer_device", "cuda") == "cpu":
+        return True
+    pct = values.get("mps_pct")
+    return share > 0 and (pct is None or pct <= share)
+
+
+def fits(values: dict[str, Any], limits: dict[str, int] | None) -> bool:
+    """Whether ``values`` stay inside ``limits`` (no limits: always)."""
+    if not limits:
+        return True
+    for name in ("actors", "trainer_threads"):
+        if name in values and name in limits and values[name] > limits[name]:
+            return False
+    return "mps_pct" not in limits or _share_ok(values, limits["mps_pct"])
+
+
+def clamp(values: dict[str, Any], limits: dict[str, int] | None, knobs: list[Knob]) -> dict:
+    """The config nearest ``values`` inside ``limits``: each bounded knob at its largest choice
+    within its limit; a GPU trainer whose share no choice fits moves to the CPU."""
+    if fits(values, limits):
+        return dict(values)
+    out = dict(values)
+    choices = {k.name: k.choices for k in knobs}
+    for name in ("actors", "trainer_threads"):
+        if name in out and name in limits and out[name] > limits[name]:
+            inside = [c for c in choices.get(name, ()) if c <= limits[name]]
+            out[name] = max(inside) if inside else limits[name]
+    share = limits.get("mps_pct")
+    if share is not None and not _share_ok(out, share):
+        inside = [c for c in choices.get("mps_pct", ()) if c <= share]
+        if inside and share > 0:
+            out["mps_pct"] = max(inside)
+        elif "cpu" in choices.get("trainer_device", ()):
+            out["trainer_device"] = "cpu"
+            out.pop("mps_pct", None)
+    return out
+
+
+class BudgetLimits:
+    """The ``OnlineTuner``'s side of a budget (mixed in; see the module docstring)."""
+
+    limits: dict[str, int] | None = None
+
+    def set_limits(self, limits: dict[str, int] | None) -> None:
+        """Takes a new budget's limits. A config being measured or held outside them is
+        replaced at once by the nearest one inside (its trial ends pruned: not the config's
+        fault); the model sampler plans inside them from now on."""
+        self.limits = dict(limits) if limits else None
+        sampler = getattr(self.study, "sampler", None)
+        if hasattr(sampler, "set_limits"):
+            sampler.set_limits(self.limits)
+        running = self.current.values if self.current is not None else self.applied
+        if running is None or fits(running, self.limits):
+            return
+        cur, self.current = self.current, None
+        if cur is not None and cur.trial is not None:
+            cur.trial.set_user_attr("pruned", "the job's budget shrank under it")
+            self.study.tell(cur.trial, state=_pruned())
+            self.trials_done += 1
+        inside = clamp(running, self.limits, self.knobs)
+        logger.info("budget limits %s: %s -> %s", self.limits, running, inside)
+        self._start(None, inside, self.clock())
+
+    def _out_of_budget(self, trial: Any, values: dict[str, Any]) -> bool:
+        """Prunes ``trial`` and enqueues the nearest config inside the budget, if ``values``
+        are outside it (True), else False."""
+        if fits(values, self.limits):
+            return False
+        inside = clamp(values, self.limits, self.knobs)
+        trial.set_user_attr("pruned", f"outside the job's budget {self.limits}")
+        self.study.tell(trial, state=_pruned())
+        if fits(inside, self.limits):  # measured as a trial of its own, next
+            self.study.enqueue_trial(inside)
+        logger.info("trial %d outside the budget %s: %s instead", trial.number, self.limits, inside)
+        return True
+
+    def _inside(self, values: dict[str, Any]) -> dict[str, Any]:
+        """``values`` clamped into the budget (a held best from before it shrank)."""
+        return clamp(values, self.limits, self.knobs)
+
+
+def _pruned():
+    from optuna.trial import TrialState
+
+    return TrialState.PRUNED
+
+
+def machine_within(machine: Any, limits: dict[str, int] | None) -> Any:
+    """The model sampler's machine cut to the budget's cores."""
+    if not limits or "trainer_threads" not in limits:
+        return machine
+    return replace(machine, cores=limits["trainer_threads"])

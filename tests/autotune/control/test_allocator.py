@@ -1,0 +1,203 @@
+"""The allocator on described machines and simulated jobs: floors, totals, core accounting."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import replace
+
+import pytest
+
+from autotune.control.allocator import (
+    AllocationError,
+    Budget,
+    Claim,
+    allocate,
+    check_admission,
+    parse_cores,
+)
+from autotune.control.machine import MachineView
+from autotune.control.rates import model_rate
+from autotune.tuning.perf_model import MachineModel
+
+H100 = {"index": 0, "name": "H100", "sms": 132, "memory_mib": 81559}
+
+
+def machine(cores: int, gpus: int = 0) -> MachineView:
+    return MachineView.from_dict(
+        {"cores": cores, "gpus": [dict(H100, index=i) for i in range(gpus)]}
+    )
+
+
+def saturating(cap: float, per_core: float, w_core: float = 10.0):
+    """A job whose steps/s stop growing at ``cap``: cores past that only add watts."""
+
+    def rate(cores: int, pct: int) -> tuple[float, float]:
+        steps = cap * (1 - math.exp(-per_core * cores / cap))
+        return steps, w_core * cores + 0.3 * pct
+
+    return rate
+
+
+def scaling(per_core: float, w_core: float = 10.0, gpu_gain: float = 0.0):
+    def rate(cores: int, pct: int) -> tuple[float, float]:
+        return per_core * cores * (1 + gpu_gain * pct / 100), w_core * cores + 0.5 * pct
+
+    return rate
+
+
+def check(alloc, m: MachineView, claims: list[Claim]) -> None:
+    """Exact core accounting, and every floor held."""
+    seen: list[int] = []
+    for b in alloc.budgets.values():
+        assert b.cores, "every job has at least one core"
+        seen += list(b.cores)
+    assert len(seen) == len(set(seen)), f"a core is in two budgets: {alloc.budgets}"
+    assert set(seen) <= set(m.cores)
+    for c in claims:
+        if c.fixed is None:
+            p = alloc.predicted[c.job]
+            assert p["steps_per_s"] >= p["floor"] * (1 - 1e-9), (c.job, p)
+    by_gpu: dict[int, int] = {}
+    for b in alloc.budgets.values():
+        if b.gpu is not None:
+            by_gpu[b.gpu] = by_gpu.get(b.gpu, 0) + (b.mps_pct or 0)
+    assert all(v <= 100 for v in by_gpu.values()), by_gpu
+
+
+@pytest.mark.parametrize("cores", [2, 16, 64])
+def test_moves_cores_to_where_they_pay_and_never_below_the_equal_split(cores):
+    m = machine(cores)
+    claims = [Claim("light"), Claim("heavy")]
+    rates = {"light": saturating(cap=3.0, per_core=2.0), "heavy": scaling(per_core=1.0)}
+    alloc = allocate(m, claims, rates, idle_w=50.0)
+    check(alloc, m, claims)
+    assert alloc.steps_per_joule >= alloc.equal_split_steps_per_joule
+    assert sum(len(b.cores) for b in alloc.budgets.values()) == cores
+    if cores >= 16:  # the saturated job gives cores to the one that still scales
+        assert len(alloc.budgets["heavy"].cores) > cores // 2
+        assert alloc.steps_per_joule > 1.05 * alloc.equal_split_steps_per_joule
+
+
+def test_the_fairness_floor_binds():
+    m = machine(16)
+    rates = {"a": scaling(per_core=1.0, w_core=1.0), "b": scaling(per_core=0.2, w_core=10.0)}
+    loose = allocate(m, [Claim("a", min_share=0.0), Claim("b", min_share=0.0)], rates)
+    tight = allocate(m, [Claim("a", min_share=0.9), Claim("b", min_share=0.9)], rates)
+    assert len(loose.budgets["b"].cores) == 1  # all it can lose, with no floor
+    assert len(tight.budgets["b"].cores) >= math.ceil(0.9 * 8)
+    check(tight, m, [Claim("a", min_share=0.9), Claim("b", min_share=0.9)])
+
+
+def test_weights_split_in_proportion():
+    m = machine(12)
+    claims = [Claim("a", weight=2.0), Claim("b")]
+    alloc = allocate(m, claims, {})  # nothing known: linear rates, the split stays
+    assert (len(alloc.budgets["a"].cores), len(alloc.budgets["b"].cores)) == (8, 4)
+
+
+def test_gpu_shares_split_and_move_in_steps():
+    m = machine(16, gpus=1)
+    claims = [Claim("a", gpu=0), Claim("b", gpu=0)]
+    rates = {"a": scaling(1.0, gpu_gain=2.0), "b": scaling(1.0, gpu_gain=0.0)}
+    alloc = allocate(m, claims, rates, idle_w=80.0)
+    check(alloc, m, claims)
+    assert alloc.budgets["a"].mps_pct > alloc.budgets["b"].mps_pct
+    assert all(b.mps_pct % 5 == 0 for b in alloc.budgets.values())
+
+
+def test_fixed_budgets_are_untouched_and_exclusive_use_is_alone():
+    m = machine(8, gpus=1)
+    fixed = Claim("f", fixed=Budget((0, 1, 2), 0, 40))
+    claims = [fixed, Claim("a", gpu=0), Claim("b", gpu=0)]
+    alloc = allocate(m, claims, {})
+    assert alloc.budgets["f"].cores == (0, 1, 2) and alloc.budgets["f"].mps_pct == 40
+    check(alloc, m, claims)
+    assert alloc.budgets["a"].mps_pct + alloc.budgets["b"].mps_pct <= 60
+    why = check_admission(m, claims, Claim("x", exclusive=True))
+    assert "exclusive use needs an idle machine" in why
+    assert "exclusive use" in check_admission(m, [Claim("x", exclusive=True)], Claim("y"))
+    clash = check_admission(m, claims, Claim("y", fixed=Budget((2, 3))))
+    assert "cores 2 are fixed to other jobs; free: 3-7" in clash
+
+
+def test_a_job_that_asks_for_more_than_there_is_is_refused_with_what_is_free():
+    m = machine(2)
+    claims = [Claim("a"), Claim("b")]
+    why = check_admission(m, claims, Claim("c"))
+    assert "no core left" in why and "2 cores to hand out" in why
+    assert "not all among" in check_admission(m, [], Claim("c", fixed=Budget((0, 5))))
+    assert "GPU 0 is not on this machine" in check_admission(m, [], Claim("c", gpu=0))
+    assert "weight must be a positive" in check_admission(m, [], Claim("c", weight=0))
+    with pytest.raises(AllocationError, match="job c"):
+        allocate(m, [*claims, Claim("c")], {})
+
+
+def test_jobs_keep_their_cores_where_the_counts_allow():
+    m = machine(8)
+    first = allocate(m, [Claim("a"), Claim("b")], {})
+    held = first.budgets
+    grown = allocate(m, [Claim("b")], {}, current=held)  # a left: b keeps its own and grows
+    assert set(held["b"].cores) <= set(grown.budgets["b"].cores)
+    assert grown.budgets["b"].cores == tuple(range(8))
+    again = allocate(m, [Claim("a"), Claim("b")], {}, current=held)
+    assert again.budgets == held
+
+
+def test_foreign_load_is_handed_out_last():
+    m = machine(8)
+    alloc = allocate(m, [Claim("a"), Claim("b")], {}, taken_cores=2)
+    assert sum(len(b.cores) for b in alloc.budgets.values()) == 6
+
+
+def test_model_rates_from_the_throughput_model():
+    """Two modelled jobs on a 16-core GPU host: a MuJoCo-like and a 4x heavier env step."""
+    m = MachineModel(
+        cores=16,
+        rollout_len=32,
+        t_env=3e-4,
+        f0=2e-4,
+        f1=2e-5,
+        learner={"cpu": (0.05, 6e-5), "cuda": (0.01, 2e-6)},
+        gpu_idle_w=70.0,
+        gpu_limit_w=700.0,
+        cpu_idle_w=24.0,
+    )
+    rates = {"ant": model_rate(m, 1), "humanoid": model_rate(replace(m, t_env=1.2e-3), 1)}
+    mv = machine(16, gpus=1)
+    claims = [Claim("ant", gpu=0), Claim("humanoid", gpu=0)]
+    alloc = allocate(mv, claims, rates, idle_w=94.0)
+    check(alloc, mv, claims)
+    assert alloc.steps_per_joule >= alloc.equal_split_steps_per_joule
+    more, fewer = rates["ant"](8, 50), rates["ant"](4, 50)
+    assert more[0] > fewer[0] > 0
+
+
+def test_parse_cores():
+    assert parse_cores("0-3,8") == (0, 1, 2, 3, 8)
+    for bad in ("3-1", "a", "", "-2"):
+        with pytest.raises(ValueError, match="expected a list such as 0-3,8"):
+            parse_cores(bad)
+
+
+def test_every_partition_of_a_small_machine_is_no_better_than_the_search():
+    """On 6 cores and three jobs, the search's total is the best of every partition that keeps
+    the floors (its moves are one core at a time, and these surfaces are concave)."""
+    m = machine(6)
+    rates = {
+        "a": saturating(2.0, 1.5),
+        "b": scaling(1.0, w_core=8.0),
+        "c": saturating(4.0, 1.0, w_core=12.0),
+    }
+    claims = [Claim(j, min_share=0.5) for j in rates]
+    alloc = allocate(m, claims, rates, idle_w=30.0)
+    floors = {j: alloc.predicted[j]["floor"] for j in rates}
+    best = 0.0
+    for n in itertools.product(range(1, 5), repeat=3):
+        if sum(n) != 6:
+            continue
+        out = [rates[j](k, 0) for j, k in zip(rates, n, strict=True)]
+        if any(o[0] < floors[j] - 1e-9 for o, j in zip(out, rates, strict=True)):
+            continue
+        best = max(best, sum(o[0] for o in out) / (30.0 + sum(o[1] for o in out)))
+    assert alloc.steps_per_joule == pytest.approx(best, rel=1e-9)

@@ -1,0 +1,52 @@
+"""A tuner inside a budget: nothing outside it is applied, a shrinking budget moves the running
+config at once, and the clamping picks the nearest config inside."""
+
+from __future__ import annotations
+
+from optuna.trial import TrialState
+from test_online_tuner import World, _run, _tuner
+
+from autotune.tuning.budget import clamp, fits, limits_for
+from autotune.tuning.knobs import Machine, default_space
+
+
+def test_the_tuner_stays_inside_its_budget_and_finds_the_best_there(tmp_path):
+    world = World(0)
+    tuner = _tuner(tmp_path, world)
+    tuner.set_limits({"actors": 4})  # the unconstrained best has 6 actors
+    _run(tuner, world, 20)
+    assert world.applied and max(v["actors"] for v in world.applied) <= 4
+    assert tuner.best()["values"]["actors"] == 4
+    pruned = tuner.study.get_trials(states=(TrialState.PRUNED,))
+    assert all("outside the job's budget" in t.user_attrs["pruned"] for t in pruned)
+
+
+def test_a_budget_that_shrinks_under_the_running_config_moves_it_at_once(tmp_path):
+    world = World(1)
+    tuner = _tuner(tmp_path, world, trials=60)
+    _run(tuner, world, 12)
+    while world.values.get("actors", 0) <= 3:  # until a config past the new budget runs
+        world.t += 0.5
+        tuner.tick()
+    before = len(world.applied)
+    tuner.set_limits({"actors": 3})
+    assert len(world.applied) == before + 1 and world.applied[-1]["actors"] == 3
+    _run(tuner, world, tuner.trials_done + 8)
+    assert all(v["actors"] <= 3 for v in world.applied[before:])
+    tuner.set_limits(None)  # the budget grew back to the machine: the space is whole again
+    _run(tuner, world, tuner.trials_done + 10)
+    assert max(v["actors"] for v in world.applied[before:]) > 3
+
+
+def test_limits_and_clamping():
+    knobs = list(default_space(Machine(cores=16, gpus=1)).values())
+    assert limits_for(16, 35) == {"actors": 15, "trainer_threads": 16, "mps_pct": 35}
+    assert limits_for(2, None) == {"actors": 2, "trainer_threads": 2}
+    gpu = {"actors": 12, "trainer_device": "cuda", "mps_pct": 50, "trainer_threads": 1}
+    assert not fits(gpu, {"actors": 8, "mps_pct": 35})
+    assert clamp(gpu, {"actors": 8, "mps_pct": 35}, knobs) == {**gpu, "actors": 8, "mps_pct": 25}
+    # no share of the GPU, or one below every choice: the trainer moves to the CPU
+    cpu = clamp(gpu, {"actors": 8, "mps_pct": 5}, knobs)
+    assert cpu["trainer_device"] == "cpu" and "mps_pct" not in cpu
+    assert fits(cpu, {"actors": 8, "mps_pct": 0})
+    assert fits({"actors": 99}, None)
