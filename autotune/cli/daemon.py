@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from autotune.cli.output import write_json
-from autotune.cli.status_view import render
+from autotune.cli.status_view import render, render_machine
 from autotune.control import protocol
 from autotune.control.protocol import MsgType
 
@@ -34,7 +34,11 @@ def add_daemon_commands(sub: Any) -> None:
         help="start or stop the background tuning daemon that 'train --tune' registers with",
         description="The daemon tunes every 'autotune train --tune' job that registers with it, "
         "keeps their trials in each job's Optuna storage, and resumes those studies when it is "
-        "started again. Jobs keep training with their current config while no daemon runs.",
+        "started again. It shares the machine out among those jobs: each gets a budget of "
+        "cores (its processes are pinned there), a GPU and an MPS share, re-partitioned as jobs "
+        "come and go, to maximise the machine's steps per joule above a fairness floor per job. "
+        "One daemon runs per state dir. Jobs keep training with their current config while no "
+        "daemon runs.",
     )
     daemon.add_argument(
         "action",
@@ -48,6 +52,14 @@ def add_daemon_commands(sub: Any) -> None:
         help="with keys: replace existing keys (clients with the old client key are refused)",
     )
     daemon.add_argument("--control", default=None, help=control_help)
+    daemon.add_argument(
+        "--reserve-cores",
+        type=int,
+        default=None,
+        metavar="N",
+        help="cores of the affinity mask kept back from jobs for the daemon itself (default: "
+        "1 on machines of 8 cores or more, else 0)",
+    )
     daemon.add_argument(
         "--log", type=Path, default=None, help="log file (default <state dir>/daemon.log)"
     )
@@ -119,7 +131,7 @@ def _daemon(console: Console, args: argparse.Namespace, endpoint: str) -> int:
         logging.basicConfig(
             level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True
         )
-        return run_daemon(endpoint)
+        return run_daemon(endpoint, args.reserve_cores)
     pong = protocol.request(endpoint, MsgType.PING, timeout_s=1.0)
     if args.action == "stop":
         if pong is None:
@@ -145,7 +157,8 @@ def _daemon(console: Console, args: argparse.Namespace, endpoint: str) -> int:
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "autotune.cli", "daemon", "run", "--control", endpoint],
+            [sys.executable, "-m", "autotune.cli", "daemon", "run", "--control", endpoint]
+            + ([] if args.reserve_cores is None else ["--reserve-cores", str(args.reserve_cores)]),
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -180,17 +193,20 @@ def cmd_status(args: argparse.Namespace) -> int:
     except protocol.ControlError as exc:
         console.print(f"[red]error:[/red] {escape(str(exc))}")
         return 2
-    doc: dict[str, Any] = {"daemon": None, "jobs": []}
+    doc: dict[str, Any] = {"daemon": None, "machine": None, "jobs": []}
     if answer is None:
         console.print(f"no daemon running on {endpoint}")
     else:
-        doc["daemon"] = {k: v for k, v in answer["status"].items() if k != "jobs"}
-        jobs = answer["status"]["jobs"]
+        status = answer["status"]
+        doc["daemon"] = {k: v for k, v in status.items() if k not in ("jobs", "machine")}
+        doc["machine"] = status.get("machine")
+        jobs = status["jobs"]
         doc["jobs"] = [j for j in jobs if args.study in (None, j["study"])]
         console.print(
             f"daemon {doc['daemon']['pid']} on {endpoint}, up "
             f"{doc['daemon']['uptime_s']:.0f} s, {len(jobs)} job(s)"
         )
+        render_machine(console, status)
     if args.study is not None and not doc["jobs"]:
         from autotune.control.status import stored_status  # optuna: only to read storage
         from autotune.tuning.storage import StudyError

@@ -43,6 +43,39 @@ def _values(values: dict[str, Any]) -> str:
     return " ".join(f"{k}={v}" for k, v in sorted(values.items()))
 
 
+def render_machine(console: Any, status: dict[str, Any]) -> None:
+    """The machine the daemon shares out: its cores, GPUs, meters and what foreign processes
+    take."""
+    m = status.get("machine")
+    if not m:
+        return
+    gpus = ", ".join(
+        f"GPU {g['index']} {g['name']} ({g['sms']} SMs, MPS {'yes' if g['mps'] else 'no'})"
+        for g in m["gpus"]
+    )
+    foreign = status.get("foreign") or {}
+    line = (
+        f"machine: cores {_cores(m['cores'])} to hand out (reserved {_cores(m['reserved'])}); "
+        f"{gpus or 'no GPU'}; meters {m['meters'].get('gpu', '-')} (GPU), "
+        f"{m['meters'].get('cpu', '-')} (CPU)"
+    )
+    if foreign.get("cores") or foreign.get("gpus"):
+        line += f"; busy with other processes: {foreign['cores']} cores, GPUs {foreign['gpus']}"
+    predicted = status.get("steps_per_joule_predicted")
+    if predicted:
+        line += (
+            f"\nshare-out predicted {_fmt(predicted)} steps/J (equal split "
+            f"{_fmt(status.get('equal_split_steps_per_joule'))})"
+        )
+    console.print(line)
+
+
+def _cores(cores: list[int]) -> str:
+    from autotune.control.allocator import format_cores
+
+    return format_cores(cores)
+
+
 def render(console: Any, job: dict[str, Any], history: int = 20) -> None:
     """Draws one job's (or stored study's) status: header, knobs, best, last ``history``
     trials."""
@@ -54,6 +87,11 @@ def render(console: Any, job: dict[str, Any], history: int = 20) -> None:
             f"{job['objective']}, phase {job['phase']}{trial}"
         )
         head += f"\ncurrent config: {_values(job['config'])}"
+    alloc = job.get("allocation")
+    if alloc:
+        share = "" if alloc["mps_pct"] is None else f", {alloc['mps_pct']} % of GPU {alloc['gpu']}"
+        taken = "" if job.get("allocation_taken", True) else " (not taken yet)"
+        head += f"\nbudget: cores {_cores(alloc['cores'])}{share}{taken}"
     live = job.get("live")
     if live:
         trial = f", trial {live['trial']}" if live.get("trial") is not None else ""

@@ -20,7 +20,7 @@ from autotune.cli.train_config import (
     process_started,
     train_config,
 )
-from autotune.cli.tune_flags import add_tune_args, tune_options
+from autotune.cli.tune_flags import add_share_args, add_tune_args, tune_options
 from autotune.workflows.progress_log import ProgressLog
 from runtime.config import TRAINER_PRECISIONS, ConfigError, TrainConfig
 from runtime.hw.gpus import no_gpu_reason
@@ -195,6 +195,7 @@ def add_train_command(sub: Any) -> None:
         help="MPS active-thread percentage (1..100) of the inference GMI (default: no limit)",
     )
     add_tune_args(train)
+    add_share_args(train)
     train.add_argument(
         "--max-wall-s",
         type=float,
@@ -251,13 +252,34 @@ def _mps_change(text: str) -> tuple[float, tuple[int, ...]]:
     return seconds, int_list(pcts)
 
 
+def _daemon_budget(console: Console, args: argparse.Namespace, cfg: Any) -> Any:
+    """The budget a running daemon offers this tuned job, with this process pinned there
+    before it sizes itself (None with no daemon).
+
+    Raises:
+        ConfigError: a malformed claim, or the daemon cannot take the job.
+    """
+    from autotune.workflows.tune import take_offer  # optuna: only when tuning
+
+    try:
+        held = take_offer(tune_options(args), cfg)
+    except ValueError as exc:
+        raise ConfigError([str(exc)]) from None
+    if held is not None:
+        share = "" if held.mps_pct is None else f", {held.mps_pct} % of GPU {held.gpu}"
+        console.print(f"budget from the daemon: cores {list(held.cores)}{share}")
+    return held
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
-    sizing = None
+    sizing = held = None
     try:
         cfg = train_config(args)
         if args.config is not None:
             console.print(f"config: {args.config}")
+        if args.tune:
+            held = _daemon_budget(console, args, cfg)
         auto = auto_fields(args)
         if auto:
             cfg.validate()  # a bad env or policy is reported before it is probed
@@ -305,7 +327,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         try:
             from autotune.workflows.tune import start_tuning  # optuna: only when tuning
 
-            tuning = start_tuning(tune_options(args), cfg, runner, sizing)
+            tuning = start_tuning(tune_options(args), cfg, runner, sizing, held)
         except ValueError as exc:  # KnobError, StudyError, ControlError, bad settings, refusal
             console.print(f"[red]error:[/red] {escape(str(exc))}")
             return 2

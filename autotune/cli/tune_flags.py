@@ -6,6 +6,7 @@ import argparse
 import math
 from typing import TYPE_CHECKING
 
+from autotune.control.allocator import DEFAULT_MIN_SHARE
 from autotune.tuning.settings import OBJECTIVES, SAMPLERS
 from autotune.tuning.sizing import DEFAULT_LAG_CEILING
 
@@ -111,6 +112,48 @@ def add_tune_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_share_args(parser: argparse.ArgumentParser) -> None:
+    """The flags of a tuned job's claim on a machine the daemon shares out."""
+    share = parser.add_argument_group(
+        "sharing the machine (--tune with a daemon running)",
+        "the daemon gives each job a budget of cores, a GPU and an MPS share, pins the job "
+        "there and tunes it inside; it maximises the machine's steps per joule above each job's "
+        "fairness floor",
+    )
+    share.add_argument(
+        "--weight",
+        type=float,
+        default=1.0,
+        help="this job's weight in the equal split the floors are taken from (default 1)",
+    )
+    share.add_argument(
+        "--min-share",
+        type=float,
+        default=DEFAULT_MIN_SHARE,
+        metavar="F",
+        help="fairness floor: at least F (0..1) of the steps/s the weighted equal split "
+        f"would give this job (default {DEFAULT_MIN_SHARE})",
+    )
+    share.add_argument(
+        "--exclusive",
+        action="store_true",
+        help="the whole machine to this job (refused while other jobs hold budgets)",
+    )
+    share.add_argument(
+        "--cores",
+        default=None,
+        metavar="LIST",
+        help="a fixed budget the allocator leaves alone: these cores, e.g. 0-3,8",
+    )
+    share.add_argument(
+        "--gpu-share",
+        type=int,
+        default=None,
+        metavar="PCT",
+        help="with --cores: a fixed share of the GPU's SMs for this job's GMIs (1..100)",
+    )
+
+
 def tune_options(args: argparse.Namespace) -> TuneOptions:
     """The ``TuneOptions`` of parsed ``autotune train`` flags."""
     from autotune.workflows.tune import TuneOptions  # optuna: only when tuning
@@ -130,4 +173,9 @@ def tune_options(args: argparse.Namespace) -> TuneOptions:
         in_process=args.in_process,
         min_steps_per_s=args.min_steps_per_s,
         max_policy_lag=args.max_lag,
+        weight=args.weight,
+        min_share=args.min_share,
+        exclusive=args.exclusive,
+        cores=args.cores,
+        gpu_share=args.gpu_share,
     )

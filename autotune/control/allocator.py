@@ -96,7 +96,7 @@ class Claim:
             if extra or not self.fixed.cores:
                 out.append(
                     f"fixed cores {list(self.fixed.cores)} are not all among the cores the "
-                    f"daemon hands out {_ranges(machine.cores)}"
+                    f"daemon hands out {format_cores(machine.cores)}"
                 )
             pct = self.fixed.mps_pct
             if pct is not None and not 1 <= pct <= 100:
@@ -123,7 +123,7 @@ class Allocation:
         }
 
 
-def _ranges(cores: tuple[int, ...] | list[int]) -> str:
+def format_cores(cores: tuple[int, ...] | list[int]) -> str:
     """``0-3,8`` for (0, 1, 2, 3, 8)."""
     out: list[str] = []
     for c in sorted(cores):
@@ -177,7 +177,9 @@ def check_admission(
     if new.fixed is not None:
         clash = sorted(set(new.fixed.cores) & fixed)
         if clash:
-            return f"cores {_ranges(clash)} are fixed to other jobs; free: {_ranges(free)}"
+            return (
+                f"cores {format_cores(clash)} are fixed to other jobs; free: {format_cores(free)}"
+            )
     flexible = [c for c in [*others, new] if c.fixed is None]
     left = len(free) - (len(new.fixed.cores) if new.fixed is not None else 0) - taken_cores
     if flexible and left < len(flexible):
@@ -285,6 +287,14 @@ def allocate(
         for c in flex
     }
     return Allocation(budgets, predicted, best, equal)
+
+
+def total_of(budgets: dict[str, Budget], rates: dict[str, Rate], idle_w: float = 0.0) -> float:
+    """The machine's predicted steps/J under ``budgets`` (fixed ones count at their size)."""
+    out = [(rates.get(j) or _linear)(len(b.cores), b.mps_pct or 0) for j, b in budgets.items()]
+    watts = idle_w + sum(w for _, w in out)
+    steps = sum(s for s, _ in out)
+    return steps / watts if watts > 0 else steps
 
 
 def _linear(cores: int, pct: int) -> tuple[float, float]:

@@ -7,6 +7,10 @@ are measured between the counters the job reports (``autotune.tuning.counters``)
 job's Optuna storage, so a daemon killed outright and started again resumes every study: trials
 left RUNNING are failed, the others rebuild the tuner's history (``OnlineTuner._restore``).
 
+It also shares the machine out among its jobs (``autotune.control.sharing``): each job gets
+a budget of cores, a GPU and an MPS share, is pinned to it, and is tuned inside it. One daemon
+runs per state dir (a lock there); a second is refused.
+
 The loop never blocks on a job: it polls the control socket (``autotune.control.protocol``),
 ticks each tuner, and drops jobs silent for ``JOB_SILENT_S`` (a job that comes back is asked to
 register again). SIGTERM, SIGINT and a STOP message end it cleanly: trials being measured are
@@ -20,7 +24,6 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,69 +31,28 @@ import zmq
 
 from autotune.control import protocol
 from autotune.control.admission import storage_problem
+from autotune.control.allocator import Budget
+from autotune.control.home import hold_lock
 from autotune.control.keys import serve_curve
+from autotune.control.machine import MachineView, detect
 from autotune.control.protocol import MsgType
+from autotune.control.remote_job import RemoteJob
+from autotune.control.sharing import MachineShares, claim_from, share_of
 from autotune.control.status import live_rates, study_summary
-from autotune.tuning.counters import Counters
+from autotune.tuning.budget import limits_for
 from autotune.tuning.knobs import Knob, knobs_from_wire, knobs_to_wire
 from autotune.tuning.model_sampler import machine_from_doc, sampler_for
 from autotune.tuning.online_tuner import OnlineTuner
+from autotune.tuning.perf_model import Params
 from autotune.tuning.runner_job import tuning_doc
 from autotune.tuning.settings import TunerSettings
 from autotune.tuning.storage import open_study, redact
-from runtime.config import ConfigError
 
 logger = logging.getLogger(__name__)
 
 TICK_S = 0.1
 LIVE_SPAN_S = 10.0
 """The span of reports the live steps/s and watts in ``status`` are computed over."""
-
-
-class RemoteJob:
-    """A job in another process as the tuner's ``Job``: applies are sequenced messages,
-    readiness and windows come from the job's reports."""
-
-    def __init__(self, send: Callable[..., None]) -> None:
-        self._send = send
-        self.seq = 0
-        self.values: dict[str, Any] | None = None
-        self.sent_at = 0.0
-        self.applied = 0
-        self.refused: str | None = None
-        self.settled = False
-        self.latest: Counters | None = None
-
-    def apply(self, values: dict[str, Any]) -> None:
-        self.seq += 1
-        self.values = dict(values)
-        self.resend()
-
-    def resend(self) -> None:
-        self.sent_at = time.monotonic()
-        self._send(MsgType.APPLY, seq=self.seq, values=self.values)
-
-    def ready(self) -> bool:
-        if self.applied < self.seq:
-            return False
-        if self.refused is not None:
-            raise ConfigError([self.refused])
-        return self.settled
-
-    def counters(self) -> Counters:
-        if self.latest is None:
-            raise ConfigError(["the job has not reported its counters yet"])
-        return self.latest
-
-    def on_report(self, msg: dict[str, Any]) -> None:
-        """Takes a REPORT (raises ``ValueError`` for a malformed one)."""
-        self.latest = Counters.from_wire(msg["counters"])
-        applied = int(msg.get("applied", 0))
-        if applied == self.seq:
-            self.applied, self.refused = applied, msg.get("refused")
-            self.settled = bool(msg.get("settled"))
-        elif applied < self.seq and time.monotonic() - self.sent_at >= protocol.APPLY_RESEND_S:
-            self.resend()
 
 
 @dataclass
@@ -115,8 +77,13 @@ class Daemon:
         endpoint: The control endpoint to bind (``autotune.control.protocol.resolve_endpoint``).
     """
 
-    def __init__(self, endpoint: str) -> None:
+    def __init__(
+        self, endpoint: str, machine: MachineView | None = None, reserve: int | None = None
+    ) -> None:
         self.endpoint = endpoint
+        self.machine, self.reserve = machine, reserve
+        self.shares: MachineShares | None = None
+        self.lock: Any = None
         self.sessions: dict[str, Session] = {}
         self.stopping = False
         self.started = time.time()
@@ -129,13 +96,20 @@ class Daemon:
         """Binds the control socket.
 
         Raises:
-            protocol.ControlError: if another daemon answers on the endpoint.
+            protocol.ControlError: if another daemon answers on the endpoint or holds the
+                state dir's lock, or the machine cannot be read.
         """
         other = protocol.request(self.endpoint, MsgType.PING, timeout_s=1.0)
         if other is not None:
             raise protocol.ControlError(
                 f"a daemon already runs on {self.endpoint} (pid {other.get('pid')})"
             )
+        self.lock = hold_lock("daemon.lock", "a daemon")
+        try:
+            machine = self.machine or detect(self.reserve)
+        except ValueError as exc:
+            raise protocol.ControlError(str(exc)) from None
+        self.shares = MachineShares(machine, self._budget, self._params)
         path = protocol.ipc_path(self.endpoint)
         if path is not None and path.exists():
             path.unlink()  # left by a daemon that was killed
@@ -212,6 +186,8 @@ class Daemon:
             self.stopping = True
         elif kind == MsgType.HELLO:
             self._hello(identity, msg)
+        elif kind == MsgType.OFFER:
+            self._offer(identity, msg)
         elif kind in (MsgType.REPORT, MsgType.BYE):
             session = self.sessions.get(str(msg.get("job")))
             if session is None:
@@ -249,6 +225,13 @@ class Daemon:
                 )
                 return
         problem = storage_problem(msg.get("storage"))
+        try:
+            claim = claim_from(job_id, msg.get("claim"))
+        except ValueError as exc:
+            problem = problem or str(exc)
+        if problem is None:
+            pid = msg.get("pid")
+            problem = self.shares.admit(claim, pid if isinstance(pid, int) else None)
         if problem is not None:
             self._send(identity, MsgType.ERROR, message=f"cannot tune job {job_id}: {problem}")
             return
@@ -282,6 +265,7 @@ class Daemon:
         self.sessions[job_id] = Session(
             job_id, identity, msg, tuner, space, remote, time.monotonic(), config=dict(msg["base"])
         )
+        self.shares.join(share_of(claim, msg))
         logger.info(
             "job %s (pid %s, %s) registered: study %r, %d trials so far",
             job_id,
@@ -302,6 +286,7 @@ class Daemon:
             return
         session.config = dict(msg.get("config") or session.config)
         session.recent.append(session.remote.latest)
+        self.shares.taken(session.job_id, msg.get("budget_seq"))
 
     # --- tuning -----------------------------------------------------------------------------
 
@@ -319,9 +304,12 @@ class Daemon:
                 except Exception:  # a storage failure must not take down the other jobs
                     logger.exception("tuning job %s failed; dropped", session.job_id)
                     self._drop(session, "tuner error")
+        self.shares.tick()
 
     def _drop(self, session: Session, reason: str) -> None:
         self.sessions.pop(session.job_id, None)
+        if self.shares is not None:
+            self.shares.leave(session.job_id)
         try:
             session.tuner.close(reason)
         except Exception:  # the storage may be the reason; the trial is failed on resume
@@ -338,8 +326,10 @@ class Daemon:
         jobs = []
         for s in self.sessions.values():
             cur = s.tuner.current
+            live = live_rates(list(s.recent), LIVE_SPAN_S)
             jobs.append(
                 {
+                    "id": s.job_id,
                     "job": s.job_id,
                     "pid": s.hello.get("pid"),
                     "env": s.hello.get("env"),
@@ -350,9 +340,12 @@ class Daemon:
                     "phase": cur.phase if cur else ("hold" if s.tuner.holding else "idle"),
                     "trial": cur.trial.number if cur and cur.trial is not None else None,
                     "config": s.config,
-                    "live": live_rates(list(s.recent), LIVE_SPAN_S),
+                    "live": live,
+                    "steps_per_s": live["steps_per_s"] if live else None,
+                    "steps_per_joule": live["steps_per_joule"] if live else None,
                     "knobs": knobs_to_wire(s.space),
                     "tuned": [k.name for k in s.tuner.knobs],
+                    **self.shares.job_status(s.job_id),
                     **study_summary(s.tuner.study, s.tuner.best()),
                 }
             )
@@ -360,15 +353,45 @@ class Daemon:
             "pid": os.getpid(),
             "endpoint": self.endpoint,
             "uptime_s": time.time() - self.started,
+            **self.shares.status(),
             "jobs": jobs,
         }
 
+    # --- sharing the machine ----------------------------------------------------------------
 
-def run_daemon(endpoint: str) -> int:
+    def _offer(self, identity: bytes, msg: dict[str, Any]) -> None:
+        try:
+            pid = msg.get("pid")
+            claim = claim_from("offer", msg.get("claim"))
+            budget = self.shares.offer(claim, pid if isinstance(pid, int) else None)
+        except ValueError as exc:  # a malformed claim, or AllocationError
+            self._send(identity, MsgType.ERROR, message=str(exc))
+            return
+        self._send(identity, MsgType.OFFER, budget=budget.to_dict())
+
+    def _budget(self, job_id: str, budget: Budget) -> None:
+        """A job's new budget: to the job (pin there) and to its tuner (stay inside)."""
+        session = self.sessions.get(job_id)
+        if session is None:
+            return
+        share = self.shares.shares[job_id]
+        self._send(session.identity, MsgType.BUDGET, seq=share.seq, budget=budget.to_dict())
+        pct = budget.mps_pct if budget.gpu is not None else None
+        session.tuner.set_limits(limits_for(len(budget.cores), pct))
+        logger.info("job %s: budget %s", job_id, budget.to_dict())
+
+    def _params(self, job_id: str) -> Params | None:
+        """A job's fitted model multipliers, where its model sampler has fitted them."""
+        session = self.sessions.get(job_id)
+        sampler = getattr(session.tuner.study, "sampler", None) if session else None
+        return getattr(sampler, "last", {}).get("params")
+
+
+def run_daemon(endpoint: str, reserve: int | None = None) -> int:
     """Binds ``endpoint`` and serves until stopped (``autotune daemon run``; ``autotune daemon
     start`` runs that in the background). Returns the exit status: 2 if it cannot bind."""
     try:
-        daemon = Daemon(endpoint)
+        daemon = Daemon(endpoint, reserve=reserve)
         daemon.bind()
     except (protocol.ControlError, zmq.ZMQError) as exc:
         logger.error("cannot start: %s", exc)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
+from typing import Any
 
 
 class ControlError(ValueError):
@@ -44,3 +45,31 @@ def private_dir(path: Path, what: str, closed: bool = False, hint: str = "") -> 
             f"{stat.filemode(info.st_mode)}); it must be yours and {rule}{hint}"
         )
     return path
+
+
+def hold_lock(name: str, what: str) -> Any:
+    """An exclusive lock on ``<state dir>/name``, held while the returned file stays open (the
+    kernel drops it when the process ends, however it ends).
+
+    Raises:
+        ControlError: another process holds it (its pid, as it wrote it there).
+    """
+    import fcntl
+
+    path = state_dir() / name
+    f = open(path, "a+")  # noqa: SIM115 - held open for the process's life
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        holder = f.read().strip() or "unknown"
+        f.close()
+        raise ControlError(
+            f"{what} already runs with the state dir {path.parent} (pid {holder}); "
+            "one per state dir (set AUTOTUNE_HOME for another)"
+        ) from None
+    f.seek(0)
+    f.truncate()
+    f.write(str(os.getpid()))
+    f.flush()
+    return f

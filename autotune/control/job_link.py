@@ -5,9 +5,14 @@ in-process instead (``autotune.workflows.tune``). Once registered, ``tick`` (cal
 tick, never blocking) applies APPLY messages through ``Runner.reconfigure`` and sends a REPORT every
 ``REPORT_INTERVAL_S``. A refused config is reported with its error; the daemon fails that trial.
 
-If the daemon goes away the job trains on with the config it has; reports sent while no daemon
-listens are dropped (they are snapshots, nothing accumulates). A daemon started again answers
-the next report with WHO and the job registers again, resuming its study there.
+A BUDGET message pins the job's process tree to the budget's cores
+(``autotune.control.pinning``); the daemon's tuner keeps the config inside it. Reports say
+which budget the job has taken.
+
+If the daemon goes away the job trains on with the config (and the cores) it has; reports
+sent while no daemon listens are dropped (they are snapshots, nothing accumulates). A daemon
+started again answers the next report with WHO and the job registers again (naming the budget
+it holds), resuming its study there.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from typing import Any
 import zmq
 
 from autotune.control import protocol
+from autotune.control.allocator import Budget
+from autotune.control.pinning import pin_tree
 from autotune.control.protocol import MsgType
 from autotune.tuning.runner_job import (
     TunableRunner,
@@ -56,6 +63,9 @@ class DaemonLink:
         self.tuning: dict[str, Any] | None = None
         self.last_report = 0.0
         self.registrations = 0
+        self.budget: dict[str, Any] | None = None
+        """The budget the job is pinned to (``Budget.to_dict``), if the daemon gave one."""
+        self.budget_seq = 0
 
     def register(self, timeout_s: float = protocol.REQUEST_TIMEOUT_S) -> bool:
         """Registers with the daemon; False if none answered within ``timeout_s``.
@@ -111,7 +121,30 @@ class DaemonLink:
                 applied=self.applied,
                 refused=self.refused,
                 config=self._config(),
+                budget_seq=self.budget_seq,
             )
+
+    def _take_budget(self, msg: dict[str, Any]) -> None:
+        try:
+            seq, budget = int(msg["seq"]), Budget.from_dict(msg["budget"])
+        except (KeyError, TypeError, ValueError) as exc:
+            logger.warning("ignored a malformed BUDGET from the daemon: %s", exc)
+            return
+        if seq <= self.budget_seq:
+            return  # a resend of one already taken
+        try:
+            pinned = pin_tree(os.getpid(), budget.cores)
+        except ValueError as exc:
+            logger.warning("budget %s not taken: %s", budget.to_dict(), exc)
+            return
+        self.budget, self.budget_seq = budget.to_dict(), seq
+        share = "" if budget.mps_pct is None else f", {budget.mps_pct} % of GPU {budget.gpu}"
+        logger.info(
+            "budget from the daemon: cores %s%s (%d threads pinned)",
+            list(budget.cores),
+            share,
+            pinned,
+        )
 
     def _config(self) -> dict[str, Any]:
         return knob_values(self.runner.cfg, self.hello["base"])
@@ -137,7 +170,9 @@ class DaemonLink:
             )
         elif kind == MsgType.WHO:
             logger.warning("the daemon does not know this job (restarted?); registering again")
-            self._send(MsgType.HELLO, **self.hello)
+            self._send(
+                MsgType.HELLO, **{**self.hello, "held": self.budget or self.hello.get("held")}
+            )
         elif kind == MsgType.APPLY:
             try:
                 seq, values = int(msg["seq"]), dict(msg["values"])
@@ -153,7 +188,27 @@ class DaemonLink:
                 why = str(exc) if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}"
                 self.refused = why
             self.applied = seq
+        elif kind == MsgType.BUDGET:
+            self._take_budget(msg)
         elif kind == MsgType.FAREWELL:
             self.tuning = msg.get("tuning")
         elif kind == MsgType.ERROR:
             logger.warning("the daemon says: %s", msg.get("message"))
+
+
+def ask_offer(endpoint: str, claim: dict[str, Any]) -> Budget | None:
+    """The budget the daemon would give a job with ``claim`` now (``OFFER``), or None where no
+    daemon answers.
+
+    Raises:
+        DaemonRefused: the daemon cannot take the job (its message says what is available).
+    """
+    answer = protocol.request(endpoint, MsgType.OFFER, claim=claim, pid=os.getpid())
+    if answer is None:
+        return None
+    if answer["type"] == MsgType.ERROR:
+        raise DaemonRefused(answer.get("message", "refused"))
+    try:
+        return Budget.from_dict(answer["budget"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise DaemonRefused(f"the daemon's offer is malformed: {exc}") from None

@@ -8,11 +8,14 @@ one answers (``autotune.control.job_link``), else in this process (``RunnerJob``
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from autotune.control import protocol
-from autotune.control.job_link import DaemonLink, DaemonRefused
+from autotune.control.allocator import DEFAULT_MIN_SHARE, Budget, parse_cores
+from autotune.control.job_link import DaemonLink, DaemonRefused, ask_offer
+from autotune.control.pinning import pin_tree
 from autotune.tuning.knobs import Knob, Machine, build_space, knobs_to_wire
 from autotune.tuning.model_sampler import machine_from_doc, sampler_for
 from autotune.tuning.online_tuner import OnlineTuner
@@ -23,6 +26,7 @@ from autotune.tuning.sizing import DEFAULT_LAG_CEILING
 from autotune.tuning.storage import open_study, sqlite_file, storage_url
 from autotune.workflows.auto_size import probed_model
 from runtime.config import TrainConfig
+from runtime.hw.gpus import no_gpu_reason
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,33 @@ class TuneOptions:
     """Tune in this process even if a daemon answers."""
     min_steps_per_s: float | None = None
     max_policy_lag: float | None = DEFAULT_LAG_CEILING
+    weight: float = 1.0
+    """This job's weight when the daemon shares the machine out."""
+    min_share: float = DEFAULT_MIN_SHARE
+    """Its fairness floor: this share of what the weighted equal split would give it."""
+    exclusive: bool = False
+    cores: str | None = None
+    """A fixed budget's cores (``0-3,8``); None: the allocator decides."""
+    gpu_share: int | None = None
+    """With ``cores``: a fixed MPS share of the GPU, in percent."""
+
+    def claim(self, cfg: TrainConfig) -> dict[str, Any]:
+        """This job's claim on the machine, as the daemon reads it (``sharing.claim_from``).
+
+        Raises:
+            ValueError: a malformed ``cores``, or ``gpu_share`` without ``cores``.
+        """
+        if self.gpu_share is not None and self.cores is None:
+            raise ValueError("--gpu-share fixes a budget's GPU share: give --cores with it")
+        gpu = (cfg.gpus[0] if cfg.gpus else 0) if no_gpu_reason() is None else None
+        return {
+            "weight": self.weight,
+            "min_share": self.min_share,
+            "exclusive": self.exclusive,
+            "cores": None if self.cores is None else list(parse_cores(self.cores)),
+            "mps_pct": self.gpu_share,
+            "gpu": gpu,
+        }
 
 
 class Tuning(Protocol):
@@ -97,6 +128,7 @@ def start_tuning(
     cfg: TrainConfig,
     runner: TunableRunner,
     sizing: dict[str, Any] | None = None,
+    held: Budget | None = None,
 ) -> Tuning:
     """The tuning of ``train --tune``: registered with the daemon if one answers (unless
     ``in_process``), else an ``OnlineTuner`` here. The ``model`` sampler uses the machine
@@ -142,6 +174,9 @@ def start_tuning(
             "base": base,
             "defaults": defaults,
             "machine": dataclasses.asdict(model) if model else None,
+            "claim": options.claim(cfg),
+            "minibatches": cfg.learner.minibatches,
+            "held": held.to_dict() if held else None,
         }
         link = DaemonLink(protocol.resolve_endpoint(options.control), hello, runner)
         try:
@@ -180,3 +215,23 @@ def _machine(cfg: TrainConfig, sizing: dict[str, Any] | None) -> MachineModel:
         return probed_model(cfg)
     except ProbeError as exc:
         raise ValueError(f"the model sampler could not probe the workload: {exc}") from None
+
+
+def take_offer(options: TuneOptions, cfg: TrainConfig) -> Budget | None:
+    """Before a tuned job sizes itself: the budget a running daemon would give it, with this
+    process pinned to its cores (so ``auto`` sizing sizes inside it); None with no daemon, or
+    with ``in_process``.
+
+    Raises:
+        ValueError: a malformed claim, or the daemon cannot take the job (with what is free).
+    """
+    if options.in_process:
+        return None
+    claim = options.claim(cfg)
+    try:
+        budget = ask_offer(protocol.resolve_endpoint(options.control), claim)
+    except DaemonRefused as exc:
+        raise ValueError(f"the daemon cannot take this job: {exc}") from None
+    if budget is not None:
+        pin_tree(os.getpid(), budget.cores)
+    return budget

@@ -1,0 +1,296 @@
+"""The daemon's share-out of the machine among its jobs (``autotune.control.allocator``), kept
+as jobs come and go.
+
+* A job's claim comes with its registration (``HELLO``'s ``claim``); ``admit`` refuses one the
+  machine cannot meet, saying what is available. ``offer`` answers a job that asks before it
+  sizes itself (``OFFER``) with the budget it would get now.
+* The share-out is recomputed when a job joins or leaves (a job silent for
+  ``protocol.JOB_SILENT_S`` is dropped, and its budget goes back), and every ``REBALANCE_S``
+  with the jobs' fitted models and the foreign load read again; a periodic change is made only
+  where it predicts at least ``REBALANCE_GAIN`` more steps/J, so budgets do not churn.
+* A changed budget goes to its job as a ``BUDGET`` message (sent again every
+  ``BUDGET_RESEND_S`` until the job's reports say it took it) and to its tuner as limits
+  (``autotune.tuning.budget``): the job pins its processes to the cores, and the tuner moves
+  its config inside the budget through the live changes the runtime already has.
+* A daemon started again rebuilds the share-out from the jobs' registrations: each names the
+  budget it holds, which it keeps where the counts allow.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from autotune.control.allocator import (
+    DEFAULT_MIN_SHARE,
+    Allocation,
+    AllocationError,
+    Budget,
+    Claim,
+    allocate,
+    check_admission,
+    total_of,
+)
+from autotune.control.machine import MachineView, foreign_load
+from autotune.control.rates import model_rate
+from autotune.tuning.perf_model import MachineModel, Params
+
+logger = logging.getLogger(__name__)
+
+OFFER_HOLD_S = 300.0
+"""How long a budget offered to a job that sizes itself is held for it (its probes)."""
+REBALANCE_S = 30.0
+REBALANCE_GAIN = 0.03
+BUDGET_RESEND_S = 2.0
+CLAIM_FIELDS = ("weight", "min_share", "exclusive", "cores", "mps_pct", "gpu")
+
+
+@dataclass
+class Share:
+    """One job's place on the machine."""
+
+    claim: Claim
+    pid: int | None = None
+    model: MachineModel | None = None
+    minibatches: int = 4
+    budget: Budget | None = None
+    seq: int = 0
+    taken: int = 0
+    sent_at: float = 0.0
+    expires: float | None = None
+    """When an offered budget lapses if its job has not registered (None: a registered job)."""
+
+
+def claim_from(job: str, doc: Any) -> Claim:
+    """The ``Claim`` in a registration's ``claim`` field (missing: the defaults).
+
+    Raises:
+        ValueError: a malformed field, naming it and what is allowed.
+    """
+    doc = doc or {}
+    if not isinstance(doc, dict) or set(doc) - set(CLAIM_FIELDS):
+        raise ValueError(f"a claim is a map of {', '.join(CLAIM_FIELDS)}; got {doc!r}")
+    try:
+        cores = doc.get("cores")
+        gpu = doc.get("gpu")
+        fixed = None
+        if cores is not None:
+            pct = doc.get("mps_pct")
+            fixed = Budget(tuple(int(c) for c in cores), gpu, None if pct is None else int(pct))
+        return Claim(
+            job,
+            float(doc.get("weight", 1.0)),
+            float(doc.get("min_share", DEFAULT_MIN_SHARE)),
+            bool(doc.get("exclusive", False)),
+            fixed,
+            None if gpu is None else int(gpu),
+        )
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"malformed claim {doc!r}: weight and min_share are numbers, exclusive a bool, "
+            "cores a list of core numbers, mps_pct and gpu integers"
+        ) from None
+
+
+def share_of(claim: Claim, hello: dict[str, Any]) -> Share:
+    """A registered job's ``Share``: its pid, its machine model (for its rate), its minibatch
+    count, and the budget it says it holds (a daemon started again keeps it where it can)."""
+    from autotune.tuning.model_sampler import machine_from_doc
+
+    model = None
+    if hello.get("machine"):
+        try:
+            model = machine_from_doc(hello["machine"])
+        except (KeyError, TypeError, ValueError):
+            logger.warning("job %s sent a malformed machine model; sized as linear", claim.job)
+    held = None
+    if hello.get("held"):
+        try:
+            held = Budget.from_dict(hello["held"])
+        except (KeyError, TypeError, ValueError):
+            held = None
+    pid = hello.get("pid")
+    return Share(
+        claim,
+        pid if isinstance(pid, int) else None,
+        model,
+        int(hello.get("minibatches") or 4),
+        budget=held,
+    )
+
+
+class MachineShares:
+    """Args:
+    machine: What the daemon hands out.
+    on_budget: Called with a job id and its new budget (the daemon sends it and limits the
+        job's tuner).
+    params_of: A job's fitted model multipliers, where its tuner has fitted them.
+    """
+
+    def __init__(
+        self,
+        machine: MachineView,
+        on_budget: Callable[[str, Budget], None],
+        params_of: Callable[[str], Params | None] = lambda job: None,
+        clock: Callable[[], float] = time.monotonic,
+        read_foreign: bool = True,
+    ) -> None:
+        self.machine, self.on_budget, self.params_of, self.clock = (
+            machine,
+            on_budget,
+            params_of,
+            clock,
+        )
+        self.shares: dict[str, Share] = {}
+        self.allocation: Allocation | None = None
+        self.read_foreign = read_foreign
+        self.foreign: dict[str, Any] = {"cores": 0, "gpus": [], "pids": []}
+        self.rebalanced = clock()
+
+    def admit(self, claim: Claim, pid: int | None = None) -> str | None:
+        """Why ``claim`` cannot join now (what is available), or None. A budget offered to
+        process ``pid`` is its own, not another job's."""
+        mine = (claim.job, f"offer-{pid}")
+        held = [s.claim for j, s in self.shares.items() if j not in mine]
+        return check_admission(self.machine, held, claim, self.foreign["cores"])
+
+    def offer(self, claim: Claim, pid: int | None = None) -> Budget:
+        """The budget ``claim`` gets if it joins now. It is held for the job (as the claim
+        ``offer-<pid>``) for ``OFFER_HOLD_S`` or until the job registers, so jobs that size
+        themselves at the same time get disjoint cores.
+
+        Raises:
+            AllocationError: it cannot join (the reason names what is available).
+        """
+        key = f"offer-{pid}"
+        why = self.admit(replace(claim, job=key), pid)
+        if why is not None:
+            raise AllocationError(why)
+        self.shares[key] = Share(replace(claim, job=key), pid, expires=self.clock() + OFFER_HOLD_S)
+        self.rebalance(force=True)
+        return self.shares[key].budget
+
+    def join(self, share: Share) -> None:
+        """Adds a job (admitted) and shares the machine out again; the budget offered to its
+        process, if any, becomes the one it holds."""
+        offered = self.shares.pop(f"offer-{share.pid}", None)
+        if share.budget is None and offered is not None:
+            share.budget = offered.budget
+        self.shares[share.claim.job] = share
+        self.rebalance(force=True)
+
+    def leave(self, job: str) -> None:
+        """A job ended, left or went silent: its budget goes back to the others."""
+        if self.shares.pop(job, None) is not None:
+            self.rebalance(force=True)
+
+    def taken(self, job: str, seq: Any) -> None:
+        """A job's report says which budget it has taken."""
+        share = self.shares.get(job)
+        if share is not None and isinstance(seq, int):
+            share.taken = max(share.taken, seq)
+
+    def tick(self) -> None:
+        now = self.clock()
+        lapsed = [j for j, s in self.shares.items() if s.expires is not None and now > s.expires]
+        for job in lapsed:  # offered, and the job never registered
+            self.leave(job)
+        for job, share in self.shares.items():
+            if share.expires is not None:
+                continue
+            if share.budget and share.taken < share.seq and now - share.sent_at >= BUDGET_RESEND_S:
+                self._send(job, share)
+        if now - self.rebalanced >= REBALANCE_S:
+            if self.read_foreign:
+                managed = {s.pid for s in self.shares.values() if s.pid}
+                self.foreign = foreign_load(_trees(managed), self.machine.cores)
+            self.rebalance(force=False)
+
+    def rebalance(self, force: bool) -> None:
+        """Shares the machine out again; applied if ``force`` or it pays ``REBALANCE_GAIN``."""
+        self.rebalanced = self.clock()
+        if not self.shares:
+            self.allocation = None
+            return
+        rates, idle = self._rates(), self._idle_w()
+        claims = [s.claim for s in self.shares.values()]
+        try:
+            alloc = allocate(
+                self.machine, claims, rates, idle, self.foreign["cores"], self._current()
+            )
+        except AllocationError as exc:  # foreign load grew past what the jobs need
+            logger.warning("cannot share the machine out again: %s", exc)
+            return
+        current = self._current()
+        if not force and len(current) == len(self.shares):
+            before, after = total_of(current, rates, idle), total_of(alloc.budgets, rates, idle)
+            if after < before * (1 + REBALANCE_GAIN):
+                return
+        self.allocation = alloc
+        for job, budget in alloc.budgets.items():
+            share = self.shares[job]
+            if share.budget != budget or share.seq == 0:  # a held budget: limits to the tuner
+                share.budget, share.seq = budget, share.seq + 1
+                if share.expires is None:  # an offer's job takes its budget when it registers
+                    self._send(job, share)
+
+    def status(self) -> dict[str, Any]:
+        alloc = self.allocation
+        return {
+            "machine": self.machine.to_dict(),
+            "foreign": self.foreign,
+            "steps_per_joule_predicted": alloc.steps_per_joule if alloc else None,
+            "equal_split_steps_per_joule": alloc.equal_split_steps_per_joule if alloc else None,
+        }
+
+    def job_status(self, job: str) -> dict[str, Any]:
+        share = self.shares.get(job)
+        if share is None:
+            return {}
+        predicted = self.allocation.predicted.get(job) if self.allocation else None
+        return {
+            "allocation": share.budget.to_dict() if share.budget else None,
+            "allocation_taken": share.taken >= share.seq,
+            "claim": {
+                "weight": share.claim.weight,
+                "min_share": share.claim.min_share,
+                "exclusive": share.claim.exclusive,
+                "fixed": share.claim.fixed is not None,
+            },
+            "predicted": predicted,
+        }
+
+    def _send(self, job: str, share: Share) -> None:
+        share.sent_at = self.clock()
+        self.on_budget(job, share.budget)
+
+    def _current(self) -> dict[str, Budget]:
+        return {j: s.budget for j, s in self.shares.items() if s.budget is not None}
+
+    def _rates(self) -> dict[str, Any]:
+        out = {}
+        for job, s in self.shares.items():
+            if s.model is not None:
+                gpus = 1 if s.claim.gpu is not None else 0
+                out[job] = model_rate(s.model, gpus, s.minibatches, self.params_of(job))
+        return out
+
+    def _idle_w(self) -> float:
+        models = [s.model for s in self.shares.values() if s.model is not None]
+        return max((m.gpu_idle_w + m.cpu_idle_w for m in models), default=0.0)
+
+
+def _trees(pids: set[int]) -> set[int]:
+    """``pids`` and every process under them."""
+    import psutil
+
+    out = set(pids)
+    for pid in pids:
+        try:
+            out |= {c.pid for c in psutil.Process(pid).children(recursive=True)}
+        except psutil.NoSuchProcess:
+            continue
+    return out

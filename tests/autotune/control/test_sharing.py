@@ -1,0 +1,179 @@
+"""The daemon shares one machine among its jobs: a real daemon and two tuned CartPole jobs get
+disjoint cores and are pinned there; when one finishes the other grows to the freed cores;
+claims the machine cannot meet, and a second daemon, are refused."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+from conftest import wait_until
+
+from autotune.control.allocator import Budget, Claim
+from autotune.control.machine import MachineView
+from autotune.control.sharing import MachineShares, claim_from, share_of
+
+CLI = [sys.executable, "-m", "autotune.cli"]
+
+
+def _env(tmp_path):
+    home = tmp_path / "home"
+    return {**os.environ, "AUTOTUNE_HOME": str(home), "AUTOTUNE_CONTROL": "", "COLUMNS": "250"}
+
+
+def _cli(env, *args, timeout=60):
+    return subprocess.run([*CLI, *args], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def _job(env, tmp_path, name):
+    return subprocess.Popen(
+        [
+            *CLI,
+            "train",
+            "--tune",
+            "--quiet",
+            "--storage",
+            f"sqlite:///{tmp_path / name}.db",
+            "--study",
+            name,
+            "--knob",
+            "batch_size=512,1024",
+            "--max-wall-s",
+            "900",  # a safety net only: the test ends each job once it has seen what it waits for
+            "--steps",
+            "100000000",
+            "--json",
+            str(tmp_path / f"{name}.json"),
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def _status(env, path):
+    out = _cli(env, "status", "--json", str(path))
+    assert out.returncode == 0, out.stdout + out.stderr
+    return json.loads(path.read_text())
+
+
+def _pinned(doc, n):
+    """Whether ``n`` jobs are registered and each has taken its budget."""
+    jobs = doc["jobs"]
+    return len(jobs) == n and all(j.get("allocation") and j["allocation_taken"] for j in jobs)
+
+
+def _finish(job):
+    job.send_signal(signal.SIGINT)  # a clean drain: the result is written, nothing lost
+    out, _ = job.communicate(timeout=180)
+    assert job.returncode == 0, out
+    return out
+
+
+def _nothing_lost(result):
+    assert result["sampled_steps"] == (
+        result["env_steps"] + result["discarded_steps"] + result["lost_steps"]
+    ), result
+    assert result["lost_steps"] == 0
+
+
+def test_two_tuned_jobs_share_the_machine_and_the_survivor_grows(tmp_path):
+    env = _env(tmp_path)
+    assert _cli(env, "daemon", "start").returncode == 0
+    st = tmp_path / "st.json"
+    first = second = None
+    try:
+        first = _job(env, tmp_path, "first")
+        wait_until(lambda: _pinned(_status(env, st), 1), first, what="the first job's budget")
+        second = _job(env, tmp_path, "second")
+        wait_until(lambda: _pinned(_status(env, st), 2), second, what="both jobs' budgets")
+        doc = _status(env, st)
+        machine = set(doc["machine"]["cores"])
+        cores = {j["study"]: set(j["allocation"]["cores"]) for j in doc["jobs"]}
+        assert cores["first"] and cores["second"] and not cores["first"] & cores["second"]
+        assert cores["first"] | cores["second"] <= machine
+        for j in doc["jobs"]:  # every thread of the job is pinned to its budget
+            assert os.sched_getaffinity(j["pid"]) == set(j["allocation"]["cores"])
+        _finish(first)
+        first = None
+
+        def grown():
+            jobs = _status(env, st)["jobs"]
+            return (
+                len(jobs) == 1
+                and set(jobs[0]["allocation"]["cores"]) == machine
+                and jobs[0]["allocation_taken"]
+            )
+
+        wait_until(grown, second, what="the second job growing to the freed cores")
+        second_pid = _status(env, st)["jobs"][0]["pid"]
+        assert os.sched_getaffinity(second_pid) == machine
+        _finish(second)
+        second = None
+    finally:
+        for job in (first, second):
+            if job is not None:
+                job.kill()
+        _cli(env, "daemon", "stop")
+    for name in ("first", "second"):
+        result = json.loads((tmp_path / f"{name}.json").read_text())
+        _nothing_lost(result)
+        assert result["tuning"]["where"].startswith("daemon on ipc://")
+
+
+def test_claims_the_machine_cannot_meet_are_refused_with_what_is_free(tmp_path):
+    env = _env(tmp_path)
+    assert _cli(env, "daemon", "start").returncode == 0
+    try:
+        again = _cli(env, "daemon", "run", "--control", f"ipc://{tmp_path}/other.sock")
+        out = _cli(env, "train", "--tune", "--quiet", "--cores", "0-999")
+        share = _cli(env, "train", "--tune", "--quiet", "--gpu-share", "50")
+    finally:
+        _cli(env, "daemon", "stop")
+    assert again.returncode == 2 and "one per state dir" in again.stderr
+    assert out.returncode == 2
+    assert "the daemon cannot take this job" in out.stderr and "fixed cores" in out.stderr
+    assert share.returncode == 2 and "give --cores with it" in share.stderr
+
+
+def test_offers_hold_cores_for_jobs_still_sizing_themselves():
+    """Two jobs that ask before they size themselves get disjoint cores; the offer becomes the
+    job's budget when it registers, and lapses if it never does."""
+    t = [0.0]
+    sent: list[tuple[str, Budget]] = []
+    shares = MachineShares(
+        MachineView.from_dict({"cores": 4}),
+        lambda job, b: sent.append((job, b)),
+        clock=lambda: t[0],
+        read_foreign=False,
+    )
+    assert shares.offer(Claim("offer"), pid=11).cores == (0, 1, 2, 3)  # alone: the machine
+    b = shares.offer(Claim("offer"), pid=12)
+    a = shares.shares["offer-11"].budget  # the first offer's share shrank for the second
+    assert len(a.cores) == len(b.cores) == 2 and not set(a.cores) & set(b.cores)
+    shares.join(share_of(claim_from("job-a", {}), {"pid": 11}))
+    assert "offer-11" not in shares.shares and shares.shares["job-a"].budget.cores == a.cores
+    assert sent == [("job-a", shares.shares["job-a"].budget)]  # to pin to, and to its tuner
+    t[0] += 1000.0  # job b never registers: its offer lapses and job a grows
+    shares.tick()
+    assert list(shares.shares) == ["job-a"]
+    assert shares.shares["job-a"].budget.cores == (0, 1, 2, 3)
+    with pytest.raises(ValueError, match="malformed claim"):
+        claim_from("x", {"weight": "heavy"})
+    with pytest.raises(ValueError, match="a claim is a map of"):
+        claim_from("x", {"priority": 1})
+
+
+def test_a_restarted_daemon_keeps_the_budgets_its_jobs_hold():
+    """Jobs register again with the budget they are pinned to; the new share-out keeps each
+    where the counts allow, so no job is moved by the restart."""
+    shares = MachineShares(MachineView.from_dict({"cores": 8}), lambda j, b: None)
+    held = {"x": Budget((4, 5, 6, 7)), "y": Budget((0, 1, 2, 3))}
+    for job, budget in held.items():
+        shares.join(share_of(claim_from(job, {}), {"pid": None, "held": budget.to_dict()}))
+    assert {j: s.budget for j, s in shares.shares.items()} == held
