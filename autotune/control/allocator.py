@@ -21,6 +21,7 @@ so that a job keeps those it has where it can (moving a pinned process costs its
 
 from __future__ import annotations
 
+import collections
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -336,16 +337,26 @@ def _moves(give: Claim, take: Claim, n: dict[str, int], s: dict[str, int]):
 
 
 def _place(pool: list[int], counts: dict[str, int], current: dict[str, Budget]) -> dict[str, tuple]:
-    """Core ids for each job's count: a job keeps its current cores (lowest first) where its
-    count allows; the rest come from the free cores in order."""
+    """Core ids for each job's count: a job keeps its current cores where its count allows,
+    those no other job holds first (a job that registers again after a daemon restart gets
+    its own back from one that grew meanwhile); the rest come from the free cores in order."""
     free = list(pool)
-    out: dict[str, list[int]] = {}
-    for job in sorted(counts):
-        held = current.get(job)
-        mine = [k for k in (held.cores if held else ()) if k in free][: counts[job]]
-        out[job] = mine
-        for k in mine:
-            free.remove(k)
+    holders = collections.Counter(
+        k for job, b in current.items() if job in counts for k in set(b.cores)
+    )
+    out: dict[str, list[int]] = {job: [] for job in counts}
+    for contested in (False, True):
+        for job in sorted(counts):
+            held = current.get(job)
+            need = counts[job] - len(out[job])
+            mine = [
+                k
+                for k in (held.cores if held else ())
+                if k in free and (contested or holders[k] == 1)
+            ][:need]
+            out[job] += mine
+            for k in mine:
+                free.remove(k)
     for job in sorted(counts):
         need = counts[job] - len(out[job])
         out[job] += free[:need]
