@@ -12,7 +12,17 @@ import argparse
 import importlib
 import sys
 
-SUITES = ("limits", "pipeline", "end-to-end", "tuning", "learning", "peers", "gmi", "faults")
+SUITES = (
+    "limits",
+    "pipeline",
+    "end-to-end",
+    "tuning",
+    "learning",
+    "peers",
+    "gmi",
+    "faults",
+    "sharing",
+)
 
 
 def _module(suite: str):

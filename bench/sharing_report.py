@@ -1,0 +1,101 @@
+"""The table and the plot of ``python -m bench sharing`` (``bench/suites/sharing.py``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def _f(v: Any, digits: int = 1) -> str:
+    return "-" if v is None else f"{v:,.{digits}f}"
+
+
+def table(results: dict[str, Any], goals: dict[str, float]) -> str:
+    """The ways side by side (machine figures, whole span), the limits, each job, the goals."""
+    lines = [
+        "| way | jobs | span s | trained steps | steps/s | GPU J | CPU J | steps/J | busy-only "
+        "| lost |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for way in ("sequential", "together", "daemon"):
+        r = results.get(way)
+        if not r:
+            continue
+        lines.append(
+            f"| {way} | {len(r['jobs'])} | {_f(r['seconds'], 0)} | {r['steps']:,} | "
+            f"{_f(r['steps_per_s'], 0)} | {_f(r['gpu_j'], 0)} | {_f(r['cpu_j'], 0)} | "
+            f"{_f(r['steps_per_joule'])} | {_f(r['steps_per_joule_busy_only'])} | "
+            f"{r['lost_steps']} |"
+        )
+    for name in ("limit", "limit-end"):
+        r = results.get(name) or {}
+        lines.append(
+            f"| {name} (raw stepping) | | | | {_f(r.get('steps_per_s'), 0)} | | | "
+            f"{_f(r.get('steps_per_joule'))} | {_f(r.get('steps_per_joule_busy_only'))} | |"
+        )
+    lines += ["", "| way | job | started s | trained steps | steps/s | invariant | error |"]
+    lines.append("|---|---|---:|---:|---:|---|---|")
+    for way in ("sequential", "together", "daemon"):
+        for name, j in (results.get(way) or {}).get("jobs", {}).items():
+            lines.append(
+                f"| {way} | {name} ({j['env']}) | {_f(j['started_s'], 0)} | {j['steps']:,} | "
+                f"{_f(j['steps_per_s'], 0)} | {'holds' if j['invariant'] else 'BROKEN'} | "
+                f"{j['error'] or ''} |"
+            )
+    lines.append("")
+    spj = {w: (results.get(w) or {}).get("steps_per_joule") for w in goals_ways(goals)}
+    for goal, threshold in goals.items():
+        num, den = (spj.get(w.strip()) for w in goal.split("/"))
+        if num and den:
+            ratio = num / den
+            met = "met" if ratio >= threshold else "NOT met"
+            lines.append(f"- {goal} steps/J: {ratio:.2f} (goal >= {threshold}): {met}")
+        else:
+            lines.append(f"- {goal} steps/J: not measured")
+    return "\n".join(lines)
+
+
+def goals_ways(goals: dict[str, float]) -> set[str]:
+    return {w.strip() for g in goals for w in g.split("/")}
+
+
+def _binned(progress: list[dict[str, Any]], bin_s: float = 10.0) -> tuple[list, list]:
+    """Trained steps/s in ``bin_s`` bins of a job's progress lines (``t`` from the span's
+    start)."""
+    import numpy as np
+
+    if len(progress) < 2:
+        return [], []
+    ts = np.array([r["t"] for r in progress])
+    steps = np.array([r["steps"] for r in progress], float)
+    edges = np.arange(ts[0], ts[-1] + 1e-9, bin_s)
+    s = np.interp(edges, ts, steps)
+    return list(edges[1:]), list(np.diff(s) / bin_s)
+
+
+def plot_timeline(result: dict[str, Any], path: Path) -> Path:
+    """Each job's cores (its budget, as the daemon reported it) and its trained steps/s (from
+    its progress file) over time."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
+    for job, doc in sorted(result["jobs"].items()):
+        rows = [e for e in result["timeline"] if e["job"] == job]
+        if rows:
+            t = [e["t"] for e in rows]
+            top.step(t, [len(e["cores"] or []) for e in rows], where="post", label=job)
+        t, rate = _binned(doc["progress"])
+        bottom.plot(t, rate, label=job)
+    top.set_ylabel("cores in its budget")
+    bottom.set_ylabel("trained steps/s")
+    bottom.set_xlabel("seconds since the first job started")
+    top.legend(loc="upper right", fontsize=8)
+    top.set_title("jobs under the daemon: budgets and throughput")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

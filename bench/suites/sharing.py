@@ -1,0 +1,85 @@
+"""One machine, many jobs: the same jobs run one after the other, all at once with no daemon,
+and all at once under the daemon, which shares the machine out (``bench/shared_machine.py``).
+
+    python -m bench sharing --jobs ant@0+120,ant@30+180,humanoid@60+180 \\
+        --plots out/sharing/plots --out out/sharing
+
+The raw-stepping limit of ``--limit-env`` runs before and after the three ways, so a machine
+that drifts shows. The closing table gives the machine's trained steps per joule each way over
+its whole span (start-up included), the ratios the goals name, each job's steps/s, and whether
+any step was lost. The plot shows each job's cores and steps/s over time under the daemon.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from types import SimpleNamespace
+
+from bench.shared_machine import WAYS, parse_jobs, run_way
+from bench.suite import Step
+from bench.suites.peers import WORKLOADS
+
+NAME = "sharing"
+HELP = "several jobs on one machine: one after the other, together, and under the daemon"
+GOALS = {"daemon / together": 1.3, "daemon / sequential": 0.9}
+
+
+def add_args(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument(
+        "--jobs",
+        default="ant@0+120,ant@30+180,humanoid@60+180",
+        help="WORKLOAD@START+SECONDS, comma-separated (workloads: "
+        f"{', '.join(WORKLOADS)}, or a gymnasium id)",
+    )
+    ap.add_argument("--ways", default=",".join(WAYS), help=f"of {', '.join(WAYS)}")
+    ap.add_argument("--limit-env", default="ant", help="workload of the limit before and after")
+    ap.add_argument("--limit-s", type=float, default=60.0, help="seconds of each limit run")
+    ap.add_argument("--plots", default=None, metavar="DIR", help="write the timeline plot here")
+
+
+def check(ap: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    try:
+        a.specs = parse_jobs(a.jobs, WORKLOADS)
+    except ValueError as exc:
+        ap.error(f"--jobs: {exc}")
+    a.way_list = [w.strip() for w in a.ways.split(",") if w.strip()]
+    bad = [w for w in a.way_list if w not in WAYS]
+    if bad or not a.way_list:
+        ap.error(f"--ways: {bad or 'none given'}; allowed {', '.join(WAYS)}")
+
+
+def _limit(a: argparse.Namespace, name: str) -> dict:
+    from bench.compare import run_arm
+    from bench.machine_meter import MachineMeter
+
+    env, policy = WORKLOADS.get(a.limit_env, (a.limit_env, "auto"))
+    ns = SimpleNamespace(
+        env=env, policy=policy, seconds=a.limit_s, warmup_s=5.0, min_steps=0, peer_rollout=0
+    )
+    out = Path(a.out) / name
+    out.mkdir(parents=True, exist_ok=True)
+    meter = MachineMeter().start()
+    try:
+        return run_arm(name, ns, meter, out)
+    finally:
+        meter.stop()
+
+
+def plan(a: argparse.Namespace):
+    spans = [s.start_s + s.seconds for s in a.specs]
+    steps = [Step("limit", lambda: _limit(a, "limit"), a.limit_s + 60)]
+    for way in a.way_list:
+        budget = sum(s.seconds for s in a.specs) if way == "sequential" else max(spans)
+        steps.append(Step(way, lambda w=way: run_way(a.specs, w, Path(a.out) / w), budget + 120))
+    steps.append(Step("limit-end", lambda: _limit(a, "limit-end"), a.limit_s + 60))
+
+    def finish(results: dict) -> None:
+        from bench.sharing_report import plot_timeline, table
+
+        print(table(results, GOALS))
+        if a.plots and "daemon" in results:
+            path = plot_timeline(results["daemon"], Path(a.plots) / "sharing-daemon.png")
+            print(f"plot: {path}")
+
+    return steps, finish
