@@ -177,3 +177,23 @@ def test_a_restarted_daemon_keeps_the_budgets_its_jobs_hold():
     for job, budget in held.items():
         shares.join(share_of(claim_from(job, {}), {"pid": None, "held": budget.to_dict()}))
     assert {j: s.budget for j, s in shares.shares.items()} == held
+
+
+def test_a_busy_process_the_daemon_does_not_manage_counts_as_taken():
+    from autotune.control.machine import foreign_load
+
+    cores = tuple(sorted(os.sched_getaffinity(0)))
+    spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    seen: dict = {}
+    try:
+
+        def counted() -> bool:
+            seen.update(foreign_load(set(), cores))  # CPU use since the previous reading
+            return spin.pid in seen["pids"]
+
+        wait_until(counted, spin, timeout_s=120, what="the spinning process counted")
+        assert seen["cores"] >= 1
+        assert spin.pid not in foreign_load({spin.pid}, cores)["pids"]  # managed: not foreign
+    finally:
+        spin.kill()
+        spin.wait()
