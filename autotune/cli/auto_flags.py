@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -54,6 +55,23 @@ def tuned_space(args: argparse.Namespace) -> dict[str, tuple] | None:
     return {n: space[n].choices for n in named & set(AUTO_FIELDS) if n in space}
 
 
+def within_budget(allowed: dict[str, tuple] | None, held: Any) -> dict[str, tuple] | None:
+    """``allowed`` narrowed to a daemon's budget (``allocator.Budget``; its cores are this
+    process's affinity already): MPS shares up to the budget's, or a CPU trainer where it has
+    no share a GMI can run at."""
+    if held is None or held.gpu is None or held.mps_pct is None:
+        return allowed
+    out = dict(allowed or {})
+    from autotune.tuning.knobs import MPS_CHOICES
+
+    shares = tuple(p for p in out.get("mps_pct", MPS_CHOICES) if p <= held.mps_pct)
+    if shares:
+        out["mps_pct"] = shares
+    else:
+        out["trainer_device"] = ("cpu",)
+    return out
+
+
 def size_run_config(console: Console, cfg: TrainConfig, auto: set[str], args: argparse.Namespace):
     """``cfg`` with its ``auto`` fields sized, and the ``sizing`` section; (cfg, None) after
     printing why when the workload cannot be probed or sized."""
@@ -61,8 +79,9 @@ def size_run_config(console: Console, cfg: TrainConfig, auto: set[str], args: ar
     from runtime.probes import ProbeError
 
     objective = args.objective if args.objective != "weighted" else "steps_per_joule"
+    allowed = within_budget(tuned_space(args), getattr(args, "held_budget", None))
     try:
-        sized, doc = size_config(cfg, auto, objective, tuned_space(args), args.reprobe)
+        sized, doc = size_config(cfg, auto, objective, allowed, args.reprobe)
     except (ProbeError, ValueError) as exc:
         console.print(
             f"[red]error:[/red] cannot size the run ({escape(str(exc))}); give explicit values"

@@ -279,7 +279,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         if args.config is not None:
             console.print(f"config: {args.config}")
         if args.tune:
-            held = _daemon_budget(console, args, cfg)
+            held = args.held_budget = _daemon_budget(console, args, cfg)
         auto = auto_fields(args)
         if auto:
             cfg.validate()  # a bad env or policy is reported before it is probed

@@ -14,16 +14,9 @@ from dataclasses import replace
 from typing import Any
 
 from autotune.control.allocator import Rate
-from autotune.tuning.knobs import default_space
+from autotune.tuning.knobs import MPS_CHOICES
 from autotune.tuning.perf_model import MachineModel, Params, prior_params
 from autotune.tuning.sizing import size_run
-
-
-def mps_choices() -> tuple[int, ...]:
-    """The MPS shares the tuner may pick (the knob's choices)."""
-    from autotune.tuning.knobs import Machine
-
-    return tuple(default_space(Machine(1, 1))["mps_pct"].choices)
 
 
 def model_rate(
@@ -36,7 +29,7 @@ def model_rate(
     """The job's rate function (see the module docstring); a budget no config fits gives 0."""
     params = params or prior_params(m)
     idle = m.gpu_idle_w + m.cpu_idle_w * params.k_cpu
-    shares = mps_choices()
+    shares = MPS_CHOICES
     memo: dict[tuple[int, tuple[int, ...]], tuple[float, float]] = {}
 
     def rate(cores: int, pct: int) -> tuple[float, float]:

@@ -32,6 +32,8 @@ APPLIES = {name: "live" for name in live.RUNNER + live.SERVICE_LIVE}
 APPLIES.update({name: "respawn" for name in live.ACTOR_RESPAWN})
 APPLIES.update({name: "handover" for name in live.GMI_HANDOVER})
 OPT_IN = ("trainer_precision", "actor_nice")
+MPS_CHOICES = (10, 25, 50, 100)
+"""The MPS shares the tuner tries (100: no limit)."""
 
 
 class KnobError(ValueError):
@@ -145,7 +147,7 @@ def default_space(machine: Machine) -> dict[str, Knob]:
         "batch_size": _powers(512, 65536),
         "chunk_bytes": _powers(16 * 1024, 4 * 1024 * 1024),
         "trainers": (1, 2, 4),
-        "mps_pct": (10, 25, 50, 100),
+        "mps_pct": MPS_CHOICES,
         "trainer_device": ("cpu", "cuda") if machine.gpus else ("cpu",),
         "inference": ("actor", "gmi"),
         "trainer_threads": (1, 2, 4),

@@ -50,3 +50,15 @@ def test_limits_and_clamping():
     assert cpu["trainer_device"] == "cpu" and "mps_pct" not in cpu
     assert fits(cpu, {"actors": 8, "mps_pct": 0})
     assert fits({"actors": 99}, None)
+
+
+def test_a_run_sized_under_a_budget_keeps_to_its_gpu_share():
+    from autotune.cli.auto_flags import within_budget
+    from autotune.control.allocator import Budget
+
+    assert within_budget(None, None) is None
+    assert within_budget(None, Budget((0, 1), 0, 35)) == {"mps_pct": (10, 25)}
+    narrowed = within_budget({"mps_pct": (25, 50)}, Budget((0,), 0, 30))
+    assert narrowed == {"mps_pct": (25,)}
+    assert within_budget({}, Budget((0,), 0, 5)) == {"trainer_device": ("cpu",)}
+    assert within_budget({"actors": (2,)}, Budget((0, 1))) == {"actors": (2,)}  # no GPU term
