@@ -50,7 +50,8 @@ from runtime import checkpoint, live, run_dirs, topology, wire
 from runtime.actor_pool import ActorPool, Incarnations
 from runtime.config import ConfigError, TrainConfig
 from runtime.drain import Drain, wall_due
-from runtime.energy import EnergyMeter, probe_cpu_energy
+from runtime.energy import EnergyMeter, probe_cpu_energy, probe_gpu_energy
+from runtime.energy.shares import SharedCPU, SharedGPU, shares_doc
 from runtime.envs import EnvInfo
 from runtime.generations import Generations, MPSChange
 from runtime.gmi.fleet import GMIFleet
@@ -288,8 +289,9 @@ class Runner:
 
     def run(self) -> dict[str, Any]:
         """Runs the job; returns the result document (see ``runtime.results``)."""
-        if self.meter is None:
-            self.meter = EnergyMeter(cpu=probe_cpu_energy(idle_w=self.cfg.cpu_idle_w))
+        if self.meter is None:  # a job that shares the machine is charged its share of it
+            cpu = SharedCPU(probe_cpu_energy(idle_w=self.cfg.cpu_idle_w))
+            self.meter = EnergyMeter(gpu=SharedGPU(probe_gpu_energy()), cpu=cpu)
         meter = self.meter
         ctx = zmq.Context()
         with run_dirs.run_dir() as run_dir:
@@ -337,7 +339,9 @@ class Runner:
                 forwarder.stop()
                 ctx.destroy(linger=0)
                 self.fleet.stop()
-        return build_result(self, wall_s, energy)
+        result = build_result(self, wall_s, energy)
+        result["energy"]["shares"] = shares_doc(self.meter)
+        return result
 
     def _serve(
         self,

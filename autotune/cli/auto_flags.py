@@ -81,7 +81,8 @@ def size_run_config(console: Console, cfg: TrainConfig, auto: set[str], args: ar
     objective = args.objective if args.objective != "weighted" else "steps_per_joule"
     allowed = within_budget(tuned_space(args), getattr(args, "held_budget", None))
     try:
-        sized, doc = size_config(cfg, auto, objective, allowed, args.reprobe)
+        shares = getattr(args, "energy_shares", None)
+        sized, doc = size_config(cfg, auto, objective, allowed, args.reprobe, shares)
     except (ProbeError, ValueError) as exc:
         console.print(
             f"[red]error:[/red] cannot size the run ({escape(str(exc))}); give explicit values"

@@ -262,12 +262,18 @@ def _daemon_budget(console: Console, args: argparse.Namespace, cfg: Any) -> Any:
     from autotune.workflows.tune import take_offer  # optuna: only when tuning
 
     try:
-        held = take_offer(tune_options(args), cfg)
+        offer = take_offer(tune_options(args), cfg)
     except ValueError as exc:
         raise ConfigError([str(exc)]) from None
-    if held is not None:
-        share = "" if held.mps_pct is None else f", {held.mps_pct} % of GPU {held.gpu}"
-        console.print(f"budget from the daemon: cores {list(held.cores)}{share}")
+    if offer is None:
+        return None
+    held, args.energy_shares = offer
+    share = "" if held.mps_pct is None else f", {held.mps_pct} % of GPU {held.gpu}"
+    console.print(
+        f"budget from the daemon: cores {list(held.cores)}{share} (charged "
+        f"{args.energy_shares['cpu_share']:.0%} of the CPU's idle draw, "
+        f"{args.energy_shares['gpu_share']:.0%} of the GPU's)"
+    )
     return held
 
 

@@ -38,15 +38,15 @@ from autotune.control.machine import MachineView, detect
 from autotune.control.protocol import MsgType
 from autotune.control.remote_job import RemoteJob
 from autotune.control.sharing import MachineShares, claim_from, share_of
-from autotune.control.status import live_rates, study_summary
+from autotune.control.status import session_status
 from autotune.tuning.budget import limits_for
-from autotune.tuning.knobs import Knob, knobs_from_wire, knobs_to_wire
+from autotune.tuning.knobs import Knob, knobs_from_wire
 from autotune.tuning.model_sampler import machine_from_doc, sampler_for
 from autotune.tuning.online_tuner import OnlineTuner
 from autotune.tuning.perf_model import Params
 from autotune.tuning.runner_job import tuning_doc
 from autotune.tuning.settings import TunerSettings
-from autotune.tuning.storage import open_study, redact
+from autotune.tuning.storage import open_study
 
 logger = logging.getLogger(__name__)
 
@@ -323,32 +323,10 @@ class Daemon:
     def status(self) -> dict[str, Any]:
         """What ``autotune status`` shows: the daemon and, per job, the current config, live
         rates, the best so far and the trial history."""
-        jobs = []
-        for s in self.sessions.values():
-            cur = s.tuner.current
-            live = live_rates(list(s.recent), LIVE_SPAN_S)
-            jobs.append(
-                {
-                    "id": s.job_id,
-                    "job": s.job_id,
-                    "pid": s.hello.get("pid"),
-                    "env": s.hello.get("env"),
-                    "storage": redact(s.hello["storage"]),
-                    "study": s.hello["study"],
-                    "objective": s.tuner.settings.objective,
-                    "unmet": s.tuner.unmet,
-                    "phase": cur.phase if cur else ("hold" if s.tuner.holding else "idle"),
-                    "trial": cur.trial.number if cur and cur.trial is not None else None,
-                    "config": s.config,
-                    "live": live,
-                    "steps_per_s": live["steps_per_s"] if live else None,
-                    "steps_per_joule": live["steps_per_joule"] if live else None,
-                    "knobs": knobs_to_wire(s.space),
-                    "tuned": [k.name for k in s.tuner.knobs],
-                    **self.shares.job_status(s.job_id),
-                    **study_summary(s.tuner.study, s.tuner.best()),
-                }
-            )
+        jobs = [
+            {**session_status(s, LIVE_SPAN_S), **self.shares.job_status(s.job_id)}
+            for s in self.sessions.values()
+        ]
         return {
             "pid": os.getpid(),
             "endpoint": self.endpoint,
@@ -367,7 +345,8 @@ class Daemon:
         except ValueError as exc:  # a malformed claim, or AllocationError
             self._send(identity, MsgType.ERROR, message=str(exc))
             return
-        self._send(identity, MsgType.OFFER, budget=budget.to_dict())
+        energy = self.shares.energy_shares(budget)
+        self._send(identity, MsgType.OFFER, budget=budget.to_dict(), **energy)
 
     def _budget(self, job_id: str, budget: Budget) -> None:
         """A job's new budget: to the job (pin there) and to its tuner (stay inside)."""
@@ -375,9 +354,16 @@ class Daemon:
         if session is None:
             return
         share = self.shares.shares[job_id]
-        self._send(session.identity, MsgType.BUDGET, seq=share.seq, budget=budget.to_dict())
+        energy = self.shares.energy_shares(budget)
+        self._send(
+            session.identity,
+            MsgType.BUDGET,
+            seq=share.seq,
+            budget=budget.to_dict(),
+            **energy,
+        )
         pct = budget.mps_pct if budget.gpu is not None else None
-        session.tuner.set_limits(limits_for(len(budget.cores), pct))
+        session.tuner.set_limits({**limits_for(len(budget.cores), pct), **energy})
         logger.info("job %s: budget %s", job_id, budget.to_dict())
 
     def _params(self, job_id: str) -> Params | None:

@@ -6,7 +6,8 @@ tick, never blocking) applies APPLY messages through ``Runner.reconfigure`` and 
 ``REPORT_INTERVAL_S``. A refused config is reported with its error; the daemon fails that trial.
 
 A BUDGET message pins the job's process tree to the budget's cores
-(``autotune.control.pinning``); the daemon's tuner keeps the config inside it. Reports say
+(``autotune.control.pinning``) and charges the job its share of the machine's energy
+(``runtime.energy.shares``); the daemon's tuner keeps the config inside it. Reports say
 which budget the job has taken.
 
 If the daemon goes away the job trains on with the config (and the cores) it has; reports
@@ -37,6 +38,7 @@ from autotune.tuning.runner_job import (
     read_counters,
 )
 from runtime.config import ConfigError
+from runtime.energy.shares import set_shares
 
 logger = logging.getLogger(__name__)
 
@@ -138,6 +140,14 @@ class DaemonLink:
             logger.warning("budget %s not taken: %s", budget.to_dict(), exc)
             return
         self.budget, self.budget_seq = budget.to_dict(), seq
+        meter = getattr(self.runner, "meter", None)
+        try:
+            if meter is not None:  # charged its share of the machine's energy from now on
+                set_shares(
+                    meter, float(msg.get("gpu_share", 1.0)), float(msg.get("cpu_share", 1.0))
+                )
+        except (TypeError, ValueError) as exc:
+            logger.warning("energy shares of the budget not taken: %s", exc)
         share = "" if budget.mps_pct is None else f", {budget.mps_pct} % of GPU {budget.gpu}"
         logger.info(
             "budget from the daemon: cores %s%s (%d threads pinned)",
@@ -196,8 +206,9 @@ class DaemonLink:
             logger.warning("the daemon says: %s", msg.get("message"))
 
 
-def ask_offer(endpoint: str, claim: dict[str, Any]) -> Budget | None:
-    """The budget the daemon would give a job with ``claim`` now (``OFFER``), or None where no
+def ask_offer(endpoint: str, claim: dict[str, Any]) -> tuple[Budget, dict[str, float]] | None:
+    """The budget the daemon would give a job with ``claim`` now (``OFFER``) and the shares of
+    the machine's energy it would be charged (``gpu_share``, ``cpu_share``), or None where no
     daemon answers.
 
     Raises:
@@ -209,6 +220,7 @@ def ask_offer(endpoint: str, claim: dict[str, Any]) -> Budget | None:
     if answer["type"] == MsgType.ERROR:
         raise DaemonRefused(answer.get("message", "refused"))
     try:
-        return Budget.from_dict(answer["budget"])
+        shares = {k: float(answer.get(k, 1.0)) for k in ("gpu_share", "cpu_share")}
+        return Budget.from_dict(answer["budget"]), shares
     except (KeyError, TypeError, ValueError) as exc:
         raise DaemonRefused(f"the daemon's offer is malformed: {exc}") from None

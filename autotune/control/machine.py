@@ -138,8 +138,8 @@ def foreign_load(managed: set[int], cores: tuple[int, ...]) -> dict[str, Any]:
     """What processes outside ``managed`` (the daemon's and its jobs' process trees) take:
     ``{"cores": n, "gpus": [index, ...], "pids": [...]}``. ``cores`` counts their CPU use
     among ``cores`` in whole cores (a process using ``BUSY_CORE_SHARE`` of a core or more
-    counts); ``gpus`` are the GPUs where one holds a compute context (MPS's own server, which
-    carries the managed jobs' GMIs, does not count).
+    counts its use rounded, at least one); ``gpus`` are the GPUs where one holds a compute
+    context (MPS's own server, which carries the managed jobs' GMIs, does not count).
 
     CPU use is psutil's, over the interval since the previous call (the first call reads 0)."""
     import psutil
@@ -159,6 +159,6 @@ def foreign_load(managed: set[int], cores: tuple[int, ...]) -> dict[str, Any]:
             continue
         affinity = proc.info.get("cpu_affinity") or list(allowed)
         if share >= BUSY_CORE_SHARE and allowed & set(affinity):
-            busy += share
+            busy += max(1, round(share))  # a multithreaded process can keep several busy
             pids.append(pid)
     return {"cores": int(busy), "gpus": sorted(gpus_used_by(others)), "pids": pids}

@@ -5,7 +5,10 @@ model when it registered.
 Within ``n`` cores and ``s`` % of its GPU, the job's tuner heads for its best config by steps/J,
 so the rate is that config's, as ``auto`` sizing picks it (``autotune.tuning.sizing.size_run``
 on a machine of ``n`` cores, its MPS share at most ``s``; no share: a CPU trainer). Watts are
-above the machine's idle draw, which the allocator counts once for the whole machine.
+what the job is charged (``runtime.energy.shares``): its own busy cores and learner, and its
+shares of the machine's idle draw, so the jobs' watts add up to the machine's. The fitted
+throughput multipliers carry over from budget to budget; the power terms come from the probes,
+charged at the budget's shares.
 """
 
 from __future__ import annotations
@@ -15,20 +18,20 @@ from typing import Any
 
 from autotune.control.allocator import Rate
 from autotune.tuning.knobs import MPS_CHOICES
-from autotune.tuning.perf_model import MachineModel, Params, prior_params
+from autotune.tuning.perf_model import MachineModel, Params, charged_share, prior_params
 from autotune.tuning.sizing import size_run
 
 
 def model_rate(
     m: MachineModel,
     gpus: int,
+    total_cores: int,
     minibatches: int = 4,
     params: Params | None = None,
     fixed: dict[str, Any] | None = None,
 ) -> Rate:
-    """The job's rate function (see the module docstring); a budget no config fits gives 0."""
-    params = params or prior_params(m)
-    idle = m.gpu_idle_w + m.cpu_idle_w * params.k_cpu
+    """The job's rate function (see the module docstring) on a machine that hands out
+    ``total_cores``; a budget no config fits gives 0."""
     shares = MPS_CHOICES
     memo: dict[tuple[int, tuple[int, ...]], tuple[float, float]] = {}
 
@@ -41,17 +44,22 @@ def model_rate(
             held["trainer_device"] = "cpu"
         key = (max(1, cores), allowed)
         if key not in memo:
+            mm = charged_share(
+                replace(m, cores=key[0]), pct / 100.0 if gpus else 0.0, key[0] / total_cores
+            )
+            prior = prior_params(mm)
+            fitted = prior if params is None else replace(params, gpu_ctx=prior.gpu_ctx)
             try:
                 sized = size_run(
-                    replace(m, cores=key[0]),
+                    mm,
                     gpus if allowed else 0,
                     held,
                     minibatches,
-                    params=params,
+                    params=fitted,
                     allowed={"mps_pct": allowed} if allowed else None,
                 )
                 p = sized.predicted
-                memo[key] = (p["steps_per_s"], max(0.0, p["watts"] - idle))
+                memo[key] = (p["steps_per_s"], p["watts"])
             except ValueError:  # nothing fits: the budget gives this job nothing
                 memo[key] = (0.0, 0.0)
         return memo[key]

@@ -237,6 +237,14 @@ class MachineShares:
                 if share.expires is None:  # an offer's job takes its budget when it registers
                     self._send(job, share)
 
+    def energy_shares(self, budget: Budget) -> dict[str, float]:
+        """The shares of the machine's energy a job with ``budget`` is charged
+        (``runtime.energy.shares``): its cores of those handed out, its MPS share of its GPU
+        (of the machine's GPU energy, where it has one GPU of several: that GPU's part)."""
+        gpus = len(self.machine.gpus) or 1
+        gpu = 0.0 if budget.gpu is None else (budget.mps_pct or 0) / 100.0 / gpus
+        return {"cpu_share": len(budget.cores) / len(self.machine.cores), "gpu_share": gpu}
+
     def status(self) -> dict[str, Any]:
         alloc = self.allocation
         return {
@@ -275,12 +283,14 @@ class MachineShares:
         for job, s in self.shares.items():
             if s.model is not None:
                 gpus = 1 if s.claim.gpu is not None else 0
-                out[job] = model_rate(s.model, gpus, s.minibatches, self.params_of(job))
+                total = len(self.machine.cores)
+                out[job] = model_rate(s.model, gpus, total, s.minibatches, self.params_of(job))
         return out
 
     def _idle_w(self) -> float:
-        models = [s.model for s in self.shares.values() if s.model is not None]
-        return max((m.gpu_idle_w + m.cpu_idle_w for m in models), default=0.0)
+        """The machine's idle draw outside the jobs' watts: none, each job's watts carry its
+        shares of it (``rates``)."""
+        return 0.0
 
 
 def _trees(pids: set[int]) -> set[int]:

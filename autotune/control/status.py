@@ -112,3 +112,31 @@ def stored_status(storage: str, study_name: str) -> dict[str, Any]:
         "live": fresh_live(study),
         **study_summary(study),
     }
+
+
+def session_status(s: Any, span_s: float) -> dict[str, Any]:
+    """One registered job as ``autotune status`` shows it (a daemon's ``Session``): its study,
+    phase and trial, config, live rates over ``span_s``, knobs, best and trial history."""
+    from autotune.tuning.knobs import knobs_to_wire
+
+    cur = s.tuner.current
+    live = live_rates(list(s.recent), span_s)
+    return {
+        "id": s.job_id,
+        "job": s.job_id,
+        "pid": s.hello.get("pid"),
+        "env": s.hello.get("env"),
+        "storage": redact(s.hello["storage"]),
+        "study": s.hello["study"],
+        "objective": s.tuner.settings.objective,
+        "unmet": s.tuner.unmet,
+        "phase": cur.phase if cur else ("hold" if s.tuner.holding else "idle"),
+        "trial": cur.trial.number if cur and cur.trial is not None else None,
+        "config": s.config,
+        "live": live,
+        "steps_per_s": live["steps_per_s"] if live else None,
+        "steps_per_joule": live["steps_per_joule"] if live else None,
+        "knobs": knobs_to_wire(s.space),
+        "tuned": [k.name for k in s.tuner.knobs],
+        **study_summary(s.tuner.study, s.tuner.best()),
+    }

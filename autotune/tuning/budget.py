@@ -14,6 +14,7 @@ from dataclasses import replace
 from typing import Any
 
 from autotune.tuning.knobs import Knob
+from autotune.tuning.perf_model import charged_share
 from autotune.tuning.sizing import reserved_cores
 
 logger = logging.getLogger(__name__)
@@ -75,8 +76,15 @@ class BudgetLimits:
     def set_limits(self, limits: dict[str, int] | None) -> None:
         """Takes a new budget's limits. A config being measured or held outside them is
         replaced at once by the nearest one inside (its trial ends pruned: not the config's
-        fault); the model sampler plans inside them from now on."""
+        fault); the model sampler plans inside them from now on. A tuner that holds its best
+        explores again when the budget grows (more cores or a larger GPU share to use)."""
+        grew = _grew(self.limits, limits)
         self.limits = dict(limits) if limits else None
+        if grew and self.holding:  # room to use: explore again before holding
+            self.holding = False
+            self.explore_until = max(
+                self.explore_until, self.trials_done + self.settings.repeat_every
+            )
         sampler = getattr(self.study, "sampler", None)
         if hasattr(sampler, "set_limits"):
             sampler.set_limits(self.limits)
@@ -110,14 +118,27 @@ class BudgetLimits:
         return clamp(values, self.limits, self.knobs)
 
 
+def _grew(old: dict[str, Any] | None, new: dict[str, Any] | None) -> bool:
+    """Whether ``new`` limits allow more than ``old`` (None: no limit)."""
+    if new is None:
+        return old is not None
+    if old is None:
+        return False
+    return any(new.get(k, 0) > old.get(k, 0) for k in ("actors", "mps_pct"))
+
+
 def _pruned():
     from optuna.trial import TrialState
 
     return TrialState.PRUNED
 
 
-def machine_within(machine: Any, limits: dict[str, int] | None) -> Any:
-    """The model sampler's machine cut to the budget's cores."""
+def machine_within(machine: Any, limits: dict[str, Any] | None) -> Any:
+    """The model sampler's machine cut to the budget's cores, charged the budget's shares of
+    the machine's idle draw (``gpu_share``, ``cpu_share``: how the job is metered now)."""
     if not limits or "trainer_threads" not in limits:
         return machine
-    return replace(machine, cores=limits["trainer_threads"])
+    cut = replace(machine, cores=limits["trainer_threads"])
+    if "gpu_share" in limits or "cpu_share" in limits:
+        cut = charged_share(cut, limits.get("gpu_share", 1.0), limits.get("cpu_share", 1.0))
+    return cut

@@ -200,14 +200,15 @@ class ModelSampler(optuna.samplers.BaseSampler):
     def plan(self, study: optuna.Study) -> dict[str, Any]:
         """The next config's values (see the module docstring)."""
         windows, by_config = self._measured(study)
-        params, sigma = fit(self.machine, windows, self.defaults)
+        machine = machine_within(self.machine, self.limits)  # a daemon's budget, if any
+        params, sigma = fit(machine, windows, self.defaults)
         medians = {k: float(np.median(v)) for k, v in by_config.items()}
         best_key = max(medians, key=medians.get) if medians else None
         incumbent = json.loads(best_key) if best_key else dict(self.defaults)
         hold = {n: incumbent.get(n, self.defaults.get(n)) for n in self.choices}
         cands = self._candidates(hold)
         x = features(cands, self.defaults)
-        pred = evaluate(self.machine, params, x)
+        pred = evaluate(machine, params, x)
         value = pred.steps_per_joule if self.objective == "steps_per_joule" else pred.steps_per_s
         mu = np.log(np.maximum(value, 1e-12))
         seen = features([w.values for w in windows], self.defaults) if windows else None
@@ -217,7 +218,7 @@ class ModelSampler(optuna.samplers.BaseSampler):
         tried |= {self._key({**self.defaults, **json.loads(k)}) for k in failed_configs(study)}
         keys = [self._key(c) for c in cands]
         ok = np.array([k not in tried for k in keys])
-        ok &= fits_cores(machine_within(self.machine, self.limits), x)  # none oversubscribed
+        ok &= fits_cores(machine, x)  # no core oversubscribed
         if self.limits:  # the daemon's budget for this job
             ok &= np.array([fits(c, self.limits) for c in cands], dtype=bool)
         if self.lag_ceiling is not None:

@@ -118,6 +118,16 @@ class Params:
     weights going out to the actors); a prior, fitted from windows where training bounds."""
 
 
+def charged_share(m: MachineModel, gpu: float, cpu: float) -> MachineModel:
+    """The model of a job charged ``gpu`` of the GPU's draw at rest (idle and an open context)
+    and ``cpu`` of the CPU packages' idle draw, as a job that shares the machine is metered
+    (``runtime.energy.shares``); its own busy cores and its learner's draw stay whole."""
+    ctx = m.gpu_ctx_w if m.gpu_ctx_w > 0 else 0.08 * m.gpu_limit_w
+    return replace(
+        m, gpu_idle_w=m.gpu_idle_w * gpu, gpu_ctx_w=ctx * gpu, cpu_idle_w=m.cpu_idle_w * cpu
+    )
+
+
 def prior_params(m: MachineModel) -> Params:
     """Multipliers before any window: the GPU's context and busy draws as the probes measured
     them, else as shares of its power limit (an H100's 700 W gives 56 W and 140 W)."""

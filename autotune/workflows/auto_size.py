@@ -14,7 +14,7 @@ import os
 from typing import Any
 
 from autotune.tuning.knobs import to_config_value
-from autotune.tuning.perf_model import MachineModel
+from autotune.tuning.perf_model import MachineModel, charged_share
 from autotune.tuning.sizing import SIZED, Sizing, size_run
 from runtime import probe_cache
 from runtime.config import TrainConfig
@@ -94,10 +94,13 @@ def size_config(
     objective: str = "steps_per_joule",
     allowed: dict[str, tuple[Any, ...]] | None = None,
     reprobe: bool = False,
+    shares: dict[str, float] | None = None,
 ) -> tuple[TrainConfig, dict[str, Any]]:
     """``cfg`` with the fields in ``auto`` sized (within ``allowed``, where it names a field);
     and the result's ``sizing`` section. The probes come from the probe cache unless
-    ``reprobe`` (``runtime.probe_cache``).
+    ``reprobe`` (``runtime.probe_cache``). Under a daemon's budget, ``shares`` (``gpu_share``,
+    ``cpu_share``) are the machine's idle draw the job is charged; the model sizes with them,
+    and the section keeps the whole machine's model (the daemon charges each budget itself).
 
     Raises:
         runtime.probes.ProbeError: the workload could not be probed.
@@ -115,8 +118,11 @@ def size_config(
     fixed = {f: _knob(cfg, f) for f in AUTO_FIELDS if f not in auto}
     if fixed.get("trainer_device") == "auto":
         fixed.pop("trainer_device")
+    charged = (
+        model if not shares else charged_share(model, shares["gpu_share"], shares["cpu_share"])
+    )
     sizing: Sizing = size_run(
-        model,
+        charged,
         len(probes.sms),
         fixed,
         cfg.learner.minibatches,
@@ -135,6 +141,7 @@ def size_config(
         "probes": probes.to_dict(),
         "machine": hardware,
         "model": dataclasses.asdict(model),
+        "energy_shares": shares,
     }
     return sized, doc
 

@@ -217,10 +217,11 @@ def _machine(cfg: TrainConfig, sizing: dict[str, Any] | None) -> MachineModel:
         raise ValueError(f"the model sampler could not probe the workload: {exc}") from None
 
 
-def take_offer(options: TuneOptions, cfg: TrainConfig) -> Budget | None:
-    """Before a tuned job sizes itself: the budget a running daemon would give it, with this
-    process pinned to its cores (so ``auto`` sizing sizes inside it); None with no daemon, or
-    with ``in_process``.
+def take_offer(options: TuneOptions, cfg: TrainConfig) -> tuple[Budget, dict[str, float]] | None:
+    """Before a tuned job sizes itself: the budget a running daemon would give it and the
+    shares of the machine's energy it would be charged, with this process pinned to the
+    budget's cores (so ``auto`` sizing sizes inside it); None with no daemon, or with
+    ``in_process``.
 
     Raises:
         ValueError: a malformed claim, or the daemon cannot take the job (with what is free).
@@ -229,9 +230,9 @@ def take_offer(options: TuneOptions, cfg: TrainConfig) -> Budget | None:
         return None
     claim = options.claim(cfg)
     try:
-        budget = ask_offer(protocol.resolve_endpoint(options.control), claim)
+        offer = ask_offer(protocol.resolve_endpoint(options.control), claim)
     except DaemonRefused as exc:
         raise ValueError(f"the daemon cannot take this job: {exc}") from None
-    if budget is not None:
-        pin_tree(os.getpid(), budget.cores)
-    return budget
+    if offer is not None:
+        pin_tree(os.getpid(), offer[0].cores)
+    return offer

@@ -163,10 +163,10 @@ def test_model_rates_from_the_throughput_model():
         gpu_limit_w=700.0,
         cpu_idle_w=24.0,
     )
-    rates = {"ant": model_rate(m, 1), "humanoid": model_rate(replace(m, t_env=1.2e-3), 1)}
+    rates = {"ant": model_rate(m, 1, 16), "humanoid": model_rate(replace(m, t_env=1.2e-3), 1, 16)}
     mv = machine(16, gpus=1)
     claims = [Claim("ant", gpu=0), Claim("humanoid", gpu=0)]
-    alloc = allocate(mv, claims, rates, idle_w=94.0)
+    alloc = allocate(mv, claims, rates)  # each job is charged its shares of the idle draw
     check(alloc, mv, claims)
     assert alloc.steps_per_joule >= alloc.equal_split_steps_per_joule
     more, fewer = rates["ant"](8, 50), rates["ant"](4, 50)

@@ -62,3 +62,18 @@ def test_a_run_sized_under_a_budget_keeps_to_its_gpu_share():
     assert narrowed == {"mps_pct": (25,)}
     assert within_budget({}, Budget((0,), 0, 5)) == {"trainer_device": ("cpu",)}
     assert within_budget({"actors": (2,)}, Budget((0, 1))) == {"actors": (2,)}  # no GPU term
+
+
+def test_a_tuner_holding_its_best_explores_again_when_its_budget_grows(tmp_path):
+    world = World(0)
+    tuner = _tuner(tmp_path, world, trials=12, recheck_s=1000.0)
+    tuner.set_limits({"actors": 3})
+    _run(tuner, world, 12)
+    for _ in range(40):  # past the trials: it holds the best inside the budget
+        world.t += 0.5
+        tuner.tick()
+    assert tuner.holding and tuner.best()["values"]["actors"] <= 3
+    tuner.set_limits({"actors": 8})
+    assert not tuner.holding
+    _run(tuner, world, tuner.trials_done + 3)
+    assert tuner.trials_done >= 15

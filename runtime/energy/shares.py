@@ -1,0 +1,132 @@
+"""A job's share of the machine's energy while it shares the machine with other jobs.
+
+A job alone is charged the whole machine: the GPU's energy counter (idle draw included) and
+the CPU packages' idle draw plus every busy core. Jobs that share a machine under the daemon
+(``autotune.control.sharing``) would each be charged everyone's energy that way, so each is
+charged its share instead, as its budget sets it:
+
+* GPU: the GPU's energy times the job's share of its SMs (its MPS share);
+* CPU under the model: the job's own busy cores (its process tree) plus the packages' idle
+  draw times its share of the cores handed out; under RAPL (the packages measured whole), the
+  packages' energy times that share.
+
+The shares sum to one over the jobs, so the jobs' figures add up to the machine's. Shares change
+with the budget; the charge is integrated over time (between two readings at the share of the
+later one), so a change applies from the reading after it. A meter whose shares are both 1
+reads exactly as its sources.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any
+
+from runtime.energy.cpu import CPUEnergySource, CPUModelEnergy, tree_pids
+from runtime.energy.gpu import GPUEnergySource
+
+
+class SharedGPU(GPUEnergySource):
+    """``inner``'s joules per GPU, times ``share`` (see the module docstring)."""
+
+    def __init__(self, inner: GPUEnergySource) -> None:
+        super().__init__(inner.gpu_indices)
+        self.inner, self.source, self.share = inner, inner.source, 1.0
+        self._last: dict[int, float] | None = None
+        self._acc: dict[int, float] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def sources(self) -> dict[int, str]:
+        return self.inner.sources
+
+    def read_energy_j(self) -> dict[int, float]:
+        with self._lock:
+            now = self.inner.read_energy_j()
+            last = self._last if self._last is not None else now
+            for i, j in now.items():
+                self._acc[i] = self._acc.get(i, 0.0) + (j - last.get(i, j)) * self.share
+            self._last = now
+            return dict(self._acc)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class SharedCPU(CPUEnergySource):
+    """``inner``'s joules while ``share`` is 1; below it, this job's busy cores and ``share``
+    of the idle draw (the model), or ``share`` of the packages (RAPL)."""
+
+    def __init__(self, inner: CPUEnergySource, root: int | None = None) -> None:
+        self.inner, self.source, self.share = inner, inner.source, 1.0
+        watts = getattr(inner, "watts_per_busy_core", None)
+        root = os.getpid() if root is None else root
+        self.own = (
+            CPUModelEnergy(watts, pids=lambda: tree_pids(root)) if watts is not None else None
+        )
+        self._last: tuple[float, float | None, float] | None = None
+        self._acc = [0.0, 0.0]
+        self.changes: list[dict[str, float]] = []
+        self._lock = threading.Lock()
+
+    def _read(self) -> tuple[float, float | None, float]:
+        total, idle = self.inner.read_energy_parts_j()
+        return total, idle, self.own.read_energy_j() if self.own is not None else 0.0
+
+    def read_energy_parts_j(self) -> tuple[float, float | None]:
+        with self._lock:
+            now = self._read()
+            last = self._last or now
+            d_total, d_own = now[0] - last[0], now[2] - last[2]
+            d_idle = (now[1] - last[1]) if now[1] is not None and last[1] is not None else None
+            if self.share >= 1.0:
+                self._acc[0] += d_total
+                self._acc[1] += d_idle or 0.0
+            elif d_idle is not None:  # the model: own busy cores, a share of the idle draw
+                self._acc[0] += d_own + d_idle * self.share
+                self._acc[1] += d_idle * self.share
+            else:  # measured packages: a share of them
+                self._acc[0] += d_total * self.share
+            self._last = now
+            return self._acc[0], (self._acc[1] if now[1] is not None else None)
+
+    def read_energy_j(self) -> float:
+        return self.read_energy_parts_j()[0]
+
+    def describe(self) -> dict[str, Any] | None:
+        return self.inner.describe()
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def set_shares(meter: Any, gpu: float, cpu: float) -> bool:
+    """Charges ``meter`` (an ``EnergyMeter`` over ``SharedGPU`` and ``SharedCPU``) ``gpu`` of
+    the GPU and ``cpu`` of the cores from its next reading; False for a meter without shares.
+
+    Raises:
+        ValueError: a share outside 0..1.
+    """
+    for name, v in (("gpu", gpu), ("cpu", cpu)):
+        if not 0.0 <= v <= 1.0:
+            raise ValueError(f"an energy share is within 0..1; {name} share {v!r}")
+    shared = isinstance(meter.gpu, SharedGPU) and isinstance(meter.cpu, SharedCPU)
+    if shared and (gpu, cpu) != (meter.gpu.share, meter.cpu.share):
+        meter.gpu.read_energy_j()  # what was used so far goes at the old shares
+        meter.cpu.read_energy_parts_j()
+        meter.gpu.share, meter.cpu.share = gpu, cpu
+        meter.cpu.changes.append({"t": time.time(), "gpu": gpu, "cpu": cpu})
+    return shared
+
+
+def shares_doc(meter: Any) -> dict[str, Any] | None:
+    """The shares ``meter`` was charged at, for the result: every change, with its Unix time
+    (None for a meter that was never charged less than the whole machine)."""
+    if not isinstance(meter.cpu, SharedCPU) or not meter.cpu.changes:
+        return None
+    return {
+        "note": "this job's share of the machine's energy while it shared it (see "
+        "runtime/energy/shares.py); the whole machine's figures are not these",
+        "changes": list(meter.cpu.changes),
+    }
