@@ -150,7 +150,8 @@ def add_share_args(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         metavar="PCT",
-        help="with --cores: a fixed share of the GPU's SMs for this job's GMIs (1..100)",
+        help="with --cores: a fixed share of the GPU's SMs for this job's GMIs (1..100); "
+        "without it a fixed budget holds no GPU share",
     )
 
 

@@ -308,7 +308,7 @@ def _gpu_room(machine: MachineView, fixed: dict[str, Budget]) -> dict[int, int]:
     room = {g.index: 100 for g in machine.gpus}
     for b in fixed.values():
         if b.gpu is not None and b.gpu in room:
-            room[b.gpu] -= b.mps_pct if b.mps_pct is not None else 100
+            room[b.gpu] -= b.mps_pct or 0  # a fixed budget holds only the share it names
     return {g: max(0, v) // SHARE_STEP * SHARE_STEP for g, v in room.items()}
 
 

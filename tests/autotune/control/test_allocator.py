@@ -201,3 +201,11 @@ def test_every_partition_of_a_small_machine_is_no_better_than_the_search():
             continue
         best = max(best, sum(o[0] for o in out) / (30.0 + sum(o[1] for o in out)))
     assert alloc.steps_per_joule == pytest.approx(best, rel=1e-9)
+
+
+def test_a_fixed_budget_without_a_gpu_share_leaves_the_gpu_to_the_others():
+    m = machine(8, gpus=1)
+    claims = [Claim("f", fixed=Budget((0, 1), 0, None), gpu=0), Claim("a", gpu=0)]
+    alloc = allocate(m, claims, {})
+    assert alloc.budgets["f"].mps_pct is None and alloc.budgets["a"].mps_pct == 100
+    check(alloc, m, claims)
