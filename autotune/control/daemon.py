@@ -348,8 +348,9 @@ class Daemon:
         energy = self.shares.energy_shares(budget)
         self._send(identity, MsgType.OFFER, budget=budget.to_dict(), **energy)
 
-    def _budget(self, job_id: str, budget: Budget) -> None:
-        """A job's new budget: to the job (pin there) and to its tuner (stay inside)."""
+    def _budget(self, job_id: str, budget: Budget, changed: bool) -> None:
+        """A job's budget: to the job (pin there) and, where it changed, to its tuner (stay
+        inside; a budget that changed after the first, the model's best inside it)."""
         session = self.sessions.get(job_id)
         if session is None:
             return
@@ -362,8 +363,13 @@ class Daemon:
             budget=budget.to_dict(),
             **energy,
         )
+        if not changed:
+            return
         pct = budget.mps_pct if budget.gpu is not None else None
         session.tuner.set_limits({**limits_for(len(budget.cores), pct), **energy})
+        sized = self.shares.sized(job_id, budget) if share.seq > 1 else None
+        if sized is not None:  # a changed budget: the model's best inside it, at once
+            session.tuner.adopt(sized)
         logger.info("job %s: budget %s", job_id, budget.to_dict())
 
     def _params(self, job_id: str) -> Params | None:

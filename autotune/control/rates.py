@@ -19,7 +19,41 @@ from typing import Any
 from autotune.control.allocator import Rate
 from autotune.tuning.knobs import MPS_CHOICES
 from autotune.tuning.perf_model import MachineModel, Params, charged_share, prior_params
-from autotune.tuning.sizing import size_run
+from autotune.tuning.sizing import Sizing, size_run
+
+
+def sized_for(
+    m: MachineModel,
+    gpus: int,
+    total_cores: int,
+    cores: int,
+    pct: int,
+    minibatches: int = 4,
+    params: Params | None = None,
+) -> Sizing | None:
+    """The config ``auto`` sizing picks for a job within ``cores`` cores and ``pct`` % of its
+    GPU, charged that budget's shares of the machine (None: no config fits)."""
+    held: dict[str, Any] = {}
+    allowed: tuple[int, ...] = ()
+    if gpus and pct > 0:
+        allowed = tuple(p for p in MPS_CHOICES if p <= pct) or (pct,)
+    else:
+        held["trainer_device"] = "cpu"
+    cores = max(1, cores)
+    mm = charged_share(replace(m, cores=cores), pct / 100.0 if gpus else 0.0, cores / total_cores)
+    prior = prior_params(mm)
+    fitted = prior if params is None else replace(params, gpu_ctx=prior.gpu_ctx)
+    try:
+        return size_run(
+            mm,
+            gpus if allowed else 0,
+            held,
+            minibatches,
+            params=fitted,
+            allowed={"mps_pct": allowed} if allowed else None,
+        )
+    except ValueError:  # nothing fits
+        return None
 
 
 def model_rate(
@@ -28,40 +62,17 @@ def model_rate(
     total_cores: int,
     minibatches: int = 4,
     params: Params | None = None,
-    fixed: dict[str, Any] | None = None,
 ) -> Rate:
     """The job's rate function (see the module docstring) on a machine that hands out
     ``total_cores``; a budget no config fits gives 0."""
-    shares = MPS_CHOICES
-    memo: dict[tuple[int, tuple[int, ...]], tuple[float, float]] = {}
+    memo: dict[tuple[int, int], tuple[float, float]] = {}
 
     def rate(cores: int, pct: int) -> tuple[float, float]:
-        held = dict(fixed or {})
-        allowed: tuple[int, ...] = ()
-        if gpus and pct > 0:
-            allowed = tuple(p for p in shares if p <= pct) or (pct,)
-        else:
-            held["trainer_device"] = "cpu"
-        key = (max(1, cores), allowed)
+        key = (max(1, cores), pct)
         if key not in memo:
-            mm = charged_share(
-                replace(m, cores=key[0]), pct / 100.0 if gpus else 0.0, key[0] / total_cores
-            )
-            prior = prior_params(mm)
-            fitted = prior if params is None else replace(params, gpu_ctx=prior.gpu_ctx)
-            try:
-                sized = size_run(
-                    mm,
-                    gpus if allowed else 0,
-                    held,
-                    minibatches,
-                    params=fitted,
-                    allowed={"mps_pct": allowed} if allowed else None,
-                )
-                p = sized.predicted
-                memo[key] = (p["steps_per_s"], p["watts"])
-            except ValueError:  # nothing fits: the budget gives this job nothing
-                memo[key] = (0.0, 0.0)
+            sized = sized_for(m, gpus, total_cores, key[0], pct, minibatches, params)
+            p = sized.predicted if sized else {"steps_per_s": 0.0, "watts": 0.0}
+            memo[key] = (p["steps_per_s"], p["watts"])
         return memo[key]
 
     return rate

@@ -35,7 +35,7 @@ from autotune.control.allocator import (
     total_of,
 )
 from autotune.control.machine import MachineView, foreign_load
-from autotune.control.rates import model_rate
+from autotune.control.rates import model_rate, sized_for
 from autotune.tuning.perf_model import MachineModel, Params
 
 logger = logging.getLogger(__name__)
@@ -125,15 +125,16 @@ def share_of(claim: Claim, hello: dict[str, Any]) -> Share:
 class MachineShares:
     """Args:
     machine: What the daemon hands out.
-    on_budget: Called with a job id and its new budget (the daemon sends it and limits the
-        job's tuner).
+    on_budget: Called with a job id, its budget and whether it changed (False: a resend the job
+        has not acknowledged yet); the daemon sends it and, where it changed, limits the job's
+        tuner.
     params_of: A job's fitted model multipliers, where its tuner has fitted them.
     """
 
     def __init__(
         self,
         machine: MachineView,
-        on_budget: Callable[[str, Budget], None],
+        on_budget: Callable[[str, Budget, bool], None],
         params_of: Callable[[str], Params | None] = lambda job: None,
         clock: Callable[[], float] = time.monotonic,
         read_foreign: bool = True,
@@ -202,7 +203,7 @@ class MachineShares:
             if share.expires is not None:
                 continue
             if share.budget and share.taken < share.seq and now - share.sent_at >= BUDGET_RESEND_S:
-                self._send(job, share)
+                self._send(job, share, changed=False)
         if now - self.rebalanced >= REBALANCE_S:
             if self.read_foreign:
                 managed = {s.pid for s in self.shares.values() if s.pid}
@@ -235,7 +236,7 @@ class MachineShares:
             if share.budget != budget or share.seq == 0:  # a held budget: limits to the tuner
                 share.budget, share.seq = budget, share.seq + 1
                 if share.expires is None:  # an offer's job takes its budget when it registers
-                    self._send(job, share)
+                    self._send(job, share, changed=True)
 
     def energy_shares(self, budget: Budget) -> dict[str, float]:
         """The shares of the machine's energy a job with ``budget`` is charged
@@ -244,6 +245,23 @@ class MachineShares:
         gpus = len(self.machine.gpus) or 1
         gpu = 0.0 if budget.gpu is None else (budget.mps_pct or 0) / 100.0 / gpus
         return {"cpu_share": len(budget.cores) / len(self.machine.cores), "gpu_share": gpu}
+
+    def sized(self, job: str, budget: Budget) -> dict[str, Any] | None:
+        """The config the job's model picks inside ``budget`` (None without a model)."""
+        share = self.shares.get(job)
+        if share is None or share.model is None:
+            return None
+        gpus = 1 if budget.gpu is not None else 0
+        sized = sized_for(
+            share.model,
+            gpus,
+            len(self.machine.cores),
+            len(budget.cores),
+            budget.mps_pct or 0,
+            share.minibatches,
+            self.params_of(job),
+        )
+        return dict(sized.values) if sized else None
 
     def status(self) -> dict[str, Any]:
         alloc = self.allocation
@@ -271,9 +289,9 @@ class MachineShares:
             "predicted": predicted,
         }
 
-    def _send(self, job: str, share: Share) -> None:
+    def _send(self, job: str, share: Share, changed: bool) -> None:
         share.sent_at = self.clock()
-        self.on_budget(job, share.budget)
+        self.on_budget(job, share.budget, changed)
 
     def _current(self) -> dict[str, Budget]:
         return {j: s.budget for j, s in self.shares.items() if s.budget is not None}

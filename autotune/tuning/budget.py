@@ -100,6 +100,28 @@ class BudgetLimits:
         logger.info("budget limits %s: %s -> %s", self.limits, running, inside)
         self._start(None, inside, self.clock())
 
+    def adopt(self, values: dict[str, Any]) -> None:
+        """Takes a config sized for a new budget (the model's best inside it): applied at once
+        and measured as the first config of that budget. What was measured before compares no
+        longer (the job is now charged another share of the machine), so the tuner's memory of
+        it is set aside, failures kept, and it explores again where the job has time to."""
+        names = {k.name: k.choices for k in self.knobs}
+        base = dict(self.applied or self.base)
+        base.update({k: v for k, v in values.items() if k in names and v in names[k]})
+        if base.get("trainer_device") == "cpu":
+            base.pop("mps_pct", None)
+        inside = clamp(base, self.limits, self.knobs)
+        cur, self.current = self.current, None
+        if cur is not None and cur.trial is not None:
+            cur.trial.set_user_attr("pruned", "the job's budget changed under it")
+            self.study.tell(cur.trial, state=_pruned())
+            self.trials_done += 1
+        self.history = type(self.history)(failed=self.history.failed)
+        self.holding = False
+        self.explore_until = max(self.explore_until, self.trials_done + self.settings.repeat_every)
+        logger.info("a new budget: %s, sized for it", inside)
+        self._start(None, inside, self.clock())
+
     def _out_of_budget(self, trial: Any, values: dict[str, Any]) -> bool:
         """Prunes ``trial`` and enqueues the nearest config inside the budget, if ``values``
         are outside it (True), else False."""

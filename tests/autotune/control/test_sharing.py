@@ -148,7 +148,7 @@ def test_offers_hold_cores_for_jobs_still_sizing_themselves():
     sent: list[tuple[str, Budget]] = []
     shares = MachineShares(
         MachineView.from_dict({"cores": 4}),
-        lambda job, b: sent.append((job, b)),
+        lambda job, b, changed: sent.append((job, b)),
         clock=lambda: t[0],
         read_foreign=False,
     )
@@ -172,7 +172,7 @@ def test_offers_hold_cores_for_jobs_still_sizing_themselves():
 def test_a_restarted_daemon_keeps_the_budgets_its_jobs_hold():
     """Jobs register again with the budget they are pinned to; the new share-out keeps each
     where the counts allow, so no job is moved by the restart."""
-    shares = MachineShares(MachineView.from_dict({"cores": 8}), lambda j, b: None)
+    shares = MachineShares(MachineView.from_dict({"cores": 8}), lambda j, b, changed: None)
     held = {"x": Budget((4, 5, 6, 7)), "y": Budget((0, 1, 2, 3))}
     for job, budget in held.items():
         shares.join(share_of(claim_from(job, {}), {"pid": None, "held": budget.to_dict()}))

@@ -77,3 +77,22 @@ def test_a_tuner_holding_its_best_explores_again_when_its_budget_grows(tmp_path)
     assert not tuner.holding
     _run(tuner, world, tuner.trials_done + 3)
     assert tuner.trials_done >= 15
+
+
+def test_a_config_sized_for_a_new_budget_is_applied_at_once_and_compared_afresh(tmp_path):
+    world = World(2)
+    tuner = _tuner(tmp_path, world, trials=8, recheck_s=1000.0)
+    tuner.set_limits({"actors": 3})
+    _run(tuner, world, 8)
+    old_best = tuner.best()["values"]
+    assert old_best["actors"] <= 3
+    tuner.set_limits({"actors": 10})
+    tuner.adopt({"actors": 9, "batch_size": 4096, "envs_per_actor": 99})  # 99: not a choice
+    assert world.applied[-1] == {"actors": 9, "batch_size": 4096}
+    assert tuner.best() is None  # the old budget's measurements compare no longer
+    world.ends_at = world.t + 6.0  # too little left for another trial: it holds what it has
+    for _ in range(40):
+        world.t += 0.5
+        tuner.tick()
+    assert tuner.best()["values"] == {"actors": 9, "batch_size": 4096}
+    assert world.applied[-1] == {"actors": 9, "batch_size": 4096}
