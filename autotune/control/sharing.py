@@ -3,7 +3,8 @@ as jobs come and go.
 
 * A job's claim comes with its registration (``HELLO``'s ``claim``); ``admit`` refuses one the
   machine cannot meet, saying what is available. ``offer`` answers a job that asks before it
-  sizes itself (``OFFER``) with the budget it would get now.
+  sizes itself (``OFFER``) with the budget it would get now; the registered jobs keep theirs
+  until it registers.
 * The share-out is recomputed when a job joins or leaves (a job silent for
   ``protocol.JOB_SILENT_S`` is dropped, and its budget goes back), and every ``REBALANCE_S``
   with the jobs' fitted models and the foreign load read again; a periodic change is made only
@@ -41,7 +42,7 @@ from autotune.tuning.perf_model import MachineModel, Params
 logger = logging.getLogger(__name__)
 
 OFFER_HOLD_S = 300.0
-"""How long a budget offered to a job that sizes itself is held for it (its probes)."""
+"""How long later offers avoid the cores offered to a job that sizes itself (its probes)."""
 REBALANCE_S = 30.0
 REBALANCE_GAIN = 0.03
 BUDGET_RESEND_S = 2.0
@@ -159,20 +160,36 @@ class MachineShares:
         return check_admission(self.machine, held, claim, self.foreign["cores"])
 
     def offer(self, claim: Claim, pid: int | None = None) -> Budget:
-        """The budget ``claim`` gets if it joins now. It is held for the job (as the claim
-        ``offer-<pid>``) for ``OFFER_HOLD_S`` or until the job registers, so jobs that size
-        themselves at the same time get disjoint cores.
+        """The budget ``claim`` would get if it joined now, for the job to size itself inside.
+        Registered jobs keep their budgets until it registers (it probes meanwhile, on cores
+        they may still use); other jobs that size themselves at the same time are offered
+        disjoint cores: an offer counts, as the claim ``offer-<pid>``, in later offers for
+        ``OFFER_HOLD_S`` or until its job registers.
 
         Raises:
             AllocationError: it cannot join (the reason names what is available).
         """
         key = f"offer-{pid}"
-        why = self.admit(replace(claim, job=key), pid)
+        claim = replace(claim, job=key)
+        why = self.admit(claim, pid)
         if why is not None:
             raise AllocationError(why)
-        self.shares[key] = Share(replace(claim, job=key), pid, expires=self.clock() + OFFER_HOLD_S)
-        self.rebalance(force=True)
-        return self.shares[key].budget
+        others = [  # jobs probing inside an offer keep its cores: new offers avoid them
+            replace(s.claim, fixed=s.budget) if s.expires is not None and s.budget else s.claim
+            for j, s in self.shares.items()
+            if j != key
+        ]
+        alloc = allocate(
+            self.machine,
+            [*others, claim],
+            self._rates(),
+            self._idle_w(),
+            self.foreign["cores"],
+            self._current(registered_only=False),
+        )
+        budget = alloc.budgets[key]
+        self.shares[key] = Share(claim, pid, budget=budget, expires=self.clock() + OFFER_HOLD_S)
+        return budget
 
     def join(self, share: Share) -> None:
         """Adds a job (admitted) and shares the machine out again; the budget offered to its
@@ -198,7 +215,7 @@ class MachineShares:
         now = self.clock()
         lapsed = [j for j, s in self.shares.items() if s.expires is not None and now > s.expires]
         for job in lapsed:  # offered, and the job never registered
-            self.leave(job)
+            del self.shares[job]
         for job, share in self.shares.items():
             if share.expires is not None:
                 continue
@@ -211,32 +228,37 @@ class MachineShares:
             self.rebalance(force=False)
 
     def rebalance(self, force: bool) -> None:
-        """Shares the machine out again; applied if ``force`` or it pays ``REBALANCE_GAIN``."""
+        """Shares the machine out again among the registered jobs; applied if ``force`` or it
+        pays ``REBALANCE_GAIN``."""
         self.rebalanced = self.clock()
-        if not self.shares:
+        jobs = {j: s for j, s in self.shares.items() if s.expires is None}
+        if not jobs:
             self.allocation = None
             return
         rates, idle = self._rates(), self._idle_w()
-        claims = [s.claim for s in self.shares.values()]
+        current = self._current(registered_only=True)
         try:
             alloc = allocate(
-                self.machine, claims, rates, idle, self.foreign["cores"], self._current()
+                self.machine,
+                [s.claim for s in jobs.values()],
+                rates,
+                idle,
+                self.foreign["cores"],
+                current,
             )
         except AllocationError as exc:  # foreign load grew past what the jobs need
             logger.warning("cannot share the machine out again: %s", exc)
             return
-        current = self._current()
-        if not force and len(current) == len(self.shares):
+        if not force and len(current) == len(jobs):
             before, after = total_of(current, rates, idle), total_of(alloc.budgets, rates, idle)
             if after < before * (1 + REBALANCE_GAIN):
                 return
         self.allocation = alloc
         for job, budget in alloc.budgets.items():
-            share = self.shares[job]
+            share = jobs[job]
             if share.budget != budget or share.seq == 0:  # a held budget: limits to the tuner
                 share.budget, share.seq = budget, share.seq + 1
-                if share.expires is None:  # an offer's job takes its budget when it registers
-                    self._send(job, share, changed=True)
+                self._send(job, share, changed=True)
 
     def energy_shares(self, budget: Budget) -> dict[str, float]:
         """The shares of the machine's energy a job with ``budget`` is charged
@@ -293,8 +315,12 @@ class MachineShares:
         share.sent_at = self.clock()
         self.on_budget(job, share.budget, changed)
 
-    def _current(self) -> dict[str, Budget]:
-        return {j: s.budget for j, s in self.shares.items() if s.budget is not None}
+    def _current(self, registered_only: bool) -> dict[str, Budget]:
+        return {
+            j: s.budget
+            for j, s in self.shares.items()
+            if s.budget is not None and (s.expires is None or not registered_only)
+        }
 
     def _rates(self) -> dict[str, Any]:
         out = {}

@@ -141,28 +141,32 @@ def test_claims_the_machine_cannot_meet_are_refused_with_what_is_free(tmp_path):
     assert share.returncode == 2 and "give --cores with it" in share.stderr
 
 
-def test_offers_hold_cores_for_jobs_still_sizing_themselves():
-    """Two jobs that ask before they size themselves get disjoint cores; the offer becomes the
-    job's budget when it registers, and lapses if it never does."""
+def test_offers_are_disjoint_and_registered_jobs_keep_their_cores_until_the_new_one_joins():
+    """Jobs that ask before they size themselves get disjoint cores; a registered job keeps
+    its budget while a newcomer probes, and is cut when the newcomer registers; an offer whose
+    job never registers lapses."""
     t = [0.0]
     sent: list[tuple[str, Budget]] = []
     shares = MachineShares(
-        MachineView.from_dict({"cores": 4}),
+        MachineView.from_dict({"cores": 6}),
         lambda job, b, changed: sent.append((job, b)),
         clock=lambda: t[0],
         read_foreign=False,
     )
-    assert shares.offer(Claim("offer"), pid=11).cores == (0, 1, 2, 3)  # alone: the machine
-    b = shares.offer(Claim("offer"), pid=12)
-    a = shares.shares["offer-11"].budget  # the first offer's share shrank for the second
-    assert len(a.cores) == len(b.cores) == 2 and not set(a.cores) & set(b.cores)
+    assert shares.offer(Claim("offer"), pid=11).cores == tuple(range(6))  # alone: the machine
     shares.join(share_of(claim_from("job-a", {}), {"pid": 11}))
-    assert "offer-11" not in shares.shares and shares.shares["job-a"].budget.cores == a.cores
-    assert sent == [("job-a", shares.shares["job-a"].budget)]  # to pin to, and to its tuner
-    t[0] += 1000.0  # job b never registers: its offer lapses and job a grows
+    assert sent == [("job-a", Budget(tuple(range(6))))]  # to pin to, and to its tuner
+    b = shares.offer(Claim("offer"), pid=12)
+    c = shares.offer(Claim("offer"), pid=13)
+    assert len(b.cores) == 3 and c.cores and not set(b.cores) & set(c.cores)
+    assert shares.shares["job-a"].budget.cores == tuple(range(6))  # kept while they probe
+    shares.join(share_of(claim_from("job-b", {}), {"pid": 12}))
+    a_now, b_now = shares.shares["job-a"].budget, shares.shares["job-b"].budget
+    assert b_now.cores == b.cores and not set(a_now.cores) & set(b_now.cores)
+    assert len(a_now.cores) + len(b_now.cores) == 6  # the lapsing offer holds nothing here
+    t[0] += 1000.0  # job c never registers: its offer lapses
     shares.tick()
-    assert list(shares.shares) == ["job-a"]
-    assert shares.shares["job-a"].budget.cores == (0, 1, 2, 3)
+    assert sorted(shares.shares) == ["job-a", "job-b"]
     with pytest.raises(ValueError, match="malformed claim"):
         claim_from("x", {"weight": "heavy"})
     with pytest.raises(ValueError, match="a claim is a map of"):
