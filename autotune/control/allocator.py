@@ -100,8 +100,11 @@ class Claim:
                     f"daemon hands out {format_cores(machine.cores)}"
                 )
             pct = self.fixed.mps_pct
-            if pct is not None and not 1 <= pct <= 100:
-                out.append(f"a fixed MPS share must be within 1..100 %, got {pct}")
+            if pct is not None and not 0 <= pct <= 100:
+                out.append(f"a fixed MPS share must be within 0..100 %, got {pct}")
+            gpus = [g.index for g in machine.gpus]
+            if self.fixed.gpu is not None and self.fixed.gpu not in gpus:
+                out.append(f"GPU {self.fixed.gpu} is not on this machine; it has {gpus or 'none'}")
         return out
 
 
@@ -189,6 +192,18 @@ def check_admission(
             f"{len(machine.cores) - len(free)} fixed to other jobs, {taken_cores} busy with "
             f"processes the daemon does not manage, and {len(flexible)} jobs need one each"
         )
+    for gpu in {c.gpu for c in flexible if c.gpu is not None}:
+        fixed_pct = sum(
+            o.fixed.mps_pct or 0
+            for o in [*others, new]
+            if o.fixed is not None and o.fixed.gpu == gpu
+        )
+        sharing = sum(1 for c in flexible if c.gpu == gpu)
+        if 100 - fixed_pct < SHARE_STEP * sharing:
+            return (
+                f"GPU {gpu} has {100 - fixed_pct} % of its SMs not fixed to jobs, and "
+                f"{sharing} jobs would share it at {SHARE_STEP} % at least each"
+            )
     if new.fixed is not None and new.fixed.mps_pct is not None and new.fixed.gpu is not None:
         used = sum(
             o.fixed.mps_pct or 0

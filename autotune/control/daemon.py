@@ -37,7 +37,7 @@ from autotune.control.keys import serve_curve
 from autotune.control.machine import MachineView, detect
 from autotune.control.protocol import MsgType
 from autotune.control.remote_job import RemoteJob
-from autotune.control.sharing import MachineShares, claim_from, share_of
+from autotune.control.sharing import MachineShares, claim_from, share_of, valid_pid
 from autotune.control.status import session_status
 from autotune.tuning.budget import limits_for
 from autotune.tuning.knobs import Knob, knobs_from_wire
@@ -134,10 +134,13 @@ class Daemon:
         logger.info("daemon %d serving on %s", os.getpid(), self.endpoint)
         try:
             while not self.stopping:
-                if self.sock.poll(int(TICK_S * 1000)):
-                    while self.sock.poll(0):
-                        self._receive()
-                self._tick()
+                try:
+                    if self.sock.poll(int(TICK_S * 1000)):
+                        while self.sock.poll(0):
+                            self._receive()
+                    self._tick()
+                except Exception:  # one bad message or job must not end the daemon
+                    logger.exception("daemon loop: recovered from an error")
         finally:
             for session in list(self.sessions.values()):
                 self._drop(session, "daemon stopped")
@@ -208,6 +211,9 @@ class Daemon:
 
     def _hello(self, identity: bytes, msg: dict[str, Any]) -> None:
         job_id = str(msg.get("job"))
+        if job_id.startswith("offer-"):
+            self._send(identity, MsgType.ERROR, message="job ids starting offer- are reserved")
+            return
         old = self.sessions.get(job_id)
         if old is not None:
             self._drop(old, "job registered again")
@@ -230,8 +236,7 @@ class Daemon:
         except ValueError as exc:
             problem = problem or str(exc)
         if problem is None:
-            pid = msg.get("pid")
-            problem = self.shares.admit(claim, pid if isinstance(pid, int) else None)
+            problem = self.shares.admit(claim, valid_pid(msg.get("pid")))
         if problem is not None:
             self._send(identity, MsgType.ERROR, message=f"cannot tune job {job_id}: {problem}")
             return
@@ -265,7 +270,7 @@ class Daemon:
         self.sessions[job_id] = Session(
             job_id, identity, msg, tuner, space, remote, time.monotonic(), config=dict(msg["base"])
         )
-        self.shares.join(share_of(claim, msg))
+        self.shares.join(share_of(claim, msg, self.shares.machine))
         logger.info(
             "job %s (pid %s, %s) registered: study %r, %d trials so far",
             job_id,
@@ -308,8 +313,8 @@ class Daemon:
 
     def _drop(self, session: Session, reason: str) -> None:
         self.sessions.pop(session.job_id, None)
-        if self.shares is not None:
-            self.shares.leave(session.job_id)
+        if self.shares is not None:  # a stopping daemon leaves every job what it has
+            self.shares.leave(session.job_id, rebalance=not self.stopping)
         try:
             session.tuner.close(reason)
         except Exception:  # the storage may be the reason; the trial is failed on resume
@@ -339,9 +344,10 @@ class Daemon:
 
     def _offer(self, identity: bytes, msg: dict[str, Any]) -> None:
         try:
-            pid = msg.get("pid")
-            claim = claim_from("offer", msg.get("claim"))
-            budget = self.shares.offer(claim, pid if isinstance(pid, int) else None)
+            pid = valid_pid(msg.get("pid"))
+            if pid is None:
+                raise ValueError(f"an offer names the asking process's pid; got {msg.get('pid')!r}")
+            budget = self.shares.offer(claim_from("offer", msg.get("claim")), pid)
         except ValueError as exc:  # a malformed claim, or AllocationError
             self._send(identity, MsgType.ERROR, message=str(exc))
             return

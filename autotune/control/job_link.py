@@ -172,6 +172,7 @@ class DaemonLink:
             self.registered = True
             self.registrations += 1
             self.applied, self.refused = 0, None  # sequence numbers are per registration
+            self.budget_seq = 0
             logger.info(
                 "registered with the daemon on %s as %s (%s trials in the study)",
                 self.endpoint,

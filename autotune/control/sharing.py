@@ -63,6 +63,8 @@ class Share:
     sent_at: float = 0.0
     expires: float | None = None
     """When an offered budget lapses if its job has not registered (None: a registered job)."""
+    rate: Any = None
+    rate_key: str = ""
 
 
 def claim_from(job: str, doc: Any) -> Claim:
@@ -76,7 +78,9 @@ def claim_from(job: str, doc: Any) -> Claim:
         raise ValueError(f"a claim is a map of {', '.join(CLAIM_FIELDS)}; got {doc!r}")
     try:
         cores = doc.get("cores")
-        gpu = doc.get("gpu")
+        gpu = None if doc.get("gpu") is None else int(doc["gpu"])
+        if not isinstance(doc.get("exclusive", False), bool):
+            raise ValueError
         fixed = None
         if cores is not None:
             pct = doc.get("mps_pct")
@@ -87,7 +91,7 @@ def claim_from(job: str, doc: Any) -> Claim:
             float(doc.get("min_share", DEFAULT_MIN_SHARE)),
             bool(doc.get("exclusive", False)),
             fixed,
-            None if gpu is None else int(gpu),
+            gpu,
         )
     except (TypeError, ValueError):
         raise ValueError(
@@ -96,31 +100,39 @@ def claim_from(job: str, doc: Any) -> Claim:
         ) from None
 
 
-def share_of(claim: Claim, hello: dict[str, Any]) -> Share:
+def valid_pid(pid: Any) -> int | None:
+    """``pid`` if it is a process id (a positive int, not a bool), else None."""
+    return pid if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 else None
+
+
+def share_of(claim: Claim, hello: dict[str, Any], machine: MachineView) -> Share:
     """A registered job's ``Share``: its pid, its machine model (for its rate), its minibatch
-    count, and the budget it says it holds (a daemon started again keeps it where it can)."""
+    count, and the budget it says it holds (a daemon started again keeps it where it can).
+    Whatever is malformed is left out (logged): the job is then sized as linear, holds nothing,
+    or counts 4 minibatches."""
     from autotune.tuning.model_sampler import machine_from_doc
 
     model = None
     if hello.get("machine"):
         try:
             model = machine_from_doc(hello["machine"])
-        except (KeyError, TypeError, ValueError):
-            logger.warning("job %s sent a malformed machine model; sized as linear", claim.job)
+            if model.rollout_len < 1 or model.cores < 1 or not model.learner:
+                raise ValueError("a rollout length, cores and a learner are needed")
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            logger.warning("job %s sent a malformed machine model (%s); linear", claim.job, exc)
+            model = None
     held = None
-    if hello.get("held"):
-        try:
-            held = Budget.from_dict(hello["held"])
-        except (KeyError, TypeError, ValueError):
+    try:
+        held = Budget.from_dict(hello["held"]) if hello.get("held") else None
+        if held is not None and (
+            len(set(held.cores)) != len(held.cores) or not set(held.cores) <= set(machine.cores)
+        ):
             held = None
-    pid = hello.get("pid")
-    return Share(
-        claim,
-        pid if isinstance(pid, int) else None,
-        model,
-        int(hello.get("minibatches") or 4),
-        budget=held,
-    )
+    except (KeyError, TypeError, ValueError, AttributeError):
+        held = None
+    batches = hello.get("minibatches")
+    ok = isinstance(batches, int) and not isinstance(batches, bool) and batches >= 1
+    return Share(claim, valid_pid(hello.get("pid")), model, batches if ok else 4, budget=held)
 
 
 class MachineShares:
@@ -200,9 +212,10 @@ class MachineShares:
         self.shares[share.claim.job] = share
         self.rebalance(force=True)
 
-    def leave(self, job: str) -> None:
-        """A job ended, left or went silent: its budget goes back to the others."""
-        if self.shares.pop(job, None) is not None:
+    def leave(self, job: str, rebalance: bool = True) -> None:
+        """A job ended, left or went silent: its budget goes back to the others (not when the
+        daemon stops: the jobs keep what they have)."""
+        if self.shares.pop(job, None) is not None and rebalance:
             self.rebalance(force=True)
 
     def taken(self, job: str, seq: Any) -> None:
@@ -246,7 +259,7 @@ class MachineShares:
                 self.foreign["cores"],
                 current,
             )
-        except AllocationError as exc:  # foreign load grew past what the jobs need
+        except Exception as exc:  # foreign load past what the jobs need; a model that fails
             logger.warning("cannot share the machine out again: %s", exc)
             return
         if not force and len(current) == len(jobs):
@@ -258,12 +271,17 @@ class MachineShares:
             share = jobs[job]
             if share.budget != budget or share.seq == 0:  # a held budget: limits to the tuner
                 share.budget, share.seq = budget, share.seq + 1
-                self._send(job, share, changed=True)
+                try:
+                    self._send(job, share, changed=True)
+                except Exception:  # one job's tuner (its storage) must not stop the others
+                    logger.exception("job %s: its new budget was not taken by its tuner", job)
 
     def energy_shares(self, budget: Budget) -> dict[str, float]:
         """The shares of the machine's energy a job with ``budget`` is charged
-        (``runtime.energy.shares``): its cores of those handed out, its MPS share of its GPU
-        (of the machine's GPU energy, where it has one GPU of several: that GPU's part)."""
+        (``runtime.energy.shares``): its cores of those handed out, and its MPS share of its
+        GPU. A job's meter reads every GPU, so on a machine of several GPUs the share applies
+        to their sum, divided by their count: right where the GPUs draw alike, not where a
+        neighbour's GPU works harder (a per-GPU charge is still to come)."""
         gpus = len(self.machine.gpus) or 1
         gpu = 0.0 if budget.gpu is None else (budget.mps_pct or 0) / 100.0 / gpus
         return {"cpu_share": len(budget.cores) / len(self.machine.cores), "gpu_share": gpu}
@@ -323,12 +341,20 @@ class MachineShares:
         }
 
     def _rates(self) -> dict[str, Any]:
+        """Each modelled job's rate function, kept while its fitted multipliers stay the same
+        (a rate caches the sizing of every budget it was asked about)."""
         out = {}
         for job, s in self.shares.items():
-            if s.model is not None:
+            if s.model is None:
+                continue
+            params = self.params_of(job)
+            key = repr((len(self.machine.cores), s.claim.gpu is not None, params))
+            if s.rate is None or s.rate_key != key:
                 gpus = 1 if s.claim.gpu is not None else 0
                 total = len(self.machine.cores)
-                out[job] = model_rate(s.model, gpus, total, s.minibatches, self.params_of(job))
+                s.rate = model_rate(s.model, gpus, total, s.minibatches, params)
+                s.rate_key = key
+            out[job] = s.rate
         return out
 
     def _idle_w(self) -> float:
@@ -345,6 +371,6 @@ def _trees(pids: set[int]) -> set[int]:
     for pid in pids:
         try:
             out |= {c.pid for c in psutil.Process(pid).children(recursive=True)}
-        except psutil.NoSuchProcess:
+        except (psutil.Error, ValueError):
             continue
     return out

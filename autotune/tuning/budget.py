@@ -125,13 +125,16 @@ class BudgetLimits:
     def _out_of_budget(self, trial: Any, values: dict[str, Any]) -> bool:
         """Prunes ``trial`` and enqueues the nearest config inside the budget, if ``values``
         are outside it (True), else False."""
-        if fits(values, self.limits):
+        full = {**(self.applied or self.base), **values}  # knobs not tuned keep the job's
+        if fits(full, self.limits):
             return False
-        inside = clamp(values, self.limits, self.knobs)
+        inside = {k: v for k, v in clamp(full, self.limits, self.knobs).items() if k in values}
         trial.set_user_attr("pruned", f"outside the job's budget {self.limits}")
         self.study.tell(trial, state=_pruned())
-        if fits(inside, self.limits):  # measured as a trial of its own, next
+        if fits({**full, **inside}, self.limits):  # measured as a trial of its own, next
             self.study.enqueue_trial(inside)
+        else:  # no config of the space fits: counted, so the tuner ends up holding
+            self.trials_done += 1
         logger.info("trial %d outside the budget %s: %s instead", trial.number, self.limits, inside)
         return True
 
@@ -146,7 +149,8 @@ def _grew(old: dict[str, Any] | None, new: dict[str, Any] | None) -> bool:
         return old is not None
     if old is None:
         return False
-    return any(new.get(k, 0) > old.get(k, 0) for k in ("actors", "mps_pct"))
+    inf = float("inf")  # a limit that is not there allows everything
+    return any(new.get(k, inf) > old.get(k, inf) for k in ("actors", "mps_pct"))
 
 
 def _pruned():

@@ -70,7 +70,14 @@ class TuneOptions:
         """
         if self.gpu_share is not None and self.cores is None:
             raise ValueError("--gpu-share fixes a budget's GPU share: give --cores with it")
+        if self.gpu_share is not None and not 1 <= self.gpu_share <= 100:
+            raise ValueError(f"--gpu-share {self.gpu_share}: a share of the SMs, 1..100")
         gpu = (cfg.gpus[0] if cfg.gpus else 0) if no_gpu_reason() is None else None
+        if self.cores is not None and gpu is not None and self.gpu_share is None:
+            raise ValueError(
+                "on a machine with a GPU a fixed budget names its share of the GPU: give "
+                "--gpu-share PCT (1..100) with --cores"
+            )
         return {
             "weight": self.weight,
             "min_share": self.min_share,

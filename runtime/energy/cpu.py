@@ -173,6 +173,9 @@ class CPUModelEnergy(CPUEnergySource):
         idle_w: Idle power of the packages, in watts (0: the busy-only model).
         idle_source: Where ``idle_w`` came from (``IdleEstimate.source``).
         clock: Monotonic seconds for the idle term (injectable for tests).
+        children: With ``pids``, also count each process's reaped children's times (False
+            when ``pids`` lists every process of a tree that lives long enough to be read:
+            a child's own times are counted, and its parent's reaping would count them twice).
 
     Raises:
         ValueError: If ``idle_w`` is negative.
@@ -187,6 +190,7 @@ class CPUModelEnergy(CPUEnergySource):
         idle_w: float = 0.0,
         idle_source: str = "none: busy cores only",
         clock: Callable[[], float] = time.monotonic,
+        children: bool = True,
     ) -> None:
         if not idle_w >= 0:
             raise ValueError(f"idle_w={idle_w!r}: must be a number of watts >= 0")
@@ -194,6 +198,7 @@ class CPUModelEnergy(CPUEnergySource):
         self.idle_w = float(idle_w)
         self.idle_source = idle_source
         self._pids = pids
+        self._children = children
         self._clock = clock
         self._lock = threading.Lock()
         self._proc_busy_s: dict[tuple[int, float], float] = {}
@@ -214,7 +219,8 @@ class CPUModelEnergy(CPUEnergySource):
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 continue
             busy_s = t.user + t.system
-            busy_s += getattr(t, "children_user", 0.0) + getattr(t, "children_system", 0.0)
+            if self._children:
+                busy_s += getattr(t, "children_user", 0.0) + getattr(t, "children_system", 0.0)
             self._proc_busy_s[key] = max(busy_s, self._proc_busy_s.get(key, 0.0))
         return sum(self._proc_busy_s.values())
 

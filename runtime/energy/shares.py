@@ -63,7 +63,9 @@ class SharedCPU(CPUEnergySource):
         watts = getattr(inner, "watts_per_busy_core", None)
         root = os.getpid() if root is None else root
         self.own = (
-            CPUModelEnergy(watts, pids=lambda: tree_pids(root)) if watts is not None else None
+            CPUModelEnergy(watts, pids=lambda: tree_pids(root), children=False)
+            if watts is not None
+            else None
         )
         self._last: tuple[float, float | None, float] | None = None
         self._acc = [0.0, 0.0]

@@ -209,3 +209,14 @@ def test_a_fixed_budget_without_a_gpu_share_leaves_the_gpu_to_the_others():
     alloc = allocate(m, claims, {})
     assert alloc.budgets["f"].mps_pct is None and alloc.budgets["a"].mps_pct == 100
     check(alloc, m, claims)
+
+
+def test_every_job_on_a_gpu_keeps_a_share_a_gmi_can_run_at():
+    m = machine(8, gpus=1)
+    fixed = Claim("f", fixed=Budget((0,), 0, 92), gpu=0)
+    assert check_admission(m, [fixed], Claim("a", gpu=0)) is None  # 8 % left for one job
+    why = check_admission(m, [fixed, Claim("a", gpu=0)], Claim("b", gpu=0))
+    assert "GPU 0 has 8 % of its SMs not fixed to jobs, and 2 jobs would share it" in why
+    assert "is not on this machine" in check_admission(
+        m, [], Claim("x", fixed=Budget((1,), 3, 10), gpu=None)
+    )

@@ -154,13 +154,13 @@ def test_offers_are_disjoint_and_registered_jobs_keep_their_cores_until_the_new_
         read_foreign=False,
     )
     assert shares.offer(Claim("offer"), pid=11).cores == tuple(range(6))  # alone: the machine
-    shares.join(share_of(claim_from("job-a", {}), {"pid": 11}))
+    shares.join(share_of(claim_from("job-a", {}), {"pid": 11}, shares.machine))
     assert sent == [("job-a", Budget(tuple(range(6))))]  # to pin to, and to its tuner
     b = shares.offer(Claim("offer"), pid=12)
     c = shares.offer(Claim("offer"), pid=13)
     assert len(b.cores) == 3 and c.cores and not set(b.cores) & set(c.cores)
     assert shares.shares["job-a"].budget.cores == tuple(range(6))  # kept while they probe
-    shares.join(share_of(claim_from("job-b", {}), {"pid": 12}))
+    shares.join(share_of(claim_from("job-b", {}), {"pid": 12}, shares.machine))
     a_now, b_now = shares.shares["job-a"].budget, shares.shares["job-b"].budget
     assert b_now.cores == b.cores and not set(a_now.cores) & set(b_now.cores)
     assert len(a_now.cores) + len(b_now.cores) == 6  # the lapsing offer holds nothing here
@@ -179,7 +179,9 @@ def test_a_restarted_daemon_keeps_the_budgets_its_jobs_hold():
     shares = MachineShares(MachineView.from_dict({"cores": 8}), lambda j, b, changed: None)
     held = {"x": Budget((4, 5, 6, 7)), "y": Budget((0, 1, 2, 3))}
     for job, budget in held.items():
-        shares.join(share_of(claim_from(job, {}), {"pid": None, "held": budget.to_dict()}))
+        shares.join(
+            share_of(claim_from(job, {}), {"pid": None, "held": budget.to_dict()}, shares.machine)
+        )
     assert {j: s.budget for j, s in shares.shares.items()} == held
 
 
@@ -201,3 +203,56 @@ def test_a_busy_process_the_daemon_does_not_manage_counts_as_taken():
     finally:
         spin.kill()
         spin.wait()
+
+
+def test_hostile_registrations_and_offers_leave_the_daemon_serving(tmp_path):
+    """Malformed fields in a registration are left out, and offers without a real pid, with a
+    malformed claim or a reserved job id are refused; the daemon keeps answering."""
+    from autotune.control import protocol
+
+    machine = MachineView.from_dict({"cores": 4})
+    hostile = {
+        "pid": -5,
+        "minibatches": "x",
+        "held": {"cores": [0, 0]},
+        "machine": {"rollout_len": 0},
+    }
+    share = share_of(claim_from("job-h", {}), hostile, machine)
+    assert (share.pid, share.minibatches, share.budget, share.model) == (None, 4, None, None)
+    assert share_of(claim_from("j", {}), {"held": "x"}, machine).budget is None
+    assert share_of(claim_from("j", {}), {"held": {"cores": [9]}}, machine).budget is None
+    env = _env(tmp_path)
+    assert _cli(env, "daemon", "start").returncode == 0
+    endpoint = f"ipc://{tmp_path}/home/control.sock"
+    os.environ["AUTOTUNE_HOME"] = env["AUTOTUNE_HOME"]
+    try:
+        for body in ({"pid": -5}, {"pid": True}, {}, {"pid": 7, "claim": {"weight": "x"}}):
+            answer = protocol.request(endpoint, protocol.MsgType.OFFER, **body)
+            assert answer["type"] == protocol.MsgType.ERROR, (body, answer)
+        answer = protocol.request(endpoint, protocol.MsgType.HELLO, job="offer-1")
+        assert "reserved" in answer["message"]
+        assert protocol.request(endpoint, protocol.MsgType.PING)["type"] == protocol.MsgType.PONG
+    finally:
+        del os.environ["AUTOTUNE_HOME"]
+        _cli(env, "daemon", "stop")
+
+
+def test_a_stopping_daemon_leaves_every_job_its_budget_and_a_job_registered_again_takes_budgets():
+    from autotune.control.job_link import DaemonLink
+
+    sent: list[tuple[str, Budget]] = []
+    shares = MachineShares(
+        MachineView.from_dict({"cores": 4}), lambda j, b, changed: sent.append((j, b))
+    )
+    for job in ("a", "b"):
+        shares.join(share_of(claim_from(job, {}), {}, shares.machine))
+    before, count = shares.shares["b"].budget, len(sent)
+    shares.leave("a", rebalance=False)
+    assert shares.shares["b"].budget == before and len(sent) == count
+    link = DaemonLink("ipc:///nonexistent/x.sock", {"base": {}}, object())
+    try:
+        link.budget_seq = 5  # budgets taken under a registration the daemon has forgotten
+        link._handle({"type": "WELCOME", "job": "x"})
+        assert link.budget_seq == 0  # the new registration's budgets count from one again
+    finally:
+        link.close()
