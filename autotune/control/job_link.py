@@ -143,8 +143,12 @@ class DaemonLink:
         meter = getattr(self.runner, "meter", None)
         try:
             if meter is not None:  # charged its share of the machine's energy from now on
+                index = msg.get("gpu_index")
                 set_shares(
-                    meter, float(msg.get("gpu_share", 1.0)), float(msg.get("cpu_share", 1.0))
+                    meter,
+                    float(msg.get("gpu_share", 1.0)),
+                    float(msg.get("cpu_share", 1.0)),
+                    None if index is None else int(index),
                 )
         except (TypeError, ValueError) as exc:
             logger.warning("energy shares of the budget not taken: %s", exc)

@@ -276,15 +276,16 @@ class MachineShares:
                 except Exception:  # one job's tuner (its storage) must not stop the others
                     logger.exception("job %s: its new budget was not taken by its tuner", job)
 
-    def energy_shares(self, budget: Budget) -> dict[str, float]:
+    def energy_shares(self, budget: Budget) -> dict[str, Any]:
         """The shares of the machine's energy a job with ``budget`` is charged
         (``runtime.energy.shares``): its cores of those handed out, and its MPS share of its
-        GPU. A job's meter reads every GPU, so on a machine of several GPUs the share applies
-        to their sum, divided by their count: right where the GPUs draw alike, not where a
-        neighbour's GPU works harder (a per-GPU charge is still to come)."""
-        gpus = len(self.machine.gpus) or 1
-        gpu = 0.0 if budget.gpu is None else (budget.mps_pct or 0) / 100.0 / gpus
-        return {"cpu_share": len(budget.cores) / len(self.machine.cores), "gpu_share": gpu}
+        GPU (``gpu_index``; none of the other GPUs)."""
+        gpu = 0.0 if budget.gpu is None else (budget.mps_pct or 0) / 100.0
+        return {
+            "cpu_share": len(budget.cores) / len(self.machine.cores),
+            "gpu_share": gpu,
+            "gpu_index": budget.gpu,
+        }
 
     def sized(self, job: str, budget: Budget) -> dict[str, Any] | None:
         """The config the job's model picks inside ``budget`` (None without a model)."""

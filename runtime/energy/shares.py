@@ -5,7 +5,8 @@ the CPU packages' idle draw plus every busy core. Jobs that share a machine unde
 (``autotune.control.sharing``) would each be charged everyone's energy that way, so each is
 charged its share instead, as its budget sets it:
 
-* GPU: the GPU's energy times the job's share of its SMs (its MPS share);
+* GPU: the energy of the job's GPU times its share of that GPU's SMs (its MPS share), and
+  nothing of the machine's other GPUs;
 * CPU under the model: the job's own busy cores (its process tree) plus the packages' idle
   draw times its share of the cores handed out; under RAPL (the packages measured whole), the
   packages' energy times that share.
@@ -28,11 +29,13 @@ from runtime.energy.gpu import GPUEnergySource
 
 
 class SharedGPU(GPUEnergySource):
-    """``inner``'s joules per GPU, times ``share`` (see the module docstring)."""
+    """``inner``'s joules per GPU, times ``share``, or with ``per_gpu`` set, times each GPU's
+    share there (0 for a GPU it does not name: the job's GMIs run on another)."""
 
     def __init__(self, inner: GPUEnergySource) -> None:
         super().__init__(inner.gpu_indices)
         self.inner, self.source, self.share = inner, inner.source, 1.0
+        self.per_gpu: dict[int, float] | None = None
         self._last: dict[int, float] | None = None
         self._acc: dict[int, float] = {}
         self._lock = threading.Lock()
@@ -46,7 +49,8 @@ class SharedGPU(GPUEnergySource):
             now = self.inner.read_energy_j()
             last = self._last if self._last is not None else now
             for i, j in now.items():
-                self._acc[i] = self._acc.get(i, 0.0) + (j - last.get(i, j)) * self.share
+                f = self.share if self.per_gpu is None else self.per_gpu.get(i, 0.0)
+                self._acc[i] = self._acc.get(i, 0.0) + (j - last.get(i, j)) * f
             self._last = now
             return dict(self._acc)
 
@@ -103,9 +107,10 @@ class SharedCPU(CPUEnergySource):
         self.inner.close()
 
 
-def set_shares(meter: Any, gpu: float, cpu: float) -> bool:
+def set_shares(meter: Any, gpu: float, cpu: float, gpu_index: int | None = None) -> bool:
     """Charges ``meter`` (an ``EnergyMeter`` over ``SharedGPU`` and ``SharedCPU``) ``gpu`` of
-    the GPU and ``cpu`` of the cores from its next reading; False for a meter without shares.
+    GPU ``gpu_index`` (None: of every GPU it reads) and ``cpu`` of the cores from its next
+    reading; False for a meter without shares.
 
     Raises:
         ValueError: a share outside 0..1.
@@ -114,11 +119,13 @@ def set_shares(meter: Any, gpu: float, cpu: float) -> bool:
         if not 0.0 <= v <= 1.0:
             raise ValueError(f"an energy share is within 0..1; {name} share {v!r}")
     shared = isinstance(meter.gpu, SharedGPU) and isinstance(meter.cpu, SharedCPU)
-    if shared and (gpu, cpu) != (meter.gpu.share, meter.cpu.share):
+    per_gpu = None if gpu_index is None else {int(gpu_index): gpu}
+    now = (meter.gpu.share, meter.gpu.per_gpu, meter.cpu.share) if shared else None
+    if shared and now != (gpu, per_gpu, cpu):
         meter.gpu.read_energy_j()  # what was used so far goes at the old shares
         meter.cpu.read_energy_parts_j()
-        meter.gpu.share, meter.cpu.share = gpu, cpu
-        meter.cpu.changes.append({"t": time.time(), "gpu": gpu, "cpu": cpu})
+        meter.gpu.share, meter.gpu.per_gpu, meter.cpu.share = gpu, per_gpu, cpu
+        meter.cpu.changes.append({"t": time.time(), "gpu": gpu, "gpu_index": gpu_index, "cpu": cpu})
     return shared
 
 

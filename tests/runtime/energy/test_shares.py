@@ -84,3 +84,25 @@ def test_under_the_model_a_job_pays_its_own_busy_cores_and_its_share_of_idle(tmp
     machine_busy = (after[0] - after[1]) - (before[0] - before[1])
     job_busy = m.cpu_energy_j - m.cpu_idle_j
     assert machine_busy - job_busy >= 10.0 * 0.5 * 0.8  # the foreign 0.5 s is not the job's
+
+
+class TwoGPUs(GPUEnergySource):
+    source = "nvml"
+
+    def __init__(self) -> None:
+        super().__init__((0, 1))
+        self.j = {0: 0.0, 1: 0.0}
+
+    def read_energy_j(self) -> dict[int, float]:
+        return dict(self.j)
+
+
+def test_a_job_is_charged_its_share_of_its_own_gpu_only():
+    gpus = TwoGPUs()
+    meter = EnergyMeter(gpu=SharedGPU(gpus), cpu=SharedCPU(Packages()))
+    set_shares(meter, gpu=0.5, cpu=1.0, gpu_index=1)
+    meter.begin_window("w")
+    gpus.j = {0: 300.0, 1: 100.0}  # the neighbour's GPU works harder
+    m = meter.end_window("w")
+    assert m.gpu_energy_j == pytest.approx({0: 0.0, 1: 50.0})
+    assert shares_doc(meter)["changes"][-1]["gpu_index"] == 1
