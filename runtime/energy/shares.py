@@ -71,20 +71,23 @@ class SharedCPU(CPUEnergySource):
             if watts is not None
             else None
         )
-        self._last: tuple[float, float | None, float] | None = None
+        self._last: tuple[float, float | None, float | None] | None = None
         self._acc = [0.0, 0.0]
         self.changes: list[dict[str, float]] = []
         self._lock = threading.Lock()
 
-    def _read(self) -> tuple[float, float | None, float]:
+    def _read(self) -> tuple[float, float | None, float | None]:
         total, idle = self.inner.read_energy_parts_j()
-        return total, idle, self.own.read_energy_j() if self.own is not None else 0.0
+        # the job's own tree is read only while it shares the machine (a psutil walk per read)
+        own = self.own.read_energy_j() if self.own is not None and self.share < 1.0 else None
+        return total, idle, own
 
     def read_energy_parts_j(self) -> tuple[float, float | None]:
         with self._lock:
             now = self._read()
             last = self._last or now
-            d_total, d_own = now[0] - last[0], now[2] - last[2]
+            d_total = now[0] - last[0]
+            d_own = now[2] - last[2] if now[2] is not None and last[2] is not None else 0.0
             d_idle = (now[1] - last[1]) if now[1] is not None and last[1] is not None else None
             if self.share >= 1.0:
                 self._acc[0] += d_total
@@ -125,6 +128,7 @@ def set_shares(meter: Any, gpu: float, cpu: float, gpu_index: int | None = None)
         meter.gpu.read_energy_j()  # what was used so far goes at the old shares
         meter.cpu.read_energy_parts_j()
         meter.gpu.share, meter.gpu.per_gpu, meter.cpu.share = gpu, per_gpu, cpu
+        meter.cpu.read_energy_parts_j()  # the job's own tree read from here on
         meter.cpu.changes.append({"t": time.time(), "gpu": gpu, "gpu_index": gpu_index, "cpu": cpu})
     return shared
 
