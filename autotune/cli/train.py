@@ -20,7 +20,13 @@ from autotune.cli.train_config import (
     process_started,
     train_config,
 )
-from autotune.cli.tune_flags import add_share_args, add_tune_args, tune_options
+from autotune.cli.tune_flags import (
+    add_share_args,
+    add_tune_args,
+    daemon_budget,
+    share_flags,
+    tune_options,
+)
 from autotune.workflows.progress_log import ProgressLog
 from runtime.config import TRAINER_PRECISIONS, ConfigError, TrainConfig
 from runtime.hw.gpus import no_gpu_reason
@@ -252,31 +258,6 @@ def _mps_change(text: str) -> tuple[float, tuple[int, ...]]:
     return seconds, int_list(pcts)
 
 
-def _daemon_budget(console: Console, args: argparse.Namespace, cfg: Any) -> Any:
-    """The budget a running daemon offers this tuned job, with this process pinned there
-    before it sizes itself (None with no daemon).
-
-    Raises:
-        ConfigError: a malformed claim, or the daemon cannot take the job.
-    """
-    from autotune.workflows.tune import take_offer  # optuna: only when tuning
-
-    try:
-        offer = take_offer(tune_options(args), cfg)
-    except ValueError as exc:
-        raise ConfigError([str(exc)]) from None
-    if offer is None:
-        return None
-    held, args.energy_shares = offer
-    share = "" if held.mps_pct is None else f", {held.mps_pct} % of GPU {held.gpu}"
-    console.print(
-        f"budget from the daemon: cores {list(held.cores)}{share} (charged "
-        f"{args.energy_shares['cpu_share']:.0%} of the CPU's idle draw, "
-        f"{args.energy_shares['gpu_share']:.0%} of the GPU's)"
-    )
-    return held
-
-
 def cmd_train(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     sizing = held = None
@@ -285,7 +266,14 @@ def cmd_train(args: argparse.Namespace) -> int:
         if args.config is not None:
             console.print(f"config: {args.config}")
         if args.tune:
-            held = args.held_budget = _daemon_budget(console, args, cfg)
+            held = args.held_budget = daemon_budget(console, args, cfg)
+        elif share_flags(args):
+            raise ConfigError(
+                [
+                    f"{', '.join(share_flags(args))} take effect with --tune (only a tuned job "
+                    "registers with the daemon, which shares the machine out)"
+                ]
+            )
         auto = auto_fields(args)
         if auto:
             cfg.validate()  # a bad env or policy is reported before it is probed

@@ -1,14 +1,18 @@
-"""The ``--tune`` flags of ``autotune train`` and the ``TuneOptions`` they give."""
+"""The ``--tune`` flags of ``autotune train``, the ``TuneOptions`` they give, and the flags of
+a tuned job's claim on a machine the daemon shares out (with the budget it is offered)."""
 
 from __future__ import annotations
 
 import argparse
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
 
 from autotune.control.allocator import DEFAULT_MIN_SHARE
 from autotune.tuning.settings import OBJECTIVES, SAMPLERS
 from autotune.tuning.sizing import DEFAULT_LAG_CEILING
+from runtime.config import ConfigError
 
 if TYPE_CHECKING:
     from autotune.workflows.tune import TuneOptions
@@ -180,3 +184,40 @@ def tune_options(args: argparse.Namespace) -> TuneOptions:
         cores=args.cores,
         gpu_share=args.gpu_share,
     )
+
+
+def share_flags(args: argparse.Namespace) -> list[str]:
+    """The machine-sharing flags given (they need --tune)."""
+    given = {
+        "--weight": args.weight != 1.0,
+        "--min-share": args.min_share != DEFAULT_MIN_SHARE,
+        "--exclusive": args.exclusive,
+        "--cores": args.cores is not None,
+        "--gpu-share": args.gpu_share is not None,
+    }
+    return [flag for flag, on in given.items() if on]
+
+
+def daemon_budget(console: Console, args: argparse.Namespace, cfg: Any) -> Any:
+    """The budget a running daemon offers this tuned job, with this process pinned there
+    before it sizes itself (None with no daemon).
+
+    Raises:
+        ConfigError: a malformed claim, or the daemon cannot take the job.
+    """
+    from autotune.workflows.tune import take_offer  # optuna: only when tuning
+
+    try:
+        offer = take_offer(tune_options(args), cfg)
+    except ValueError as exc:
+        raise ConfigError([str(exc)]) from None
+    if offer is None:
+        return None
+    held, args.energy_shares = offer
+    share = "" if held.mps_pct is None else f", {held.mps_pct} % of GPU {held.gpu}"
+    console.print(
+        f"budget from the daemon: cores {list(held.cores)}{share} (charged "
+        f"{args.energy_shares['cpu_share']:.0%} of the CPU's idle draw, "
+        f"{args.energy_shares['gpu_share']:.0%} of the GPU's)"
+    )
+    return held

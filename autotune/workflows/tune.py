@@ -8,6 +8,7 @@ one answers (``autotune.control.job_link``), else in this process (``RunnerJob``
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -68,6 +69,10 @@ class TuneOptions:
         Raises:
             ValueError: a malformed ``cores``, or ``gpu_share`` without ``cores``.
         """
+        if not (math.isfinite(self.weight) and self.weight > 0):
+            raise ValueError(f"--weight {self.weight}: a positive number")
+        if not 0.0 <= self.min_share <= 1.0:
+            raise ValueError(f"--min-share {self.min_share}: a share within 0..1")
         if self.gpu_share is not None and self.cores is None:
             raise ValueError("--gpu-share fixes a budget's GPU share: give --cores with it")
         if self.gpu_share is not None and not 1 <= self.gpu_share <= 100:

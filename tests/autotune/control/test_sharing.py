@@ -153,12 +153,16 @@ def test_claims_the_machine_cannot_meet_are_refused_with_what_is_free(tmp_path):
         again = _cli(env, "daemon", "run", "--control", f"ipc://{tmp_path}/other.sock")
         out = _cli(env, "train", "--tune", "--quiet", "--cores", "0-999")
         share = _cli(env, "train", "--tune", "--quiet", "--gpu-share", "50")
+        floor = _cli(env, "train", "--tune", "--quiet", "--min-share", "2")
+        untuned = _cli(env, "train", "--quiet", "--exclusive")
     finally:
         _cli(env, "daemon", "stop")
     assert again.returncode == 2 and "one per state dir" in again.stderr
     assert out.returncode == 2
     assert "the daemon cannot take this job" in out.stderr and "fixed cores" in out.stderr
     assert share.returncode == 2 and "give --cores with it" in share.stderr
+    assert floor.returncode == 2 and "--min-share 2.0: a share within 0..1" in floor.stderr
+    assert untuned.returncode == 2 and "--exclusive take effect with --tune" in untuned.stderr
 
 
 def test_offers_are_disjoint_and_registered_jobs_keep_their_cores_until_the_new_one_joins():
