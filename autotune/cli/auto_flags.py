@@ -62,9 +62,10 @@ def within_budget(allowed: dict[str, tuple] | None, held: Any) -> dict[str, tupl
     if held is None or held.gpu is None or held.mps_pct is None:
         return allowed
     out = dict(allowed or {})
+    from autotune.tuning.budget import mps_within
     from autotune.tuning.knobs import MPS_CHOICES
 
-    shares = tuple(p for p in out.get("mps_pct", MPS_CHOICES) if p <= held.mps_pct)
+    shares = mps_within(held.mps_pct, out.get("mps_pct", MPS_CHOICES))
     if shares:
         out["mps_pct"] = shares
     else:

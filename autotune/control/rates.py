@@ -17,7 +17,7 @@ from dataclasses import replace
 from typing import Any
 
 from autotune.control.allocator import Rate
-from autotune.tuning.knobs import MPS_CHOICES
+from autotune.tuning.budget import mps_within
 from autotune.tuning.perf_model import MachineModel, Params, charged_share, prior_params
 from autotune.tuning.sizing import Sizing, size_run
 
@@ -34,10 +34,8 @@ def sized_for(
     """The config ``auto`` sizing picks for a job within ``cores`` cores and ``pct`` % of its
     GPU, charged that budget's shares of the machine (None: no config fits)."""
     held: dict[str, Any] = {}
-    allowed: tuple[int, ...] = ()
-    if gpus and pct > 0:
-        allowed = tuple(p for p in MPS_CHOICES if p <= pct) or (pct,)
-    else:
+    allowed = mps_within(pct) if gpus else ()
+    if not allowed:
         held["trainer_device"] = "cpu"
     cores = max(1, cores)
     mm = charged_share(replace(m, cores=cores), pct / 100.0 if gpus else 0.0, cores / total_cores)

@@ -13,7 +13,7 @@ import logging
 from dataclasses import replace
 from typing import Any
 
-from autotune.tuning.knobs import Knob
+from autotune.tuning.knobs import MPS_CHOICES, Knob
 from autotune.tuning.perf_model import charged_share
 from autotune.tuning.sizing import reserved_cores
 
@@ -27,6 +27,13 @@ def limits_for(cores: int, mps_pct: int | None) -> dict[str, int]:
     if mps_pct is not None:
         out["mps_pct"] = int(mps_pct)
     return out
+
+
+def mps_within(share: int, choices: tuple[int, ...] = MPS_CHOICES) -> tuple[int, ...]:
+    """The MPS shares of ``choices`` a GMI may run at within ``share`` % of its GPU (none: the
+    trainer stays on the CPU). The one rule that `auto` sizing, the tuner and the daemon's
+    rates all keep."""
+    return tuple(c for c in choices if c <= share) if share > 0 else ()
 
 
 def _share_ok(values: dict[str, Any], share: int) -> bool:
@@ -59,8 +66,8 @@ def clamp(values: dict[str, Any], limits: dict[str, int] | None, knobs: list[Kno
             out[name] = max(inside) if inside else limits[name]
     share = limits.get("mps_pct")
     if share is not None and not _share_ok(out, share):
-        inside = [c for c in choices.get("mps_pct", ()) if c <= share]
-        if inside and share > 0:
+        inside = mps_within(share, choices.get("mps_pct", ()))
+        if inside:
             out["mps_pct"] = max(inside)
         elif "cpu" in choices.get("trainer_device", ()):
             out["trainer_device"] = "cpu"
