@@ -52,7 +52,6 @@ class Budget:
     gpu: int | None = None
     mps_pct: int | None = None
     """The job's share of ``gpu``'s SMs, in percent (None: no GPU share)."""
-    fixed: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {"cores": list(self.cores), "gpu": self.gpu, "mps_pct": self.mps_pct}
@@ -267,9 +266,7 @@ def allocate(
         return memo[key]
 
     def total(nn: dict[str, int], ss: dict[str, int]) -> float:
-        steps = sum(r(j, nn[j], ss.get(j, 0))[0] for j in nn)
-        watts = idle_w + sum(r(j, nn[j], ss.get(j, 0))[1] for j in nn)
-        return steps / watts if watts > 0 else steps
+        return _steps_per_joule([r(j, nn[j], ss.get(j, 0)) for j in nn], idle_w)
 
     floor = {c.job: c.min_share * r(c.job, n[c.job], s.get(c.job, 0))[0] for c in flex}
     equal = total(n, s) if flex else 0.0
@@ -308,8 +305,13 @@ def allocate(
 def total_of(budgets: dict[str, Budget], rates: dict[str, Rate], idle_w: float = 0.0) -> float:
     """The machine's predicted steps/J under ``budgets`` (fixed ones count at their size)."""
     out = [(rates.get(j) or _linear)(len(b.cores), b.mps_pct or 0) for j, b in budgets.items()]
-    watts = idle_w + sum(w for _, w in out)
-    steps = sum(s for s, _ in out)
+    return _steps_per_joule(out, idle_w)
+
+
+def _steps_per_joule(rates: list[tuple[float, float]], idle_w: float) -> float:
+    """Total steps/s over total watts (the idle draw counted once) of ``(steps/s, W)`` pairs."""
+    watts = idle_w + sum(w for _, w in rates)
+    steps = sum(s for s, _ in rates)
     return steps / watts if watts > 0 else steps
 
 

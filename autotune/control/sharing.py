@@ -191,13 +191,12 @@ class MachineShares:
             for j, s in self.shares.items()
             if j != key
         ]
-        alloc = allocate(
+        alloc = allocate(  # no idle draw of its own: each job's watts carry its share of it
             self.machine,
             [*others, claim],
             self._rates(),
-            self._idle_w(),
-            self.foreign["cores"],
-            self._current(registered_only=False),
+            taken_cores=self.foreign["cores"],
+            current=self._current(registered_only=False),
         )
         budget = alloc.budgets[key]
         self.shares[key] = Share(claim, pid, budget=budget, expires=self.clock() + OFFER_HOLD_S)
@@ -248,22 +247,20 @@ class MachineShares:
         if not jobs:
             self.allocation = None
             return
-        rates, idle = self._rates(), self._idle_w()
-        current = self._current(registered_only=True)
+        rates, current = self._rates(), self._current(registered_only=True)
         try:
             alloc = allocate(
                 self.machine,
                 [s.claim for s in jobs.values()],
                 rates,
-                idle,
-                self.foreign["cores"],
-                current,
+                taken_cores=self.foreign["cores"],
+                current=current,
             )
         except Exception as exc:  # foreign load past what the jobs need; a model that fails
             logger.warning("cannot share the machine out again: %s", exc)
             return
         if not force and len(current) == len(jobs):
-            before, after = total_of(current, rates, idle), total_of(alloc.budgets, rates, idle)
+            before, after = total_of(current, rates), total_of(alloc.budgets, rates)
             if after < before * (1 + REBALANCE_GAIN):
                 return
         self.allocation = alloc
@@ -357,11 +354,6 @@ class MachineShares:
                 s.rate_key = key
             out[job] = s.rate
         return out
-
-    def _idle_w(self) -> float:
-        """The machine's idle draw outside the jobs' watts: none, each job's watts carry its
-        shares of it (``rates``)."""
-        return 0.0
 
 
 def _trees(pids: set[int]) -> set[int]:
