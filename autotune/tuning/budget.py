@@ -16,6 +16,7 @@ from typing import Any
 from autotune.tuning.knobs import MPS_CHOICES, Knob
 from autotune.tuning.perf_model import charged_share
 from autotune.tuning.sizing import reserved_cores
+from autotune.tuning.storage import prune
 
 logger = logging.getLogger(__name__)
 
@@ -98,11 +99,7 @@ class BudgetLimits:
         running = self.current.values if self.current is not None else self.applied
         if running is None or fits(running, self.limits):
             return
-        cur, self.current = self.current, None
-        if cur is not None and cur.trial is not None:
-            cur.trial.set_user_attr("pruned", "the job's budget shrank under it")
-            self.study.tell(cur.trial, state=_pruned())
-            self.trials_done += 1
+        self._end_current("the job's budget shrank under it")
         inside = clamp(running, self.limits, self.knobs)
         logger.info("budget limits %s: %s -> %s", self.limits, running, inside)
         self._start(None, inside, self.clock())
@@ -118,11 +115,7 @@ class BudgetLimits:
         if base.get("trainer_device") == "cpu":
             base.pop("mps_pct", None)
         inside = clamp(base, self.limits, self.knobs)
-        cur, self.current = self.current, None
-        if cur is not None and cur.trial is not None:
-            cur.trial.set_user_attr("pruned", "the job's budget changed under it")
-            self.study.tell(cur.trial, state=_pruned())
-            self.trials_done += 1
+        self._end_current("the job's budget changed under it")
         self.history = type(self.history)(failed=self.history.failed)
         self.holding = False
         self.explore_until = max(self.explore_until, self.trials_done + self.settings.repeat_every)
@@ -136,14 +129,20 @@ class BudgetLimits:
         if fits(full, self.limits):
             return False
         inside = {k: v for k, v in clamp(full, self.limits, self.knobs).items() if k in values}
-        trial.set_user_attr("pruned", f"outside the job's budget {self.limits}")
-        self.study.tell(trial, state=_pruned())
+        prune(self.study, trial, f"outside the job's budget {self.limits}")
         if fits({**full, **inside}, self.limits):  # measured as a trial of its own, next
             self.study.enqueue_trial(inside)
         else:  # no config of the space fits: counted, so the tuner ends up holding
             self.trials_done += 1
         logger.info("trial %d outside the budget %s: %s instead", trial.number, self.limits, inside)
         return True
+
+    def _end_current(self, reason: str) -> None:
+        """Ends the config being measured; its trial, if it has one, pruned for ``reason``."""
+        cur, self.current = self.current, None
+        if cur is not None and cur.trial is not None:
+            prune(self.study, cur.trial, reason)
+            self.trials_done += 1
 
     def _inside(self, values: dict[str, Any]) -> dict[str, Any]:
         """``values`` clamped into the budget (a held best from before it shrank)."""
@@ -158,12 +157,6 @@ def _grew(old: dict[str, Any] | None, new: dict[str, Any] | None) -> bool:
         return False
     inf = float("inf")  # a limit that is not there allows everything
     return any(new.get(k, inf) > old.get(k, inf) for k in ("actors", "mps_pct"))
-
-
-def _pruned():
-    from optuna.trial import TrialState
-
-    return TrialState.PRUNED
 
 
 def machine_within(machine: Any, limits: dict[str, Any] | None) -> Any:

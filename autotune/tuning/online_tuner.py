@@ -42,7 +42,6 @@ from collections.abc import Callable
 from typing import Any
 
 import optuna
-from optuna.trial import TrialState
 
 from autotune.tuning.budget import BudgetLimits
 from autotune.tuning.counters import Counters, Measurement, measure
@@ -55,6 +54,7 @@ from autotune.tuning.storage import (
     fail_config,
     fail_interrupted,
     fail_orphans,
+    prune,
     skip_if_failed,
 )
 from autotune.tuning.tuner_rules import (
@@ -242,7 +242,7 @@ class OnlineTuner(BudgetLimits):
         envs = values.get("envs_per_actor")
         capped = self._envs_cap is not None and not self.grid
         if capped and envs is not None and envs > self._envs_cap:
-            self.study.tell(trial, state=TrialState.PRUNED)
+            prune(self.study, trial, f"envs_per_actor past saturation ({self._envs_cap})")
             logger.info(
                 "trial %d pruned: envs_per_actor=%d is past saturation (%d)",
                 trial.number,

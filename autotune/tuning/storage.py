@@ -353,6 +353,13 @@ def fail_interrupted(study: optuna.Study, trial: optuna.trial.Trial, reason: str
     study.tell(trial, state=TrialState.FAIL)
 
 
+def prune(study: optuna.Study, trial: optuna.trial.Trial, reason: str) -> None:
+    """Tells ``trial`` pruned: not measured, for ``reason`` (kept as its ``pruned`` attribute);
+    its config is not marked bad."""
+    trial.set_user_attr("pruned", reason)
+    study.tell(trial, state=TrialState.PRUNED)
+
+
 def best_trial(study: optuna.Study, metric: int = 0) -> optuna.trial.FrozenTrial | None:
     """The completed trial with the highest value of objective ``metric`` (0: the first or
     only one), or None."""
