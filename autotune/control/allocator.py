@@ -117,14 +117,6 @@ class Allocation:
     steps_per_joule: float = 0.0
     equal_split_steps_per_joule: float = 0.0
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "budgets": {j: b.to_dict() for j, b in self.budgets.items()},
-            "predicted": self.predicted,
-            "steps_per_joule": self.steps_per_joule,
-            "equal_split_steps_per_joule": self.equal_split_steps_per_joule,
-        }
-
 
 def format_cores(cores: tuple[int, ...] | list[int]) -> str:
     """``0-3,8`` for (0, 1, 2, 3, 8)."""
