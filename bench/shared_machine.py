@@ -230,6 +230,31 @@ def _figures(specs, way, out_dir, meter, t0, started_at, timeline) -> dict[str, 
         "steps_per_s": steps / max(end - meter.samples[0][0], 1e-9),
         "steps_per_joule": steps / joules if joules > 0 else None,
         "steps_per_joule_busy_only": steps / (joules - (i1 - i0)) if joules > i1 - i0 else None,
+        "idle_j": i1 - i0,
         "jobs": jobs,
         "timeline": timeline,
     }
+
+
+def joined(parts: list[dict[str, Any]], way: str = "sequential") -> dict[str, Any]:
+    """One way's figures from runs of its jobs one after the other, each measured on its own
+    (the ``sequential`` way in parts): spans, steps and joules add up, and each job's start and
+    progress times are moved to where its part began."""
+    out: dict[str, Any] = {"way": way, "jobs": {}, "timeline": []}
+    for key in ("seconds", "steps", "lost_steps", "gpu_j", "cpu_j", "idle_j"):
+        out[key] = sum(p.get(key) or 0 for p in parts)
+    offset = 0.0
+    for p in parts:
+        for name, job in p["jobs"].items():
+            out["jobs"][name] = {
+                **job,
+                "started_s": job["started_s"] + offset,
+                "progress": [{**r, "t": r["t"] + offset} for r in job["progress"]],
+            }
+        offset += p["seconds"]
+    joules = out["gpu_j"] + out["cpu_j"]
+    out["steps_per_s"] = out["steps"] / max(out["seconds"], 1e-9)
+    out["steps_per_joule"] = out["steps"] / joules if joules > 0 else None
+    busy = joules - out["idle_j"]
+    out["steps_per_joule_busy_only"] = out["steps"] / busy if busy > 0 else None
+    return out

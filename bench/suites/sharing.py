@@ -16,7 +16,7 @@ import argparse
 from pathlib import Path
 from types import SimpleNamespace
 
-from bench.shared_machine import WAYS, parse_jobs, run_way
+from bench.shared_machine import WAYS, joined, parse_jobs, run_way
 from bench.suite import Step
 from bench.suites.peers import WORKLOADS
 
@@ -70,13 +70,29 @@ def plan(a: argparse.Namespace):
     spans = [s.start_s + s.seconds for s in a.specs]
     steps = [Step("limit", lambda: _limit(a, "limit"), a.limit_s + 60)]
     for way in a.way_list:
-        budget = sum(s.seconds for s in a.specs) if way == "sequential" else max(spans)
-        steps.append(Step(way, lambda w=way: run_way(a.specs, w, Path(a.out) / w), budget + 120))
+        if way == "sequential":  # one step per job, so a part need not hold them all
+            for spec in a.specs:
+                steps.append(
+                    Step(
+                        f"sequential:{spec.name}",
+                        lambda s=spec: run_way([s], "sequential", Path(a.out) / "sequential"),
+                        spec.seconds + 120,
+                    )
+                )
+            continue
+        run = lambda w=way: run_way(a.specs, w, Path(a.out) / w)  # noqa: E731
+        steps.append(Step(way, run, max(spans) + 120))
     steps.append(Step("limit-end", lambda: _limit(a, "limit-end"), a.limit_s + 60))
 
     def finish(results: dict) -> None:
         from bench.sharing_report import plot_timeline, table
 
+        seq = [f"sequential:{s.name}" for s in a.specs]
+        if "sequential" in a.way_list and all(k in results for k in seq):
+            results = {
+                **results,
+                "sequential": joined([results[k] for k in seq]),
+            }
         print(table(results, GOALS))
         if a.plots and "daemon" in results:
             path = plot_timeline(results["daemon"], Path(a.plots) / "sharing-daemon.png")

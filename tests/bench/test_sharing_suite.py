@@ -1,0 +1,43 @@
+"""The sharing suite's pieces that need no GPU: job specs and the sequential way joined from
+its per-job parts."""
+
+import pytest
+
+from bench.shared_machine import joined, parse_jobs
+
+
+def test_parse_jobs_names_and_refuses():
+    specs = parse_jobs("ant@0+120, humanoid@30+90", {"ant": ("Ant-v5", "auto")})
+    assert [(s.name, s.env, s.start_s, s.seconds) for s in specs] == [
+        ("ant-0", "Ant-v5", 0.0, 120.0),
+        ("humanoid-1", "humanoid", 30.0, 90.0),
+    ]
+    with pytest.raises(ValueError, match="WORKLOAD@START"):
+        parse_jobs("ant@-1+5", {})
+    with pytest.raises(ValueError, match="no jobs"):
+        parse_jobs(" , ", {})
+
+
+def _part(name, seconds, steps, gpu_j, cpu_j, idle_j):
+    job = {"started_s": 1.0, "steps": steps, "progress": [{"t": 2.0, "steps": steps}]}
+    return {
+        "seconds": seconds,
+        "steps": steps,
+        "lost_steps": 0,
+        "gpu_j": gpu_j,
+        "cpu_j": cpu_j,
+        "idle_j": idle_j,
+        "jobs": {name: job},
+    }
+
+
+def test_joined_adds_spans_steps_and_joules():
+    out = joined(
+        [_part("a", 100.0, 1000, 300.0, 200.0, 100.0), _part("b", 50.0, 500, 150.0, 100.0, 50.0)]
+    )
+    assert out["seconds"] == 150.0 and out["steps"] == 1500
+    assert out["steps_per_joule"] == pytest.approx(1500 / 750)
+    assert out["steps_per_joule_busy_only"] == pytest.approx(1500 / 600)
+    assert out["steps_per_s"] == pytest.approx(10.0)
+    assert out["jobs"]["b"]["started_s"] == 101.0
+    assert out["jobs"]["b"]["progress"][0]["t"] == 102.0
