@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -107,12 +108,18 @@ def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
 
 
-def run_way(specs: list[JobSpec], way: str, out_dir: Path) -> dict[str, Any]:
+def run_way(
+    specs: list[JobSpec], way: str, out_dir: Path, fresh_cache: bool = True
+) -> dict[str, Any]:
     """Runs the jobs one way (see the module docstring); returns the machine's and each job's
-    figures."""
+    figures. Each way starts with an empty probe cache (``fresh_cache``; a later part of the
+    same way keeps what its first part probed): a job probes its workload unless a job of
+    this way probed it before, as on a machine that ran none of them yet."""
     out_dir.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "AUTOTUNE_HOME": str(out_dir / "home"), "AUTOTUNE_CONTROL": ""}
-    env["AUTOTUNE_CACHE_DIR"] = str(out_dir / "cache")  # every job probes afresh
+    env["AUTOTUNE_CACHE_DIR"] = str(out_dir / "cache")
+    if fresh_cache:
+        shutil.rmtree(out_dir / "cache", ignore_errors=True)
     if way == "daemon":
         started = _cli(env, "daemon", "start")
         if started.returncode != 0:

@@ -10,14 +10,37 @@ def _f(v: Any, digits: int = 1) -> str:
     return "-" if v is None else f"{v:,.{digits}f}"
 
 
-def table(results: dict[str, Any], goals: dict[str, float]) -> str:
-    """The ways side by side (machine figures, whole span), the limits, each job, the goals."""
+def limits_beside(results: dict[str, Any], ways: list[str]) -> dict[str, list[float]]:
+    """Each way's limits, in steps/J: the one measured just before it and the next one after
+    (the next way's, else the closing one)."""
+    names = [f"limit:{w}" for w in ways] + ["limit-end"]
+    out = {}
+    for i, way in enumerate(ways):
+        pair = [(results.get(n) or {}).get("steps_per_joule") for n in names[i : i + 2]]
+        out[way] = [v for v in pair if v]
+    return out
+
+
+def of_limit(results: dict[str, Any], ways: list[str]) -> dict[str, float]:
+    """Each way's steps/J over the mean of the limits beside it."""
+    out = {}
+    for way, pair in limits_beside(results, ways).items():
+        spj = (results.get(way) or {}).get("steps_per_joule")
+        if spj and pair:
+            out[way] = spj / (sum(pair) / len(pair))
+    return out
+
+
+def table(results: dict[str, Any], goals: dict[str, float], ways: list[str]) -> str:
+    """The ways side by side (machine figures, whole span), each also over the limits beside
+    it, the limits, each job, and the goals (raw, and each way to its own limits)."""
+    frac = of_limit(results, ways)
     lines = [
         "| way | jobs | span s | trained steps | steps/s | GPU J | CPU J | steps/J | busy-only "
-        "| lost |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| / limits beside | lost |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for way in ("sequential", "together", "daemon"):
+    for way in ways:
         r = results.get(way)
         if not r:
             continue
@@ -25,17 +48,17 @@ def table(results: dict[str, Any], goals: dict[str, float]) -> str:
             f"| {way} | {len(r['jobs'])} | {_f(r['seconds'], 0)} | {r['steps']:,} | "
             f"{_f(r['steps_per_s'], 0)} | {_f(r['gpu_j'], 0)} | {_f(r['cpu_j'], 0)} | "
             f"{_f(r['steps_per_joule'])} | {_f(r['steps_per_joule_busy_only'])} | "
-            f"{r['lost_steps']} |"
+            f"{_f(frac.get(way), 2)} | {r['lost_steps']} |"
         )
-    for name in ("limit", "limit-end"):
+    for name in [f"limit:{w}" for w in ways] + ["limit-end"]:
         r = results.get(name) or {}
         lines.append(
             f"| {name} (raw stepping) | | | | {_f(r.get('steps_per_s'), 0)} | | | "
-            f"{_f(r.get('steps_per_joule'))} | {_f(r.get('steps_per_joule_busy_only'))} | |"
+            f"{_f(r.get('steps_per_joule'))} | {_f(r.get('steps_per_joule_busy_only'))} | | |"
         )
     lines += ["", "| way | job | started s | trained steps | steps/s | invariant | error |"]
     lines.append("|---|---|---:|---:|---:|---|---|")
-    for way in ("sequential", "together", "daemon"):
+    for way in ways:
         for name, j in (results.get(way) or {}).get("jobs", {}).items():
             lines.append(
                 f"| {way} | {name} ({j['env']}) | {_f(j['started_s'], 0)} | {j['steps']:,} | "
@@ -45,11 +68,16 @@ def table(results: dict[str, Any], goals: dict[str, float]) -> str:
     lines.append("")
     spj = {w: (results.get(w) or {}).get("steps_per_joule") for w in goals_ways(goals)}
     for goal, threshold in goals.items():
-        num, den = (spj.get(w.strip()) for w in goal.split("/"))
-        if num and den:
-            ratio = num / den
+        num, den = (w.strip() for w in goal.split("/"))
+        if spj.get(num) and spj.get(den):
+            ratio = spj[num] / spj[den]
             met = "met" if ratio >= threshold else "NOT met"
-            lines.append(f"- {goal} steps/J: {ratio:.2f} (goal >= {threshold}): {met}")
+            own = (
+                f"; each to the limits beside it {frac[num] / frac[den]:.2f}"
+                if num in frac and den in frac
+                else ""
+            )
+            lines.append(f"- {goal} steps/J: {ratio:.2f} (goal >= {threshold}): {met}{own}")
         else:
             lines.append(f"- {goal} steps/J: not measured")
     return "\n".join(lines)

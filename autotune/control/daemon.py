@@ -373,7 +373,8 @@ class Daemon:
             return
         pct = budget.mps_pct if budget.gpu is not None else None
         session.tuner.set_limits({**limits_for(len(budget.cores), pct), **energy})
-        sized = self.shares.sized(job_id, budget) if share.seq > 1 else None
+        running = session.tuner.applied or session.tuner.base
+        sized = self.shares.sized(job_id, budget, running) if share.seq > 1 else None
         if sized is not None:  # a changed budget: the model's best inside it, at once
             session.tuner.adopt(sized)
         logger.info("job %s: budget %s", job_id, budget.to_dict())

@@ -30,10 +30,12 @@ def sized_for(
     pct: int,
     minibatches: int = 4,
     params: Params | None = None,
+    keep: dict[str, Any] | None = None,
 ) -> Sizing | None:
     """The config ``auto`` sizing picks for a job within ``cores`` cores and ``pct`` % of its
-    GPU, charged that budget's shares of the machine (None: no config fits)."""
-    held: dict[str, Any] = {}
+    GPU, charged that budget's shares of the machine, with the values in ``keep`` held (None:
+    no config fits)."""
+    held: dict[str, Any] = dict(keep or {})
     allowed = mps_within(pct) if gpus else ()
     if not allowed:
         held["trainer_device"] = "cpu"

@@ -4,7 +4,8 @@ as jobs come and go.
 * A job's claim comes with its registration (``HELLO``'s ``claim``); ``admit`` refuses one the
   machine cannot meet, saying what is available. ``offer`` answers a job that asks before it
   sizes itself (``OFFER``) with the budget it would get now; the registered jobs keep theirs
-  until it registers.
+  until it registers, and jobs sizing themselves at the same time get disjoint cores where the
+  machine has room for that.
 * The share-out is recomputed when a job joins or leaves (a job silent for
   ``protocol.JOB_SILENT_S`` is dropped, and its budget goes back), and every ``REBALANCE_S``
   with the jobs' fitted models and the foreign load read again; a periodic change is made only
@@ -46,6 +47,11 @@ OFFER_HOLD_S = 300.0
 REBALANCE_S = 30.0
 REBALANCE_GAIN = 0.03
 BUDGET_RESEND_S = 2.0
+KEEP_GAIN = 0.05
+"""A config sized for a changed budget keeps the job's envs per actor, trainer device,
+trainers and MPS share (changed only by respawning every actor or handing its GMIs over, which
+costs seconds of steps) unless changing them predicts at least this much more steps/J."""
+COSTLY = ("envs_per_actor", "trainer_device", "trainers", "mps_pct")
 CLAIM_FIELDS = ("weight", "min_share", "exclusive", "cores", "mps_pct", "gpu")
 
 
@@ -176,7 +182,8 @@ class MachineShares:
         Registered jobs keep their budgets until it registers (it probes meanwhile, on cores
         they may still use); other jobs that size themselves at the same time are offered
         disjoint cores: an offer counts, as the claim ``offer-<pid>``, in later offers for
-        ``OFFER_HOLD_S`` or until its job registers.
+        ``OFFER_HOLD_S`` or until its job registers. Where the offers hold every core, they
+        are shared out again instead (the earlier job is cut when it registers).
 
         Raises:
             AllocationError: it cannot join (the reason names what is available).
@@ -186,21 +193,29 @@ class MachineShares:
         why = self.admit(claim, pid)
         if why is not None:
             raise AllocationError(why)
-        others = [  # jobs probing inside an offer keep its cores: new offers avoid them
-            replace(s.claim, fixed=s.budget) if s.expires is not None and s.budget else s.claim
-            for j, s in self.shares.items()
-            if j != key
+        held = [s for j, s in self.shares.items() if j != key]
+        try:  # jobs probing inside an offer keep its cores: new offers avoid them
+            alloc = self._offer_split(claim, held, keep_offers=True)
+        except AllocationError:  # where that leaves no room, the offers are shared out again
+            alloc = self._offer_split(claim, held, keep_offers=False)
+        budget = alloc.budgets[key]
+        self.shares[key] = Share(claim, pid, budget=budget, expires=self.clock() + OFFER_HOLD_S)
+        return budget
+
+    def _offer_split(self, claim: Claim, held: list[Share], keep_offers: bool) -> Allocation:
+        others = [
+            replace(s.claim, fixed=s.budget)
+            if keep_offers and s.expires is not None and s.budget
+            else s.claim
+            for s in held
         ]
-        alloc = allocate(  # no idle draw of its own: each job's watts carry its share of it
+        return allocate(  # no idle draw of its own: each job's watts carry its share of it
             self.machine,
             [*others, claim],
             self._rates(),
             taken_cores=self.foreign["cores"],
             current=self._current(registered_only=False),
         )
-        budget = alloc.budgets[key]
-        self.shares[key] = Share(claim, pid, budget=budget, expires=self.clock() + OFFER_HOLD_S)
-        return budget
 
     def join(self, share: Share) -> None:
         """Adds a job (admitted) and shares the machine out again; the budget offered to its
@@ -284,13 +299,17 @@ class MachineShares:
             "gpu_index": budget.gpu,
         }
 
-    def sized(self, job: str, budget: Budget) -> dict[str, Any] | None:
-        """The config the job's model picks inside ``budget`` (None without a model)."""
+    def sized(
+        self, job: str, budget: Budget, running: dict[str, Any] | None = None
+    ) -> dict[str, Any] | None:
+        """The config the job's model picks inside ``budget`` (None without a model). With the
+        job's ``running`` config, its costly values are kept where changing them pays less than
+        ``KEEP_GAIN``."""
         share = self.shares.get(job)
         if share is None or share.model is None:
             return None
         gpus = 1 if budget.gpu is not None else 0
-        sized = sized_for(
+        args = (
             share.model,
             gpus,
             len(self.machine.cores),
@@ -299,7 +318,17 @@ class MachineShares:
             share.minibatches,
             self.params_of(job),
         )
-        return dict(sized.values) if sized else None
+        best = sized_for(*args)
+        keep = {k: running[k] for k in COSTLY if k in (running or {})}
+        if keep.get("trainer_device") == "cpu":
+            keep.pop("mps_pct", None)
+        if best is None or not keep or all(best.values.get(k) == v for k, v in keep.items()):
+            return dict(best.values) if best else None
+        kept = sized_for(*args, keep=keep)
+        gain = best.predicted["steps_per_joule"] / max(
+            kept.predicted["steps_per_joule"] if kept else 0.0, 1e-12
+        )
+        return dict((kept if gain < 1 + KEEP_GAIN else best).values)
 
     def status(self) -> dict[str, Any]:
         alloc = self.allocation

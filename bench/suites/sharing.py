@@ -4,10 +4,13 @@ and all at once under the daemon, which shares the machine out (``bench/shared_m
     python -m bench sharing --jobs ant@0+120,ant@30+180,humanoid@60+180 \\
         --plots out/sharing/plots --out out/sharing
 
-The raw-stepping limit of ``--limit-env`` runs before and after the three ways, so a machine
-that drifts shows. The closing table gives the machine's trained steps per joule each way over
-its whole span (start-up included), the ratios the goals name, each job's steps/s, and whether
-any step was lost. The plot shows each job's cores and steps/s over time under the daemon.
+The raw-stepping limit of ``--limit-env`` runs before each way and once at the end, so each
+way is read against the limits on either side of it as well (the machine's speed can drift
+between ways; a part run later may land on another host of the same kind). Each way starts
+with an empty probe cache. The closing table gives the machine's trained steps per joule each
+way over its whole span (start-up included), the same over the limits beside it, the ratios the
+goals name (raw, and each way to its own limits), each job's steps/s, and whether any step was
+lost. The plot shows each job's cores and steps/s over time under the daemon.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from bench.suites.peers import WORKLOADS
 NAME = "sharing"
 HELP = "several jobs on one machine: one after the other, together, and under the daemon"
 GOALS = {"daemon / together": 1.3, "daemon / sequential": 0.9}
+SLACK_S = 60.0
+"""A way's estimate past its jobs' spans (start-up is inside them; the last drain is not)."""
 
 
 def add_args(ap: argparse.ArgumentParser) -> None:
@@ -57,31 +62,32 @@ def _limit(a: argparse.Namespace, name: str) -> dict:
     ns = SimpleNamespace(
         env=env, policy=policy, seconds=a.limit_s, warmup_s=5.0, min_steps=0, peer_rollout=0
     )
-    out = Path(a.out) / name
+    out = Path(a.out) / name.replace(":", "-")
     out.mkdir(parents=True, exist_ok=True)
     meter = MachineMeter().start()
     try:
-        return run_arm(name, ns, meter, out)
+        return run_arm("limit", ns, meter, out)
     finally:
         meter.stop()
 
 
 def plan(a: argparse.Namespace):
+    """The limit before each way and once at the end, so each way is also read against the
+    limits on either side of it (a machine whose speed drifts between ways shows there)."""
     spans = [s.start_s + s.seconds for s in a.specs]
-    steps = [Step("limit", lambda: _limit(a, "limit"), a.limit_s + 60)]
+    steps = []
     for way in a.way_list:
+        name = f"limit:{way}"
+        steps.append(Step(name, lambda n=name: _limit(a, n), a.limit_s + 60))
         if way == "sequential":  # one step per job, so a part need not hold them all
-            for spec in a.specs:
-                steps.append(
-                    Step(
-                        f"sequential:{spec.name}",
-                        lambda s=spec: run_way([s], "sequential", Path(a.out) / "sequential"),
-                        spec.seconds + 120,
-                    )
+            for i, spec in enumerate(a.specs):
+                run = lambda s=spec, first=i == 0: run_way(  # noqa: E731
+                    [s], "sequential", Path(a.out) / "sequential", fresh_cache=first
                 )
+                steps.append(Step(f"sequential:{spec.name}", run, spec.seconds + SLACK_S))
             continue
         run = lambda w=way: run_way(a.specs, w, Path(a.out) / w)  # noqa: E731
-        steps.append(Step(way, run, max(spans) + 120))
+        steps.append(Step(way, run, max(spans) + SLACK_S))
     steps.append(Step("limit-end", lambda: _limit(a, "limit-end"), a.limit_s + 60))
 
     def finish(results: dict) -> None:
@@ -89,11 +95,8 @@ def plan(a: argparse.Namespace):
 
         seq = [f"sequential:{s.name}" for s in a.specs]
         if "sequential" in a.way_list and all(k in results for k in seq):
-            results = {
-                **results,
-                "sequential": joined([results[k] for k in seq]),
-            }
-        print(table(results, GOALS))
+            results = {**results, "sequential": joined([results[k] for k in seq])}
+        print(table(results, GOALS, a.way_list))
         if a.plots and "daemon" in results:
             path = plot_timeline(results["daemon"], Path(a.plots) / "sharing-daemon.png")
             print(f"plot: {path}")

@@ -41,3 +41,20 @@ def test_joined_adds_spans_steps_and_joules():
     assert out["steps_per_s"] == pytest.approx(10.0)
     assert out["jobs"]["b"]["started_s"] == 101.0
     assert out["jobs"]["b"]["progress"][0]["t"] == 102.0
+
+
+def test_each_way_is_read_against_the_limits_beside_it():
+    from bench.sharing_report import limits_beside, of_limit
+
+    results = {
+        "limit:together": {"steps_per_joule": 200.0},
+        "together": {"steps_per_joule": 100.0},
+        "limit:daemon": {"steps_per_joule": 180.0},
+        "daemon": {"steps_per_joule": 90.0},
+        "limit-end": {"steps_per_joule": 120.0},
+    }
+    ways = ["together", "daemon"]
+    assert limits_beside(results, ways) == {"together": [200.0, 180.0], "daemon": [180.0, 120.0]}
+    frac = of_limit(results, ways)
+    assert frac["together"] == pytest.approx(100 / 190)
+    assert frac["daemon"] == pytest.approx(90 / 150)

@@ -191,10 +191,58 @@ def test_offers_are_disjoint_and_registered_jobs_keep_their_cores_until_the_new_
     t[0] += 1000.0  # job c never registers: its offer lapses
     shares.tick()
     assert sorted(shares.shares) == ["job-a", "job-b"]
+    small = MachineShares(  # a pending offer of every core: the next is shared out, not refused
+        MachineView.from_dict({"cores": 2}), lambda *a: None, read_foreign=False
+    )
+    assert small.offer(Claim("offer"), pid=21).cores == (0, 1)
+    assert len(small.offer(Claim("offer"), pid=22).cores) == 1
+    for job, pid in (("job-x", 21), ("job-y", 22)):
+        small.join(share_of(claim_from(job, {}), {"pid": pid}, small.machine))
+    x, y = small.shares["job-x"].budget.cores, small.shares["job-y"].budget.cores
+    assert len(x) == len(y) == 1 and x != y
     with pytest.raises(ValueError, match="malformed claim"):
         claim_from("x", {"weight": "heavy"})
     with pytest.raises(ValueError, match="a claim is a map of"):
         claim_from("x", {"priority": 1})
+
+
+def test_a_changed_budget_keeps_the_costly_values_unless_changing_them_pays():
+    """Sized for a new budget, a job keeps its envs per actor (a respawn of every actor) and
+    its GMI (a handover) where the model's best gains less than ``KEEP_GAIN`` from changing
+    them; it changes them where the gain is larger."""
+    from autotune.control.rates import sized_for
+    from autotune.control.sharing import KEEP_GAIN, Share
+    from autotune.tuning.perf_model import MachineModel
+
+    m = MachineModel(
+        cores=16,
+        rollout_len=32,
+        t_env=3e-4,
+        f0=2e-4,
+        f1=2e-5,
+        learner={"cpu": (0.05, 6e-5), "cuda": (0.01, 2e-6)},
+        gpu_idle_w=70.0,
+        gpu_limit_w=700.0,
+        cpu_idle_w=24.0,
+    )
+    shares = MachineShares(
+        MachineView.from_dict({"cores": 16}), lambda *a: None, read_foreign=False
+    )
+    shares.shares["a"] = Share(Claim("a", gpu=0), model=m)
+    budget = Budget(tuple(range(8)), 0, 50)
+    best = shares.sized("a", budget)
+    assert shares.sized("a", budget, best) == best
+    for envs in (1, 2, 4, 8, 16, 32):
+        if envs == best["envs_per_actor"]:
+            continue
+        kept = sized_for(m, 1, 16, 8, 50, keep={"envs_per_actor": envs})
+        gain = (
+            sized_for(m, 1, 16, 8, 50).predicted["steps_per_joule"]
+            / kept.predicted["steps_per_joule"]
+        )
+        out = shares.sized("a", budget, {**best, "envs_per_actor": envs})
+        assert out["envs_per_actor"] == (envs if gain < 1 + KEEP_GAIN else best["envs_per_actor"])
+        assert out["actors"] <= 8  # inside the budget either way
 
 
 def test_a_restarted_daemon_keeps_the_budgets_its_jobs_hold():
