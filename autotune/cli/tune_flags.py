@@ -135,8 +135,8 @@ def add_share_args(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=DEFAULT_MIN_SHARE,
         metavar="F",
-        help="fairness floor: at least F (0..1) of the steps/s the weighted equal split "
-        f"would give this job (default {DEFAULT_MIN_SHARE})",
+        help="fairness floor: at least F (0..1) of the steps/s, the cores and the GPU share "
+        f"the weighted equal split would give this job (default {DEFAULT_MIN_SHARE})",
     )
     share.add_argument(
         "--exclusive",

@@ -13,7 +13,9 @@ GPU's SMs (GMI-DRL's spatial sharing, here across jobs). ``allocate`` is pure, g
 
 It maximises the machine's total trained steps per joule (every job's steps/s over the idle draw
 plus every job's watts) subject to the floors: each job gets at least ``min_share`` of the
-steps/s the weighted equal split would give it. The search starts from that split and moves
+steps/s the weighted equal split would give it, and, since a job's model can be wrong (probed
+while other jobs loaded the machine), at least ``min_share`` of that split's cores and GPU
+share. The search starts from that split and moves
 one core, or one ``SHARE_STEP`` of a GPU's share, at a time to wherever the total gains most,
 so the result is never below the equal split's total, and every floor holds. Cores are handed out
 so that a job keeps those it has where it can (moving a pinned process costs its caches).
@@ -261,6 +263,13 @@ def allocate(
         return _steps_per_joule([r(j, nn[j], ss.get(j, 0)) for j in nn], idle_w)
 
     floor = {c.job: c.min_share * r(c.job, n[c.job], s.get(c.job, 0))[0] for c in flex}
+    least = {  # the floor in resources too: a model probed on a loaded machine can be wrong
+        c.job: (
+            max(1, math.floor(c.min_share * n[c.job])),
+            _step_floor(c.min_share * s.get(c.job, 0)),
+        )
+        for c in flex
+    }
     equal = total(n, s) if flex else 0.0
     best = equal
     while len(flex) > 1:
@@ -270,7 +279,12 @@ def allocate(
                 if give is take:
                     continue
                 for nn, ss in _moves(give, take, n, s):
-                    if any(r(j, nn[j], ss.get(j, 0))[0] < floor[j] * (1 - 1e-9) for j in nn):
+                    if any(
+                        nn[j] < least[j][0]
+                        or ss.get(j, 0) < least[j][1]
+                        or r(j, nn[j], ss.get(j, 0))[0] < floor[j] * (1 - 1e-9)
+                        for j in nn
+                    ):
                         continue
                     t = total(nn, ss)
                     if t > best * (1 + MIN_GAIN):
@@ -319,6 +333,11 @@ def _gpu_room(machine: MachineView, fixed: dict[str, Budget]) -> dict[int, int]:
         if b.gpu is not None and b.gpu in room:
             room[b.gpu] -= b.mps_pct or 0  # a fixed budget holds only the share it names
     return {g: max(0, v) // SHARE_STEP * SHARE_STEP for g, v in room.items()}
+
+
+def _step_floor(pct: float) -> int:
+    """``pct`` rounded down to a whole ``SHARE_STEP``."""
+    return int(pct // SHARE_STEP) * SHARE_STEP
 
 
 def _split(units: int, weights: dict[str, float], least: int) -> dict[str, int]:

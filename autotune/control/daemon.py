@@ -12,8 +12,8 @@ a budget of cores, a GPU and an MPS share, is pinned to it, and is tuned inside 
 runs per state dir (a lock there); a second is refused.
 
 The loop never blocks on a job: it polls the control socket (``autotune.control.protocol``),
-ticks each tuner, and drops jobs silent for ``JOB_SILENT_S`` (a job that comes back is asked to
-register again). SIGTERM, SIGINT and a STOP message end it cleanly: trials being measured are
+ticks each tuner, and drops jobs silent too long (``protocol.silence_limit``; one that comes back
+registers again). SIGTERM, SIGINT and a STOP message end it cleanly: trials being measured are
 failed as "daemon stopped" and the jobs go on training with the config they have.
 """
 
@@ -298,10 +298,9 @@ class Daemon:
     def _tick(self) -> None:
         now = time.monotonic()
         for session in list(self.sessions.values()):
-            if now - session.last_seen > protocol.JOB_SILENT_S:
-                logger.warning(
-                    "job %s silent for %.0f s; dropped", session.job_id, now - session.last_seen
-                )
+            silent = now - session.last_seen
+            if silent > protocol.silence_limit(session.hello.get("pid")):
+                logger.warning("job %s silent for %.0f s; dropped", session.job_id, silent)
                 self._drop(session, "job went silent")
             elif session.remote.latest is not None:
                 try:

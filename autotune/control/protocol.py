@@ -50,7 +50,22 @@ PROTOCOL_VERSION = 1
 REPORT_INTERVAL_S = 0.5
 """How often a registered job reports its counters."""
 JOB_SILENT_S = 10.0
-"""A job that has not reported for this long is dropped by the daemon (its trial failed)."""
+"""A job that has not reported for this long, and whose process is gone, is dropped by the
+daemon (its trial failed)."""
+JOB_BUSY_S = 60.0
+"""A job whose process still runs is dropped after this long without a report: starting many
+actors or a GMI hand-over on a loaded machine can hold its loop for more than ``JOB_SILENT_S``."""
+
+
+def silence_limit(pid: Any) -> float:
+    """How long the daemon waits for a report from the job with process ``pid`` (on this
+    machine) before dropping it."""
+    import psutil
+
+    ok = isinstance(pid, int) and not isinstance(pid, bool) and pid > 0
+    return JOB_BUSY_S if ok and psutil.pid_exists(pid) else JOB_SILENT_S
+
+
 REQUEST_TIMEOUT_S = 3.0
 """How long a client or a registering job waits for the daemon's answer."""
 APPLY_RESEND_S = 2.0

@@ -6,8 +6,8 @@ as jobs come and go.
   sizes itself (``OFFER``) with the budget it would get now; the registered jobs keep theirs
   until it registers, and jobs sizing themselves at the same time get disjoint cores where the
   machine has room for that.
-* The share-out is recomputed when a job joins or leaves (a job silent for
-  ``protocol.JOB_SILENT_S`` is dropped, and its budget goes back), and every ``REBALANCE_S``
+* The share-out is recomputed when a job joins or leaves (a silent job is dropped, see
+  ``protocol.silence_limit``, and its budget goes back), and every ``REBALANCE_S``
   with the jobs' fitted models and the foreign load read again; a periodic change is made only
   where it predicts at least ``REBALANCE_GAIN`` more steps/J, so budgets do not churn.
 * A changed budget goes to its job as a ``BUDGET`` message (sent again every

@@ -220,3 +220,22 @@ def test_every_job_on_a_gpu_keeps_a_share_a_gmi_can_run_at():
     assert "is not on this machine" in check_admission(
         m, [], Claim("x", fixed=Budget((1,), 3, 10), gpu=None)
     )
+
+
+def test_a_job_whose_model_says_cores_do_not_help_keeps_its_floor_in_resources():
+    """A model probed on a loaded machine can call a job flat in cores and GPU share; the
+    floor still leaves it ``min_share`` of its equal-split cores and share (the daemon once
+    gave such a job 1 core of 15)."""
+    m = machine(15, gpus=1)
+    rates = {
+        "flat": lambda cores, pct: (3000.0, 40.0),
+        "ant": scaling(2000.0, gpu_gain=1.0),
+        "ant2": scaling(2000.0, gpu_gain=1.0),
+    }
+    claims = [Claim(j, gpu=0) for j in rates]
+    alloc = allocate(m, claims, rates, idle_w=100.0)
+    check(alloc, m, claims)
+    assert len(alloc.budgets["flat"].cores) == math.floor(0.8 * 5)
+    assert alloc.budgets["flat"].mps_pct == 20  # 0.8 of its 30 % in the equal split, in 5 % steps
+    loose = allocate(m, [Claim(j, gpu=0, min_share=0.0) for j in rates], rates, idle_w=100.0)
+    assert len(loose.budgets["flat"].cores) == 1  # no floor: all it can lose

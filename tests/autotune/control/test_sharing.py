@@ -328,3 +328,15 @@ def test_a_stopping_daemon_leaves_every_job_its_budget_and_a_job_registered_agai
         assert link.budget_seq == 0  # the new registration's budgets count from one again
     finally:
         link.close()
+
+
+def test_a_silent_job_whose_process_runs_is_given_longer_than_one_that_is_gone():
+    from autotune.control import protocol
+
+    done = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    gone = int(done.stdout)
+    assert protocol.silence_limit(os.getpid()) == protocol.JOB_BUSY_S
+    assert protocol.silence_limit(gone) == protocol.JOB_SILENT_S
+    assert protocol.silence_limit(None) == protocol.silence_limit(True) == protocol.JOB_SILENT_S
