@@ -372,7 +372,8 @@ class Daemon:
             return
         pct = budget.mps_pct if budget.gpu is not None else None
         session.tuner.set_limits({**limits_for(len(budget.cores), pct), **energy})
-        running = session.tuner.applied or session.tuner.base
+        best = (session.tuner.best() or {}).get("values") or {}  # not a trial being measured
+        running = {**(session.tuner.applied or session.tuner.base), **best}
         sized = self.shares.sized(job_id, budget, running) if share.seq > 1 else None
         if sized is not None:  # a changed budget: the model's best inside it, at once
             session.tuner.adopt(sized)

@@ -48,9 +48,10 @@ REBALANCE_S = 30.0
 REBALANCE_GAIN = 0.03
 BUDGET_RESEND_S = 2.0
 KEEP_GAIN = 0.05
-"""A config sized for a changed budget keeps the job's envs per actor, trainer device,
-trainers and MPS share (changed only by respawning every actor or handing its GMIs over, which
-costs seconds of steps) unless changing them predicts at least this much more steps/J."""
+"""A config sized for a changed budget keeps the envs per actor, trainer device, trainers and
+MPS share of the job's best config so far (changed only by respawning every actor or handing
+its GMIs over, which costs seconds of steps) unless changing them predicts at least this much
+more steps/J."""
 COSTLY = ("envs_per_actor", "trainer_device", "trainers", "mps_pct")
 CLAIM_FIELDS = ("weight", "min_share", "exclusive", "cores", "mps_pct", "gpu")
 

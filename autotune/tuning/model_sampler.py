@@ -11,9 +11,13 @@ It is an ``optuna.samplers.BaseSampler``, so the study stays the store and the i
    batch size, trainer device, trainers, MPS share, trainer threads; other knobs stay at the
    incumbent's values), log steps/J (or steps/s) and its uncertainty, which grows with the
    distance to the nearest measured config;
-3. drops configs measured or failed before, and those over the policy-lag ceiling; once the
-   study has measured ``caution_after_s`` of windows, also those predicted below ``caution``
-   times the incumbent unless their uncertainty exceeds ``unsure`` (the model cannot tell);
+3. drops configs measured or failed before, those over the policy-lag ceiling, and those
+   outside the trust region around the incumbent: more than ``trust_knobs`` knobs other than
+   the actor count changed, or a numeric one moved by more than ``trust_factor`` times (far
+   from anything measured the model's uncertainty is largest, and a jump there, such as one env
+   per actor with a 64k batch, can stall a job for its whole window); once the study has
+   measured ``caution_after_s`` of windows, also those predicted below ``caution`` times the
+   incumbent unless their uncertainty exceeds ``unsure`` (the model cannot tell);
 4. scores the rest by expected improvement over the incumbent's median (log scale) times
    ``horizon_s / (horizon_s + cost)``, the cost in seconds of the change (a respawn or a GMI
    hand-over costs seconds, a batch-size change nothing);
@@ -101,6 +105,8 @@ class ModelSampler(optuna.samplers.BaseSampler):
         unsure: float = 0.35,
         min_gain: float = 0.01,
         horizon_s: float = 60.0,
+        trust_knobs: int = 2,
+        trust_factor: float = 4.0,
     ) -> None:
         if objective not in ("steps_per_joule", "steps_per_s"):
             raise ValueError(
@@ -111,6 +117,7 @@ class ModelSampler(optuna.samplers.BaseSampler):
         self.applies, self.objective, self.lag_ceiling = applies, objective, lag_ceiling
         self.caution, self.caution_after_s, self.unsure = caution, caution_after_s, unsure
         self.min_gain, self.horizon_s = min_gain, horizon_s
+        self.trust_knobs, self.trust_factor = trust_knobs, trust_factor
         self.rng = np.random.default_rng(seed)
         self._fallback = optuna.samplers.RandomSampler(seed=seed)
         self._plans: dict[int, dict[str, Any]] = {}
@@ -189,6 +196,21 @@ class ModelSampler(optuna.samplers.BaseSampler):
             out["mps_pct"] = 100
         return json.dumps(out, sort_keys=True)
 
+    def _near(self, a: dict[str, Any], b: dict[str, Any]) -> bool:
+        """Whether ``b`` is inside the trust region around ``a`` (the module docstring)."""
+        moved = 0
+        for n in self.choices:
+            x, y = a.get(n, self.defaults.get(n)), b.get(n, self.defaults.get(n))
+            if x == y or n == "actors":
+                continue
+            moved += 1
+            numeric = isinstance(x, int | float) and isinstance(y, int | float) and x and y
+            if moved > self.trust_knobs or (
+                numeric and max(x / y, y / x) > self.trust_factor * (1 + 1e-9)
+            ):
+                return False
+        return True
+
     def _cost(self, a: dict[str, Any], b: dict[str, Any]) -> float:
         kinds = {
             "actors" if n == "actors" else self.applies.get(n, "live")
@@ -219,6 +241,7 @@ class ModelSampler(optuna.samplers.BaseSampler):
         keys = [self._key(c) for c in cands]
         ok = np.array([k not in tried for k in keys])
         ok &= fits_cores(machine, x)  # no core oversubscribed
+        ok &= np.array([self._near(incumbent, c) for c in cands], dtype=bool)
         if self.limits:  # the daemon's budget for this job
             ok &= np.array([fits(c, self.limits) for c in cands], dtype=bool)
         if self.lag_ceiling is not None:
