@@ -29,9 +29,9 @@ from runtime.probes import ProbeError, Probes, run_probes
 
 MAX_AGE_S = 7 * 86400.0
 """Seconds a cached probe stays valid."""
-FORMAT = 3
-"""Part of the key: entries written before the loaded actor-round probe existed are measured
-again."""
+FORMAT = 4
+"""Part of the key: entries written before the env step was timed on its own thread's clock
+(the process's clock counted its other threads too) are measured again."""
 
 
 def cache_dir() -> Path:
