@@ -60,3 +60,21 @@ def wait_until(ready, proc=None, timeout_s: float = 300.0, what: str = "progress
         if time.monotonic() > deadline:
             raise AssertionError(f"no {what} within {timeout_s:.0f} s")
         time.sleep(0.5)
+
+
+def mujoco_like_model():
+    """A throughput/power model of a MuJoCo-like job on a 16-core GPU host (0.3 ms per env
+    step), for tests of the allocator's rates and the daemon's sizing."""
+    from autotune.tuning.perf_model import MachineModel
+
+    return MachineModel(
+        cores=16,
+        rollout_len=32,
+        t_env=3e-4,
+        f0=2e-4,
+        f1=2e-5,
+        learner={"cpu": (0.05, 6e-5), "cuda": (0.01, 2e-6)},
+        gpu_idle_w=70.0,
+        gpu_limit_w=700.0,
+        cpu_idle_w=24.0,
+    )

@@ -7,6 +7,7 @@ import math
 from dataclasses import replace
 
 import pytest
+from conftest import mujoco_like_model
 
 from autotune.control.allocator import (
     AllocationError,
@@ -18,7 +19,6 @@ from autotune.control.allocator import (
 )
 from autotune.control.machine import MachineView
 from autotune.control.rates import model_rate
-from autotune.tuning.perf_model import MachineModel
 
 H100 = {"index": 0, "name": "H100", "sms": 132, "memory_mib": 81559}
 
@@ -152,17 +152,7 @@ def test_foreign_load_is_handed_out_last():
 
 def test_model_rates_from_the_throughput_model():
     """Two modelled jobs on a 16-core GPU host: a MuJoCo-like and a 4x heavier env step."""
-    m = MachineModel(
-        cores=16,
-        rollout_len=32,
-        t_env=3e-4,
-        f0=2e-4,
-        f1=2e-5,
-        learner={"cpu": (0.05, 6e-5), "cuda": (0.01, 2e-6)},
-        gpu_idle_w=70.0,
-        gpu_limit_w=700.0,
-        cpu_idle_w=24.0,
-    )
+    m = mujoco_like_model()
     rates = {"ant": model_rate(m, 1, 16), "humanoid": model_rate(replace(m, t_env=1.2e-3), 1, 16)}
     mv = machine(16, gpus=1)
     claims = [Claim("ant", gpu=0), Claim("humanoid", gpu=0)]

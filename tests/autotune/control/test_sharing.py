@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import wait_until
+from conftest import mujoco_like_model, wait_until
 
 from autotune.control.allocator import Budget, Claim
 from autotune.control.machine import MachineView
@@ -212,19 +212,8 @@ def test_a_changed_budget_keeps_the_costly_values_unless_changing_them_pays():
     them; it changes them where the gain is larger."""
     from autotune.control.rates import sized_for
     from autotune.control.sharing import KEEP_GAIN, Share
-    from autotune.tuning.perf_model import MachineModel
 
-    m = MachineModel(
-        cores=16,
-        rollout_len=32,
-        t_env=3e-4,
-        f0=2e-4,
-        f1=2e-5,
-        learner={"cpu": (0.05, 6e-5), "cuda": (0.01, 2e-6)},
-        gpu_idle_w=70.0,
-        gpu_limit_w=700.0,
-        cpu_idle_w=24.0,
-    )
+    m = mujoco_like_model()
     shares = MachineShares(
         MachineView.from_dict({"cores": 16}), lambda *a: None, read_foreign=False
     )
