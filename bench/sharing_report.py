@@ -80,7 +80,25 @@ def table(results: dict[str, Any], goals: dict[str, float], ways: list[str]) -> 
             lines.append(f"- {goal} steps/J: {ratio:.2f} (goal >= {threshold}): {met}{own}")
         else:
             lines.append(f"- {goal} steps/J: not measured")
+    lines.append(floor_line(results))
     return "\n".join(lines)
+
+
+def floor_line(results: dict[str, Any], min_share: float = 0.8) -> str:
+    """Each job's steps/s under the daemon over its steps/s started together with the others
+    (the kernel's share-out, the measured stand-in for an equal split), against the default
+    fairness floor."""
+    daemon, together = ((results.get(w) or {}).get("jobs", {}) for w in ("daemon", "together"))
+    ratios = {
+        name: j["steps_per_s"] / together[name]["steps_per_s"]
+        for name, j in daemon.items()
+        if j.get("steps_per_s") and (together.get(name) or {}).get("steps_per_s")
+    }
+    if not ratios:
+        return "- fairness floor (daemon / together steps/s per job): not measured"
+    each = ", ".join(f"{n} {r:.2f}" for n, r in ratios.items())
+    met = "met" if min(ratios.values()) >= min_share else "NOT met"
+    return f"- fairness floor (daemon / together steps/s per job, >= {min_share}): {each}: {met}"
 
 
 def goals_ways(goals: dict[str, float]) -> set[str]:

@@ -58,3 +58,16 @@ def test_each_way_is_read_against_the_limits_beside_it():
     frac = of_limit(results, ways)
     assert frac["together"] == pytest.approx(100 / 190)
     assert frac["daemon"] == pytest.approx(90 / 150)
+
+
+def test_the_floor_line_compares_each_job_under_the_daemon_with_the_same_job_together():
+    from bench.sharing_report import floor_line
+
+    def way(**rates):
+        return {"jobs": {n: {"steps_per_s": r} for n, r in rates.items()}}
+
+    met = floor_line({"daemon": way(a=90.0, b=100.0), "together": way(a=100.0, b=100.0)})
+    assert "a 0.90, b 1.00" in met and met.endswith(": met")
+    low = floor_line({"daemon": way(a=70.0, b=100.0), "together": way(a=100.0, b=100.0)})
+    assert low.endswith("NOT met")
+    assert "not measured" in floor_line({"daemon": way(a=1.0)})
