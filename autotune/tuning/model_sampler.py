@@ -172,22 +172,46 @@ class ModelSampler(optuna.samplers.BaseSampler):
         return windows, by_config
 
     def _candidates(self, hold: dict[str, Any]) -> list[dict[str, Any]]:
+        """The configs inside the trust region around ``hold`` (the module docstring): every
+        actor count, with at most ``trust_knobs`` other knobs moved to values within
+        ``trust_factor`` of ``hold``'s."""
         tuned = [n for n in MODELLED if n in self.choices]
-        grid = [self.choices[n] for n in tuned]
-        size = math.prod(len(g) for g in grid)
-        if size <= MAX_CANDIDATES:
-            combos = itertools.product(*grid)
+        near = {n: [v for v in self.choices[n] if self._close(hold.get(n), v)] for n in tuned}
+        free = [n for n in tuned if n == "actors"]
+        others = [n for n in tuned if n != "actors"]
+        if self.trust_knobs >= len(others):  # no limit on how many move: one grid
+            groups = [(tuple(free) + tuple(others), [near[n] for n in free + others])]
         else:
-            combos = (
-                tuple(g[self.rng.integers(len(g))] for g in grid) for _ in range(MAX_CANDIDATES)
-            )
+            groups = [
+                (
+                    tuple(free) + moved,
+                    [near[n] for n in free]
+                    + [[v for v in near[n] if v != hold.get(n)] for n in moved],
+                )
+                for k in range(self.trust_knobs + 1)
+                for moved in itertools.combinations(others, k)
+            ]
         out = []
-        for combo in combos:
-            c = {**hold, **dict(zip(tuned, combo, strict=True))}
-            if c.get("trainer_device") == "cpu" and c.get("mps_pct", 100) != 100:
-                continue  # the MPS share means nothing to a CPU trainer
-            out.append(c)
+        for names, grid in groups:
+            size = math.prod(len(g) for g in grid)
+            if size <= MAX_CANDIDATES:
+                combos = itertools.product(*grid)
+            else:
+                combos = (
+                    tuple(g[self.rng.integers(len(g))] for g in grid) for _ in range(MAX_CANDIDATES)
+                )
+            for combo in combos:
+                c = {**hold, **dict(zip(names, combo, strict=True))}
+                if c.get("trainer_device") == "cpu" and c.get("mps_pct", 100) != 100:
+                    continue  # the MPS share means nothing to a CPU trainer
+                out.append(c)
         return out
+
+    def _close(self, x: Any, y: Any) -> bool:
+        """Whether a knob may move from ``x`` to ``y`` in one step (numbers by at most
+        ``trust_factor`` times; anything else freely)."""
+        numeric = isinstance(x, int | float) and isinstance(y, int | float) and x and y
+        return not numeric or max(x / y, y / x) <= self.trust_factor * (1 + 1e-9)
 
     def _key(self, values: dict[str, Any]) -> str:
         """A config's identity over the tuned knobs (a CPU trainer has no MPS share)."""
@@ -195,21 +219,6 @@ class ModelSampler(optuna.samplers.BaseSampler):
         if out.get("trainer_device") == "cpu" and "mps_pct" in out:
             out["mps_pct"] = 100
         return json.dumps(out, sort_keys=True)
-
-    def _near(self, a: dict[str, Any], b: dict[str, Any]) -> bool:
-        """Whether ``b`` is inside the trust region around ``a`` (the module docstring)."""
-        moved = 0
-        for n in self.choices:
-            x, y = a.get(n, self.defaults.get(n)), b.get(n, self.defaults.get(n))
-            if x == y or n == "actors":
-                continue
-            moved += 1
-            numeric = isinstance(x, int | float) and isinstance(y, int | float) and x and y
-            if moved > self.trust_knobs or (
-                numeric and max(x / y, y / x) > self.trust_factor * (1 + 1e-9)
-            ):
-                return False
-        return True
 
     def _cost(self, a: dict[str, Any], b: dict[str, Any]) -> float:
         kinds = {
@@ -241,7 +250,6 @@ class ModelSampler(optuna.samplers.BaseSampler):
         keys = [self._key(c) for c in cands]
         ok = np.array([k not in tried for k in keys])
         ok &= fits_cores(machine, x)  # no core oversubscribed
-        ok &= np.array([self._near(incumbent, c) for c in cands], dtype=bool)
         if self.limits:  # the daemon's budget for this job
             ok &= np.array([fits(c, self.limits) for c in cands], dtype=bool)
         if self.lag_ceiling is not None:
