@@ -7,15 +7,16 @@ It is an ``optuna.samplers.BaseSampler``, so the study stays the store and the i
 
 1. fits the model to every completed trial's window (their ``steps_per_s``, ``gpu_j``,
    ``cpu_j``, ``window_s`` and ``policy_lag`` attributes), primed by the probes;
-2. predicts, for every combination of the knobs the model describes (actors, envs per actor,
-   batch size, trainer device, trainers, MPS share, trainer threads; other knobs stay at the
-   incumbent's values), log steps/J (or steps/s) and its uncertainty, which grows with the
-   distance to the nearest measured config;
-3. drops configs measured or failed before, those over the policy-lag ceiling, and those
-   outside the trust region around the incumbent: more than ``trust_knobs`` knobs other than
-   the actor count changed, or a numeric one moved by more than ``trust_factor`` times (far
-   from anything measured the model's uncertainty is largest, and a jump there, such as one env
-   per actor with a 64k batch, can stall a job for its whole window); once the study has
+2. predicts, for every config in the trust region around the incumbent over the knobs the
+   model describes (actors, envs per actor, batch size, trainer device, trainers, MPS share,
+   trainer threads; other knobs stay at the incumbent's values), log steps/J (or steps/s) and
+   its uncertainty, which grows with the distance to the nearest measured config. The trust
+   region: any actor count, and at most ``trust_knobs`` other knobs moved, a numeric one by at
+   most ``trust_factor`` times (far from anything measured the model's uncertainty is largest,
+   and a jump there, such as one env per actor with a 64k batch, can stall a job for its whole
+   window);
+3. drops configs measured or failed before, and those over the policy-lag ceiling; once the
+   study has
    measured ``caution_after_s`` of windows, also those predicted below ``caution`` times the
    incumbent unless their uncertainty exceeds ``unsure`` (the model cannot tell);
 4. scores the rest by expected improvement over the incumbent's median (log scale) times
