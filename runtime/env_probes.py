@@ -57,9 +57,9 @@ def probe_forward(
 
 def probe_env_step(env_id: str, seed: int = 0, slices: int = 3) -> float:
     """CPU seconds per step of one env with random actions (resets included as they come):
-    the least of ``slices`` slices of ``PROBE_S``, each timed on this thread's own clock (not
-    the process's other threads, and not time spent waiting for a core another process holds),
-    so a moment of interference does not double the figure every sizing is built on."""
+    the least of ``slices`` slices that share ``PROBE_S``, each timed on this thread's own
+    clock (not the process's other threads, and not time spent waiting for a core another
+    process holds), so a moment of interference does not double the figure sizing builds on."""
     from runtime.envs import make_env
 
     env = make_env(env_id)
@@ -70,7 +70,7 @@ def probe_env_step(env_id: str, seed: int = 0, slices: int = 3) -> float:
         for _ in range(slices):
             steps, start = 0, time.thread_time()
             wall = time.perf_counter()
-            while steps < 50 or time.perf_counter() - wall < PROBE_S:
+            while steps < 50 or time.perf_counter() - wall < PROBE_S / slices:
                 _, _, term, trunc, _ = env.step(env.action_space.sample())
                 steps += 1
                 if term or trunc:
