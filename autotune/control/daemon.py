@@ -12,7 +12,7 @@ a budget of cores, a GPU and an MPS share, is pinned to it, and is tuned inside 
 runs per state dir (a lock there); a second is refused.
 
 The loop never blocks on a job: it polls the control socket (``autotune.control.protocol``),
-ticks each tuner, and drops jobs silent too long (``protocol.silence_limit``; one that comes back
+ticks each tuner, and drops jobs silent too long (``protocol.too_silent``; one that comes back
 registers again). SIGTERM, SIGINT and a STOP message end it cleanly: trials being measured are
 failed as "daemon stopped" and the jobs go on training with the config they have.
 """
@@ -299,7 +299,7 @@ class Daemon:
         now = time.monotonic()
         for session in list(self.sessions.values()):
             silent = now - session.last_seen
-            if silent > protocol.silence_limit(session.hello.get("pid")):
+            if protocol.too_silent(silent, session.hello.get("pid")):
                 logger.warning("job %s silent for %.0f s; dropped", session.job_id, silent)
                 self._drop(session, "job went silent")
             elif session.remote.latest is not None:

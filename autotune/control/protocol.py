@@ -57,13 +57,16 @@ JOB_BUSY_S = 60.0
 actors or a GMI hand-over on a loaded machine can hold its loop for more than ``JOB_SILENT_S``."""
 
 
-def silence_limit(pid: Any) -> float:
-    """How long the daemon waits for a report from the job with process ``pid`` (on this
-    machine) before dropping it."""
+def too_silent(silent_s: float, pid: Any) -> bool:
+    """Whether the daemon drops the job with process ``pid`` (on this machine) after
+    ``silent_s`` without a report: past ``JOB_SILENT_S`` if its process is gone, past
+    ``JOB_BUSY_S`` if it runs (the process is looked up only once the first has passed)."""
+    if silent_s <= JOB_SILENT_S:
+        return False
     import psutil
 
     ok = isinstance(pid, int) and not isinstance(pid, bool) and pid > 0
-    return JOB_BUSY_S if ok and psutil.pid_exists(pid) else JOB_SILENT_S
+    return silent_s > JOB_BUSY_S or not (ok and psutil.pid_exists(pid))
 
 
 REQUEST_TIMEOUT_S = 3.0

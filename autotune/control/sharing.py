@@ -7,7 +7,7 @@ as jobs come and go.
   until it registers, and jobs sizing themselves at the same time get disjoint cores where the
   machine has room for that.
 * The share-out is recomputed when a job joins or leaves (a silent job is dropped, see
-  ``protocol.silence_limit``, and its budget goes back), and every ``REBALANCE_S``
+  ``protocol.too_silent``, and its budget goes back), and every ``REBALANCE_S``
   with the jobs' fitted models and the foreign load read again; a periodic change is made only
   where it predicts at least ``REBALANCE_GAIN`` more steps/J, so budgets do not churn.
 * A changed budget goes to its job as a ``BUDGET`` message (sent again every

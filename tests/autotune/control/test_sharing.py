@@ -326,6 +326,8 @@ def test_a_silent_job_whose_process_runs_is_given_longer_than_one_that_is_gone()
         [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
     )
     gone = int(done.stdout)
-    assert protocol.silence_limit(os.getpid()) == protocol.JOB_BUSY_S
-    assert protocol.silence_limit(gone) == protocol.JOB_SILENT_S
-    assert protocol.silence_limit(None) == protocol.silence_limit(True) == protocol.JOB_SILENT_S
+    busy, past = protocol.JOB_BUSY_S, protocol.JOB_SILENT_S + 1
+    assert not protocol.too_silent(protocol.JOB_SILENT_S, gone)  # not yet, whatever the pid
+    assert not protocol.too_silent(past, os.getpid()) and protocol.too_silent(busy + 1, os.getpid())
+    assert protocol.too_silent(past, gone)
+    assert protocol.too_silent(past, None) and protocol.too_silent(past, True)
