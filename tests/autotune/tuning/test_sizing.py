@@ -72,3 +72,43 @@ def test_a_tuned_runs_narrowed_knobs_bound_the_start():
     # an explicit value still wins over the narrowed knob
     held = size_run(machine(16, True), 1, {"actors": 3}, 4, allowed=allowed)
     assert held.values["actors"] == 3
+
+
+def ant_on_h100_loaded_probe_without_intercept() -> MachineModel:
+    """Ant-v5's model as probed on an H100 80GB 16-core host (15 cores in the job's budget):
+    the loaded actor round measured 0.85 ms at 2 envs and 6.83 ms at 16, a line whose intercept
+    clamps to zero, so the model sees no fixed cost per round; the GPU learner's update costs
+    the same at every batch."""
+    return MachineModel(
+        cores=15,
+        rollout_len=32,
+        t_env=295e-6,
+        f0=27e-6,
+        f1=3e-6,
+        learner={"cuda": (0.1197, 1e-12), "cpu": (0.0601, 4.21e-5)},
+        gpu_idle_w=77.2,
+        gpu_limit_w=700.0,
+        cpu_idle_w=24.0,
+        gpu_ctx_w=67.2,
+        gpu_busy_w=1.0,
+        load=1.436,
+        g0=0.0,
+        g1=427e-6,
+    )
+
+
+def test_a_cpu_trainer_needs_a_clear_margin_and_ties_take_the_most_envs():
+    m = ant_on_h100_loaded_probe_without_intercept()
+    s = size_run(m, 1, {}, 4)
+    # the model alone scores two CPU trainers about 11 % above the GPU trainer: inside the margin
+    assert s.values["trainer_device"] == "cuda"
+    assert s.rules["cpu_trainer_margin"] > 0
+    # every env count predicts alike here; one env per actor trained at 0.6-0.7 of eight
+    assert s.values["envs_per_actor"] >= 8
+    assert s.predicted["policy_lag"] <= s.rules["lag_ceiling"]
+    # a CPU trainer still wins where it is far better: a learner the GPU cannot speed up
+    slow_gpu = MachineModel(**{**m.__dict__, "learner": {"cuda": (0.5, 1e-4), "cpu": (0.01, 1e-6)}})
+    assert size_run(slow_gpu, 1, {}, 4).values["trainer_device"] == "cpu"
+    # and where the user holds the device, the margin does not apply
+    held = size_run(m, 1, {"trainer_device": "cpu"}, 4)
+    assert held.values["trainer_device"] == "cpu"
