@@ -5,7 +5,12 @@ and, on a GPU, its CUDA start-up. The results are stored as JSON under the cache
 (``$AUTOTUNE_CACHE_DIR``, else ``$XDG_CACHE_HOME/autotune``, else ``~/.cache/autotune``), one
 file per workload and machine: the key hashes the probe spec (env, policy, rollout length,
 learner settings, devices) with what the costs depend on here (host name, CPU model, the
-cores in the affinity mask, the GPUs' names, the Python, torch, numpy and gymnasium versions).
+host's core count, the GPUs' names, the Python, torch, numpy and gymnasium versions).
+The host's cores, not the affinity mask's: a job the daemon gives some of the cores keeps the
+probes of that workload measured for the whole machine. The costs are the same per core, and
+the loaded actor round is timed with every core of the mask busy, as the machine is when jobs
+share it. Keyed on the mask, each arriving job probed again for about 20 s, on cores it was
+given to train on, beside the running jobs.
 An entry older than ``MAX_AGE_S``, one that cannot be read back, and any custom env
 (``module:Id``, whose code may have changed) is probed afresh; ``refresh`` forces it
 (``autotune train --reprobe``). Files are written whole (a temporary file, then a rename),
@@ -59,18 +64,22 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def mask_cores() -> int:
+    """Cores in this process's affinity mask (an actor on each for the loaded probe)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
 def machine_facts() -> dict[str, Any]:
     """What probe results depend on besides the workload."""
     from runtime.hw.gpus import list_gpus
 
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
     return {
         "host": platform.node(),
         "cpu": _cpu_model(),
-        "cores": cores,
+        "cores": os.cpu_count() or 1,
         "gpus": [g.name for g in list_gpus()],
         "python": sys.version.split()[0],
         **{dist: _version(dist) for dist in ("torch", "numpy", "gymnasium")},
@@ -111,7 +120,7 @@ def probes(
         hit = _read(path)
         if hit is not None:
             return hit
-    measured = run_probes(env_id, policy, rollout_len, learner, devices, procs=facts["cores"])
+    measured = run_probes(env_id, policy, rollout_len, learner, devices, procs=mask_cores())
     if path is not None:
         _write(path, measured)
     return measured
