@@ -62,6 +62,20 @@ def wait_until(ready, proc=None, timeout_s: float = 300.0, what: str = "progress
         time.sleep(0.5)
 
 
+def kill_daemon(home) -> None:
+    """Ends the daemon of state dir ``home`` at once (SIGKILL); nothing if none answers. For a
+    test done with its daemon whose stop is not what it checks (``autotune daemon stop``
+    waits for a clean exit, which the daemon tests check on their own daemons)."""
+    import os
+    import signal
+
+    from autotune.control import protocol
+
+    pong = protocol.request(f"ipc://{home}/control.sock", protocol.MsgType.PING, timeout_s=30.0)
+    if pong is not None:
+        os.kill(int(pong["pid"]), signal.SIGKILL)
+
+
 def mujoco_like_model():
     """A throughput/power model of a MuJoCo-like job on a 16-core GPU host (0.3 ms per env
     step), for tests of the allocator's rates and the daemon's sizing."""

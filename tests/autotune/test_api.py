@@ -29,11 +29,12 @@ if __name__ == "__main__":
         ),
     )
     found = autotune.study(autotune.StudyOptions(
-        env="CartPole-v1", trials=2, trial_s=240.0, warmup_s=1.0, storage=sys.argv[1],
+        env="CartPole-v1", trials=1, trial_s=240.0, warmup_s=1.0, storage=sys.argv[1],
         study="api-study", profile=False,
         knobs=("envs_per_actor=4,8", "actors=1", "batch_size=1024", "trainers=1",
                "trainer_threads=1"),
-    ))  # a trial ends once its window is measured; trial_s is the longest it may run
+    ))  # a trial ends once its window is measured (10 s at least); trial_s is the longest it
+    # may run. One trial: what is checked (a study, its best, its export) needs no more.
     best = autotune.export("api-study", storage=sys.argv[1])
     print(json.dumps({
         "trained": run["env_steps"], "tuned": tuned["env_steps"],

@@ -60,8 +60,8 @@ def test_learning_runs_resume_and_report(tmp_path, capsys):
     assert main(long) == 0
     assert "already at 8192 steps, skipped" in capsys.readouterr().out
     # ours: two parts of a run too long for either; the second goes on from the first. Each part
-    # runs 5 s and on until it trained 2,048 steps (then Ctrl-C: it drains and saves)
-    long = [*common, "--arms", "ours", "--seeds", "7", "--steps", "5000000", "--max-wall-s", "5"]
+    # runs 2 s and on until it trained 2,048 steps (then Ctrl-C: it drains and saves)
+    long = [*common, "--arms", "ours", "--seeds", "7", "--steps", "5000000", "--max-wall-s", "2"]
     long += ["--min-steps", "2048"]
     reached = []
     for _ in range(2):

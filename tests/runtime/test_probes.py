@@ -2,19 +2,33 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from runtime import probe_cache
 from runtime.probes import ProbeError, Probes, run_probes
 
 pytestmark = pytest.mark.slow
+WORKLOAD = ("CartPole-v1", "auto:64:64:auto", 32, {}, ["cpu"])
 
 
-def test_probes_measure_the_env_the_forward_and_two_learner_sizes_at_least():
-    p = run_probes("CartPole-v1", "auto:64:64:auto", 32, {}, ["cpu"], procs=2)
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory) -> tuple[Probes, Path]:
+    """One real measurement, shared: the cache's first look-up of a workload in an empty cache
+    directory runs ``run_probes`` (an actor per usable core) and returns what it measured.
+    Gives the probes and that directory."""
+    cache = tmp_path_factory.mktemp("probe-cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("AUTOTUNE_CACHE_DIR", str(cache))
+        return probe_cache.probes(*WORKLOAD), cache
+
+
+def test_probes_measure_the_env_the_forward_and_two_learner_sizes_at_least(measured):
+    p = measured[0]
     assert 0 < p.env_step_s < 0.01 and set(p.forward_s) == {1, 8, 32}
-    # an actor's rounds (envs stepped, one forward) in two processes at once as well: what an
-    # actor pays with the cores full, at two env counts
+    # an actor's rounds (envs stepped, one forward) with one process per usable core (two on
+    # a 2-core machine) at once as well: what an actor pays with the cores full, at two env counts
     assert set(p.round_loaded_s) == {2, 16}
     assert 0 < p.round_loaded_s[2] < p.round_loaded_s[16] < 0.05
     g0, g1 = p.loaded_round_fit()
@@ -51,15 +65,16 @@ def test_a_workload_that_cannot_be_probed_says_why():
         run_probes("NoSuchEnv-v0", "auto", 32, {}, ["cpu"])
 
 
-def test_the_cache_keeps_a_workload_per_machine_and_refresh_measures_again(tmp_path, monkeypatch):
-    monkeypatch.setenv("AUTOTUNE_CACHE_DIR", str(tmp_path))
-    first = probe_cache.probes("CartPole-v1", "auto:32:auto", 32, {}, ["cpu"])
-    again = probe_cache.probes("CartPole-v1", "auto:32:auto", 32, {}, ["cpu"])
+def test_the_cache_keeps_a_workload_per_machine_and_refresh_measures_again(measured, monkeypatch):
+    first, cache = measured  # measured in this empty cache directory
+    monkeypatch.setenv("AUTOTUNE_CACHE_DIR", str(cache))
+    env, policy, rollout, learner, devices = WORKLOAD
+    again = probe_cache.probes(env, policy, rollout, learner, devices)
     assert not first.cached and again.cached and again.env_step_s == first.env_step_s
-    other = probe_cache.probes("CartPole-v1", "auto:32:auto", 16, {}, ["cpu"])
+    other = probe_cache.probes(env, policy, 16, learner, devices)
     assert not other.cached  # another rollout length is another workload
-    refreshed = probe_cache.probes("CartPole-v1", "auto:32:auto", 32, {}, ["cpu"], refresh=True)
+    refreshed = probe_cache.probes(env, policy, rollout, learner, devices, refresh=True)
     assert not refreshed.cached
-    for path in (tmp_path / "probes").glob("*.json"):
+    for path in (cache / "probes").glob("*.json"):
         path.write_text("{not json")  # an unreadable entry is measured again, not trusted
-    assert not probe_cache.probes("CartPole-v1", "auto:32:auto", 32, {}, ["cpu"]).cached
+    assert not probe_cache.probes(env, policy, rollout, learner, devices).cached

@@ -44,10 +44,10 @@ def run_cli(tmp_path, *args: str) -> dict:
     return json.loads(out.read_text())
 
 
-def test_cartpole_json_has_the_documented_shape(tmp_path):
-    r = run_cli(tmp_path, "--steps", "4096", "--actors", "1", "--envs-per-actor", "4")
+def assert_documented_shape(r: dict, steps: int, actors: int) -> None:
+    """The JSON ``--json`` writes for a CartPole run of ``steps`` with ``--actors actors``."""
     assert set(r) >= TOP_KEYS
-    assert r["env"] == "CartPole-v1" and r["env_steps"] >= 4096
+    assert r["env"] == "CartPole-v1" and r["env_steps"] >= steps
     assert r["sampled_steps"] == r["env_steps"] + r["discarded_steps"] + r["lost_steps"]
     assert set(r["energy"]) >= {"gpu_j", "cpu_j", "gpu_source", "cpu_source"}
     assert r["energy"]["gpu_source"] in ("nvml", "nvml-power-polling", "none")
@@ -56,7 +56,7 @@ def test_cartpole_json_has_the_documented_shape(tmp_path):
     assert set(r["policy_lag"]) == {"mean", "max"}
     assert set(r["stages"]) == {"dispenser", "compressor", "migrator", "batcher"}
     assert all(s["messages"] > 0 and s["bytes"] > 0 for s in r["stages"].values())
-    assert r["config"]["actors"] == 1
+    assert r["config"]["actors"] == actors
 
 
 def test_pendulum_continuous_control_smoke(tmp_path):
@@ -124,7 +124,8 @@ def test_bad_gmi_flags_are_refused_with_what_is_allowed(args, message, capsys):
 
 
 def test_auto_sizing_is_stored_explicit_flags_win_and_probes_are_cached(tmp_path):
-    """The defaults size the run from probes; the second run reads them from the cache."""
+    """The defaults size the run from probes; the second run reads them from the cache. The
+    second run's JSON (``--actors`` given, the rest sized) has the documented shape."""
     env = {**os.environ, "AUTOTUNE_CACHE_DIR": str(tmp_path / "cache")}
 
     def train(name: str, *args: str) -> tuple[dict, str]:
@@ -134,6 +135,7 @@ def test_auto_sizing_is_stored_explicit_flags_win_and_probes_are_cached(tmp_path
             [*cmd, "--steps", "4096", *args], capture_output=True, text=True, timeout=240, env=env
         )
         assert proc.returncode == 0, proc.stderr
+        assert "steps per joule" in proc.stdout  # the summary table
         return json.loads(out.read_text()), proc.stderr
 
     first, said = train("first")
@@ -147,6 +149,7 @@ def test_auto_sizing_is_stored_explicit_flags_win_and_probes_are_cached(tmp_path
     assert len(list((tmp_path / "cache" / "probes").glob("*.json"))) == 1
 
     second, said = train("second", "--actors", "2")
+    assert_documented_shape(second, 4096, actors=2)
     assert second["config"]["actors"] == 2 and "actors" not in second["sizing"]["auto"]
     assert second["sizing"]["probes"]["cached"] and "probes cached" in said
     assert second["sizing"]["probes"]["env_step_s"] == sizing["probes"]["env_step_s"]

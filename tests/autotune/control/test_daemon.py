@@ -8,16 +8,16 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import msgpack
 import optuna
 import pytest
-from conftest import wait_until
+from conftest import kill_daemon, wait_until
 
 from autotune.control import protocol
 from autotune.control.status import live_rates
 from autotune.tuning.counters import Counters
+from autotune.workflows.progress_log import latest_steps
 
 CLI = [sys.executable, "-m", "autotune.cli"]
 
@@ -98,6 +98,7 @@ def _complete(db, study):
 def test_sigkilled_daemon_restarts_and_resumes_the_study_with_no_trial_lost(tmp_path):
     env = _env(tmp_path)
     db, study = tmp_path / "s.db", "killed"
+    progress = tmp_path / "p.jsonl"
     pid = _daemon_pid(env)
     job = subprocess.Popen(
         [
@@ -113,6 +114,8 @@ def test_sigkilled_daemon_restarts_and_resumes_the_study_with_no_trial_lost(tmp_
             study,
             "--tune-window-s",
             "1",
+            "--tune-window-max-s",
+            "2",  # what is checked is the study across the kill, not how precise a window is
             "--tune-warmup-s",
             "0.5",
             "--knob",
@@ -131,6 +134,8 @@ def test_sigkilled_daemon_restarts_and_resumes_the_study_with_no_trial_lost(tmp_
             "10000000",
             "--json",
             str(tmp_path / "r.json"),
+            "--progress",
+            str(progress),
         ],
         env=env,
         stdout=subprocess.PIPE,
@@ -148,7 +153,10 @@ def test_sigkilled_daemon_restarts_and_resumes_the_study_with_no_trial_lost(tmp_
         assert "mps_pct" in out.stdout and "not on this machine" in out.stdout
         os.kill(pid, signal.SIGKILL)
         before = _trials(db, study)
-        time.sleep(2)
+        trained = latest_steps(progress)
+        wait_until(
+            lambda: latest_steps(progress) > trained, job, what="training on without a daemon"
+        )
         assert job.poll() is None, "the job must keep training without its daemon"
         pid = _daemon_pid(env)
         done = sum(s == "COMPLETE" for s, _, _ in before.values())
@@ -159,7 +167,7 @@ def test_sigkilled_daemon_restarts_and_resumes_the_study_with_no_trial_lost(tmp_
     finally:
         job.send_signal(signal.SIGINT)  # a clean drain, then the result with the tuning section
         out, _ = job.communicate(timeout=120)
-        _cli(env, "daemon", "stop")
+        kill_daemon(env["AUTOTUNE_HOME"])
     assert job.returncode == 0, out
     # every trial told before the kill is there unchanged; the one being measured is failed
     for number, (state, params, value) in before.items():
@@ -174,10 +182,15 @@ def test_sigkilled_daemon_restarts_and_resumes_the_study_with_no_trial_lost(tmp_
     assert result["lost_steps"] == 0
 
 
-def test_the_daemon_refuses_a_storage_it_cannot_open_and_the_job_does_not_start(tmp_path):
+def test_a_second_daemon_and_a_storage_the_daemon_cannot_open_are_refused(tmp_path):
+    """One daemon: a second one on the same socket is refused, naming the first; a job whose
+    storage it cannot open is refused and does not start; then it stops."""
     env = _env(tmp_path)
-    _daemon_pid(env)
+    pid = _daemon_pid(env)
     try:
+        again = _cli(env, "daemon", "run")
+        assert again.returncode == 2 and "already runs on ipc://" in again.stderr
+        assert f"(pid {pid})" in again.stderr
         out = _cli(env, "train", "--tune", "--quiet", "--storage", "nosuch://x")
         st = _cli(env, "status")
     finally:
@@ -188,17 +201,6 @@ def test_the_daemon_refuses_a_storage_it_cannot_open_and_the_job_does_not_start(
     assert "0 job(s)" in st.stdout
     assert stop.returncode == 0 and "stopped" in stop.stderr
     assert "no daemon running" in _cli(env, "status").stdout
-
-
-def test_a_second_daemon_on_the_same_socket_is_refused(tmp_path):
-    env = _env(tmp_path)
-    pid = _daemon_pid(env)
-    try:
-        again = _cli(env, "daemon", "run")
-        assert again.returncode == 2 and "already runs on ipc://" in again.stderr
-        assert f"(pid {pid})" in again.stderr
-    finally:
-        _cli(env, "daemon", "stop")
 
 
 def test_a_job_refuses_malformed_or_invalid_configs_without_changing(monkeypatch):

@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import mujoco_like_model, wait_until
+from conftest import kill_daemon, mujoco_like_model, wait_until
 
 from autotune.control.allocator import Budget, Claim
 from autotune.control.machine import MachineView
@@ -139,24 +139,30 @@ def test_two_tuned_jobs_share_the_machine_and_the_survivor_grows(tmp_path):
         for job in (first, second):
             if job is not None:
                 job.kill()
-        _cli(env, "daemon", "stop")
+        kill_daemon(env["AUTOTUNE_HOME"])
     for name in ("first", "second"):
         result = json.loads((tmp_path / f"{name}.json").read_text())
         _nothing_lost(result)
         assert result["tuning"]["where"].startswith("daemon on ipc://")
 
 
-def test_claims_the_machine_cannot_meet_are_refused_with_what_is_free(tmp_path):
-    env = _env(tmp_path)
+@pytest.fixture(scope="module")
+def daemon_env(tmp_path_factory):
+    """The CLI's environment for a daemon of its own state dir, started once for the tests
+    that only ask it things (claims it refuses, hostile messages) and stopped after them."""
+    env = _env(tmp_path_factory.mktemp("asked"))
     assert _cli(env, "daemon", "start").returncode == 0
-    try:
-        again = _cli(env, "daemon", "run", "--control", f"ipc://{tmp_path}/other.sock")
-        out = _cli(env, "train", "--tune", "--quiet", "--cores", "0-999")
-        share = _cli(env, "train", "--tune", "--quiet", "--gpu-share", "50")
-        floor = _cli(env, "train", "--tune", "--quiet", "--min-share", "2")
-        untuned = _cli(env, "train", "--quiet", "--exclusive")
-    finally:
-        _cli(env, "daemon", "stop")
+    yield env
+    kill_daemon(env["AUTOTUNE_HOME"])
+
+
+def test_claims_the_machine_cannot_meet_are_refused_with_what_is_free(daemon_env, tmp_path):
+    env = daemon_env
+    again = _cli(env, "daemon", "run", "--control", f"ipc://{tmp_path}/other.sock")
+    out = _cli(env, "train", "--tune", "--quiet", "--cores", "0-999")
+    share = _cli(env, "train", "--tune", "--quiet", "--gpu-share", "50")
+    floor = _cli(env, "train", "--tune", "--quiet", "--min-share", "2")
+    untuned = _cli(env, "train", "--quiet", "--exclusive")
     assert again.returncode == 2 and "one per state dir" in again.stderr
     assert out.returncode == 2
     assert "the daemon cannot take this job" in out.stderr and "fixed cores" in out.stderr
@@ -266,7 +272,7 @@ def test_a_busy_process_the_daemon_does_not_manage_counts_as_taken():
         spin.wait()
 
 
-def test_hostile_registrations_and_offers_leave_the_daemon_serving(tmp_path):
+def test_hostile_registrations_and_offers_leave_the_daemon_serving(daemon_env):
     """Malformed fields in a registration are left out, and offers without a real pid, with a
     malformed claim or a reserved job id are refused; the daemon keeps answering."""
     from autotune.control import protocol
@@ -282,10 +288,8 @@ def test_hostile_registrations_and_offers_leave_the_daemon_serving(tmp_path):
     assert (share.pid, share.minibatches, share.budget, share.model) == (None, 4, None, None)
     assert share_of(claim_from("j", {}), {"held": "x"}, machine).budget is None
     assert share_of(claim_from("j", {}), {"held": {"cores": [9]}}, machine).budget is None
-    env = _env(tmp_path)
-    assert _cli(env, "daemon", "start").returncode == 0
-    endpoint = f"ipc://{tmp_path}/home/control.sock"
-    os.environ["AUTOTUNE_HOME"] = env["AUTOTUNE_HOME"]
+    endpoint = f"ipc://{daemon_env['AUTOTUNE_HOME']}/control.sock"
+    os.environ["AUTOTUNE_HOME"] = daemon_env["AUTOTUNE_HOME"]
     try:
         for body in ({"pid": -5}, {"pid": True}, {}, {"pid": 7, "claim": {"weight": "x"}}):
             answer = protocol.request(endpoint, protocol.MsgType.OFFER, **body)
@@ -295,7 +299,6 @@ def test_hostile_registrations_and_offers_leave_the_daemon_serving(tmp_path):
         assert protocol.request(endpoint, protocol.MsgType.PING)["type"] == protocol.MsgType.PONG
     finally:
         del os.environ["AUTOTUNE_HOME"]
-        _cli(env, "daemon", "stop")
 
 
 def test_a_stopping_daemon_leaves_every_job_its_budget_and_a_job_registered_again_takes_budgets():

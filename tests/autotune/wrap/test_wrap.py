@@ -285,43 +285,6 @@ def test_live_mode_refuses_a_script_that_never_polls(tmp_path):
     assert "use --mode restart" in out.stderr
 
 
-def test_the_ppo_example_runs_under_wrap_with_its_flags_substituted(tmp_path):
-    example = Path(__file__).resolve().parents[3] / "examples" / "ppo_gymnasium.py"
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "autotune.cli",
-            "wrap",
-            "--knob",
-            "num_envs=2,4",
-            "--knob",
-            "batch_size=256",
-            "--trials",
-            "2",
-            "--storage",
-            f"sqlite:///{tmp_path}/e.db",
-            "--json",
-            str(tmp_path / "e.json"),
-            "--",
-            sys.executable,
-            str(example),
-            "--total-steps",
-            "3000",
-            "--num-envs",
-            "{num_envs}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert out.returncode == 0, out.stderr
-    doc = json.loads((tmp_path / "e.json").read_text())
-    assert [r["error"] for r in doc["trials"]] == [None, None]
-    assert all(r["steps"] >= 3000 and r["metrics"]["episode_return"] > 0 for r in doc["trials"])
-    assert out.stdout.count("steps in") == 2  # the example's own output passed through
-
-
 # holds its context for about 3 s, past several of the wrapper's once-a-second GPU checks (40
 # bare matmuls take a tenth of a second on an H100: a check could miss them)
 CUDA_SCRIPT = """

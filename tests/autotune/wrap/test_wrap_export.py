@@ -47,6 +47,8 @@ def _cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
 
 
 def test_a_wrapped_cleanrl_style_script_is_exported_with_its_command_filled_in(tmp_path):
+    """The example under wrap with its flags substituted, each trial's output passed through;
+    its study exported."""
     db = f"sqlite:///{tmp_path}/w.db"
     out = _cli(
         "wrap",
@@ -62,6 +64,8 @@ def test_a_wrapped_cleanrl_style_script_is_exported_with_its_command_filled_in(t
         "num_envs=4",
         "--trials",
         "3",
+        "--json",
+        str(tmp_path / "e.json"),
         "--export",
         str(tmp_path / "ppo.json"),
         "--plots",
@@ -77,6 +81,10 @@ def test_a_wrapped_cleanrl_style_script_is_exported_with_its_command_filled_in(t
         "{batch_size}",
     )
     assert out.returncode == 0, out.stderr
+    trials = json.loads((tmp_path / "e.json").read_text())["trials"]
+    assert [r["error"] for r in trials] == [None, None, None]
+    assert all(r["steps"] >= 3072 and r["metrics"]["episode_return"] > 0 for r in trials)
+    assert out.stdout.count("steps in") == 3  # the example's own output passed through
     doc = json.loads((tmp_path / "ppo.json").read_text())
     assert doc["kind"] == "wrap" and doc["unit"] == "steps"
     assert doc["picked_by"] == "steps_per_joule"
