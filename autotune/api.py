@@ -125,7 +125,7 @@ def tune(
     # a tuner may move the trainer to a GPU share: MPS from the start where there is a GPU
     gpu_here = config.resolved_device() == "cuda" or no_gpu_reason() is None
     runner = Runner(config, info, mps_live=gpu_here)
-    tuning = start_tuning(options, config, runner)
+    tuning = start_tuning(options, runner.cfg, runner)
 
     def progress(state: Any) -> None:
         if on_progress is not None:

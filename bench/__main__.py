@@ -22,6 +22,7 @@ SUITES = (
     "gmi",
     "faults",
     "sharing",
+    "backends",
 )
 
 

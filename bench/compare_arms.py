@@ -162,6 +162,8 @@ def arm_command(arm: str, a: argparse.Namespace, progress: Path, out: Path) -> l
             secs,
             "--progress",
             str(progress),
+            "--backend",
+            "fastest",
         ]
     if arm == "learner":
         return [py, "-m", "bench.learner_limit", "--env", a.env, "--policy", a.policy]

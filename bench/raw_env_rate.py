@@ -17,21 +17,33 @@ import time
 REPORT_S = 0.5
 
 
-def _stepper(env_id: str, envs: int, seconds: float, seed: int, index: int, start, out) -> None:
-    from runtime.envs import make_env
+def _stepper(
+    env_id: str,
+    envs: int,
+    seconds: float,
+    seed: int,
+    index: int,
+    start,
+    out,
+    backend: str = "gymnasium",
+) -> None:
+    from runtime.env_backends import make_envs
 
-    batch = [make_env(env_id) for _ in range(envs)]
-    for i, env in enumerate(batch):
-        env.reset(seed=seed + i)
-        env.action_space.seed(seed + i)
+    vec = make_envs(env_id, backend, envs, seed)
+    vec.reset()
+    batch = getattr(vec, "envs", None)  # gymnasium: each env sampled and stepped by itself
+    draw = _sampler(vec.action_space(), envs, seed)
     start.wait()
     steps, t0 = 0, time.monotonic()
     last = t0
     while (now := time.monotonic()) - t0 < seconds:
-        for env in batch:
-            _, _, terminated, truncated, _ = env.step(env.action_space.sample())
-            if terminated or truncated:
-                env.reset()
+        if batch is not None:
+            for env in batch:
+                _, _, terminated, truncated, _ = env.step(env.action_space.sample())
+                if terminated or truncated:
+                    env.reset()
+        else:
+            vec.step(0, envs, draw())
         steps += envs
         if now - last >= REPORT_S:
             out.put((index, steps, None))
@@ -39,17 +51,37 @@ def _stepper(env_id: str, envs: int, seconds: float, seed: int, index: int, star
     out.put((index, steps, time.monotonic() - t0))
 
 
+def _sampler(space, k: int, seed: int):
+    """Random actions for ``k`` envs at once (numpy, not a Python call per env)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    if hasattr(space, "n"):
+        return lambda: rng.integers(0, int(space.n), size=k)
+    low, high = np.asarray(space.low, np.float32), np.asarray(space.high, np.float32)
+    return lambda: rng.uniform(low, high, size=(k, *low.shape)).astype(np.float32)
+
+
 def raw_step_rate(
-    env_id: str, processes: int, envs_per_process: int, seconds: float, progress: str | None = None
+    env_id: str,
+    processes: int,
+    envs_per_process: int,
+    seconds: float,
+    progress: str | None = None,
+    backend: str = "gymnasium",
 ) -> float:
-    """Aggregate env steps/s of ``processes`` processes stepping random actions together."""
+    """Aggregate env steps/s of ``processes`` processes stepping random actions together, on
+    ``backend`` (``gymnasium``: one env at a time; ``envpool``: one EnvPool instance of
+    ``envs_per_process`` envs per process, on one worker thread, resets as an actor takes
+    them, ``runtime.env_backends``)."""
     from autotune.workflows.progress_log import ProgressLog
 
     ctx = mp.get_context("spawn")
     start, out = ctx.Barrier(processes + 1), ctx.Queue()
     procs = [
         ctx.Process(
-            target=_stepper, args=(env_id, envs_per_process, seconds, 1000 * i, i, start, out)
+            target=_stepper,
+            args=(env_id, envs_per_process, seconds, 1000 * i, i, start, out, backend),
         )
         for i in range(processes)
     ]
@@ -82,6 +114,23 @@ def raw_step_rate(
     return float(sum(rates.values()))
 
 
+PICK_S = 3.0
+"""Seconds each backend steps for ``fastest_backend`` to pick the faster."""
+
+
+def fastest_backend(env_id: str, processes: int, envs_per_process: int) -> dict[str, float]:
+    """Each backend that has ``env_id`` (gymnasium; EnvPool where installed), stepped for
+    ``PICK_S`` on every process: its steps/s, the fastest first."""
+    from runtime.env_backends import envpool_ids
+
+    found = {}
+    for backend in ("gymnasium", "envpool"):
+        if backend == "envpool" and env_id not in envpool_ids():
+            continue
+        found[backend] = raw_step_rate(env_id, processes, envs_per_process, PICK_S, None, backend)
+    return dict(sorted(found.items(), key=lambda kv: -kv[1]))
+
+
 def main() -> None:
     """The limit arm's process (its flags are set by ``bench/compare_arms.py``)."""
     import os
@@ -92,12 +141,27 @@ def main() -> None:
     ap.add_argument("--envs-per-process", type=int, default=8)
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--progress", default=None, metavar="FILE", help="write a progress curve")
+    ap.add_argument(
+        "--backend",
+        choices=("gymnasium", "envpool", "fastest"),
+        default="gymnasium",
+        help="env backend; fastest: each available one stepped for a few seconds first, then "
+        "the measured run on the faster (the limit is the fastest backend's)",
+    )
     a = ap.parse_args()
     if a.processes < 0 or a.envs_per_process < 1 or a.seconds <= 0:
         ap.error("--processes must be >= 0, --envs-per-process >= 1 and --seconds > 0")
     processes = a.processes or os.cpu_count() or 1
-    rate = raw_step_rate(a.env, processes, a.envs_per_process, a.seconds, a.progress)
-    print(json.dumps({"env": a.env, "processes": processes, "steps_per_s": rate}))
+    picked = {}
+    backend = a.backend
+    if backend == "fastest":
+        picked = fastest_backend(a.env, processes, a.envs_per_process)
+        backend = next(iter(picked))
+    rate = raw_step_rate(a.env, processes, a.envs_per_process, a.seconds, a.progress, backend)
+    doc = {"env": a.env, "processes": processes, "backend": backend, "steps_per_s": rate}
+    if picked:
+        doc["picked_from"] = picked
+    print(json.dumps(doc))
 
 
 if __name__ == "__main__":

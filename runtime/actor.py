@@ -1,4 +1,5 @@
-"""Actor processes: K gymnasium environments, and the policy on their own core or on a GMI.
+"""Actor processes: K environments (gymnasium or EnvPool, ``runtime.env_backends``), and the
+policy on their own core or on a GMI.
 
 Each actor collects rollouts of ``rollout_len`` steps from its K environments and hands them to
 its dispenser. With ``inference='actor'`` it runs the policy itself and checks (without
@@ -32,7 +33,8 @@ import zmq
 from policies.numpy_policy import NumpyPolicy
 from runtime import topology, wire
 from runtime.config import TrainConfig
-from runtime.envs import EnvInfo, make_env
+from runtime.env_backends import actor_threads, make_envs
+from runtime.envs import EnvInfo
 from runtime.policy_io import LocalPolicy, RemotePolicy, WeightsReceiver
 from runtime.reward_norm import RewardNormalizer
 from runtime.stages.common import LiveSettings, StatsSender, init_service_process
@@ -120,14 +122,9 @@ class Actor:
         self.receipts = receipts
         self.stepped = stepped
         k = cfg.envs_per_actor
-        self.envs = [make_env(cfg.env) for _ in range(k)]
         base_seed = cfg.seed * 1_000_003 + (actor * 997 + incarnation) * k
-        self.obs = np.stack(
-            [
-                np.asarray(env.reset(seed=base_seed + i)[0], np.float32).ravel()
-                for i, env in enumerate(self.envs)
-            ]
-        )
+        self.envs = make_envs(cfg.env, cfg.env_backend, k, base_seed, actor_threads(cfg.actors))
+        self.obs = self.envs.reset()
         split = isinstance(policy, RemotePolicy) and k >= 2
         self.groups = [slice(0, k // 2), slice(k // 2, k)] if split else [slice(0, k)]
         """Environments stepped together; two groups take turns waiting for a remote policy."""
@@ -192,7 +189,7 @@ class Actor:
         if np.isfinite(obs).all() and np.isfinite(rewards).all():
             return
         bad = np.flatnonzero(~(np.isfinite(obs).all(axis=1) & np.isfinite(rewards)))[0]
-        i = range(*envs.indices(len(self.envs)))[int(bad)]
+        i = range(*envs.indices(self.envs.k))[int(bad)]
         what = "reward" if not np.isfinite(rewards[bad]) else "observation"
         raise NonFiniteEnv(
             f"env {self.cfg.env}, actor {self.index}, env {i}: non-finite {what} at step "
@@ -211,20 +208,19 @@ class Actor:
         """Steps the environments ``envs`` with ``act``; appends truncated episodes' final
         observations (to bootstrap from) to ``truncated_final``."""
         env_act = act if self.info.discrete else np.clip(act, self.act_low, self.act_high)
-        for j, i in enumerate(range(*envs.indices(len(self.envs)))):
-            env = self.envs[i]
-            o, r, terminated, truncated, _ = env.step(env_act[j])
-            buf["rewards"][i, t] = r
-            self.ep_return[i] += r
-            self.ep_length[i] += 1
-            if terminated or truncated:
-                buf["dones"][i, t] = 1
-                if truncated and not terminated:
-                    truncated_final.append((i, np.asarray(o, np.float32).ravel()))
-                self.episodes.append([float(self.ep_return[i]), int(self.ep_length[i])])
-                self.ep_return[i], self.ep_length[i] = 0.0, 0
-                o, _ = env.reset()
-            self.obs[i] = np.asarray(o, np.float32).ravel()
+        lo, hi, _ = envs.indices(self.envs.k)
+        out = self.envs.step(lo, hi, env_act)
+        buf["rewards"][lo:hi, t] = out.rewards
+        self.ep_return[lo:hi] += out.rewards
+        self.ep_length[lo:hi] += 1
+        for j in np.flatnonzero(out.terminated | out.truncated):
+            i = lo + int(j)
+            buf["dones"][i, t] = 1
+            if out.truncated[j] and not out.terminated[j]:
+                truncated_final.append((i, out.final_obs[int(j)]))
+            self.episodes.append([float(self.ep_return[i]), int(self.ep_length[i])])
+            self.ep_return[i], self.ep_length[i] = 0.0, 0
+        self.obs[lo:hi] = out.obs
 
     def report(self, final: bool = False) -> None:
         if self.stats is None:
@@ -275,8 +271,7 @@ class Actor:
         self.dispenser.end_of_stream()
         self._await_delivery(sent)
         self.report(final=True)
-        for env in self.envs:
-            env.close()
+        self.envs.close()
 
     def _take_live_settings(self) -> None:
         if self.commands is None:

@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field, fields
 
 from policies.appo_config import APPOConfig, finite_number
+from runtime.env_backends import BACKENDS, resolve_backend
 from runtime.envs import EnvError, EnvInfo, probe_env, use_env_modules
 
 TRAINER_DEVICES = ("auto", "cpu", "cuda")
@@ -48,6 +49,9 @@ class TrainConfig:
     env_modules: tuple[str, ...] = ()
     """Modules imported in every process of the run before an env is made: custom envs that
     register themselves with gymnasium (``runtime.envs.use_env_modules``)."""
+    env_backend: str = "auto"
+    """How actors step their envs (``runtime.env_backends``): ``gymnasium``, ``envpool``, or
+    ``auto`` (EnvPool where it is installed and has the id; a custom env uses gymnasium)."""
     steps: int = 200_000
     """Trained environment steps after which the run drains and stops."""
     actors: int = 2
@@ -155,6 +159,8 @@ class TrainConfig:
         for name in ("max_inflight_batches", "chunk_timeout_s"):
             if not finite_number(getattr(self, name), above=0.0):
                 out.append(f"{name}={getattr(self, name)!r}: must be a finite number > 0")
+        if self.env_backend not in BACKENDS:
+            out.append(f"env_backend={self.env_backend!r}: allowed {BACKENDS}")
         if self.trainer_precision not in TRAINER_PRECISIONS:
             out.append(
                 f"trainer_precision={self.trainer_precision!r}: allowed {TRAINER_PRECISIONS}"
@@ -251,7 +257,7 @@ class TrainConfig:
 
         try:
             use_env_modules(self.env_modules)
-            info = probe_env(self.env)
+            info = probe_env(self.env, resolve_backend(self.env, self.env_backend))
         except EnvError as exc:
             raise ConfigError([str(exc)]) from None
         try:
@@ -267,6 +273,14 @@ class TrainConfig:
         import torch
 
         return "cuda" if torch.cuda.is_available() else "cpu"
+
+    def resolved_backend(self) -> str:
+        """The env backend with ``auto`` resolved (``runtime.env_backends.resolve_backend``).
+
+        Raises:
+            EnvError: as ``resolve_backend`` does.
+        """
+        return resolve_backend(self.env, self.env_backend)
 
     def gpu_list(self) -> tuple[int, ...]:
         """The GPUs the trainer GMIs use (GPU 0 when unset)."""

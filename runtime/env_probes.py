@@ -55,30 +55,41 @@ def probe_forward(
     return out
 
 
-def probe_env_step(env_id: str, seed: int = 0, slices: int = 3) -> float:
+POOL_ENVS = 16
+"""Envs of the EnvPool instance the env-step probe times (one env would time EnvPool's hand-off
+to its worker thread, not its step)."""
+
+
+def probe_env_step(
+    env_id: str, seed: int = 0, slices: int = 3, backend: str = "gymnasium"
+) -> float:
     """CPU seconds per step of one env with random actions (resets included as they come):
     the least of ``slices`` slices that share ``PROBE_S``, each timed on this thread's own
     clock (not the process's other threads, and not time spent waiting for a core another
-    process holds), so a moment of interference does not double the figure sizing builds on."""
-    from runtime.envs import make_env
+    process holds), so a moment of interference does not double the figure sizing builds on.
+    With ``backend='envpool'``: per env step of a ``POOL_ENVS``-env EnvPool instance on one
+    worker thread, on the process's clock (the step runs on EnvPool's thread)."""
+    from runtime.env_backends import make_envs
 
-    env = make_env(env_id)
+    pool = backend == "envpool"
+    k = POOL_ENVS if pool else 1
+    clock = time.process_time if pool else time.thread_time
+    envs = make_envs(env_id, backend, k, seed)
     try:
-        env.reset(seed=seed)
-        env.action_space.seed(seed)
+        envs.reset()
+        space = envs.action_space()
+        space.seed(seed)
         best = math.inf
         for _ in range(slices):
-            steps, start = 0, time.thread_time()
+            steps, start = 0, clock()
             wall = time.perf_counter()
             while steps < 50 or time.perf_counter() - wall < PROBE_S / slices:
-                _, _, term, trunc, _ = env.step(env.action_space.sample())
-                steps += 1
-                if term or trunc:
-                    env.reset()
-            best = min(best, max(time.thread_time() - start, 1e-9) / steps)
+                envs.step(0, k, np.stack([space.sample() for _ in range(k)]))
+                steps += k
+            best = min(best, max(clock() - start, 1e-9) / steps)
         return best
     finally:
-        env.close()
+        envs.close()
 
 
 ROUND_ENVS = (2, 16)
@@ -86,23 +97,26 @@ ROUND_ENVS = (2, 16)
 
 
 def _rounds_loaded(
-    env_id: str, seed: int, barrier, results, seconds: float, sizes: list[int], discrete: bool
+    env_id: str,
+    seed: int,
+    barrier,
+    results,
+    seconds: float,
+    sizes: list[int],
+    discrete: bool,
+    backend: str = "gymnasium",
 ) -> None:
     """One process of ``probe_rounds_loaded``: make the envs and a numpy policy of the run's
     layer sizes, wait for the others, then run an actor's rounds (each env stepped once, one
     policy forward over their observations) at each of ``ROUND_ENVS`` env counts."""
     from policies.numpy_policy import NumpyPolicy, random_state_arrays
-    from runtime.envs import make_env
+    from runtime.env_backends import make_envs
 
-    envs = [make_env(env_id) for _ in range(max(ROUND_ENVS))]
-    obs = np.stack(
-        [
-            np.asarray(e.reset(seed=seed * 100 + i)[0], np.float32).ravel()
-            for i, e in enumerate(envs)
-        ]
-    )
+    envs = make_envs(env_id, backend, max(ROUND_ENVS), seed * 100)
+    obs = envs.reset()
     policy = NumpyPolicy(discrete, True, *random_state_arrays(sizes, discrete, seed), seed=seed)
-    low, high = (None, None) if discrete else (envs[0].action_space.low, envs[0].action_space.high)
+    space = envs.action_space()
+    low, high = (None, None) if discrete else (space.low, space.high)
     barrier.wait(timeout=120)
     out = {}
     for k in ROUND_ENVS:
@@ -110,20 +124,20 @@ def _rounds_loaded(
         while rounds < 5 or time.perf_counter() - wall < seconds / len(ROUND_ENVS):
             act, _ = policy.act(obs[:k])
             act = act if discrete else np.clip(act, low, high)
-            for i in range(k):
-                o, _, term, trunc, _ = envs[i].step(act[i])
-                if term or trunc:
-                    o, _ = envs[i].reset()
-                obs[i] = np.asarray(o, np.float32).ravel()
+            obs[:k] = envs.step(0, k, act).obs
             rounds += 1
         out[k] = max(time.process_time() - start, 1e-9) / rounds
     results.put(out)
-    for env in envs:
-        env.close()
+    envs.close()
 
 
 def probe_rounds_loaded(
-    env_id: str, procs: int, sizes: list[int], discrete: bool, seconds: float = 2 * LOADED_S
+    env_id: str,
+    procs: int,
+    sizes: list[int],
+    discrete: bool,
+    seconds: float = 2 * LOADED_S,
+    backend: str = "gymnasium",
 ) -> dict[int, float]:
     """CPU seconds per actor round (``k`` envs stepped, one forward of the run's policy) by env
     count ``k``, with one such actor on each of ``procs`` cores at once, started together (the
@@ -133,7 +147,7 @@ def probe_rounds_loaded(
 
     ctx = mp.get_context("spawn")  # no inherited NVML or torch state
     barrier, results = ctx.Barrier(procs), ctx.Queue()
-    args = (barrier, results, seconds, sizes, discrete)
+    args = (barrier, results, seconds, sizes, discrete, backend)
     workers = [
         ctx.Process(target=_rounds_loaded, args=(env_id, i, *args), daemon=True)
         for i in range(procs)

@@ -14,6 +14,7 @@ import importlib
 import os
 import sys
 import traceback
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -46,11 +47,11 @@ def use_env_modules(modules: Sequence[str]) -> None:
     """Imports ``modules`` here and has every child process started from now on import them
     too (with this process's working directory on its path)."""
     os.environ.setdefault(ENV_PATH, os.getcwd())
-    os.environ[ENV_MODULES] = ",".join(dict.fromkeys([*_run_modules(), *modules]))
+    os.environ[ENV_MODULES] = ",".join(dict.fromkeys([*run_modules(), *modules]))
     import_env_modules(modules)
 
 
-def _run_modules() -> list[str]:
+def run_modules() -> list[str]:
     """The env modules this run's processes import (``use_env_modules``)."""
     return [m for m in os.environ.get(ENV_MODULES, "").split(",") if m]
 
@@ -83,7 +84,7 @@ def make_env(env_id: str) -> gym.Env:
     """Creates one environment, after importing the run's env modules and the module an id of
     the form ``module:EnvId`` names; unknown ids raise ``EnvError`` with close matches."""
     module = [env_id.split(":", 1)[0]] if ":" in env_id else []
-    import_env_modules(_run_modules() + module)
+    import_env_modules(run_modules() + module)
     try:
         return gym.make(env_id)
     except gym.error.Error as exc:
@@ -100,13 +101,26 @@ def make_env(env_id: str) -> gym.Env:
         ) from None
 
 
-def probe_env(env_id: str) -> EnvInfo:
-    """Makes the environment once and describes its spaces.
+def envpool_make(env_id: str, **kwargs) -> object:
+    """``envpool.make(env_id, env_type="gymnasium", **kwargs)``, without gymnasium's warning
+    that EnvPool's float64 space bounds were cast to float32 (every make, every process)."""
+    import envpool
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*precision lowered.*")
+        pool = envpool.make(env_id, env_type="gymnasium", **kwargs)
+        _ = pool.observation_space, pool.action_space  # built once, on first use
+    return pool
+
+
+def probe_env(env_id: str, backend: str = "gymnasium") -> EnvInfo:
+    """Makes the environment once and describes its spaces (on ``backend``: ``gymnasium`` or
+    ``envpool``, as ``runtime.env_backends.resolve_backend`` resolved it).
 
     Raises:
         EnvError: Unknown id, or an observation/action space that is not Box / Discrete.
     """
-    env = make_env(env_id)
+    env = envpool_make(env_id, num_envs=1) if backend == "envpool" else make_env(env_id)
     try:
         obs_space, act_space = env.observation_space, env.action_space
         if not isinstance(obs_space, gym.spaces.Box):

@@ -4,7 +4,8 @@ Every ``TrainConfig`` field falls in one of these classes:
 
 * ``RUNNER``: the runner alone uses it (``actors``: actors are started or told to stop after
   their current rollout, which they deliver before exiting; ``steps``, ``max_wall_s``).
-* ``ACTOR_RESPAWN``: actors read it when they start (``envs_per_actor``, ``actor_nice``);
+* ``ACTOR_RESPAWN``: actors read it when they start (``envs_per_actor``, ``actor_nice``,
+  ``env_backend``);
   every actor is replaced by a new incarnation, each old one delivering what it collected.
 * ``SERVICE_LIVE``: the compressor, trainers and actors take it from a COMMAND ``live``
   message (``chunk_bytes``, ``chunk_timeout_s``, ``batch_size``, ``max_inflight_batches``).
@@ -31,7 +32,7 @@ from runtime import wire
 from runtime.config import ConfigError, TrainConfig
 
 RUNNER = ("actors", "steps", "max_wall_s")
-ACTOR_RESPAWN = ("envs_per_actor", "actor_nice")
+ACTOR_RESPAWN = ("envs_per_actor", "actor_nice", "env_backend")
 SERVICE_LIVE = ("chunk_bytes", "chunk_timeout_s", "batch_size", "max_inflight_batches")
 GMI_HANDOVER = (
     "trainers",

@@ -98,6 +98,7 @@ def probes(
     learner: dict[str, Any],
     devices: list[str],
     refresh: bool = False,
+    backend: str = "gymnasium",
 ) -> Probes:
     """The workload's probes: from the cache when a valid entry exists, else measured now
     (``runtime.probes.run_probes``) and stored.
@@ -113,6 +114,8 @@ def probes(
         "devices": sorted(devices),
         "format": FORMAT,
     }
+    if backend != "gymnasium":  # gymnasium's entries keep the key they had
+        spec["env_backend"] = backend
     cacheable = ":" not in env_id
     facts = machine_facts()
     path = cache_dir() / f"{cache_key(spec, facts)}.json" if cacheable else None
@@ -120,7 +123,9 @@ def probes(
         hit = _read(path)
         if hit is not None:
             return hit
-    measured = run_probes(env_id, policy, rollout_len, learner, devices, procs=mask_cores())
+    measured = run_probes(
+        env_id, policy, rollout_len, learner, devices, procs=mask_cores(), backend=backend
+    )
     if path is not None:
         _write(path, measured)
     return measured

@@ -258,8 +258,10 @@ def measure(
     learner: dict[str, Any],
     devices: list[str],
     procs: int = 1,
+    backend: str = "gymnasium",
 ) -> Probes:
-    """Every probe, in this process (``run_probes`` runs them in a child)."""
+    """Every probe, in this process (``run_probes`` runs them in a child); the env steps on
+    ``backend`` (``runtime.env_backends``, resolved)."""
     start = time.perf_counter()
     stage_s: dict[str, float] = {}
     mark = [start]
@@ -269,7 +271,7 @@ def measure(
         stage_s[stage] = stage_s.get(stage, 0.0) + now - mark[0]
         mark[0] = now
 
-    info = probe_env(env_id)  # an env that cannot be made fails before torch loads
+    info = probe_env(env_id, backend)  # an env that cannot be made fails before torch loads
     # GPU 0's draw before anything here opens a context on it
     meter = _gpu_meter() if "cuda" in devices else None
     power: dict[str, float] = {}
@@ -277,10 +279,10 @@ def measure(
         power["idle_w"] = _gpu_watts(meter, lambda: time.sleep(0.05))
     took("gpu_power")
 
-    step = probe_env_step(env_id)
+    step = probe_env_step(env_id, backend=backend)
     took("env")
     sizes = parse_spec(policy, info.obs_dim, info.act_dim)
-    loaded = probe_rounds_loaded(env_id, procs, sizes, info.discrete)
+    loaded = probe_rounds_loaded(env_id, procs, sizes, info.discrete, backend=backend)
     took("env_loaded")
 
     import torch
@@ -329,6 +331,7 @@ def run_probes(
     devices: list[str],
     procs: int = 1,
     timeout_s: float = 300.0,
+    backend: str = "gymnasium",
 ) -> Probes:
     """Every probe in a child process (see the module docstring).
 
@@ -342,6 +345,7 @@ def run_probes(
         "learner": learner,
         "devices": devices,
         "procs": procs,
+        "backend": backend,
     }
     cmd = [sys.executable, "-m", "runtime.probes", json.dumps(args)]
     start = time.perf_counter()
@@ -374,6 +378,7 @@ def main(argv: list[str] | None = None) -> int:
             spec["learner"],
             spec["devices"],
             int(spec.get("procs", 1)),
+            spec.get("backend", "gymnasium"),
         )
     except Exception as exc:  # reported to the parent as the last stderr line
         print(f"{type(exc).__name__}: {exc}", file=sys.stderr)

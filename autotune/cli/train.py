@@ -321,7 +321,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         try:
             from autotune.workflows.tune import start_tuning  # optuna: only when tuning
 
-            tuning = start_tuning(tune_options(args), cfg, runner, sizing, held)
+            tuning = start_tuning(tune_options(args), runner.cfg, runner, sizing, held)
         except ValueError as exc:  # KnobError, StudyError, ControlError, bad settings, refusal
             console.print(f"[red]error:[/red] {escape(str(exc))}")
             return 2

@@ -9,6 +9,7 @@ import time
 
 from policies.appo_config import APPOConfig
 from runtime.config import ConfigError, TrainConfig
+from runtime.env_backends import BACKENDS
 
 LEARNER_FLAGS = (
     "lr",
@@ -99,6 +100,8 @@ def config_with_flags(base, args: argparse.Namespace, explicit: set[str]):
     learner = {k: getattr(args, k) for k in explicit & set(LEARNER_FLAGS)}
     if "normalize_reward" in learner:  # on/off on the command line
         learner["normalize_reward"] = learner["normalize_reward"] == "on"
+    if "env_backend" in explicit:  # auto is a backend rule here, not a size to probe
+        changes["env_backend"] = args.env_backend
     if "env_module" in explicit:  # added to the file's
         changes["env_modules"] = tuple(dict.fromkeys([*base.env_modules, *args.env_module]))
     return dataclasses.replace(
@@ -143,6 +146,7 @@ def config_from_args(args: argparse.Namespace):
     return TrainConfig(
         env=args.env,
         env_modules=tuple(getattr(args, "env_module", None) or ()),
+        env_backend=getattr(args, "env_backend", "auto"),
         steps=args.steps,
         actors=_or_default(args, "actors", TrainConfig.actors),
         envs_per_actor=_or_default(args, "envs_per_actor", TrainConfig.envs_per_actor),
@@ -202,6 +206,15 @@ def add_env_args(parser: argparse.ArgumentParser, default: str) -> None:
         default=default,
         help=f"gymnasium env id (default {default}); MODULE:ID imports MODULE first, from the "
         "current directory too (a custom env that registers itself with gymnasium)",
+    )
+    parser.add_argument(
+        "--env-backend",
+        choices=BACKENDS,
+        default="auto",
+        help="how actors step their envs: gymnasium (one env at a time in Python), envpool "
+        "(EnvPool's C++ vectorised envs, pip install 'rl-autotune[envpool]'), or auto (EnvPool "
+        "when it is installed and has the env, else gymnasium; a custom env always uses "
+        "gymnasium) (default auto)",
     )
     parser.add_argument(
         "--env-module",

@@ -15,7 +15,8 @@ Knobs in ``OPT_IN`` are tuned only when a ``--knob`` names them, and otherwise k
 value: ``trainer_precision`` changes what the run computes, not only where and how fast
 (bfloat16 matmuls in the trainer), and ``actor_nice`` pays on some workloads only (Humanoid-v5's
 expensive steps, where the stages and the trainer wait behind 15 busy actors; not Ant-v5 or
-HalfCheetah-v5, docs/BENCHMARKS.md section 10).
+HalfCheetah-v5, docs/BENCHMARKS.md section 10). ``env_backend`` is chosen before the run
+(``auto``: EnvPool where it has the env), and the model does not predict a backend's rate.
 """
 
 from __future__ import annotations
@@ -27,11 +28,12 @@ from typing import Any
 
 from runtime import live
 from runtime.config import TRAINER_PRECISIONS
+from runtime.env_backends import envpool_ids
 
 APPLIES = {name: "live" for name in live.RUNNER + live.SERVICE_LIVE}
 APPLIES.update({name: "respawn" for name in live.ACTOR_RESPAWN})
 APPLIES.update({name: "handover" for name in live.GMI_HANDOVER})
-OPT_IN = ("trainer_precision", "actor_nice")
+OPT_IN = ("trainer_precision", "actor_nice", "env_backend")
 MPS_CHOICES = (10, 25, 50, 100)
 """The MPS shares the tuner tries (100: no limit)."""
 
@@ -153,6 +155,7 @@ def default_space(machine: Machine) -> dict[str, Knob]:
         "trainer_threads": (1, 2, 4),
         "trainer_precision": TRAINER_PRECISIONS,
         "actor_nice": (0, 5, 10),
+        "env_backend": ("gymnasium", "envpool") if envpool_ids() else ("gymnasium",),
     }
     threads = choices["trainer_threads"]
     allowed = {

@@ -83,7 +83,12 @@ def probed_model(cfg: TrainConfig) -> MachineModel:
     """The machine model of ``cfg``'s workload, probed now (raises ``ProbeError``)."""
     devices = ["cpu", "cuda"] if cfg.resolved_device() == "cuda" else ["cpu"]
     probes = probe_cache.probes(
-        cfg.env, cfg.policy, cfg.rollout_len, cfg.learner.to_dict(), devices
+        cfg.env,
+        cfg.policy,
+        cfg.rollout_len,
+        cfg.learner.to_dict(),
+        devices,
+        backend=cfg.resolved_backend(),
     )
     return machine_model(cfg, probes, usable_cores())[0]
 
@@ -112,7 +117,13 @@ def size_config(
     else:
         devices = [cfg.trainer_device]
     probes = probe_cache.probes(
-        cfg.env, cfg.policy, cfg.rollout_len, cfg.learner.to_dict(), devices, reprobe
+        cfg.env,
+        cfg.policy,
+        cfg.rollout_len,
+        cfg.learner.to_dict(),
+        devices,
+        reprobe,
+        backend=cfg.resolved_backend(),
     )
     model, hardware = machine_model(cfg, probes, cores)
     fixed = {f: _knob(cfg, f) for f in AUTO_FIELDS if f not in auto}

@@ -5,7 +5,8 @@ power with no context, with one idle context, and with one through MPS).
     python -m bench limits --env Ant-v5 --processes 16 --envs-per-process 16 --seconds 20 \\
         --idle-s 15 --out out/limits
 
-Steps: ``raw`` (``bench/raw_env_rate.py``) and ``gpu-idle`` (``bench/gpu_idle_power.py``,
+Steps: ``raw`` (``bench/raw_env_rate.py``, on each env backend that has the env: the limit is
+the faster's) and ``gpu-idle`` (``bench/gpu_idle_power.py``,
 needs a GPU that NVML reads; skipped, saying so, without one). ``--only`` picks some.
 """
 
@@ -49,11 +50,24 @@ def check(ap: argparse.ArgumentParser, a: argparse.Namespace) -> None:
 
 
 def raw(a: argparse.Namespace) -> dict:
+    """Each env backend that has the env (gymnasium; EnvPool where installed), one after the
+    other; the limit is the faster's."""
     from bench.raw_env_rate import raw_step_rate
+    from runtime.env_backends import envpool_ids
 
     processes = a.processes or os.cpu_count() or 1
-    rate = raw_step_rate(a.env, processes, a.envs_per_process, a.seconds)
-    return {"env": a.env, "processes": processes, "steps_per_s": rate}
+    backends = ["gymnasium"] + (["envpool"] if a.env in envpool_ids() else [])
+    rates = {
+        b: raw_step_rate(a.env, processes, a.envs_per_process, a.seconds, None, b) for b in backends
+    }
+    fastest = max(rates, key=rates.__getitem__)
+    return {
+        "env": a.env,
+        "processes": processes,
+        "by_backend": rates,
+        "backend": fastest,
+        "steps_per_s": rates[fastest],
+    }
 
 
 def gpu_idle(a: argparse.Namespace) -> dict:
@@ -67,7 +81,7 @@ def gpu_idle(a: argparse.Namespace) -> dict:
 
 def plan(a: argparse.Namespace):
     steps = {
-        "raw": Step("raw", lambda: raw(a), a.seconds + 30),
+        "raw": Step("raw", lambda: raw(a), 2 * a.seconds + 60),
         "gpu-idle": Step(
             "gpu-idle", lambda: gpu_idle(a), 4 * a.idle_s + 5 * a.settle_s + 30, needs_gpu=True
         ),

@@ -20,7 +20,7 @@ def bench(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     )
 
 
-def test_help_lists_the_nine_suites_each_with_one_line():
+def test_help_lists_the_ten_suites_each_with_one_line():
     proc = bench("--help")
     assert proc.returncode == 0, proc.stderr
     assert SUITES == (
@@ -33,6 +33,7 @@ def test_help_lists_the_nine_suites_each_with_one_line():
         "gmi",
         "faults",
         "sharing",
+        "backends",
     )
     text = proc.stdout
     for name in SUITES:

@@ -218,3 +218,34 @@ def test_limits_raw_smoke(tmp_path):
     assert list(results) == ["raw"]
     raw = results["raw"]
     assert raw["env"] == "CartPole-v1" and raw["processes"] == 2 and raw["steps_per_s"] > 0
+    # each backend that has the env was measured, and the limit is the faster's
+    assert "gymnasium" in raw["by_backend"] and raw["backend"] in raw["by_backend"]
+    assert raw["steps_per_s"] == max(raw["by_backend"].values())
+
+
+def test_backends_suite_measures_raw_stepping_and_a_sized_run_on_envpool(tmp_path):
+    pytest.importorskip("envpool")
+    results = run(
+        tmp_path,
+        "backends",
+        "--envs",
+        "CartPole-v1",
+        "--backends",
+        "envpool",
+        "--raw-s",
+        "0.5",
+        "--processes",
+        "2",
+        "--train-s",
+        "12",
+        "--warmup-s",
+        "0",
+        "--markdown",
+        str(tmp_path / "t.md"),
+    )
+    assert results["raw-CartPole-v1-envpool"]["steps_per_s"] > 0
+    run_doc = results["train-CartPole-v1-envpool"]
+    assert run_doc["env_backend"] == "envpool" and run_doc["lost_steps"] == 0
+    assert run_doc["window_steps_per_s"] > 0 and run_doc["config"]["actors"] >= 1
+    table = (tmp_path / "t.md").read_text()
+    assert "| CartPole-v1 |" in table and "EnvPool train / its raw" in table

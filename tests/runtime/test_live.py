@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from runtime.config import ConfigError, TrainConfig
@@ -61,14 +63,14 @@ def test_changes_that_need_a_new_run_or_are_invalid_are_refused_and_change_nothi
         runner.reconfigure(actor=3)
     with pytest.raises(ConfigError, match="must be an integer >= 1"):
         runner.reconfigure(actors=0)
-    assert runner._pending_cfg is None and runner.cfg == cfg
+    # nothing changed: the run's config is the one given, its env backend resolved
+    assert runner._pending_cfg is None
+    assert runner.cfg == replace(cfg, env_backend=cfg.resolved_backend())
     plan = runner.reconfigure(actors=3, batch_size=1024)
     assert plan.actors and plan.services and not plan.handover and not plan.respawn_actors
 
 
 def test_actor_niceness_changes_by_respawning_the_actors():
-    from dataclasses import replace
-
     from runtime import live
 
     cfg = TrainConfig(actors=2)

@@ -175,7 +175,11 @@ def test_study_cli_runs_a_real_trial_and_refuses_bad_input(tmp_path, capsys):
     )
     assert out.returncode == 0, out.stderr
     ran = json.loads((tmp_path / "r.json").read_text())["config"]
-    assert ran == {**exported["recommended"]["config"], "steps": 2048}
+    from runtime.env_backends import resolve_backend
+
+    rec = exported["recommended"]["config"]  # the run resolves the env backend it was given
+    backend = resolve_backend(rec["env"], rec["env_backend"])
+    assert ran == {**rec, "steps": 2048, "env_backend": backend}
     from autotune.cli.main import main  # the refusal, in this process (no run starts)
 
     assert main([*cmd[3:], "--trial-s", "5", "--warmup-s", "9"]) == 2

@@ -1,0 +1,194 @@
+"""Env backends side by side: the raw-stepping limit and ``autotune train`` on each backend
+(gymnasium, EnvPool), per env, one after the other on one machine.
+
+    python -m bench backends --envs Ant-v5,HalfCheetah-v5,Humanoid-v5,Hopper-v5 \\
+        --raw-s 15 --train-s 60 --markdown out/backends/table.md --out out/backends
+
+Steps, per env: ``raw-<env>-<backend>`` (``bench/raw_env_rate.py``: every core, 16 envs per
+process, random actions) and ``train-<env>-<backend>`` (``autotune train --env-backend
+<backend>`` with ``auto`` sizing, ``--max-wall-s --train-s``, start-up included). A train step's
+figures: its whole run (trained steps over the process's wall time) and its window (from
+``--warmup-s`` after its first trained step to its last progress line), with the config its
+sizing chose. The limit of an env is the faster backend's raw rate. EnvPool steps are left out,
+saying so, where EnvPool is not installed or lacks the env.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bench.suite import Step
+
+NAME = "backends"
+HELP = "the raw-stepping limit and autotune train on each env backend (gymnasium, EnvPool)"
+BACKENDS = ("gymnasium", "envpool")
+
+
+def add_args(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--envs", default="Ant-v5,HalfCheetah-v5,Humanoid-v5,Hopper-v5")
+    ap.add_argument("--backends", default=",".join(BACKENDS), help="of gymnasium, envpool")
+    ap.add_argument("--policy", default="auto:256:128:64:auto", help="every train step's MLP")
+    ap.add_argument("--raw-s", type=float, default=15.0, help="seconds of raw stepping")
+    ap.add_argument("--train-s", type=float, default=60.0, help="wall budget of a train step")
+    ap.add_argument("--warmup-s", type=float, default=10.0, help="left out of a train window")
+    ap.add_argument("--processes", type=int, default=0, help="raw: processes (0: every core)")
+    ap.add_argument("--markdown", default=None, metavar="FILE", help="the table, as markdown")
+
+
+def check(ap: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    a.env_list = [e.strip() for e in a.envs.split(",") if e.strip()]
+    if not a.env_list:
+        ap.error("--envs: give at least one env id")
+    a.backend_list = [b.strip() for b in a.backends.split(",") if b.strip()]
+    bad = [b for b in a.backend_list if b not in BACKENDS]
+    if bad or not a.backend_list:
+        ap.error(f"--backends: unknown {bad or 'nothing given'}; allowed {', '.join(BACKENDS)}")
+    if not (a.raw_s > 0 and a.train_s > 0 and a.warmup_s >= 0 and a.processes >= 0):
+        ap.error("--raw-s and --train-s must be > 0, --warmup-s and --processes >= 0")
+
+
+def _has(env: str, backend: str) -> str | None:
+    """Why ``backend`` cannot step ``env`` here, or None."""
+    if backend == "gymnasium":
+        return None
+    from runtime.env_backends import envpool_ids
+
+    ids = envpool_ids()
+    return None if env in ids else ("EnvPool is not installed" if not ids else "not in EnvPool")
+
+
+def raw(a: argparse.Namespace, env: str, backend: str) -> dict:
+    from bench.raw_env_rate import raw_step_rate
+
+    if why := _has(env, backend):
+        return {"skipped": why}
+    procs = a.processes or os.cpu_count() or 1
+    rate = raw_step_rate(env, procs, 16, a.raw_s, None, backend)
+    return {"processes": procs, "envs_per_process": 16, "steps_per_s": rate}
+
+
+def train(a: argparse.Namespace, env: str, backend: str) -> dict:
+    from autotune.workflows.progress_log import read_progress
+    from bench.compare import window
+
+    if why := _has(env, backend):
+        return {"skipped": why}
+    out = Path(a.out) / "runs"
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / f"{env}-{backend}"
+    cmd = [
+        sys.executable,
+        "-m",
+        "autotune.cli",
+        "train",
+        "--env",
+        env,
+        "--env-backend",
+        backend,
+        "--policy",
+        a.policy,
+        "--steps",
+        "1000000000",
+        "--max-wall-s",
+        str(a.train_s),
+        "--quiet",
+        "--progress",
+        f"{stem}.progress.jsonl",
+        "--json",
+        f"{stem}.json",
+    ]
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=a.train_s + 300)
+    wall = time.monotonic() - t0
+    if proc.returncode != 0:
+        return {"failed": True, "stderr": proc.stderr[-2000:]}
+    doc = json.loads(Path(f"{stem}.json").read_text())
+    try:
+        first, last = window(read_progress(f"{stem}.progress.jsonl"), a.warmup_s, False)
+    except ValueError as exc:  # too short a run for a window: the whole run stands alone
+        return {"failed": True, "why": str(exc), "trained_steps": doc["env_steps"]}
+    span = last["t"] - first["t"]
+    return {
+        "config": doc.get("sizing", {}).get("chosen"),
+        "env_backend": doc["config"]["env_backend"],
+        "trained_steps": doc["env_steps"],
+        "lost_steps": doc["lost_steps"],
+        "process_s": wall,
+        "whole_steps_per_s": doc["env_steps"] / wall,
+        "window_steps_per_s": (last["steps"] - first["steps"]) / span,
+        "window_s": span,
+        "steps_per_joule": doc.get("steps_per_joule"),
+        "return_mean": doc.get("return_mean"),
+    }
+
+
+def _fmt(x: float | None, digits: int = 0) -> str:
+    return "" if x is None else f"{x:,.{digits}f}"
+
+
+def table(results: dict) -> str:
+    rows = [
+        "| env | raw gymnasium | raw EnvPool | limit | train gymnasium: window (whole) | "
+        "train EnvPool: window (whole) | EnvPool train / its raw | EnvPool / gymnasium train |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    envs = dict.fromkeys(k.split("-", 1)[1].rsplit("-", 1)[0] for k in results)
+    for env in envs:
+        rg, re_ = results.get(f"raw-{env}-gymnasium", {}), results.get(f"raw-{env}-envpool", {})
+        tg, te = results.get(f"train-{env}-gymnasium", {}), results.get(f"train-{env}-envpool", {})
+        limit = max([r["steps_per_s"] for r in (rg, re_) if "steps_per_s" in r], default=None)
+
+        def cell(t: dict) -> str:
+            if "window_steps_per_s" not in t:
+                return t.get("skipped", "failed" if t else "")
+            c = t.get("config") or {}
+            knobs = f"{c.get('actors')}x{c.get('envs_per_actor')}, b{c.get('batch_size')}"
+            return (
+                f"{_fmt(t['window_steps_per_s'])} ({_fmt(t['whole_steps_per_s'])}; {knobs}, "
+                f"{c.get('trainer_device')})"
+            )
+
+        own = (
+            f"{te['window_steps_per_s'] / re_['steps_per_s']:.2f} "
+            f"({te['whole_steps_per_s'] / re_['steps_per_s']:.2f})"
+            if "window_steps_per_s" in te and "steps_per_s" in re_
+            else ""
+        )
+        gain = (
+            f"{te['window_steps_per_s'] / tg['window_steps_per_s']:.2f} "
+            f"({te['whole_steps_per_s'] / tg['whole_steps_per_s']:.2f})"
+            if "window_steps_per_s" in te and "window_steps_per_s" in tg
+            else ""
+        )
+        raw_cells = [_fmt(r.get("steps_per_s")) or r.get("skipped", "") for r in (rg, re_)]
+        rows.append(
+            f"| {env} | {raw_cells[0]} | {raw_cells[1]} | {_fmt(limit)} | {cell(tg)} | "
+            f"{cell(te)} | {own} | {gain} |"
+        )
+    return "\n".join(rows) + "\n"
+
+
+def plan(a: argparse.Namespace):
+    steps = []
+    for env in a.env_list:
+        for b in a.backend_list:
+            steps.append(Step(f"raw-{env}-{b}", lambda e=env, b=b: raw(a, e, b), a.raw_s + 40))
+        for b in a.backend_list:
+            steps.append(
+                Step(f"train-{env}-{b}", lambda e=env, b=b: train(a, e, b), a.train_s + 90)
+            )
+
+    def finish(results: dict) -> None:
+        text = table(results)
+        print(text)
+        if a.markdown:
+            Path(a.markdown).parent.mkdir(parents=True, exist_ok=True)
+            Path(a.markdown).write_text(text)
+
+    return steps, finish

@@ -1,0 +1,222 @@
+"""Env backends: how an actor steps its environments.
+
+* ``gymnasium``: one ``gymnasium.Env`` per environment, stepped one by one in Python.
+* ``envpool``: one EnvPool instance of all the actor's environments, stepped in C++ by
+  ``threads`` worker threads (the cores the actor's budget gives it), in EnvPool's
+  synchronous mode: an actor owns about one core, and on one core a batch step in C++ is what
+  pays (less Python per step), not overlapping the step with the policy's forward pass.
+* ``auto``: EnvPool when it is installed and has the id, else gymnasium. A custom env
+  (``module:EnvId``, or an id the run's env modules register) always uses gymnasium.
+
+Both backends give an actor the same bookkeeping (``VecEnvs.step``): the observation to act on
+next (already reset where an episode ended), the reward, terminated and truncated flags, and the
+final observation of every episode that ended. EnvPool resets an env on the step after its
+episode ended, ignoring that step's action and returning reward 0; ``EnvPoolEnvs`` resets those
+envs at once instead (a reset of only them), so no step is spent or counted on a reset, as with
+gymnasium. Env ``i`` of an actor is seeded with ``seed + i`` in both backends.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from runtime.envs import EnvError, envpool_make, make_env
+
+BACKENDS = ("auto", "gymnasium", "envpool")
+INSTALL_HINT = "pip install 'rl-autotune[envpool]'"
+
+
+@functools.cache
+def envpool_ids() -> tuple[str, ...]:
+    """The env ids the installed EnvPool has; empty when EnvPool is not installed."""
+    try:
+        import envpool
+    except ImportError:
+        return ()
+    return tuple(envpool.list_all_envs())
+
+
+def _custom(env_id: str) -> bool:
+    """Whether ``env_id`` names a custom env: ``module:EnvId``, or an id registered with
+    gymnasium by something other than gymnasium itself (the run's env modules)."""
+    if ":" in env_id:
+        return True
+    import gymnasium as gym
+
+    from runtime.envs import import_env_modules, run_modules
+
+    import_env_modules(run_modules())
+    spec = gym.registry.get(env_id)
+    entry = getattr(spec, "entry_point", None)
+    return spec is not None and not (isinstance(entry, str) and entry.startswith("gymnasium."))
+
+
+def resolve_backend(env_id: str, backend: str) -> str:
+    """The backend an actor uses for ``env_id``: ``gymnasium`` or ``envpool``.
+
+    Raises:
+        EnvError: an unknown backend; ``envpool`` asked for where it is not installed, for a
+            custom env, or for an id it does not have (naming the close ids it has).
+    """
+    if backend not in BACKENDS:
+        raise EnvError(f"env backend {backend!r}: allowed {', '.join(BACKENDS)}")
+    if backend == "gymnasium":
+        return backend
+    custom = _custom(env_id)
+    ids = envpool_ids()
+    if backend == "auto":
+        return "envpool" if not custom and env_id in ids else "gymnasium"
+    if custom:
+        raise EnvError(
+            f"env backend envpool: {env_id!r} is a custom gymnasium env, which runs on the "
+            "gymnasium backend only; use --env-backend gymnasium or auto"
+        )
+    if not ids:
+        raise EnvError(f"env backend envpool: EnvPool is not installed ({INSTALL_HINT})")
+    if env_id not in ids:
+        close = difflib.get_close_matches(env_id, ids, n=4, cutoff=0.6)
+        hint = f"; close ids it has: {', '.join(close)}" if close else ""
+        raise EnvError(
+            f"env backend envpool: EnvPool has no env {env_id!r}{hint}; use --env-backend "
+            "gymnasium or auto for it"
+        )
+    return "envpool"
+
+
+@dataclass
+class Stepped:
+    """What one step of some of an actor's envs gave, row ``j`` for env ``lo + j``."""
+
+    obs: np.ndarray
+    """The observations to act on next (float32, flattened): reset where an episode ended."""
+    rewards: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    final_obs: dict[int, np.ndarray]
+    """The last observation of each episode that ended, by row."""
+
+
+class VecEnvs:
+    """An actor's ``k`` environments (see the module docstring)."""
+
+    backend = ""
+
+    def __init__(self, env_id: str, k: int, seed: int) -> None:
+        self.env_id, self.k, self.seed = env_id, k, seed
+
+    def reset(self) -> np.ndarray:
+        """Every env's first observation (env ``i`` seeded ``seed + i``), shape ``(k, obs)``."""
+        raise NotImplementedError
+
+    def step(self, lo: int, hi: int, actions: np.ndarray) -> Stepped:
+        """Steps envs ``lo..hi-1`` with ``actions`` (one row each)."""
+        raise NotImplementedError
+
+    def action_space(self):
+        """One env's action space (a gymnasium space)."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+def _flat(obs) -> np.ndarray:
+    return np.asarray(obs, np.float32).reshape(len(obs), -1)
+
+
+class GymnasiumEnvs(VecEnvs):
+    backend = "gymnasium"
+
+    def __init__(self, env_id: str, k: int, seed: int) -> None:
+        super().__init__(env_id, k, seed)
+        self.envs = [make_env(env_id) for _ in range(k)]
+
+    def reset(self) -> np.ndarray:
+        first = []
+        for i, env in enumerate(self.envs):
+            first.append(env.reset(seed=self.seed + i)[0])
+            env.action_space.seed(self.seed + i)
+        return _flat(first)
+
+    def step(self, lo: int, hi: int, actions: np.ndarray) -> Stepped:
+        n = hi - lo
+        obs, rewards = [None] * n, np.empty(n, np.float64)
+        term, trunc = np.zeros(n, bool), np.zeros(n, bool)
+        final = {}
+        for j in range(n):
+            env = self.envs[lo + j]
+            o, rewards[j], term[j], trunc[j], _ = env.step(actions[j])
+            if term[j] or trunc[j]:
+                final[j] = np.asarray(o, np.float32).ravel()
+                o, _ = env.reset()
+            obs[j] = o
+        return Stepped(_flat(obs), rewards, term, trunc, final)
+
+    def action_space(self):
+        return self.envs[0].action_space
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()
+
+
+class EnvPoolEnvs(VecEnvs):
+    backend = "envpool"
+
+    def __init__(self, env_id: str, k: int, seed: int, threads: int = 1) -> None:
+        super().__init__(env_id, k, seed)
+        self.threads = max(1, min(threads, k))
+        self.pool = envpool_make(
+            env_id,
+            num_envs=k,
+            batch_size=k,
+            num_threads=self.threads,
+            seed=seed,
+        )
+        self.ids = np.arange(k, dtype=np.int32)
+
+    def reset(self) -> np.ndarray:
+        obs, info = self.pool.reset()
+        return _flat(obs[np.argsort(info["env_id"])])
+
+    def step(self, lo: int, hi: int, actions: np.ndarray) -> Stepped:
+        ids = self.ids[lo:hi]
+        obs, rewards, term, trunc, info = self.pool.step(np.asarray(actions), ids)
+        order = np.argsort(info["env_id"])  # rows in the order asked for
+        obs, rewards = _flat(obs[order]), np.asarray(rewards, np.float64)[order]
+        term, trunc = np.asarray(term, bool)[order], np.asarray(trunc, bool)[order]
+        ended = np.flatnonzero(term | trunc)
+        final = {}
+        if len(ended):
+            final = {int(j): obs[j].copy() for j in ended}
+            first, rinfo = self.pool.reset(ids[ended])
+            obs[ended] = _flat(first[np.argsort(rinfo["env_id"])])
+        return Stepped(obs, rewards, term, trunc, final)
+
+    def action_space(self):
+        return self.pool.action_space
+
+    def close(self) -> None:
+        self.pool.close()
+
+
+def actor_threads(actors: int) -> int:
+    """EnvPool worker threads per actor: its share of the cores this process may run on (its
+    budget's), less one core kept for the trainer and the stages, at least one."""
+    return max(1, (len(os.sched_getaffinity(0)) - 1) // max(1, actors))
+
+
+def make_envs(env_id: str, backend: str, k: int, seed: int, threads: int = 1) -> VecEnvs:
+    """``k`` envs of ``env_id`` on ``backend`` (``auto`` resolved by ``resolve_backend``).
+
+    Raises:
+        EnvError: as ``resolve_backend`` and ``runtime.envs.make_env`` do.
+    """
+    if resolve_backend(env_id, backend) == "envpool":
+        return EnvPoolEnvs(env_id, k, seed, threads)
+    return GymnasiumEnvs(env_id, k, seed)

@@ -1,0 +1,150 @@
+"""Env backends (``runtime.env_backends``): gymnasium and EnvPool give an actor the same episode
+bookkeeping and seeding, bad backend choices are refused saying what is allowed, and a run on
+EnvPool learns and can move to gymnasium mid-run without losing a step."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from runtime.config import ConfigError, TrainConfig
+from runtime.env_backends import make_envs, resolve_backend
+from runtime.envs import EnvError
+
+pytest.importorskip("envpool")
+BACKENDS = ("gymnasium", "envpool")
+
+
+def _episodes(env_id: str, backend: str, k: int, steps: int, act) -> tuple[list, list]:
+    """Steps ``k`` envs in two groups (as an actor with a remote policy does) and keeps the
+    actor's bookkeeping: (return, length, terminated, truncated) per ended episode, and the
+    observations handed back right after an episode ended (reset ones)."""
+    envs = make_envs(env_id, backend, k, seed=3)
+    obs = envs.reset()
+    ret, length = np.zeros(k), np.zeros(k, int)
+    ended, fresh = [], []
+    for _ in range(steps):
+        for lo, hi in ((0, k // 2), (k // 2, k)):
+            out = envs.step(lo, hi, act(obs[lo:hi]))
+            ret[lo:hi] += out.rewards
+            length[lo:hi] += 1
+            for j in np.flatnonzero(out.terminated | out.truncated):
+                i = lo + int(j)
+                assert int(j) in out.final_obs and out.final_obs[int(j)].shape == obs[i].shape
+                ended.append((ret[i], length[i], bool(out.terminated[j]), bool(out.truncated[j])))
+                fresh.append(out.obs[j].copy())
+                ret[i], length[i] = 0.0, 0
+            obs[lo:hi] = out.obs
+    envs.close()
+    return ended, fresh
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_cartpole_episodes_end_terminated_with_a_fresh_reset_and_no_step_spent_on_it(backend):
+    """CartPole pays 1 per step: an episode's return equals its length only if no reset step
+    (EnvPool's own auto-reset gives reward 0) is taken or counted."""
+    ended, fresh = _episodes("CartPole-v1", backend, 4, 400, lambda o: (o[:, 2] > 0).astype(int))
+    assert len(ended) > 20
+    assert all(r == n and term and not trunc for r, n, term, trunc in ended)
+    assert all(np.abs(o).max() <= 0.05 for o in fresh)  # CartPole resets within +-0.05
+
+
+def test_both_backends_time_out_pendulum_alike():
+    """Pendulum never terminates: every episode is truncated at exactly 200 steps, and both
+    backends end the same episodes at the same steps."""
+    runs = [
+        _episodes("Pendulum-v1", b, 4, 450, lambda o: np.zeros((len(o), 1), np.float32))
+        for b in BACKENDS
+    ]
+    for ended, _ in runs:
+        assert [(n, term, trunc) for _, n, term, trunc in ended] == [(200, False, True)] * 8
+    returns = [np.array([r for r, *_ in ended]) for ended, _ in runs]
+    assert all((r < 0).all() for r in returns)  # costs, summed as the env gave them
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_env_i_of_an_actor_is_seeded_with_seed_plus_i(backend):
+    three = make_envs("CartPole-v1", backend, 3, seed=10)
+    again = make_envs("CartPole-v1", backend, 3, seed=10)
+    second = make_envs("CartPole-v1", backend, 1, seed=11)
+    first = three.reset()
+    assert np.array_equal(first, again.reset())  # deterministic
+    assert np.array_equal(first[1], second.reset()[0])
+    assert not np.array_equal(first[0], first[1])
+    for envs in (three, again, second):
+        envs.close()
+
+
+def test_bad_backend_choices_are_refused_with_what_is_allowed():
+    with pytest.raises(EnvError, match="close ids it has: Ant-v5"):
+        resolve_backend("Ant-v6", "envpool")
+    with pytest.raises(EnvError, match="custom gymnasium env, which runs on the gymnasium"):
+        resolve_backend("my_envs:Maze-v0", "envpool")
+    with pytest.raises(EnvError, match="allowed auto, gymnasium, envpool"):
+        resolve_backend("CartPole-v1", "c++")
+    assert resolve_backend("my_envs:Maze-v0", "auto") == "gymnasium"
+    assert resolve_backend("CartPole-v1", "auto") == "envpool"
+    assert resolve_backend("CartPole-v1", "gymnasium") == "gymnasium"
+    problems = TrainConfig(env_backend="c++").problems()
+    assert any("env_backend='c++': allowed ('auto', 'gymnasium', 'envpool')" in p for p in problems)
+    with pytest.raises(ConfigError, match="EnvPool has no env 'Hopper-v9'; close ids it has"):
+        TrainConfig(env="Hopper-v9", env_backend="envpool").validate()
+
+
+@pytest.mark.slow
+def test_cartpole_learns_on_envpool_from_the_cli(tmp_path):
+    out = tmp_path / "r.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "autotune.cli",
+            "train",
+            "--env-backend",
+            "envpool",
+            "--quiet",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    r = json.loads(out.read_text())
+    assert r["config"]["env_backend"] == "envpool"
+    assert r["return_mean"] >= 400, r["return_mean"]
+    assert r["sampled_steps"] == r["env_steps"] + r["discarded_steps"] + r["lost_steps"]
+    assert r["lost_steps"] == 0
+
+
+@pytest.mark.slow
+def test_a_run_moves_from_envpool_to_gymnasium_mid_run_and_loses_nothing():
+    from runtime.runner import Runner
+
+    cfg = TrainConfig(
+        steps=12_000,
+        actors=2,
+        envs_per_actor=4,
+        rollout_len=16,
+        batch_size=512,
+        env_backend="auto",
+    )
+    asked = []
+
+    def drive(state):
+        if not asked and state.trained_steps >= 3_000 and not state.draining:
+            asked.append(runner.reconfigure(env_backend="gymnasium"))
+
+    runner = Runner(cfg, cfg.validate(), on_progress=drive)
+    assert runner.cfg.env_backend == "envpool"  # auto, resolved where EnvPool has the env
+    result = runner.run()
+    assert asked and asked[0].respawn_actors
+    assert [c["changed"] for c in result["changes"]] == [{"env_backend": "gymnasium"}]
+    assert result["config"]["env_backend"] == "gymnasium"
+    assert result["sampled_steps"] == result["env_steps"] + result["discarded_steps"]
+    assert result["lost_steps"] == 0 and result["env_steps"] >= 12_000
