@@ -104,8 +104,6 @@ class Stepped:
 class VecEnvs:
     """An actor's ``k`` environments (see the module docstring)."""
 
-    backend = ""
-
     def __init__(self, env_id: str, k: int, seed: int) -> None:
         self.env_id, self.k, self.seed = env_id, k, seed
 
@@ -130,8 +128,6 @@ def _flat(obs) -> np.ndarray:
 
 
 class GymnasiumEnvs(VecEnvs):
-    backend = "gymnasium"
-
     def __init__(self, env_id: str, k: int, seed: int) -> None:
         super().__init__(env_id, k, seed)
         self.envs = [make_env(env_id) for _ in range(k)]
@@ -166,8 +162,6 @@ class GymnasiumEnvs(VecEnvs):
 
 
 class EnvPoolEnvs(VecEnvs):
-    backend = "envpool"
-
     def __init__(self, env_id: str, k: int, seed: int, threads: int = 1) -> None:
         super().__init__(env_id, k, seed)
         self.threads = max(1, min(threads, k))
