@@ -23,6 +23,7 @@ SUITES = (
     "faults",
     "sharing",
     "backends",
+    "transport",
 )
 
 

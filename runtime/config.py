@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import math
 from dataclasses import dataclass, field, fields
 
@@ -106,7 +107,11 @@ class TrainConfig:
     """Back-pressure: experience sent but not yet received by the trainer, in batches, shared
     among the actors (each keeps at least one rollout in flight)."""
     transport: str = "ipc"
-    """``ipc`` (Unix sockets in a private temp dir) or ``tcp`` (loopback)."""
+    """``ipc`` (Unix sockets in a private temp dir) or ``tcp`` (on ``bind_host``, every link
+    served with CURVE and keys made for the run: ``runtime.curve``)."""
+    bind_host: str = "127.0.0.1"
+    """With ``transport='tcp'``: the IP address of this machine the run's links bind (loopback
+    by default; 0.0.0.0 or :: listens on every interface, only when named)."""
     checkpoint: str | None = None
     """Directory of the learner's state across runs (``runtime.checkpoint``): loaded at the start
     when it holds one (``steps`` then counts every run's trained steps), written every
@@ -170,6 +175,11 @@ class TrainConfig:
         out.extend(self._gmi_problems())
         if self.transport not in ("ipc", "tcp"):
             out.append(f"transport={self.transport!r}: allowed 'ipc' or 'tcp'")
+        if not _ip_address(self.bind_host):
+            out.append(
+                f"bind_host={self.bind_host!r}: must be an IP address of this machine, e.g. "
+                "127.0.0.1 (0.0.0.0 or :: for every interface)"
+            )
         if self.max_wall_s is not None and not finite_number(self.max_wall_s, above=0.0):
             out.append(f"max_wall_s={self.max_wall_s!r}: must be a finite number > 0 (or unset)")
         if self.checkpoint is not None and not (
@@ -369,3 +379,13 @@ class TrainConfig:
             value = getattr(self, f.name)
             out[f.name] = value.to_dict() if isinstance(value, APPOConfig) else value
         return out
+
+
+def _ip_address(host: object) -> bool:
+    if not isinstance(host, str):
+        return False
+    try:
+        ipaddress.ip_address(host)  # type: ignore[arg-type]
+    except ValueError:
+        return False
+    return True

@@ -220,8 +220,8 @@ def inference_main(
 
     torch.set_num_threads(place.threads)
     ctx = zmq.Context()
+    stats = StatsSender.service(ctx, endpoints, NAME)  # its guard first, then the binds
     router, weights, commands = topology.inference_sockets(ctx, endpoints)
-    stats = StatsSender(topology.telemetry_out(ctx, endpoints), NAME, endpoints.run_key)
     server = InferenceServer(cfg, info, router, weights, stats, place, endpoints.run_key)
     logger.info(
         "inference GMI on %s (gpu %s, mps %s%%, %s SMs, pid %d)",
@@ -232,4 +232,5 @@ def inference_main(
         os.getpid(),
     )
     server.run(commands)
+    stats.guard.stop()
     ctx.destroy(linger=0)

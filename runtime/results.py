@@ -189,8 +189,10 @@ def build_result(runner: RunRecord, wall_s: float, energy: Any) -> dict[str, Any
     start, cumulative trained steps, GPU J and CPU J; ``started_unix`` dates it), checkpoint
     (``runtime.checkpoint.result_doc``, None without one), plus episodes, actor_restarts and
     malformed message counts (per service and trainer GMI, the actors summed, the runner's
-    own). Every count is this run's, also in a run resumed from a checkpoint;
-    a resumed run's return window starts with the 100 returns its checkpoint kept.
+    own), auth_refused (connections to a ``tcp://`` run's links refused for a key that is not
+    the run's: ``runtime.curve``; 0 on ipc). Every count is this run's, also in a run resumed
+    from a checkpoint; a resumed run's return window starts with the 100 returns its
+    checkpoint kept.
     """
     tel = runner.telemetry
     compressor = tel.source("compressor")
@@ -265,6 +267,8 @@ def build_result(runner: RunRecord, wall_s: float, energy: Any) -> dict[str, Any
         "checkpoint": checkpoint.result_doc(runner.cfg, runner.resume),
         "timeline": runner.timeline.to_doc(),
         "malformed": malformed,
+        "auth_refused": sum(int(tel.total(name, "auth_refused")) for name in services)
+        + runner.guard.refused,
         "config": runner.cfg.to_dict(),
         "stages": tel.stages(),
     }

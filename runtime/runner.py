@@ -49,6 +49,7 @@ import zmq
 from runtime import checkpoint, live, run_dirs, topology, wire
 from runtime.actor_pool import ActorPool, Incarnations
 from runtime.config import ConfigError, TrainConfig
+from runtime.curve import Guard, NoGuard
 from runtime.drain import Drain, wall_due
 from runtime.energy import EnergyMeter, probe_cpu_energy, probe_gpu_energy
 from runtime.energy.shares import SharedCPU, SharedGPU, shares_doc
@@ -144,6 +145,7 @@ class Runner:
         self.stop_requested = False
         self.interrupted = False
         self.failure: str | None = None
+        self.guard: Guard | NoGuard = NoGuard()
         """Why the run stopped early (an actor slot given up, a non-finite value), or None."""
 
     # --- live changes -------------------------------------------------------------------------
@@ -297,11 +299,8 @@ class Runner:
         ctx = zmq.Context()
         with run_dirs.run_dir() as run_dir:
             self.run_dir = run_dir
-            ep = (
-                topology.Endpoints.ipc(run_dir)
-                if self.cfg.transport == "ipc"
-                else topology.Endpoints.tcp()
-            )
+            ep = self.endpoints = topology.Endpoints.of(self.cfg, run_dir)
+            self.guard = topology.guard(ctx, ep)
             telemetry_sock, command_sock = topology.runner_sockets(ctx, ep)
             self.telemetry.key = ep.run_key  # reports must be the run's processes' own
             forwarder = topology.WeightsForwarder(ctx, ep).start()
@@ -338,6 +337,7 @@ class Runner:
                 except ValueError:
                     energy = None
                 forwarder.stop()
+                self.guard.stop()
                 ctx.destroy(linger=0)
                 self.fleet.stop()
         result = build_result(self, wall_s, energy)

@@ -24,8 +24,10 @@ sender (actors pause between rollouts); nothing is dropped. Weights are the exce
 a slow actor simply misses intermediate versions (only the newest matters).
 
 The same components can be wired with ``inproc://`` endpoints inside one process (tests,
-debugging), ``ipc://`` (Unix sockets in a private directory, the default), or ``tcp://``
-(loopback now; other hosts later).
+debugging), ``ipc://`` (Unix sockets in a private directory, the default), or ``tcp://`` on an
+address the user names (loopback by default, never a wildcard unless named). Every ``tcp://``
+link is served with CURVE and the run's own keys (``runtime.curve``): each process that binds
+one starts a ``guard`` first, and every socket that connects to one is a CURVE client.
 """
 
 from __future__ import annotations
@@ -34,8 +36,11 @@ import os
 import socket as pysocket
 import threading
 from dataclasses import dataclass, field
+from typing import Any
 
 import zmq
+
+from runtime.curve import Guard, NoGuard, RunKeys
 
 EXPERIENCE_HWM = 256
 """Messages queued on each side of an actor->compressor link (one per channel per rollout)."""
@@ -73,6 +78,8 @@ class Endpoints:
     telemetry: str
     commands: str
     run_key: bytes = field(default_factory=lambda: os.urandom(32), repr=False)
+    keys: RunKeys | None = field(default=None, repr=False)
+    """The run's CURVE keys: set exactly when the links are ``tcp://``."""
 
     @classmethod
     def ipc(cls, run_dir: str) -> Endpoints:
@@ -81,8 +88,21 @@ class Endpoints:
 
     @classmethod
     def tcp(cls, host: str = "127.0.0.1") -> Endpoints:
-        """TCP endpoints on free ports of ``host``."""
-        return cls(**{name: f"tcp://{host}:{_free_port(host)}" for name in _LINKS})
+        """TCP endpoints on free ports of ``host``, served with CURVE and fresh run keys.
+
+        Raises:
+            runtime.curve.CurveError: libzmq cannot do CURVE.
+            ValueError: ``host`` is not an address of this machine.
+        """
+        keys = RunKeys.generate()
+        ports = {name: _free_port(host) for name in _LINKS}
+        return cls(**{name: f"tcp://{_url_host(host)}:{ports[name]}" for name in _LINKS}, keys=keys)
+
+    @classmethod
+    def of(cls, cfg: Any, run_dir: str) -> Endpoints:
+        """A run's links (``cfg``: its ``TrainConfig``): ``ipc`` in ``run_dir``, or ``tcp`` on
+        ``cfg.bind_host``."""
+        return cls.ipc(run_dir) if cfg.transport == "ipc" else cls.tcp(cfg.bind_host)
 
     @classmethod
     def inproc(cls, prefix: str = "autotune") -> Endpoints:
@@ -104,9 +124,38 @@ _LINKS = (
 
 
 def _free_port(host: str) -> int:
-    with pysocket.socket() as s:
-        s.bind((host, 0))
+    family = pysocket.AF_INET6 if ":" in host else pysocket.AF_INET
+    with pysocket.socket(family) as s:
+        try:
+            s.bind((host, 0))
+        except OSError as exc:
+            raise ValueError(
+                f"bind host {host!r}: cannot bind it here ({exc.strerror}); give an address of "
+                "this machine, e.g. 127.0.0.1 or the address of an interface other hosts reach"
+            ) from None
         return int(s.getsockname()[1])
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def guard(ctx: zmq.Context, ep: Endpoints) -> Guard | NoGuard:
+    """The ZAP guard a process that binds one of ``ep``'s links starts in ``ctx`` before it
+    binds (a ``NoGuard`` where the links are not ``tcp://``); stop it before ``ctx`` ends."""
+    return Guard(ctx, ep.keys) if ep.keys is not None else NoGuard()
+
+
+def _bind(sock: zmq.Socket, ep: Endpoints, address: str) -> None:
+    if ep.keys is not None and address.startswith("tcp://"):
+        ep.keys.serve(sock)
+    sock.bind(address)
+
+
+def _connect(sock: zmq.Socket, ep: Endpoints, address: str) -> None:
+    if ep.keys is not None and address.startswith("tcp://"):
+        ep.keys.client(sock)
+    sock.connect(address)
 
 
 def _socket(ctx: zmq.Context, kind: int, *, sndhwm: int = 1000, rcvhwm: int = 1000) -> zmq.Socket:
@@ -123,33 +172,33 @@ def _socket(ctx: zmq.Context, kind: int, *, sndhwm: int = 1000, rcvhwm: int = 10
 def actor_experience_out(ctx: zmq.Context, ep: Endpoints) -> zmq.Socket:
     """The dispenser's PUSH to the compressor."""
     sock = _socket(ctx, zmq.PUSH, sndhwm=EXPERIENCE_HWM)
-    sock.connect(ep.experience)
+    _connect(sock, ep, ep.experience)
     return sock
 
 
 def actor_weights_in(ctx: zmq.Context, ep: Endpoints) -> zmq.Socket:
     """An actor's SUB for versioned weights."""
-    return _subscriber(ctx, ep.weights, WEIGHTS_HWM)
+    return _subscriber(ctx, ep, ep.weights, WEIGHTS_HWM)
 
 
 def actor_receipts_in(ctx: zmq.Context, ep: Endpoints) -> zmq.Socket:
     """An actor's SUB for the migrator's receipts (only the newest matters)."""
-    return _subscriber(ctx, ep.receipts, RECEIPTS_HWM)
+    return _subscriber(ctx, ep, ep.receipts, RECEIPTS_HWM)
 
 
 def actor_inference_out(ctx: zmq.Context, ep: Endpoints) -> zmq.Socket:
     """An actor's DEALER to the inference GMI (``inference='gmi'``)."""
     sock = _socket(ctx, zmq.DEALER, sndhwm=INFERENCE_HWM, rcvhwm=INFERENCE_HWM)
     sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(ep.inference)
+    _connect(sock, ep, ep.inference)
     return sock
 
 
-def _subscriber(ctx: zmq.Context, endpoint: str, hwm: int) -> zmq.Socket:
+def _subscriber(ctx: zmq.Context, ep: Endpoints, endpoint: str, hwm: int) -> zmq.Socket:
     sock = _socket(ctx, zmq.SUB, rcvhwm=hwm)
     sock.setsockopt(zmq.SUBSCRIBE, b"")
     sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(endpoint)
+    _connect(sock, ep, endpoint)
     return sock
 
 
@@ -161,9 +210,9 @@ def compressor_sockets(
 ) -> tuple[zmq.Socket, zmq.Socket, zmq.Socket]:
     """(experience PULL, chunks PUSH, commands SUB) of the compressor."""
     pull = _socket(ctx, zmq.PULL, rcvhwm=EXPERIENCE_HWM)
-    pull.bind(ep.experience)
+    _bind(pull, ep, ep.experience)
     push = _socket(ctx, zmq.PUSH, sndhwm=CHUNK_HWM)
-    push.connect(ep.chunks)
+    _connect(push, ep, ep.chunks)
     return pull, push, command_in(ctx, ep)
 
 
@@ -171,7 +220,7 @@ def command_in(ctx: zmq.Context, ep: Endpoints) -> zmq.Socket:
     """A process's SUB for the runner's COMMAND messages (drain, retire, live, exit)."""
     commands = _socket(ctx, zmq.SUB)
     commands.setsockopt(zmq.SUBSCRIBE, b"")
-    commands.connect(ep.commands)
+    _connect(commands, ep, ep.commands)
     return commands
 
 
@@ -183,13 +232,13 @@ def migrator_sockets(
 ) -> tuple[zmq.Socket, zmq.Socket, zmq.Socket, zmq.Socket]:
     """(chunks PULL, trainers ROUTER, receipts PUB, commands SUB) of the migrator."""
     pull = _socket(ctx, zmq.PULL, rcvhwm=CHUNK_HWM)
-    pull.bind(ep.chunks)
+    _bind(pull, ep, ep.chunks)
     router = _socket(ctx, zmq.ROUTER, sndhwm=TRAINER_HWM, rcvhwm=TRAINER_HWM)
     router.setsockopt(zmq.ROUTER_MANDATORY, 1)
-    router.bind(ep.trainers)
+    _bind(router, ep, ep.trainers)
     receipts = _socket(ctx, zmq.PUB, sndhwm=RECEIPTS_HWM)
     receipts.setsockopt(zmq.LINGER, 0)
-    receipts.bind(ep.receipts)
+    _bind(receipts, ep, ep.receipts)
     return pull, router, receipts, command_in(ctx, ep)
 
 
@@ -205,7 +254,7 @@ def trainer_experience_in(ctx: zmq.Context, ep: Endpoints, name: str) -> zmq.Soc
     """A trainer's DEALER to the migrator, with identity ``name`` (see ``trainer_name``)."""
     sock = _socket(ctx, zmq.DEALER, sndhwm=TRAINER_HWM, rcvhwm=TRAINER_HWM)
     sock.setsockopt(zmq.IDENTITY, name.encode())
-    sock.connect(ep.trainers)
+    _connect(sock, ep, ep.trainers)
     return sock
 
 
@@ -213,7 +262,7 @@ def trainer_weights_out(ctx: zmq.Context, ep: Endpoints) -> zmq.Socket:
     """The lead trainer's PUB of versioned weights, connected to the runner's forwarder."""
     sock = _socket(ctx, zmq.PUB, sndhwm=WEIGHTS_HWM)
     sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(ep.weights_in)
+    _connect(sock, ep, ep.weights_in)
     return sock
 
 
@@ -244,10 +293,10 @@ class WeightsForwarder:
         try:
             xsub = _socket(self.ctx, zmq.XSUB, rcvhwm=WEIGHTS_HWM)
             xsub.setsockopt(zmq.LINGER, 0)
-            xsub.bind(self.ep.weights_in)
+            _bind(xsub, self.ep, self.ep.weights_in)
             xpub = _socket(self.ctx, zmq.XPUB, sndhwm=WEIGHTS_HWM)
             xpub.setsockopt(zmq.LINGER, 0)
-            xpub.bind(self.ep.weights)
+            _bind(xpub, self.ep, self.ep.weights)
             control = self.ctx.socket(zmq.PAIR)
             control.connect(self._control_addr)
         except BaseException as exc:  # reported by start()
@@ -277,8 +326,8 @@ def inference_sockets(ctx: zmq.Context, ep: Endpoints) -> tuple[zmq.Socket, zmq.
     """(actors ROUTER, weights SUB, commands SUB) of the inference GMI."""
     router = _socket(ctx, zmq.ROUTER, sndhwm=INFERENCE_HWM, rcvhwm=INFERENCE_HWM)
     router.setsockopt(zmq.LINGER, 0)
-    router.bind(ep.inference)
-    return router, _subscriber(ctx, ep.weights, WEIGHTS_HWM), command_in(ctx, ep)
+    _bind(router, ep, ep.inference)
+    return router, _subscriber(ctx, ep, ep.weights, WEIGHTS_HWM), command_in(ctx, ep)
 
 
 # --- telemetry and commands ----------------------------------------------------------------
@@ -287,14 +336,14 @@ def inference_sockets(ctx: zmq.Context, ep: Endpoints) -> tuple[zmq.Socket, zmq.
 def telemetry_out(ctx: zmq.Context, ep: Endpoints) -> zmq.Socket:
     """Any process's PUSH of STATS messages to the runner."""
     sock = _socket(ctx, zmq.PUSH, sndhwm=TELEMETRY_HWM)
-    sock.connect(ep.telemetry)
+    _connect(sock, ep, ep.telemetry)
     return sock
 
 
 def runner_sockets(ctx: zmq.Context, ep: Endpoints) -> tuple[zmq.Socket, zmq.Socket]:
     """(telemetry PULL, commands PUB) of the runner."""
     pull = _socket(ctx, zmq.PULL, rcvhwm=TELEMETRY_HWM)
-    pull.bind(ep.telemetry)
+    _bind(pull, ep, ep.telemetry)
     pub = _socket(ctx, zmq.PUB)
-    pub.bind(ep.commands)
+    _bind(pub, ep, ep.commands)
     return pull, pub

@@ -209,6 +209,22 @@ def add_train_command(sub: Any) -> None:
         help="end by this many seconds after the process started (start-up and probes "
         "included): the drain begins early enough to train what is in flight",
     )
+    train.add_argument(
+        "--transport",
+        choices=("ipc", "tcp"),
+        default="ipc",
+        help="the run's links between its processes: ipc (Unix sockets in a private "
+        "directory) or tcp (on --bind-host, encrypted and authenticated with CURVE keys made "
+        "for the run; a connection with another key is refused and counted as auth_refused) "
+        "(default ipc)",
+    )
+    train.add_argument(
+        "--bind-host",
+        default="127.0.0.1",
+        metavar="IP",
+        help="with --transport tcp: the address of this machine the links bind; 0.0.0.0 or :: "
+        "listens on every interface, only when named (default 127.0.0.1)",
+    )
     add_learner_args(train)
     train.add_argument(
         "--json", type=Path, default=None, metavar="PATH", help="write the result document to PATH"

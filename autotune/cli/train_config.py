@@ -166,6 +166,8 @@ def config_from_args(args: argparse.Namespace):
         inference=args.inference,
         inference_mps_pct=args.inference_mps_pct,
         max_wall_s=args.max_wall_s,
+        transport=getattr(args, "transport", TrainConfig.transport),
+        bind_host=getattr(args, "bind_host", TrainConfig.bind_host),
         checkpoint=args.checkpoint,
         checkpoint_every_s=args.checkpoint_every_s,
         cpu_idle_w=args.cpu_idle_w,

@@ -16,11 +16,7 @@ saying so, where EnvPool is not installed or lacks the env.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 from bench.suite import Step
@@ -74,58 +70,12 @@ def raw(a: argparse.Namespace, env: str, backend: str) -> dict:
 
 
 def train(a: argparse.Namespace, env: str, backend: str) -> dict:
-    from autotune.workflows.progress_log import read_progress
-    from bench.compare import window
+    from bench.train_run import train_run
 
     if why := _has(env, backend):
         return {"skipped": why}
-    out = Path(a.out) / "runs"
-    out.mkdir(parents=True, exist_ok=True)
-    stem = out / f"{env}-{backend}"
-    cmd = [
-        sys.executable,
-        "-m",
-        "autotune.cli",
-        "train",
-        "--env",
-        env,
-        "--env-backend",
-        backend,
-        "--policy",
-        a.policy,
-        "--steps",
-        "1000000000",
-        "--max-wall-s",
-        str(a.train_s),
-        "--quiet",
-        "--progress",
-        f"{stem}.progress.jsonl",
-        "--json",
-        f"{stem}.json",
-    ]
-    t0 = time.monotonic()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=a.train_s + 300)
-    wall = time.monotonic() - t0
-    if proc.returncode != 0:
-        return {"failed": True, "stderr": proc.stderr[-2000:]}
-    doc = json.loads(Path(f"{stem}.json").read_text())
-    try:
-        first, last = window(read_progress(f"{stem}.progress.jsonl"), a.warmup_s, False)
-    except ValueError as exc:  # too short a run for a window: the whole run stands alone
-        return {"failed": True, "why": str(exc), "trained_steps": doc["env_steps"]}
-    span = last["t"] - first["t"]
-    return {
-        "config": doc.get("sizing", {}).get("chosen"),
-        "env_backend": doc["config"]["env_backend"],
-        "trained_steps": doc["env_steps"],
-        "lost_steps": doc["lost_steps"],
-        "process_s": wall,
-        "whole_steps_per_s": doc["env_steps"] / wall,
-        "window_steps_per_s": (last["steps"] - first["steps"]) / span,
-        "window_s": span,
-        "steps_per_joule": doc.get("steps_per_joule"),
-        "return_mean": doc.get("return_mean"),
-    }
+    flags = ["--env", env, "--env-backend", backend, "--policy", a.policy]
+    return train_run(Path(a.out) / "runs" / f"{env}-{backend}", flags, a.train_s, a.warmup_s)
 
 
 def _fmt(x: float | None, digits: int = 0) -> str:

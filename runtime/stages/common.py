@@ -17,7 +17,8 @@ from typing import Any
 import setproctitle
 import zmq
 
-from runtime import wire
+from runtime import topology, wire
+from runtime.curve import Guard, NoGuard
 
 PR_SET_PDEATHSIG = 1
 LOG_FORMAT = "%(asctime)s %(processName)s %(name)s %(levelname)s: %(message)s"
@@ -96,13 +97,32 @@ class StatsSender:
     count), so the runner takes no report that another process made or sent again.
     """
 
-    def __init__(self, sock: zmq.Socket, source: str, key: bytes = b"") -> None:
+    def __init__(
+        self,
+        sock: zmq.Socket,
+        source: str,
+        key: bytes = b"",
+        guard: Guard | NoGuard | None = None,
+    ) -> None:
         self.sock, self.source, self.key = sock, source, key
+        self.guard = guard
+        """The process's ZAP guard (``runtime.curve``), whose refusals every report carries
+        as ``auth_refused``."""
         self.inst = os.urandom(8).hex()
         self.n = 0
 
+    @classmethod
+    def service(cls, ctx: zmq.Context, endpoints: topology.Endpoints, source: str) -> StatsSender:
+        """The sender of a process that binds some of the run's links: it starts the process's
+        ZAP guard first (``topology.guard``; call this before any bind, and stop
+        ``sender.guard`` before ``ctx`` ends)."""
+        guard = topology.guard(ctx, endpoints)
+        return cls(topology.telemetry_out(ctx, endpoints), source, endpoints.run_key, guard)
+
     def send(self, counters: dict[str, Any]) -> None:
         final = bool(counters.get("final"))
+        if self.guard is not None:
+            counters = {**counters, "auth_refused": self.guard.refused}
         meta = {"src": self.source, "time": time.time(), "c": counters}
         if self.key:
             meta = wire.sign(self.key, wire.MsgType.STATS, meta | {"inst": self.inst, "n": self.n})

@@ -340,12 +340,13 @@ def compressor_main(
     chunk ids as increasing."""
     init_service_process("compressor")
     ctx = zmq.Context()
+    stats = StatsSender.service(ctx, endpoints, "compressor")  # its guard first, then binds
     pull, push, commands = topology.compressor_sockets(ctx, endpoints)
-    stats = StatsSender(topology.telemetry_out(ctx, endpoints), "compressor", endpoints.run_key)
     compressor = Compressor(
         pull, push, commands, stats, chunk_bytes, chunk_timeout_s, endpoints.run_key
     )
     compressor.next_chunk = first_chunk
     compressor.run()
     await_exit(commands)
+    stats.guard.stop()
     ctx.destroy(linger=topology.LINGER_MS)

@@ -387,14 +387,14 @@ class Migrator:
 def migrator_main(endpoints: topology.Endpoints, n_trainers: int, generation: int = 0) -> None:
     """Process entry point of the migrator service. One started in place of a dead one is told
     the current GMI ``generation``: every older one is retired (a GMI of one that still says
-    hello gets RETIRE at once, and hands over)."""
+    hello gets RETIRE at once, and hands over). Its guard starts before its binds."""
     init_service_process("migrator")
     ctx = zmq.Context()
+    stats = StatsSender.service(ctx, endpoints, "migrator")
     pull, router, receipts, commands = topology.migrator_sockets(ctx, endpoints)
-    stats = StatsSender(topology.telemetry_out(ctx, endpoints), "migrator", endpoints.run_key)
     migrator = Migrator(pull, router, stats, n_trainers, receipts, commands, endpoints.run_key)
-    migrator.generation = generation
-    migrator.retired_generations = set(range(generation))
+    migrator.generation, migrator.retired_generations = generation, set(range(generation))
     migrator.run()
     await_exit(commands)
+    stats.guard.stop()
     ctx.destroy(linger=topology.LINGER_MS)

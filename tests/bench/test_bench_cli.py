@@ -34,6 +34,7 @@ def test_help_lists_the_ten_suites_each_with_one_line():
         "faults",
         "sharing",
         "backends",
+        "transport",
     )
     text = proc.stdout
     for name in SUITES:

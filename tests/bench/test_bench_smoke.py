@@ -237,7 +237,7 @@ def test_backends_suite_measures_raw_stepping_and_a_sized_run_on_envpool(tmp_pat
         "--processes",
         "2",
         "--train-s",
-        "12",
+        "20",  # the sizing's probes, with a cold cache, take most of 12 s on 2 cores
         "--warmup-s",
         "0",
         "--markdown",
@@ -249,3 +249,37 @@ def test_backends_suite_measures_raw_stepping_and_a_sized_run_on_envpool(tmp_pat
     assert run_doc["window_steps_per_s"] > 0 and run_doc["config"]["actors"] >= 1
     table = (tmp_path / "t.md").read_text()
     assert "| CartPole-v1 |" in table and "EnvPool train / its raw" in table
+
+
+def test_transport_suite_runs_one_config_on_ipc_and_on_tcp_with_curve(tmp_path):
+    small = (
+        "--actors 1 --envs-per-actor 4 --rollout-len 16 --batch-size 256 --trainer-device cpu "
+        "--trainers 1"  # every sized value given: no probes
+    )
+    results = run(
+        tmp_path,
+        "transport",
+        "--env",
+        "CartPole-v1",
+        "--policy",
+        "auto",
+        "--rounds",
+        "1",
+        "--train-s",
+        "10",
+        "--warmup-s",
+        "0",
+        "--train-args",
+        small,
+        "--markdown",
+        str(tmp_path / "t.md"),
+    )
+    ipc, tcp = results["train-ipc-1"], results["train-tcp-1"]
+    assert ipc["transport"] == "ipc" and tcp["transport"] == "tcp"
+    for arm in (ipc, tcp):
+        assert arm["window_steps_per_s"] > 0 and arm["lost_steps"] == 0
+        assert arm["auth_refused"] == 0
+        assert arm["config"]["actors"] == 1 and arm["config"]["batch_size"] == 256
+    assert tcp["bind_host"] and tcp["bind_source"]
+    table = (tmp_path / "t.md").read_text()
+    assert "tcp / ipc trained steps/s" in table and "| train-tcp-1 | tcp on " in table

@@ -9,6 +9,7 @@ import pytest
 
 from runtime.actor_pool import Incarnations
 from runtime.config import TrainConfig
+from runtime.curve import NoGuard
 from runtime.energy import cpu as cpu_mod
 from runtime.energy import meter as meter_mod
 from runtime.energy.cpu import CPUEnergySource
@@ -177,6 +178,7 @@ def fake_run(trained_steps: int) -> types.SimpleNamespace:
         ended=Incarnations(),
         restarts=0,
         supervisor=types.SimpleNamespace(replacements=[]),
+        guard=NoGuard(),
         phases=None,
         trainer_names=lambda: ["trainer-0"],
     )

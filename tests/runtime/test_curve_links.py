@@ -1,0 +1,129 @@
+"""A run's tcp:// links: CURVE with keys made per run, a guard that admits only the run's client
+key, refusals counted, and clear errors for a bad bind host."""
+
+from __future__ import annotations
+
+import pytest
+import zmq
+from conftest import wait_until
+
+from runtime import topology, wire
+from runtime.config import TrainConfig
+from runtime.curve import RunKeys
+from runtime.runner import Runner
+
+
+def _received(sock: zmq.Socket, timeout_ms: int) -> list[wire.Message]:
+    out = []
+    while sock.poll(timeout_ms):
+        out.append(wire.recv_msg(sock))
+        timeout_ms = 0
+    return out
+
+
+def test_tcp_endpoints_carry_fresh_keys_that_are_never_printed():
+    a, b = topology.Endpoints.tcp(), topology.Endpoints.tcp()
+    assert a.keys is not None and b.keys is not None
+    assert a.keys.server_secret != b.keys.server_secret  # made per run
+    assert a.keys.client_public != b.keys.client_public
+    for ep in (a, b):
+        assert all(getattr(ep, name).startswith("tcp://127.0.0.1:") for name in topology._LINKS)
+        for secret in (ep.keys.server_secret, ep.keys.client_secret):
+            assert secret.decode() not in repr(ep) and secret.decode() not in repr(ep.keys)
+    assert topology.Endpoints.inproc("x").keys is None
+
+
+def test_only_the_runs_own_key_gets_a_message_through_and_refusals_are_counted():
+    """An intruder that even knows the server's public key, but offers its own client key, is
+    refused by the guard and counted; one that speaks no CURVE fails the handshake. Neither's
+    message reaches the bound socket; the run's own client's does."""
+    ep = topology.Endpoints.tcp()
+    ctx = zmq.Context()
+    guard = topology.guard(ctx, ep)
+    try:
+        pull, _pub = topology.runner_sockets(ctx, ep)  # binds telemetry (PULL) and commands
+
+        intruder = ctx.socket(zmq.PUSH)
+        intruder.setsockopt(zmq.LINGER, 0)
+        public, secret = zmq.curve_keypair()
+        intruder.curve_serverkey = ep.keys.server_public
+        intruder.curve_publickey, intruder.curve_secretkey = public, secret
+        intruder.connect(ep.telemetry)
+        plain = ctx.socket(zmq.PUSH)
+        plain.setsockopt(zmq.LINGER, 0)
+        plain.connect(ep.telemetry)
+        for sock in (intruder, plain):
+            # queued until a handshake that never completes: never delivered
+            wire.send_msg(sock, wire.MsgType.STATS, {"src": "intruder", "c": {}}, flags=zmq.NOBLOCK)
+        wait_until(lambda: guard.refused >= 1, what="the guard to refuse the intruder's key")
+
+        own = topology.telemetry_out(ctx, ep)
+        wire.send_msg(own, wire.MsgType.STATS, {"src": "own", "c": {}})
+        got = _received(pull, timeout_ms=30_000)
+        assert [m.meta["src"] for m in got] == ["own"]
+        assert not _received(pull, timeout_ms=200)
+    finally:
+        guard.stop()
+        ctx.destroy(linger=0)
+
+
+def test_a_bind_host_that_is_not_an_ip_address_is_refused_saying_what_is_allowed():
+    problems = TrainConfig(transport="tcp", bind_host="my-host").problems()
+    assert any("bind_host='my-host'" in p and "IP address" in p for p in problems), problems
+    assert not any("bind_host" in p for p in TrainConfig(bind_host="::1").problems())
+
+
+def test_an_address_of_another_machine_cannot_be_bound_and_says_so():
+    with pytest.raises(ValueError, match=r"bind host '192\.0\.2\.1': cannot bind it here"):
+        topology.Endpoints.tcp("192.0.2.1")  # TEST-NET-1: no machine has it
+
+
+def test_run_keys_configure_server_and_client_sockets():
+    keys = RunKeys.generate()
+    ctx = zmq.Context()
+    try:
+        server, client = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
+        keys.serve(server)
+        keys.client(client)
+        assert server.curve_server
+        assert server.mechanism == client.mechanism == zmq.CURVE
+    finally:
+        ctx.destroy(linger=0)
+
+
+@pytest.mark.slow
+def test_a_run_over_tcp_with_an_intruder_on_its_experience_link_loses_nothing():
+    """A whole run on tcp:// links: while it trains, a process with its own CURVE keys pushes
+    forged rollouts at the compressor's experience link. The compressor's guard refuses it and
+    the result counts it; nothing forged arrives (no malformed message anywhere), and every
+    step sampled is trained."""
+    cfg = TrainConfig(
+        steps=6_000, actors=2, envs_per_actor=4, rollout_len=16, batch_size=512, transport="tcp"
+    )
+    ctx = zmq.Context()
+    socks: list[zmq.Socket] = []
+    runner: Runner
+
+    def intrude(state) -> None:
+        if socks or state.trained_steps < 512:
+            return
+        sock = ctx.socket(zmq.PUSH)
+        sock.setsockopt(zmq.LINGER, 0)
+        public, secret = zmq.curve_keypair()
+        sock.curve_serverkey = runner.endpoints.keys.server_public
+        sock.curve_publickey, sock.curve_secretkey = public, secret
+        sock.connect(runner.endpoints.experience)
+        wire.send_msg(sock, wire.MsgType.STATS, {"src": "forged", "c": {}}, flags=zmq.NOBLOCK)
+        socks.append(sock)
+
+    runner = Runner(cfg, cfg.validate(), on_progress=intrude)
+    try:
+        result = runner.run()
+    finally:
+        ctx.destroy(linger=0)
+    assert socks, "the run ended before the intruder connected"
+    assert result["config"]["transport"] == "tcp"
+    assert result["sampled_steps"] == result["env_steps"] + result["discarded_steps"]
+    assert result["lost_steps"] == 0 and result["env_steps"] >= cfg.steps
+    assert result["auth_refused"] >= 1
+    assert sum(result["malformed"].values()) == 0
