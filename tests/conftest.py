@@ -1,10 +1,21 @@
-"""Shared test set-up: the ``gpu`` marker skips where NVML or CUDA is absent."""
+"""Shared test set-up: the ``gpu`` marker skips where NVML or CUDA is absent; the suite runs
+on two pytest-xdist workers (``pyproject.toml``), each with its own temp dir."""
 
 from __future__ import annotations
 
 import functools
+import os
+import tempfile
 
 import pytest
+
+if worker := os.environ.get("PYTEST_XDIST_WORKER"):
+    # each worker's runs in their own temp dir: a run sweeps the private directories of dead
+    # runs in $TMPDIR at its start, which must not reach another worker's test of that sweep
+    _tmp = os.path.join(tempfile.gettempdir(), f"autotune-tests-{os.getuid()}-{worker}")
+    os.makedirs(_tmp, mode=0o700, exist_ok=True)
+    os.environ["TMPDIR"] = _tmp
+    tempfile.tempdir = None  # gettempdir() reads $TMPDIR again
 
 from runtime.hw.gpus import no_gpu_reason
 
