@@ -82,9 +82,13 @@ class _Allow:
             return True
         with self._lock:
             self.refused += 1
-        logger.warning(
-            "refused a connection to a run's tcp:// link: its CURVE key is not the run's"
-        )
+            n = self.refused
+        if n & (n - 1) == 0:  # the 1st, 2nd, 4th, 8th...: a peer that retries cannot flood the log
+            logger.warning(
+                "refused %d connection(s) to this run's tcp:// links: their CURVE key is not the "
+                "run's",
+                n,
+            )
         return False
 
 
