@@ -223,6 +223,11 @@ class TrainConfig:
         problems = self.problems()
         if problems:
             raise ConfigError(problems)
+        if self.transport == "tcp":
+            from runtime.topology import tcp_problem
+
+            if why := tcp_problem(self.bind_host):
+                raise ConfigError([why])
         info = self.check_workload()
         device = self.resolved_device()
         if device == "cuda":

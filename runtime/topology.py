@@ -40,7 +40,7 @@ from typing import Any
 
 import zmq
 
-from runtime.curve import Guard, NoGuard, RunKeys
+from runtime.curve import CurveError, Guard, NoGuard, RunKeys, need_curve
 
 EXPERIENCE_HWM = 256
 """Messages queued on each side of an actor->compressor link (one per channel per rollout)."""
@@ -136,6 +136,17 @@ def _free_port(host: str) -> int:
         return int(s.getsockname()[1])
 
 
+def tcp_problem(host: str) -> str | None:
+    """Why a run's ``tcp://`` links cannot be served on ``host`` here (no CURVE in this
+    libzmq, or an address this machine does not have), or None."""
+    try:
+        need_curve()
+        _free_port(host)
+    except (CurveError, ValueError) as exc:
+        return str(exc)
+    return None
+
+
 def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
@@ -149,12 +160,16 @@ def guard(ctx: zmq.Context, ep: Endpoints) -> Guard | NoGuard:
 def _bind(sock: zmq.Socket, ep: Endpoints, address: str) -> None:
     if ep.keys is not None and address.startswith("tcp://"):
         ep.keys.serve(sock)
+    if address.startswith("tcp://["):
+        sock.setsockopt(zmq.IPV6, 1)
     sock.bind(address)
 
 
 def _connect(sock: zmq.Socket, ep: Endpoints, address: str) -> None:
     if ep.keys is not None and address.startswith("tcp://"):
         ep.keys.client(sock)
+    if address.startswith("tcp://["):
+        sock.setsockopt(zmq.IPV6, 1)
     sock.connect(address)
 
 

@@ -8,7 +8,7 @@ import zmq
 from conftest import wait_until
 
 from runtime import topology, wire
-from runtime.config import TrainConfig
+from runtime.config import ConfigError, TrainConfig
 from runtime.curve import RunKeys
 from runtime.runner import Runner
 
@@ -33,11 +33,25 @@ def test_tcp_endpoints_carry_fresh_keys_that_are_never_printed():
     assert topology.Endpoints.inproc("x").keys is None
 
 
-def test_only_the_runs_own_key_gets_a_message_through_and_refusals_are_counted():
+def _bindable(host: str) -> bool:
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+            s.bind((host, 0))
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "::1"])
+def test_only_the_runs_own_key_gets_a_message_through_and_refusals_are_counted(host):
     """An intruder that even knows the server's public key, but offers its own client key, is
     refused by the guard and counted; one that speaks no CURVE fails the handshake. Neither's
-    message reaches the bound socket; the run's own client's does."""
-    ep = topology.Endpoints.tcp()
+    message reaches the bound socket; the run's own client's does (IPv4 and IPv6)."""
+    if not _bindable(host):
+        pytest.skip(f"{host} cannot be bound on this machine")
+    ep = topology.Endpoints.tcp(host)
     ctx = zmq.Context()
     guard = topology.guard(ctx, ep)
     try:
@@ -48,10 +62,11 @@ def test_only_the_runs_own_key_gets_a_message_through_and_refusals_are_counted()
         public, secret = zmq.curve_keypair()
         intruder.curve_serverkey = ep.keys.server_public
         intruder.curve_publickey, intruder.curve_secretkey = public, secret
-        intruder.connect(ep.telemetry)
         plain = ctx.socket(zmq.PUSH)
         plain.setsockopt(zmq.LINGER, 0)
-        plain.connect(ep.telemetry)
+        for sock in (intruder, plain):
+            sock.setsockopt(zmq.IPV6, 1)
+            sock.connect(ep.telemetry)
         for sock in (intruder, plain):
             # queued until a handshake that never completes: never delivered
             wire.send_msg(sock, wire.MsgType.STATS, {"src": "intruder", "c": {}}, flags=zmq.NOBLOCK)
@@ -74,8 +89,11 @@ def test_a_bind_host_that_is_not_an_ip_address_is_refused_saying_what_is_allowed
 
 
 def test_an_address_of_another_machine_cannot_be_bound_and_says_so():
-    with pytest.raises(ValueError, match=r"bind host '192\.0\.2\.1': cannot bind it here"):
-        topology.Endpoints.tcp("192.0.2.1")  # TEST-NET-1: no machine has it
+    other = "198.51.100.7"  # TEST-NET-2: documentation only, no machine's own address
+    with pytest.raises(ValueError, match=r"bind host '198\.51\.100\.7': cannot bind it here"):
+        topology.Endpoints.tcp(other)
+    with pytest.raises(ConfigError, match="cannot bind it here"):  # before any process starts
+        TrainConfig(transport="tcp", bind_host=other).validate()
 
 
 def test_run_keys_configure_server_and_client_sockets():
