@@ -50,6 +50,19 @@ def gpu_missing() -> str | None:
     return no_gpu_reason()
 
 
+def print_table(table: Callable[[dict], str], markdown: str | None) -> Callable[[dict], None]:
+    """A suite's ``finish``: prints ``table(results)`` and writes it to ``markdown`` if given."""
+
+    def finish(results: dict) -> None:
+        text = table(results)
+        print(text)
+        if markdown:
+            Path(markdown).parent.mkdir(parents=True, exist_ok=True)
+            Path(markdown).write_text(text)
+
+    return finish
+
+
 def command_key(suite: str, argv: list[str]) -> list[str]:
     """The command a state dir belongs to: the suite and its flags, less ``RUN_FLAGS``."""
     out, skip = [suite], False

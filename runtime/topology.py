@@ -157,19 +157,22 @@ def guard(ctx: zmq.Context, ep: Endpoints) -> Guard | NoGuard:
     return Guard(ctx, ep.keys) if ep.keys is not None else NoGuard()
 
 
-def _bind(sock: zmq.Socket, ep: Endpoints, address: str) -> None:
+def _tcp(sock: zmq.Socket, ep: Endpoints, address: str, server: bool) -> None:
+    """A socket about to bind (``server``) or connect to a ``tcp://`` link: CURVE with the
+    run's keys, and IPv6 where the address is one."""
     if ep.keys is not None and address.startswith("tcp://"):
-        ep.keys.serve(sock)
+        (ep.keys.serve if server else ep.keys.client)(sock)
     if address.startswith("tcp://["):
         sock.setsockopt(zmq.IPV6, 1)
+
+
+def _bind(sock: zmq.Socket, ep: Endpoints, address: str) -> None:
+    _tcp(sock, ep, address, server=True)
     sock.bind(address)
 
 
 def _connect(sock: zmq.Socket, ep: Endpoints, address: str) -> None:
-    if ep.keys is not None and address.startswith("tcp://"):
-        ep.keys.client(sock)
-    if address.startswith("tcp://["):
-        sock.setsockopt(zmq.IPV6, 1)
+    _tcp(sock, ep, address, server=False)
     sock.connect(address)
 
 

@@ -19,7 +19,7 @@ import argparse
 import os
 from pathlib import Path
 
-from bench.suite import Step
+from bench.suite import Step, print_table
 
 NAME = "backends"
 HELP = "the raw-stepping limit and autotune train on each env backend (gymnasium, EnvPool)"
@@ -134,11 +134,4 @@ def plan(a: argparse.Namespace):
                 Step(f"train-{env}-{b}", lambda e=env, b=b: train(a, e, b), a.train_s + 90)
             )
 
-    def finish(results: dict) -> None:
-        text = table(results)
-        print(text)
-        if a.markdown:
-            Path(a.markdown).parent.mkdir(parents=True, exist_ok=True)
-            Path(a.markdown).write_text(text)
-
-    return steps, finish
+    return steps, print_table(table, a.markdown)

@@ -20,7 +20,7 @@ import json
 import shlex
 from pathlib import Path
 
-from bench.suite import Step
+from bench.suite import Step, print_table
 
 NAME = "transport"
 HELP = "a run's links on ipc against tcp with CURVE, same config, alternating rounds"
@@ -132,11 +132,4 @@ def plan(a: argparse.Namespace):
         for t in ("ipc", "tcp")
     ]
 
-    def finish(done: dict) -> None:
-        text = table(done)
-        print(text)
-        if a.markdown:
-            Path(a.markdown).parent.mkdir(parents=True, exist_ok=True)
-            Path(a.markdown).write_text(text)
-
-    return steps, finish
+    return steps, print_table(table, a.markdown)
