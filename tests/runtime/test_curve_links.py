@@ -44,6 +44,19 @@ def _bindable(host: str) -> bool:
     return True
 
 
+def _intruder(ctx: zmq.Context, server_public: bytes | None, address: str) -> zmq.Socket:
+    """A PUSH connected to ``address`` with a CURVE key pair of its own, knowing the run's
+    server key (``server_public``), or with no CURVE at all (None)."""
+    sock = ctx.socket(zmq.PUSH)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.IPV6, 1)
+    if server_public is not None:
+        sock.curve_serverkey = server_public
+        sock.curve_publickey, sock.curve_secretkey = zmq.curve_keypair()
+    sock.connect(address)
+    return sock
+
+
 @pytest.mark.parametrize("host", ["127.0.0.1", "::1"])
 def test_only_the_runs_own_key_gets_a_message_through_and_refusals_are_counted(host):
     """An intruder that even knows the server's public key, but offers its own client key, is
@@ -57,16 +70,8 @@ def test_only_the_runs_own_key_gets_a_message_through_and_refusals_are_counted(h
     try:
         pull, _pub = topology.runner_sockets(ctx, ep)  # binds telemetry (PULL) and commands
 
-        intruder = ctx.socket(zmq.PUSH)
-        intruder.setsockopt(zmq.LINGER, 0)
-        public, secret = zmq.curve_keypair()
-        intruder.curve_serverkey = ep.keys.server_public
-        intruder.curve_publickey, intruder.curve_secretkey = public, secret
-        plain = ctx.socket(zmq.PUSH)
-        plain.setsockopt(zmq.LINGER, 0)
-        for sock in (intruder, plain):
-            sock.setsockopt(zmq.IPV6, 1)
-            sock.connect(ep.telemetry)
+        intruder = _intruder(ctx, ep.keys.server_public, ep.telemetry)
+        plain = _intruder(ctx, None, ep.telemetry)
         for sock in (intruder, plain):
             # queued until a handshake that never completes: never delivered
             wire.send_msg(sock, wire.MsgType.STATS, {"src": "intruder", "c": {}}, flags=zmq.NOBLOCK)
@@ -125,12 +130,7 @@ def test_a_run_over_tcp_with_an_intruder_on_its_experience_link_loses_nothing():
     def intrude(state) -> None:
         if socks or state.trained_steps < 512:
             return
-        sock = ctx.socket(zmq.PUSH)
-        sock.setsockopt(zmq.LINGER, 0)
-        public, secret = zmq.curve_keypair()
-        sock.curve_serverkey = runner.endpoints.keys.server_public
-        sock.curve_publickey, sock.curve_secretkey = public, secret
-        sock.connect(runner.endpoints.experience)
+        sock = _intruder(ctx, runner.endpoints.keys.server_public, runner.endpoints.experience)
         wire.send_msg(sock, wire.MsgType.STATS, {"src": "forged", "c": {}}, flags=zmq.NOBLOCK)
         socks.append(sock)
 
