@@ -18,9 +18,12 @@ SIZED = (
 )
 
 
-def train_run(stem: Path, flags: list[str], wall_s: float, warmup_s: float) -> dict:
+def train_run(
+    stem: Path, flags: list[str], wall_s: float, warmup_s: float, steps: int | None = None
+) -> dict:
     """Runs ``autotune train FLAGS`` for ``wall_s`` seconds of wall time (start-up included),
-    writing ``STEM.json`` and ``STEM.progress.jsonl``.
+    or to ``steps`` trained steps where given and reached first, writing ``STEM.json`` and
+    ``STEM.progress.jsonl``.
 
     Returns the arm's figures: its whole run (trained steps over the process's wall time), its
     window (from ``warmup_s`` after its first trained step to its last progress line), the
@@ -38,7 +41,7 @@ def train_run(stem: Path, flags: list[str], wall_s: float, warmup_s: float) -> d
         "train",
         *flags,
         "--steps",
-        "1000000000",
+        str(steps or 1_000_000_000),
         "--max-wall-s",
         str(wall_s),
         "--quiet",

@@ -50,6 +50,13 @@ def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--bind-host", default=None, help="the tcp arms' address (default: see above)")
     ap.add_argument("--rounds", type=int, default=2, help="ipc/tcp pairs, alternating")
     ap.add_argument("--train-s", type=float, default=90.0, help="wall budget of an arm")
+    ap.add_argument(
+        "--train-steps",
+        type=int,
+        default=None,
+        help="also end an arm at this many trained steps (a short check that waits on "
+        "progress, not on a wall budget a loaded machine may spend starting up)",
+    )
     ap.add_argument("--warmup-s", type=float, default=10.0, help="left out of an arm's window")
     ap.add_argument("--markdown", default=None, metavar="FILE", help="the table, as markdown")
 
@@ -57,6 +64,8 @@ def add_args(ap: argparse.ArgumentParser) -> None:
 def check(ap: argparse.ArgumentParser, a: argparse.Namespace) -> None:
     if a.rounds < 1 or not (a.train_s > 0 and a.warmup_s >= 0):
         ap.error("--rounds must be >= 1, --train-s > 0 and --warmup-s >= 0")
+    if a.train_steps is not None and a.train_steps < 1:
+        ap.error(f"--train-steps {a.train_steps}: must be >= 1 (or left out)")
     try:
         a.extra = shlex.split(a.train_args)
     except ValueError as exc:
@@ -80,7 +89,7 @@ def arm(a: argparse.Namespace, transport: str, k: int) -> dict:
     first = runs / "first-arm.json"  # kept beside the runs, so a resumed suite has it too
     if first.exists():  # the first arm's config, as given: only the transport differs
         flags += sized_flags(json.loads(first.read_text()))
-    out = train_run(runs / f"{transport}-{k}", flags, a.train_s, a.warmup_s)
+    out = train_run(runs / f"{transport}-{k}", flags, a.train_s, a.warmup_s, a.train_steps)
     if "config" in out and not first.exists():
         first.write_text(json.dumps(out))
     if transport == "tcp":

@@ -237,7 +237,9 @@ def test_backends_suite_measures_raw_stepping_and_a_sized_run_on_envpool(tmp_pat
         "--processes",
         "2",
         "--train-s",
-        "20",  # the sizing's probes, with a cold cache, take most of 12 s on 2 cores
+        "600",  # a cap only: the step ends at --train-steps, however slow its start-up
+        "--train-steps",
+        "3000",
         "--warmup-s",
         "0",
         "--markdown",
@@ -266,7 +268,9 @@ def test_transport_suite_runs_one_config_on_ipc_and_on_tcp_with_curve(tmp_path):
         "--rounds",
         "1",
         "--train-s",
-        "10",
+        "600",  # a cap only: each arm ends at --train-steps, however slow its start-up
+        "--train-steps",
+        "3000",
         "--warmup-s",
         "0",
         "--train-args",
