@@ -82,6 +82,7 @@ def train_run(
         "window_s": span,
         "steps_per_joule": doc.get("steps_per_joule"),
         "return_mean": doc.get("return_mean"),
+        "energy_nodes": doc.get("energy", {}).get("nodes"),  # a --cluster run's
     }
 
 

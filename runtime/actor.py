@@ -310,12 +310,31 @@ def actor_main(
     stop: Any,
     initial: tuple[list[str], list[np.ndarray]] | None,
 ) -> None:
-    """Process entry point of actor slot ``actor`` (its ``incarnation``-th start).
-
-    ``initial`` holds the run's version-0 weights (``policies.actor_critic.initial_state_arrays``)
-    for ``inference='actor'``; None with an inference GMI.
-    """
+    """Process entry point of actor slot ``actor`` (its ``incarnation``-th start); see
+    ``run_actor``. Exits with ``NONFINITE_EXIT`` where its env returned a non-finite value."""
     init_actor_process(actor, cfg.actor_nice)
+    code = run_actor(cfg, info, endpoints, actor, incarnation, stepped, stop, initial)
+    if code:
+        sys.exit(code)
+
+
+def run_actor(
+    cfg: TrainConfig,
+    info: EnvInfo,
+    endpoints: topology.Endpoints,
+    actor: int,
+    incarnation: int,
+    stepped: Any,
+    stop: Any,
+    initial: tuple[list[str], list[np.ndarray]] | None,
+) -> int:
+    """Runs actor slot ``actor``'s rollout loop until ``stop`` is set; returns 0, or
+    ``NONFINITE_EXIT`` (not a crash to restart: the run stops, saying why). ``stepped`` is a
+    counter with a ``value`` it bumps per env step (shared with the runner, or a remote actor's
+    own: ``runtime.cluster``). ``initial`` holds the run's version-0 weights
+    (``policies.actor_critic.initial_state_arrays``) for ``inference='actor'``; None with an
+    inference GMI.
+    """
     ctx = zmq.Context()
     policy: LocalPolicy | RemotePolicy
     if cfg.inference == "gmi":
@@ -351,9 +370,10 @@ def actor_main(
         Actor(
             cfg, info, actor, incarnation, dispenser, policy, receipts, stats, stepped, commands
         ).run(stop)
-    except NonFiniteEnv as exc:  # not a crash to restart: the run stops, saying why
+    except NonFiniteEnv as exc:
         logger.error("%s", exc)
         stats.send({"fatal": str(exc)})
         ctx.destroy(linger=topology.LINGER_MS)
-        sys.exit(NONFINITE_EXIT)
+        return NONFINITE_EXIT
     ctx.destroy(linger=topology.LINGER_MS)
+    return 0

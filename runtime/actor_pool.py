@@ -89,6 +89,14 @@ class Incarnations:
     died: set[str] = field(default_factory=set)
     clean: dict[str, int] = field(default_factory=dict)
 
+    def settle(self, complete: dict[str, int]) -> None:
+        """Raises each died incarnation's steps to at least what the compressor received whole
+        of it (``complete``, its final counts): a remote actor's count is its last report
+        (``runtime.cluster.launcher``), and one that died after sending more had stepped more.
+        A local actor's count is never below (it counts each step before it sends it)."""
+        for key in self.died:
+            self.stepped[key] = max(self.stepped[key], int(complete.get(key, 0)))
+
 
 class ActorPool:
     """Actor processes of one run (see the module docstring).
@@ -111,6 +119,9 @@ class ActorPool:
         """Slots waiting out their back-off: index -> (restart time, config)."""
         self._next_incarnation: dict[int, int] = {}
         self._initial: dict[tuple[Any, ...], tuple[list[str], list[np.ndarray]]] = {}
+        self.launcher: Any = None
+        """Starts incarnations elsewhere (``runtime.cluster.launcher.RemoteLauncher``: on a
+        Ray cluster's nodes); None: this machine's processes."""
 
     def initial_weights(self, cfg: TrainConfig) -> tuple[list[str], list[np.ndarray]] | None:
         """The version-0 weights actors with ``inference='actor'`` act with until the trainer's
@@ -136,6 +147,9 @@ class ActorPool:
     def _start(self, cfg: TrainConfig, ep: topology.Endpoints, index: int) -> ActorSlot:
         incarnation = self._next_incarnation.get(index, 0)
         self._next_incarnation[index] = incarnation + 1
+        if self.launcher is not None:
+            initial = self.initial_weights(cfg)
+            return self.launcher.start(cfg, self.info, ep, index, incarnation, initial)
         stepped, stop = self.mp.RawValue("q", 0), self.mp.Event()
         proc = self.mp.Process(
             target=actor_main,
@@ -211,6 +225,8 @@ class ActorPool:
         ``gave_up``); reaps (or kills, past their timeout) leaving ones. With ``ep`` None (the
         drain) nothing is restarted."""
         now = time.monotonic()
+        if self.launcher is not None:
+            self.launcher.tick()
         for slot in [s for s in self.slots if not s.process.is_alive()]:
             self._end(slot, died=True)
             self.slots.remove(slot)
@@ -278,6 +294,12 @@ class ActorPool:
             self.check(None)  # no slots left to restart
             if self.leaving:
                 wait()
+
+    def close_launcher(self) -> dict[str, Any] | None:
+        """Ends a remote launcher (after every actor has ended); returns its per-node energy
+        document, or None without one."""
+        launcher, self.launcher = self.launcher, None
+        return launcher.close() if launcher is not None else None
 
     def kill_all(self) -> None:
         procs = [s.process for s in self.slots + self.leaving]

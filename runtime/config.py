@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import ipaddress
 import math
 from dataclasses import dataclass, field, fields
 
 from policies.appo_config import APPOConfig, finite_number
 from runtime.env_backends import BACKENDS, resolve_backend
 from runtime.envs import EnvError, EnvInfo, probe_env, use_env_modules
+from runtime.link_settings import link_check, link_problems
 
 TRAINER_DEVICES = ("auto", "cpu", "cuda")
 TRAINER_PRECISIONS = ("fp32", "bf16")
@@ -112,6 +112,9 @@ class TrainConfig:
     bind_host: str = "127.0.0.1"
     """With ``transport='tcp'``: the IP address of this machine the run's links bind (loopback
     by default; 0.0.0.0 or :: listens on every interface, only when named)."""
+    cluster: str | None = None
+    """Actors placed on a Ray cluster's nodes (``runtime.cluster``): ``auto``, ``ray://HOST:PORT``
+    or ``local:N``; needs ``transport='tcp'``. None: actors are this machine's processes."""
     checkpoint: str | None = None
     """Directory of the learner's state across runs (``runtime.checkpoint``): loaded at the start
     when it holds one (``steps`` then counts every run's trained steps), written every
@@ -173,13 +176,7 @@ class TrainConfig:
         if self.trainer_device not in TRAINER_DEVICES:
             out.append(f"trainer_device={self.trainer_device!r}: allowed {TRAINER_DEVICES}")
         out.extend(self._gmi_problems())
-        if self.transport not in ("ipc", "tcp"):
-            out.append(f"transport={self.transport!r}: allowed 'ipc' or 'tcp'")
-        if not _ip_address(self.bind_host):
-            out.append(
-                f"bind_host={self.bind_host!r}: must be an IP address of this machine, e.g. "
-                "127.0.0.1 (0.0.0.0 or :: for every interface)"
-            )
+        out.extend(link_problems(self))
         if self.max_wall_s is not None and not finite_number(self.max_wall_s, above=0.0):
             out.append(f"max_wall_s={self.max_wall_s!r}: must be a finite number > 0 (or unset)")
         if self.checkpoint is not None and not (
@@ -223,11 +220,8 @@ class TrainConfig:
         problems = self.problems()
         if problems:
             raise ConfigError(problems)
-        if self.transport == "tcp":
-            from runtime.topology import tcp_problem
-
-            if why := tcp_problem(self.bind_host):
-                raise ConfigError([why])
+        if why := link_check(self):
+            raise ConfigError([why])
         info = self.check_workload()
         device = self.resolved_device()
         if device == "cuda":
@@ -384,13 +378,3 @@ class TrainConfig:
             value = getattr(self, f.name)
             out[f.name] = value.to_dict() if isinstance(value, APPOConfig) else value
         return out
-
-
-def _ip_address(host: object) -> bool:
-    if not isinstance(host, str):
-        return False
-    try:
-        ipaddress.ip_address(host)  # type: ignore[arg-type]
-    except ValueError:
-        return False
-    return True

@@ -55,8 +55,15 @@ class RunKeys:
     def __repr__(self) -> str:
         return "RunKeys(<secret>)"
 
+    def client_only(self) -> RunKeys:
+        """The keys a process that only connects needs (a remote actor's): the server's
+        secret left out, so such a process cannot serve the run's links."""
+        return RunKeys(self.server_public, b"", self.client_public, self.client_secret)
+
     def serve(self, sock: zmq.Socket) -> None:
         """Makes ``sock`` (before its ``bind``) a CURVE server with the run's server pair."""
+        if not self.server_secret:
+            raise CurveError("these keys are a client's only (client_only): they cannot serve")
         sock.curve_secretkey = self.server_secret
         sock.curve_publickey = self.server_public
         sock.curve_server = True

@@ -197,6 +197,7 @@ def build_result(runner: RunRecord, wall_s: float, energy: Any) -> dict[str, Any
     tel = runner.telemetry
     compressor = tel.source("compressor")
     replaced = runner.supervisor.replacements
+    runner.ended.settle(compressor.get("complete_steps", {}))
     lost_by_inc = lost_steps_by_incarnation(
         compressor.get("complete_steps", {}), runner.ended.stepped
     )
@@ -217,6 +218,9 @@ def build_result(runner: RunRecord, wall_s: float, energy: Any) -> dict[str, Any
         else {"gpu_j": 0.0, "cpu_j": 0.0, "gpu_source": "none", "cpu_source": "none"}
     )
     total_j = energy_doc["gpu_j"] + energy_doc["cpu_j"]
+    if (cluster := getattr(runner, "cluster_energy", None)) is not None:
+        energy_doc.update(cluster)  # a cluster run: its nodes, and the other hosts' joules
+        total_j += cluster["other_hosts_j"]
     busy_only = {}
     if energy_doc.get("cpu_j_busy_only") is not None:
         busy_only_j = energy_doc["gpu_j"] + energy_doc["cpu_j_busy_only"]

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 RUN_WINDOW = "run"
 """The energy window open for the whole run (a tuner peeks at it for cumulative joules)."""
@@ -24,3 +25,19 @@ class RunState:
     policy_lag_max: int
     actor_restarts: int
     draining: bool
+
+    @classmethod
+    def of(cls, telemetry: Any, actors: Any, elapsed_s: float, draining: bool) -> RunState:
+        """The figures of a run's ``RunTelemetry`` and ``ActorPool`` now."""
+        lag_mean, lag_max = telemetry.policy_lag()
+        return cls(
+            elapsed_s,
+            telemetry.trained_steps,
+            actors.sampled_steps(),
+            telemetry.return_mean,
+            telemetry.episodes,
+            lag_mean,
+            lag_max,
+            actors.restarts,
+            draining,
+        )

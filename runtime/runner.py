@@ -46,7 +46,7 @@ from typing import Any
 
 import zmq
 
-from runtime import checkpoint, live, run_dirs, topology, wire
+from runtime import checkpoint, cluster, live, run_dirs, topology, wire
 from runtime.actor_pool import ActorPool, Incarnations
 from runtime.config import ConfigError, TrainConfig
 from runtime.curve import Guard, NoGuard
@@ -145,8 +145,9 @@ class Runner:
         self.stop_requested = False
         self.interrupted = False
         self.failure: str | None = None
-        self.guard: Guard | NoGuard = NoGuard()
         """Why the run stopped early (an actor slot given up, a non-finite value), or None."""
+        self.cluster_energy: dict[str, Any] | None = None  # a cluster run's nodes
+        self.guard: Guard | NoGuard = NoGuard()
 
     # --- live changes -------------------------------------------------------------------------
 
@@ -269,18 +270,7 @@ class Runner:
                 self.telemetry.malformed.drop(exc)
 
     def state(self, started: float, draining: bool = False) -> RunState:
-        lag_mean, lag_max = self.telemetry.policy_lag()
-        return RunState(
-            time.monotonic() - started,
-            self.telemetry.trained_steps,
-            self.actors.sampled_steps(),
-            self.telemetry.return_mean,
-            self.telemetry.episodes,
-            lag_mean,
-            lag_max,
-            self.restarts,
-            draining,
-        )
+        return RunState.of(self.telemetry, self.actors, time.monotonic() - started, draining)
 
     # --- the run ---------------------------------------------------------------------------
 
@@ -312,6 +302,8 @@ class Runner:
             self.timeline.start()
             self.generations.begin(ep, run_dir, command_sock, meter, started)
             try:
+                if self.cfg.cluster is not None:  # actors on a Ray cluster's nodes
+                    self.actors.launcher = cluster.launch(self.cfg, self.telemetry)
                 self._start_services(ep)
                 self.actors.start(self.cfg, ep)
                 self._serve(ep, telemetry_sock, command_sock, started)
@@ -336,6 +328,7 @@ class Runner:
                     energy = meter.end_window(RUN_WINDOW)
                 except ValueError:
                     energy = None
+                self.cluster_energy = self.actors.close_launcher()
                 forwarder.stop()
                 self.guard.stop()
                 ctx.destroy(linger=0)

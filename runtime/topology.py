@@ -32,6 +32,7 @@ one starts a ``guard`` first, and every socket that connects to one is a CURVE c
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket as pysocket
 import threading
@@ -103,6 +104,13 @@ class Endpoints:
         """A run's links (``cfg``: its ``TrainConfig``): ``ipc`` in ``run_dir``, or ``tcp`` on
         ``cfg.bind_host``."""
         return cls.ipc(run_dir) if cfg.transport == "ipc" else cls.tcp(cfg.bind_host)
+
+    def for_clients(self) -> Endpoints:
+        """These endpoints for a process that only connects (a remote actor): the CURVE
+        server's secret left out (``RunKeys.client_only``)."""
+        if self.keys is None:
+            return self
+        return dataclasses.replace(self, keys=self.keys.client_only())
 
     @classmethod
     def inproc(cls, prefix: str = "autotune") -> Endpoints:

@@ -12,6 +12,7 @@ from rich.markup import escape
 
 from autotune.cli.auto_flags import int_list, int_or_auto, mps_or_auto, size_run_config
 from autotune.cli.display import ProgressDisplay, summary_table
+from autotune.cli.link_flags import add_link_args
 from autotune.cli.output import write_json
 from autotune.cli.train_config import (
     add_env_args,
@@ -209,22 +210,7 @@ def add_train_command(sub: Any) -> None:
         help="end by this many seconds after the process started (start-up and probes "
         "included): the drain begins early enough to train what is in flight",
     )
-    train.add_argument(
-        "--transport",
-        choices=("ipc", "tcp"),
-        default="ipc",
-        help="the run's links between its processes: ipc (Unix sockets in a private "
-        "directory) or tcp (on --bind-host, encrypted and authenticated with CURVE keys made "
-        "for the run; a connection with another key is refused and counted as auth_refused) "
-        "(default ipc)",
-    )
-    train.add_argument(
-        "--bind-host",
-        default="127.0.0.1",
-        metavar="IP",
-        help="with --transport tcp: the address of this machine the links bind; 0.0.0.0 or :: "
-        "listens on every interface, only when named (default 127.0.0.1)",
-    )
+    add_link_args(train)
     add_learner_args(train)
     train.add_argument(
         "--json", type=Path, default=None, metavar="PATH", help="write the result document to PATH"
@@ -291,6 +277,8 @@ def cmd_train(args: argparse.Namespace) -> int:
                 ]
             )
         auto = auto_fields(args)
+        if cfg.cluster is not None and "actors" in auto:
+            raise ConfigError(["--cluster: give --actors N (auto sizing measures this machine)"])
         if auto:
             cfg.validate()  # a bad env or policy is reported before it is probed
             cfg, sizing = size_run_config(console, cfg, auto, args)
@@ -360,6 +348,9 @@ def cmd_train(args: argparse.Namespace) -> int:
             write_json(args.json, failed)  # what it had done: steps, lost, checkpoint
             console.print(f"wrote {args.json} (failed)")
         return 1
+    except ConfigError as exc:  # a --cluster that cannot be reached or used
+        console.print(f"[red]error:[/red] {escape(str(exc))}")
+        return 2
     except KeyboardInterrupt:
         console.print("[red]aborted[/red] (second Ctrl-C): no result written")
         return 130

@@ -7,6 +7,7 @@ import argparse
 import dataclasses
 import time
 
+from autotune.cli.link_flags import link_settings
 from policies.appo_config import APPOConfig
 from runtime.config import ConfigError, TrainConfig
 from runtime.env_backends import BACKENDS
@@ -102,6 +103,8 @@ def config_with_flags(base, args: argparse.Namespace, explicit: set[str]):
         learner["normalize_reward"] = learner["normalize_reward"] == "on"
     if "env_backend" in explicit:  # auto is a backend rule here, not a size to probe
         changes["env_backend"] = args.env_backend
+    if "cluster" in explicit and "transport" not in explicit:
+        changes["transport"] = "tcp"  # actors on other nodes reach the run over tcp
     if "env_module" in explicit:  # added to the file's
         changes["env_modules"] = tuple(dict.fromkeys([*base.env_modules, *args.env_module]))
     return dataclasses.replace(
@@ -166,8 +169,7 @@ def config_from_args(args: argparse.Namespace):
         inference=args.inference,
         inference_mps_pct=args.inference_mps_pct,
         max_wall_s=args.max_wall_s,
-        transport=getattr(args, "transport", TrainConfig.transport),
-        bind_host=getattr(args, "bind_host", TrainConfig.bind_host),
+        **link_settings(args),
         checkpoint=args.checkpoint,
         checkpoint_every_s=args.checkpoint_every_s,
         cpu_idle_w=args.cpu_idle_w,

@@ -1,10 +1,13 @@
-"""A run's links on ipc against tcp with CURVE: the same config, the same cores, side by side.
+"""A run's links on ipc against tcp with CURVE (and its actors as Ray actors): the same config,
+the same cores, side by side.
 
-    python -m bench transport --env Ant-v5 --rounds 2 --train-s 90 \\
+    python -m bench transport --env Ant-v5 --rounds 2 --train-s 90 --arms ipc,tcp,ray \\
         --markdown out/transport/table.md --out out/transport
 
-Steps: ``train-ipc-<k>`` and ``train-tcp-<k>`` for each round ``k``, alternating, so that a
-drift of the machine falls on both. The first arm sizes itself (``auto``, or ``--train-args``);
+Steps: ``train-<arm>-<k>`` for each arm and round ``k``, alternating, so that a drift of the
+machine falls on every arm. The ``ray`` arm runs the actors on a local Ray cluster of
+``--ray-nodes`` nodes (``--cluster local:N``, the cores shared out among them), over the same
+tcp links with CURVE. The first arm sizes itself (``auto``, or ``--train-args``);
 every later arm runs that config again as explicit flags, so only the transport differs. The
 tcp arms bind ``--bind-host``: by default this machine's first non-loopback IPv4 address, so
 the links go through the host's network stack rather than loopback alone (127.0.0.1 where it has
@@ -22,6 +25,7 @@ from pathlib import Path
 
 from bench.suite import Step, print_table
 
+ARMS = ("ipc", "tcp", "ray")
 NAME = "transport"
 HELP = "a run's links on ipc against tcp with CURVE, same config, alternating rounds"
 
@@ -48,7 +52,11 @@ def add_args(ap: argparse.ArgumentParser) -> None:
         "--train-args", default="", help="more autotune train flags for every arm (one string)"
     )
     ap.add_argument("--bind-host", default=None, help="the tcp arms' address (default: see above)")
-    ap.add_argument("--rounds", type=int, default=2, help="ipc/tcp pairs, alternating")
+    ap.add_argument("--rounds", type=int, default=2, help="rounds of the arms, alternating")
+    ap.add_argument(
+        "--arms", default="ipc,tcp", help="of ipc, tcp, ray (the first sizes the config: not ray)"
+    )
+    ap.add_argument("--ray-nodes", type=int, default=1, help="the ray arm's local Ray nodes")
     ap.add_argument("--train-s", type=float, default=90.0, help="wall budget of an arm")
     ap.add_argument(
         "--train-steps",
@@ -64,13 +72,18 @@ def add_args(ap: argparse.ArgumentParser) -> None:
 def check(ap: argparse.ArgumentParser, a: argparse.Namespace) -> None:
     if a.rounds < 1 or not (a.train_s > 0 and a.warmup_s >= 0):
         ap.error("--rounds must be >= 1, --train-s > 0 and --warmup-s >= 0")
+    a.arm_list = [x.strip() for x in a.arms.split(",") if x.strip()]
+    if not a.arm_list or any(x not in ARMS for x in a.arm_list) or a.arm_list[0] == "ray":
+        ap.error(f"--arms {a.arms!r}: allowed {', '.join(ARMS)}, the first not ray")
+    if not 1 <= a.ray_nodes <= 64:
+        ap.error(f"--ray-nodes {a.ray_nodes}: allowed 1 to 64")
     if a.train_steps is not None and a.train_steps < 1:
         ap.error(f"--train-steps {a.train_steps}: must be >= 1 (or left out)")
     try:
         a.extra = shlex.split(a.train_args)
     except ValueError as exc:
         ap.error(f"--train-args: {exc}")
-    bad = [f for f in a.extra if f.split("=")[0] in ("--transport", "--bind-host")]
+    bad = [f for f in a.extra if f.split("=")[0] in ("--transport", "--bind-host", "--cluster")]
     if bad:
         ap.error(f"--train-args: {bad[0]} is the suite's to set (use --bind-host)")
     if a.bind_host is None:
@@ -83,17 +96,22 @@ def arm(a: argparse.Namespace, transport: str, k: int) -> dict:
     from bench.train_run import sized_flags, train_run
 
     runs = Path(a.out) / "runs"
-    flags = ["--env", a.env, "--policy", a.policy, *a.extra, "--transport", transport]
-    if transport == "tcp":
+    flags = ["--env", a.env, "--policy", a.policy, *a.extra]
+    flags += ["--transport", "ipc" if transport == "ipc" else "tcp"]
+    if transport != "ipc":
         flags += ["--bind-host", a.bind_host]
+    if transport == "ray":
+        flags += ["--cluster", f"local:{a.ray_nodes}"]
     first = runs / "first-arm.json"  # kept beside the runs, so a resumed suite has it too
     if first.exists():  # the first arm's config, as given: only the transport differs
         flags += sized_flags(json.loads(first.read_text()))
     out = train_run(runs / f"{transport}-{k}", flags, a.train_s, a.warmup_s, a.train_steps)
     if "config" in out and not first.exists():
         first.write_text(json.dumps(out))
-    if transport == "tcp":
+    if transport != "ipc":
         out["bind_host"], out["bind_source"] = a.bind_host, a.bind_source
+    if transport == "ray":
+        out["transport"] = f"ray, {a.ray_nodes} local node(s), tcp"
     return out
 
 
@@ -121,16 +139,17 @@ def table(results: dict) -> str:
             f"{r['window_steps_per_s']:,.0f} | {r['whole_steps_per_s']:,.0f} | "
             f"{'' if spj is None else f'{spj:.1f}'} | {r['lost_steps']} | {r['auth_refused']} |"
         )
-        m = means.setdefault(r["transport"], {"window": [], "whole": []})
+        m = means.setdefault(name.split("-")[1], {"window": [], "whole": []})
         m["window"].append(r["window_steps_per_s"])
         m["whole"].append(r["whole_steps_per_s"])
     text = "\n".join(rows) + "\n"
-    if "ipc" in means and "tcp" in means:
-        ratio = {k: _mean(means["tcp"][k]) / _mean(means["ipc"][k]) for k in ("window", "whole")}
-        text += (
-            f"\ntcp / ipc trained steps/s, means over rounds: window **{ratio['window']:.2f}**, "
-            f"whole run {ratio['whole']:.2f}\n"
-        )
+    for arm in ("tcp", "ray"):
+        if "ipc" in means and arm in means:
+            ratio = {k: _mean(means[arm][k]) / _mean(means["ipc"][k]) for k in ("window", "whole")}
+            text += (
+                f"\n{arm} / ipc trained steps/s, means over rounds: window "
+                f"**{ratio['window']:.2f}**, whole run {ratio['whole']:.2f}\n"
+            )
     return text
 
 
@@ -138,7 +157,7 @@ def plan(a: argparse.Namespace):
     steps = [
         Step(f"train-{t}-{k}", lambda t=t, k=k: arm(a, t, k), a.train_s + 90)
         for k in range(1, a.rounds + 1)
-        for t in ("ipc", "tcp")
+        for t in a.arm_list
     ]
 
     return steps, print_table(table, a.markdown)

@@ -275,15 +275,21 @@ def test_transport_suite_runs_one_config_on_ipc_and_on_tcp_with_curve(tmp_path):
         "0",
         "--train-args",
         small,
+        "--arms",
+        "ipc,tcp,ray",
         "--markdown",
         str(tmp_path / "t.md"),
     )
-    ipc, tcp = results["train-ipc-1"], results["train-tcp-1"]
+    ipc, tcp, ray = results["train-ipc-1"], results["train-tcp-1"], results["train-ray-1"]
     assert ipc["transport"] == "ipc" and tcp["transport"] == "tcp"
     for arm in (ipc, tcp):
         assert arm["window_steps_per_s"] > 0 and arm["lost_steps"] == 0
         assert arm["auth_refused"] == 0
         assert arm["config"]["actors"] == 1 and arm["config"]["batch_size"] == 256
     assert tcp["bind_host"] and tcp["bind_source"]
+    assert ray["window_steps_per_s"] > 0 and ray["lost_steps"] == 0 and ray["auth_refused"] == 0
+    assert ray["config"]["actors"] == 1 and ray["transport"].startswith("ray, 1 local node")
+    assert sum(n["actors"] for n in ray["energy_nodes"].values()) == 1
     table = (tmp_path / "t.md").read_text()
     assert "tcp / ipc trained steps/s" in table and "| train-tcp-1 | tcp on " in table
+    assert "ray / ipc trained steps/s" in table

@@ -1,0 +1,49 @@
+"""``autotune train``'s flags for the run's links and where its actors run: ``--transport``,
+``--bind-host`` and ``--cluster`` (which makes the links tcp unless ``--transport`` is given)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_link_args(train: argparse.ArgumentParser) -> None:
+    train.add_argument(
+        "--transport",
+        choices=("ipc", "tcp"),
+        default="ipc",
+        help="the run's links between its processes: ipc (Unix sockets in a private "
+        "directory) or tcp (on --bind-host, encrypted and authenticated with CURVE keys made "
+        "for the run; a connection with another key is refused and counted as auth_refused) "
+        "(default ipc; tcp with --cluster)",
+    )
+    train.add_argument(
+        "--bind-host",
+        default="127.0.0.1",
+        metavar="IP",
+        help="with --transport tcp: the address of this machine the links bind; 0.0.0.0 or :: "
+        "listens on every interface, only when named; with --cluster on several hosts, an "
+        "address the nodes reach (default 127.0.0.1)",
+    )
+    train.add_argument(
+        "--cluster",
+        default=None,
+        metavar="ADDRESS",
+        help="place the actors on a Ray cluster's nodes (pip install 'rl-autotune[cluster]'): "
+        "auto (the cluster this machine is in), ray://HOST:PORT, or local:N (N nodes started "
+        "here for the run); the stages and trainers stay on this machine; needs --actors N "
+        "(auto sizing measures this machine only) (default: actors are local processes)",
+    )
+
+
+def link_settings(args: argparse.Namespace) -> dict[str, object]:
+    """The config's link fields from the flags (``--cluster`` makes the transport tcp unless
+    ``--transport`` was given; a config file's values stand for flags not given)."""
+    cluster = getattr(args, "cluster", None)
+    transport = getattr(args, "transport", "ipc")
+    if cluster is not None and "transport" not in getattr(args, "explicit", set()):
+        transport = "tcp"
+    return {
+        "transport": transport,
+        "bind_host": getattr(args, "bind_host", "127.0.0.1"),
+        "cluster": cluster,
+    }

@@ -1,0 +1,50 @@
+"""Actors on a Ray cluster's nodes (``autotune train --cluster``): Ray places them, the run's
+``tcp://`` links with CURVE carry their experience, and each node's energy is measured there.
+
+    address.py       what ``--cluster`` names (auto, ray://HOST:PORT, local:N)
+    ray_cluster.py   the connection (or the local cluster started for the run) and its nodes
+    remote_actor.py  the Ray actor that runs one actor incarnation's rollout loop
+    launcher.py      incarnations placed by node, behind a process's face for the actor pool
+    node_energy.py   a meter per node, summed per host
+
+The stages, the trainer GMIs and the tuner stay on this machine (the head). Ray is imported
+only by a run that names a cluster.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Any
+
+from runtime.cluster.address import ClusterAddress, parse_cluster
+
+__all__ = ["ClusterAddress", "launch", "parse_cluster"]
+
+
+def launch(cfg: Any, telemetry: Any) -> Any:
+    """Connects to (or starts) ``cfg.cluster`` and returns the run's ``RemoteLauncher``
+    (``close()`` it at the end: it returns the per-node energy and ends the connection).
+
+    Raises:
+        runtime.cluster.ray_cluster.ClusterError: Ray is missing or cannot connect, or a node
+            on another host could not reach ``cfg.bind_host``.
+    """
+    from runtime.cluster.ray_cluster import ClusterError, RayCluster
+
+    cluster = RayCluster(parse_cluster(cfg.cluster))
+    try:
+        if ipaddress.ip_address(cfg.bind_host).is_loopback:
+            head = cluster.head_ip()
+            away = [n for n in cluster.nodes() if n.cpus and n.ip != head]
+            if away:
+                raise ClusterError(
+                    f"bind host {cfg.bind_host} is loopback, but node {away[0].ip} of the "
+                    "cluster is another host: give --bind-host an address of this machine "
+                    f"that the nodes reach (Ray knows this one as {head})"
+                )
+        from runtime.cluster.launcher import RemoteLauncher
+
+        return RemoteLauncher(cluster, telemetry, cfg.cpu_idle_w)
+    except BaseException:
+        cluster.close()
+        raise

@@ -1,0 +1,170 @@
+"""Actors on a Ray cluster's nodes (``runtime.cluster``), on a local multi-node Ray cluster
+(``--cluster local:N``: ``ray.cluster_utils.Cluster`` nodes on this machine): learning with
+actors on two nodes, a node removed mid-run, a client without the run's keys refused, and the
+result's per-node energy."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import zmq
+
+from runtime import wire
+from runtime.cluster import parse_cluster
+from runtime.config import TrainConfig
+
+
+def test_cluster_addresses_are_parsed_and_bad_ones_say_what_is_allowed():
+    assert parse_cluster("local:3").nodes == 3 and parse_cluster("auto").kind == "auto"
+    assert str(parse_cluster("ray://10.0.0.5:10001")) == "ray://10.0.0.5:10001"
+    for bad in ("", "local:0", "local:x", "ray://host", "http://h:1", "ray://h:99999"):
+        with pytest.raises(ValueError, match=r"allowed auto, ray://HOST:PORT or local:N|1 to 64"):
+            parse_cluster(bad)
+    problems = TrainConfig(cluster="local:2").problems()  # the links must be tcp
+    assert any("actors on other nodes reach the run over tcp only" in p for p in problems)
+    assert TrainConfig(cluster="local:2", transport="tcp").problems() == []
+
+
+def test_a_remote_actor_gets_the_client_keys_only():
+    from runtime.curve import CurveError
+    from runtime.topology import Endpoints
+
+    ep = Endpoints.tcp()
+    remote = ep.for_clients()
+    assert remote.keys.server_secret == b"" and remote.keys.client_secret == ep.keys.client_secret
+    ctx = zmq.Context()
+    try:
+        with pytest.raises(CurveError, match="cannot serve"):
+            remote.keys.serve(ctx.socket(zmq.PULL))
+    finally:
+        ctx.destroy(linger=0)
+
+
+def _train(*flags: str, timeout_s: float = 600) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "autotune.cli", "train", "--env", "CartPole-v1", *flags]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+
+
+def test_cluster_without_actors_is_refused_before_anything_starts():
+    proc = _train("--cluster", "local:2", "--quiet", timeout_s=120)
+    assert proc.returncode == 2 and "--cluster: give --actors N" in proc.stderr
+
+
+ray = pytest.importorskip("ray")
+
+
+@pytest.mark.slow
+def test_cartpole_with_actors_on_two_nodes_learns_and_counts_every_node(tmp_path):
+    out = tmp_path / "r.json"
+    proc = _train(
+        *("--cluster", "local:2", "--actors", "2", "--envs-per-actor", "32"),
+        *("--batch-size", "2048", "--trainers", "1", "--trainer-device", "cpu"),
+        *("--quiet", "--json", str(out)),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads(out.read_text())
+    assert r["config"]["transport"] == "tcp" and r["config"]["cluster"] == "local:2"
+    assert r["return_mean"] >= 400, r["return_mean"]
+    assert r["sampled_steps"] == r["env_steps"] + r["discarded_steps"] + r["lost_steps"]
+    assert r["lost_steps"] == 0 and r["auth_refused"] == 0
+    nodes = r["energy"]["nodes"]
+    with_actors = [n for n in nodes.values() if n["actors"]]
+    assert len(with_actors) == 2  # one actor on each of the two nodes that offer CPUs
+    for n in nodes.values():  # a local cluster's nodes share this host: counted once, here
+        assert n["host"] == "head" and n["host_counted_in"] == "head" and not n["lost"]
+        assert n["cpu_source"] in ("rapl", "model") and n["cpu_j"] > 0
+    assert all(n["processes_cpu_j"] > 0 for n in with_actors)
+    assert r["energy"]["other_hosts_j"] == 0
+
+
+@pytest.mark.slow
+def test_a_node_removed_mid_run_and_an_intruder_leave_the_run_going_and_the_count_exact():
+    """Three one-CPU nodes, two actors: once training is under way the node of actor 0 is
+    removed (its incarnation dies with it; the slot starts again on the free node) and a
+    client with its own CURVE key pushes at the experience link (refused, counted). The run
+    trains on to its target and every sampled step is trained or counted as lost."""
+    from runtime.runner import Runner
+
+    cfg = TrainConfig(
+        steps=40_000,
+        actors=2,
+        envs_per_actor=8,
+        rollout_len=32,
+        batch_size=1024,
+        trainer_device="cpu",
+        transport="tcp",
+        cluster="local:3",
+    )
+    ctx = zmq.Context()
+    done: dict[str, object] = {}
+    runner: Runner
+
+    def disturb(state) -> None:
+        if done or state.trained_steps < 4096:
+            return
+        launcher = runner.actors.launcher
+        slot = next(s for s in runner.slots if s.index == 0)
+        assert slot.process.started()
+        local = launcher.cluster.local
+        node = next(n for n in local.list_all_nodes() if n.node_id == slot.process.node_id)
+        local.remove_node(node)
+        sock = ctx.socket(zmq.PUSH)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.curve_serverkey = runner.endpoints.keys.server_public
+        sock.curve_publickey, sock.curve_secretkey = zmq.curve_keypair()
+        sock.connect(runner.endpoints.experience)
+        wire.send_msg(sock, wire.MsgType.STATS, {"src": "forged", "c": {}}, flags=zmq.NOBLOCK)
+        done.update(node=slot.process.node_id, trained=state.trained_steps, sock=sock)
+
+    runner = Runner(cfg, cfg.validate(), on_progress=disturb)
+    try:
+        r = runner.run()
+    finally:
+        ctx.destroy(linger=0)
+    assert done, "the run ended before training was under way"
+    assert r["env_steps"] >= cfg.steps > done["trained"]  # it went on after the removal
+    assert r["sampled_steps"] == r["env_steps"] + r["discarded_steps"] + r["lost_steps"]
+    assert r["lost_steps"] >= 0 and r["actor_restarts"] >= 1
+    assert r["auth_refused"] >= 1
+    assert sum(r["malformed"].values()) == 0  # nothing forged got through
+    nodes = r["energy"]["nodes"]
+    assert nodes[done["node"]]["lost"] and nodes[done["node"]]["actors"] >= 1
+    assert sum(n["actors"] for n in nodes.values()) >= 3  # two, and the restarted one
+
+
+def test_a_remote_incarnation_that_died_counts_what_it_reported_or_sent_whole():
+    """What the run knows of a remote actor's steps: its last report or its whole rollouts at
+    the compressor, whichever is higher; at the end, a died incarnation's count is raised to
+    its final whole rollouts, and the rest of what it reported is lost."""
+    from runtime.actor_pool import Incarnations
+    from runtime.cluster.launcher import RemoteStepped
+
+    class Telemetry:
+        def __init__(self):
+            self.latest = {
+                "actor-0.1": {"stepped": 700},
+                "compressor": {"complete_steps": {"0:1": 512}},
+            }
+
+        def source(self, name):
+            return self.latest.get(name, {})
+
+    class Proc:
+        final_steps = None
+
+    tel, proc = Telemetry(), Proc()
+    stepped = RemoteStepped(tel, proc, 0, 1)
+    assert stepped.value == 700  # reported; 188 of them not (yet) whole at the compressor
+    tel.latest["compressor"]["complete_steps"]["0:1"] = 768  # sent after its last report
+    assert stepped.value == 768
+    proc.final_steps = 1024  # a clean exit says exactly
+    assert stepped.value == 1024
+
+    ended = Incarnations(stepped={"0:1": 700, "1:0": 300}, died={"0:1"}, clean={"1:0": 300})
+    ended.settle({"0:1": 768, "1:0": 300})
+    assert ended.stepped == {"0:1": 768, "1:0": 300}
+    ended.settle({"0:1": 512})  # never lowered
+    assert ended.stepped["0:1"] == 768
