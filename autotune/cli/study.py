@@ -123,6 +123,24 @@ def add_study_command(sub: Any) -> None:
         "the same --storage and --study (default 1)",
     )
     study.add_argument(
+        "--cluster",
+        default=None,
+        metavar="ADDRESS",
+        help="run the --workers as Ray tasks on a cluster's nodes (auto, ray://HOST:PORT or "
+        "local:N; pip install 'rl-autotune[cluster]'); needs --worker-cpus and, beyond "
+        "local:N, a --storage every node reaches (PostgreSQL)",
+    )
+    study.add_argument(
+        "--worker-cpus", type=int, default=0, help="with --cluster: CPUs per worker (K >= 1)"
+    )
+    study.add_argument(
+        "--worker-gpus",
+        type=int,
+        default=0,
+        choices=(0, 1),
+        help="with --cluster: 1 gives each worker a GPU of its own (default 0)",
+    )
+    study.add_argument(
         "--policy", default=None, help="MLP spec (default: the --from config's, else auto)"
     )
     study.add_argument(
@@ -180,6 +198,9 @@ def study_options(args: argparse.Namespace) -> StudyOptions:
             reference_every=args.reference_every,
             profile=not args.no_profile,
             workers=args.workers,
+            cluster=args.cluster,
+            worker_cpus=args.worker_cpus,
+            worker_gpus=args.worker_gpus,
             report_timeout_s=args.report_timeout_s,
             storage=args.storage,
             study=args.study,
@@ -193,13 +214,15 @@ def cmd_study(args: argparse.Namespace) -> int:
     # optuna, through the tuning layer: imported by this command only
     from autotune.tuning.storage import StudyError
     from autotune.workflows.study import make_study, run_here, summary
+    from autotune.workflows.study_cluster import run_cluster_workers
     from autotune.workflows.study_workers import plan_workers, run_workers
 
     console = Console(stderr=True)
     try:
         options = study_options(args)
-        plan = plan_workers(options) if options.workers > 1 else []
-        offline = make_study(options, cores=len(plan[0].cores) if plan else None)
+        plan = plan_workers(options) if options.workers > 1 and not options.cluster else []
+        cores = len(plan[0].cores) if plan else (options.worker_cpus or None)
+        offline = make_study(options, cores=cores)
     except (KnobError, StudyError, ValueError) as exc:
         console.print(f"[red]error:[/red] {escape(str(exc))}")
         return 2
@@ -220,7 +243,13 @@ def cmd_study(args: argparse.Namespace) -> int:
             progress.console.print(describe(row))
             progress.update(task, advance=1, best=best_text(offline))
 
-        if options.workers > 1:
+        if options.cluster is not None:
+            try:
+                interrupted = run_cluster_workers(options, done, say=progress.console.print)
+            except ValueError as exc:  # the cluster unreachable, or too small for the workers
+                console.print(f"[red]error:[/red] {escape(str(exc))}")
+                return 2
+        elif options.workers > 1:
             interrupted = run_workers(options, plan, done, say=progress.console.print)
         else:
             interrupted = run_here(offline, options.trials, options.confirm, done)

@@ -53,6 +53,12 @@ class StudyOptions:
     reference_every: int = 0
     profile: bool = True
     workers: int = 1
+    cluster: str | None = None
+    """Run the workers as Ray tasks on this cluster (``autotune.workflows.study_cluster``)."""
+    worker_cpus: int = 0
+    """With ``cluster``: the CPUs each worker asks Ray for (its actor knob ranges over them)."""
+    worker_gpus: int = 0
+    """With ``cluster``: 1 gives each worker a GPU of its own."""
     report_timeout_s: float = 60.0
     storage: str = "sqlite:///autotune.db"
     study: str | None = None
@@ -90,6 +96,7 @@ def resolve_options(options: StudyOptions) -> StudyOptions:
         raise ValueError(f"--confirm {o.confirm}: allowed 0..--trials ({o.trials})")
     if o.workers < 1 or o.workers > o.trials:
         raise ValueError(f"--workers {o.workers}: allowed 1..--trials ({o.trials})")
+    _check_cluster(o)
     if cmd and not o.knobs:
         raise ValueError("-- CMD: give at least one --knob NAME=SPEC for the script")
     env, policy, seed, base = o.env, o.policy, o.seed, None
@@ -115,6 +122,37 @@ def resolve_options(options: StudyOptions) -> StudyOptions:
         seed=0 if seed is None else seed,
         base=base,
     )
+
+
+def _check_cluster(o: StudyOptions) -> None:
+    if o.worker_cpus < 0 or o.worker_gpus not in (0, 1):
+        raise ValueError(
+            f"--worker-cpus {o.worker_cpus}, --worker-gpus {o.worker_gpus}: allowed CPUs >= 1 "
+            "and GPUs 0 or 1"
+        )
+    if o.cluster is None:
+        if o.worker_cpus or o.worker_gpus:
+            raise ValueError("--worker-cpus and --worker-gpus take effect with --cluster only")
+        return
+    from runtime.cluster import parse_cluster
+
+    if o.reference_every:
+        raise ValueError(
+            "--reference-every: not with --cluster (one reference cannot scale "
+            "workers on other nodes)"
+        )
+    kind = parse_cluster(o.cluster).kind  # ValueError says what is allowed
+    if o.worker_cpus < 1:
+        raise ValueError(
+            f"--cluster {o.cluster}: give --worker-cpus K, the CPUs each worker "
+            "asks Ray for (its trials' actors run on them)"
+        )
+    if kind != "local" and o.storage.startswith("sqlite"):
+        raise ValueError(
+            f"--cluster {o.cluster} with --storage {o.storage.split('://')[0]}://...: workers "
+            "on other hosts cannot reach a SQLite file; give a database server they all "
+            "reach, e.g. postgresql://USER:PASSWORD@HOST/DB"
+        )
 
 
 def study_name(options: StudyOptions) -> str:
@@ -149,7 +187,7 @@ def make_study(
         knobs = build_space(machine, list(o.knobs))
         base = _base_config(o)
         _check_workload(base)
-        meter = _worker_meter(gpu) if o.workers > 1 else None
+        meter = _worker_meter(gpu) if o.workers > 1 or o.cluster else None  # a share
         trials = TrainTrials(knobs, base, o.warmup_s, meter=meter)
         meta.update(
             kind="train",

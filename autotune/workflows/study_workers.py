@@ -61,14 +61,24 @@ def plan_workers(options: StudyOptions) -> list[WorkerPlan]:
     plans, start = [], 0
     for i in range(n):
         size = per + (i < extra)
-        trials = options.trials // n + (i < options.trials % n)
-        confirm = options.confirm
-        confirm = confirm // n + (i < confirm % n)  # <= trials, as confirm <= options.trials
         plans.append(
-            WorkerPlan(i, tuple(cores[start : start + size]), i if gpus else None, trials, confirm)
+            WorkerPlan(
+                i,
+                tuple(cores[start : start + size]),
+                i if gpus else None,
+                *split_trials(options, i),
+            )
         )
         start += size
     return plans
+
+
+def split_trials(options: StudyOptions, i: int) -> tuple[int, int]:
+    """Worker ``i``'s share of the trials, and of the confirmations among them."""
+    n = options.workers
+    trials = options.trials // n + (i < options.trials % n)
+    confirm = options.confirm // n + (i < options.confirm % n)  # <= trials: confirm <= trials
+    return trials, confirm
 
 
 def _worker(options: StudyOptions, plan: WorkerPlan, out: Any) -> None:
