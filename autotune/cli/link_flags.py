@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+from typing import Any
 
 
 def add_link_args(train: argparse.ArgumentParser) -> None:
@@ -30,8 +32,8 @@ def add_link_args(train: argparse.ArgumentParser) -> None:
         metavar="ADDRESS",
         help="place the actors on a Ray cluster's nodes (pip install 'rl-autotune[cluster]'): "
         "auto (the cluster this machine is in), ray://HOST:PORT, or local:N (N nodes started "
-        "here for the run); the stages and trainers stay on this machine; needs --actors N "
-        "(auto sizing measures this machine only) (default: actors are local processes)",
+        "here for the run); the stages and trainers stay on this machine; --actors auto is one "
+        "actor per CPU the nodes offer (default: actors are local processes)",
     )
 
 
@@ -47,3 +49,22 @@ def link_settings(args: argparse.Namespace) -> dict[str, object]:
         "bind_host": getattr(args, "bind_host", "127.0.0.1"),
         "cluster": cluster,
     }
+
+
+def cluster_actors(console: Any, cfg: Any) -> Any:
+    """``cfg`` with ``actors`` set to the CPUs ``cfg.cluster``'s nodes offer (``--actors auto``
+    with ``--cluster``), said on ``console``.
+
+    Raises:
+        runtime.config.ConfigError: the cluster cannot be reached, or offers no CPU.
+    """
+    from runtime.cluster import cluster_cpus
+    from runtime.config import ConfigError
+
+    cpus, away = cluster_cpus(cfg.cluster)
+    if cpus < 1:
+        raise ConfigError([f"--cluster {cfg.cluster}: its nodes offer no CPU for actors"])
+    console.print(
+        f"actors: {cpus}, one per CPU the nodes of {cfg.cluster} offer ({away} on other hosts)"
+    )
+    return dataclasses.replace(cfg, actors=cpus)

@@ -12,7 +12,7 @@ from rich.markup import escape
 
 from autotune.cli.auto_flags import int_list, int_or_auto, mps_or_auto, size_run_config
 from autotune.cli.display import ProgressDisplay, summary_table
-from autotune.cli.link_flags import add_link_args
+from autotune.cli.link_flags import add_link_args, cluster_actors
 from autotune.cli.output import write_json
 from autotune.cli.train_config import (
     add_env_args,
@@ -278,7 +278,8 @@ def cmd_train(args: argparse.Namespace) -> int:
             )
         auto = auto_fields(args)
         if cfg.cluster is not None and "actors" in auto:
-            raise ConfigError(["--cluster: give --actors N (auto sizing measures this machine)"])
+            cfg = cluster_actors(console, cfg)
+            auto.discard("actors")
         if auto:
             cfg.validate()  # a bad env or policy is reported before it is probed
             cfg, sizing = size_run_config(console, cfg, auto, args)

@@ -34,6 +34,17 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+def run_cores(cfg: TrainConfig) -> int:
+    """The cores a run's processes may use: this process's, plus, with ``cfg.cluster``, the
+    CPUs the cluster's nodes on other hosts offer its actors (``runtime.cluster.cluster_cpus``;
+    a ``local:N`` cluster's nodes are this machine's cores)."""
+    if cfg.cluster is None:
+        return usable_cores()
+    from runtime.cluster import cluster_cpus
+
+    return usable_cores() + cluster_cpus(cfg.cluster)[1]
+
+
 def machine_model(cfg: TrainConfig, probes: Probes, cores: int) -> tuple[MachineModel, dict]:
     """The model's fixed facts, and the hardware readings they came from."""
     gpus = list_gpus() if probes.sms else []
@@ -90,7 +101,7 @@ def probed_model(cfg: TrainConfig) -> MachineModel:
         devices,
         backend=cfg.resolved_backend(),
     )
-    return machine_model(cfg, probes, usable_cores())[0]
+    return machine_model(cfg, probes, run_cores(cfg))[0]
 
 
 def size_config(
@@ -111,7 +122,7 @@ def size_config(
         runtime.probes.ProbeError: the workload could not be probed.
         ValueError: no config satisfies the sizing rules around the fixed values.
     """
-    cores = usable_cores()
+    cores = run_cores(cfg)
     if "trainer_device" in auto or cfg.trainer_device == "auto":
         devices = list((allowed or {}).get("trainer_device", ("cpu", "cuda")))
     else:

@@ -151,6 +151,10 @@ def start_tuning(
             allowed, or the daemon's refusal; nothing has started then.
     """
     machine = Machine.here()
+    if cfg.cluster is not None:  # the actor knob ranges over the CPUs the nodes offer
+        from runtime.cluster import cluster_cpus
+
+        machine = Machine(cluster_cpus(cfg.cluster)[0], machine.gpus)
     space = build_space(machine, list(options.knobs))
     window = options.window_s  # an explicit 0 is refused below, not taken as the default
     window = (10.0 if machine.gpus else 5.0) if window is None else window

@@ -13,12 +13,38 @@ only by a run that names a cluster.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 from typing import Any
 
 from runtime.cluster.address import ClusterAddress, parse_cluster
 
-__all__ = ["ClusterAddress", "launch", "parse_cluster"]
+__all__ = ["ClusterAddress", "cluster_cpus", "launch", "parse_cluster"]
+
+
+@functools.lru_cache(maxsize=4)
+def cluster_cpus(text: str) -> tuple[int, int]:
+    """The CPUs the cluster ``text`` offers for actors, and of them those on hosts other than
+    this one (a ``local:N`` cluster's are all this machine's cores). Connects and disconnects
+    for it, except for ``local:N``; asked again in one process, gives the first answer.
+
+    Raises:
+        runtime.cluster.ray_cluster.ClusterError: Ray is missing or cannot connect.
+        ValueError: ``text`` is not a cluster address.
+    """
+    address = parse_cluster(text)
+    if address.kind == "local":
+        import os
+
+        return address.nodes * max(1, len(os.sched_getaffinity(0)) // address.nodes), 0
+    from runtime.cluster.ray_cluster import RayCluster
+
+    cluster = RayCluster(address)
+    try:
+        head, nodes = cluster.head_ip(), cluster.nodes()
+        return sum(n.cpus for n in nodes), sum(n.cpus for n in nodes if n.ip != head)
+    finally:
+        cluster.close()
 
 
 def launch(cfg: Any, telemetry: Any) -> Any:

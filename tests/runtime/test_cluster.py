@@ -48,9 +48,22 @@ def _train(*flags: str, timeout_s: float = 600) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
 
 
-def test_cluster_without_actors_is_refused_before_anything_starts():
-    proc = _train("--cluster", "local:2", "--quiet", timeout_s=120)
-    assert proc.returncode == 2 and "--cluster: give --actors N" in proc.stderr
+def test_a_cluster_that_cannot_be_reached_is_an_error_saying_why_not_a_traceback():
+    pytest.importorskip("ray")
+    proc = _train("--cluster", "ray://127.0.0.1:9", "--quiet", timeout_s=180)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "--cluster ray://127.0.0.1:9: Ray could not connect" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_local_cluster_cpus_are_this_machines_cores_shared_out():
+    import os
+
+    from runtime.cluster import cluster_cpus
+
+    cores = len(os.sched_getaffinity(0))
+    assert cluster_cpus("local:1") == (cores, 0)  # none on another host
+    assert cluster_cpus("local:64")[0] == 64 * max(1, cores // 64)
 
 
 ray = pytest.importorskip("ray")
@@ -60,19 +73,22 @@ ray = pytest.importorskip("ray")
 def test_cartpole_with_actors_on_two_nodes_learns_and_counts_every_node(tmp_path):
     out = tmp_path / "r.json"
     proc = _train(
-        *("--cluster", "local:2", "--actors", "2", "--envs-per-actor", "32"),
+        *("--cluster", "local:2", "--envs-per-actor", "32"),  # --actors auto: one per CPU
         *("--batch-size", "2048", "--trainers", "1", "--trainer-device", "cpu"),
-        *("--quiet", "--json", str(out)),
+        *("--steps", "300000", "--quiet", "--json", str(out)),  # 200k: 307 to 500 seen
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads(out.read_text())
+    from runtime.cluster import cluster_cpus
+
     assert r["config"]["transport"] == "tcp" and r["config"]["cluster"] == "local:2"
+    assert r["config"]["actors"] == cluster_cpus("local:2")[0]
     assert r["return_mean"] >= 400, r["return_mean"]
     assert r["sampled_steps"] == r["env_steps"] + r["discarded_steps"] + r["lost_steps"]
     assert r["lost_steps"] == 0 and r["auth_refused"] == 0
     nodes = r["energy"]["nodes"]
     with_actors = [n for n in nodes.values() if n["actors"]]
-    assert len(with_actors) == 2  # one actor on each of the two nodes that offer CPUs
+    assert len(with_actors) == 2  # actors on each of the two nodes that offer CPUs
     for n in nodes.values():  # a local cluster's nodes share this host: counted once, here
         assert n["host"] == "head" and n["host_counted_in"] == "head" and not n["lost"]
         assert n["cpu_source"] in ("rapl", "model") and n["cpu_j"] > 0
