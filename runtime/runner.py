@@ -219,6 +219,11 @@ class Runner:
             ep, self.run_dir, self.resume.state_file if self.resume is not None else None
         )
 
+    def cluster_nodes(self) -> list[dict[str, Any]] | None:
+        """A cluster run's nodes now (``RemoteLauncher.nodes_now``); None for a local run."""
+        launcher = self.actors.launcher
+        return launcher.nodes_now() if launcher is not None else None
+
     @property
     def generation(self) -> int:
         """The current generation of trainer GMIs (0 until the first hand-over)."""

@@ -102,6 +102,8 @@ def render(console: Any, job: dict[str, Any], history: int = 20) -> None:
             f"({live['cpu_source']})"
         )
     console.print(head)
+    if job.get("nodes"):
+        console.print(node_table(job["nodes"]))
     if job.get("knobs"):
         tuned = set(job.get("tuned", []))
         fixed, absent = [], []
@@ -165,4 +167,15 @@ def trial_table(rows: list[dict[str, Any]], knobs: list[str], total: int, width:
     table.add_column("note", overflow="fold", ratio=1)
     for c, r in zip(cells, rows, strict=True):
         table.add_row(*c, r["note"] or "")
+    return table
+
+
+def node_table(nodes: list[dict[str, Any]]) -> Table:
+    """A cluster run's nodes: address, CPUs offered, the run's actors there, lost or not."""
+    table = Table(title="cluster nodes", title_justify="left")
+    for head in ("node", "address", "CPUs", "actors", "state"):
+        table.add_column(head, justify="right" if head in ("CPUs", "actors") else "left")
+    for n in nodes:
+        state = "[red]lost[/red]" if n["lost"] else "up"
+        table.add_row(n["node"], escape(n["ip"]), str(n["cpus"]), str(n["actors"]), state)
     return table

@@ -387,8 +387,8 @@ class Daemon:
 
 
 def run_daemon(endpoint: str, reserve: int | None = None) -> int:
-    """Binds ``endpoint`` and serves until stopped (``autotune daemon run``; ``autotune daemon
-    start`` runs that in the background). Returns the exit status: 2 if it cannot bind."""
+    """Binds ``endpoint`` and serves until stopped (``autotune daemon run``/``start``).
+    Returns the exit status: 2 if it cannot bind."""
     try:
         daemon = Daemon(endpoint, reserve=reserve)
         daemon.bind()

@@ -124,7 +124,12 @@ class DaemonLink:
                 refused=self.refused,
                 config=self._config(),
                 budget_seq=self.budget_seq,
+                nodes=self._nodes(),
             )
+
+    def _nodes(self) -> list[dict[str, Any]] | None:
+        nodes = getattr(self.runner, "cluster_nodes", None)  # a Runner placing on a cluster
+        return nodes() if nodes is not None else None
 
     def _take_budget(self, msg: dict[str, Any]) -> None:
         try:

@@ -9,6 +9,7 @@ from typing import Any
 
 from autotune.control import protocol
 from autotune.control.protocol import MsgType
+from autotune.control.status import valid_nodes
 from autotune.tuning.counters import Counters
 from runtime.config import ConfigError
 
@@ -26,6 +27,7 @@ class RemoteJob:
         self.refused: str | None = None
         self.settled = False
         self.latest: Counters | None = None
+        self.nodes: list[dict[str, Any]] | None = None
 
     def apply(self, values: dict[str, Any]) -> None:
         self.seq += 1
@@ -51,6 +53,7 @@ class RemoteJob:
     def on_report(self, msg: dict[str, Any]) -> None:
         """Takes a REPORT (raises ``ValueError`` for a malformed one)."""
         self.latest = Counters.from_wire(msg["counters"])
+        self.nodes = valid_nodes(msg.get("nodes"))  # a cluster run's, for status
         applied = int(msg.get("applied", 0))
         if applied == self.seq:
             self.applied, self.refused = applied, msg.get("refused")

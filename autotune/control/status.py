@@ -114,6 +114,33 @@ def stored_status(storage: str, study_name: str) -> dict[str, Any]:
     }
 
 
+NODES_MAX = 4096
+_NODE_FIELDS = {"node": str, "ip": str, "cpus": int, "actors": int, "lost": bool}
+
+
+def valid_nodes(nodes: Any) -> list[dict[str, Any]] | None:
+    """A job's reported cluster nodes, checked field by field (they come off a socket).
+
+    Raises:
+        ValueError: saying what is wrong and what is allowed.
+    """
+    if nodes is None:
+        return None
+    if not isinstance(nodes, list) or len(nodes) > NODES_MAX:
+        raise ValueError(f"'nodes': allowed a list of at most {NODES_MAX} nodes, or none")
+    out = []
+    for n in nodes:
+        if not isinstance(n, dict) or set(n) != set(_NODE_FIELDS):
+            raise ValueError(f"'nodes': each node has exactly {sorted(_NODE_FIELDS)}")
+        for key, kind in _NODE_FIELDS.items():
+            value = n[key]
+            ok = isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
+            if not ok or (kind is str and len(value) > 64) or (kind is int and value < 0):
+                raise ValueError(f"'nodes': {key}={value!r} is not a {kind.__name__} as allowed")
+        out.append(dict(n))
+    return out
+
+
 def session_status(s: Any, span_s: float) -> dict[str, Any]:
     """One registered job as ``autotune status`` shows it (a daemon's ``Session``): its study,
     phase and trial, config, live rates over ``span_s``, knobs, best and trial history."""
@@ -133,6 +160,7 @@ def session_status(s: Any, span_s: float) -> dict[str, Any]:
         "phase": cur.phase if cur else ("hold" if s.tuner.holding else "idle"),
         "trial": cur.trial.number if cur and cur.trial is not None else None,
         "config": s.config,
+        "nodes": s.remote.nodes,
         "live": live,
         "steps_per_s": live["steps_per_s"] if live else None,
         "steps_per_joule": live["steps_per_joule"] if live else None,

@@ -156,6 +156,25 @@ class RemoteLauncher:
         stepped = RemoteStepped(self.telemetry, proc, index, incarnation)
         return ActorSlot(index, incarnation, proc, stepped, RemoteStop(proc), cfg)
 
+    def nodes_now(self) -> list[dict[str, Any]]:
+        """Every node seen: its id (short), address, CPUs, the run's actors running there now,
+        and whether it was lost (``autotune status`` shows them)."""
+        alive = {n.node_id: n for n in self.cluster.nodes()}
+        running = collections.Counter(p.node_id for p in self.procs if p.started() and p.is_alive())
+        out = []
+        for node_id, info in self.energy.info.items():
+            node = alive.get(node_id)
+            out.append(
+                {
+                    "node": node_id[:12],
+                    "ip": info["ip"],
+                    "cpus": node.cpus if node else 0,
+                    "actors": running.get(node_id, 0),
+                    "lost": node is None,
+                }
+            )
+        return out
+
     def tick(self) -> None:
         """Called every pool check: the node meters' readings."""
         self.energy.tick(self.cluster.nodes)
