@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from autotune.workflows.study import StudyOptions, make_study
-from autotune.workflows.study_workers import WorkerPlan, split_trials
+from autotune.workflows.study_workers import WorkerPlan, split_trials, take
 
 
 def _cluster_worker(options: StudyOptions, plan: WorkerPlan, out: Any) -> None:
@@ -123,15 +123,7 @@ def _gather(refs: dict[Any, int], out: Any, empty: type, done: Callable, say: Ca
                         say(f"worker {refs[ref]} ended: {str(exc).splitlines()[0]}")
                         cut = True
                 continue
-            if msg.get("done"):
-                finished.add(msg["worker"])
-            elif msg.get("interrupted"):
-                cut = True
-            elif msg.get("failed"):
-                say(f"worker {msg['worker']}: {msg['failed']}")
-                cut = True
-            else:
-                done(msg)
+            cut = take(msg, finished, done, say) or cut
     except KeyboardInterrupt:
         cut = True
         for ref in refs:

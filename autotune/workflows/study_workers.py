@@ -103,6 +103,26 @@ def _worker(options: StudyOptions, plan: WorkerPlan, out: Any) -> None:
         out.put({"worker": plan.index, "done": True})
 
 
+def take(
+    msg: dict[str, Any],
+    finished: set[int],
+    done: Callable[[dict[str, Any]], None],
+    say: Callable[[str], None],
+) -> bool:
+    """One message from a worker (a finished trial, or its end); True if it cuts the session
+    short (the worker was interrupted or failed)."""
+    if msg.get("done"):
+        finished.add(msg["worker"])
+    elif msg.get("interrupted"):
+        return True
+    elif msg.get("failed"):
+        say(f"worker {msg['worker']}: {msg['failed']}")
+        return True
+    else:
+        done(msg)
+    return False
+
+
 def run_workers(
     options: StudyOptions,
     plans: list[WorkerPlan],
@@ -132,15 +152,7 @@ def run_workers(
                         finished.add(plan.index)
                         cut = cut or p.exitcode != 0
                 continue
-            if msg.get("done"):
-                finished.add(msg["worker"])
-            elif msg.get("interrupted"):
-                cut = True
-            elif msg.get("failed"):
-                say(f"worker {msg['worker']}: {msg['failed']}")
-                cut = True
-            else:
-                done(msg)
+            cut = take(msg, finished, done, say) or cut
     except KeyboardInterrupt:
         cut = True
         for p in procs:  # the terminal sent them SIGINT too; this covers a signal to us alone

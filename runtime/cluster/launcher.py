@@ -121,8 +121,9 @@ class RemoteLauncher:
     def __init__(self, cluster: RayCluster, telemetry: Any, cpu_idle_w: float | None) -> None:
         self.cluster, self.telemetry = cluster, telemetry
         self.procs: list[RayProcess] = []
-        self.started_on: collections.Counter[str] = collections.Counter()
-        """Incarnations started per node (the result's per-node ``actors``)."""
+        """Incarnations that may still run (placement counts them)."""
+        self.placed: list[RayProcess] = []
+        """Every incarnation started (the result's per-node ``actors``: those that ran there)."""
         self.energy = NodeEnergy(cpu_idle_w)
         self.energy.watch(cluster.nodes())
 
@@ -151,8 +152,7 @@ class RemoteLauncher:
         proc = RayProcess(handle, ref)
         proc.planned = node
         self.procs.append(proc)
-        if node is not None:
-            self.started_on[node] += 1
+        self.placed.append(proc)
         stepped = RemoteStepped(self.telemetry, proc, index, incarnation)
         return ActorSlot(index, incarnation, proc, stepped, RemoteStop(proc), cfg)
 
@@ -176,7 +176,10 @@ class RemoteLauncher:
         return out
 
     def tick(self) -> None:
-        """Called every pool check: the node meters' readings."""
+        """Called every pool check: where new incarnations were placed, and the node meters'
+        readings."""
+        for p in self.procs:
+            p.started()
         self.energy.tick(self.cluster.nodes)
 
     def close(self) -> dict[str, Any]:
@@ -184,6 +187,7 @@ class RemoteLauncher:
         (``NodeEnergy.doc``) after a last reading."""
         try:
             self.energy.final()
-            return self.energy.doc(dict(self.started_on))
+            ran = collections.Counter(p.node_id for p in self.placed if p.started())
+            return self.energy.doc(dict(ran))
         finally:
             self.cluster.close()

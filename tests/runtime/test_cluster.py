@@ -264,3 +264,45 @@ def cluster_cpus_local(n: int) -> int:
     from runtime.cluster import cluster_cpus
 
     return cluster_cpus(f"local:{n}")[0]
+
+
+@pytest.mark.slow
+def test_an_actor_with_no_cpu_free_starts_on_a_node_that_joins():
+    """Three actors on two one-CPU nodes: the third waits, left to Ray; once a node joins
+    mid-run it starts there and steps, and the count stays exact."""
+    from runtime.runner import Runner
+
+    cpus = cluster_cpus_local(2)
+    cfg = TrainConfig(
+        steps=10_000_000,  # it ends once the actor that waited has stepped
+        max_wall_s=600,
+        actors=cpus + 1,
+        envs_per_actor=4,
+        rollout_len=32,
+        batch_size=512,
+        trainer_device="cpu",
+        transport="tcp",
+        cluster="local:2",
+    )
+    joined: list[str] = []
+    runner: Runner
+
+    last = f"actor-{cpus}.0"
+
+    def join(state) -> None:
+        if joined and runner.telemetry.source(last).get("stepped", 0) > 0:
+            runner.stop_requested = True  # drains: everything in flight is trained
+        if joined or state.trained_steps < 2048:
+            return
+        waiting = [s for s in runner.slots if not s.process.started()]
+        assert len(waiting) == 1  # no CPU free for it until a node joins
+        node = runner.actors.launcher.cluster.local.add_node(num_cpus=1)
+        joined.append(node.node_id)
+
+    runner = Runner(cfg, cfg.validate(), on_progress=join)
+    r = runner.run()
+    assert joined, "the run ended before training was under way"
+    assert not r.get("failure") and r["env_steps"] > 2048
+    assert r["sampled_steps"] == r["env_steps"] + r["discarded_steps"] + r["lost_steps"]
+    assert r["energy"]["nodes"][joined[0]]["actors"] == 1  # the one that waited ran there
+    assert runner.telemetry.source(last).get("stepped", 0) > 0
