@@ -21,6 +21,7 @@ from torch import nn
 
 from policies.actor_critic import ActorCritic
 from policies.appo_config import APPOConfig
+from policies.noise_scale import NoiseScale
 from policies.nonfinite import NonFiniteUpdate
 from policies.vtrace import vtrace
 
@@ -35,6 +36,10 @@ class UpdateStats:
     loss_pi: float
     loss_v: float
     entropy: float
+    noise_scale: float | None = None
+    """The gradient noise scale in samples, smoothed over updates (``policies.noise_scale``)."""
+    minibatch_samples: int = 0
+    """Samples in each optimiser step of this update (the batch its efficiency is of)."""
 
 
 class APPOLearner:
@@ -61,6 +66,7 @@ class APPOLearner:
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.lr, eps=1e-5)
         self.version = 0
         self.trained_steps = 0
+        self.noise = NoiseScale()
 
     def state(self) -> dict[str, Any]:
         """Everything another learner needs to continue exactly where this one is."""
@@ -134,7 +140,8 @@ class APPOLearner:
         self.model.obs_norm.update_from_sums(sums[:-1])
         total_steps = int(sums[-1].item())
         pi_losses, v_losses, entropies = [], [], []
-        for _ in range(cfg.epochs):
+        self.noise.begin()
+        for epoch in range(cfg.epochs):
             ret = None
             if n:
                 with torch.no_grad():
@@ -174,6 +181,9 @@ class APPOLearner:
                         continue  # no trainer had rows for this minibatch
                 elif not len(idx):
                     continue
+                if epoch == 0:  # before clipping: the gradient as the loss gives it
+                    grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+                    self.noise.add(grads, total_steps / cfg.minibatches)
                 norm = nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
                 if not bool(torch.isfinite(norm)):
                     raise NonFiniteUpdate(
@@ -181,6 +191,7 @@ class APPOLearner:
                         f"{self.version + 1}; its remaining steps were not applied"
                     )
                 self.optimizer.step()
+        self.noise.end()
         self.version += 1
         self.trained_steps += total_steps
         return UpdateStats(
@@ -190,6 +201,8 @@ class APPOLearner:
             loss_pi=_mean(pi_losses),
             loss_v=_mean(v_losses),
             entropy=_mean(entropies),
+            noise_scale=self.noise.value,
+            minibatch_samples=total_steps // max(cfg.minibatches, 1),
         )
 
 

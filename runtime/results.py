@@ -86,6 +86,21 @@ def lost_steps_by_incarnation(complete: dict[str, int], stepped: dict[str, int])
     return {key: n - int(complete.get(key, 0)) for key, n in stepped.items()}
 
 
+def noise_doc(trainer: dict[str, Any]) -> dict[str, Any]:
+    """The learner's gradient noise scale (``policies.noise_scale``) as the lead trainer last
+    reported it: samples, the samples of each optimiser step, and their statistical efficiency
+    (all None before the first estimate)."""
+    from policies.noise_scale import efficiency
+
+    value, step = trainer.get("noise_scale"), trainer.get("minibatch_samples")
+    ok = isinstance(value, int | float) and isinstance(step, int | float)
+    return {
+        "samples": value if ok else None,
+        "minibatch_samples": step if ok else None,
+        "efficiency": efficiency(value, step) if ok else None,
+    }
+
+
 def failed_result(runner: Any, wall_s: float, error: str) -> dict[str, Any]:
     """The result of a run that failed (a service died): what it had done by then. Its
     processes are gone, so everything sampled and not trained or discarded counts as lost."""
@@ -259,6 +274,7 @@ def build_result(runner: RunRecord, wall_s: float, energy: Any) -> dict[str, Any
         "divergence": tel.divergence.found,
         "trainer_device": trainer.get("device"),
         "updates": trainer.get("version", 0),
+        "noise_scale": noise_doc(trainer),
         "gmis": [gmi_doc(name, tel.source(name)) for name in tel.trainer_sources()],
         "gmi_sharing": runner.fleet.sharing,
         "gmi_sync": trainer.get("sync", "none"),

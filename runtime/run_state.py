@@ -25,11 +25,15 @@ class RunState:
     policy_lag_max: int
     actor_restarts: int
     draining: bool
+    noise_scale: float | None = None
+    """The learner's gradient noise scale in samples (``policies.noise_scale``), or None."""
 
     @classmethod
     def of(cls, telemetry: Any, actors: Any, elapsed_s: float, draining: bool) -> RunState:
         """The figures of a run's ``RunTelemetry`` and ``ActorPool`` now."""
         lag_mean, lag_max = telemetry.policy_lag()
+        trainers = telemetry.trainer_sources()
+        noise = telemetry.source(trainers[0]).get("noise_scale") if trainers else None
         return cls(
             elapsed_s,
             telemetry.trained_steps,
@@ -40,4 +44,5 @@ class RunState:
             lag_max,
             actors.restarts,
             draining,
+            noise if isinstance(noise, int | float) else None,
         )

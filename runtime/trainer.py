@@ -41,6 +41,8 @@ from runtime.stages.common import LiveSettings, StatsSender, init_service_proces
 # it only after ``placement.bind_gpu`` has set its CUDA and MPS environment.
 
 logger = logging.getLogger(__name__)
+REPORTED = ("loss_pi", "loss_v", "entropy", "noise_scale", "minibatch_samples")
+"""The figures of each update (``policies.appo.UpdateStats``) a trainer reports."""
 
 STATS_INTERVAL_S = 0.5
 WINDOW_CHUNKS = 4
@@ -205,11 +207,7 @@ class Trainer:
             self.trained_steps += result.steps
             self.lag_sum += result.policy_lag_mean * result.steps
             self.lag_max = max(self.lag_max, result.policy_lag_max)
-            self.last = {
-                "loss_pi": result.loss_pi,
-                "loss_v": result.loss_v,
-                "entropy": result.entropy,
-            }
+            self.last = {k: getattr(result, k) for k in REPORTED}
         self.publish()
 
     def snapshot(self, final: bool = False) -> dict[str, object]:

@@ -158,6 +158,15 @@ def summary_table(result: dict[str, Any]) -> Table:
         ("actor restarts", str(result["actor_restarts"])),
         ("trainer device", str(result["trainer_device"])),
     ]
+    noise = result.get("noise_scale") or {}
+    if noise.get("samples") is not None:
+        rows.append(
+            (
+                "gradient noise scale",
+                f"{noise['samples']:,.0f} samples; steps of {noise['minibatch_samples']:,} keep "
+                f"{noise['efficiency']:.0%} of each sample's worth",
+            )
+        )
     inference = result.get("inference") or {}
     if inference.get("mode") == "gmi":
         where = inference.get("device") or "?"

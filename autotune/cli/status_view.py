@@ -101,6 +101,8 @@ def render(console: Any, job: dict[str, Any], history: int = 20) -> None:
             f"{live['gpu_w']:.0f} W, CPU {live['cpu_w']:.0f} W "
             f"({live['cpu_source']})"
         )
+    if job.get("noise_scale") is not None:
+        head += f"\ngradient noise scale: {job['noise_scale']:,.0f} samples"
     console.print(head)
     if job.get("nodes"):
         console.print(node_table(job["nodes"]))

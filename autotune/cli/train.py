@@ -318,7 +318,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     def show(state) -> None:
         display.update(state)
         if curve is not None:
-            curve.write(done + state.trained_steps, state.return_mean, episodes + state.episodes)
+            steps, ret = done + state.trained_steps, state.return_mean
+            curve.write(steps, ret, episodes + state.episodes, noise_scale=state.noise_scale)
 
     runner.on_progress = show
     tuning = None
@@ -364,6 +365,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                     result["return_mean"],
                     episodes + result["episodes"],
                     force=True,
+                    noise_scale=result["noise_scale"]["samples"],
                 )
             curve.close()
     if sizing is not None:

@@ -125,7 +125,14 @@ class DaemonLink:
                 config=self._config(),
                 budget_seq=self.budget_seq,
                 nodes=self._nodes(),
+                noise_scale=self._noise_scale(),
             )
+
+    def _noise_scale(self) -> float | None:
+        tel = getattr(self.runner, "telemetry", None)
+        trainers = tel.trainer_sources() if tel is not None else []
+        value = tel.source(trainers[0]).get("noise_scale") if trainers else None
+        return float(value) if isinstance(value, int | float) else None
 
     def _nodes(self) -> list[dict[str, Any]] | None:
         nodes = getattr(self.runner, "cluster_nodes", None)  # a Runner placing on a cluster

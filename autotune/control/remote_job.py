@@ -3,6 +3,7 @@ go out as sequenced APPLY messages, readiness and windows come from the job's re
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -28,6 +29,7 @@ class RemoteJob:
         self.settled = False
         self.latest: Counters | None = None
         self.nodes: list[dict[str, Any]] | None = None
+        self.noise_scale: float | None = None
 
     def apply(self, values: dict[str, Any]) -> None:
         self.seq += 1
@@ -54,6 +56,10 @@ class RemoteJob:
         """Takes a REPORT (raises ``ValueError`` for a malformed one)."""
         self.latest = Counters.from_wire(msg["counters"])
         self.nodes = valid_nodes(msg.get("nodes"))  # a cluster run's, for status
+        noise = msg.get("noise_scale")
+        if noise is not None and not (isinstance(noise, float) and math.isfinite(noise)):
+            raise ValueError(f"'noise_scale': {noise!r} is not a finite float or none")
+        self.noise_scale = noise
         applied = int(msg.get("applied", 0))
         if applied == self.seq:
             self.applied, self.refused = applied, msg.get("refused")

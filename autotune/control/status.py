@@ -161,6 +161,7 @@ def session_status(s: Any, span_s: float) -> dict[str, Any]:
         "trial": cur.trial.number if cur and cur.trial is not None else None,
         "config": s.config,
         "nodes": s.remote.nodes,
+        "noise_scale": s.remote.noise_scale,
         "live": live,
         "steps_per_s": live["steps_per_s"] if live else None,
         "steps_per_joule": live["steps_per_joule"] if live else None,

@@ -48,9 +48,11 @@ class ProgressLog:
         episode_return: float | None = None,
         episodes: int | None = None,
         force: bool = False,
+        noise_scale: float | None = None,
     ) -> bool:
         """Adds a line unless one was written less than ``every_s`` ago (or nothing changed
-        since the last line); returns whether it did."""
+        since the last line); returns whether it did. ``noise_scale`` (the learner's gradient
+        noise scale, in samples) is written where given."""
         now = time.time()
         if not force and (now - self._last_t < self.every_s or steps == self._last_steps):
             return False
@@ -60,6 +62,8 @@ class ProgressLog:
             else float(episode_return)
         )
         line = {"t": now, "steps": int(steps), "return": ret, "episodes": episodes}
+        if noise_scale is not None and math.isfinite(noise_scale):
+            line["noise_scale"] = float(noise_scale)
         self._f.write(json.dumps(line) + "\n")
         self._last_t, self._last_steps = now, int(steps)
         return True

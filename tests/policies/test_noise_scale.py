@@ -1,0 +1,65 @@
+"""The gradient noise scale estimator (``policies.noise_scale``) against a problem whose noise
+scale is known, and the learner reporting it."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from policies.noise_scale import NoiseScale, efficiency
+
+
+@pytest.mark.parametrize("b_noise", [64.0, 4096.0])
+def test_the_estimate_recovers_a_known_noise_scale(b_noise):
+    """Per-sample gradients ``G + xi`` with ``xi ~ N(0, sigma^2 I_d)``: the noise scale is
+    ``d sigma^2 / |G|^2``. Minibatch gradients are means of ``b`` samples; an update holds 8."""
+    gen = torch.Generator().manual_seed(0)
+    d, b, k = 256, 512, 8
+    g = torch.randn(d, generator=gen, dtype=torch.float64)
+    sigma = math.sqrt(b_noise * float(g.dot(g)) / d)
+    est = NoiseScale(decay=0.98)
+    for _ in range(400):
+        est.begin()
+        for _ in range(k):
+            mean_noise = torch.randn(d, generator=gen, dtype=torch.float64) * sigma / math.sqrt(b)
+            est.add([(g + mean_noise)[: d // 2], (g + mean_noise)[d // 2 :]], float(b))
+        est.end()
+    assert est.value == pytest.approx(b_noise, rel=0.15)
+
+
+def test_one_minibatch_gives_no_estimate_and_efficiency_is_bounded():
+    est = NoiseScale()
+    est.begin()
+    est.add([torch.ones(3)], 32.0)
+    est.end()
+    assert est.value is None and efficiency(None, 1024) is None
+    assert efficiency(1000.0, 1000) == 0.5
+    assert efficiency(1000.0, 10) > efficiency(1000.0, 10_000)  # bigger batches keep less
+    assert efficiency(-5.0, 100) == 0.0  # a negative estimate (noise) is taken as none
+
+
+def test_the_learner_reports_a_noise_scale_and_its_step_size():
+    from policies.actor_critic import ActorCritic
+    from policies.appo import APPOLearner
+    from policies.appo_config import APPOConfig
+
+    rng = np.random.default_rng(0)
+    n, t, dim = 16, 32, 4
+    model = ActorCritic(dim, 2, True, "auto:32:auto")
+    learner = APPOLearner(model, APPOConfig(minibatches=4, epochs=2), torch.device("cpu"))
+    batch = {
+        "obs": rng.normal(size=(n, t + 1, dim)).astype(np.float32),
+        "actions": rng.integers(0, 2, size=(n, t)),
+        "rewards": rng.normal(size=(n, t)).astype(np.float32),
+        "dones": np.zeros((n, t), np.uint8),
+        "logp": np.full((n, t), np.log(0.5), np.float32),
+        "versions": np.zeros((n, t), np.int32),
+    }
+    for _ in range(3):
+        stats = learner.update(batch)
+    assert stats.minibatch_samples == n * t // 4
+    assert stats.noise_scale is not None and math.isfinite(stats.noise_scale)
+    assert stats.noise_scale >= 0
