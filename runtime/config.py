@@ -103,6 +103,9 @@ class TrainConfig:
     """MPS active-thread percentage of the inference GMI on a GPU (None: no limit)."""
     max_wall_s: float | None = None
     """Stop (with a clean drain) after this many seconds even if ``steps`` is not reached."""
+    target_return: float | None = None
+    """Stop (with a clean drain) at the first 100-episode mean return of at least this
+    (``runtime.target``); the result says what it took to get there."""
     max_inflight_batches: float = 2.0
     """Back-pressure: experience sent but not yet received by the trainer, in batches, shared
     among the actors (each keeps at least one rollout in flight)."""
@@ -177,6 +180,8 @@ class TrainConfig:
             out.append(f"trainer_device={self.trainer_device!r}: allowed {TRAINER_DEVICES}")
         out.extend(self._gmi_problems())
         out.extend(link_problems(self))
+        if self.target_return is not None and not finite_number(self.target_return):
+            out.append(f"target_return={self.target_return!r}: must be a finite number (or unset)")
         if self.max_wall_s is not None and not finite_number(self.max_wall_s, above=0.0):
             out.append(f"max_wall_s={self.max_wall_s!r}: must be a finite number > 0 (or unset)")
         if self.checkpoint is not None and not (

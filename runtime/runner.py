@@ -63,6 +63,7 @@ from runtime.results import Timeline, build_result, failed_result
 from runtime.run_state import RUN_WINDOW, RunState
 from runtime.services import RunError, Services
 from runtime.supervisor import Supervisor
+from runtime.target import TargetReturn
 from runtime.telemetry import RunTelemetry
 
 __all__ = ["RUN_WINDOW", "RunError", "RunState", "Runner"]
@@ -147,15 +148,14 @@ class Runner:
         self.failure: str | None = None
         """Why the run stopped early (an actor slot given up, a non-finite value), or None."""
         self.cluster_energy: dict[str, Any] | None = None  # a cluster run's nodes
+        self.target = TargetReturn(cfg.target_return)
         self.guard: Guard | NoGuard = NoGuard()
 
     # --- live changes -------------------------------------------------------------------------
 
     def reconfigure(self, **changes: Any) -> live.Plan:
-        """Asks for live changes of settings, applied at the next tick (``runtime.live``).
-
-        Safe to call from ``on_progress`` or another thread. Changes asked for before the
-        previous ones were applied are merged with them.
+        """Asks for live changes of settings, applied at the next tick (``runtime.live``); safe
+        from ``on_progress`` or another thread, merged with changes not yet applied.
 
         Returns:
             What the change takes (actors added or removed, actors respawned, a live message
@@ -225,8 +225,7 @@ class Runner:
         return launcher.nodes_now() if launcher is not None else None
 
     @property
-    def generation(self) -> int:
-        """The current generation of trainer GMIs (0 until the first hand-over)."""
+    def generation(self) -> int:  # of the trainer GMIs: 0 until the first hand-over
         return self.fleet.generation
 
     def trainer_names(self) -> list[str]:
@@ -243,13 +242,11 @@ class Runner:
         self.generations.request(mps_pct)
 
     @property
-    def phases(self) -> PhaseLog | None:
-        """The run's phases, one per GMI generation (None before the run starts)."""
+    def phases(self) -> PhaseLog | None:  # one per GMI generation; None before the start
         return self.generations.phases
 
     @property
-    def slots(self) -> list[Any]:
-        """The running actors (``runtime.actor_pool.ActorSlot``)."""
+    def slots(self) -> list[Any]:  # the running actors (runtime.actor_pool.ActorSlot)
         return self.actors.slots
 
     @property
@@ -369,11 +366,17 @@ class Runner:
             self._sample_timeline(started)
             if self.supervisor.busy:
                 continue  # the drain needs the replaced pipeline up and acknowledged
+            if self.target.check(tel, time.monotonic() - started, self._joules):
+                logger.info("draining: the target return %s is reached", self.cfg.target_return)
+                break
             if self.resumed_steps + self.telemetry.trained_steps >= self.cfg.steps:
                 break
             if wall_due(self.cfg, self.wall_from or started, started, tel.trained_steps):
                 logger.info("draining to end by the wall limit of %.0f s", self.cfg.max_wall_s)
                 break
+
+    def _joules(self) -> float:
+        return self.meter.peek_window(RUN_WINDOW).total_j
 
     def _sample_timeline(self, started: float, force: bool = False) -> None:
         self.timeline.sample(

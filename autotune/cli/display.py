@@ -158,6 +158,17 @@ def summary_table(result: dict[str, Any]) -> Table:
         ("actor restarts", str(result["actor_restarts"])),
         ("trainer device", str(result["trainer_device"])),
     ]
+    target = result.get("target")
+    if target is not None:
+        best = "-" if target["best_return"] is None else f"{target['best_return']:.1f}"
+        rows.append(
+            (
+                f"to a return of {target['return']:g}",
+                f"{target['steps']:,} steps, {target['seconds']:.1f} s, {target['joules']:,.0f} J"
+                if target["reached"]
+                else f"not reached (best 100-episode mean {best})",
+            )
+        )
     noise = result.get("noise_scale") or {}
     if noise.get("samples") is not None:
         rows.append(

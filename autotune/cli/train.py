@@ -204,6 +204,15 @@ def add_train_command(sub: Any) -> None:
     add_tune_args(train)
     add_share_args(train)
     train.add_argument(
+        "--target-return",
+        type=float,
+        default=None,
+        metavar="R",
+        help="stop at the first 100-episode mean return of at least R; the result's target "
+        "section gives the trained steps, seconds and joules it took (or says it was not "
+        "reached, with the best mean)",
+    )
+    train.add_argument(
         "--max-wall-s",
         type=float,
         default=None,

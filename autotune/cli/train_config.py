@@ -169,6 +169,7 @@ def config_from_args(args: argparse.Namespace):
         inference=args.inference,
         inference_mps_pct=args.inference_mps_pct,
         max_wall_s=args.max_wall_s,
+        target_return=getattr(args, "target_return", None),
         **link_settings(args),
         checkpoint=args.checkpoint,
         checkpoint_every_s=args.checkpoint_every_s,

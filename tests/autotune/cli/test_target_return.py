@@ -1,0 +1,57 @@
+"""``autotune train --target-return R``: the run stops at the first 100-episode mean of at
+least R and says what it took; one that never gets there says so, with its best mean."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from runtime.config import TrainConfig
+
+SIZED = ("--actors", "1", "--envs-per-actor", "64", "--batch-size", "2048")
+CPU = ("--trainer-device", "cpu", "--trainers", "1")
+
+
+def _train(tmp_path, *flags: str) -> tuple[subprocess.CompletedProcess, dict]:
+    out = tmp_path / "r.json"
+    proc = subprocess.run(
+        [
+            *(sys.executable, "-m", "autotune.cli", "train", "--env", "CartPole-v1"),
+            *(*SIZED, *CPU, *flags, "--json", str(out)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc, json.loads(out.read_text())
+
+
+@pytest.mark.slow
+def test_cartpole_stops_at_the_target_and_reports_the_joules_to_it(tmp_path):
+    proc, r = _train(tmp_path, "--target-return", "450", "--steps", "2000000")
+    t = r["target"]
+    assert t["return"] == 450 and t["reached"] and 450 <= t["return_then"] <= t["best_return"]
+    assert 0 < t["steps"] <= r["env_steps"] < 2_000_000  # stopped early; the drain trained on
+    assert (
+        0 < t["seconds"] <= r["wall_s"]
+        and 0 < t["joules"] <= r["energy"]["gpu_j"] + r["energy"]["cpu_j"]
+    )
+    assert "to a return of 450" in proc.stdout
+
+
+def test_a_target_the_run_never_reaches_is_said_with_its_best_mean(tmp_path):
+    proc, r = _train(tmp_path, "--target-return", "1000", "--steps", "20000")
+    assert r["target"]["reached"] is False and r["target"]["return"] == 1000
+    assert r["env_steps"] >= 20_000  # it ran to its step target
+    assert "not reached (best 100-episode mean" in proc.stdout
+
+
+def test_a_target_that_is_not_a_number_is_refused():
+    problems = TrainConfig(target_return=float("nan")).problems()
+    assert any("target_return=nan: must be a finite number" in p for p in problems)
