@@ -79,7 +79,8 @@ def size_run_config(console: Console, cfg: TrainConfig, auto: set[str], args: ar
     from autotune.workflows.auto_size import size_config
     from runtime.probes import ProbeError
 
-    objective = args.objective if args.objective != "weighted" else "steps_per_joule"
+    # the start is sized for steps/J under weighted and goodput (no noise scale before training)
+    objective = "steps_per_s" if args.objective == "steps_per_s" else "steps_per_joule"
     allowed = within_budget(tuned_space(args), getattr(args, "held_budget", None))
     try:
         shares = getattr(args, "energy_shares", None)

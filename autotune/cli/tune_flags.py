@@ -52,7 +52,10 @@ def add_tune_args(parser: argparse.ArgumentParser) -> None:
         "--objective",
         choices=list(OBJECTIVES),
         default="steps_per_joule",
-        help="what to maximise (default steps_per_joule)",
+        help="what to maximise: steps_per_joule, steps_per_s, weighted, or goodput_per_joule "
+        "(steps per joule times the statistical efficiency of the config's optimiser steps at "
+        "the learner's gradient noise scale, which favours smaller batches when the noise "
+        "scale is small) (default steps_per_joule)",
     )
     tune.add_argument(
         "--storage",

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from policies.noise_scale import efficiency
+
 
 @dataclass(frozen=True)
 class Measurement:
@@ -23,6 +25,11 @@ class Measurement:
     cpu_j: float
     policy_lag: float
     window_s: float
+    noise_scale: float | None = None
+    """The learner's gradient noise scale in samples at the window's end (``policies.
+    noise_scale``; None where the job does not report one)."""
+    efficiency: float | None = None
+    """The statistical efficiency of the window's optimiser steps at that noise scale."""
 
 
 @dataclass(frozen=True)
@@ -48,6 +55,10 @@ class Counters:
     return_mean: float | None = None
     """Mean return of the job's recent episodes (None before the first, or when the job does
     not say), so the tuner can record what each change did to learning."""
+    noise_scale: float | None = None
+    """The learner's gradient noise scale, in samples (None: not reported)."""
+    step_samples: float | None = None
+    """Samples in each optimiser step of the job's current config (None: not reported)."""
     remaining_s: float | None = None
     """Seconds the job has left: its wall limit, or its step target at the rate so far,
     whichever comes first (None when neither bounds it, or the job does not say); near the
@@ -68,10 +79,14 @@ class Counters:
                 float(doc["cpu_j"]),
                 str(doc["cpu_source"]),
                 None if doc.get("return_mean") is None else float(doc["return_mean"]),
-                None if doc.get("remaining_s") is None else float(doc["remaining_s"]),
+                *(_opt(doc, k) for k in ("noise_scale", "step_samples", "remaining_s")),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"malformed counters {doc!r}: {exc}") from None
+
+
+def _opt(doc: dict[str, Any], key: str) -> float | None:
+    return None if doc.get(key) is None else float(doc[key])
 
 
 def measure(a: Counters, b: Counters) -> Measurement:
@@ -87,4 +102,6 @@ def measure(a: Counters, b: Counters) -> Measurement:
         cpu_j=cpu_j,
         policy_lag=(b.lag_steps - a.lag_steps) / trained if trained else 0.0,
         window_s=span,
+        noise_scale=b.noise_scale,
+        efficiency=efficiency(b.noise_scale, b.step_samples or 0.0),
     )

@@ -109,10 +109,10 @@ class ModelSampler(optuna.samplers.BaseSampler):
         trust_knobs: int = 2,
         trust_factor: float = 4.0,
     ) -> None:
-        if objective not in ("steps_per_joule", "steps_per_s"):
+        if objective not in ("steps_per_joule", "steps_per_s", "goodput_per_joule"):
             raise ValueError(
-                f"the model sampler predicts steps_per_joule or steps_per_s, not {objective!r}; "
-                "use --tune-sampler tpe for a weighted objective"
+                "the model sampler predicts steps_per_joule, goodput_per_joule or steps_per_s, "
+                f"not {objective!r}; use --tune-sampler tpe for a weighted objective"
             )
         self.machine, self.choices, self.defaults = machine, dict(choices), dict(defaults)
         self.applies, self.objective, self.lag_ceiling = applies, objective, lag_ceiling
@@ -241,7 +241,9 @@ class ModelSampler(optuna.samplers.BaseSampler):
         cands = self._candidates(hold)
         x = features(cands, self.defaults)
         pred = evaluate(machine, params, x)
-        value = pred.steps_per_joule if self.objective == "steps_per_joule" else pred.steps_per_s
+        value = pred.steps_per_s if self.objective == "steps_per_s" else pred.steps_per_joule
+        if self.objective == "goodput_per_joule":
+            value = value * goodput_factor(study, cands, self.defaults)
         mu = np.log(np.maximum(value, 1e-12))
         seen = features([w.values for w in windows], self.defaults) if windows else None
         dist = distance(x, seen) if seen is not None else np.full(len(cands), np.inf)
@@ -295,6 +297,27 @@ def machine_from_doc(doc: dict[str, Any]) -> MachineModel:
         return MachineModel(**fields)
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"malformed machine model: {exc}") from None
+
+
+def goodput_factor(
+    study: optuna.Study, cands: list[dict[str, Any]], defaults: dict[str, Any]
+) -> np.ndarray:
+    """Each candidate's statistical efficiency (``policies.noise_scale.efficiency``) at the
+    newest measured noise scale, for its batch size: the size of an optimiser step is the batch
+    over the run's minibatches, which the newest window's step size and batch size give. Ones
+    where nothing says (no noise scale measured yet): every candidate alike."""
+    from policies.noise_scale import efficiency
+
+    trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    for t in reversed(trials):
+        a = t.user_attrs
+        noise, eff = a.get("noise_scale"), a.get("efficiency")
+        batch = {**defaults, **t.params}.get("batch_size")
+        if noise and eff and 0 < eff < 1 and batch:
+            per_batch = noise * (1 - eff) / eff / batch  # step samples per batch sample
+            sizes = [{**defaults, **c}.get("batch_size", batch) * per_batch for c in cands]
+            return np.array([efficiency(noise, size) or 0.0 for size in sizes])
+    return np.ones(len(cands))
 
 
 def sampler_for(

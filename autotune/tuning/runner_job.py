@@ -70,8 +70,17 @@ def read_counters(runner: TunableRunner) -> Counters:
         energy.cpu_energy_j,
         energy.cpu_source,
         tel.return_mean,
-        remaining_s(runner.cfg, energy.elapsed_s, steps),
+        noise_scale=_noise_scale(tel),
+        step_samples=runner.cfg.batch_size / runner.cfg.learner.minibatches,
+        remaining_s=remaining_s(runner.cfg, energy.elapsed_s, steps),
     )
+
+
+def _noise_scale(tel: Any) -> float | None:
+    """The lead trainer's last reported gradient noise scale (``policies.noise_scale``)."""
+    trainers = tel.trainer_sources()
+    value = tel.source(trainers[0]).get("noise_scale") if trainers else None
+    return float(value) if isinstance(value, int | float) else None
 
 
 def remaining_s(cfg: TrainConfig, elapsed_s: float, trained: int) -> float | None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from autotune.tuning.counters import Measurement
 
-OBJECTIVES = ("steps_per_joule", "steps_per_s", "weighted")
+OBJECTIVES = ("steps_per_joule", "steps_per_s", "weighted", "goodput_per_joule")
 SAMPLERS = ("model", "tpe", "grid")
 
 
@@ -88,6 +88,8 @@ def objective_value(
         return m.steps_per_s
     if settings.objective == "steps_per_joule":
         return spj
+    if settings.objective == "goodput_per_joule":  # without a noise scale: steps per joule
+        return spj * (1.0 if m.efficiency is None else m.efficiency)
     ref = reference or m
     rel_s = m.steps_per_s / ref.steps_per_s if ref.steps_per_s else 0.0
     rel_j = spj / ref.steps_per_joule if ref.steps_per_joule else 0.0
