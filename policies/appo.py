@@ -36,6 +36,8 @@ class UpdateStats:
     loss_pi: float
     loss_v: float
     entropy: float
+    lr: float = 0.0
+    """The learning rate of this update (after schedule and batch scaling)."""
     noise_scale: float | None = None
     """The gradient noise scale in samples, smoothed over updates (``policies.noise_scale``)."""
     minibatch_samples: int = 0
@@ -67,6 +69,8 @@ class APPOLearner:
         self.version = 0
         self.trained_steps = 0
         self.noise = NoiseScale()
+        self.batch: int | None = None
+        """The batch size the trainer takes now (``config.lr_for`` scales ``lr`` for it)."""
 
     def state(self) -> dict[str, Any]:
         """Everything another learner needs to continue exactly where this one is."""
@@ -86,9 +90,10 @@ class APPOLearner:
 
     def current_lr(self) -> float:
         """The learning rate for the next update under the configured schedule."""
+        lr = self.config.lr_for(self.batch)
         if self.config.lr_schedule == "constant" or not self.total_steps:
-            return self.config.lr
-        return self.config.lr * max(0.0, 1.0 - self.trained_steps / self.total_steps)
+            return lr
+        return lr * max(0.0, 1.0 - self.trained_steps / self.total_steps)
 
     def _tensors(self, batch: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
         out = {
@@ -121,8 +126,9 @@ class APPOLearner:
             lag = self.version - np.asarray(batch["versions"])
             b = self._tensors(batch)
             n, t = b["rewards"].shape
+        lr = self.current_lr()
         for group_ in self.optimizer.param_groups:
-            group_["lr"] = self.current_lr()
+            group_["lr"] = lr
         dim = self.model.obs_norm.mean.shape[0]
         sums = (
             self.model.obs_norm.batch_sums(b["obs"][:, :t])
@@ -201,6 +207,7 @@ class APPOLearner:
             loss_pi=_mean(pi_losses),
             loss_v=_mean(v_losses),
             entropy=_mean(entropies),
+            lr=lr,
             noise_scale=self.noise.value,
             minibatch_samples=total_steps // max(cfg.minibatches, 1),
         )

@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, fields
 
 LR_SCHEDULES = ("linear", "constant")
+LR_SCALINGS = ("none", "sqrt", "linear")
 DISCRETE_ENTROPY_COEF = 0.01
 """The entropy bonus weight for discrete actions when none is given."""
 
@@ -19,6 +20,11 @@ class APPOConfig:
     tasks such as CartPole; MuJoCo locomotion usually wants about 3e-4."""
     lr_schedule: str = "linear"
     """``linear``: anneal to 0 over the run's step budget; ``constant``: keep ``lr``."""
+    lr_scaling: str = "none"
+    """How ``lr`` follows the batch size when it changes during a run (a tuner's change):
+    ``none``, ``sqrt`` or ``linear`` in the ratio of the batch to ``lr_batch``."""
+    lr_batch: int | None = None
+    """The batch size ``lr`` is for (set to the run's batch when it starts with a scaling)."""
     gamma: float = 0.99
     """Discount factor."""
     epochs: int = 4
@@ -62,6 +68,14 @@ class APPOConfig:
                 out.append(f"learner.{name}={getattr(self, name)!r}: must be a finite number > 0")
         if not isinstance(self.normalize_reward, bool):
             out.append(f"learner.normalize_reward={self.normalize_reward!r}: allowed true, false")
+        if self.lr_scaling not in LR_SCALINGS:
+            out.append(f"learner.lr_scaling={self.lr_scaling!r}: allowed {LR_SCALINGS}")
+        if self.lr_batch is not None and not (
+            isinstance(self.lr_batch, int)
+            and not isinstance(self.lr_batch, bool)
+            and self.lr_batch > 0
+        ):
+            out.append(f"learner.lr_batch={self.lr_batch!r}: must be a batch size > 0 (or unset)")
         if self.lr_schedule not in LR_SCHEDULES:
             out.append(f"learner.lr_schedule={self.lr_schedule!r}: allowed {LR_SCHEDULES}")
         for name in ("gamma", "vtrace_lambda"):
@@ -76,6 +90,13 @@ class APPOConfig:
             if not finite_number(getattr(self, name), at_least=0.0):
                 out.append(f"learner.{name}={getattr(self, name)!r}: must be a finite number >= 0")
         return out
+
+    def lr_for(self, batch: int | None) -> float:
+        """``lr`` scaled for a batch of ``batch`` steps (``lr_scaling``; None: unscaled)."""
+        if self.lr_scaling == "none" or not batch or not self.lr_batch:
+            return self.lr
+        ratio = batch / self.lr_batch
+        return self.lr * (ratio if self.lr_scaling == "linear" else math.sqrt(ratio))
 
     def entropy_for(self, discrete: bool) -> float:
         """The entropy bonus weight for a policy with ``discrete`` (else continuous) actions."""

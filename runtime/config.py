@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 
 from policies.appo_config import APPOConfig, finite_number
 from runtime.env_backends import BACKENDS, resolve_backend
@@ -287,6 +287,15 @@ class TrainConfig:
         import torch
 
         return "cuda" if torch.cuda.is_available() else "cpu"
+
+    def as_run(self) -> TrainConfig:
+        """This config as a run takes it: ``env_backend`` resolved (``auto`` -> the backend
+        actors step), and, with ``learner.lr_scaling``, ``learner.lr_batch`` set to the
+        batch size the run starts with unless given."""
+        learner = self.learner
+        if learner.lr_scaling != "none" and learner.lr_batch is None:
+            learner = replace(learner, lr_batch=self.batch_size)
+        return replace(self, env_backend=self.resolved_backend(), learner=learner)
 
     def resolved_backend(self) -> str:
         """The env backend with ``auto`` resolved (``runtime.env_backends.resolve_backend``).

@@ -275,6 +275,11 @@ def build_result(runner: RunRecord, wall_s: float, energy: Any) -> dict[str, Any
         "trainer_device": trainer.get("device"),
         "updates": trainer.get("version", 0),
         "noise_scale": noise_doc(trainer),
+        "learning_rate": {
+            "scaling": runner.cfg.learner.lr_scaling,
+            "for_batch": runner.cfg.learner.lr_batch,
+            "last": trainer.get("lr"),
+        },
         "target": runner.target.doc() if hasattr(runner, "target") else None,
         "gmis": [gmi_doc(name, tel.source(name)) for name in tel.trainer_sources()],
         "gmi_sharing": runner.fleet.sharing,

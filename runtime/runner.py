@@ -106,7 +106,7 @@ class Runner:
         mps_changes: list[MPSChange] | None = None,
         mps_live: bool = False,
     ) -> None:
-        cfg = dataclasses.replace(cfg, env_backend=cfg.resolved_backend())  # what actors use
+        cfg = cfg.as_run()  # the backend actors use, the batch the learning rate is for
         self.cfg, self.info = cfg, info
         self.resume = checkpoint.check(cfg, info)  # the checkpoint it starts from, or None
         self.resumed_steps = self.resume.trained_steps if self.resume is not None else 0

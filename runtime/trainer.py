@@ -41,7 +41,7 @@ from runtime.stages.common import LiveSettings, StatsSender, init_service_proces
 # it only after ``placement.bind_gpu`` has set its CUDA and MPS environment.
 
 logger = logging.getLogger(__name__)
-REPORTED = ("loss_pi", "loss_v", "entropy", "noise_scale", "minibatch_samples")
+REPORTED = ("loss_pi", "loss_v", "entropy", "lr", "noise_scale", "minibatch_samples")
 """The figures of each update (``policies.appo.UpdateStats``) a trainer reports."""
 
 STATS_INTERVAL_S = 0.5
@@ -108,6 +108,7 @@ class Trainer:
         )
         model.matmul_dtype = torch.bfloat16 if cfg.trainer_precision == "bf16" else None
         self.learner = APPOLearner(model, cfg.learner, torch.device(self.device), cfg.steps)
+        self.learner.batch = cfg.batch_size  # a new generation starts at the run's batch now
         self.sm_count = (
             torch.cuda.get_device_properties(0).multi_processor_count if on_gpu else None
         )
@@ -321,6 +322,7 @@ class Trainer:
             logger.warning("%s: the pipeline was restarted; credits granted again", self.name)
         if settings is not None:
             self.batcher.batch_rows = max(1, settings["batch_size"] // self.cfg.rollout_len)
+            self.learner.batch = self.batcher.batch_rows * self.cfg.rollout_len  # lr_scaling
             logger.info(
                 "%s: batches of %d steps (live epoch %d)",
                 self.name,

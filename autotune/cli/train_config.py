@@ -15,6 +15,7 @@ from runtime.env_backends import BACKENDS
 LEARNER_FLAGS = (
     "lr",
     "lr_schedule",
+    "lr_scaling",
     "vtrace_lambda",
     "gamma",
     "epochs",
@@ -35,6 +36,14 @@ def add_learner_args(parser: argparse.ArgumentParser) -> None:
         choices=["linear", "constant"],
         default=dl.lr_schedule,
         help="linear: anneal the learning rate to 0 over --steps (default); constant: keep it",
+    )
+    parser.add_argument(
+        "--lr-scaling",
+        choices=["none", "sqrt", "linear"],
+        default=dl.lr_scaling,
+        help="when the batch size changes during the run (a tuner's change), scale the "
+        "learning rate with it: sqrt or linear in the ratio to the batch the run started with; "
+        "the result's learning_rate says what was done (default none)",
     )
     parser.add_argument(
         "--vtrace-lambda",
@@ -137,6 +146,7 @@ def config_from_args(args: argparse.Namespace):
     learner = APPOConfig(
         lr=args.lr,
         lr_schedule=args.lr_schedule,
+        lr_scaling=getattr(args, "lr_scaling", "none"),
         vtrace_lambda=args.vtrace_lambda,
         gamma=args.gamma,
         epochs=args.epochs,
