@@ -123,6 +123,17 @@ def curve(rows: list[dict[str, Any]], meter: MachineMeter, started: float) -> li
     return out
 
 
+def _measurable(progress: Path, min_steps: int, warmup_s: float) -> bool:
+    """Whether an arm has trained ``min_steps`` and its progress file holds a window."""
+    if latest_steps(progress) < min_steps:
+        return False
+    try:
+        window(read_progress(progress), warmup_s, False)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
 def _run_until(proc: subprocess.Popen, wall: float, done: Any, budget: float) -> None:
     """Once ``wall`` seconds have passed and ``done()`` holds, Ctrl-C drains ``proc`` (checked
     twice a second); ``budget`` bounds the wait."""
@@ -166,8 +177,8 @@ def run_arm(arm: str, a: argparse.Namespace, meter: MachineMeter, out_dir: Path)
         cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env
     )
     try:
-        if min_steps:
-            _run_until(proc, wall, lambda: latest_steps(progress) >= min_steps, budget)
+        if min_steps:  # and until its window can be measured: a lump of steps is not a window
+            _run_until(proc, wall, lambda: _measurable(progress, min_steps, a.warmup_s), budget)
         doc["returncode"] = proc.wait(timeout=budget)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGINT)
