@@ -1,5 +1,6 @@
 """``autotune train --target-return R``: the run stops at the first 100-episode mean of at
-least R and says what it took; one that never gets there says so, with its best mean."""
+least R and says what it took; one that never gets there says so, with its best mean. The same
+run reports its learner's gradient noise scale (``policies.noise_scale``)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import sys
 
 import pytest
 
+from autotune.workflows.progress_log import read_progress
 from runtime.config import TrainConfig
 
 SIZED = ("--actors", "1", "--envs-per-actor", "64", "--batch-size", "2048")
@@ -17,11 +19,11 @@ CPU = ("--trainer-device", "cpu", "--trainers", "1")
 
 
 def _train(tmp_path, *flags: str) -> tuple[subprocess.CompletedProcess, dict]:
-    out = tmp_path / "r.json"
+    out, progress = tmp_path / "r.json", tmp_path / "p.jsonl"
     proc = subprocess.run(
         [
             *(sys.executable, "-m", "autotune.cli", "train", "--env", "CartPole-v1"),
-            *(*SIZED, *CPU, *flags, "--json", str(out)),
+            *(*SIZED, *CPU, *flags, "--json", str(out), "--progress", str(progress)),
         ],
         capture_output=True,
         text=True,
@@ -43,12 +45,19 @@ def test_cartpole_stops_at_the_target_and_reports_the_joules_to_it(tmp_path):
         and 0 < t["joules"] <= r["energy"]["gpu_j"] + r["energy"]["cpu_j"]
     )
     assert "to a return of 450" in proc.stdout
+    # the learner's gradient noise scale: in the result, the progress lines and the summary
+    noise = r["noise_scale"]
+    assert noise["samples"] > 0 and noise["minibatch_samples"] > 0
+    expected = noise["samples"] / (noise["samples"] + noise["minibatch_samples"])
+    assert abs(noise["efficiency"] - expected) < 1e-12 and 0 < noise["efficiency"] < 1
+    assert read_progress(tmp_path / "p.jsonl")[-1]["noise_scale"] == noise["samples"]
+    assert "gradient noise scale" in proc.stdout
 
 
 def test_a_target_the_run_never_reaches_is_said_with_its_best_mean(tmp_path):
-    proc, r = _train(tmp_path, "--target-return", "1000", "--steps", "20000")
+    proc, r = _train(tmp_path, "--target-return", "1000", "--steps", "6000")
     assert r["target"]["reached"] is False and r["target"]["return"] == 1000
-    assert r["env_steps"] >= 20_000  # it ran to its step target
+    assert r["env_steps"] >= 6_000  # it ran to its step target
     assert "not reached (best 100-episode mean" in proc.stdout
 
 
