@@ -18,6 +18,22 @@ SIZED = (
 )
 
 
+def add_train_steps_arg(ap) -> None:
+    """A suite's ``--train-steps``: also end a train arm at that many trained steps."""
+    ap.add_argument(
+        "--train-steps",
+        type=int,
+        default=None,
+        help="also end an arm at this many trained steps (a short check that waits on "
+        "progress, not on a wall budget a loaded machine may spend starting up)",
+    )
+
+
+def check_train_steps(ap, a) -> None:
+    if a.train_steps is not None and a.train_steps < 1:
+        ap.error(f"--train-steps {a.train_steps}: must be >= 1 (or left out)")
+
+
 def train_run(
     stem: Path, flags: list[str], wall_s: float, warmup_s: float, steps: int | None = None
 ) -> dict:

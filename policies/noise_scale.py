@@ -46,27 +46,28 @@ class NoiseScale:
         self.g2: float | None = None  # EMA of |G|^2
         self.s: float | None = None  # EMA of S
         self._sum: torch.Tensor | None = None
-        self._sq = 0.0
+        self._sq: torch.Tensor | None = None  # stays on the learner's device: no sync per step
         self._samples: list[float] = []
 
     def begin(self) -> None:
-        self._sum, self._sq, self._samples = None, 0.0, []
+        self._sum, self._sq, self._samples = None, None, []
 
     def add(self, grads: list[torch.Tensor], samples: float) -> None:
         """One minibatch's (already averaged) gradient, over ``samples`` samples."""
         flat = torch.cat([g.detach().reshape(-1).double() for g in grads])
         self._sum = flat.clone() if self._sum is None else self._sum.add_(flat)
-        self._sq += float(flat.dot(flat))
+        sq = flat.dot(flat)
+        self._sq = sq if self._sq is None else self._sq.add_(sq)
         self._samples.append(samples)
 
     def end(self) -> None:
         """Folds this update's estimates in (needs two or more minibatches of equal size)."""
         k = len(self._samples)
-        if k < 2 or self._sum is None:
+        if k < 2 or self._sum is None or self._sq is None:
             return
         b_small = sum(self._samples) / k
         b_big = sum(self._samples)
-        small2 = self._sq / k
+        small2 = float(self._sq) / k  # the update's one device sync for the estimate
         mean = self._sum / k
         big2 = float(mean.dot(mean))
         g2 = (b_big * big2 - b_small * small2) / (b_big - b_small)

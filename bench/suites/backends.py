@@ -20,6 +20,7 @@ import os
 from pathlib import Path
 
 from bench.suite import Step, print_table
+from bench.train_run import add_train_steps_arg, check_train_steps
 
 NAME = "backends"
 HELP = "the raw-stepping limit and autotune train on each env backend (gymnasium, EnvPool)"
@@ -32,13 +33,7 @@ def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--policy", default="auto:256:128:64:auto", help="every train step's MLP")
     ap.add_argument("--raw-s", type=float, default=15.0, help="seconds of raw stepping")
     ap.add_argument("--train-s", type=float, default=60.0, help="wall budget of a train step")
-    ap.add_argument(
-        "--train-steps",
-        type=int,
-        default=None,
-        help="also end an arm at this many trained steps (a short check that waits on "
-        "progress, not on a wall budget a loaded machine may spend starting up)",
-    )
+    add_train_steps_arg(ap)
     ap.add_argument("--warmup-s", type=float, default=10.0, help="left out of a train window")
     ap.add_argument("--processes", type=int, default=0, help="raw: processes (0: every core)")
     ap.add_argument("--markdown", default=None, metavar="FILE", help="the table, as markdown")
@@ -54,8 +49,7 @@ def check(ap: argparse.ArgumentParser, a: argparse.Namespace) -> None:
         ap.error(f"--backends: unknown {bad or 'nothing given'}; allowed {', '.join(BACKENDS)}")
     if not (a.raw_s > 0 and a.train_s > 0 and a.warmup_s >= 0 and a.processes >= 0):
         ap.error("--raw-s and --train-s must be > 0, --warmup-s and --processes >= 0")
-    if a.train_steps is not None and a.train_steps < 1:
-        ap.error(f"--train-steps {a.train_steps}: must be >= 1 (or left out)")
+    check_train_steps(ap, a)
 
 
 def _has(env: str, backend: str) -> str | None:

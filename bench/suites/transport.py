@@ -24,6 +24,7 @@ import shlex
 from pathlib import Path
 
 from bench.suite import Step, print_table
+from bench.train_run import add_train_steps_arg, check_train_steps
 
 ARMS = ("ipc", "tcp", "ray")
 NAME = "transport"
@@ -58,13 +59,7 @@ def add_args(ap: argparse.ArgumentParser) -> None:
     )
     ap.add_argument("--ray-nodes", type=int, default=1, help="the ray arm's local Ray nodes")
     ap.add_argument("--train-s", type=float, default=90.0, help="wall budget of an arm")
-    ap.add_argument(
-        "--train-steps",
-        type=int,
-        default=None,
-        help="also end an arm at this many trained steps (a short check that waits on "
-        "progress, not on a wall budget a loaded machine may spend starting up)",
-    )
+    add_train_steps_arg(ap)
     ap.add_argument("--warmup-s", type=float, default=10.0, help="left out of an arm's window")
     ap.add_argument("--markdown", default=None, metavar="FILE", help="the table, as markdown")
 
@@ -77,8 +72,7 @@ def check(ap: argparse.ArgumentParser, a: argparse.Namespace) -> None:
         ap.error(f"--arms {a.arms!r}: allowed {', '.join(ARMS)}, the first not ray")
     if not 1 <= a.ray_nodes <= 64:
         ap.error(f"--ray-nodes {a.ray_nodes}: allowed 1 to 64")
-    if a.train_steps is not None and a.train_steps < 1:
-        ap.error(f"--train-steps {a.train_steps}: must be >= 1 (or left out)")
+    check_train_steps(ap, a)
     try:
         a.extra = shlex.split(a.train_args)
     except ValueError as exc:
