@@ -48,10 +48,11 @@ def add_export_command(sub: Any) -> None:
     )
     export.add_argument(
         "--pick",
-        choices=["steps_per_joule", "steps_per_s"],
+        choices=["steps_per_joule", "steps_per_s", "target_per_mj"],
         default=None,
         help="what the recommendation maximises (default: the study's "
-        "objective; steps/J for a multi-objective study)",
+        "objective; steps/J for a multi-objective study; target_per_mj, "
+        "1e6 / joules to the target return, for a joules_to_target study)",
     )
     export.add_argument(
         "--target-gpus", type=int, default=None, help="size a machine with this many GPUs"
@@ -112,6 +113,9 @@ def cmd_export(args: argparse.Namespace) -> int:
         )
         console.print("plots: " + ", ".join(str(p) for p in paths))
     ev, metric = doc["evidence"], doc["picked_by"]
+    if "joules_to_target" in ev["recommended"]:
+        console.print(target_line(doc))
+        return 0
     rec, ratio = ev["recommended"][metric]["median"], ev[f"{metric}_vs_default"]
     scaled = ev["recommended"].get(f"scaled_{metric}", {}).get("median")
     refs = ev.get("reference_runs")
@@ -132,3 +136,21 @@ def cmd_export(args: argparse.Namespace) -> int:
             + (f" ({refs['spread']:.2f}x)" if refs["spread"] else "")
         )
     return 0
+
+
+def target_line(doc: dict[str, Any]) -> str:
+    """A study to a target return's recommendation: the joules it took, against the default's."""
+    ev = doc["evidence"]
+    rec, ratio = ev["recommended"], ev.get(f"{doc['picked_by']}_vs_default")
+    joules = rec["joules_to_target"]["median"]
+    head = f"recommended: {doc['recommended']['values']} -> "
+    if joules is None:
+        return (
+            head
+            + f"no trial reached return {rec['target_return']:g} (best {rec['best_return']['max']})"
+        )
+    return (
+        head + f"{joules:,.0f} J to return {rec['target_return']:g} (median of "
+        f"{len(rec['trials'])} trial(s), {rec['reached']} reached it)"
+        + (f", {ratio:.2f}x fewer joules than the default" if ratio else ", default not measured")
+    )

@@ -173,11 +173,14 @@ def trial_table(rows: list[dict[str, Any]], knobs: list[str], total: int, width:
 
 
 def node_table(nodes: list[dict[str, Any]]) -> Table:
-    """A cluster run's nodes: address, CPUs offered, the run's actors there, lost or not."""
+    """A cluster run's nodes: address, CPUs offered, the run's actors there, the steps they
+    sampled, lost or not."""
     table = Table(title="cluster nodes", title_justify="left")
-    for head in ("node", "address", "CPUs", "actors", "state"):
-        table.add_column(head, justify="right" if head in ("CPUs", "actors") else "left")
+    numbers = ("CPUs", "actors", "steps")
+    for head in ("node", "address", *numbers, "state"):
+        table.add_column(head, justify="right" if head in numbers else "left")
     for n in nodes:
         state = "[red]lost[/red]" if n["lost"] else "up"
-        table.add_row(n["node"], escape(n["ip"]), str(n["cpus"]), str(n["actors"]), state)
+        row = (str(n["cpus"]), str(n["actors"]), f"{n['stepped']:,}")
+        table.add_row(n["node"], escape(n["ip"]), *row, state)
     return table

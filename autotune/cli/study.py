@@ -82,10 +82,21 @@ def add_study_command(sub: Any) -> None:
     )
     study.add_argument(
         "--objective",
-        choices=["steps_per_joule", "steps_per_s", "both"],
+        choices=["steps_per_joule", "steps_per_s", "both", "joules_to_target"],
         default="steps_per_joule",
         help="what to maximise; both: steps/s and steps/J, a multi-objective "
-        "study with a Pareto front (default steps_per_joule)",
+        "study with a Pareto front; joules_to_target: the fewest joules to "
+        "--target-return (default steps_per_joule)",
+    )
+    study.add_argument(
+        "--target-return",
+        type=float,
+        default=None,
+        metavar="R",
+        help="with --objective joules_to_target: each trial runs until its "
+        "100-episode mean return reaches R, or --trial-s (then it scores 0 "
+        "and keeps its best return); configs are ranked by the joules to R, "
+        "start-up included",
     )
     study.add_argument(
         "--confirm",
@@ -194,6 +205,7 @@ def study_options(args: argparse.Namespace) -> StudyOptions:
             warmup_s=args.warmup_s,
             knobs=tuple(args.knob or ()),
             objective=args.objective,
+            target_return=args.target_return,
             confirm=args.confirm,
             reference_every=args.reference_every,
             profile=not args.no_profile,
@@ -280,7 +292,21 @@ def describe(row: dict[str, Any]) -> str:
     scaled = row["attrs"].get("scaled_steps_per_joule")
     if scaled and row["steps_per_joule"] and abs(scaled / row["steps_per_joule"] - 1) > 1e-9:
         text += f" (scaled {scaled:.4g} by reference trial {row['attrs']['reference_trial']})"
-    return text
+    return text + target_text(row["attrs"])
+
+
+def target_text(attrs: dict[str, Any]) -> str:
+    """A run to a target return: what it took, or its best return short of it."""
+    if attrs.get("target_return") is None:
+        return ""
+    if attrs.get("reached"):
+        return (
+            f"; return {attrs['target_return']:g} reached in {attrs['joules_to_target']:,.0f} J, "
+            f"{attrs['seconds_to_target']:.1f} s, {attrs['steps_to_target']:,} steps"
+        )
+    best = attrs.get("best_return")
+    best_s = "no 100-episode mean yet" if best is None else f"best return {best:.4g}"
+    return f"; return {attrs['target_return']:g} not reached ({best_s})"
 
 
 def best_text(offline: OfflineStudy) -> str:
@@ -290,4 +316,8 @@ def best_text(offline: OfflineStudy) -> str:
         front = pareto_front(offline.study)
         return f"Pareto front: {len(front)} trials" if front else ""
     best = best_trial(offline.study)
-    return f"best: trial {best.number} {best.params} -> {best.value:.4g}" if best else ""
+    if best is None:
+        return ""
+    if best.user_attrs.get("target_return") is not None:
+        return f"best: trial {best.number} {best.params}{target_text(best.user_attrs)}"
+    return f"best: trial {best.number} {best.params} -> {best.value:.4g}"

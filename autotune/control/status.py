@@ -115,7 +115,14 @@ def stored_status(storage: str, study_name: str) -> dict[str, Any]:
 
 
 NODES_MAX = 4096
-_NODE_FIELDS = {"node": str, "ip": str, "cpus": int, "actors": int, "lost": bool}
+_NODE_FIELDS = {
+    "node": str,
+    "ip": str,
+    "cpus": int,
+    "actors": int,
+    "stepped": int,
+    "lost": bool,
+}
 
 
 def valid_nodes(nodes: Any) -> list[dict[str, Any]] | None:

@@ -30,6 +30,8 @@ class Measurement:
     noise_scale``; None where the job does not report one)."""
     efficiency: float | None = None
     """The statistical efficiency of the window's optimiser steps at that noise scale."""
+    node_rates: dict[str, float] | None = None
+    """On a Ray cluster: steps/s sampled by the actors on each node, by node (short id)."""
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,9 @@ class Counters:
     """Seconds the job has left: its wall limit, or its step target at the rate so far,
     whichever comes first (None when neither bounds it, or the job does not say); near the
     end, a trial cannot pay back (``autotune.tuning.tuner_rules.endgame``)."""
+    node_steps: dict[str, int] | None = None
+    """On a Ray cluster: steps sampled so far by the actors placed on each node, by node
+    (``runtime.cluster.launcher.RemoteLauncher.nodes_now``); None without one."""
 
     def to_wire(self) -> dict[str, Any]:
         return asdict(self)
@@ -80,9 +85,21 @@ class Counters:
                 str(doc["cpu_source"]),
                 None if doc.get("return_mean") is None else float(doc["return_mean"]),
                 *(_opt(doc, k) for k in ("noise_scale", "step_samples", "remaining_s")),
+                _node_steps(doc.get("node_steps")),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"malformed counters {doc!r}: {exc}") from None
+
+
+def _node_steps(value: Any) -> dict[str, int] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 0
+        for k, v in value.items()
+    ):
+        raise ValueError(f"node_steps {value!r}: allowed a map of node ids to step counts")
+    return dict(value)
 
 
 def _opt(doc: dict[str, Any], key: str) -> float | None:
@@ -104,4 +121,12 @@ def measure(a: Counters, b: Counters) -> Measurement:
         window_s=span,
         noise_scale=b.noise_scale,
         efficiency=efficiency(b.noise_scale, b.step_samples or 0.0),
+        node_rates=_node_rates(a.node_steps, b.node_steps, span),
     )
+
+
+def _node_rates(a: dict[str, int] | None, b: dict[str, int] | None, span: float):
+    """Steps/s per node between two readings (the nodes in both; None without)."""
+    if not a or not b or span <= 0:
+        return None
+    return {node: (b[node] - a[node]) / span for node in b if node in a}

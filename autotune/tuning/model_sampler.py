@@ -39,6 +39,7 @@ from optuna.distributions import BaseDistribution
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.tuning.budget import fits, machine_within
+from autotune.tuning.node_model import NodeModel
 from autotune.tuning.perf_model import (
     MachineModel,
     Window,
@@ -166,6 +167,7 @@ class ModelSampler(optuna.samplers.BaseSampler):
                     a.get("gpu_j", 0.0) / span,
                     a.get("cpu_j", 0.0) / span,
                     a.get("policy_lag", 0.0),
+                    a.get("node_rates"),
                 )
             )
             if a.get("feasible", True) and t.value is not None:
@@ -294,6 +296,7 @@ def machine_from_doc(doc: dict[str, Any]) -> MachineModel:
     try:
         fields = dict(doc)
         fields["learner"] = {d: (float(a), float(b)) for d, (a, b) in doc["learner"].items()}
+        fields["nodes"] = tuple(NodeModel.from_doc(n) for n in doc.get("nodes", ()))
         return MachineModel(**fields)
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"malformed machine model: {exc}") from None

@@ -30,7 +30,10 @@ The order of trials in a study:
    (``autotune.tuning.reference``).
 
 Single objective (steps/J or steps/s), or both (``both``: a multi-objective study whose
-Pareto front ``pareto_front`` gives). The study is in RDB storage and resumes where it stopped,
+Pareto front ``pareto_front`` gives), or the joules to a target return (``joules_to_target``:
+each trial runs until its 100-episode mean return reaches the base config's ``target_return``,
+or its wall limit; ranked by ``TARGET_METRIC``, 1e6 over those joules, 0 short of it).
+The study is in RDB storage and resumes where it stopped,
 profiling included; a trial cut by Ctrl-C is failed as interrupted and its config may run
 again.
 """
@@ -47,6 +50,7 @@ from autotune.tuning.knobs import Knob
 from autotune.tuning.reference import (
     METRICS,
     REFERENCE_ROLES,
+    TARGET_METRIC,
     reference_due,
     scale,
     scaled_name,
@@ -71,6 +75,7 @@ OBJECTIVES: dict[str, tuple[str, ...]] = {
     "steps_per_joule": ("steps_per_joule",),
     "steps_per_s": ("steps_per_s",),
     "both": ("steps_per_s", "steps_per_joule"),
+    "joules_to_target": (TARGET_METRIC,),
 }
 """Each ``--objective`` and the study's metric names (maximised), in order."""
 SATURATION = 0.05
@@ -273,6 +278,9 @@ class OfflineStudy:
             raw if role in REFERENCE_ROLES else None,
         )
         scaled = {scaled_name(m): None if v is None else v * factors[m] for m, v in raw.items()}
+        for m in self.metrics:  # figures to a target: whole runs, not scaled by a reference
+            if m not in METRICS:
+                scaled[scaled_name(m)] = float(measured.attrs.get(m) or 0.0)
         row.attrs = {**measured.attrs, **scaled, "reference_trial": ref}
         row.objective = [scaled[scaled_name(m)] for m in self.metrics]
         for name, value in {**raw, **row.attrs}.items():

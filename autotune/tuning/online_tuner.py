@@ -134,7 +134,9 @@ class OnlineTuner(BudgetLimits):
         """Rebuilds the history from the study's finished trials (a resumed study)."""
         self.history, self.trials_done, ref = restore_history(self.study)
         if ref is not None:
-            self.reference = Measurement(**{f: ref.get(f, 0.0) for f in MEASURED})
+            self.reference = Measurement(
+                **{f: ref.get(f, 0.0) for f in MEASURED if f != "node_rates"}
+            )
         if self.trials_done:
             logger.info(
                 "resumed study %r: %d trials, %d configs measured",

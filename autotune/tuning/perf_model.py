@@ -31,8 +31,13 @@ MPS share ``P``, trainer threads ``H``) on a machine of ``C`` cores, with rollou
   about one core of stages), scaled by ``k_cpu``.
 * **Policy lag** (versions): ``k_lag * (A * E * L + 2 * B) / B`` (what is in flight, in
   batches, as the actors keep a rollout each and the pipeline two batches).
+* **On a Ray cluster** (``nodes``): the actors are placed on the nodes as the launcher places
+  them, and each node's sample at its own busy share, speed and round trip
+  (``autotune.tuning.node_model``); actors on other hosts count their own busy cores, and the
+  steps on the wire from them add to the lag.
 
-``fit`` moves the multipliers (``k_S``, ``k_T`` per device, ``q``, ``gpu_ctx``, ``gpu_dyn``,
+``fit`` first sets each node's speed from the windows' per-node sampled steps, then moves the
+multipliers (``k_S``, ``k_T`` per device, ``q``, ``gpu_ctx``, ``gpu_dyn``,
 ``k_cpu``) to the windows measured so far, by least squares on log rates and log watts with a
 prior that keeps them near the probes' values, as Pollux and Optimus fit step-time models from a
 handful of observed configs. ``predict`` gives, for many configs at once, steps/s, watts, steps/J,
@@ -47,6 +52,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
+
+from autotune.tuning.node_model import NodeModel, fit_node_speeds, node_rates
 
 FEATURES = ("actors", "envs_per_actor", "batch_size", "cuda", "trainers", "mps", "threads")
 STAGE_CORES = 1.0
@@ -100,6 +107,13 @@ class MachineModel:
     """Measured: seconds per actor round, fixed part, with an actor on every core (0: not)."""
     g1: float = 0.0
     """Measured: seconds per actor round, per env, with an actor on every core (0: not)."""
+    nodes: tuple[NodeModel, ...] = ()
+    """With ``--cluster``: the Ray nodes the actors are placed on (``autotune.tuning.
+    node_model``); ``cores`` is then this host's alone. Empty: every actor is a process here."""
+
+    def actor_cpus(self) -> int:
+        """The most actors that can run at once: the nodes' CPUs, or this machine's cores."""
+        return int(sum(n.cpus for n in self.nodes)) if self.nodes else self.cores
 
 
 @dataclass(frozen=True)
@@ -116,6 +130,8 @@ class Params:
     u0: float = 0.03
     """Seconds per batch the pipeline adds to an update (the batcher assembling it, the new
     weights going out to the actors); a prior, fitted from windows where training bounds."""
+    node_speed: dict[str, float] = field(default_factory=dict)
+    """Per Ray node (by name): its actors' speed relative to the probe's (1 unless fitted)."""
 
 
 def charged_share(m: MachineModel, gpu: float, cpu: float) -> MachineModel:
@@ -163,6 +179,8 @@ class Prediction:
     gpu_w: np.ndarray
     cpu_w: np.ndarray
     lag: np.ndarray
+    node_sample: np.ndarray | None = None
+    """With nodes: each node's actors' sampled steps/s at the predicted rate (configs x nodes)."""
 
     @property
     def watts(self) -> np.ndarray:
@@ -178,21 +196,38 @@ def trainer_cores(x: dict[str, np.ndarray]) -> np.ndarray:
     return np.where(x["cuda"] > 0, CUDA_TRAINER_CORES * x["trainers"], x["trainers"] * x["threads"])
 
 
+def actor_round(m: MachineModel, e: np.ndarray, busy_share: np.ndarray) -> np.ndarray:
+    """Seconds of one actor round of ``e`` envs, moving toward the loaded round as the cores
+    fill (``busy_share``)."""
+    round_s = e * m.t_env + m.f0 + m.f1 * e
+    if m.g1 > 0:  # toward the loaded round as the cores fill
+        return round_s + (np.maximum(m.g0 + m.g1 * e, round_s) - round_s) * busy_share
+    return round_s * (1.0 + (m.load - 1.0) * busy_share)
+
+
 def evaluate(m: MachineModel, p: Params, x: dict[str, np.ndarray]) -> Prediction:
     """The model at configs ``x`` (``features``)."""
     a, e, b = x["actors"], x["envs_per_actor"], x["batch_size"]
     cuda, g, share, h = x["cuda"] > 0, x["trainers"], x["mps"], x["threads"]
-    demand = a + trainer_cores(x) + STAGE_CORES
-    squeeze = np.minimum(1.0, m.cores / demand)
-    busy_share = np.minimum(1.0, demand / m.cores)
-    round_s = e * m.t_env + m.f0 + m.f1 * e
-    if m.g1 > 0:  # toward the loaded round as the cores fill
-        round_s = round_s + (np.maximum(m.g0 + m.g1 * e, round_s) - round_s) * busy_share
-    else:
-        round_s = round_s * (1.0 + (m.load - 1.0) * busy_share)
+    tc = trainer_cores(x)
+
+    def head(actors_here: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        demand = actors_here + tc + STAGE_CORES
+        return np.minimum(1.0, m.cores / demand), np.minimum(1.0, demand / m.cores)
+
     rollouts = np.maximum(1.0, INFLIGHT_BATCHES * b / (a * e * m.rollout_len))
     pipe = np.minimum(1.0, (1.0 + rollouts) / 3.0)
-    sample = p.k_s * a * e / round_s * squeeze * pipe
+    nodes = None
+    if m.nodes:
+        rnd = lambda busy: actor_round(m, e, busy)  # noqa: E731
+        nodes = node_rates(m.nodes, p.node_speed, a, e, rnd, head, rollouts, m.rollout_len)
+        squeeze, _ = head(nodes.head_actors)
+        sample = np.maximum(p.k_s * nodes.total * pipe, 1e-9)
+        here = nodes.head_actors
+    else:
+        squeeze, busy_share = head(a)
+        sample = p.k_s * a * e / actor_round(m, e, busy_share) * squeeze * pipe
+        here = a
     c0c, c1c = m.learner.get("cuda", (1.0, 1.0))
     c0p, c1p = m.learner.get("cpu", (1.0, 1.0))
     gpu_speed = np.minimum(1.0, share / (p.q * g)) * p.k_t.get("cuda", 1.0)
@@ -201,14 +236,22 @@ def evaluate(m: MachineModel, p: Params, x: dict[str, np.ndarray]) -> Prediction
     upd_cpu = c0p + c1p * b / cpu_speed + 0.002 * (g - 1) + p.u0
     train = b / np.where(cuda, upd_gpu, upd_cpu)
     rate = (sample**-SOFTMIN_N + train**-SOFTMIN_N) ** (-1.0 / SOFTMIN_N)
-    busy_actors = np.minimum(a, m.cores) * squeeze * rate / sample
-    busy_train = trainer_cores(x) * squeeze * rate / train
+    busy_actors = np.minimum(here, m.cores) * squeeze * rate / sample
+    busy_train = tc * squeeze * rate / train
     busy = np.minimum(m.cores, busy_actors + busy_train + STAGE_CORES * squeeze)
+    in_flight = a * e * m.rollout_len + 2 * b
+    node_sample = None
+    if nodes is not None:  # actors on other hosts: their cores and the steps on the wire
+        used = rate / np.maximum(nodes.total, 1e-9)
+        busy = busy + (nodes.placed.sum(axis=1) - nodes.head_actors) * rate / sample
+        in_flight = nodes.placed.sum(axis=1) * e * m.rollout_len + 2 * b
+        in_flight = in_flight + nodes.wire_steps * used
+        node_sample = nodes.sample * used[:, None]
     cpu_w = (m.cpu_idle_w + m.w_core * busy) * p.k_cpu
     gpu_busy = np.where(cuda, rate / train, 0.0)
     gpu_w = m.gpu_idle_w + np.where(cuda, p.gpu_ctx + p.gpu_dyn * gpu_busy * (0.5 + 0.5 * share), 0)
-    lag = p.k_lag * (a * e * m.rollout_len + 2 * b) / b
-    return Prediction(rate, sample, train, gpu_w, cpu_w, lag)
+    lag = p.k_lag * in_flight / b
+    return Prediction(rate, sample, train, gpu_w, cpu_w, lag, node_sample)
 
 
 @dataclass(frozen=True)
@@ -220,6 +263,8 @@ class Window:
     gpu_w: float
     cpu_w: float
     lag: float
+    node_rates: dict[str, float] | None = None
+    """Sampled steps/s per Ray node, by name (None: no cluster, or not reported)."""
 
 
 def _unpack(v: np.ndarray, base: Params, devices: list[str]) -> Params:
@@ -248,6 +293,12 @@ def fit(
     if not windows:
         return base, SIGMA0
     x = features([w.values for w in windows], defaults)
+    if m.nodes and any(w.node_rates for w in windows):  # the nodes' relative speeds first
+        per_node = evaluate(m, base, x).node_sample
+        speeds = fit_node_speeds(
+            m.nodes, per_node, [w.node_rates for w in windows], base.node_speed
+        )
+        base = replace(base, node_speed=speeds)
     r_obs = np.log(np.maximum([w.steps_per_s for w in windows], 1e-9))
     g_obs = np.array([w.gpu_w for w in windows])
     c_obs = np.log(np.maximum([w.cpu_w for w in windows], 1e-9))

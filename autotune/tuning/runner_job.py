@@ -73,7 +73,14 @@ def read_counters(runner: TunableRunner) -> Counters:
         noise_scale=_noise_scale(tel),
         step_samples=runner.cfg.batch_size / runner.cfg.learner.minibatches,
         remaining_s=remaining_s(runner.cfg, energy.elapsed_s, steps),
+        node_steps=_node_steps(runner),
     )
+
+
+def _node_steps(runner: Any) -> dict[str, int] | None:
+    """A cluster run's steps sampled per node (``Runner.cluster_nodes``); None without one."""
+    nodes = getattr(runner, "cluster_nodes", lambda: None)()
+    return {n["node"]: n["stepped"] for n in nodes} if nodes else None
 
 
 def _noise_scale(tel: Any) -> float | None:

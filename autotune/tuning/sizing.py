@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from autotune.tuning.node_model import place
 from autotune.tuning.perf_model import (
     MachineModel,
     Params,
@@ -83,9 +84,17 @@ def reserved_cores(cores: int) -> int:
 
 
 def fits_cores(m: MachineModel, x: dict[str, np.ndarray]) -> np.ndarray:
-    """Whether each config's actors and CPU trainer threads fit the cores (``features``)."""
+    """Whether each config's actors and CPU trainer threads fit the cores (``features``); on a
+    Ray cluster, whether its actors fit the nodes' CPUs, and those placed on this host fit
+    beside the trainer threads."""
     cpu_threads = np.where(x["cuda"] > 0, 0.0, np.ceil(trainer_cores(x)))
-    return x["actors"] + cpu_threads + reserved_cores(m.cores) <= max(m.cores, 2)
+    if not m.nodes:
+        return x["actors"] + cpu_threads + reserved_cores(m.cores) <= max(m.cores, 2)
+    cpus = np.array([n.cpus for n in m.nodes], float)
+    here = np.array([n.here for n in m.nodes], bool)
+    on_head = place(x["actors"], cpus)[:, here].sum(axis=1)
+    head_fits = np.round(on_head) + cpu_threads + reserved_cores(m.cores) <= max(m.cores, 2)
+    return (x["actors"] <= cpus.sum()) & head_fits
 
 
 def candidates(
@@ -100,7 +109,7 @@ def candidates(
     takes the values listed there, e.g. a tuned run's narrowed knobs)."""
     devices = ("cpu", "cuda") if gpus and "cuda" in m.learner else ("cpu",)
     grid = {
-        "actors": range(1, m.cores + 1),
+        "actors": range(1, m.actor_cpus() + 1),
         "envs_per_actor": ENVS,
         "batch_size": [
             b

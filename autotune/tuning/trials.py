@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 from autotune.tuning.counters import Counters
 from autotune.tuning.knobs import Knob
+from autotune.tuning.reference import TARGET_METRIC
 from autotune.tuning.runner_job import config_changes, knob_values
 from autotune.tuning.windows import WindowRule, window_done
 from runtime.config import ConfigError, TrainConfig
@@ -112,6 +113,45 @@ def run_config(
     return result, rate
 
 
+def run_to_target(cfg: TrainConfig, meter: EnergyMeter | None = None) -> dict[str, Any]:
+    """One quiet training run of ``cfg`` (its ``target_return`` set) until its 100-episode
+    mean return reaches the target, or its wall limit; its result (``target`` says which).
+
+    Raises:
+        ConfigError: the config cannot run here.
+        runtime.runner.RunError: the run failed.
+    """
+    runner = Runner(cfg, cfg.validate())
+    runner.meter = meter
+    return runner.run()
+
+
+def target_measured(result: dict[str, Any]) -> Measured:
+    """A run to a target as a trial's figures: whole-run steps/s and steps/J, and the joules,
+    seconds and steps it took to the target (``TARGET_METRIC``: 1e6 over those joules, 0 for a
+    run that did not get there, whose best return is kept)."""
+    target = result.get("target") or {}
+    joules = target.get("joules") if target.get("reached") else None
+    wall = result["wall_s"]
+    energy = result["energy"]
+    attrs = {
+        "target_return": target.get("return"),
+        "reached": bool(target.get("reached")),
+        "joules_to_target": joules,
+        "seconds_to_target": target.get("seconds"),
+        "steps_to_target": target.get("steps"),
+        "best_return": target.get("best_return"),
+        TARGET_METRIC: 1e6 / joules if joules else 0.0,
+        "gpu_w": energy.get("gpu_w"),
+        "cpu_w": energy.get("cpu_w"),
+        "lost_steps": result["lost_steps"],
+        "cpu_source": energy["cpu_source"],
+        "window_s": wall,
+    }
+    steps_per_s = result["env_steps"] / wall if wall > 0 else 0.0
+    return Measured(steps_per_s, result["steps_per_joule"] or 0.0, attrs)
+
+
 def _tuned(space: dict[str, Knob] | list[Knob]) -> tuple[list[Knob], dict[str, Any]]:
     knobs = list(space.values()) if isinstance(space, dict) else list(space)
     usable = [k for k in knobs if k.unavailable is None]
@@ -139,6 +179,9 @@ class TrainTrials:
         warmup_s: Seconds after the first trained step left out of each run's figures.
         run: How a config is run (injectable for tests).
         meter: A factory of the ``EnergyMeter`` each run charges (None: the machine's).
+        run_target: How a config is run to ``base.target_return``, where that is set: each
+            trial then runs until it reaches the target or its wall limit
+            (``target_measured``).
     """
 
     kind = "train"
@@ -150,8 +193,10 @@ class TrainTrials:
         warmup_s: float,
         run: Callable[..., tuple[dict, dict]] = run_config,
         meter: Callable[[], EnergyMeter] | None = None,
+        run_target: Callable[..., dict[str, Any]] = run_to_target,
     ) -> None:
         self.base, self.warmup_s, self._run, self._meter = base, warmup_s, run, meter
+        self._run_target = run_target
         self.knobs, self.fixed = _tuned(space)
 
     def default(self) -> dict[str, Any]:
@@ -179,6 +224,8 @@ class TrainTrials:
         try:
             cfg = dataclasses.replace(self.base, **config_changes({**self.fixed, **values}))
             meter = None if self._meter is None else self._meter()
+            if cfg.target_return is not None:
+                return target_measured(self._run_target(cfg, meter))
             result, rate = self._run(cfg, self.warmup_s, meter)
         except ConfigError as exc:
             raise TrialFailed(f"not runnable: {exc}") from None

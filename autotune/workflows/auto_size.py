@@ -14,6 +14,7 @@ import os
 from typing import Any
 
 from autotune.tuning.knobs import to_config_value
+from autotune.tuning.node_model import NodeModel
 from autotune.tuning.perf_model import MachineModel, charged_share
 from autotune.tuning.sizing import SIZED, Sizing, size_run
 from runtime import probe_cache
@@ -34,19 +35,20 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def run_cores(cfg: TrainConfig) -> int:
-    """The cores a run's processes may use: this process's, plus, with ``cfg.cluster``, the
-    CPUs the cluster's nodes on other hosts offer its actors (``runtime.cluster.cluster_cpus``;
-    a ``local:N`` cluster's nodes are this machine's cores)."""
+def cluster_model_nodes(cfg: TrainConfig) -> tuple[NodeModel, ...]:
+    """With ``cfg.cluster``, the nodes its actors go to, for the model: what each offers, on
+    this host or not, and its round trip (``runtime.cluster.cluster_nodes``); else none."""
     if cfg.cluster is None:
-        return usable_cores()
-    from runtime.cluster import cluster_cpus
+        return ()
+    from runtime.cluster import cluster_nodes
 
-    return usable_cores() + cluster_cpus(cfg.cluster)[1]
+    return tuple(NodeModel.from_doc(n) for n in cluster_nodes(cfg.cluster))
 
 
 def machine_model(cfg: TrainConfig, probes: Probes, cores: int) -> tuple[MachineModel, dict]:
-    """The model's fixed facts, and the hardware readings they came from."""
+    """The model's fixed facts, and the hardware readings they came from; ``cores``: this
+    machine's (a cluster's nodes come from ``cluster_model_nodes``)."""
+    nodes = cluster_model_nodes(cfg)
     gpus = list_gpus() if probes.sms else []
     gpu_idle = sum(g.power_w or 0.0 for g in gpus[:1])
     power = probes.gpu_power
@@ -73,9 +75,11 @@ def machine_model(cfg: TrainConfig, probes: Probes, cores: int) -> tuple[Machine
         load=probes.load_factor(),
         g0=g0,
         g1=g1,
+        nodes=nodes,
     )
     hardware = {
         "cores": cores,
+        "cluster_nodes": [dataclasses.asdict(n) for n in nodes] if nodes else None,
         "gpus": [
             {"name": g.name, "idle_w": g.power_w, "power_limit_w": g.power_limit_w}
             for g in gpus[:1]
@@ -101,7 +105,7 @@ def probed_model(cfg: TrainConfig) -> MachineModel:
         devices,
         backend=cfg.resolved_backend(),
     )
-    return machine_model(cfg, probes, run_cores(cfg))[0]
+    return machine_model(cfg, probes, usable_cores())[0]
 
 
 def size_config(
@@ -122,7 +126,7 @@ def size_config(
         runtime.probes.ProbeError: the workload could not be probed.
         ValueError: no config satisfies the sizing rules around the fixed values.
     """
-    cores = run_cores(cfg)
+    cores = usable_cores()
     if "trainer_device" in auto or cfg.trainer_device == "auto":
         devices = list((allowed or {}).get("trainer_device", ("cpu", "cuda")))
     else:

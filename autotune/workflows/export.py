@@ -3,7 +3,8 @@
 From the completed trials of an ``autotune study`` (train trials), grouped by config:
 
 * **recommended**: the config with the best median objective (steps/J, or steps/s with
-  ``pick="steps_per_s"``; a multi-objective study picks on one of its two), as the knob values,
+  ``pick="steps_per_s"``; a multi-objective study picks on one of its two; a study to a target
+  return, the fewest joules to it, ``TARGET_METRIC``), as the knob values,
   the runtime view (actors, envs per actor, GMIs per GPU, MPS % per GMI, batch sizes, trainer
   device) and a full ``TrainConfig`` that ``autotune train --config`` runs as is;
 * **sizing**: the CPU threads per GPU SM the recommendation runs at (actor processes per SM
@@ -29,11 +30,22 @@ from typing import Any
 import yaml
 from optuna.trial import TrialState
 
-from autotune.tuning.reference import reference_runs, scaled_name, score
+from autotune.tuning.reference import TARGET_METRIC, reference_runs, scaled_name, score
 from autotune.tuning.runner_job import config_changes
 from autotune.tuning.storage import config_key
 from runtime.config import TrainConfig
 
+_NOTE = (
+    "medians of the study's short runs (each measured from warmup_s after its first trained "
+    "step to trial_s), picked and compared by the scaled figures (raw x first reference / "
+    "latest reference; equal to the raw ones in a study without --reference-every); "
+    "re-measure with autotune train --config"
+)
+_NOTE_TARGET = (
+    "medians of the study's runs to the target return, whole runs from their start; picked "
+    f"by {TARGET_METRIC} (1e6 / joules to the target; 0 for a run that did not reach it in "
+    "trial_s); re-measure with autotune train --config --target-return"
+)
 FORMAT_VERSION = 1
 SERVICE_PROCESSES = 2
 """CPU processes besides actors and trainers in every run: the compressor and the migrator."""
@@ -60,6 +72,22 @@ def _measured(trials: list[Any]) -> dict[str, Any]:
         "gpu_w": _stats(trials, "gpu_w")["median"],
         "cpu_w": _stats(trials, "cpu_w")["median"],
         "cpu_source": trials[0].user_attrs.get("cpu_source") if trials else None,
+        **_to_target(trials),
+    }
+
+
+def _to_target(trials: list[Any]) -> dict[str, Any]:
+    """A study to a target return: what its trials took to get there (none where not)."""
+    if not trials or trials[0].user_attrs.get("target_return") is None:
+        return {}
+    return {
+        "target_return": trials[0].user_attrs["target_return"],
+        TARGET_METRIC: _stats(trials, TARGET_METRIC),
+        "reached": sum(bool(t.user_attrs.get("reached")) for t in trials),
+        "joules_to_target": _stats(trials, "joules_to_target"),
+        "seconds_to_target": _stats(trials, "seconds_to_target"),
+        "steps_to_target": _stats(trials, "steps_to_target"),
+        "best_return": _stats(trials, "best_return"),
     }
 
 
@@ -174,11 +202,17 @@ def export_doc(
             f"study {study.study_name!r} is neither an 'autotune study --env' study nor an "
             "'autotune wrap' study: it holds no config to export"
         )
+    to_target = meta["objective"] == "joules_to_target"
     metric = pick or (
-        "steps_per_joule" if meta["objective"] in ("both", "steps_per_joule") else "steps_per_s"
+        TARGET_METRIC
+        if to_target
+        else "steps_per_joule"
+        if meta["objective"] in ("both", "steps_per_joule")
+        else "steps_per_s"
     )
-    if metric not in ("steps_per_joule", "steps_per_s"):
-        raise ExportError(f"pick={pick!r}: allowed steps_per_joule, steps_per_s")
+    allowed = ("steps_per_joule", "steps_per_s", *((TARGET_METRIC,) if to_target else ()))
+    if metric not in allowed:
+        raise ExportError(f"pick={pick!r}: allowed {', '.join(allowed)}")
     trials, done, groups = by_config(study, lambda t: t.params, "autotune study")
 
     def median(ts: list[Any]) -> float:
@@ -220,10 +254,7 @@ def export_doc(
             "default": {"values": meta.get("default"), **dflt},
             f"{metric}_vs_default": ratio,
             "reference_runs": reference_runs(trials, metric),
-            "note": "medians of the study's short runs (each measured from warmup_s after its "
-            "first trained step to trial_s), picked and compared by the scaled figures "
-            "(raw x first reference / latest reference; equal to the raw ones in a study "
-            "without --reference-every); re-measure with autotune train --config",
+            "note": _NOTE_TARGET if to_target else _NOTE,
         },
     }
 

@@ -49,6 +49,8 @@ class StudyOptions:
     knobs: tuple[str, ...] = ()
     """``NAME=SPEC`` knob overrides (for a script, its knobs)."""
     objective: str = "steps_per_joule"
+    target_return: float | None = None
+    """With ``objective`` ``joules_to_target``: the 100-episode mean return each trial runs to."""
     confirm: int = 0
     reference_every: int = 0
     profile: bool = True
@@ -97,6 +99,7 @@ def resolve_options(options: StudyOptions) -> StudyOptions:
     if o.workers < 1 or o.workers > o.trials:
         raise ValueError(f"--workers {o.workers}: allowed 1..--trials ({o.trials})")
     _check_cluster(o)
+    _check_target(o, bool(cmd))
     if cmd and not o.knobs:
         raise ValueError("-- CMD: give at least one --knob NAME=SPEC for the script")
     env, policy, seed, base = o.env, o.policy, o.seed, None
@@ -122,6 +125,24 @@ def resolve_options(options: StudyOptions) -> StudyOptions:
         seed=0 if seed is None else seed,
         base=base,
     )
+
+
+def _check_target(o: StudyOptions, script: bool) -> None:
+    if (o.objective == "joules_to_target") != (o.target_return is not None):
+        raise ValueError(
+            "--objective joules_to_target and --target-return R go together: each trial runs "
+            "until its 100-episode mean return reaches R (or --trial-s), and the study ranks "
+            "configs by the joules that took"
+        )
+    if o.target_return is not None and script:
+        raise ValueError(
+            "--target-return: train trials only (a wrapped script's returns are its own)"
+        )
+    if o.target_return is not None and o.reference_every:
+        raise ValueError(
+            "--reference-every with --target-return: joules to a target count whole runs, "
+            "which reference runs do not scale; leave --reference-every out"
+        )
 
 
 def _check_cluster(o: StudyOptions) -> None:
@@ -251,6 +272,8 @@ def _base_config(options: StudyOptions) -> TrainConfig:
         max_wall_s=options.trial_s,
         checkpoint=None,
     )
+    if options.target_return is not None:
+        doc["target_return"] = options.target_return
     return TrainConfig.from_dict(doc)
 
 

@@ -6,6 +6,7 @@
     remote_actor.py  the Ray actor that runs one actor incarnation's rollout loop
     launcher.py      incarnations placed by node, behind a process's face for the actor pool
     node_energy.py   a meter per node, summed per host
+    latency.py       what each node offers, and its round trip (the model's per-node facts)
 
 The stages, the trainer GMIs and the tuner stay on this machine (the head). Ray is imported
 only by a run that names a cluster.
@@ -19,14 +20,16 @@ from typing import Any
 
 from runtime.cluster.address import ClusterAddress, parse_cluster
 
-__all__ = ["ClusterAddress", "cluster_cpus", "launch", "parse_cluster"]
+__all__ = ["ClusterAddress", "cluster_cpus", "cluster_nodes", "launch", "parse_cluster"]
 
 
 @functools.lru_cache(maxsize=4)
-def cluster_cpus(text: str) -> tuple[int, int]:
-    """The CPUs the cluster ``text`` offers for actors, and of them those on hosts other than
-    this one (a ``local:N`` cluster's are all this machine's cores). Connects and disconnects
-    for it, except for ``local:N``; asked again in one process, gives the first answer.
+def cluster_nodes(text: str) -> tuple[dict[str, Any], ...]:
+    """The nodes the cluster ``text`` offers actors, each as ``{"name", "cpus", "here",
+    "rtt_s"}`` (``runtime.cluster.latency.node_facts``: on this host or not, and the round
+    trip a node on another host adds). A ``local:N`` cluster's nodes share this machine's
+    cores and are not started for this. Connects and disconnects for it, except for
+    ``local:N``; asked again in one process, gives the first answer.
 
     Raises:
         runtime.cluster.ray_cluster.ClusterError: Ray is missing or cannot connect.
@@ -36,15 +39,29 @@ def cluster_cpus(text: str) -> tuple[int, int]:
     if address.kind == "local":
         import os
 
-        return address.nodes * max(1, len(os.sched_getaffinity(0)) // address.nodes), 0
+        per = max(1, len(os.sched_getaffinity(0)) // address.nodes)
+        node = {"cpus": per, "here": True, "rtt_s": 0.0}
+        return tuple({"name": f"local-{i}", **node} for i in range(address.nodes))
+    from runtime.cluster.latency import node_facts
     from runtime.cluster.ray_cluster import RayCluster
 
     cluster = RayCluster(address)
     try:
-        head, nodes = cluster.head_ip(), cluster.nodes()
-        return sum(n.cpus for n in nodes), sum(n.cpus for n in nodes if n.ip != head)
+        return tuple(node_facts(cluster))
     finally:
         cluster.close()
+
+
+def cluster_cpus(text: str) -> tuple[int, int]:
+    """The CPUs the cluster ``text`` offers for actors, and of them those on hosts other than
+    this one (a ``local:N`` cluster's are all this machine's cores): ``cluster_nodes``' sums.
+
+    Raises:
+        runtime.cluster.ray_cluster.ClusterError: Ray is missing or cannot connect.
+        ValueError: ``text`` is not a cluster address.
+    """
+    nodes = cluster_nodes(text)
+    return sum(n["cpus"] for n in nodes), sum(n["cpus"] for n in nodes if not n["here"])
 
 
 def launch(cfg: Any, telemetry: Any) -> Any:

@@ -43,6 +43,7 @@ class RayProcess:
         self.node_id: str | None = None
         self.planned: str | None = None
         """The node it was pinned to (None: left to Ray)."""
+        self.stepped: RemoteStepped | None = None
         self.final_steps: int | None = None
         self._code: int | None = None
 
@@ -153,14 +154,24 @@ class RemoteLauncher:
         proc.planned = node
         self.procs.append(proc)
         self.placed.append(proc)
-        stepped = RemoteStepped(self.telemetry, proc, index, incarnation)
+        stepped = proc.stepped = RemoteStepped(self.telemetry, proc, index, incarnation)
         return ActorSlot(index, incarnation, proc, stepped, RemoteStop(proc), cfg)
+
+    def stepped_by_node(self) -> collections.Counter:
+        """Steps sampled so far by the incarnations placed on each node, by node id."""
+        out: collections.Counter = collections.Counter()
+        for p in self.placed:
+            if p.node_id is not None and p.stepped is not None:
+                out[p.node_id] += p.stepped.value
+        return out
 
     def nodes_now(self) -> list[dict[str, Any]]:
         """Every node seen: its id (short), address, CPUs, the run's actors running there now,
-        and whether it was lost (``autotune status`` shows them)."""
+        the steps its actors sampled, and whether it was lost (``autotune status`` shows them;
+        the tuner's windows take each node's sampling rate from them)."""
         alive = {n.node_id: n for n in self.cluster.nodes()}
         running = collections.Counter(p.node_id for p in self.procs if p.started() and p.is_alive())
+        stepped = self.stepped_by_node()
         out = []
         for node_id, info in self.energy.info.items():
             node = alive.get(node_id)
@@ -170,6 +181,7 @@ class RemoteLauncher:
                     "ip": info["ip"],
                     "cpus": node.cpus if node else 0,
                     "actors": running.get(node_id, 0),
+                    "stepped": stepped.get(node_id, 0),
                     "lost": node is None,
                 }
             )
@@ -188,6 +200,10 @@ class RemoteLauncher:
         try:
             self.energy.final()
             ran = collections.Counter(p.node_id for p in self.placed if p.started())
-            return self.energy.doc(dict(ran))
+            doc = self.energy.doc(dict(ran))
+            stepped = self.stepped_by_node()
+            for node_id, node in doc["nodes"].items():
+                node["stepped"] = stepped.get(node_id, 0)
+            return doc
         finally:
             self.cluster.close()

@@ -90,6 +90,10 @@ def test_cartpole_with_actors_on_two_nodes_learns_and_counts_every_node(tmp_path
     nodes = r["energy"]["nodes"]
     with_actors = [n for n in nodes.values() if n["actors"]]
     assert len(with_actors) == 2  # actors on each of the two nodes that offer CPUs
+    assert all(n["stepped"] > 0 for n in with_actors)  # what each node's actors sampled
+    assert sum(n["stepped"] for n in nodes.values()) == r["sampled_steps"]
+    model = r["sizing"]["model"]["nodes"]  # the sizing's model placed actors on both nodes
+    assert len(model) == 2 and all(n["here"] and n["rtt_s"] == 0 for n in model)
     for n in nodes.values():  # a local cluster's nodes share this host: counted once, here
         assert n["host"] == "head" and n["host_counted_in"] == "head" and not n["lost"]
         assert n["cpu_source"] in ("rapl", "model") and n["cpu_j"] > 0
@@ -161,6 +165,23 @@ def test_a_node_lost_a_node_joining_and_an_intruder_leave_the_run_going_and_the_
     assert nodes[done["joined"]]["actors"] == 1 and not nodes[done["joined"]]["lost"]
 
 
+def test_each_node_is_described_with_its_cpus_and_a_measured_round_trip():
+    from runtime.cluster.latency import node_facts, round_trip_s
+    from runtime.cluster.ray_cluster import RayCluster
+
+    cluster = RayCluster(parse_cluster("local:2"))
+    try:
+        facts = node_facts(cluster)
+        live = [n for n in cluster.nodes() if n.cpus]
+        trips = [round_trip_s(n.node_id, tries=3) for n in live]
+    finally:
+        cluster.close()
+    assert sorted(f["cpus"] for f in facts) == sorted(n.cpus for n in live) and len(facts) == 2
+    assert all(f["here"] and f["rtt_s"] == 0.0 for f in facts)  # this host: no network
+    assert {f["name"] for f in facts} == {n.node_id[:12] for n in live}
+    assert all(t is not None and 0 < t < 10 for t in trips)  # a no-op task there and back
+
+
 def test_a_remote_incarnation_that_died_counts_what_it_reported_or_sent_whole():
     """What the run knows of a remote actor's steps: its last report or its whole rollouts at
     the compressor, whichever is higher; at the end, a died incarnation's count is raised to
@@ -199,13 +220,14 @@ def test_a_remote_incarnation_that_died_counts_what_it_reported_or_sent_whole():
 def test_reported_nodes_are_checked_field_by_field():
     from autotune.control.status import valid_nodes
 
-    good = [{"node": "ab12", "ip": "10.0.0.5", "cpus": 4, "actors": 3, "lost": False}]
+    good = [{"node": "ab12", "ip": "10.0.0.5", "cpus": 4, "actors": 3, "stepped": 9, "lost": False}]
     assert valid_nodes(good) == good and valid_nodes(None) is None
     for bad, says in [
         ("x", "allowed a list"),
         ([{**good[0], "extra": 1}], "each node has exactly"),
         ([{**good[0], "cpus": True}], "cpus=True is not a int"),
         ([{**good[0], "actors": -1}], "actors=-1"),
+        ([{**good[0], "stepped": 1.5}], "stepped=1.5"),
         ([{**good[0], "ip": "x" * 65}], "is not a str"),
     ]:
         with pytest.raises(ValueError, match=says):
