@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import collections
 import logging
+import math
+import time
 from typing import Any
 
 import ray
@@ -29,6 +31,8 @@ from runtime.cluster.remote_actor import RemoteActor
 
 logger = logging.getLogger(__name__)
 
+NODES_EVERY_S = 2.0
+"""``nodes_now`` asks Ray for the live nodes at most this often (reports come every 0.5 s)."""
 DIED = -9
 """The exit code of a remote incarnation that was killed or whose node went away."""
 
@@ -127,6 +131,8 @@ class RemoteLauncher:
         """Every incarnation started (the result's per-node ``actors``: those that ran there)."""
         self.energy = NodeEnergy(cpu_idle_w)
         self.energy.watch(cluster.nodes())
+        self._alive: dict[str, Any] = {}
+        self._alive_at = -math.inf
 
     def _node(self) -> str | None:
         self.procs = [p for p in self.procs if p.is_alive()]
@@ -169,7 +175,10 @@ class RemoteLauncher:
         """Every node seen: its id (short), address, CPUs, the run's actors running there now,
         the steps its actors sampled, and whether it was lost (``autotune status`` shows them;
         the tuner's windows take each node's sampling rate from them)."""
-        alive = {n.node_id: n for n in self.cluster.nodes()}
+        now = time.monotonic()
+        if now - self._alive_at > NODES_EVERY_S:  # membership: asked of Ray now and then
+            self._alive, self._alive_at = {n.node_id: n for n in self.cluster.nodes()}, now
+        alive = self._alive
         running = collections.Counter(p.node_id for p in self.procs if p.started() and p.is_alive())
         stepped = self.stepped_by_node()
         out = []

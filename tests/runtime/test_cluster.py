@@ -63,6 +63,12 @@ def test_local_cluster_cpus_are_this_machines_cores_shared_out():
     cores = len(os.sched_getaffinity(0))
     assert cluster_cpus("local:1") == (cores, 0)  # none on another host
     assert cluster_cpus("local:64")[0] == 64 * max(1, cores // 64)
+    from autotune.workflows.auto_size import cluster_model_nodes
+
+    nodes = cluster_model_nodes(TrainConfig(cluster="local:2", transport="tcp"))
+    assert [n.cpus for n in nodes] == [max(1, cores // 2)] * 2  # as the sizing's model sees them
+    assert all(n.here and n.rtt_s == 0 for n in nodes)
+    assert cluster_model_nodes(TrainConfig()) == ()
 
 
 ray = pytest.importorskip("ray")
@@ -92,8 +98,6 @@ def test_cartpole_with_actors_on_two_nodes_learns_and_counts_every_node(tmp_path
     assert len(with_actors) == 2  # actors on each of the two nodes that offer CPUs
     assert all(n["stepped"] > 0 for n in with_actors)  # what each node's actors sampled
     assert sum(n["stepped"] for n in nodes.values()) == r["sampled_steps"]
-    model = r["sizing"]["model"]["nodes"]  # the sizing's model placed actors on both nodes
-    assert len(model) == 2 and all(n["here"] and n["rtt_s"] == 0 for n in model)
     for n in nodes.values():  # a local cluster's nodes share this host: counted once, here
         assert n["host"] == "head" and n["host_counted_in"] == "head" and not n["lost"]
         assert n["cpu_source"] in ("rapl", "model") and n["cpu_j"] > 0

@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import optuna
 import pytest
@@ -279,20 +280,12 @@ def test_a_multi_objective_study_keeps_a_pareto_front(tmp_path, request, where):
         optuna.delete_study(study_name=name, storage=storage)
 
 
-SCRIPT = """
-import sys, time
-from autotune import client
-k = client.knobs({"num_envs": 1})
-for i in range(3):
-    sum(j * j for j in range(20000))
-    client.report(steps=(i + 1) * 100 * k["num_envs"])
-    time.sleep(0.05)
-"""
+SCRIPT = Path(__file__).parents[2] / "fixtures" / "scripts" / "reporting.py"
+"""A wrapped script that reports three steps (``tests/fixtures/scripts``)."""
 
 
 def test_study_drives_a_wrapped_script_with_two_workers(tmp_path):
-    script = tmp_path / "train.py"
-    script.write_text(SCRIPT)
+    script = SCRIPT
     out = subprocess.run(
         [
             sys.executable,
@@ -326,13 +319,13 @@ def test_study_drives_a_wrapped_script_with_two_workers(tmp_path):
     )
     assert out.returncode == 0, out.stderr
     doc = json.loads((tmp_path / "w.json").read_text())
-    assert doc["study"] == "study-train" and len(doc["trials"]) == 4
+    assert doc["study"] == "study-reporting" and len(doc["trials"]) == 4
     assert {r["worker"] for r in doc["trials"]} == {0, 1}
     assert doc["trials"][0]["role"] == "default" or doc["trials"][1]["role"] == "default"
     done = [r for r in doc["trials"] if not r["error"]]
     assert done and all(r["attrs"]["unit"] == "steps" for r in done)
     assert doc["pareto_front"] and doc["best"]["objective"][1] > 0
-    study = optuna.load_study(study_name="study-train", storage=f"sqlite:///{tmp_path}/w.db")
+    study = optuna.load_study(study_name="study-reporting", storage=f"sqlite:///{tmp_path}/w.db")
     assert study.user_attrs["autotune"]["kind"] == "script"
     bad = subprocess.run(
         [

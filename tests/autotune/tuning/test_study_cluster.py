@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -39,15 +40,8 @@ def test_the_cli_refuses_a_sqlite_study_on_a_cluster_of_other_hosts():
     assert out.returncode == 2 and "cannot reach a SQLite file" in out.stderr
 
 
-SCRIPT = """
-import time
-from autotune import client
-k = client.knobs({"num_envs": 1})
-for i in range(3):
-    sum(j * j for j in range(20000))
-    client.report(steps=(i + 1) * 100 * k["num_envs"])
-    time.sleep(0.05)
-"""
+SCRIPT = Path(__file__).parents[2] / "fixtures" / "scripts" / "reporting.py"
+"""A wrapped script that reports three steps (``tests/fixtures/scripts``)."""
 
 
 @pytest.mark.slow
@@ -55,8 +49,7 @@ def test_two_workers_run_as_ray_tasks_on_two_nodes_into_one_study(tmp_path):
     """Two workers of one CPU each, as Ray tasks on a two-node local cluster, run a wrapped
     script's trials into one study; every trial comes back to the command, from both."""
     pytest.importorskip("ray")
-    script = tmp_path / "train.py"
-    script.write_text(SCRIPT)
+    script = SCRIPT
     out = _study(
         *("--trials", "4", "--workers", "2", "--cluster", "local:2", "--worker-cpus", "1"),
         *("--knob", "num_envs=1,2,4", "--trial-s", "120", "--warmup-s", "0"),
