@@ -48,7 +48,7 @@ def add_export_command(sub: Any) -> None:
     )
     export.add_argument(
         "--pick",
-        choices=["steps_per_joule", "steps_per_s", "target_per_mj"],
+        choices=["steps_per_joule", "steps_per_s", "goodput_per_joule", "target_per_mj"],
         default=None,
         help="what the recommendation maximises (default: the study's "
         "objective; steps/J for a multi-objective study; target_per_mj, "

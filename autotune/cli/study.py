@@ -82,11 +82,13 @@ def add_study_command(sub: Any) -> None:
     )
     study.add_argument(
         "--objective",
-        choices=["steps_per_joule", "steps_per_s", "both", "joules_to_target"],
+        choices=["steps_per_joule", "steps_per_s", "both", "goodput_per_joule", "joules_to_target"],
         default="steps_per_joule",
         help="what to maximise; both: steps/s and steps/J, a multi-objective "
-        "study with a Pareto front; joules_to_target: the fewest joules to "
-        "--target-return (default steps_per_joule)",
+        "study with a Pareto front; goodput_per_joule: steps/J times the "
+        "statistical efficiency of the batch at the learner's gradient noise "
+        "scale; joules_to_target: the fewest joules to --target-return "
+        "(default steps_per_joule)",
     )
     study.add_argument(
         "--target-return",

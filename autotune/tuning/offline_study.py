@@ -30,7 +30,9 @@ The order of trials in a study:
    (``autotune.tuning.reference``).
 
 Single objective (steps/J or steps/s), or both (``both``: a multi-objective study whose
-Pareto front ``pareto_front`` gives), or the joules to a target return (``joules_to_target``:
+Pareto front ``pareto_front`` gives), or goodput per joule (``goodput_per_joule``: steps/J
+times the statistical efficiency of the batch at the measured gradient noise scale), or the
+joules to a target return (``joules_to_target``:
 each trial runs until its 100-episode mean return reaches the base config's ``target_return``,
 or its wall limit; ranked by ``TARGET_METRIC``, 1e6 over those joules, 0 short of it).
 The study is in RDB storage and resumes where it stopped,
@@ -48,6 +50,7 @@ from optuna.trial import TrialState
 
 from autotune.tuning.knobs import Knob
 from autotune.tuning.reference import (
+    GOODPUT_METRIC,
     METRICS,
     REFERENCE_ROLES,
     TARGET_METRIC,
@@ -75,6 +78,7 @@ OBJECTIVES: dict[str, tuple[str, ...]] = {
     "steps_per_joule": ("steps_per_joule",),
     "steps_per_s": ("steps_per_s",),
     "both": ("steps_per_s", "steps_per_joule"),
+    "goodput_per_joule": (GOODPUT_METRIC,),
     "joules_to_target": (TARGET_METRIC,),
 }
 """Each ``--objective`` and the study's metric names (maximised), in order."""
@@ -278,9 +282,10 @@ class OfflineStudy:
             raw if role in REFERENCE_ROLES else None,
         )
         scaled = {scaled_name(m): None if v is None else v * factors[m] for m, v in raw.items()}
-        for m in self.metrics:  # figures to a target: whole runs, not scaled by a reference
+        for m in self.metrics:  # goodput scales as steps/J; figures to a target do not
             if m not in METRICS:
-                scaled[scaled_name(m)] = float(measured.attrs.get(m) or 0.0)
+                factor = factors["steps_per_joule"] if m == GOODPUT_METRIC else 1.0
+                scaled[scaled_name(m)] = float(measured.attrs.get(m) or 0.0) * factor
         row.attrs = {**measured.attrs, **scaled, "reference_trial": ref}
         row.objective = [scaled[scaled_name(m)] for m in self.metrics]
         for name, value in {**raw, **row.attrs}.items():

@@ -39,6 +39,10 @@ from optuna.trial import TrialState
 REFERENCE_ROLES = ("default", "reference")
 """Roles of the trials that measure the default config as a reference."""
 METRICS = ("steps_per_s", "steps_per_joule")
+GOODPUT_METRIC = "goodput_per_joule"
+"""A goodput study (``--objective goodput_per_joule``) maximises this: a trial's steps/J times
+the statistical efficiency of its batch at the gradient noise scale its learner measured
+(``policies.noise_scale``); reference runs scale it as they scale steps/J."""
 TARGET_METRIC = "target_per_mj"
 """A study to a target return (``--objective joules_to_target``) maximises this: 1e6 over the
 joules a trial took to reach the target, 0 for one that did not. It counts whole runs, start-up

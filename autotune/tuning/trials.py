@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 from autotune.tuning.counters import Counters
 from autotune.tuning.knobs import Knob
-from autotune.tuning.reference import TARGET_METRIC
+from autotune.tuning.reference import GOODPUT_METRIC, TARGET_METRIC
 from autotune.tuning.runner_job import config_changes, knob_values
 from autotune.tuning.windows import WindowRule, window_done
 from runtime.config import ConfigError, TrainConfig
@@ -239,6 +239,9 @@ class TrainTrials:
         }
         if "to_s" in rate:  # a measured run's window (test doubles may not say)
             attrs["window_s"] = rate["to_s"] - rate["from_s"]
+        efficiency = (result.get("noise_scale") or {}).get("efficiency")
+        attrs["efficiency"] = efficiency
+        attrs[GOODPUT_METRIC] = (rate["steps_per_joule"] or 0.0) * (efficiency or 0.0)
         return Measured(rate["steps_per_s"], rate["steps_per_joule"] or 0.0, attrs)
 
 

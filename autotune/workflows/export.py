@@ -30,7 +30,13 @@ from typing import Any
 import yaml
 from optuna.trial import TrialState
 
-from autotune.tuning.reference import TARGET_METRIC, reference_runs, scaled_name, score
+from autotune.tuning.reference import (
+    GOODPUT_METRIC,
+    TARGET_METRIC,
+    reference_runs,
+    scaled_name,
+    score,
+)
 from autotune.tuning.runner_job import config_changes
 from autotune.tuning.storage import config_key
 from runtime.config import TrainConfig
@@ -72,6 +78,8 @@ def _measured(trials: list[Any]) -> dict[str, Any]:
         "gpu_w": _stats(trials, "gpu_w")["median"],
         "cpu_w": _stats(trials, "cpu_w")["median"],
         "cpu_source": trials[0].user_attrs.get("cpu_source") if trials else None,
+        GOODPUT_METRIC: _stats(trials, GOODPUT_METRIC),
+        scaled_name(GOODPUT_METRIC): _stats(trials, scaled_name(GOODPUT_METRIC)),
         **_to_target(trials),
     }
 
@@ -203,14 +211,12 @@ def export_doc(
             "'autotune wrap' study: it holds no config to export"
         )
     to_target = meta["objective"] == "joules_to_target"
-    metric = pick or (
-        TARGET_METRIC
-        if to_target
-        else "steps_per_joule"
-        if meta["objective"] in ("both", "steps_per_joule")
-        else "steps_per_s"
+    own = {"joules_to_target": TARGET_METRIC, "goodput_per_joule": GOODPUT_METRIC}
+    metric = pick or own.get(
+        meta["objective"],
+        "steps_per_joule" if meta["objective"] in ("both", "steps_per_joule") else "steps_per_s",
     )
-    allowed = ("steps_per_joule", "steps_per_s", *((TARGET_METRIC,) if to_target else ()))
+    allowed = ("steps_per_joule", "steps_per_s", *own.values())
     if metric not in allowed:
         raise ExportError(f"pick={pick!r}: allowed {', '.join(allowed)}")
     trials, done, groups = by_config(study, lambda t: t.params, "autotune study")

@@ -112,3 +112,38 @@ def test_the_model_sampler_weighs_each_candidate_by_its_batchs_efficiency():
     assert factor == pytest.approx([NOISE / (NOISE + 256), NOISE / (NOISE + 4096)])
     empty = optuna.create_study(direction="maximize")
     assert list(goodput_factor(empty, [{"batch_size": 1024}], {})) == [1.0]  # nothing measured
+
+
+def test_an_offline_goodput_study_and_its_export_pick_the_smaller_batch(tmp_path):
+    """Offline, each trial's goodput is its steps/J times the efficiency of its batch at the
+    noise scale its learner reported: steps/J ranks the biggest batch first, goodput a
+    smaller one, and export recommends that one."""
+    from autotune.tuning.offline_study import OBJECTIVES, OfflineStudy, TrainTrials
+    from autotune.workflows.export import export_doc
+    from policies.noise_scale import efficiency
+    from runtime.config import TrainConfig
+
+    def run(cfg, warmup_s, meter=None):
+        spj = 100 * 1.15 ** math.log2(cfg.batch_size / 1024)
+        step = cfg.batch_size / MINIBATCHES
+        noise = {"samples": NOISE, "minibatch_samples": step, "efficiency": efficiency(NOISE, step)}
+        rate = {"steps_per_s": spj * 10, "steps_per_joule": spj, "gpu_w": 0.0, "cpu_w": 10.0}
+        return {"lost_steps": 0, "energy": {"cpu_source": "model"}, "noise_scale": noise}, rate
+
+    space = build_space(Machine(cores=2, gpus=0), ["batch_size=1024,4096,16384", "actors=1"])
+    base = TrainConfig(env="CartPole-v1", steps=10**12, max_wall_s=10)
+    trials = TrainTrials(space, base, warmup_s=1.0, run=run)
+    for objective, best_batch in (("steps_per_joule", 16384), ("goodput_per_joule", 1024)):
+        metrics = OBJECTIVES[objective]
+        study = open_study(f"sqlite:///{tmp_path}/{objective}.db", "g", seed=0, metrics=metrics)
+        meta = {"kind": "train", "objective": objective, "base": base.to_dict(), "default": {}}
+        study.set_user_attr("autotune", meta)
+        offline = OfflineStudy(study, trials, objective, profile=False)
+        for _ in range(6):
+            offline.step()
+        assert study.best_trial.params["batch_size"] == best_batch, objective
+        doc = export_doc(study)
+        assert doc["recommended"]["values"]["batch_size"] == best_batch
+        if objective == "goodput_per_joule":
+            rec = doc["evidence"]["recommended"]["goodput_per_joule"]["median"]
+            assert rec == pytest.approx(100 * efficiency(NOISE, 1024 / MINIBATCHES))

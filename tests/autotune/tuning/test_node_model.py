@@ -8,6 +8,7 @@ import dataclasses
 
 import numpy as np
 import pytest
+from conftest import mujoco_like_model
 
 from autotune.tuning.counters import Counters, measure
 from autotune.tuning.node_model import NodeModel, place
@@ -25,18 +26,7 @@ CFG = {
 
 
 def machine(cores: int = 16, nodes: tuple[NodeModel, ...] = ()) -> MachineModel:
-    return MachineModel(
-        cores=cores,
-        rollout_len=32,
-        t_env=60e-6,
-        f0=60e-6,
-        f1=2e-6,
-        learner={"cpu": (0.05, 1e-4), "cuda": (0.02, 2e-7)},
-        gpu_idle_w=76.0,
-        gpu_limit_w=700.0,
-        cpu_idle_w=60.0,
-        nodes=nodes,
-    )
+    return dataclasses.replace(mujoco_like_model(), cores=cores, nodes=nodes)
 
 
 def configs(*actors: int) -> dict[str, np.ndarray]:
