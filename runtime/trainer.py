@@ -321,7 +321,7 @@ class Trainer:
             self.batcher.reset()
             logger.warning("%s: the pipeline was restarted; credits granted again", self.name)
         if settings is not None:
-            self.batcher.batch_rows = max(1, settings["batch_size"] // self.cfg.rollout_len)
+            self.batcher.resize(settings["batch_size"] // self.cfg.rollout_len)
             self.learner.batch = self.batcher.batch_rows * self.cfg.rollout_len  # lr_scaling
             logger.info(
                 "%s: batches of %d steps (live epoch %d)",

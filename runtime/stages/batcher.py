@@ -204,12 +204,23 @@ class Batcher:
         discarded = int(got - fresh.sum())
         if discarded:
             batch = {k: v[fresh] for k, v in batch.items()}
-        while self.owed_credits and self.queued_rows < self.QUEUE_BATCHES * self.batch_rows:
-            self.owed_credits -= 1
-            self._grant += 1
+        self._repay()
         self.counters["batches"] += 1
         kept = got - discarded
         return Taken(batch, kept, kept * steps_per_row, discarded, discarded * steps_per_row)
+
+    def resize(self, batch_rows: int) -> None:
+        """A live change of the batch: a bigger one may need rows the credits held back for
+        the old one would bring (repaid now: else a queue short of the new batch, with every
+        credit held back, would wait for a ``take`` that never comes)."""
+        self.batch_rows = max(1, batch_rows)
+        self._repay()
+
+    def _repay(self) -> None:
+        """Grants again the credits held back while the queue is below its bound."""
+        while self.owed_credits and self.queued_rows < self.QUEUE_BATCHES * self.batch_rows:
+            self.owed_credits -= 1
+            self._grant += 1
 
     def credits_to_grant(self) -> int:
         """Chunk slots to announce to the migrator now (resets the count)."""

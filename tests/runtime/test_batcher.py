@@ -75,6 +75,25 @@ def test_credits_start_at_the_window_and_are_withheld_while_two_batches_wait():
     assert b.credits_to_grant() == 1  # paid after a batch was taken
 
 
+def test_a_bigger_batch_set_live_gets_the_credits_held_back_for_the_old_one():
+    """The queue held two old batches with every credit held back; the new batch is bigger
+    than the queue, so no batch can be taken to pay them: the resize grants them again."""
+    b = Batcher(batch_rows=2, window_chunks=2)
+    assert b.credits_to_grant() == 2
+    for chunk in range(2):
+        for m in chunk_messages(chunk, 2, 2 * chunk):
+            b.add(m)
+    assert b.credits_to_grant() == 1 and b.owed_credits == 1  # 4 rows: two batches wait
+    b.resize(8)
+    assert not b.ready() and b.credits_to_grant() == 1 and b.owed_credits == 0
+    for chunk in range(2, 4):  # the credits bring the rows the new batch needs
+        for m in chunk_messages(chunk, 2, 2 * chunk):
+            b.add(m)
+    assert b.ready() and b.take(0, 10).rows == 8
+    b.resize(1)  # smaller: nothing is owed or granted by the change itself
+    assert b.batch_rows == 1 and b.owed_credits == 0
+
+
 def test_conflicting_or_foreign_messages_are_protocol_errors():
     b = Batcher(batch_rows=2)
     msgs = chunk_messages(0, 2, 0)

@@ -72,7 +72,7 @@ def test_a_cartpole_study_to_a_return_ranks_by_joules_and_export_recommends_the_
     out = _cli(
         *("study", "--env", "CartPole-v1", "--storage", storage, *fixed),
         *("--knob", "batch_size=1024", "--no-profile", "--trials", "2", "--seed", "1"),
-        *("--objective", "joules_to_target", "--target-return", "150"),
+        *("--objective", "joules_to_target", "--target-return", "100"),
         *("--trial-s", "400", "--json", str(tmp_path / "s.json")),
     )
     assert out.returncode == 0, out.stderr[-3000:]
@@ -81,20 +81,20 @@ def test_a_cartpole_study_to_a_return_ranks_by_joules_and_export_recommends_the_
     assert len(rows) == 2 and {r["values"]["envs_per_actor"] for r in rows} == {16, 64}
     for r in rows:
         a = r["attrs"]
-        assert a["target_return"] == 150 and a["reached"], a  # CartPole gets to 150
+        assert a["target_return"] == 100 and a["reached"], a  # CartPole gets to 100
         assert a["joules_to_target"] > 0 and a["steps_to_target"] > 0
         assert a[TARGET_METRIC] == pytest.approx(1e6 / a["joules_to_target"])
-        assert "return 150 reached in" in out.stderr
+        assert "return 100 reached in" in out.stderr
     fewest = min(rows, key=lambda r: r["attrs"]["joules_to_target"])
     out = _cli(
         *("export", "--study", "study-CartPole-v1", "--storage", storage),
         *("--out", str(tmp_path / "e.json")),
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "J to return 150 (median of 1 trial(s), 1 reached it)" in out.stderr + out.stdout
+    assert "J to return 100 (median of 1 trial(s), 1 reached it)" in out.stderr + out.stdout
     exported = json.loads((tmp_path / "e.json").read_text())
     assert exported["picked_by"] == TARGET_METRIC
     assert exported["recommended"]["values"]["envs_per_actor"] == fewest["values"]["envs_per_actor"]
     rec = exported["evidence"]["recommended"]
     assert rec["joules_to_target"]["median"] == pytest.approx(fewest["attrs"]["joules_to_target"])
-    assert exported["recommended"]["config"]["target_return"] == 150
+    assert exported["recommended"]["config"]["target_return"] == 100
