@@ -24,7 +24,10 @@ throughput times this.
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # torch is the learner's: ``efficiency`` serves the CLI, which must not load it
+    import torch
 
 DECAY = 0.95
 """Weight of the past in each moving average (about 20 updates)."""
@@ -54,6 +57,8 @@ class NoiseScale:
 
     def add(self, grads: list[torch.Tensor], samples: float) -> None:
         """One minibatch's (already averaged) gradient, over ``samples`` samples."""
+        import torch
+
         flat = torch.cat([g.detach().reshape(-1).double() for g in grads])
         self._sum = flat.clone() if self._sum is None else self._sum.add_(flat)
         sq = flat.dot(flat)

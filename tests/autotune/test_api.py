@@ -85,6 +85,8 @@ def test_the_api_loads_lazily_and_names_what_it_has():
         assert "optuna" not in sys.modules and "torch" not in sys.modules
         from autotune import client
         assert "optuna" not in sys.modules
+        import autotune.cli.main  # every command's start: no torch until a run needs it
+        assert "torch" not in sys.modules
         print(autotune.train.__module__, autotune.TuneOptions.__name__)
         """
     )
