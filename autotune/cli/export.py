@@ -113,7 +113,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         )
         console.print("plots: " + ", ".join(str(p) for p in paths))
     ev, metric = doc["evidence"], doc["picked_by"]
-    if "joules_to_target" in ev["recommended"]:
+    if metric == "target_per_mj":
         console.print(target_line(doc))
         return 0
     rec, ratio = ev["recommended"][metric]["median"], ev[f"{metric}_vs_default"]

@@ -66,6 +66,11 @@ class NodeRates:
     def total(self) -> np.ndarray:
         return self.sample.sum(axis=1)
 
+    @property
+    def running(self) -> np.ndarray:
+        """Actors placed (those beyond the nodes' CPUs wait), per config."""
+        return self.placed.sum(axis=1)
+
 
 def place(actors: np.ndarray, cpus: np.ndarray) -> np.ndarray:
     """Actors per node (configs x nodes): the launcher's rule taken as continuous, i.e. the

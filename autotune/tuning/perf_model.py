@@ -223,11 +223,11 @@ def evaluate(m: MachineModel, p: Params, x: dict[str, np.ndarray]) -> Prediction
         nodes = node_rates(m.nodes, p.node_speed, a, e, rnd, head, rollouts, m.rollout_len)
         squeeze, _ = head(nodes.head_actors)
         sample = np.maximum(p.k_s * nodes.total * pipe, 1e-9)
-        here = nodes.head_actors
+        here, running = nodes.head_actors, nodes.running
     else:
         squeeze, busy_share = head(a)
         sample = p.k_s * a * e / actor_round(m, e, busy_share) * squeeze * pipe
-        here = a
+        here = running = a
     c0c, c1c = m.learner.get("cuda", (1.0, 1.0))
     c0p, c1p = m.learner.get("cpu", (1.0, 1.0))
     gpu_speed = np.minimum(1.0, share / (p.q * g)) * p.k_t.get("cuda", 1.0)
@@ -239,12 +239,11 @@ def evaluate(m: MachineModel, p: Params, x: dict[str, np.ndarray]) -> Prediction
     busy_actors = np.minimum(here, m.cores) * squeeze * rate / sample
     busy_train = tc * squeeze * rate / train
     busy = np.minimum(m.cores, busy_actors + busy_train + STAGE_CORES * squeeze)
-    in_flight = a * e * m.rollout_len + 2 * b
+    in_flight = running * e * m.rollout_len + 2 * b
     node_sample = None
     if nodes is not None:  # actors on other hosts: their cores and the steps on the wire
         used = rate / np.maximum(nodes.total, 1e-9)
-        busy = busy + (nodes.placed.sum(axis=1) - nodes.head_actors) * rate / sample
-        in_flight = nodes.placed.sum(axis=1) * e * m.rollout_len + 2 * b
+        busy = busy + (running - here) * rate / sample
         in_flight = in_flight + nodes.wire_steps * used
         node_sample = nodes.sample * used[:, None]
     cpu_w = (m.cpu_idle_w + m.w_core * busy) * p.k_cpu

@@ -220,6 +220,12 @@ def export_doc(
     if metric not in allowed:
         raise ExportError(f"pick={pick!r}: allowed {', '.join(allowed)}")
     trials, done, groups = by_config(study, lambda t: t.params, "autotune study")
+    if not any(score(t, metric) is not None for t in done):
+        raise ExportError(
+            f"pick={pick!r}: no trial of study {study.study_name!r} was measured by {metric} "
+            f"(its objective is {meta['objective']}); allowed steps_per_joule, steps_per_s, "
+            "or the figure its objective records"
+        )
 
     def median(ts: list[Any]) -> float:
         return statistics.median(score(t, metric) or 0.0 for t in ts)

@@ -103,6 +103,8 @@ def test_bad_exports_and_configs_say_what_is_wrong(study, tmp_path):
         export_doc(other)
     with pytest.raises(ExportError, match="pick='nope'"):
         export_doc(study, pick="nope")
+    with pytest.raises(ExportError, match=r"no trial of study .* was measured by target_per_mj"):
+        export_doc(study, pick="target_per_mj")  # not a study to a target return
     (tmp_path / "bad.json").write_text(json.dumps({"actors": 2, "actros": 3}))
     with pytest.raises(ConfigError, match="unknown field 'actros'; allowed: actor_nice, actors"):
         load_config(str(tmp_path / "bad.json"))
