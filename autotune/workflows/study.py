@@ -134,9 +134,10 @@ def _check_target(o: StudyOptions, script: bool) -> None:
             "until its 100-episode mean return reaches R (or --trial-s), and the study ranks "
             "configs by the joules that took"
         )
-    if o.target_return is not None and script:
+    if script and (o.target_return is not None or o.objective == "goodput_per_joule"):
         raise ValueError(
-            "--target-return: train trials only (a wrapped script's returns are its own)"
+            f"--objective {o.objective}: train trials only (a wrapped script's returns and "
+            "gradients are its own); allowed for a script: steps_per_joule, steps_per_s, both"
         )
     if o.target_return is not None and o.reference_every:
         raise ValueError(

@@ -35,6 +35,10 @@ def _cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
             ["--objective", "joules_to_target", "--target-return", "100", "--reference-every", "2"],
             "reference runs do not scale",
         ),
+        (
+            ["--objective", "goodput_per_joule", "--knob", "n=1,2", "--", "python", "x.py"],
+            "train trials only",
+        ),
     ],
 )
 def test_a_target_without_its_objective_or_with_references_is_refused(flags, says):
