@@ -40,8 +40,9 @@ class UpdateStats:
     """The learning rate of this update (after schedule and batch scaling)."""
     noise_scale: float | None = None
     """The gradient noise scale in samples, smoothed over updates (``policies.noise_scale``)."""
-    minibatch_samples: int = 0
-    """Samples in each optimiser step of this update (the batch its efficiency is of)."""
+    batch_samples: int = 0
+    """Samples in this update (over a trainer group): the step its efficiency is of
+    (``policies.noise_scale``)."""
 
 
 class APPOLearner:
@@ -79,6 +80,7 @@ class APPOLearner:
             "optimizer": self.optimizer.state_dict(),
             "version": self.version,
             "trained_steps": self.trained_steps,
+            "noise": self.noise.state(),
         }
 
     def load_state(self, state: Mapping[str, Any]) -> None:
@@ -87,6 +89,7 @@ class APPOLearner:
         self.optimizer.load_state_dict(state["optimizer"])  # moves its tensors to our device
         self.version = int(state["version"])
         self.trained_steps = int(state["trained_steps"])
+        self.noise.load_state(state.get("noise"))
 
     def current_lr(self) -> float:
         """The learning rate for the next update under the configured schedule."""
@@ -209,7 +212,7 @@ class APPOLearner:
             entropy=_mean(entropies),
             lr=lr,
             noise_scale=self.noise.value,
-            minibatch_samples=total_steps // max(cfg.minibatches, 1),
+            batch_samples=total_steps,
         )
 
 

@@ -256,9 +256,12 @@ def save(directory: str, state: dict[str, Any], cfg: TrainConfig, info: EnvInfo)
     os.replace(info_path + ".tmp", info_path)
 
 
-def save_returns(directory: str, returns: list[float], episodes: int) -> None:
+def save_returns(
+    directory: str, returns: list[float], episodes: int, totals: dict[str, float] | None = None
+) -> None:
     """Writes the return window and the episode count of all runs beside the saved learner
-    (nothing where no learner was saved)."""
+    (nothing where no learner was saved), and ``totals``, the seconds and joules of all runs
+    (``runtime.target.RunTotals``), where known."""
     try:
         doc = read_info(directory)
     except ConfigError:
@@ -272,10 +275,26 @@ def save_returns(directory: str, returns: list[float], episodes: int) -> None:
                 "trained_steps": int(doc["trained_steps"]),
                 "episodes": episodes,
                 "returns": [float(r) for r in returns],
+                "totals": totals,
             },
             f,
         )
     os.replace(path + ".tmp", path)
+
+
+def load_totals(directory: str, trained_steps: int) -> dict[str, float] | None:
+    """The seconds and joules of all runs up to the save of ``trained_steps`` steps (as
+    ``save_returns`` wrote them); None where they are not known (a run that was killed, or a
+    save from before they were kept)."""
+    try:
+        with open(os.path.join(directory, RETURNS_NAME)) as f:
+            doc = json.load(f)
+        totals = doc.get("totals")
+        if int(doc["trained_steps"]) != trained_steps or not isinstance(totals, dict):
+            return None
+        return {k: float(totals[k]) for k in ("seconds", "joules")}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
 
 
 def load_returns(directory: str, trained_steps: int) -> tuple[list[float], int]:

@@ -88,15 +88,15 @@ def lost_steps_by_incarnation(complete: dict[str, int], stepped: dict[str, int])
 
 def noise_doc(trainer: dict[str, Any]) -> dict[str, Any]:
     """The learner's gradient noise scale (``policies.noise_scale``) as the lead trainer last
-    reported it: samples, the samples of each optimiser step, and their statistical efficiency
-    (all None before the first estimate)."""
+    reported it: samples, the samples of each update (the batch), and the batch's statistical
+    efficiency (all None before the first estimate)."""
     from policies.noise_scale import efficiency
 
-    value, step = trainer.get("noise_scale"), trainer.get("minibatch_samples")
+    value, step = trainer.get("noise_scale"), trainer.get("batch_samples")
     ok = isinstance(value, int | float) and isinstance(step, int | float)
     return {
         "samples": value if ok else None,
-        "minibatch_samples": step if ok else None,
+        "batch_samples": step if ok else None,
         "efficiency": efficiency(value, step) if ok else None,
     }
 

@@ -27,13 +27,21 @@ class RunState:
     draining: bool
     noise_scale: float | None = None
     """The learner's gradient noise scale in samples (``policies.noise_scale``), or None."""
+    joules: float | None = None
+    """Joules so far, of the runs before this one too where a checkpoint saved theirs."""
 
     @classmethod
-    def of(cls, telemetry: Any, actors: Any, elapsed_s: float, draining: bool) -> RunState:
+    def of(
+        cls,
+        telemetry: Any,
+        actors: Any,
+        elapsed_s: float,
+        draining: bool,
+        joules: float | None = None,
+    ) -> RunState:
         """The figures of a run's ``RunTelemetry`` and ``ActorPool`` now."""
         lag_mean, lag_max = telemetry.policy_lag()
-        trainers = telemetry.trainer_sources()
-        noise = telemetry.source(trainers[0]).get("noise_scale") if trainers else None
+        noise = telemetry.lead_trainer().get("noise_scale")
         return cls(
             elapsed_s,
             telemetry.trained_steps,
@@ -45,4 +53,5 @@ class RunState:
             actors.restarts,
             draining,
             noise if isinstance(noise, int | float) else None,
+            joules,
         )

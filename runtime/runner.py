@@ -63,7 +63,7 @@ from runtime.results import Timeline, build_result, failed_result
 from runtime.run_state import RUN_WINDOW, RunState
 from runtime.services import RunError, Services
 from runtime.supervisor import Supervisor
-from runtime.target import TargetReturn
+from runtime.target import RunTotals, TargetReturn
 from runtime.telemetry import RunTelemetry
 
 __all__ = ["RUN_WINDOW", "RunError", "RunState", "Runner"]
@@ -129,10 +129,9 @@ class Runner:
         self.resumed_episodes = 0
         """Episodes of the runs before this one (the return window goes on from theirs)."""
         if self.resume is not None:
-            returns, self.resumed_episodes = checkpoint.load_returns(
-                str(cfg.checkpoint), self.resume.trained_steps
-            )
-            self.telemetry.returns.extend(returns)
+            saved = checkpoint.load_returns(str(cfg.checkpoint), self.resume.trained_steps)
+            self.telemetry.returns.extend(saved[0])
+            self.resumed_episodes = saved[1]
         self.actors = ActorPool(self.mp, info)
         self.supervisor = Supervisor(
             self.services,
@@ -148,7 +147,7 @@ class Runner:
         self.failure: str | None = None
         """Why the run stopped early (an actor slot given up, a non-finite value), or None."""
         self.cluster_energy: dict[str, Any] | None = None  # a cluster run's nodes
-        self.target = TargetReturn(cfg.target_return)
+        self.target = TargetReturn(cfg.target_return, RunTotals.of(cfg, self.resume))
         self.guard: Guard | NoGuard = NoGuard()
 
     # --- live changes -------------------------------------------------------------------------
@@ -272,7 +271,10 @@ class Runner:
                 self.telemetry.malformed.drop(exc)
 
     def state(self, started: float, draining: bool = False) -> RunState:
-        return RunState.of(self.telemetry, self.actors, time.monotonic() - started, draining)
+        joules = self.target.before.joules + self._joules()  # of every run (where known)
+        return RunState.of(
+            self.telemetry, self.actors, time.monotonic() - started, draining, joules
+        )
 
     # --- the run ---------------------------------------------------------------------------
 
@@ -313,9 +315,9 @@ class Runner:
                 self._drain(telemetry_sock, command_sock, started)
                 if self.cfg.checkpoint is not None:
                     episodes = self.resumed_episodes + self.telemetry.episodes
-                    checkpoint.save_returns(
-                        self.cfg.checkpoint, list(self.telemetry.returns), episodes
-                    )
+                    totals = self.target.before.through(time.monotonic() - started, self._joules())
+                    returns = list(self.telemetry.returns)
+                    checkpoint.save_returns(self.cfg.checkpoint, returns, episodes, totals)
             except BaseException as exc:
                 self._kill_all()
                 if isinstance(exc, RunError):  # what it had done goes with the error

@@ -1,11 +1,16 @@
 """``--target-return R``: a run that stops at the first 100-episode mean return of at least R,
-and what it took to get there (trained steps, seconds and joules, from the run's start).
+and what it took to get there (trained steps, seconds and joules, from the first run's start).
 
 The check runs every tick of the runner once the return window holds ``RETURN_WINDOW``
 episodes (a resumed run's window starts with its checkpoint's). When it is met, the figures
 are taken at that tick and the run drains as at its step target (what is in flight is still
 trained, and counted in the result's totals, not in the target's figures). A run that ends
 without reaching it says so, with the best 100-episode mean it had.
+
+A run that goes on from a checkpoint counts the runs before it too: their trained steps, and
+their seconds and joules where the last of them ended cleanly and saved them
+(``checkpoint.save_returns``). Where it did not (it was killed), the seconds and joules are this
+run's only, and the target section says so.
 """
 
 from __future__ import annotations
@@ -16,11 +21,39 @@ from typing import Any
 from runtime.telemetry import RETURN_WINDOW
 
 
+class RunTotals:
+    """Trained steps, seconds and joules of the runs before this one (0 without a checkpoint;
+    seconds and joules None where the earlier runs did not save them)."""
+
+    def __init__(self, steps: int = 0, before: dict[str, float] | None = None) -> None:
+        self.steps = steps
+        self.known = steps == 0 or before is not None
+        self.seconds = (before or {}).get("seconds", 0.0)
+        self.joules = (before or {}).get("joules", 0.0)
+
+    @classmethod
+    def of(cls, cfg: Any, resume: Any) -> RunTotals:
+        """The totals saved with the checkpoint ``resume`` (``checkpoint.check``) goes on from."""
+        if resume is None:
+            return cls()
+        from runtime import checkpoint
+
+        return cls(
+            resume.trained_steps, checkpoint.load_totals(cfg.checkpoint, resume.trained_steps)
+        )
+
+    def through(self, seconds: float, joules: float) -> dict[str, float]:
+        """All runs' seconds and joules, this one's so far added (to save with the checkpoint);
+        where the earlier runs' are not known, this run's alone count from 0 again."""
+        return {"seconds": self.seconds + seconds, "joules": self.joules + joules}
+
+
 class TargetReturn:
     """Watches a run's return window for ``target`` (None: no target, never met)."""
 
-    def __init__(self, target: float | None) -> None:
+    def __init__(self, target: float | None, before: RunTotals | None = None) -> None:
         self.target = target
+        self.before = before or RunTotals()
         self.reached: dict[str, float] | None = None
         self.best: float | None = None
 
@@ -33,9 +66,8 @@ class TargetReturn:
             self.best = mean if self.best is None else max(self.best, mean)
         if self.reached is None and mean is not None and mean >= self.target:
             self.reached = {
-                "steps": telemetry.trained_steps,
-                "seconds": elapsed_s,
-                "joules": float(joules()),
+                "steps": self.before.steps + telemetry.trained_steps,
+                **self.before.through(elapsed_s, float(joules())),
                 "return_then": mean,
             }
         return self.reached is not None
@@ -44,6 +76,19 @@ class TargetReturn:
         """The result's ``target`` section (None without a target)."""
         if self.target is None:
             return None
+        out: dict[str, Any] = {"return": self.target}
         if self.reached is None:
-            return {"return": self.target, "reached": False, "best_return": self.best}
-        return {"return": self.target, "reached": True, **self.reached, "best_return": self.best}
+            out.update(reached=False, best_return=self.best)
+        else:
+            out.update(reached=True, **self.reached, best_return=self.best)
+        if self.before.steps:
+            out["earlier_runs"] = {
+                "steps": self.before.steps,
+                "seconds": self.before.seconds if self.before.known else None,
+                "joules": self.before.joules if self.before.known else None,
+                "note": "counted in the figures above"
+                if self.before.known
+                else "their seconds and joules were not saved (a run killed): the figures "
+                "above count their steps, and this run's seconds and joules only",
+            }
+        return out

@@ -75,8 +75,9 @@ class RunTelemetry:
         self.latest[source] = counters
         self.seen[source] = time.monotonic()
         if episodes or source.startswith("trainer-"):
-            lead = next((c for s, c in self.latest.items() if s.startswith("trainer-")), {})
-            self.divergence.check(self.episodes, self.return_mean, lead.get("entropy"))
+            self.divergence.check(
+                self.episodes, self.return_mean, self.lead_trainer().get("entropy")
+            )
 
     def _check_sender(self, source: str, msg: wire.Message) -> None:
         """Refuses a report not signed with the run's key, one from a sender other than the
@@ -162,6 +163,14 @@ class RunTelemetry:
 
     def trainer_sources(self) -> list[str]:
         return [s for s in self.latest if s.startswith("trainer-")]
+
+    def lead_trainer(self) -> dict[str, Any]:
+        """The newest counters of the trainer that reported last (empty before any): after a
+        hand-over the retired GMI's last report stays in ``latest``, the new one's is newer."""
+        trainers = self.trainer_sources()
+        if not trainers:
+            return {}
+        return self.latest[max(trainers, key=lambda s: self.seen.get(s, float("-inf")))]
 
     def sum_over(self, sources: list[str], key: str) -> int:
         """Sum of one integer counter over sources (a non-number counts as 0)."""

@@ -174,7 +174,7 @@ def summary_table(result: dict[str, Any]) -> Table:
         rows.append(
             (
                 "gradient noise scale",
-                f"{noise['samples']:,.0f} samples; steps of {noise['minibatch_samples']:,} keep "
+                f"{noise['samples']:,.0f} samples; batches of {noise['batch_samples']:,} keep "
                 f"{noise['efficiency']:.0%} of each sample's worth",
             )
         )

@@ -328,7 +328,13 @@ def cmd_train(args: argparse.Namespace) -> int:
         display.update(state)
         if curve is not None:
             steps, ret = done + state.trained_steps, state.return_mean
-            curve.write(steps, ret, episodes + state.episodes, noise_scale=state.noise_scale)
+            curve.write(
+                steps,
+                ret,
+                episodes + state.episodes,
+                noise_scale=state.noise_scale,
+                joules=state.joules,
+            )
 
     runner.on_progress = show
     tuning = None
@@ -375,6 +381,9 @@ def cmd_train(args: argparse.Namespace) -> int:
                     episodes + result["episodes"],
                     force=True,
                     noise_scale=result["noise_scale"]["samples"],
+                    joules=runner.target.before.joules
+                    + result["energy"]["gpu_j"]
+                    + result["energy"]["cpu_j"],
                 )
             curve.close()
     if sizing is not None:

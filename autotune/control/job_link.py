@@ -130,8 +130,7 @@ class DaemonLink:
 
     def _noise_scale(self) -> float | None:
         tel = getattr(self.runner, "telemetry", None)
-        trainers = tel.trainer_sources() if tel is not None else []
-        value = tel.source(trainers[0]).get("noise_scale") if trainers else None
+        value = tel.lead_trainer().get("noise_scale") if tel is not None else None
         return float(value) if isinstance(value, int | float) else None
 
     def _nodes(self) -> list[dict[str, Any]] | None:

@@ -60,7 +60,8 @@ class Counters:
     noise_scale: float | None = None
     """The learner's gradient noise scale, in samples (None: not reported)."""
     step_samples: float | None = None
-    """Samples in each optimiser step of the job's current config (None: not reported)."""
+    """Samples in each learner update (the batch) of the job's current config, the step its
+    statistical efficiency is of (``policies.noise_scale``; None: not reported)."""
     remaining_s: float | None = None
     """Seconds the job has left: its wall limit, or its step target at the rate so far,
     whichever comes first (None when neither bounds it, or the job does not say); near the

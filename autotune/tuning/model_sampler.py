@@ -306,19 +306,17 @@ def goodput_factor(
     study: optuna.Study, cands: list[dict[str, Any]], defaults: dict[str, Any]
 ) -> np.ndarray:
     """Each candidate's statistical efficiency (``policies.noise_scale.efficiency``) at the
-    newest measured noise scale, for its batch size: the size of an optimiser step is the batch
-    over the run's minibatches, which the newest window's step size and batch size give. Ones
-    where nothing says (no noise scale measured yet): every candidate alike."""
+    newest measured noise scale, for its batch size (a learner update is the step the noise
+    scale is weighed against). Ones where nothing says (no noise scale measured yet): every
+    candidate alike."""
     from policies.noise_scale import efficiency
 
     trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     for t in reversed(trials):
-        a = t.user_attrs
-        noise, eff = a.get("noise_scale"), a.get("efficiency")
+        noise = t.user_attrs.get("noise_scale")
         batch = {**defaults, **t.params}.get("batch_size")
-        if noise and eff and 0 < eff < 1 and batch:
-            per_batch = noise * (1 - eff) / eff / batch  # step samples per batch sample
-            sizes = [{**defaults, **c}.get("batch_size", batch) * per_batch for c in cands]
+        if noise and noise > 0 and batch:
+            sizes = [{**defaults, **c}.get("batch_size", batch) for c in cands]
             return np.array([efficiency(noise, size) or 0.0 for size in sizes])
     return np.ones(len(cands))
 

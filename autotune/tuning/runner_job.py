@@ -71,7 +71,7 @@ def read_counters(runner: TunableRunner) -> Counters:
         energy.cpu_source,
         tel.return_mean,
         noise_scale=_noise_scale(tel),
-        step_samples=runner.cfg.batch_size / runner.cfg.learner.minibatches,
+        step_samples=float(runner.cfg.batch_size),
         remaining_s=remaining_s(runner.cfg, energy.elapsed_s, steps),
         node_steps=_node_steps(runner),
     )
@@ -85,8 +85,7 @@ def _node_steps(runner: Any) -> dict[str, int] | None:
 
 def _noise_scale(tel: Any) -> float | None:
     """The lead trainer's last reported gradient noise scale (``policies.noise_scale``)."""
-    trainers = tel.trainer_sources()
-    value = tel.source(trainers[0]).get("noise_scale") if trainers else None
+    value = tel.lead_trainer().get("noise_scale")
     return float(value) if isinstance(value, int | float) else None
 
 

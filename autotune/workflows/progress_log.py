@@ -3,11 +3,14 @@
 ``autotune train --progress FILE`` writes one, and so do the benchmark peers in ``bench/peers``,
 so every run can be put on one time axis and one step axis. Each line is an object:
 
-    {"t": 1763769600.12, "steps": 81920, "return": 512.3, "episodes": 140}
+    {"t": 1763769600.12, "steps": 81920, "return": 512.3, "episodes": 140, "joules": 5210.4}
 
 ``t`` is Unix time, ``steps`` the trained env steps so far (steps the learner has consumed),
 ``return`` the mean undiscounted return of the last 100 finished episodes (``null`` before the
 first) and ``episodes`` the episodes finished so far (``null`` where a peer does not count them).
+``autotune train`` adds ``joules``, the run's energy so far (of the runs before it too, where it
+went on from a checkpoint that saved theirs), and ``noise_scale``, the learner's gradient noise
+scale, where known.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ class ProgressLog:
         episodes: int | None = None,
         force: bool = False,
         noise_scale: float | None = None,
+        joules: float | None = None,
     ) -> bool:
         """Adds a line unless one was written less than ``every_s`` ago (or nothing changed
         since the last line); returns whether it did. ``noise_scale`` (the learner's gradient
@@ -64,6 +68,8 @@ class ProgressLog:
         line = {"t": now, "steps": int(steps), "return": ret, "episodes": episodes}
         if noise_scale is not None and math.isfinite(noise_scale):
             line["noise_scale"] = float(noise_scale)
+        if joules is not None and math.isfinite(joules):
+            line["joules"] = round(float(joules), 1)
         self._f.write(json.dumps(line) + "\n")
         self._last_t, self._last_steps = now, int(steps)
         return True

@@ -60,8 +60,17 @@ def test_the_learner_reports_a_noise_scale_and_its_step_size():
     }
     for _ in range(3):
         stats = learner.update(batch)
-    assert stats.minibatch_samples == n * t // 4
-    # each update fed the estimator its first epoch's 4 minibatch gradients: both terms are
-    # estimated (on random data |G|^2 may come out at or below 0, and then there is no ratio)
+    assert stats.batch_samples == n * t
+    # each update fed the estimator its first epoch's 4 minibatch gradients, in 2 pairs: both
+    # terms are estimated (on random data |G|^2 may come out at or below 0: then no ratio)
     assert learner.noise.g2 is not None and learner.noise.s is not None
     assert stats.noise_scale == learner.noise.value
+    # a learner that takes over (a GMI hand-over, a checkpoint) goes on from the estimate
+    other = APPOLearner(
+        ActorCritic(dim, 2, True, "auto:32:auto"), learner.config, torch.device("cpu")
+    )
+    other.load_state(learner.state())
+    assert (other.noise.g2, other.noise.s) == (learner.noise.g2, learner.noise.s)
+    older = {k: v for k, v in learner.state().items() if k != "noise"}  # saved before it had one
+    other.load_state(older)
+    assert other.noise.value is None

@@ -54,6 +54,11 @@ def test_a_second_run_goes_on_from_the_first_and_loses_nothing(tmp_path):
     assert kept["trained_steps"] == saved["trained_steps"] and kept["episodes"] == first["episodes"]
     assert len(kept["returns"]) == min(100, first["episodes"]) > 0
     assert sum(kept["returns"]) / len(kept["returns"]) == pytest.approx(first["return_mean"])
+    # the run's seconds and joules, for the target figures and progress of the runs after it
+    first_j = first["energy"]["gpu_j"] + first["energy"]["cpu_j"]
+    assert 0 < kept["totals"]["joules"] <= first_j + 1e-6
+    assert 0 < kept["totals"]["seconds"] <= first["wall_s"]
+    assert set(state["noise"]) == {"g2", "s"}  # the noise scale's averages go on too
 
     second_cfg = cfg_for(ck, steps=saved["trained_steps"] + 4096)
     ticks = []
@@ -62,7 +67,11 @@ def test_a_second_run_goes_on_from_the_first_and_loses_nothing(tmp_path):
     # the return window goes on from the first run's episodes
     assert list(runner.telemetry.returns) == kept["returns"]
     assert runner.resumed_episodes == first["episodes"]
+    assert runner.target.before.joules == kept["totals"]["joules"]
     second = runner.run()
+    # progress counts the joules of both runs
+    assert all(t.joules >= kept["totals"]["joules"] for t in ticks)
+    assert ticks[-1].joules > kept["totals"]["joules"]
     assert second["sampled_steps"] == (
         second["env_steps"] + second["discarded_steps"] + second["lost_steps"]
     )
@@ -212,3 +221,30 @@ def test_a_killed_run_keeps_what_it_trained_by_its_last_periodic_save(tmp_path):
     assert again.returncode == 0, again.stderr[-2000:]
     resumed = json.loads(out.read_text())["checkpoint"]["resumed_from_steps"]
     assert resumed == state["trained_steps"]
+
+
+def test_totals_go_on_only_from_the_save_they_belong_to(tmp_path):
+    """Seconds and joules of earlier runs are taken from the save of the steps resumed from;
+    a run killed before saving them leaves the target section saying so."""
+    from types import SimpleNamespace
+
+    from runtime.target import RunTotals, TargetReturn
+
+    ck = tmp_path / "ck"
+    cfg = cfg_for(ck)
+    checkpoint.save(str(ck), state_of(100, 1), cfg, cfg.validate())
+    checkpoint.save_returns(str(ck), [1.0], 1, {"seconds": 30.0, "joules": 500.0})
+    assert checkpoint.load_totals(str(ck), 100) == {"seconds": 30.0, "joules": 500.0}
+    assert checkpoint.load_totals(str(ck), 200) is None  # another save's
+    before = RunTotals.of(cfg, SimpleNamespace(trained_steps=100))
+    target = TargetReturn(10.0, before)
+    tel = SimpleNamespace(returns=[20.0] * 100, return_mean=20.0, trained_steps=50)
+    assert target.check(tel, 5.0, lambda: 40.0)
+    doc = target.doc()
+    assert (doc["steps"], doc["seconds"], doc["joules"]) == (150, 35.0, 540.0)
+    assert doc["earlier_runs"]["joules"] == 500.0
+    unknown = TargetReturn(10.0, RunTotals.of(cfg, SimpleNamespace(trained_steps=200)))
+    assert unknown.check(tel, 5.0, lambda: 40.0)
+    doc = unknown.doc()
+    assert (doc["steps"], doc["seconds"], doc["joules"]) == (250, 5.0, 40.0)
+    assert doc["earlier_runs"]["joules"] is None and "not saved" in doc["earlier_runs"]["note"]

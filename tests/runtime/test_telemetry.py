@@ -71,3 +71,14 @@ def test_without_a_key_reports_are_taken_unchecked():
     tel = RunTelemetry()
     tel.handle(wire.Message(wire.MsgType.STATS, {"src": "actor-0.0", "c": {"stepped": 5}}))
     assert tel.latest["actor-0.0"] == {"stepped": 5}
+
+
+def test_the_lead_trainer_is_the_one_that_reported_last():
+    """After a GMI hand-over the retired trainer's last counters stay; figures such as the
+    noise scale are read from the new one."""
+    tel = RunTelemetry()
+    assert tel.lead_trainer() == {}
+    for src, noise in (("trainer-0.g0", 100.0), ("trainer-0.g1", 900.0)):
+        tel.handle(wire.Message(wire.MsgType.STATS, {"src": src, "c": {"noise_scale": noise}}))
+    assert tel.lead_trainer() == {"noise_scale": 900.0}
+    assert tel.trainer_sources() == ["trainer-0.g0", "trainer-0.g1"]

@@ -1,7 +1,7 @@
 """The goodput objective (``--objective goodput_per_joule``): steps per joule times the
-statistical efficiency of the window's optimiser steps at the learner's noise scale. On a job
-whose steps per joule grow with the batch but whose noise scale is small, it picks a smaller
-batch than steps per joule does."""
+statistical efficiency of the window's batch (a learner update) at the learner's noise scale.
+On a job whose steps per joule grow with the batch but whose noise scale is small, it picks a
+smaller batch than steps per joule does."""
 
 from __future__ import annotations
 
@@ -17,12 +17,11 @@ from autotune.tuning.settings import objective_value
 from autotune.tuning.storage import open_study
 
 NOISE = 2048.0
-MINIBATCHES = 4
 
 
 class BatchWorld:
     """Steps per joule rise 15 % per doubling of the batch (1024: 100, 16384: 160; 2 % noise);
-    the learner's noise scale is ``NOISE`` samples and each step is a quarter of the batch."""
+    the learner's noise scale is ``NOISE`` samples, each update one batch."""
 
     def __init__(self, seed: int) -> None:
         self.t = self.last = self.steps = self.joules = 0.0
@@ -49,7 +48,7 @@ class BatchWorld:
             0.0,
             self.joules,
             noise_scale=NOISE,
-            step_samples=b / MINIBATCHES,
+            step_samples=float(b),
         )
 
 
@@ -105,11 +104,11 @@ def test_the_model_sampler_weighs_each_candidate_by_its_batchs_efficiency():
             params={"batch_size": 2048},
             distributions=dist,
             value=1.0,
-            user_attrs={"noise_scale": NOISE, "efficiency": 0.8},  # steps of 512 = 2048 / 4
+            user_attrs={"noise_scale": NOISE, "efficiency": 0.5},  # an update of 2048
         )
     )
     factor = goodput_factor(study, [{"batch_size": 1024}, {"batch_size": 16384}], {})
-    assert factor == pytest.approx([NOISE / (NOISE + 256), NOISE / (NOISE + 4096)])
+    assert factor == pytest.approx([NOISE / (NOISE + 1024), NOISE / (NOISE + 16384)])
     empty = optuna.create_study(direction="maximize")
     assert list(goodput_factor(empty, [{"batch_size": 1024}], {})) == [1.0]  # nothing measured
 
@@ -125,8 +124,8 @@ def test_an_offline_goodput_study_and_its_export_pick_the_smaller_batch(tmp_path
 
     def run(cfg, warmup_s, meter=None):
         spj = 100 * 1.15 ** math.log2(cfg.batch_size / 1024)
-        step = cfg.batch_size / MINIBATCHES
-        noise = {"samples": NOISE, "minibatch_samples": step, "efficiency": efficiency(NOISE, step)}
+        step = cfg.batch_size
+        noise = {"samples": NOISE, "batch_samples": step, "efficiency": efficiency(NOISE, step)}
         rate = {"steps_per_s": spj * 10, "steps_per_joule": spj, "gpu_w": 0.0, "cpu_w": 10.0}
         return {"lost_steps": 0, "energy": {"cpu_source": "model"}, "noise_scale": noise}, rate
 
@@ -146,4 +145,4 @@ def test_an_offline_goodput_study_and_its_export_pick_the_smaller_batch(tmp_path
         assert doc["recommended"]["values"]["batch_size"] == best_batch
         if objective == "goodput_per_joule":
             rec = doc["evidence"]["recommended"]["goodput_per_joule"]["median"]
-            assert rec == pytest.approx(100 * efficiency(NOISE, 1024 / MINIBATCHES))
+            assert rec == pytest.approx(100 * efficiency(NOISE, 1024))
