@@ -12,6 +12,7 @@ from pathlib import Path
 from statistics import mean
 
 from bench.figure_goals import goals
+from bench.figure_goodput import goodput
 from bench.figure_kit import (
     H100,
     H200,
@@ -351,6 +352,7 @@ FIGURES: dict[str, Callable[[Path], Path]] = {
     "cuda-context": cuda_context,
     "wrap": wrap,
     "goals": goals,
+    "goodput": goodput,
 }
 
 

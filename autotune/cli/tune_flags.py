@@ -53,7 +53,7 @@ def add_tune_args(parser: argparse.ArgumentParser) -> None:
         choices=list(OBJECTIVES),
         default="steps_per_joule",
         help="what to maximise: steps_per_joule, steps_per_s, weighted, or goodput_per_joule "
-        "(steps per joule times the statistical efficiency of the config's optimiser steps at "
+        "(steps per joule times the statistical efficiency of the config's batch at "
         "the learner's gradient noise scale, which favours smaller batches when the noise "
         "scale is small) (default steps_per_joule)",
     )

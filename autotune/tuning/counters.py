@@ -29,7 +29,7 @@ class Measurement:
     """The learner's gradient noise scale in samples at the window's end (``policies.
     noise_scale``; None where the job does not report one)."""
     efficiency: float | None = None
-    """The statistical efficiency of the window's optimiser steps at that noise scale."""
+    """The statistical efficiency of the window's batch (a learner update) at that noise scale."""
     node_rates: dict[str, float] | None = None
     """On a Ray cluster: steps/s sampled by the actors on each node, by node (short id)."""
 

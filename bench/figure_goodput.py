@@ -1,0 +1,49 @@
+"""The goodput figure of ``python -m bench figures``: mean return against the joules spent, for
+runs tuned by steps per joule and by goodput per joule to a target return.
+
+It reads the progress files (``autotune train --progress``, whose lines carry the joules of the
+run and of the runs its checkpoint went on from) and the result documents stored under
+``goodput/ant-h200/``; nothing is typed in here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from autotune.workflows.progress_log import read_progress
+from bench.figure_kit import SIZE, _load, _plt, _save, _title
+
+ARMS = {
+    "steps-per-joule": ("tuned by steps/J", "tab:blue"),
+    "goodput": ("tuned by goodput/J", "tab:green"),
+}
+
+
+def goodput(results: Path) -> Path:
+    src = results / "goodput" / "ant-h200"
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=SIZE)
+    for arm, (label, colour) in ARMS.items():
+        for path in sorted(src.glob(f"{arm}-seed*.progress.jsonl")):
+            seed = path.name.split("seed")[1].split(".")[0]
+            rows = [
+                r for r in read_progress(path) if r.get("joules") and r.get("return") is not None
+            ]
+            ax.plot(
+                [r["joules"] / 1000 for r in rows],
+                [r["return"] for r in rows],
+                color=colour,
+                label=f"{label}, seed {seed}",
+            )
+            parts = sorted(src.glob(f"{arm}-seed{seed}*.json"))
+            target = _load(parts[-1])["target"]
+            if target and target["reached"]:
+                ax.axvline(target["joules"] / 1000, color=colour, ls=":", lw=1)
+    ax.axhline(1000, color="gray", lw=0.8)
+    ax.set_xlabel("joules spent, start-up included (kJ)")
+    ax.set_ylabel("mean return, last 100 episodes")
+    ax.legend(loc="upper left")
+    _title(
+        ax, "Ant-v5 to a return of 1,000: tuned by steps/J and by goodput/J (H200, 16-core host)"
+    )
+    return _save(fig, src / "return-vs-joules.png")
