@@ -126,8 +126,7 @@ class Runner:
         self.timeline = Timeline()
         self.meter = meter
         self.telemetry = RunTelemetry(act_dim=None if info.discrete else info.act_dim)
-        self.resumed_episodes = 0
-        """Episodes of the runs before this one (the return window goes on from theirs)."""
+        self.resumed_episodes = 0  # of the runs before (the return window goes on from theirs)
         if self.resume is not None:
             saved = checkpoint.load_returns(str(cfg.checkpoint), self.resume.trained_steps)
             self.telemetry.returns.extend(saved[0])
@@ -271,10 +270,8 @@ class Runner:
                 self.telemetry.malformed.drop(exc)
 
     def state(self, started: float, draining: bool = False) -> RunState:
-        joules = self.target.before.joules + self._joules()  # of every run (where known)
-        return RunState.of(
-            self.telemetry, self.actors, time.monotonic() - started, draining, joules
-        )
+        elapsed, joules = time.monotonic() - started, self.target.before.joules + self._joules()
+        return RunState.of(self.telemetry, self.actors, elapsed, draining, joules)
 
     # --- the run ---------------------------------------------------------------------------
 

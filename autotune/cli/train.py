@@ -327,14 +327,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     def show(state) -> None:
         display.update(state)
         if curve is not None:
-            steps, ret = done + state.trained_steps, state.return_mean
-            curve.write(
-                steps,
-                ret,
-                episodes + state.episodes,
-                noise_scale=state.noise_scale,
-                joules=state.joules,
-            )
+            steps, ret, n = done + state.trained_steps, state.return_mean, episodes + state.episodes
+            curve.write(steps, ret, n, noise_scale=state.noise_scale, joules=state.joules)
 
     runner.on_progress = show
     tuning = None
@@ -375,15 +369,14 @@ def cmd_train(args: argparse.Namespace) -> int:
         doc = tuning.finish() if tuning is not None else None
         if curve is not None:
             if result is not None:  # the final count, after the drain
+                spent = result["energy"]["gpu_j"] + result["energy"]["cpu_j"]
                 curve.write(
                     done + result["env_steps"],
                     result["return_mean"],
                     episodes + result["episodes"],
                     force=True,
                     noise_scale=result["noise_scale"]["samples"],
-                    joules=runner.target.before.joules
-                    + result["energy"]["gpu_j"]
-                    + result["energy"]["cpu_j"],
+                    joules=runner.target.before.joules + spent,
                 )
             curve.close()
     if sizing is not None:
