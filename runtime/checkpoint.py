@@ -282,30 +282,35 @@ def save_returns(
     os.replace(path + ".tmp", path)
 
 
+def _saved_returns(directory: str, trained_steps: int) -> dict[str, Any] | None:
+    """``returns.json`` of ``directory`` where it belongs to the save of ``trained_steps``."""
+    try:
+        with open(os.path.join(directory, RETURNS_NAME)) as f:
+            doc = json.load(f)
+        return doc if isinstance(doc, dict) and int(doc["trained_steps"]) == trained_steps else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def load_totals(directory: str, trained_steps: int) -> dict[str, float] | None:
     """The seconds and joules of all runs up to the save of ``trained_steps`` steps (as
     ``save_returns`` wrote them); None where they are not known (a run that was killed, or a
     save from before they were kept)."""
+    totals = (_saved_returns(directory, trained_steps) or {}).get("totals")
     try:
-        with open(os.path.join(directory, RETURNS_NAME)) as f:
-            doc = json.load(f)
-        totals = doc.get("totals")
-        if int(doc["trained_steps"]) != trained_steps or not isinstance(totals, dict):
-            return None
         return {k: float(totals[k]) for k in ("seconds", "joules")}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except (KeyError, TypeError, ValueError):
         return None
 
 
 def load_returns(directory: str, trained_steps: int) -> tuple[list[float], int]:
     """The return window and episode count saved with the learner of ``trained_steps`` steps;
     ``([], 0)`` where there are none or they belong to another save."""
+    doc = _saved_returns(directory, trained_steps)
     try:
-        with open(os.path.join(directory, RETURNS_NAME)) as f:
-            doc = json.load(f)
-        if int(doc["trained_steps"]) == trained_steps:
+        if doc is not None:
             return [float(r) for r in doc["returns"]], int(doc["episodes"])
-    except (OSError, ValueError, KeyError, TypeError):
+    except (KeyError, TypeError, ValueError):
         pass
     logger.info(
         "checkpoint %s: no episode returns of this save; the return window starts empty", directory

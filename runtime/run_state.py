@@ -27,18 +27,9 @@ class RunState:
     draining: bool
     noise_scale: float | None = None
     """The learner's gradient noise scale in samples (``policies.noise_scale``), or None."""
-    joules: float | None = None
-    """Joules so far, of the runs before this one too where a checkpoint saved theirs."""
 
     @classmethod
-    def of(
-        cls,
-        telemetry: Any,
-        actors: Any,
-        elapsed_s: float,
-        draining: bool,
-        joules: float | None = None,
-    ) -> RunState:
+    def of(cls, telemetry: Any, actors: Any, elapsed_s: float, draining: bool) -> RunState:
         """The figures of a run's ``RunTelemetry`` and ``ActorPool`` now."""
         lag_mean, lag_max = telemetry.policy_lag()
         noise = telemetry.lead_trainer().get("noise_scale")
@@ -53,5 +44,4 @@ class RunState:
             actors.restarts,
             draining,
             noise if isinstance(noise, int | float) else None,
-            joules,
         )

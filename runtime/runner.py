@@ -141,8 +141,7 @@ class Runner:
             self.resume.state_file if self.resume is not None else None,
         )
         self.inference_place: Any = None  # where the inference GMI runs, else None
-        self.stop_requested = False
-        self.interrupted = False
+        self.stop_requested = self.interrupted = False
         self.failure: str | None = None
         """Why the run stopped early (an actor slot given up, a non-finite value), or None."""
         self.cluster_energy: dict[str, Any] | None = None  # a cluster run's nodes
@@ -270,8 +269,7 @@ class Runner:
                 self.telemetry.malformed.drop(exc)
 
     def state(self, started: float, draining: bool = False) -> RunState:
-        elapsed, joules = time.monotonic() - started, self.target.before.joules + self._joules()
-        return RunState.of(self.telemetry, self.actors, elapsed, draining, joules)
+        return RunState.of(self.telemetry, self.actors, time.monotonic() - started, draining)
 
     # --- the run ---------------------------------------------------------------------------
 
@@ -376,6 +374,9 @@ class Runner:
 
     def _joules(self) -> float:
         return self.meter.peek_window(RUN_WINDOW).total_j
+
+    def joules_so_far(self) -> float:  # with the runs' before it where a checkpoint saved theirs
+        return self.target.before.joules + self._joules()
 
     def _sample_timeline(self, started: float, force: bool = False) -> None:
         self.timeline.sample(

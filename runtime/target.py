@@ -42,9 +42,11 @@ class RunTotals:
             resume.trained_steps, checkpoint.load_totals(cfg.checkpoint, resume.trained_steps)
         )
 
-    def through(self, seconds: float, joules: float) -> dict[str, float]:
+    def through(self, seconds: float, joules: float) -> dict[str, float] | None:
         """All runs' seconds and joules, this one's so far added (to save with the checkpoint);
-        where the earlier runs' are not known, this run's alone count from 0 again."""
+        None where the earlier runs' are not known (the runs after stay unknown too)."""
+        if not self.known:
+            return None
         return {"seconds": self.seconds + seconds, "joules": self.joules + joules}
 
 
@@ -65,9 +67,11 @@ class TargetReturn:
         if mean is not None and math.isfinite(mean):
             self.best = mean if self.best is None else max(self.best, mean)
         if self.reached is None and mean is not None and mean >= self.target:
+            spent = float(joules())
             self.reached = {
                 "steps": self.before.steps + telemetry.trained_steps,
-                **self.before.through(elapsed_s, float(joules())),
+                "seconds": self.before.seconds + elapsed_s,
+                "joules": self.before.joules + spent,
                 "return_then": mean,
             }
         return self.reached is not None

@@ -326,9 +326,10 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     def show(state) -> None:
         display.update(state)
-        if curve is not None:
-            steps, ret, n = done + state.trained_steps, state.return_mean, episodes + state.episodes
-            curve.write(steps, ret, n, noise_scale=state.noise_scale, joules=state.joules)
+        steps, ret, n = done + state.trained_steps, state.return_mean, episodes + state.episodes
+        if curve is not None and curve.due(steps):  # the meter is read only for a line
+            joules = runner.joules_so_far()
+            curve.write(steps, ret, n, noise_scale=state.noise_scale, joules=joules)
 
     runner.on_progress = show
     tuning = None

@@ -45,6 +45,11 @@ class ProgressLog:
         self._last_t = -math.inf
         self._last_steps = -1
 
+    def due(self, steps: int) -> bool:
+        """Whether ``write`` would add a line now (so figures costly to read are read only
+        then)."""
+        return time.time() - self._last_t >= self.every_s and steps != self._last_steps
+
     def write(
         self,
         steps: int,
@@ -58,7 +63,7 @@ class ProgressLog:
         since the last line); returns whether it did. ``noise_scale`` (the learner's gradient
         noise scale, in samples) is written where given."""
         now = time.time()
-        if not force and (now - self._last_t < self.every_s or steps == self._last_steps):
+        if not force and not self.due(steps):
             return False
         ret = (
             None

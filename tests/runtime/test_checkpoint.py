@@ -61,8 +61,9 @@ def test_a_second_run_goes_on_from_the_first_and_loses_nothing(tmp_path):
     assert set(state["noise"]) == {"g2", "s"}  # the noise scale's averages go on too
 
     second_cfg = cfg_for(ck, steps=saved["trained_steps"] + 4096)
-    ticks = []
-    runner = Runner(second_cfg, second_cfg.validate(), on_progress=ticks.append)
+    ticks, joules = [], []
+    runner = Runner(second_cfg, second_cfg.validate())
+    runner.on_progress = lambda t: (ticks.append(t), joules.append(runner.joules_so_far()))
     assert runner.resumed_steps == saved["trained_steps"]
     # the return window goes on from the first run's episodes
     assert list(runner.telemetry.returns) == kept["returns"]
@@ -70,8 +71,8 @@ def test_a_second_run_goes_on_from_the_first_and_loses_nothing(tmp_path):
     assert runner.target.before.joules == kept["totals"]["joules"]
     second = runner.run()
     # progress counts the joules of both runs
-    assert all(t.joules >= kept["totals"]["joules"] for t in ticks)
-    assert ticks[-1].joules > kept["totals"]["joules"]
+    assert all(j >= kept["totals"]["joules"] for j in joules)
+    assert joules[-1] > kept["totals"]["joules"]
     assert second["sampled_steps"] == (
         second["env_steps"] + second["discarded_steps"] + second["lost_steps"]
     )
@@ -248,3 +249,4 @@ def test_totals_go_on_only_from_the_save_they_belong_to(tmp_path):
     doc = unknown.doc()
     assert (doc["steps"], doc["seconds"], doc["joules"]) == (250, 5.0, 40.0)
     assert doc["earlier_runs"]["joules"] is None and "not saved" in doc["earlier_runs"]["note"]
+    assert unknown.before.through(5.0, 40.0) is None  # saved as unknown, not as this run's
