@@ -12,6 +12,11 @@ longer is measured on that update, marked ``single_update``, and the larger batc
 device are skipped); its joules above idle per trained sample is its marginal cost. A GPU setting's
 cost includes what opening a CUDA context adds; a CPU setting's, its busy core. This is the
 process of the ``learner`` arm of ``python -m bench peers``.
+
+``--devices cuda,cuda-eager`` measures a GPU learner's minibatch steps replayed from CUDA
+graphs (``policies.graphed_step``, what a trainer runs) and the eager loop they replace, side by
+side in one run; ``--epochs`` and ``--minibatches`` set the update's steps (the run's learner
+flags of those names).
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ def measure(
     batches: tuple[int, ...],
     seconds: float,
     idle_s: float,
+    learner: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     meter = MachineMeter(interval_s=0.25).start()
     t0 = _mark(meter)
@@ -63,10 +69,12 @@ def measure(
     torch.set_num_threads(1)
     info = probe_env(env_id)
     rows = []
-    for device in sorted(devices, key=lambda d: d != "cuda"):  # the likely cheapest first
-        if device == "cuda" and not torch.cuda.is_available():
+    for device in sorted(devices, key=lambda d: not d.startswith("cuda")):  # cheapest first
+        if device.startswith("cuda") and not torch.cuda.is_available():
             continue
-        _, update = make_learner(info, policy, device, {})
+        learn, update = make_learner(info, policy, device.split("-")[0], learner or {})
+        if device == "cuda-eager":
+            learn.graphs = None
         for size in sorted(batches):
             batch = synthetic_batch(info, size, rollout_len)
             samples_per_update = batch["rewards"].size
@@ -110,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--devices", default="cpu,cuda")
     ap.add_argument("--batches", default=",".join(str(b) for b in BATCHES))
     ap.add_argument("--seconds", type=float, default=6.0, help="per setting")
+    ap.add_argument("--epochs", type=int, default=None, help="passes over each batch")
+    ap.add_argument("--minibatches", type=int, default=None, help="minibatches per pass")
     ap.add_argument("--idle-s", type=float, default=5.0, help="idle power, before torch")
     ap.add_argument("--json", required=True, help="where the result goes")
     a = ap.parse_args(argv)
@@ -118,11 +128,15 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError:
         ap.error(f"--batches {a.batches!r}: comma-separated integers")
     devices = [d.strip() for d in a.devices.split(",") if d.strip()]
-    if bad := [d for d in devices if d not in ("cpu", "cuda")]:
-        ap.error(f"--devices: unknown {bad}; allowed cpu, cuda")
+    if bad := [d for d in devices if d not in ("cpu", "cuda", "cuda-eager")]:
+        ap.error(f"--devices: unknown {bad}; allowed cpu, cuda, cuda-eager")
+    learner = {k: v for k, v in (("epochs", a.epochs), ("minibatches", a.minibatches)) if v}
+    if any(v < 1 for v in learner.values()):
+        ap.error("--epochs and --minibatches must be >= 1")
     if a.seconds <= 0 or a.idle_s <= 0 or min(batches) < a.rollout_len:
         ap.error("--seconds and --idle-s must be > 0, and every batch >= --rollout-len")
-    doc = measure(a.env, a.policy, a.rollout_len, devices, batches, a.seconds, a.idle_s)
+    doc = measure(a.env, a.policy, a.rollout_len, devices, batches, a.seconds, a.idle_s, learner)
+    doc["learner"] = learner
     with open(a.json, "w") as f:
         json.dump(doc, f, indent=2)
     return 0

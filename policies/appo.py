@@ -21,6 +21,14 @@ from torch import nn
 
 from policies.actor_critic import ActorCritic
 from policies.appo_config import APPOConfig
+from policies.graphed_step import (
+    GraphedSteps,
+    adopt_state,
+    make_optimizer,
+    portable_state,
+    set_lr,
+    usable,
+)
 from policies.noise_scale import NoiseScale
 from policies.nonfinite import NonFiniteUpdate
 from policies.vtrace import vtrace
@@ -66,7 +74,9 @@ class APPOLearner:
         self.config = config
         self.device = device
         self.total_steps = total_steps
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.lr, eps=1e-5)
+        self.optimizer = make_optimizer(self.model, config.lr, device)
+        self.graphs = GraphedSteps(self) if device.type == "cuda" else None
+        """The minibatch steps as CUDA graphs (``policies.graphed_step``), on CUDA."""
         self.version = 0
         self.trained_steps = 0
         self.noise = NoiseScale()
@@ -77,7 +87,7 @@ class APPOLearner:
         """Everything another learner needs to continue exactly where this one is."""
         return {
             "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": portable_state(self.optimizer),
             "version": self.version,
             "trained_steps": self.trained_steps,
             "noise": self.noise.state(),
@@ -86,7 +96,9 @@ class APPOLearner:
     def load_state(self, state: Mapping[str, Any]) -> None:
         """Takes over a ``state()`` (from a learner of the same model, on any device)."""
         self.model.load_state_dict(state["model"], strict=True)
-        self.optimizer.load_state_dict(state["optimizer"])  # moves its tensors to our device
+        adopt_state(self.optimizer, state["optimizer"], self.device)  # tensors to our device
+        if self.graphs is not None:
+            self.graphs.reset()  # they point at the optimiser state just replaced
         self.version = int(state["version"])
         self.trained_steps = int(state["trained_steps"])
         self.noise.load_state(state.get("noise"))
@@ -130,8 +142,7 @@ class APPOLearner:
             b = self._tensors(batch)
             n, t = b["rewards"].shape
         lr = self.current_lr()
-        for group_ in self.optimizer.param_groups:
-            group_["lr"] = lr
+        set_lr(self.optimizer, lr)
         dim = self.model.obs_norm.mean.shape[0]
         sums = (
             self.model.obs_norm.batch_sums(b["obs"][:, :t])
@@ -149,6 +160,9 @@ class APPOLearner:
         self.model.obs_norm.update_from_sums(sums[:-1])
         total_steps = int(sums[-1].item())
         pi_losses, v_losses, entropies = [], [], []
+        graphed = self.graphs if n and t > 1 and usable(self, group) else None
+        if graphed is not None:
+            graphed.begin()
         self.noise.begin()
         for epoch in range(cfg.epochs):
             ret = None
@@ -168,6 +182,9 @@ class APPOLearner:
                         cfg.vtrace_lambda,
                     )
             perm = torch.randperm(n, device=self.device)
+            if graphed is not None:
+                self._graphed_epoch(graphed, b, ret, perm, epoch == 0, total_steps)
+                continue
             for idx in torch.tensor_split(perm, cfg.minibatches):
                 self.optimizer.zero_grad(set_to_none=True)
                 if len(idx):
@@ -201,19 +218,49 @@ class APPOLearner:
                     )
                 self.optimizer.step()
         self.noise.end()
+        if graphed is not None:
+            loss_pi, loss_v, entropy = graphed.finish()  # raises on a non-finite step
+        else:
+            loss_pi, loss_v, entropy = _mean(pi_losses), _mean(v_losses), _mean(entropies)
         self.version += 1
         self.trained_steps += total_steps
         return UpdateStats(
             steps=n * t,
             policy_lag_mean=float(lag.mean()),
             policy_lag_max=int(lag.max()),
-            loss_pi=_mean(pi_losses),
-            loss_v=_mean(v_losses),
-            entropy=_mean(entropies),
+            loss_pi=loss_pi,
+            loss_v=loss_v,
+            entropy=entropy,
             lr=lr,
             noise_scale=self.noise.value,
             batch_samples=total_steps,
         )
+
+    def _graphed_epoch(
+        self,
+        graphed: GraphedSteps,
+        b: dict[str, torch.Tensor],
+        ret: Any,
+        perm: torch.Tensor,
+        first: bool,
+        total_steps: int,
+    ) -> None:
+        """One epoch's minibatch steps replayed from CUDA graphs (``policies.graphed_step``):
+        the same loss, clip and step as the eager loop; the first epoch's gradients feed the
+        noise scale."""
+        t = b["rewards"].shape[1]
+        inputs = {
+            "obs": b["obs"][:, :t],
+            "actions": b["actions"],
+            "logp": b["logp"],
+            "adv": ret.pg_advantages,
+            "vs": ret.vs,
+        }
+        for idx in torch.tensor_split(perm, self.config.minibatches):
+            if len(idx):
+                flat = graphed.step(inputs, idx)
+                if first:
+                    self.noise.add([flat], total_steps / self.config.minibatches)
 
 
 def _mean(values: list[torch.Tensor]) -> float:
