@@ -20,7 +20,7 @@ def test_the_estimate_recovers_a_known_noise_scale(b_noise):
     d, b, k = 256, 512, 8
     g = torch.randn(d, generator=gen, dtype=torch.float64)
     sigma = math.sqrt(b_noise * float(g.dot(g)) / d)
-    est = NoiseScale(decay=0.98)
+    est = NoiseScale(decay=0.98, per_samples=b * k)  # 0.98 per update
     for _ in range(400):
         est.begin()
         for _ in range(k):
@@ -28,6 +28,23 @@ def test_the_estimate_recovers_a_known_noise_scale(b_noise):
             est.add([(g + mean_noise)[: d // 2], (g + mean_noise)[d // 2 :]], float(b))
         est.end()
     assert est.value == pytest.approx(b_noise, rel=0.15)
+
+
+def test_the_moving_average_forgets_per_sample_not_per_update():
+    """Eight updates of 4,096 samples move the estimate exactly as far as one of 32,768 with
+    the same figures; a big update counts for more than a small one."""
+    small, big = NoiseScale(), NoiseScale()
+    for est in (small, big):
+        est.fold(1.0, 1000.0, 4096)
+    for _ in range(8):
+        small.fold(2.0, 3000.0, 4096)
+    big.fold(2.0, 3000.0, 32_768)
+    assert small.g2 == pytest.approx(big.g2) and small.s == pytest.approx(big.s)
+    one_small, one_big = NoiseScale(), NoiseScale()
+    for est, n in ((one_small, 4096), (one_big, 65_536)):
+        est.fold(1.0, 1000.0, 4096)
+        est.fold(2.0, 1000.0, n)
+    assert 1.0 < one_small.g2 < one_big.g2 < 2.0
 
 
 def test_one_minibatch_gives_no_estimate_and_efficiency_is_bounded():
