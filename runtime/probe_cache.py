@@ -34,9 +34,10 @@ from runtime.probes import ProbeError, Probes, run_probes
 
 MAX_AGE_S = 7 * 86400.0
 """Seconds a cached probe stays valid."""
-FORMAT = 4
+FORMAT = 5
 """Part of the key: entries written before the env step was timed on its own thread's clock
-(the process's clock counted its other threads too) are measured again."""
+(the process's clock counted its other threads too), or before a GPU learner replayed its
+steps from CUDA graphs (12-14x the eager loop's update rate), are measured again."""
 
 
 def cache_dir() -> Path:
