@@ -46,6 +46,10 @@ DOMINATED = 4.0
 """A device whose update at the smallest batch is over ``LEARNER_STOP_S`` and this many times
 slower than a device already probed is measured at that one size only (its line goes through
 the origin): it cannot keep up, and a big policy's CPU update takes seconds per size."""
+GROUP_LEARNER = "cuda-group"
+"""The learner line of a CUDA trainer in a data-parallel group: its all-reduce sits between
+backward and step, so it runs the eager loop, not the CUDA graphs a single trainer replays
+(about 12x slower on an H200 with PPO's 10 x 32 steps per update)."""
 GPU_POWER_S = 1.0
 """Seconds each GPU power reading spans (idle, context open, learner busy)."""
 
@@ -176,9 +180,12 @@ def synthetic_batch(info: EnvInfo, size: int, rollout_len: int, seed: int = 0) -
     }
 
 
-def make_learner(info: EnvInfo, policy: str, device: str, learner: dict[str, Any]):
+def make_learner(
+    info: EnvInfo, policy: str, device: str, learner: dict[str, Any], graphs: bool = True
+):
     """The run's APPO learner for ``info``'s env on ``device``, and a function that runs one
-    update of a batch and waits for it to finish."""
+    update of a batch and waits for it to finish. ``graphs=False``: a CUDA learner's eager
+    loop, as a trainer group runs it (``policies.graphed_step``)."""
     import torch
 
     from policies.actor_critic import ActorCritic
@@ -189,6 +196,8 @@ def make_learner(info: EnvInfo, policy: str, device: str, learner: dict[str, Any
     model = ActorCritic(info.obs_dim, info.act_dim, info.discrete, policy, cfg.normalize_obs)
     dev = torch.device(device)
     learn = APPOLearner(model, cfg, dev)
+    if not graphs:
+        learn.graphs = None
 
     def update(batch: dict) -> None:
         learn.update(batch)
@@ -205,23 +214,26 @@ def probe_learner(
     rollout_len: int,
     learner: dict[str, Any],
     rival: LearnerCost | None = None,
+    group: bool = False,
 ) -> LearnerCost:
     """Seconds per update of the run's learner on ``device`` with synthetic batches, at two
     sizes at least (a GPU learner's update can cost the same at every size: a fixed cost the
     line must see); stops growing the batch once one update takes over ``LEARNER_STOP_S``,
     and after the first size where ``device`` is ``DOMINATED`` by ``rival`` (another device
-    probed before)."""
-    _, update = make_learner(info, policy, device, learner)
+    probed before). ``group``: the update of a trainer group's member on CUDA (the eager loop,
+    timed once per size after one untimed update: it is slow), as ``GROUP_LEARNER``."""
+    _, update = make_learner(info, policy, device, learner, graphs=not group)
     seconds: dict[int, float] = {}
     for size in LEARNER_BATCHES:
         batch = synthetic_batch(info, size, rollout_len)
         size = batch["rewards"].size
-        seconds[size] = timed(lambda b=batch: update(b), budget_s=PROBE_S / 2, least=2)
+        least = 1 if group else 2
+        seconds[size] = timed(lambda b=batch: update(b), budget_s=PROBE_S / 2, least=least)
         if len(seconds) >= 2 and seconds[size] > LEARNER_STOP_S:
             break
         if _dominated(seconds[size], size, rival):
             break
-    return LearnerCost(device, seconds)
+    return LearnerCost(GROUP_LEARNER if group else device, seconds)
 
 
 def _dominated(update_s: float, size: int, rival: LearnerCost | None) -> bool:
@@ -302,6 +314,9 @@ def measure(
         rival = costs.get("cuda")
         costs[device] = probe_learner(info, policy, device, rollout_len, learner, rival)
         took(f"learner_{device}")
+    if "cuda" in costs:
+        costs[GROUP_LEARNER] = probe_learner(info, policy, "cuda", rollout_len, learner, group=True)
+        took(f"learner_{GROUP_LEARNER}")
     if meter is not None and "cuda" in costs:
         _, update = make_learner(info, policy, "cuda", learner)
         batch = synthetic_batch(info, max(costs["cuda"].seconds), rollout_len)

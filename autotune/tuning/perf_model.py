@@ -21,9 +21,11 @@ MPS share ``P``, trainer threads ``H``) on a machine of ``C`` cores, with rollou
   21.8k: the form is fitted to that one pair, and the host's raw stepping rate moved by up to
   30 % between runs that day, so part of the gap may be the host's.
 * **Training** (trainers): one update of ``B`` samples takes ``c0 + c1 * B`` seconds on the
-  device (the learner probe's line), split over ``G`` trainers; a GMI limited to ``P`` of the
-  SMs runs at ``min(1, P / (q * G))`` of its speed, ``q`` the share past which the learner stops
-  gaining (GMI-DRL's saturation); ``k_T`` scales the device's line to what windows measure.
+  device (the learner probe's line; on CUDA with ``G > 1`` the group's eager line,
+  ``GROUP_LEARNER``, where the probes have one), split over ``G`` trainers; a GMI limited to
+  ``P`` of the SMs runs at ``min(1, P / (q * G))`` of its speed, ``q`` the share past which
+  the learner stops gaining (GMI-DRL's saturation); ``k_T`` scales the device's line to what
+  windows measure.
 * **Trained steps/s**: a soft minimum of the two rates (the pipeline backs the faster side up).
 * **Watts**: the GPU's idle draw (measured whole, as NVML counts it), plus ``gpu_ctx`` while a
   trainer holds a context and ``gpu_dyn`` times its busy share; the CPU's idle draw plus
@@ -54,6 +56,10 @@ from typing import Any
 import numpy as np
 
 from autotune.tuning.node_model import NodeModel, fit_node_speeds, node_rates
+
+GROUP_LEARNER = "cuda-group"
+"""The probes' learner line of a trainer group's member on CUDA: ``runtime.probes`` measures it
+under the same name (it cannot import this layer, nor this module that one's gymnasium)."""
 
 FEATURES = ("actors", "envs_per_actor", "batch_size", "cuda", "trainers", "mps", "threads")
 STAGE_CORES = 1.0
@@ -229,6 +235,8 @@ def evaluate(m: MachineModel, p: Params, x: dict[str, np.ndarray]) -> Prediction
         sample = p.k_s * a * e / actor_round(m, e, busy_share) * squeeze * pipe
         here = running = a
     c0c, c1c = m.learner.get("cuda", (1.0, 1.0))
+    c0g, c1g = m.learner.get(GROUP_LEARNER, (c0c, c1c))  # older probes: the single line
+    c0c, c1c = np.where(g > 1, c0g, c0c), np.where(g > 1, c1g, c1c)
     c0p, c1p = m.learner.get("cpu", (1.0, 1.0))
     gpu_speed = np.minimum(1.0, share / (p.q * g)) * p.k_t.get("cuda", 1.0)
     upd_gpu = (c0c + c1c * b / g) / gpu_speed + 0.002 * (g - 1) + p.u0

@@ -112,3 +112,34 @@ def test_a_cpu_trainer_needs_a_clear_margin_and_ties_take_the_most_envs():
     # and where the user holds the device, the margin does not apply
     held = size_run(m, 1, {"trainer_device": "cpu"}, 4)
     assert held.values["trainer_device"] == "cpu"
+
+
+def test_a_trainer_group_on_cuda_is_predicted_with_its_own_eager_line():
+    """A single CUDA trainer replays CUDA graphs; a group's members run the eager loop. Where
+    the probes measured that line, two trainers are predicted at its (slower) rate, and the
+    sizing keeps one trainer; probes without it (older caches) keep the single line."""
+    from autotune.tuning.perf_model import GROUP_LEARNER, evaluate, features, prior_params
+
+    base = machine(16, True)
+    graphed = MachineModel(**{**base.__dict__, "learner": {**base.learner, "cuda": (0.15, 1e-7)}})
+    grouped = MachineModel(
+        **{**graphed.__dict__, "learner": {**graphed.learner, GROUP_LEARNER: (1.8, 1e-6)}}
+    )
+    configs = [
+        {
+            "actors": 15,
+            "envs_per_actor": 32,
+            "batch_size": 16384,
+            "trainer_device": "cuda",
+            "trainers": g,
+            "mps_pct": 100,
+            "trainer_threads": 1,
+        }
+        for g in (1, 2)
+    ]
+    x = features(configs, {})
+    one, two = evaluate(grouped, prior_params(grouped), x).train_rate
+    assert two < 0.2 * one  # the eager line: about 12x slower per update
+    old_one, old_two = evaluate(graphed, prior_params(graphed), x).train_rate
+    assert old_one == pytest.approx(one) and old_two > 0.9 * one  # one line for both
+    assert size_run(grouped, 1, {}, 4).values["trainers"] == 1
