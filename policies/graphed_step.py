@@ -214,5 +214,6 @@ class GraphedSteps:
                 f"non-finite gradient in the update to version {self.learner.version + 1}; "
                 "the update was not applied (the weights and optimiser state are as before it)"
             )
+        self._backup, self._live = [], []  # the copy is of no use past the check: freed
         mean = (self.sums / max(self.steps, 1)).tolist()
         return mean[0], mean[1], mean[2]
