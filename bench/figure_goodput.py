@@ -3,7 +3,8 @@ runs tuned by steps per joule and by goodput per joule to a target return.
 
 It reads the progress files (``autotune train --progress``, whose lines carry the joules of the
 run and of the runs its checkpoint went on from) and the result documents stored under
-``goodput/ant-h200/``; nothing is typed in here.
+``goodput/ant-h200/``; nothing is typed in here but the line of SB3 PPO's return at 1M steps,
+the mean of ``learning/vs-sb3/table.md`` (whose progress files are not kept).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from pathlib import Path
 from autotune.workflows.progress_log import read_progress
 from bench.figure_kit import SIZE, _load, _plt, _save, _title
 
+SB3_RETURN_1M = 390.0
+"""SB3 PPO's mean return on Ant-v5 at 1M steps, 3 seeds (``learning/vs-sb3/table.md``)."""
 ARMS = {
     "steps-per-joule": ("tuned by steps/J", "tab:blue"),
     "goodput": ("tuned by goodput/J", "tab:green"),
@@ -40,6 +43,15 @@ def goodput(results: Path) -> Path:
             if target and target["reached"]:
                 ax.axvline(target["joules"] / 1000, color=colour, ls=":", lw=1)
     ax.axhline(1000, color="gray", lw=0.8)
+    ax.axhline(SB3_RETURN_1M, color="gray", lw=0.8, ls="--")
+    ax.annotate(
+        "SB3 PPO's return at 1M steps",
+        (0, SB3_RETURN_1M),
+        xytext=(2, 3),
+        textcoords="offset points",
+        fontsize=7,
+        color="gray",
+    )
     ax.set_xlabel("joules spent, start-up included (kJ)")
     ax.set_ylabel("mean return, last 100 episodes")
     ax.legend(loc="upper left")
