@@ -64,7 +64,7 @@ def measure(
     import torch
 
     from runtime.envs import probe_env
-    from runtime.probes import make_learner, synthetic_batch
+    from runtime.learner_probe import make_learner, synthetic_batch
 
     torch.set_num_threads(1)
     info = probe_env(env_id)

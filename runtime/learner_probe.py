@@ -1,0 +1,56 @@
+"""A run's learner on synthetic batches: what the learner probe (``runtime.probes``) and the
+learner benchmark (``bench.learner_limit``) time."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from runtime.envs import EnvInfo
+
+
+def synthetic_batch(info: EnvInfo, size: int, rollout_len: int, seed: int = 0) -> dict:
+    """A learner batch of about ``size`` steps with random contents (the trainer's layout)."""
+    rng = np.random.default_rng(seed)
+    n = max(1, size // rollout_len)
+    act_shape = (n, rollout_len) if info.discrete else (n, rollout_len, info.act_dim)
+    return {
+        "obs": rng.standard_normal((n, rollout_len + 1, info.obs_dim)).astype(np.float32),
+        "actions": (
+            rng.integers(0, info.act_dim, act_shape)
+            if info.discrete
+            else rng.standard_normal(act_shape).astype(np.float32)
+        ),
+        "rewards": rng.standard_normal((n, rollout_len)).astype(np.float32),
+        "dones": np.zeros((n, rollout_len), np.float32),
+        "logp": np.full((n, rollout_len), -1.0, np.float32),
+        "versions": np.zeros((n, rollout_len), np.int64),
+    }
+
+
+def make_learner(
+    info: EnvInfo, policy: str, device: str, learner: dict[str, Any], graphs: bool = True
+):
+    """The run's APPO learner for ``info``'s env on ``device``, and a function that runs one
+    update of a batch and waits for it to finish. ``graphs=False``: a CUDA learner's eager
+    loop, as a trainer group runs it (``policies.graphed_step``)."""
+    import torch
+
+    from policies.actor_critic import ActorCritic
+    from policies.appo import APPOLearner
+    from policies.appo_config import APPOConfig
+
+    cfg = APPOConfig(**learner)
+    model = ActorCritic(info.obs_dim, info.act_dim, info.discrete, policy, cfg.normalize_obs)
+    dev = torch.device(device)
+    learn = APPOLearner(model, cfg, dev)
+    if not graphs:
+        learn.graphs = None
+
+    def update(batch: dict) -> None:
+        learn.update(batch)
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+
+    return learn, update
