@@ -217,11 +217,11 @@ class APPOLearner:
                         f"{self.version + 1}; its remaining steps were not applied"
                     )
                 self.optimizer.step()
-        self.noise.end()
-        if graphed is not None:
-            loss_pi, loss_v, entropy = graphed.finish()  # raises on a non-finite step
+        if graphed is not None:  # raises on a non-finite step, before the noise scale takes it
+            loss_pi, loss_v, entropy = graphed.finish()
         else:
             loss_pi, loss_v, entropy = _mean(pi_losses), _mean(v_losses), _mean(entropies)
+        self.noise.end()
         self.version += 1
         self.trained_steps += total_steps
         return UpdateStats(

@@ -79,12 +79,12 @@ def test_a_non_finite_step_rolls_the_whole_update_back():
         [t.clone() for t in s.values() if isinstance(t, torch.Tensor)]
         for s in learn.optimizer.state.values()
     ]
-    version = learn.version
+    version, noise = learn.version, learn.noise.state()
     bad = batch(32, seed=7)
     bad["rewards"][3, 2] = np.inf
     with pytest.raises(NonFiniteUpdate, match=r"non-finite gradient.*not applied"):
         learn.update(bad)
-    assert learn.version == version
+    assert learn.version == version and learn.noise.state() == noise
     for k, v in learn.model.state_dict().items():
         if not k.startswith("obs_norm"):  # the statistics took the (finite) observations
             assert torch.equal(v, before[k]), k
