@@ -72,9 +72,8 @@ def measure(
     for device in sorted(devices, key=lambda d: not d.startswith("cuda")):  # cheapest first
         if device.startswith("cuda") and not torch.cuda.is_available():
             continue
-        learn, update = make_learner(info, policy, device.split("-")[0], learner or {})
-        if device == "cuda-eager":
-            learn.graphs = None
+        graphs = device != "cuda-eager"  # the eager loop with the plain Adam it runs
+        _, update = make_learner(info, policy, device.split("-")[0], learner or {}, graphs)
         for size in sorted(batches):
             batch = synthetic_batch(info, size, rollout_len)
             samples_per_update = batch["rewards"].size

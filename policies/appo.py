@@ -28,6 +28,7 @@ from policies.graphed_step import (
     portable_state,
     set_lr,
     usable,
+    wanted,
 )
 from policies.noise_scale import NoiseScale
 from policies.nonfinite import NonFiniteUpdate
@@ -61,6 +62,8 @@ class APPOLearner:
         config: Hyper-parameters.
         device: Torch device of the trainer.
         total_steps: The run's step budget, for the linear learning-rate schedule.
+        group: Whether the learner trains in a trainer group (its updates take one): it then
+            runs the eager loop, whose optimiser is the plain one (``policies.graphed_step``).
     """
 
     def __init__(
@@ -69,14 +72,17 @@ class APPOLearner:
         config: APPOConfig,
         device: torch.device,
         total_steps: int | None = None,
+        group: bool = False,
     ) -> None:
         self.model = model.to(device)
         self.config = config
         self.device = device
         self.total_steps = total_steps
-        self.optimizer = make_optimizer(self.model, config.lr, device)
-        self.graphs = GraphedSteps(self) if device.type == "cuda" else None
-        """The minibatch steps as CUDA graphs (``policies.graphed_step``), on CUDA."""
+        graphs = wanted(model, device, group)
+        self.optimizer = make_optimizer(self.model, config.lr, device, graphs)
+        self.graphs = GraphedSteps(self) if graphs else None
+        """The minibatch steps as CUDA graphs (``policies.graphed_step``): a single trainer on
+        CUDA with float32 matmuls; None runs the eager loop."""
         self.version = 0
         self.trained_steps = 0
         self.noise = NoiseScale()

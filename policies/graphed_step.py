@@ -24,6 +24,7 @@ eager loop in ``policies.appo``.
 
 from __future__ import annotations
 
+import weakref
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -41,10 +42,11 @@ MAX_SHAPES = 4
 oldest is dropped past this, with its memory."""
 
 
-def make_optimizer(model: nn.Module, lr: float, device: torch.device) -> torch.optim.Adam:
-    """The learner's Adam: on CUDA ``capturable`` with its learning rate a device tensor (a
-    graph reads it at every replay), elsewhere the plain one."""
-    if device.type != "cuda":
+def make_optimizer(model: nn.Module, lr: float, device: torch.device, graphs: bool) -> Any:
+    """The learner's Adam: for CUDA graphs (``graphs`` on a CUDA device) ``capturable`` with its
+    learning rate a device tensor (a graph reads it at every replay); else the plain one, as
+    an eager loop runs it fastest."""
+    if not (graphs and device.type == "cuda"):
         return torch.optim.Adam(model.parameters(), lr=lr, eps=1e-5)
     rate = torch.tensor(lr, dtype=torch.float32, device=device)
     return torch.optim.Adam(model.parameters(), lr=rate, eps=1e-5, capturable=True)
@@ -71,9 +73,9 @@ def portable_state(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
 
 def adopt_state(optimizer: torch.optim.Adam, state: dict[str, Any], device: torch.device) -> None:
     """Loads ``state`` (from ``portable_state`` or an older plain ``state_dict``) and puts back
-    this optimizer's own form: on CUDA ``capturable``, a device-tensor learning rate and step
-    counts on the device."""
-    capturable = device.type == "cuda"
+    this optimizer's own form: a ``capturable`` one keeps its device-tensor learning rate and
+    its step counts on the device; a plain one, numbers and step counts on the CPU."""
+    capturable = bool(optimizer.param_groups[0].get("capturable"))
     optimizer.load_state_dict(state)
     for group in optimizer.param_groups:
         lr = float(group["lr"])
@@ -87,14 +89,15 @@ def adopt_state(optimizer: torch.optim.Adam, state: dict[str, Any], device: torc
             )
 
 
+def wanted(model: nn.Module, device: torch.device, group: bool) -> bool:
+    """Whether a learner of ``model`` on ``device`` replays graphs: a single trainer (no
+    ``group``) on CUDA with float32 matmuls (see the module docstring)."""
+    return device.type == "cuda" and not group and getattr(model, "matmul_dtype", None) is None
+
+
 def usable(learner: APPOLearner, group: Any) -> bool:
-    """Whether ``learner``'s update can replay graphs (see the module docstring)."""
-    return (
-        learner.device.type == "cuda"
-        and group is None
-        and learner.model.matmul_dtype is None
-        and torch.cuda.is_available()
-    )
+    """Whether this update of ``learner`` can replay graphs."""
+    return learner.graphs is not None and group is None and learner.model.matmul_dtype is None
 
 
 class _Graph:
@@ -108,10 +111,11 @@ class _Graph:
 
 class GraphedSteps:
     """The minibatch steps of ``learner``'s updates (see the module docstring). Per update:
-    ``begin``, ``step`` for each minibatch, ``finish``."""
+    ``begin``, ``step`` for each minibatch, ``finish``. The learner's config is read at
+    capture (clip, loss weights, gradient clip): it is fixed for the learner's life."""
 
     def __init__(self, learner: APPOLearner) -> None:
-        self.learner = learner
+        self._learner = weakref.ref(learner)  # the learner holds this: no cycle keeps its pools
         dev = learner.device
         self.params = [p for p in learner.model.parameters()]
         self.flat = torch.zeros(sum(p.numel() for p in self.params), device=dev)
@@ -124,6 +128,13 @@ class GraphedSteps:
         self._live: list[torch.Tensor] = []
         self._had_state = False
         self._side: torch.cuda.Stream | None = None
+
+    @property
+    def learner(self) -> APPOLearner:
+        learner = self._learner()
+        if learner is None:
+            raise RuntimeError("the learner of these graphs is gone")
+        return learner
 
     def reset(self) -> None:
         """Drops the captured graphs (the optimiser state they point at was replaced)."""
@@ -145,9 +156,11 @@ class GraphedSteps:
         """One optimiser step on the trajectories ``idx`` of ``batch`` (``obs`` without the
         bootstrap step, ``actions``, ``logp``, ``adv``, ``vs``); returns the gradient before
         its clip (valid until the next step)."""
-        key = (len(idx), *batch["obs"].shape[1:])
+        key = (len(idx), *batch["obs"].shape[1:], *(str(v.dtype) for v in batch.values()))
         g = self.graphs.get(key)
-        if g is None:
+        if g is not None:
+            self.graphs[key] = self.graphs.pop(key)  # the most recently used goes last
+        else:
             if len(self.graphs) >= MAX_SHAPES:
                 self.graphs.pop(next(iter(self.graphs)))
             g = self.graphs[key] = _Graph(
@@ -171,10 +184,11 @@ class GraphedSteps:
             g.eager_steps += 1
             return self.flat
         self.learner.optimizer.zero_grad(set_to_none=True)
-        g.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g.graph):
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
             self._body(g.inputs)
-        g.graph.replay()  # capture records the kernels; the replay runs this step
+        g.graph = graph  # only a capture that succeeded is replayed
+        graph.replay()  # capture records the kernels; the replay runs this step
         return self.flat
 
     def _body(self, x: dict[str, torch.Tensor]) -> None:
@@ -203,17 +217,17 @@ class GraphedSteps:
             NonFiniteUpdate: a step's gradient was not finite; the weights and the optimiser
                 state are back as before the update.
         """
+        live, backup, self._backup, self._live = self._live, self._backup, [], []
         if bool(self.bad):  # the update's one sync
             with torch.no_grad():
-                for t, saved in zip(self._live, self._backup, strict=True):
-                    t.copy_(saved)
+                for t, saved in zip(live, backup, strict=True):
+                    t.copy_(saved)  # in place: the graphs still point at them
             if not self._had_state:
                 self.learner.optimizer.state.clear()
-            self.reset()
+                self.reset()  # they point at the state just dropped
             raise NonFiniteUpdate(
                 f"non-finite gradient in the update to version {self.learner.version + 1}; "
                 "the update was not applied (the weights and optimiser state are as before it)"
             )
-        self._backup, self._live = [], []  # the copy is of no use past the check: freed
         mean = (self.sums / max(self.steps, 1)).tolist()
         return mean[0], mean[1], mean[2]

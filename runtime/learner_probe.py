@@ -44,9 +44,7 @@ def make_learner(
     cfg = APPOConfig(**learner)
     model = ActorCritic(info.obs_dim, info.act_dim, info.discrete, policy, cfg.normalize_obs)
     dev = torch.device(device)
-    learn = APPOLearner(model, cfg, dev)
-    if not graphs:
-        learn.graphs = None
+    learn = APPOLearner(model, cfg, dev, group=not graphs)
 
     def update(batch: dict) -> None:
         learn.update(batch)

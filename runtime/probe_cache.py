@@ -37,7 +37,7 @@ MAX_AGE_S = 7 * 86400.0
 FORMAT = 5
 """Part of the key: entries written before the env step was timed on its own thread's clock
 (the process's clock counted its other threads too), or before a GPU learner replayed its
-steps from CUDA graphs (12-14x the eager loop's update rate), are measured again."""
+steps from CUDA graphs (9-11x the eager loop's update rate), are measured again."""
 
 
 def cache_dir() -> Path:

@@ -50,7 +50,7 @@ the origin): it cannot keep up, and a big policy's CPU update takes seconds per 
 GROUP_LEARNER = "cuda-group"
 """The learner line of a CUDA trainer in a data-parallel group: its all-reduce sits between
 backward and step, so it runs the eager loop, not the CUDA graphs a single trainer replays
-(about 12x slower on an H200 with PPO's 10 x 32 steps per update)."""
+(about 9-11x slower on an H200 with PPO's 10 x 32 steps per update)."""
 GPU_POWER_S = 1.0
 """Seconds each GPU power reading spans (idle, context open, learner busy)."""
 

@@ -107,11 +107,11 @@ class Trainer:
             info.obs_dim, info.act_dim, info.discrete, cfg.policy, cfg.learner.normalize_obs
         )
         model.matmul_dtype = torch.bfloat16 if cfg.trainer_precision == "bf16" else None
-        self.learner = APPOLearner(model, cfg.learner, torch.device(self.device), cfg.steps)
+        dev, in_group = torch.device(self.device), group is not None  # a group: eager loop
+        self.learner = APPOLearner(model, cfg.learner, dev, cfg.steps, group=in_group)
         self.learner.batch = cfg.batch_size  # a new generation starts at the run's batch now
-        self.sm_count = (
-            torch.cuda.get_device_properties(0).multi_processor_count if on_gpu else None
-        )
+        props = torch.cuda.get_device_properties(0) if on_gpu else None
+        self.sm_count = props.multi_processor_count if props is not None else None
         self.batcher = Batcher(cfg.batch_size // cfg.rollout_len, WINDOW_CHUNKS)
         self.malformed = wire.MalformedCounter("trainer")
         self.eos = self.retiring = False
@@ -299,7 +299,7 @@ class Trainer:
         if self.cfg.checkpoint is None or (self.role is not None and self.role.spec.rank != 0):
             return
         if not self.resumed:
-            return  # not yet holding the state to go on from (a non-finite update never
+            return  # not yet holding the state to go on from (a non-finite step never
             # reaches the weights, so a halted trainer's are still fine to save)
         if periodic and self.learner.version == self.saved_version:
             return

@@ -30,12 +30,8 @@ def batch(n: int, t: int = 8, obs_dim: int = 5, act_dim: int = 2, seed: int = 0)
 
 def learner(device: str, graphs: bool = True, cfg: APPOConfig = CFG) -> APPOLearner:
     torch.manual_seed(0)
-    learn = APPOLearner(
-        ActorCritic(5, 2, False, "auto:32:32:auto", True), cfg, torch.device(device)
-    )
-    if not graphs:
-        learn.graphs = None
-    return learn
+    model = ActorCritic(5, 2, False, "auto:32:32:auto", True)
+    return APPOLearner(model, cfg, torch.device(device), group=not graphs)
 
 
 def run(learn: APPOLearner, batches: list[dict]) -> list:
@@ -108,13 +104,35 @@ def test_state_hands_over_between_a_graphed_and_a_cpu_learner():
     cpu.load_state(state)
     cpu.update(batch(32, seed=3))
     back = learner("cuda")
+    run(back, [batch(32, seed=s) for s in range(2)])  # graphs captured, then replaced state
+    assert back.graphs.graphs
     back.load_state(cpu.state())
-    assert not back.graphs.graphs
-    stats = run(back, [batch(32, seed=s) for s in range(4, 4 + WARMUP_STEPS)])
-    assert np.isfinite(stats[-1].loss_pi)
+    assert not back.graphs.graphs  # they pointed at the optimiser state just replaced
     assert back.optimizer.param_groups[0]["capturable"]
-    for k, v in back.model.state_dict().items():
-        assert v.is_cuda and torch.isfinite(v).all(), k
+    eager = learner("cuda", graphs=False)
+    eager.load_state(cpu.state())
+    assert not eager.optimizer.param_groups[0]["capturable"]
+    later = [batch(32, seed=s) for s in range(4, 4 + WARMUP_STEPS)]
+    run(back, later), run(eager, later)
+    for k, v in eager.model.state_dict().items():
+        assert back.model.state_dict()[k].is_cuda, k
+        torch.testing.assert_close(back.model.state_dict()[k], v, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.gpu
+@cuda
+def test_a_non_finite_first_update_leaves_no_optimiser_state():
+    """Rolled back before any update held: no Adam state is left, and the learner trains on,
+    capturing anew."""
+    learn = learner("cuda")
+    bad = batch(32, seed=1)
+    bad["rewards"][0, 0] = np.nan
+    with pytest.raises(NonFiniteUpdate):
+        learn.update(bad)
+    assert not learn.optimizer.state and not learn.graphs.graphs and learn.version == 0
+    stats = run(learn, [batch(32, seed=s) for s in range(2)])
+    assert np.isfinite(stats[-1].loss_pi) and learn.version == 2
+    assert all(g.graph is not None for g in learn.graphs.graphs.values())
 
 
 @pytest.mark.gpu
