@@ -27,7 +27,6 @@ from policies.graphed_step import (
     make_optimizer,
     portable_state,
     set_lr,
-    usable,
     wanted,
 )
 from policies.noise_scale import NoiseScale
@@ -166,7 +165,7 @@ class APPOLearner:
         self.model.obs_norm.update_from_sums(sums[:-1])
         total_steps = int(sums[-1].item())
         pi_losses, v_losses, entropies = [], [], []
-        graphed = self.graphs if n and t > 1 and usable(self, group) else None
+        graphed = self.graphs if n and group is None else None
         if graphed is not None:
             graphed.begin()
         self.noise.begin()
@@ -194,20 +193,17 @@ class APPOLearner:
             for idx in torch.tensor_split(perm, cfg.minibatches):
                 self.optimizer.zero_grad(set_to_none=True)
                 if len(idx):
-                    logp, entropy, v = self.model.evaluate(b["obs"][idx, :t], b["actions"][idx])
-                    adv = ret.pg_advantages[idx]
-                    adv = (adv - adv.mean()) / (adv.std() + 1e-8) if adv.numel() > 1 else adv
-                    ratio = torch.exp(logp - b["logp"][idx])
-                    clipped = ratio.clamp(1 - cfg.clip, 1 + cfg.clip) * adv
-                    surrogate = torch.min(ratio * adv, clipped)
-                    loss_pi = -surrogate.mean()
-                    loss_v = 0.5 * (v - ret.vs[idx]).pow(2).mean()
-                    bonus = cfg.entropy_for(self.model.discrete) * entropy.mean()
-                    loss = loss_pi + cfg.value_coef * loss_v - bonus
+                    loss, loss_pi, loss_v, entropy = self.minibatch_loss(
+                        b["obs"][idx, :t],
+                        b["actions"][idx],
+                        b["logp"][idx],
+                        ret.pg_advantages[idx],
+                        ret.vs[idx],
+                    )
                     loss.backward()
                     pi_losses.append(loss_pi.detach())
                     v_losses.append(loss_v.detach())
-                    entropies.append(entropy.mean().detach())
+                    entropies.append(entropy.detach())
                 if group is not None:
                     if group.average_grads_(self.model, float(len(idx))) <= 0:
                         continue  # no trainer had rows for this minibatch
@@ -241,6 +237,29 @@ class APPOLearner:
             noise_scale=self.noise.value,
             batch_samples=total_steps,
         )
+
+    def minibatch_loss(
+        self,
+        obs: torch.Tensor,
+        actions: torch.Tensor,
+        behaviour_logp: torch.Tensor,
+        advantages: torch.Tensor,
+        value_targets: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One minibatch's loss (the clipped surrogate on normalised advantages, the value loss
+        and the entropy bonus), with its policy loss, value loss and mean entropy; the eager
+        loop and the CUDA graphs (``policies.graphed_step``) both step on it."""
+        cfg = self.config
+        logp, entropy, v = self.model.evaluate(obs, actions)
+        adv = advantages
+        adv = (adv - adv.mean()) / (adv.std() + 1e-8) if adv.numel() > 1 else adv
+        ratio = torch.exp(logp - behaviour_logp)
+        clipped = ratio.clamp(1 - cfg.clip, 1 + cfg.clip) * adv
+        loss_pi = -torch.min(ratio * adv, clipped).mean()
+        loss_v = 0.5 * (v - value_targets).pow(2).mean()
+        entropy = entropy.mean()
+        loss = loss_pi + cfg.value_coef * loss_v - cfg.entropy_for(self.model.discrete) * entropy
+        return loss, loss_pi, loss_v, entropy
 
     def _graphed_epoch(
         self,

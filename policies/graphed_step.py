@@ -95,11 +95,6 @@ def wanted(model: nn.Module, device: torch.device, group: bool) -> bool:
     return device.type == "cuda" and not group and getattr(model, "matmul_dtype", None) is None
 
 
-def usable(learner: APPOLearner, group: Any) -> bool:
-    """Whether this update of ``learner`` can replay graphs."""
-    return learner.graphs is not None and group is None and learner.model.matmul_dtype is None
-
-
 class _Graph:
     """One captured step and its input tensors, for minibatches of ``rows`` trajectories."""
 
@@ -117,7 +112,7 @@ class GraphedSteps:
     def __init__(self, learner: APPOLearner) -> None:
         self._learner = weakref.ref(learner)  # the learner holds this: no cycle keeps its pools
         dev = learner.device
-        self.params = [p for p in learner.model.parameters()]
+        self.params = list(learner.model.parameters())
         self.flat = torch.zeros(sum(p.numel() for p in self.params), device=dev)
         """The last step's gradient before its clip (for the noise scale)."""
         self.sums = torch.zeros(3, device=dev)  # policy loss, value loss, entropy
@@ -193,22 +188,17 @@ class GraphedSteps:
 
     def _body(self, x: dict[str, torch.Tensor]) -> None:
         learner = self.learner
-        cfg, model = learner.config, learner.model
         learner.optimizer.zero_grad(set_to_none=False)
-        logp, entropy, v = model.evaluate(x["obs"], x["actions"])
-        adv = (x["adv"] - x["adv"].mean()) / (x["adv"].std() + 1e-8)
-        ratio = torch.exp(logp - x["logp"])
-        clipped = ratio.clamp(1 - cfg.clip, 1 + cfg.clip) * adv
-        loss_pi = -torch.min(ratio * adv, clipped).mean()
-        loss_v = 0.5 * (v - x["vs"]).pow(2).mean()
-        loss = loss_pi + cfg.value_coef * loss_v - cfg.entropy_for(model.discrete) * entropy.mean()
+        loss, loss_pi, loss_v, entropy = learner.minibatch_loss(
+            x["obs"], x["actions"], x["logp"], x["adv"], x["vs"]
+        )
         loss.backward()
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
         torch.cat([g.reshape(-1) for g in grads], out=self.flat)
-        norm = nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm)
+        norm = nn.utils.clip_grad_norm_(self.params, learner.config.max_grad_norm)
         self.bad.logical_or_(~torch.isfinite(norm))
         learner.optimizer.step()
-        self.sums.add_(torch.stack([loss_pi.detach(), loss_v.detach(), entropy.mean().detach()]))
+        self.sums.add_(torch.stack([loss_pi.detach(), loss_v.detach(), entropy.detach()]))
 
     def finish(self) -> tuple[float, float, float]:
         """The update's mean policy loss, value loss and entropy, after checking its steps.
