@@ -58,13 +58,18 @@ def test_a_tuned_cluster_run_shows_its_nodes_in_status_and_loses_nothing(tmp_pat
         nodes = jobs[0].get("nodes") or []
         return sum(n["actors"] for n in nodes) >= 1 and len(jobs[0].get("trials", [])) >= 3
 
+    early = None
     try:
         wait_until(nodes_shown, job, what="the job's nodes and 3 trials in status")
         text = subprocess.run([*cli, "status"], env=env, capture_output=True, text=True).stdout
+    except AssertionError as exc:
+        early = exc
     finally:
-        job.send_signal(signal.SIGINT)
+        if job.poll() is None:
+            job.send_signal(signal.SIGINT)
         out, _ = job.communicate(timeout=180)
         kill_daemon(env["AUTOTUNE_HOME"])
+    assert early is None, f"{early}; the job said:\n{out[-3000:]}"  # why it ended early
     assert job.returncode == 0, out[-3000:]
     nodes = status["jobs"][0]["nodes"]
     assert len(nodes) == 3 and sum(n["cpus"] for n in nodes) == cluster_cpus("local:2")[0]
