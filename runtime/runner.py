@@ -8,9 +8,8 @@ where MPS is wanted the runner reuses or starts an MPS daemon (``runtime.hw.mps`
 it at the end if it started it. A percentage change replaces every GMI by a new generation
 with other percentages (an MPS client's percentage is fixed for its life): the old ones train
 on until the new ones report, then retire and hand the learner state over (``runtime.gmi.fleet``).
-Each period between changes is a phase with its own energy window. Every
-GMI change, planned (``mps_changes``), asked for (``request_replace``) or from ``reconfigure``,
-goes through ``runtime.generations.Generations.replace``.
+Each period between changes is a phase with its own energy window. Every GMI change, planned
+(``mps_changes``), asked for or from ``reconfigure``, goes through ``Generations.replace``.
 
 ``reconfigure`` changes settings of the running job (``runtime.live``): actors are added or
 removed (a removed actor delivers what it collected before it exits), respawned with another
@@ -50,7 +49,7 @@ from runtime import checkpoint, cluster, live, run_dirs, topology, wire
 from runtime.actor_pool import ActorPool, Incarnations
 from runtime.config import ConfigError, TrainConfig
 from runtime.curve import Guard, NoGuard
-from runtime.drain import Drain, wall_due
+from runtime.drain import Drain, TrainedRate, wall_due
 from runtime.energy import EnergyMeter, probe_cpu_energy, probe_gpu_energy
 from runtime.energy.shares import SharedCPU, SharedGPU, shares_doc
 from runtime.envs import EnvInfo
@@ -118,6 +117,7 @@ class Runner:
         """Every live change applied: ``{"t": seconds into the run, "changed": {name: value}}``."""
         self._started = time.monotonic()
         self.wall_from: float | None = None  # when max_wall_s counts from (None: the run's start)
+        self.pace = TrainedRate()  # the trained rate the wall limit's drain reserve goes by
         self.mp = mp.get_context("spawn")
         self.services = Services(self.mp)
         self.fleet = GMIFleet(cfg, info, self.services.spawn)
@@ -368,7 +368,7 @@ class Runner:
                 break
             if self.resumed_steps + self.telemetry.trained_steps >= self.cfg.steps:
                 break
-            if wall_due(self.cfg, self.wall_from or started, started, tel.trained_steps):
+            if wall_due(self.cfg, self.wall_from or started, self.pace.observe(tel.trained_steps)):
                 logger.info("draining to end by the wall limit of %.0f s", self.cfg.max_wall_s)
                 break
 
