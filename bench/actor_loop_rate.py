@@ -1,0 +1,151 @@
+"""An actor's own loop against raw stepping, on every core at once: where an actor's CPU goes.
+
+A sized run's actors can each use a whole core and still step slower than the raw-stepping
+limit's processes do (Humanoid-v5 on a 16-core host: 0.80 ms of CPU per env step in the run,
+0.47 ms in the raw loop). This runs, on ``--processes`` processes at once (0: every core), one of:
+
+* ``raw``: random actions through the same env wrapper (``runtime.env_backends``), as the limit;
+* ``collect``: the run's real ``runtime.actor.Actor.collect`` (the policy forward on the actor's
+  core, action clipping, the episode bookkeeping, the finite checks, the rollout buffers), with
+  fixed version-0 weights and nothing sent: the actor without the pipeline around it.
+
+Each process reports its env steps, wall seconds and CPU seconds (``time.process_time``, all its
+threads: EnvPool's worker thread included). Should ``collect`` match ``raw``, what a run adds is
+the pipeline (dispatch, receipts, weights); should it not, the loop itself.
+
+    python -m bench.actor_loop_rate --env Humanoid-v5 --loops raw,collect --envs-per-actor 64 \\
+        --seconds 15 --json out/actor-loop.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import time
+from typing import Any
+
+LOOPS = ("raw", "collect")
+
+
+class _FixedWeights:
+    """What ``runtime.policy_io.LocalPolicy`` reads of a weights receiver: version 0, never new."""
+
+    def __init__(self, model: Any) -> None:
+        self.model, self.version = model, 0
+
+    def poll(self, timeout_ms: int = 0) -> None:
+        return None
+
+
+class _Counter:
+    value = 0
+
+
+def _loop(args: dict[str, Any], index: int, start: Any, out: Any) -> None:
+    os.environ.update(
+        dict.fromkeys(("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"), "1")
+    )
+    import numpy as np
+
+    from policies.actor_critic import initial_state_arrays
+    from policies.numpy_policy import NumpyPolicy
+    from runtime.actor import Actor
+    from runtime.config import TrainConfig
+    from runtime.env_backends import make_envs
+    from runtime.envs import probe_env
+    from runtime.policy_io import LocalPolicy
+
+    env, k, backend = args["env"], args["envs_per_actor"], args["backend"]
+    info = probe_env(env, backend)
+    if args["loop"] == "collect":
+        cfg = TrainConfig(env=env, env_backend=backend, envs_per_actor=k, actors=args["actors"])
+        state = initial_state_arrays(
+            info.obs_dim, info.act_dim, info.discrete, args["policy"], True, 0
+        )
+        model = NumpyPolicy(info.discrete, True, *state, seed=index)
+        policy = LocalPolicy(_FixedWeights(model))
+        actor = Actor(cfg, info, index, 0, None, policy, None, None, _Counter())
+        step, per = actor.collect, k * cfg.rollout_len
+    else:
+        vec = make_envs(env, backend, k, index * 1000, 1)
+        vec.reset()
+        space = vec.action_space()
+        rng = np.random.default_rng(index)
+        low, high = np.asarray(space.low, np.float32), np.asarray(space.high, np.float32)
+
+        def step() -> None:
+            vec.step(0, k, rng.uniform(low, high, (k, len(low))).astype(np.float32))
+
+        per = k
+    step()  # warm
+    start.wait()
+    steps, t0, c0 = 0, time.monotonic(), time.process_time()
+    while time.monotonic() - t0 < args["seconds"]:
+        step()
+        steps += per
+    out.put((index, steps, time.monotonic() - t0, time.process_time() - c0))
+
+
+def run_loop(args: dict[str, Any], processes: int) -> dict[str, Any]:
+    """``processes`` processes of ``args['loop']`` at once; their summed rates."""
+    ctx = mp.get_context("spawn")
+    start, out = ctx.Barrier(processes), ctx.Queue()
+    procs = [ctx.Process(target=_loop, args=(args, i, start, out)) for i in range(processes)]
+    for p in procs:
+        p.start()
+    rows = [out.get(timeout=args["seconds"] + 300) for _ in procs]
+    for p in procs:
+        p.join()
+    steps = sum(r[1] for r in rows)
+    wall = max(r[2] for r in rows)
+    cpu = sum(r[3] for r in rows)
+    return {
+        "loop": args["loop"],
+        "processes": processes,
+        "steps_per_s": steps / wall,
+        "steps_per_s_per_process": steps / wall / processes,
+        "cpu_ms_per_step": 1e3 * cpu / steps,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--env", required=True)
+    ap.add_argument("--backend", default="envpool", choices=("gymnasium", "envpool"))
+    ap.add_argument("--policy", default="auto:400:200:100:auto", help="the actors' MLP")
+    ap.add_argument("--loops", default="raw,collect", help=f"of {', '.join(LOOPS)}")
+    ap.add_argument("--envs-per-actor", type=int, default=64)
+    ap.add_argument("--processes", type=int, default=0, help="0: every core")
+    ap.add_argument("--seconds", type=float, default=15.0)
+    ap.add_argument("--json", help="where the result goes")
+    a = ap.parse_args(argv)
+    loops = [x for x in a.loops.split(",") if x]
+    bad = [x for x in loops if x not in LOOPS]
+    if bad or not loops:
+        ap.error(f"--loops {a.loops!r}: allowed are {', '.join(LOOPS)}")
+    if a.envs_per_actor < 1 or a.seconds <= 0 or a.processes < 0:
+        ap.error("--envs-per-actor must be >= 1, --seconds > 0, --processes >= 0")
+    n = a.processes or len(os.sched_getaffinity(0))
+    results = []
+    for loop in loops:
+        args = {
+            "env": a.env,
+            "backend": a.backend,
+            "policy": a.policy,
+            "loop": loop,
+            "envs_per_actor": a.envs_per_actor,
+            "actors": n,
+            "seconds": a.seconds,
+        }
+        results.append(run_loop(args, n))
+        print(json.dumps(results[-1]), flush=True)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"env": a.env, "backend": a.backend, "results": results}, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
