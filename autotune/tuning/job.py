@@ -14,6 +14,7 @@ from optuna.trial import TrialState
 
 from autotune.tuning.counters import Counters
 from autotune.tuning.storage import config_key, failed_configs
+from policies.noise_scale import efficiency
 
 
 class Job(Protocol):
@@ -56,9 +57,33 @@ class History:
     by_config: dict[str, list[float]] = field(default_factory=dict)
     speed: dict[str, list[float]] = field(default_factory=dict)
     failed: set[str] = field(default_factory=set)
+    rerate: bool = False
+    """Goodput objective: rank configs at the newest noise scale, not at each window's own."""
+    per_joule: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    """Each feasible window's (steps per joule, batch) by config, beside ``by_config``."""
+    noise_scale: float | None = None
+    """The learner's newest gradient noise scale (samples)."""
+
+    def add(self, key: str, value: float, spj: float | None, batch: float | None) -> None:
+        """A feasible window's objective ``value``, with its steps/J and batch to re-rate by."""
+        self.by_config.setdefault(key, []).append(value)
+        if spj is not None and batch:
+            self.per_joule.setdefault(key, []).append((spj, batch))
+
+    def score(self, key: str) -> float:
+        """The median of a config's windows. With ``rerate``, each window is its steps/J times
+        the efficiency of its batch at the newest noise scale: the noise scale grows as a run
+        learns (McCandlish et al.), so a big batch measured early, when it kept little of each
+        sample's worth, would otherwise stay ranked at that forever (on Ant-v5 a goodput-tuned
+        run held 4,096-sample batches to the end)."""
+        values = self.by_config[key]
+        pairs = self.per_joule.get(key, [])
+        if self.rerate and self.noise_scale and len(pairs) == len(values):
+            values = [spj * (efficiency(self.noise_scale, b) or 0.0) for spj, b in pairs]
+        return statistics.median(values)
 
     def best(self) -> tuple[str, float] | None:
-        scored = [(k, statistics.median(v)) for k, v in self.by_config.items() if v]
+        scored = [(k, self.score(k)) for k, v in self.by_config.items() if v]
         return max(scored, key=lambda kv: kv[1]) if scored else None
 
     def envs_cap(self, values: dict[str, Any], gain: float) -> tuple[int, float] | None:
@@ -93,8 +118,11 @@ def restore_history(study: optuna.Study) -> tuple[History, int, dict[str, Any] |
         if t.state != TrialState.COMPLETE:
             continue
         attrs = t.user_attrs
+        if attrs.get("noise_scale"):
+            history.noise_scale = attrs["noise_scale"]
         if attrs.get("feasible", True):
-            history.by_config.setdefault(key, []).append(float(t.value))
+            batch = t.params.get("batch_size")
+            history.add(key, float(t.value), attrs.get("steps_per_joule"), batch)
         if "steps_per_s" in attrs:
             history.speed.setdefault(key, []).append(attrs["steps_per_s"])
             reference = reference or dict(attrs)

@@ -154,6 +154,7 @@ class ModelSampler(optuna.samplers.BaseSampler):
 
     def _measured(self, study: optuna.Study) -> tuple[list[Window], dict[str, list[float]]]:
         windows, by_config = [], {}
+        noise = newest_noise_scale(study)
         for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
             a = t.user_attrs
             span = a.get("window_s") or 0.0
@@ -171,8 +172,18 @@ class ModelSampler(optuna.samplers.BaseSampler):
                 )
             )
             if a.get("feasible", True) and t.value is not None:
-                by_config.setdefault(self._key(values), []).append(float(t.value))
+                by_config.setdefault(self._key(values), []).append(self._rated(t, values, noise))
         return windows, by_config
+
+    def _rated(self, t: FrozenTrial, values: dict[str, Any], noise: float | None) -> float:
+        """A window's objective; for goodput, its steps/J times its batch's efficiency at the
+        newest noise scale ``noise`` (``autotune.tuning.job.History.score`` says why)."""
+        from policies.noise_scale import efficiency
+
+        spj, batch = t.user_attrs.get("steps_per_joule"), values.get("batch_size")
+        if self.objective != "goodput_per_joule" or not noise or spj is None or not batch:
+            return float(t.value)
+        return float(spj) * (efficiency(noise, batch) or 0.0)
 
     def _candidates(self, hold: dict[str, Any]) -> list[dict[str, Any]]:
         """The configs inside the trust region around ``hold`` (the module docstring): every
@@ -302,23 +313,29 @@ def machine_from_doc(doc: dict[str, Any]) -> MachineModel:
         raise ValueError(f"malformed machine model: {exc}") from None
 
 
+def newest_noise_scale(study: optuna.Study) -> float | None:
+    """The gradient noise scale the newest finished window reported (None: none did)."""
+    for t in reversed(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))):
+        noise = t.user_attrs.get("noise_scale")
+        if noise and noise > 0:
+            return float(noise)
+    return None
+
+
 def goodput_factor(
     study: optuna.Study, cands: list[dict[str, Any]], defaults: dict[str, Any]
 ) -> np.ndarray:
     """Each candidate's statistical efficiency (``policies.noise_scale.efficiency``) at the
     newest measured noise scale, for its batch size (a learner update is the step the noise
-    scale is weighed against). Ones where nothing says (no noise scale measured yet): every
-    candidate alike."""
+    scale is weighed against). Ones where nothing says (no noise scale measured yet, or no
+    batch size): every candidate alike."""
     from policies.noise_scale import efficiency
 
-    trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    for t in reversed(trials):
-        noise = t.user_attrs.get("noise_scale")
-        batch = {**defaults, **t.params}.get("batch_size")
-        if noise and noise > 0 and batch:
-            sizes = [{**defaults, **c}.get("batch_size", batch) for c in cands]
-            return np.array([efficiency(noise, size) or 0.0 for size in sizes])
-    return np.ones(len(cands))
+    noise = newest_noise_scale(study)
+    sizes = [{**defaults, **c}.get("batch_size") for c in cands]
+    if noise is None or not all(sizes):
+        return np.ones(len(cands))
+    return np.array([efficiency(noise, size) or 0.0 for size in sizes])
 
 
 def sampler_for(

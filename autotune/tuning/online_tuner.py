@@ -47,6 +47,7 @@ from autotune.tuning.budget import BudgetLimits
 from autotune.tuning.counters import Counters, Measurement, measure
 from autotune.tuning.job import Current, History, Job, restore_history
 from autotune.tuning.knobs import Knob
+from autotune.tuning.reference import GOODPUT_METRIC
 from autotune.tuning.settings import TunerSettings, constraint_values, objective_value
 from autotune.tuning.storage import (
     ask,
@@ -103,7 +104,7 @@ class OnlineTuner(BudgetLimits):
         self.study, self.job, self.settings, self.clock = study, job, settings, clock
         self.knobs = [k for k in space.values() if k.online]
         self.base = {k.name: base[k.name] for k in self.knobs}
-        self.history = History()
+        self.history = History(rerate=settings.objective == GOODPUT_METRIC)
         self.reference: Measurement | None = None
         self.trials_done = 0
         self.explore_until = settings.trials
@@ -133,6 +134,7 @@ class OnlineTuner(BudgetLimits):
     def _restore(self) -> None:
         """Rebuilds the history from the study's finished trials (a resumed study)."""
         self.history, self.trials_done, ref = restore_history(self.study)
+        self.history.rerate = self.settings.objective == GOODPUT_METRIC
         if ref is not None:
             self.reference = Measurement(
                 **{f: ref.get(f, 0.0) for f in MEASURED if f != "node_rates"}
@@ -330,8 +332,10 @@ class OnlineTuner(BudgetLimits):
         feasible = all(c <= 0 for c in constraints.values())
         key = config_key(cur.values)
         best_before = self.history.best()
+        if m.noise_scale:
+            self.history.noise_scale = m.noise_scale
         if feasible:
-            self.history.by_config.setdefault(key, []).append(value)
+            self.history.add(key, value, m.steps_per_joule, self._batch(cur.values))
         self.history.speed.setdefault(key, []).append(m.steps_per_s)
         self._update_saturation(cur.values)
         state = "hold" if cur.trial is None else "trial"

@@ -5,8 +5,10 @@ smaller batch than steps per joule does."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
+import statistics
 
 import pytest
 
@@ -15,6 +17,7 @@ from autotune.tuning.knobs import Machine, build_space
 from autotune.tuning.online_tuner import OnlineTuner, TunerSettings
 from autotune.tuning.settings import objective_value
 from autotune.tuning.storage import open_study
+from policies.noise_scale import efficiency
 
 NOISE = 2048.0
 
@@ -146,3 +149,96 @@ def test_an_offline_goodput_study_and_its_export_pick_the_smaller_batch(tmp_path
         if objective == "goodput_per_joule":
             rec = doc["evidence"]["recommended"]["goodput_per_joule"]["median"]
             assert rec == pytest.approx(100 * efficiency(NOISE, 1024))
+
+
+def test_configs_are_ranked_at_the_newest_noise_scale_not_at_their_windows_own():
+    """A big batch measured while the noise scale was small kept little of each sample's worth;
+    once the noise scale has grown, its steps/J rates it above the small batch again."""
+    from autotune.tuning.job import History
+
+    for rerate, best in ((False, "small"), (True, "big")):
+        h = History(rerate=rerate, noise_scale=512.0)
+        h.add("big", 160 * efficiency(512.0, 16384), 160.0, 16384)
+        h.add("small", 100 * efficiency(512.0, 1024), 100.0, 1024)
+        assert h.best()[0] == "small"  # at the noise scale both windows saw
+        h.noise_scale = 1e6
+        assert h.best()[0] == best
+    h.add("big", 150.0, None, None)  # a window without its steps/J: the stored values rank it
+    assert h.score("big") == pytest.approx(statistics.median([160 * efficiency(512.0, 16384), 150]))
+
+
+def test_the_model_sampler_rates_its_incumbent_at_the_newest_noise_scale():
+    import optuna
+
+    from autotune.tuning.model_sampler import ModelSampler
+    from bench import tuner_sim
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    space = tuner_sim.build_space(tuner_sim.Machine(16, 1), tuner_sim.SPACE)
+    online = {k.name: k for k in space.values() if k.online}
+    defaults = {k.name: k.choices[0] for k in space.values()}
+    defaults.update(actors=15, envs_per_actor=16, trainer_device="cuda")
+    choices = {k.name: k.choices for k in online.values()}
+    applies = {k.name: k.apply for k in online.values()}
+    dist = {"batch_size": optuna.distributions.CategoricalDistribution(choices["batch_size"])}
+
+    def window(batch: int, spj: float, noise: float) -> optuna.trial.FrozenTrial:
+        attrs = {"steps_per_s": 30_000.0, "window_s": 10.0, "gpu_j": 1500.0, "cpu_j": 1500.0}
+        attrs.update(steps_per_joule=spj, noise_scale=noise, policy_lag=1.0)
+        value = spj * efficiency(noise, batch)
+        return optuna.trial.create_trial(
+            params={"batch_size": batch}, distributions=dist, value=value, user_attrs=attrs
+        )
+
+    for newest, best in ((512.0, 1024), (1e6, 16384)):
+        s = ModelSampler(tuner_sim.PROBED, choices, defaults, applies, "goodput_per_joule", seed=0)
+        study = optuna.create_study(direction="maximize", sampler=s)
+        study.add_trial(window(16384, 160.0, 512.0))
+        study.add_trial(window(1024, 100.0, 512.0))
+        study.add_trial(window(1024, 100.0, newest))
+        s.plan(study)
+        assert s.last["incumbent"]["batch_size"] == best
+
+
+class GrowingNoise(BatchWorld):
+    """``BatchWorld`` whose learner's noise scale grows 1000-fold at ``grow_at`` seconds."""
+
+    grow_at = 60.0
+
+    def counters(self):
+        c = super().counters()
+        noise = NOISE if self.t < self.grow_at else 1000 * NOISE
+        return dataclasses.replace(c, noise_scale=noise)
+
+
+def test_an_online_goodput_tuner_moves_to_a_bigger_batch_once_the_noise_scale_grew(tmp_path):
+    space = build_space(
+        Machine(cores=4, gpus=0),
+        [
+            *("actors=2", "batch_size=1024,16384", "envs_per_actor=8"),
+            *("chunk_bytes=262144", "trainers=1", "trainer_threads=1"),
+        ],
+    )
+    world = GrowingNoise(0)
+    study = open_study(f"sqlite:///{tmp_path}/grow.db", "s", seed=0)
+    settings = TunerSettings(
+        objective="goodput_per_joule",
+        trials=4,
+        warmup_s=1.0,
+        window_s=1.0,
+        window_max_s=5.0,
+        recheck_s=5.0,
+    )
+    tuner = OnlineTuner(
+        study, space, world, settings, {"actors": 2, "batch_size": 1024}, clock=lambda: world.t
+    )
+    while world.t < world.grow_at:
+        world.t += 0.5
+        tuner.tick()
+    assert tuner.best()["values"]["batch_size"] == 1024  # 16,384 measured at the small scale
+    assert any(w["values"]["batch_size"] == 16384 for w in tuner.log)
+    while world.t < world.grow_at + 30:
+        world.t += 0.5
+        tuner.tick()
+    assert tuner.best()["values"]["batch_size"] == 16384
+    assert world.values["batch_size"] == 16384  # the job was moved there
