@@ -139,6 +139,9 @@ class Actor:
         """Seconds spent waiting for receipts (the in-flight budget full: the learner behind)."""
         self.dispatch_s = 0.0
         """Seconds spent handing rollouts to the stages (blocked while they push back)."""
+        self.env_s = self.policy_s = 0.0
+        """Seconds stepping the envs (with the episode bookkeeping) and getting actions."""
+        self.cpu_0 = time.process_time()  # the process's CPU (every thread) from here on
         if not info.discrete:
             self.act_low = np.asarray(info.act_low, np.float32)
             self.act_high = np.asarray(info.act_high, np.float32)
@@ -164,10 +167,14 @@ class Actor:
         for t in range(t_len):
             truncated_final: list[tuple[int, np.ndarray]] = []
             for g, envs in enumerate(self.groups):
+                t0 = time.perf_counter()
                 act, lp, version = self.policy.actions(g)
+                t1 = time.perf_counter()
                 buf["obs"][envs, t], buf["actions"][envs, t] = self.obs[envs], act
                 buf["logp"][envs, t], buf["versions"][envs, t] = lp, version
                 self._step(envs, act, t, buf, truncated_final)
+                self.policy_s += t1 - t0
+                self.env_s += time.perf_counter() - t1
                 self._check_finite(envs, t, buf)
                 if self.reward_norm is not None:  # what the learner sees; episodes stay raw
                     rewards = buf["rewards"][envs, t]
@@ -235,6 +242,9 @@ class Actor:
             "throttle_waits": self.waits,
             "throttle_s": round(self.throttle_s, 3),
             "dispatch_s": round(self.dispatch_s, 3),
+            "env_s": round(self.env_s, 3),
+            "policy_s": round(self.policy_s, 3),
+            "cpu_s": round(time.process_time() - self.cpu_0, 3),
             "live_epoch": self.live.epoch,
             "malformed": self.malformed.count
             + self.receipts.malformed.count

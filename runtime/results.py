@@ -170,15 +170,32 @@ def inference_doc(runner: RunRecord) -> dict[str, Any]:
     return {"mode": "gmi", **{k: counters.get(k) for k in keys}, "actor_wait_s": waited}
 
 
+def actor_sums(tel: Any, keys: tuple[str, ...]) -> dict[str, float]:
+    """Each of ``keys`` summed over the actors (every incarnation)."""
+    sources = tel.actor_sources()
+    return {
+        key: round(sum(float(tel.source(a).get(key, 0.0) or 0.0) for a in sources), 3)
+        for key in keys
+    }
+
+
 def actor_waits(tel: Any) -> dict[str, float]:
     """Seconds the actors (every incarnation, summed) spent not stepping: ``throttle_s``
     waiting for receipts with their in-flight budget full (the learner behind), ``dispatch_s``
     handing rollouts to the stages (blocked while those push back)."""
-    sources = tel.actor_sources()
-    return {
-        key: round(sum(float(tel.source(a).get(key, 0.0) or 0.0) for a in sources), 3)
-        for key in ("throttle_s", "dispatch_s")
-    }
+    return actor_sums(tel, ("throttle_s", "dispatch_s"))
+
+
+def actor_time(tel: Any, stepped: int) -> dict[str, float | None]:
+    """Where the actors' time went (every incarnation, summed): ``env_s`` stepping the envs
+    (with the episode bookkeeping), ``policy_s`` getting actions (the forward on the actor's
+    core, or the wait for the inference GMI), ``cpu_s`` the actor processes' CPU (every
+    thread, an EnvPool's workers too), and ``cpu_us_per_step``: that per env step sampled
+    (``stepped`` of them), what an actor-bound run's rate comes down to (compare the raw
+    loop's, ``bench/actor_loop_rate.py``)."""
+    out: dict[str, float | None] = {**actor_sums(tel, ("env_s", "policy_s", "cpu_s"))}
+    out["cpu_us_per_step"] = round(1e6 * out["cpu_s"] / stepped, 1) if stepped else None
+    return out
 
 
 def build_result(runner: RunRecord, wall_s: float, energy: Any) -> dict[str, Any]:
@@ -192,7 +209,8 @@ def build_result(runner: RunRecord, wall_s: float, energy: Any) -> dict[str, Any
     (``cpu_source`` ``model``) energy's cpu_model (its name, watts, idle watts and their
     source), cpu_idle_j and cpu_j_busy_only, and steps_per_joule_busy_only (the busy-only
     model's, without the packages' idle draw; absent for RAPL), return_mean (last 100 episodes),
-    policy_lag {mean, max}, actor_waits {throttle_s, dispatch_s}, config,
+    policy_lag {mean, max}, actor_waits {throttle_s, dispatch_s}, actor_time {env_s, policy_s,
+    cpu_s, cpu_us_per_step}, config,
     stages {dispenser|compressor|migrator|batcher: {messages,
     bytes}}, gmis (one entry per trainer GMI of every generation: rank, gpu, mps_pct,
     sm_count, trained_steps, ...), gmi_sharing (mps|shared|exclusive|cpu), gmi_sync,
@@ -267,6 +285,7 @@ def build_result(runner: RunRecord, wall_s: float, energy: Any) -> dict[str, Any
         "episodes": tel.episodes,
         "policy_lag": {"mean": lag_mean, "max": lag_max},
         "actor_waits": actor_waits(tel),
+        "actor_time": actor_time(tel, sum(runner.ended.stepped.values())),
         "actor_restarts": runner.restarts,
         "interrupted": runner.interrupted,
         "failure": (tel.fatal() or runner.failure) if runner.failure else None,

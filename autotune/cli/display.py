@@ -158,6 +158,15 @@ def summary_table(result: dict[str, Any]) -> Table:
         ("actor restarts", str(result["actor_restarts"])),
         ("trainer device", str(result["trainer_device"])),
     ]
+    spent = result.get("actor_time") or {}
+    if spent.get("cpu_us_per_step") is not None:
+        rows.append(
+            (
+                "actors, summed",
+                f"envs {spent['env_s']:,.0f} s, actions {spent['policy_s']:,.0f} s, "
+                f"{spent['cpu_us_per_step']:,.0f} us CPU/step",
+            )
+        )
     target = result.get("target")
     if target is not None:
         best = "-" if target["best_return"] is None else f"{target['best_return']:.1f}"

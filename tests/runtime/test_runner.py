@@ -44,6 +44,12 @@ def test_clean_run_loses_nothing_and_every_stage_moves_data():
     # the compressor concatenates: fewer messages out than the dispensers sent
     assert result["stages"]["compressor"]["messages"] < result["stages"]["dispenser"]["messages"]
     assert result["stages"]["compressor"]["bytes"] == result["stages"]["dispenser"]["bytes"]
+    # where the actors' time went: stepping, acting, and their CPU per env step
+    spent = result["actor_time"]
+    assert spent["env_s"] > 0 and spent["policy_s"] > 0 and spent["cpu_s"] > 0
+    assert spent["cpu_us_per_step"] == pytest.approx(
+        1e6 * spent["cpu_s"] / result["sampled_steps"], rel=1e-3
+    )
 
 
 def test_stale_experience_is_discarded_and_counted():

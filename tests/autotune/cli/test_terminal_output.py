@@ -15,7 +15,7 @@ def test_the_summary_says_when_more_was_trained_than_asked():
 
     from autotune.cli.display import summary_table
 
-    def rendered(trained: int) -> str:
+    def rendered(trained: int, width: int = 200, **extra) -> str:
         result = {
             "env": "CartPole-v1",
             "env_steps": trained,
@@ -32,12 +32,16 @@ def test_the_summary_says_when_more_was_trained_than_asked():
             "trainer_device": "cpu",
             "stages": {},
             "config": {"steps": 4096},
+            **extra,
         }
-        console = Console(record=True, width=200)
+        console = Console(record=True, width=width)
         console.print(summary_table(result))
         return console.export_text()
 
     assert "8,960 (4,096 asked; what was in flight then was trained too)" in rendered(8960)
+    # where the actors' time went, on one line at 80 columns
+    spent = {"env_s": 3.2, "policy_s": 0.6, "cpu_s": 7.3, "cpu_us_per_step": 812.4}
+    assert "envs 3 s, actions 1 s, 812 us CPU/step" in rendered(8960, 80, actor_time=spent)
     assert "asked" not in rendered(4096)
 
 
