@@ -70,17 +70,21 @@ class History:
         if spj is not None and batch:
             self.per_joule.setdefault(key, []).append((spj, batch))
 
-    def score(self, key: str) -> float:
-        """The median of a config's windows. With ``rerate``, each window is its steps/J times
-        the efficiency of its batch at the newest noise scale: the noise scale grows as a run
-        learns (McCandlish et al.), so a big batch measured early, when it kept little of each
+    def values(self, key: str) -> list[float]:
+        """A config's windows, in order. With ``rerate``, each is its steps/J times the
+        efficiency of its batch at the newest noise scale: the noise scale grows as a run learns
+        (McCandlish et al.), so a big batch measured early, when it kept little of each
         sample's worth, would otherwise stay ranked at that forever (on Ant-v5 a goodput-tuned
         run held 4,096-sample batches to the end)."""
         values = self.by_config[key]
         pairs = self.per_joule.get(key, [])
         if self.rerate and self.noise_scale and len(pairs) == len(values):
-            values = [spj * (efficiency(self.noise_scale, b) or 0.0) for spj, b in pairs]
-        return statistics.median(values)
+            return [spj * (efficiency(self.noise_scale, b) or 0.0) for spj, b in pairs]
+        return values
+
+    def score(self, key: str) -> float:
+        """The median of a config's windows (``values``)."""
+        return statistics.median(self.values(key))
 
     def best(self) -> tuple[str, float] | None:
         scored = [(k, self.score(k)) for k, v in self.by_config.items() if v]

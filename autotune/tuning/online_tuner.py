@@ -232,7 +232,7 @@ class OnlineTuner(BudgetLimits):
         best = self.history.best()
         repeat = self.trials_done and self.trials_done % self.settings.repeat_every == 0
         # a new best is measured again at once; the start config waits for the periodic repeat
-        unsure = best is not None and not confirmed(self.history.by_config[best[0]])
+        unsure = best is not None and not confirmed(self.history.values(best[0]))
         repeat = repeat or (unsure and best[0] != config_key(self.base))
         if repeat and best and not self.grid and in_space(self.knobs, json.loads(best[0])):
             self.study.enqueue_trial(json.loads(best[0]))  # re-measure the incumbent
@@ -348,7 +348,7 @@ class OnlineTuner(BudgetLimits):
             self.study.tell(cur.trial, value)
             self.trials_done += 1
         elif best_before and best_before[0] == key:
-            median = statistics.median(self.history.by_config[key][:-1] or [value])
+            median = statistics.median(self.history.values(key)[:-1] or [value])
             if value < median * (1 - self.settings.drift_tol):
                 logger.warning(
                     "best config drifted (%.3g vs median %.3g); exploring again", value, median
