@@ -23,6 +23,7 @@ import argparse
 import json
 import multiprocessing as mp
 import os
+import queue
 import time
 from typing import Any
 
@@ -47,8 +48,6 @@ def _loop(args: dict[str, Any], index: int, start: Any, out: Any) -> None:
     os.environ.update(
         dict.fromkeys(("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"), "1")
     )
-    import numpy as np
-
     from policies.actor_critic import initial_state_arrays
     from policies.numpy_policy import NumpyPolicy
     from runtime.actor import Actor
@@ -69,14 +68,14 @@ def _loop(args: dict[str, Any], index: int, start: Any, out: Any) -> None:
         actor = Actor(cfg, info, index, 0, None, policy, None, None, _Counter())
         step, per = actor.collect, k * cfg.rollout_len
     else:
+        from bench.raw_env_rate import action_sampler
+
         vec = make_envs(env, backend, k, index * 1000, 1)
         vec.reset()
-        space = vec.action_space()
-        rng = np.random.default_rng(index)
-        low, high = np.asarray(space.low, np.float32), np.asarray(space.high, np.float32)
+        draw = action_sampler(vec.action_space(), k, index)
 
         def step() -> None:
-            vec.step(0, k, rng.uniform(low, high, (k, len(low))).astype(np.float32))
+            vec.step(0, k, draw())
 
         per = k
     step()  # warm
@@ -95,7 +94,19 @@ def run_loop(args: dict[str, Any], processes: int) -> dict[str, Any]:
     procs = [ctx.Process(target=_loop, args=(args, i, start, out)) for i in range(processes)]
     for p in procs:
         p.start()
-    rows = [out.get(timeout=args["seconds"] + 300) for _ in procs]
+    rows: list[tuple] = []
+    deadline = time.monotonic() + args["seconds"] + 300
+    while len(rows) < processes:
+        try:
+            rows.append(out.get(timeout=1.0))
+        except queue.Empty:
+            dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+            if dead or time.monotonic() > deadline:
+                for p in procs:
+                    p.kill()
+                why = f"exited {dead[0]}" if dead else "did not finish in time"
+                msg = f"a {args['loop']} process {why} (its traceback is above)"
+                raise SystemExit(msg) from None
     for p in procs:
         p.join()
     steps = sum(r[1] for r in rows)
@@ -127,6 +138,13 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--loops {a.loops!r}: allowed are {', '.join(LOOPS)}")
     if a.envs_per_actor < 1 or a.seconds <= 0 or a.processes < 0:
         ap.error("--envs-per-actor must be >= 1, --seconds > 0, --processes >= 0")
+    from runtime.env_backends import resolve_backend
+    from runtime.envs import EnvError, probe_env
+
+    try:  # an env that cannot be made fails here, not in every child
+        probe_env(a.env, resolve_backend(a.env, a.backend))
+    except EnvError as exc:
+        ap.error(str(exc))
     n = a.processes or len(os.sched_getaffinity(0))
     results = []
     for loop in loops:

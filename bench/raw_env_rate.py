@@ -32,7 +32,7 @@ def _stepper(
     vec = make_envs(env_id, backend, envs, seed)
     vec.reset()
     batch = getattr(vec, "envs", None)  # gymnasium: each env sampled and stepped by itself
-    draw = _sampler(vec.action_space(), envs, seed)
+    draw = action_sampler(vec.action_space(), envs, seed)
     start.wait()
     steps, t0 = 0, time.monotonic()
     last = t0
@@ -51,7 +51,7 @@ def _stepper(
     out.put((index, steps, time.monotonic() - t0))
 
 
-def _sampler(space, k: int, seed: int):
+def action_sampler(space, k: int, seed: int):
     """Random actions for ``k`` envs at once (numpy, not a Python call per env)."""
     import numpy as np
 

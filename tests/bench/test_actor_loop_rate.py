@@ -1,0 +1,43 @@
+"""``python -m bench.actor_loop_rate``: an actor's real collect loop and raw stepping, side by
+side on every process at once, with their CPU per env step; bad input is refused."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def actor_loop_rate(*args: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "bench.actor_loop_rate", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+
+
+def test_both_loops_step_and_report_their_cpu_per_step(tmp_path):
+    out = tmp_path / "loop.json"
+    proc = actor_loop_rate(
+        *("--env", "CartPole-v1", "--backend", "gymnasium", "--policy", "auto:16:auto"),
+        *("--processes", "2", "--envs-per-actor", "4", "--seconds", "1", "--json", str(out)),
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    assert doc["env"] == "CartPole-v1" and [r["loop"] for r in doc["results"]] == ["raw", "collect"]
+    for r in doc["results"]:
+        assert r["processes"] == 2 and r["steps_per_s"] > 0 and r["cpu_ms_per_step"] > 0
+        assert r["steps_per_s_per_process"] == pytest.approx(r["steps_per_s"] / 2)
+    # collect runs whole rollouts: the policy forward and the bookkeeping cost CPU raw skips
+    raw, collect = doc["results"]
+    assert collect["cpu_ms_per_step"] > raw["cpu_ms_per_step"]
+
+
+def test_bad_input_is_refused_with_what_is_allowed():
+    proc = actor_loop_rate("--env", "CartPole-v1", "--loops", "raw,fast")
+    assert proc.returncode == 2 and "allowed are raw, collect" in proc.stderr
+    proc = actor_loop_rate("--env", "CartPole-v1", "--seconds", "0")
+    assert proc.returncode == 2 and "--seconds > 0" in proc.stderr
+    proc = actor_loop_rate("--env", "NoSuchEnv-v0", "--seconds", "1")
+    assert proc.returncode == 2 and "NoSuchEnv-v0" in proc.stderr
