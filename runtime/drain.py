@@ -40,21 +40,27 @@ def wall_reserve_s(cfg: Any, rate: float) -> float:
     return min(need, 0.5 * cfg.max_wall_s)
 
 
+SETTLE_S = 5.0
+"""How long after a run's first trained batch the drain's rate waits for a second one before
+it falls back on the rate counted from the run's start."""
+
+
 class TrainedRate:
     """The run's trained steps/s since its first trained step, which the drain's reserve goes
     by. Counted from the start of the run instead, the rate carries the start-up (probes,
     process starts, a GPU learner's graph capture): on a 75-s Ant-v5 run on a 16-core H200 host
     the first 16,384-sample batch landed 12.5 s in, that rate (1.3k/s, against 28k after) put
-    the reserve at its cap, and the run drained 15 s after it began. Until two trained counts
-    are seen, there is no rate (0)."""
+    the reserve at its cap, and the run drained 15 s after it began. Before two trained counts
+    there is no such rate: none (0) for ``SETTLE_S`` after the first, then the start-up one (a
+    learner that takes a minute per update must not wait for a second before it drains)."""
 
     def __init__(self) -> None:
         self._first: tuple[float, int] | None = None
         self._last: tuple[float, int] | None = None
 
-    def observe(self, trained: int, now: float | None = None) -> float:
-        """Takes the run's trained step count (at ``now``, ``time.monotonic()``); returns the
-        rate since the first count above 0, once a larger one followed it (else 0)."""
+    def observe(self, trained: int, started: float, now: float | None = None) -> float:
+        """Takes the run's trained step count (at ``now``, ``time.monotonic()``; the run began
+        at ``started``); returns the rate the drain's reserve goes by (0: none yet)."""
         now = time.monotonic() if now is None else now
         if trained <= 0:
             return 0.0
@@ -62,9 +68,11 @@ class TrainedRate:
             self._first = (now, trained)
         elif trained > self._first[1]:
             self._last = (now, trained)
-        if self._last is None or self._last[0] <= self._first[0]:
+        if self._last is not None and self._last[0] > self._first[0]:
+            return (self._last[1] - self._first[1]) / (self._last[0] - self._first[0])
+        if now - self._first[0] < SETTLE_S or now <= started:
             return 0.0
-        return (self._last[1] - self._first[1]) / (self._last[0] - self._first[0])
+        return trained / (now - started)
 
 
 def wall_due(cfg: Any, since: float, rate: float) -> bool:

@@ -122,9 +122,8 @@ class Runner:
         self.services = Services(self.mp)
         self.fleet = GMIFleet(cfg, info, self.services.spawn)
         self.generations = Generations(self.fleet, mps_changes)
-        self.on_progress = on_progress
+        self.on_progress, self.meter = on_progress, meter
         self.timeline = Timeline()
-        self.meter = meter
         self.telemetry = RunTelemetry(act_dim=None if info.discrete else info.act_dim)
         self.resumed_episodes = 0  # of the runs before (the return window goes on from theirs)
         if self.resume is not None:
@@ -368,7 +367,8 @@ class Runner:
                 break
             if self.resumed_steps + self.telemetry.trained_steps >= self.cfg.steps:
                 break
-            if wall_due(self.cfg, self.wall_from or started, self.pace.observe(tel.trained_steps)):
+            rate = self.pace.observe(tel.trained_steps, started)
+            if wall_due(self.cfg, self.wall_from or started, rate):
                 logger.info("draining to end by the wall limit of %.0f s", self.cfg.max_wall_s)
                 break
 
