@@ -219,6 +219,8 @@ def run_arm(arm: str, a: argparse.Namespace, meter: MachineMeter, out_dir: Path)
         }
         if "sizing" in res:
             doc["sizing"] = {k: res["sizing"][k] for k in ("chosen", "predicted")}
+        if res.get("actor_time"):  # where the actors' time went (an actor-bound arm's why)
+            doc["actor_time"] = res["actor_time"]
         if "tuning" in res:
             doc["tuning"] = {
                 k: res["tuning"].get(k) for k in ("sampler", "best", "trials", "windows")
