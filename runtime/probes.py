@@ -20,6 +20,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -36,7 +37,7 @@ from runtime.env_probes import (
     timed,
 )
 from runtime.envs import EnvInfo, probe_env
-from runtime.learner_probe import make_learner, synthetic_batch
+from runtime.learner_probe import GROUP_LEARNER, make_learner, synthetic_batch
 
 LEARNER_BATCHES = (1024, 4096, 16384)
 """Batch sizes the learner update is timed at (its fixed and per-sample cost)."""
@@ -47,10 +48,6 @@ DOMINATED = 4.0
 """A device whose update at the smallest batch is over ``LEARNER_STOP_S`` and this many times
 slower than a device already probed is measured at that one size only (its line goes through
 the origin): it cannot keep up, and a big policy's CPU update takes seconds per size."""
-GROUP_LEARNER = "cuda-group"
-"""The learner line of a CUDA trainer in a data-parallel group: its all-reduce sits between
-backward and step, so it runs the eager loop, not the CUDA graphs a single trainer replays
-(about 9-11x slower on an H200 with PPO's 10 x 32 steps per update)."""
 GPU_POWER_S = 1.0
 """Seconds each GPU power reading spans (idle, context open, learner busy)."""
 
@@ -170,14 +167,17 @@ def probe_learner(
     learner: dict[str, Any],
     rival: LearnerCost | None = None,
     group: bool = False,
+    update: Callable[[dict], None] | None = None,
 ) -> LearnerCost:
     """Seconds per update of the run's learner on ``device`` with synthetic batches, at two
     sizes at least (a GPU learner's update can cost the same at every size: a fixed cost the
     line must see); stops growing the batch once one update takes over ``LEARNER_STOP_S``,
     and after the first size where ``device`` is ``DOMINATED`` by ``rival`` (another device
     probed before). ``group``: the update of a trainer group's member on CUDA (the eager loop,
-    timed once per size after one untimed update: it is slow), as ``GROUP_LEARNER``."""
-    _, update = make_learner(info, policy, device, learner, graphs=not group)
+    timed once per size after one untimed update: it is slow), as ``GROUP_LEARNER``.
+    ``update``: a learner's update function (``make_learner``) to time instead of a new one."""
+    if update is None:
+        _, update = make_learner(info, policy, device, learner, graphs=not group)
     seconds: dict[int, float] = {}
     for size in LEARNER_BATCHES:
         batch = synthetic_batch(info, size, rollout_len)
@@ -263,17 +263,22 @@ def measure(
         sms = [torch.cuda.get_device_properties(i).multi_processor_count for i in range(n)]
     took("forward")
     costs: dict[str, LearnerCost] = {}
+    cuda_update = None  # kept for the GPU power probe: its graphs are captured already
     for device in sorted(devices, key=lambda d: d != "cuda"):  # cuda first: the fast one
         if device == "cuda" and not sms:
             continue
         rival = costs.get("cuda")
-        costs[device] = probe_learner(info, policy, device, rollout_len, learner, rival)
+        _, update = make_learner(info, policy, device, learner)
+        cuda_update = update if device == "cuda" else cuda_update
+        costs[device] = probe_learner(
+            info, policy, device, rollout_len, learner, rival, update=update
+        )
         took(f"learner_{device}")
     if "cuda" in costs:
         costs[GROUP_LEARNER] = probe_learner(info, policy, "cuda", rollout_len, learner, group=True)
         took(f"learner_{GROUP_LEARNER}")
-    if meter is not None and "cuda" in costs:
-        _, update = make_learner(info, policy, "cuda", learner)
+    if meter is not None and cuda_update is not None:
+        update = cuda_update
         batch = synthetic_batch(info, max(costs["cuda"].seconds), rollout_len)
         update(batch)
         power["context_w"] = _gpu_watts(meter, lambda: time.sleep(0.05))

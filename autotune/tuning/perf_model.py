@@ -56,10 +56,7 @@ from typing import Any
 import numpy as np
 
 from autotune.tuning.node_model import NodeModel, fit_node_speeds, node_rates
-
-GROUP_LEARNER = "cuda-group"
-"""The probes' learner line of a trainer group's member on CUDA: ``runtime.probes`` measures it
-under the same name (it cannot import this layer, nor this module that one's gymnasium)."""
+from runtime.learner_probe import GROUP_LEARNER
 
 FEATURES = ("actors", "envs_per_actor", "batch_size", "cuda", "trainers", "mps", "threads")
 STAGE_CORES = 1.0
