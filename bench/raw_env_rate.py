@@ -33,6 +33,7 @@ def _stepper(
     vec.reset()
     batch = getattr(vec, "envs", None)  # gymnasium: each env sampled and stepped by itself
     draw = action_sampler(vec.action_space(), envs, seed)
+    out.put((index, None, None))  # ready
     start.wait()
     steps, t0 = 0, time.monotonic()
     last = t0
@@ -49,6 +50,28 @@ def _stepper(
             out.put((index, steps, None))
             last = now
     out.put((index, steps, time.monotonic() - t0))
+
+
+READY_TIMEOUT_S = 300.0
+"""How long the stepping processes may take to make their envs."""
+
+
+def _await_ready(out, procs) -> None:
+    """Waits until every process has made its envs; raises RuntimeError (after killing them
+    all) as soon as one exits instead, or once ``READY_TIMEOUT_S`` has passed."""
+    ready, deadline = set(), time.monotonic() + READY_TIMEOUT_S
+    while len(ready) < len(procs):
+        try:
+            ready.add(out.get(timeout=1.0)[0])
+            continue
+        except queue.Empty:
+            dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+            if not dead and time.monotonic() < deadline:
+                continue
+        for p in procs:
+            p.kill()
+        why = f"exited {dead[0]}" if dead else f"did not start within {READY_TIMEOUT_S:.0f} s"
+        raise RuntimeError(f"raw stepping: a process {why} (its traceback is above)")
 
 
 def action_sampler(space, k: int, seed: int):
@@ -77,7 +100,7 @@ def raw_step_rate(
     from autotune.workflows.progress_log import ProgressLog
 
     ctx = mp.get_context("spawn")
-    start, out = ctx.Barrier(processes + 1), ctx.Queue()
+    start, out = ctx.Event(), ctx.Queue()
     procs = [
         ctx.Process(
             target=_stepper,
@@ -88,7 +111,8 @@ def raw_step_rate(
     for p in procs:
         p.start()
     log = ProgressLog(progress, every_s=0.0) if progress else None
-    start.wait()
+    _await_ready(out, procs)
+    start.set()
     counts, rates = [0] * processes, {}
     if log:
         log.write(0, force=True)

@@ -59,10 +59,16 @@ class NonFiniteEnv(ArithmeticError):
 """A restarted actor waits this long for current weights before acting with version 0."""
 
 
-def init_actor_process(actor: int, nice: int = 0) -> None:
-    """Process set-up: signals, logging and ``nice`` added to the process's niceness. An actor
-    owns one core: it acts with a numpy copy of the policy (no torch), and the pool starts it
-    with one BLAS thread (``runtime.actor_pool.one_blas_thread``)."""
+def init_actor_process(actor: int, nice: int = 0, core: int | None = None) -> None:
+    """Process set-up: pinned to ``core`` (before it starts a thread, so its env engine's and
+    ZeroMQ's threads inherit the core), signals, logging and ``nice`` added to the process's
+    niceness. An actor owns one core: it acts with a numpy copy of the policy (no torch), and
+    the pool starts it with one BLAS thread (``runtime.actor_pool.one_blas_thread``)."""
+    if core is not None:
+        try:
+            os.sched_setaffinity(0, {core})
+        except OSError as exc:  # the runner's CPU set changed meanwhile: stay unpinned
+            logger.warning("actor %d: not pinned to core %d: %s", actor, core, exc)
     init_service_process(f"actor-{actor}")
     if nice:
         os.nice(nice)
@@ -319,10 +325,12 @@ def actor_main(
     stepped: multiprocessing.sharedctypes.Synchronized,
     stop: Any,
     initial: tuple[list[str], list[np.ndarray]] | None,
+    core: int | None = None,
 ) -> None:
-    """Process entry point of actor slot ``actor`` (its ``incarnation``-th start); see
-    ``run_actor``. Exits with ``NONFINITE_EXIT`` where its env returned a non-finite value."""
-    init_actor_process(actor, cfg.actor_nice)
+    """Process entry point of actor slot ``actor`` (its ``incarnation``-th start), pinned to
+    ``core`` unless None; see ``run_actor``. Exits with ``NONFINITE_EXIT`` where its env
+    returned a non-finite value."""
+    init_actor_process(actor, cfg.actor_nice, core)
     code = run_actor(cfg, info, endpoints, actor, incarnation, stepped, stop, initial)
     if code:
         sys.exit(code)

@@ -46,6 +46,17 @@ window, up to the second."""
 BLAS_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 
+def actor_core(index: int, cfg: TrainConfig) -> int | None:
+    """The core actor slot ``index`` is pinned to: the ``index``-th of this process's CPU set
+    (the machine's, or the budget the daemon gave the run), where ``cfg.pin_actors`` is set and
+    the run has fewer actors than cores, so that one core at least is left to the stages and
+    the trainer; else None (the scheduler places it)."""
+    cores = sorted(os.sched_getaffinity(0))
+    if not cfg.pin_actors or cfg.actors >= len(cores) or index >= len(cores) - 1:
+        return None
+    return cores[index]
+
+
 @contextlib.contextmanager
 def one_blas_thread() -> Iterator[None]:
     """Processes started inside get one BLAS/OpenMP thread: an actor owns one core, and numpy's
@@ -156,6 +167,7 @@ class ActorPool:
             name=f"actor-{index}.{incarnation}",
             daemon=True,
             args=(cfg, self.info, ep, index, incarnation, stepped, stop, self.initial_weights(cfg)),
+            kwargs={"core": actor_core(index, cfg)},
         )
         with one_blas_thread():
             proc.start()

@@ -15,6 +15,7 @@ from autotune.cli.display import ProgressDisplay, summary_table
 from autotune.cli.link_flags import add_link_args, cluster_actors
 from autotune.cli.output import write_json
 from autotune.cli.train_config import (
+    add_actor_args,
     add_env_args,
     add_learner_args,
     auto_fields,
@@ -152,14 +153,7 @@ def add_train_command(sub: Any) -> None:
         "Algorithm 1); mpr = one host all-reduce, mrr = rings (NCCL between GPUs), "
         "har = hierarchical (default auto)",
     )
-    train.add_argument(
-        "--actor-nice",
-        type=int,
-        default=d.actor_nice,
-        help="niceness the actors add to their own (0..19): with as many actors as cores, a "
-        "positive value lets the stages and the trainer run first (default "
-        f"{d.actor_nice})",
-    )
+    add_actor_args(train, d)
     train.add_argument(
         "--trainer-threads",
         type=int,

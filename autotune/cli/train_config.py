@@ -164,6 +164,7 @@ def config_from_args(args: argparse.Namespace):
         actors=_or_default(args, "actors", TrainConfig.actors),
         envs_per_actor=_or_default(args, "envs_per_actor", TrainConfig.envs_per_actor),
         actor_nice=args.actor_nice,
+        pin_actors=args.pin_actors,
         rollout_len=args.rollout_len,
         batch_size=_or_default(args, "batch_size", TrainConfig.batch_size),
         policy=args.policy,
@@ -212,6 +213,32 @@ def process_started() -> float:
     import psutil
 
     return time.monotonic() - max(0.0, time.time() - psutil.Process().create_time())
+
+
+def _on_off(text: str) -> bool:
+    if text not in ("on", "off"):
+        raise argparse.ArgumentTypeError(f"{text!r}: allowed on or off")
+    return text == "on"
+
+
+def add_actor_args(parser: argparse.ArgumentParser, d) -> None:
+    """``--actor-nice`` and ``--pin-actors`` (``d``: the defaults, a ``TrainConfig``)."""
+    parser.add_argument(
+        "--actor-nice",
+        type=int,
+        default=d.actor_nice,
+        help="niceness the actors add to their own (0..19): with as many actors as cores, a "
+        f"positive value lets the stages and the trainer run first (default {d.actor_nice})",
+    )
+    parser.add_argument(
+        "--pin-actors",
+        type=_on_off,
+        default=d.pin_actors,
+        metavar="{on,off}",
+        help="on: where the run has fewer actors than cores, actor i runs on the i-th core of "
+        "the run's CPU set, its env engine's thread with it; off: the scheduler places them "
+        f"(default {'on' if d.pin_actors else 'off'})",
+    )
 
 
 def add_env_args(parser: argparse.ArgumentParser, default: str) -> None:

@@ -1,13 +1,17 @@
-"""The actor pool's process set-up: one BLAS thread per actor, version-0 weights built once,
-and an actor's modules that never import torch."""
+"""The actor pool's process set-up: one BLAS thread per actor, each actor pinned to a core of
+its own, version-0 weights built once, and an actor's modules that never import torch."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import time
 
-from runtime.actor_pool import BLAS_THREAD_VARS, ActorPool, one_blas_thread
+import psutil
+import pytest
+
+from runtime.actor_pool import BLAS_THREAD_VARS, ActorPool, actor_core, one_blas_thread
 from runtime.config import TrainConfig
 
 
@@ -39,3 +43,47 @@ def test_an_actor_process_imports_no_torch():
         "sys.exit('torch' in sys.modules)"
     )
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
+
+
+def test_actor_core_takes_the_ith_core_of_the_cpu_set_and_leaves_one_to_the_rest(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    assert [actor_core(i, TrainConfig(actors=15)) for i in (0, 3, 14)] == [0, 3, 14]
+    assert actor_core(3, TrainConfig(actors=16)) is None  # no core left for the stages
+    assert actor_core(3, TrainConfig(actors=4, pin_actors=False)) is None
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {7, 2, 5})  # a daemon's budget
+    assert [actor_core(i, TrainConfig(actors=2)) for i in (0, 1)] == [2, 5]
+    assert actor_core(0, TrainConfig(actors=3)) is None
+
+
+def _thread_cores(pid: int) -> set[frozenset[int]]:
+    return {frozenset(os.sched_getaffinity(int(t))) for t in os.listdir(f"/proc/{pid}/task")}
+
+
+def _actor_of_run(*flags_more: str) -> set[frozenset[int]]:
+    """Starts a CartPole run with one actor; the CPU sets of the actor's threads, once it runs
+    more than one thread (ZeroMQ's I/O thread, and EnvPool's where it steps on EnvPool)."""
+    flags = "--env CartPole-v1 --actors 1 --envs-per-actor 4 --batch-size 256 --steps 100000000"
+    cmd = [sys.executable, "-m", "autotune.cli", "train", *flags.split(), "--quiet"]
+    cmd += ["--trainer-device", "cpu", *flags_more]
+    run = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            assert run.poll() is None, run.stderr.read()
+            for p in psutil.Process(run.pid).children(recursive=True):
+                try:
+                    if "autotune: actor 0" in " ".join(p.cmdline()) and p.num_threads() > 1:
+                        return _thread_cores(p.pid)
+                except psutil.Error:
+                    continue
+            time.sleep(0.2)
+        raise AssertionError("the run's actor did not start stepping within 240 s")
+    finally:
+        run.terminate()
+        run.wait(60)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
+def test_a_runs_actor_and_every_thread_it_starts_run_on_its_own_core():
+    assert _actor_of_run() == {frozenset({min(os.sched_getaffinity(0))})}
+    assert _actor_of_run("--pin-actors", "off") == {frozenset(os.sched_getaffinity(0))}
