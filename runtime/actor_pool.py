@@ -46,13 +46,13 @@ window, up to the second."""
 BLAS_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 
-def actor_core(index: int, cfg: TrainConfig) -> int | None:
-    """The core actor slot ``index`` is pinned to: the ``index``-th of this process's CPU set
-    (the machine's, or the budget the daemon gave the run), where ``cfg.pin_actors`` is set and
-    the run has fewer actors than cores, so that one core at least is left to the stages and
-    the trainer; else None (the scheduler places it)."""
+def actor_core(index: int, actors: int, pin: bool = True) -> int | None:
+    """The core actor slot ``index`` of ``actors`` is pinned to: the ``index``-th of this
+    process's CPU set (the machine's, or the budget the daemon gave the run), where ``pin``
+    (``TrainConfig.pin_actors``) and the run has fewer actors than cores, so that one core at
+    least is left to the stages and the trainer; else None (the scheduler places it)."""
     cores = sorted(os.sched_getaffinity(0))
-    if not cfg.pin_actors or cfg.actors >= len(cores) or index >= len(cores) - 1:
+    if not pin or actors >= len(cores) or index >= len(cores) - 1:
         return None
     return cores[index]
 
@@ -167,11 +167,28 @@ class ActorPool:
             name=f"actor-{index}.{incarnation}",
             daemon=True,
             args=(cfg, self.info, ep, index, incarnation, stepped, stop, self.initial_weights(cfg)),
-            kwargs={"core": actor_core(index, cfg)},
+            kwargs={"core": actor_core(index, cfg.actors, cfg.pin_actors)},
         )
         with one_blas_thread():
             proc.start()
         return ActorSlot(index, incarnation, proc, stepped, stop, cfg)
+
+    def pin(self) -> int:
+        """Pins every thread of each actor process of this machine to its core under this
+        process's CPU set as it is now (``actor_core``): after the set changed, as when the
+        daemon gives the run a new budget. Returns how many actors it pinned."""
+        pinned = 0
+        for slot in [] if self.launcher is not None else self.slots:
+            core = actor_core(slot.index, len(self.slots), slot.cfg.pin_actors)
+            if core is None or slot.process.pid is None:
+                continue
+            try:
+                for tid in os.listdir(f"/proc/{slot.process.pid}/task"):
+                    os.sched_setaffinity(int(tid), {core})
+                pinned += 1
+            except OSError as exc:  # ended meanwhile (its restart is placed at its start)
+                logger.debug("actor %s not pinned: %s", slot.key, exc)
+        return pinned
 
     def start(self, cfg: TrainConfig, ep: topology.Endpoints) -> None:
         """Starts ``cfg.actors`` actors."""
@@ -194,7 +211,8 @@ class ActorPool:
 
     def resize(self, cfg: TrainConfig, ep: topology.Endpoints) -> None:
         """Adds actors (new slots) or removes the highest slots to reach ``cfg.actors`` (a slot
-        waiting out its restart back-off counts, and is dropped first)."""
+        waiting out its restart back-off counts, and is dropped first); then pins them
+        (``pin``)."""
         while len(self._used()) < cfg.actors:
             free = min(set(range(len(self._used()) + 1)) - self._used())
             self.slots.append(self._start(cfg, ep, free))
@@ -203,6 +221,7 @@ class ActorPool:
             if self._pending.pop(top, None) is not None:
                 continue
             self._leave(self.slots.pop(next(i for i, s in enumerate(self.slots) if s.index == top)))
+        self.pin()  # those started for another count, now on a core of their own
 
     def respawn(self, cfg: TrainConfig, ep: topology.Endpoints) -> None:
         """Replaces every actor by a new incarnation started with ``cfg``."""

@@ -3,15 +3,23 @@ its own, version-0 weights built once, and an actor's modules that never import 
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 import psutil
 import pytest
 
-from runtime.actor_pool import BLAS_THREAD_VARS, ActorPool, actor_core, one_blas_thread
+from runtime.actor_pool import (
+    BLAS_THREAD_VARS,
+    ActorPool,
+    ActorSlot,
+    actor_core,
+    one_blas_thread,
+)
 from runtime.config import TrainConfig
 
 
@@ -47,12 +55,12 @@ def test_an_actor_process_imports_no_torch():
 
 def test_actor_core_takes_the_ith_core_of_the_cpu_set_and_leaves_one_to_the_rest(monkeypatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
-    assert [actor_core(i, TrainConfig(actors=15)) for i in (0, 3, 14)] == [0, 3, 14]
-    assert actor_core(3, TrainConfig(actors=16)) is None  # no core left for the stages
-    assert actor_core(3, TrainConfig(actors=4, pin_actors=False)) is None
+    assert [actor_core(i, 15) for i in (0, 3, 14)] == [0, 3, 14]
+    assert actor_core(3, 16) is None  # no core left for the stages
+    assert actor_core(3, 4, pin=False) is None
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {7, 2, 5})  # a daemon's budget
-    assert [actor_core(i, TrainConfig(actors=2)) for i in (0, 1)] == [2, 5]
-    assert actor_core(0, TrainConfig(actors=3)) is None
+    assert [actor_core(i, 2) for i in (0, 1)] == [2, 5]
+    assert actor_core(0, 3) is None
 
 
 def _thread_cores(pid: int) -> set[frozenset[int]]:
@@ -87,3 +95,26 @@ def _actor_of_run(*flags_more: str) -> set[frozenset[int]]:
 def test_a_runs_actor_and_every_thread_it_starts_run_on_its_own_core():
     assert _actor_of_run() == {frozenset({min(os.sched_getaffinity(0))})}
     assert _actor_of_run("--pin-actors", "off") == {frozenset(os.sched_getaffinity(0))}
+
+
+def _sleep(seconds: float) -> None:
+    time.sleep(seconds)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
+def test_pin_puts_each_running_actor_on_its_core_after_the_cpu_set_changed():
+    """As after a daemon's new budget: the pool pins its running actors under the set now."""
+    ctx = multiprocessing.get_context("spawn")
+    proc = ctx.Process(target=_sleep, args=(60,), daemon=True)
+    proc.start()
+    try:
+        pool = ActorPool(ctx, None)
+        cfg = TrainConfig(actors=1)
+        pool.slots = [ActorSlot(0, 0, proc, None, None, cfg)]
+        assert os.sched_getaffinity(proc.pid) == os.sched_getaffinity(0)
+        assert pool.pin() == 1
+        assert os.sched_getaffinity(proc.pid) == {min(os.sched_getaffinity(0))}
+        pool.slots = [ActorSlot(0, 0, proc, None, None, replace(cfg, pin_actors=False))]
+        assert pool.pin() == 0
+    finally:
+        proc.kill()
