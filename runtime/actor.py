@@ -36,6 +36,7 @@ from runtime.config import TrainConfig
 from runtime.env_backends import actor_threads, make_envs
 from runtime.envs import EnvInfo
 from runtime.policy_io import LocalPolicy, RemotePolicy, WeightsReceiver
+from runtime.receipts import Receipts
 from runtime.reward_norm import RewardNormalizer
 from runtime.stages.common import LiveSettings, StatsSender, init_service_process
 from runtime.stages.dispenser import Dispenser
@@ -59,46 +60,19 @@ class NonFiniteEnv(ArithmeticError):
 """A restarted actor waits this long for current weights before acting with version 0."""
 
 
-def init_actor_process(actor: int, nice: int = 0, core: int | None = None) -> None:
-    """Process set-up: pinned to ``core`` (before it starts a thread, so its env engine's and
-    ZeroMQ's threads inherit the core), signals, logging and ``nice`` added to the process's
-    niceness. An actor owns one core: it acts with a numpy copy of the policy (no torch), and
+def init_actor_process(actor: int, nice: int = 0, cores: list[int] | None = None) -> None:
+    """Process set-up: pinned to ``cores`` (before it starts a thread, so its env engine's and
+    ZeroMQ's threads inherit them), signals, logging and ``nice`` added to the process's
+    niceness. An actor owns its cores: it acts with a numpy copy of the policy (no torch), and
     the pool starts it with one BLAS thread (``runtime.actor_pool.one_blas_thread``)."""
-    if core is not None:
+    if cores:
         try:
-            os.sched_setaffinity(0, {core})
+            os.sched_setaffinity(0, cores)
         except OSError as exc:  # the runner's CPU set changed meanwhile: stay unpinned
-            logger.warning("actor %d: not pinned to core %d: %s", actor, core, exc)
+            logger.warning("actor %d: not pinned to cores %s: %s", actor, cores, exc)
     init_service_process(f"actor-{actor}")
     if nice:
         os.nice(nice)
-
-
-class _Receipts:
-    """The newest RECEIPT from the migrator: steps handed to a trainer, by actor incarnation."""
-
-    def __init__(self, sock: zmq.Socket, key: str) -> None:
-        self.sock = sock
-        self.key = key
-        self.received = 0
-        self.malformed = wire.MalformedCounter("actor-receipts")
-
-    def poll(self, timeout_ms: int = 0) -> int:
-        """Takes every waiting receipt; returns this incarnation's confirmed steps."""
-        if not self.sock.poll(timeout_ms):
-            return self.received
-        for msg in wire.recv_waiting(self.sock, self.malformed):
-            try:
-                if msg.type is not wire.MsgType.RECEIPT:
-                    raise wire.ProtocolError(f"expected receipts, got {msg.type.value}")
-                received = msg.meta.get("received")
-                if not isinstance(received, dict):
-                    raise wire.ProtocolError("'received' must be a map")
-                if self.key in received:  # cumulative: never goes down
-                    self.received = max(self.received, wire.meta_int(received, self.key))
-            except wire.ProtocolError as exc:
-                self.malformed.drop(exc)
-        return self.received
 
 
 class Actor:
@@ -112,10 +86,11 @@ class Actor:
         incarnation: int,
         dispenser: Dispenser,
         policy: LocalPolicy | RemotePolicy,
-        receipts: _Receipts,
+        receipts: Receipts,
         stats: StatsSender | None,
         stepped: Any,
         commands: zmq.Socket | None = None,
+        threads: int | None = None,
     ) -> None:
         self.cfg, self.info = cfg, info
         self.index = actor
@@ -129,7 +104,8 @@ class Actor:
         self.stepped = stepped
         k = cfg.envs_per_actor
         base_seed = cfg.seed * 1_000_003 + (actor * 997 + incarnation) * k
-        self.envs = make_envs(cfg.env, cfg.env_backend, k, base_seed, actor_threads(cfg.actors))
+        threads = threads or actor_threads(cfg.actors)
+        self.envs = make_envs(cfg.env, cfg.env_backend, k, base_seed, threads)
         self.obs = self.envs.reset()
         split = isinstance(policy, RemotePolicy) and k >= 2
         self.groups = [slice(0, k // 2), slice(k // 2, k)] if split else [slice(0, k)]
@@ -325,13 +301,14 @@ def actor_main(
     stepped: multiprocessing.sharedctypes.Synchronized,
     stop: Any,
     initial: tuple[list[str], list[np.ndarray]] | None,
-    core: int | None = None,
+    cores: list[int] | None = None,
 ) -> None:
     """Process entry point of actor slot ``actor`` (its ``incarnation``-th start), pinned to
-    ``core`` unless None; see ``run_actor``. Exits with ``NONFINITE_EXIT`` where its env
-    returned a non-finite value."""
-    init_actor_process(actor, cfg.actor_nice, core)
-    code = run_actor(cfg, info, endpoints, actor, incarnation, stepped, stop, initial)
+    ``cores`` unless None, an EnvPool thread for each; see ``run_actor``. Exits with
+    ``NONFINITE_EXIT`` where its env returned a non-finite value."""
+    threads = len(cores) if cores else actor_threads(cfg.actors)  # from the runner's CPU set
+    init_actor_process(actor, cfg.actor_nice, cores)
+    code = run_actor(cfg, info, endpoints, actor, incarnation, stepped, stop, initial, threads)
     if code:
         sys.exit(code)
 
@@ -345,8 +322,10 @@ def run_actor(
     stepped: Any,
     stop: Any,
     initial: tuple[list[str], list[np.ndarray]] | None,
+    threads: int | None = None,
 ) -> int:
-    """Runs actor slot ``actor``'s rollout loop until ``stop`` is set; returns 0, or
+    """Runs actor slot ``actor``'s rollout loop (``threads`` EnvPool threads; None: its share
+    of this process's cores) until ``stop`` is set; returns 0, or
     ``NONFINITE_EXIT`` (not a crash to restart: the run stops, saying why). ``stepped`` is a
     counter with a ``value`` it bumps per env step (shared with the runner, or a remote actor's
     own: ``runtime.cluster``). ``initial`` holds the run's version-0 weights
@@ -368,7 +347,7 @@ def run_actor(
         if incarnation > 0:
             weights.poll(int(FIRST_WEIGHTS_WAIT_S * 1000))
         policy = LocalPolicy(weights)
-    receipts = _Receipts(topology.actor_receipts_in(ctx, endpoints), f"{actor}:{incarnation}")
+    receipts = Receipts(topology.actor_receipts_in(ctx, endpoints), f"{actor}:{incarnation}")
     dispenser = Dispenser(
         topology.actor_experience_out(ctx, endpoints), actor, incarnation, endpoints.run_key
     )
@@ -386,7 +365,17 @@ def run_actor(
     commands = topology.command_in(ctx, endpoints)
     try:
         Actor(
-            cfg, info, actor, incarnation, dispenser, policy, receipts, stats, stepped, commands
+            cfg,
+            info,
+            actor,
+            incarnation,
+            dispenser,
+            policy,
+            receipts,
+            stats,
+            stepped,
+            commands,
+            threads,
         ).run(stop)
     except NonFiniteEnv as exc:
         logger.error("%s", exc)

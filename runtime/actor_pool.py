@@ -46,15 +46,22 @@ window, up to the second."""
 BLAS_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 
-def actor_core(index: int, actors: int, pin: bool = True) -> int | None:
-    """The core actor slot ``index`` of ``actors`` is pinned to: the ``index``-th of this
-    process's CPU set (the machine's, or the budget the daemon gave the run), where ``pin``
-    (``TrainConfig.pin_actors``) and the run has fewer actors than cores, so that one core at
-    least is left to the stages and the trainer; else None (the scheduler places it)."""
+def actor_cores(index: int, actors: int, pin: bool | None = None) -> list[int] | None:
+    """The cores actor slot ``index`` of ``actors`` is pinned to: the ``index``-th block of
+    ``(cores - 1) // actors`` cores of this process's CPU set (``runtime.env_backends.
+    actor_threads``: one core, or several for its EnvPool threads), so that one core at least
+    is left to the stages and the trainer; None (the scheduler places it) where the run has as
+    many actors as cores or more, or where pinning is off. ``pin``: True, False, or None
+    (``TrainConfig.pin_actors``' auto): pinned where this CPU set is narrower than the
+    machine's (a daemon's budget, a container's or ``taskset``'s set: cores the run owns),
+    not where the run shares the whole machine with whatever else is started on it."""
     cores = sorted(os.sched_getaffinity(0))
-    if not pin or actors >= len(cores) or index >= len(cores) - 1:
+    if pin is None:
+        pin = len(cores) < (os.cpu_count() or len(cores))
+    per = (len(cores) - 1) // max(actors, 1)
+    if not pin or per < 1 or (index + 1) * per > len(cores) - 1:
         return None
-    return cores[index]
+    return cores[index * per : (index + 1) * per]
 
 
 @contextlib.contextmanager
@@ -120,6 +127,8 @@ class ActorPool:
     def __init__(self, mp_ctx: Any, info: EnvInfo) -> None:
         self.mp, self.info = mp_ctx, info
         self.slots: list[ActorSlot] = []
+        self.count = 0
+        """Actors the run has now (its config's count; slots waiting to restart included)."""
         self.leaving: list[ActorSlot] = []
         self.ended = Incarnations()
         self.restarts = 0
@@ -167,31 +176,37 @@ class ActorPool:
             name=f"actor-{index}.{incarnation}",
             daemon=True,
             args=(cfg, self.info, ep, index, incarnation, stepped, stop, self.initial_weights(cfg)),
-            kwargs={"core": actor_core(index, cfg.actors, cfg.pin_actors)},
+            kwargs={"cores": actor_cores(index, self.count, cfg.pin_actors)},
         )
         with one_blas_thread():
             proc.start()
         return ActorSlot(index, incarnation, proc, stepped, stop, cfg)
 
     def pin(self) -> int:
-        """Pins every thread of each actor process of this machine to its core under this
-        process's CPU set as it is now (``actor_core``): after the set changed, as when the
-        daemon gives the run a new budget. Returns how many actors it pinned."""
-        pinned = 0
+        """Pins every thread of each actor process of this machine to its cores under this
+        process's CPU set as it is now (``actor_cores``), or spreads it over the whole set
+        where it gets none: after the set or the actor count changed (a daemon's new budget,
+        a resize). Returns how many actors it pinned to cores of their own."""
+        pinned, whole = 0, os.sched_getaffinity(0)
         for slot in [] if self.launcher is not None else self.slots:
-            core = actor_core(slot.index, len(self.slots), slot.cfg.pin_actors)
-            if core is None or slot.process.pid is None:
+            cores = actor_cores(slot.index, self.count, slot.cfg.pin_actors)
+            if slot.process.pid is None or not slot.process.is_alive():
                 continue
             try:
-                for tid in os.listdir(f"/proc/{slot.process.pid}/task"):
-                    os.sched_setaffinity(int(tid), {core})
-                pinned += 1
-            except OSError as exc:  # ended meanwhile (its restart is placed at its start)
-                logger.debug("actor %s not pinned: %s", slot.key, exc)
+                tids = os.listdir(f"/proc/{slot.process.pid}/task")
+            except OSError:  # ended meanwhile (its restart is placed at its start)
+                continue
+            for tid in tids:
+                try:
+                    os.sched_setaffinity(int(tid), set(cores) if cores else whole)
+                except OSError:  # that thread ended meanwhile
+                    continue
+            pinned += cores is not None
         return pinned
 
     def start(self, cfg: TrainConfig, ep: topology.Endpoints) -> None:
         """Starts ``cfg.actors`` actors."""
+        self.count = cfg.actors
         self.slots = [self._start(cfg, ep, i) for i in range(cfg.actors)]
 
     def _end(self, slot: ActorSlot, died: bool) -> None:
@@ -213,6 +228,7 @@ class ActorPool:
         """Adds actors (new slots) or removes the highest slots to reach ``cfg.actors`` (a slot
         waiting out its restart back-off counts, and is dropped first); then pins them
         (``pin``)."""
+        self.count = cfg.actors
         while len(self._used()) < cfg.actors:
             free = min(set(range(len(self._used()) + 1)) - self._used())
             self.slots.append(self._start(cfg, ep, free))

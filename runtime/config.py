@@ -63,10 +63,10 @@ class TrainConfig:
     """Niceness the actors add to their own (``os.nice``, 0..19): with as many actors as cores,
     a positive value lets the pipeline stages and the trainer run as soon as they have work
     instead of waiting for an actor's time slice."""
-    pin_actors: bool = True
-    """Pin actor slot i to the i-th core of the run's CPU set where actors are fewer than its
-    cores (``runtime.actor_pool.actor_core``): an actor's Python loop and its env engine's
-    worker thread then take turns on one core instead of waking each other across cores."""
+    pin_actors: bool | None = None
+    """Pin actor slot i to the i-th core (or block of cores) of the run's CPU set where actors
+    are fewer than its cores (``runtime.actor_pool.actor_cores``); None: only where that set
+    is narrower than the machine's (a daemon's budget: cores the run owns)."""
     rollout_len: int = 32
     """Steps per environment in one rollout (the trajectory length the learner sees)."""
     batch_size: int = 1024
@@ -171,8 +171,8 @@ class TrainConfig:
             or not 0 <= self.actor_nice <= ACTOR_NICE_MAX
         ):
             out.append(f"actor_nice={self.actor_nice!r}: allowed an integer 0..{ACTOR_NICE_MAX}")
-        if not isinstance(self.pin_actors, bool):
-            out.append(f"pin_actors={self.pin_actors!r}: allowed True or False")
+        if self.pin_actors is not None and not isinstance(self.pin_actors, bool):
+            out.append(f"pin_actors={self.pin_actors!r}: allowed True, False or None (auto)")
         for name in ("max_inflight_batches", "chunk_timeout_s"):
             if not finite_number(getattr(self, name), above=0.0):
                 out.append(f"{name}={getattr(self, name)!r}: must be a finite number > 0")

@@ -215,10 +215,13 @@ def process_started() -> float:
     return time.monotonic() - max(0.0, time.time() - psutil.Process().create_time())
 
 
-def _on_off(text: str) -> bool:
-    if text not in ("on", "off"):
-        raise argparse.ArgumentTypeError(f"{text!r}: allowed on or off")
-    return text == "on"
+PIN_MODES = {"auto": None, "on": True, "off": False}
+
+
+def _pin_mode(text: str) -> bool | None:
+    if text not in PIN_MODES:
+        raise argparse.ArgumentTypeError(f"{text!r}: allowed {', '.join(PIN_MODES)}")
+    return PIN_MODES[text]
 
 
 def add_actor_args(parser: argparse.ArgumentParser, d) -> None:
@@ -232,12 +235,14 @@ def add_actor_args(parser: argparse.ArgumentParser, d) -> None:
     )
     parser.add_argument(
         "--pin-actors",
-        type=_on_off,
-        default=d.pin_actors,
-        metavar="{on,off}",
-        help="on: where the run has fewer actors than cores, actor i runs on the i-th core of "
-        "the run's CPU set, its env engine's thread with it; off: the scheduler places them "
-        f"(default {'on' if d.pin_actors else 'off'})",
+        type=_pin_mode,
+        default=None,
+        metavar="{auto,on,off}",
+        help="on: where the run has fewer actors than cores, actor i runs on the i-th core (or "
+        "block of cores, one per EnvPool thread) of the run's CPU set; off: the scheduler "
+        "places them; auto: on where the run's CPU set is narrower than the machine's (a "
+        "daemon's budget, taskset, a container), off where it shares the whole machine "
+        "(default auto)",
     )
 
 

@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import replace
 
 import psutil
 import pytest
@@ -17,7 +16,7 @@ from runtime.actor_pool import (
     BLAS_THREAD_VARS,
     ActorPool,
     ActorSlot,
-    actor_core,
+    actor_cores,
     one_blas_thread,
 )
 from runtime.config import TrainConfig
@@ -53,14 +52,17 @@ def test_an_actor_process_imports_no_torch():
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
 
 
-def test_actor_core_takes_the_ith_core_of_the_cpu_set_and_leaves_one_to_the_rest(monkeypatch):
+def test_actor_cores_take_the_ith_block_of_the_cpu_set_and_leave_one_to_the_rest(monkeypatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
-    assert [actor_core(i, 15) for i in (0, 3, 14)] == [0, 3, 14]
-    assert actor_core(3, 16) is None  # no core left for the stages
-    assert actor_core(3, 4, pin=False) is None
+    assert [actor_cores(i, 15, pin=True) for i in (0, 3, 14)] == [[0], [3], [14]]
+    assert [actor_cores(i, 4, pin=True) for i in (0, 3)] == [[0, 1, 2], [9, 10, 11]]
+    assert actor_cores(3, 16, pin=True) is None  # no core left for the stages
+    assert actor_cores(3, 4, pin=False) is None
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    assert actor_cores(3, 4) is None  # auto: the run shares the whole machine
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {7, 2, 5})  # a daemon's budget
-    assert [actor_core(i, 2) for i in (0, 1)] == [2, 5]
-    assert actor_core(0, 3) is None
+    assert [actor_cores(i, 2) for i in (0, 1)] == [[2], [5]]
+    assert actor_cores(0, 3) is None
 
 
 def _thread_cores(pid: int) -> set[frozenset[int]]:
@@ -93,7 +95,7 @@ def _actor_of_run(*flags_more: str) -> set[frozenset[int]]:
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
 def test_a_runs_actor_and_every_thread_it_starts_run_on_its_own_core():
-    assert _actor_of_run() == {frozenset({min(os.sched_getaffinity(0))})}
+    assert _actor_of_run("--pin-actors", "on") == {frozenset({min(os.sched_getaffinity(0))})}
     assert _actor_of_run("--pin-actors", "off") == {frozenset(os.sched_getaffinity(0))}
 
 
@@ -102,19 +104,22 @@ def _sleep(seconds: float) -> None:
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
-def test_pin_puts_each_running_actor_on_its_core_after_the_cpu_set_changed():
-    """As after a daemon's new budget: the pool pins its running actors under the set now."""
+def test_pin_puts_each_running_actor_on_its_core_and_spreads_those_without_one():
+    """As after a daemon's new budget or a resize: the pool pins its running actors under
+    the CPU set and actor count it has now."""
     ctx = multiprocessing.get_context("spawn")
     proc = ctx.Process(target=_sleep, args=(60,), daemon=True)
     proc.start()
     try:
+        whole = os.sched_getaffinity(0)
         pool = ActorPool(ctx, None)
-        cfg = TrainConfig(actors=1)
+        pool.count = 1
+        cfg = TrainConfig(actors=1, pin_actors=True)
         pool.slots = [ActorSlot(0, 0, proc, None, None, cfg)]
-        assert os.sched_getaffinity(proc.pid) == os.sched_getaffinity(0)
+        assert os.sched_getaffinity(proc.pid) == whole
         assert pool.pin() == 1
-        assert os.sched_getaffinity(proc.pid) == {min(os.sched_getaffinity(0))}
-        pool.slots = [ActorSlot(0, 0, proc, None, None, replace(cfg, pin_actors=False))]
-        assert pool.pin() == 0
+        assert os.sched_getaffinity(proc.pid) == {min(whole)}
+        pool.count = len(whole)  # as many actors as cores now: the scheduler places them
+        assert pool.pin() == 0 and os.sched_getaffinity(proc.pid) == whole
     finally:
         proc.kill()
