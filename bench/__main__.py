@@ -24,6 +24,7 @@ SUITES = (
     "sharing",
     "backends",
     "transport",
+    "goodput",
 )
 
 

@@ -1,0 +1,187 @@
+"""Energy to a target return, tuned online by steps per joule and by goodput per joule: several
+seeds, one run after another on one machine; then the table and the plot of return against
+joules.
+
+    python -m bench goodput --env Ant-v5 --seeds 0,1,2 --target-return 1000 --max-wall-s 265 \\
+        --reference-return 390 --state st --part-s 590 --out out/goodput \\
+        --markdown out/goodput/table.md --plot out/goodput/return-vs-joules.png
+
+Steps ``<arm>-seed<S>`` (seeds outer, the two tunings inner, so that the host's drift meets
+both alike): ``autotune train --tune --objective steps_per_joule|goodput_per_joule
+--target-return R --max-wall-s W --seed S`` with ``--train-args`` (by default `auto` sizing on
+EnvPool where it has the env, the policy ``auto:256:128:64:auto`` and PPO's MuJoCo learner
+settings), each with its own Optuna study in SQLite under ``--out``, its progress curve and its
+result document. A run stops at the first 100-episode mean of at least R, or at W seconds
+(then it did not get there; its best return is kept). Step ``report``: per run the joules,
+seconds and trained steps to the target, its whole-run steps/J, and where it first reached
+``--reference-return`` (SB3 PPO's return at 1M steps on the page); per seed, the steps/J run's
+joules over the goodput run's; the plot (``bench.figure_goodput``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+from bench.suite import Step
+
+NAME = "goodput"
+HELP = "energy to a target return, tuned by steps/J and by goodput/J, several seeds"
+ARMS = {"steps-per-joule": "steps_per_joule", "goodput": "goodput_per_joule"}
+"""File stem of each tuning (as ``bench.figure_goodput`` reads them) -> its objective."""
+TRAIN_ARGS = (
+    "--env-backend auto --policy auto:256:128:64:auto --lr 3e-4 --lr-schedule constant "
+    "--epochs 10 --minibatches 32 --entropy-coef 0 --lr-scaling none"
+)
+
+
+def add_args(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--env", default="Ant-v5")
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--arms", default=",".join(ARMS), help=f"of {', '.join(ARMS)}")
+    ap.add_argument("--target-return", type=float, default=1000.0)
+    ap.add_argument("--max-wall-s", type=float, default=265.0, help="each run's wall budget")
+    ap.add_argument(
+        "--reference-return",
+        type=float,
+        default=None,
+        help="a return to report the joules to as well (SB3 PPO's at 1M steps)",
+    )
+    ap.add_argument("--train-args", default=TRAIN_ARGS, help="more `autotune train` flags")
+    ap.add_argument("--markdown", default=None, metavar="FILE", help="report: the table")
+    ap.add_argument("--plot", default=None, metavar="PNG", help="report: return vs joules")
+
+
+def check(ap: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    try:
+        a.seed_list = [int(s) for s in a.seeds.split(",") if s.strip()]
+    except ValueError:
+        ap.error(f"--seeds {a.seeds!r}: expected integers, e.g. 0,1,2")
+    a.arm_list = [x.strip() for x in a.arms.split(",") if x.strip()]
+    bad = [x for x in a.arm_list if x not in ARMS]
+    if bad or not a.arm_list or not a.seed_list:
+        ap.error(f"--arms {a.arms!r} / --seeds {a.seeds!r}: give seeds, and arms of {list(ARMS)}")
+    if not a.max_wall_s > 0:
+        ap.error(f"--max-wall-s {a.max_wall_s}: must be > 0")
+    bad_flags = {"--tune", "--objective", "--target-return", "--seed", "--max-wall-s"}
+    given = set(shlex.split(a.train_args)) & bad_flags
+    if given:
+        ap.error(f"--train-args: {', '.join(sorted(given))} are the suite's own; leave them out")
+
+
+def run(a: argparse.Namespace, arm: str, seed: int) -> dict:
+    """One tuned run to the target; its figures (``summary``), or ``failed`` with why."""
+    from autotune.workflows.progress_log import read_progress
+
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / f"{arm}-seed{seed}"
+    for old in (f"{stem}.json", f"{stem}.progress.jsonl", f"{stem}.db"):
+        Path(old).unlink(missing_ok=True)  # a failed attempt's: this run starts afresh
+    cmd = [sys.executable, "-m", "autotune.cli", "train", "--env", a.env]
+    cmd += [*shlex.split(a.train_args), "--steps", "1000000000", "--tune"]
+    cmd += ["--objective", ARMS[arm], "--target-return", str(a.target_return)]
+    cmd += ["--max-wall-s", str(a.max_wall_s), "--seed", str(seed), "--quiet"]
+    cmd += ["--storage", f"sqlite:///{stem.resolve()}.db", "--study", stem.name]
+    cmd += ["--progress", f"{stem}.progress.jsonl", "--json", f"{stem}.json"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=a.max_wall_s + 300)
+    if proc.returncode != 0:
+        return {"failed": True, "stderr": proc.stderr[-2000:]}
+    doc = json.loads(Path(f"{stem}.json").read_text())
+    return summary(doc, read_progress(f"{stem}.progress.jsonl"), a.reference_return)
+
+
+def summary(doc: dict, progress: list[dict], reference: float | None) -> dict:
+    """A run's figures from its result document and progress lines."""
+    first = next(
+        (r for r in progress if reference is not None and (r.get("return") or -1e18) >= reference),
+        None,
+    )
+    return {
+        "target": doc.get("target"),
+        "trained_steps": doc["env_steps"],
+        "wall_s": doc["wall_s"],
+        "steps_per_joule": doc.get("steps_per_joule"),
+        "lost_steps": doc["lost_steps"],
+        "reference": None
+        if first is None
+        else {"return": reference, "joules": first.get("joules"), "steps": first["steps"]},
+    }
+
+
+def table(results: dict, seeds: list[int], arms: list[str], reference: float | None) -> str:
+    """The markdown table of the runs, and per seed the steps/J run's joules over goodput's."""
+    head = "| tuned by | seed | to the target: joules | seconds | trained steps | steps/J |"
+    rows = [head + (f" return {reference:g} reached at |" if reference is not None else "")]
+    rows.append("|---|---:|---:|---:|---:|---:|" + ("---:|" if reference is not None else ""))
+    joules: dict[tuple[str, int], float] = {}
+    for seed in seeds:
+        for arm in arms:
+            r = results.get(f"{arm}-seed{seed}") or {}
+            if r.get("failed") or not r:
+                rows.append(f"| {arm} | {seed} | failed | | | |")
+                continue
+            t = r["target"] or {}
+            if t.get("reached"):
+                joules[(arm, seed)] = t["joules"]
+                to = f"**{t['joules'] / 1000:.1f} kJ** | {t['seconds']:.1f} | {t['steps']:,}"
+            else:
+                to = f"not reached (best {t.get('best_return', float('nan')):.0f}) | | "
+                to += f"{r['trained_steps']:,}"
+            ref = r.get("reference")
+            tail = "" if reference is None else " not reached |"
+            if ref:
+                tail = f" {(ref['joules'] or 0) / 1000:.1f} kJ, {ref['steps'] / 1e6:.2f}M steps |"
+            rows.append(f"| {arm} | {seed} | {to} | {r['steps_per_joule'] or 0:.1f} |{tail}")
+    ratios = [
+        joules[("steps-per-joule", s)] / joules[("goodput", s)]
+        for s in seeds
+        if ("steps-per-joule", s) in joules and ("goodput", s) in joules
+    ]
+    note = ", ".join(f"{x:.2f}x" for x in ratios) or "no seed where both reached it"
+    return "\n".join(rows) + f"\n\nsteps/J-tuned joules over goodput-tuned, per seed: {note}\n"
+
+
+def report(a: argparse.Namespace, results: dict) -> dict:
+    text = table(results, a.seed_list, a.arm_list, a.reference_return)
+    if a.markdown:
+        Path(a.markdown).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.markdown).write_text(text)
+    print(text, flush=True)
+    if a.plot:
+        from bench.figure_goodput import return_vs_joules
+
+        title = f"{a.env} to a return of {a.target_return:g}: tuned by steps/J and by goodput/J"
+        return_vs_joules(Path(a.out), Path(a.plot), a.target_return, a.reference_return, title)
+    return {"table": text}
+
+
+def plan(a: argparse.Namespace):
+    steps = [
+        Step(f"{arm}-seed{seed}", lambda arm=arm, seed=seed: run(a, arm, seed), a.max_wall_s + 30)
+        for seed in a.seed_list
+        for arm in a.arm_list
+    ]
+    steps.append(Step("report", lambda: report(a, _results(a)), 30))
+    return steps, None
+
+
+def _results(a: argparse.Namespace) -> dict:
+    """Every run's figures, read back from its result document and progress curve (runs of an
+    earlier part included)."""
+    from autotune.workflows.progress_log import read_progress
+
+    out, found = Path(a.out), {}
+    for seed in a.seed_list:
+        for arm in a.arm_list:
+            stem = out / f"{arm}-seed{seed}"
+            if Path(f"{stem}.json").is_file():
+                doc = json.loads(Path(f"{stem}.json").read_text())
+                found[stem.name] = summary(
+                    doc, read_progress(f"{stem}.progress.jsonl"), a.reference_return
+                )
+    return found

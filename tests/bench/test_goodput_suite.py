@@ -1,0 +1,54 @@
+"""``python -m bench goodput``: both tunings run to a target return, and the report's table,
+ratio and plot; the table's rows for runs that missed the target or failed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from bench.suites.goodput import summary, table
+
+
+def test_the_suite_runs_both_tunings_to_the_target_and_reports_them(tmp_path):
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "bench", "goodput", "--env", "CartPole-v1", "--seeds", "0"]
+    cmd += ["--target-return", "40", "--max-wall-s", "240", "--reference-return", "30"]
+    cmd += ["--train-args", "--env-backend gymnasium --trainer-device cpu"]
+    cmd += ["--out", str(out), "--markdown", str(out / "table.md")]
+    cmd += ["--plot", str(out / "curve.png")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads((out / "goodput.json").read_text())["results"]
+    for arm in ("steps-per-joule", "goodput"):
+        run = results[f"{arm}-seed0"]
+        assert run["target"]["reached"] and run["lost_steps"] == 0, run
+        assert run["target"]["joules"] > 0 and run["target"]["steps"] <= run["trained_steps"]
+        assert run["reference"]["joules"] <= run["target"]["joules"]
+        assert (out / f"{arm}-seed0.db").is_file()  # its own study
+    text = (out / "table.md").read_text()
+    assert "| goodput | 0 | **" in text and "per seed: " in text and "x" in text.split(":")[-1]
+    assert (out / "curve.png").stat().st_size > 1000
+
+
+def test_the_table_says_which_runs_missed_the_target_or_failed():
+    progress = [
+        {"steps": 10, "return": 5.0, "joules": 1.0},
+        {"steps": 20_000, "return": 35.0, "joules": 1500.0},
+    ]
+    target = {"reached": True, "joules": 2000.0, "seconds": 3.0, "steps": 30_000}
+    reached = {"env_steps": 30_000, "wall_s": 4, "steps_per_joule": 9.0, "lost_steps": 0}
+    reached["target"] = target
+    faster = dict(reached, target=dict(target, joules=1000.0))
+    missed = dict(reached, target={"reached": False, "best_return": 37.0})
+    results = {
+        "steps-per-joule-seed0": summary(reached, progress, 30.0),
+        "goodput-seed0": summary(faster, progress, 30.0),
+        "steps-per-joule-seed1": summary(missed, progress, 30.0),
+        "goodput-seed1": {"failed": True},
+    }
+    text = table(results, [0, 1], ["steps-per-joule", "goodput"], 30.0)
+    row = "| steps-per-joule | 0 | **2.0 kJ** | 3.0 | 30,000 | 9.0 | 1.5 kJ, 0.02M steps |"
+    assert row in text
+    assert "not reached (best 37)" in text and "| goodput | 1 | failed |" in text
+    assert text.rstrip().endswith("per seed: 2.00x")
