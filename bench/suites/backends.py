@@ -133,10 +133,10 @@ def plan(a: argparse.Namespace):
     steps = []
     for env in a.env_list:
         for b in a.backend_list:
-            steps.append(Step(f"raw-{env}-{b}", lambda e=env, b=b: raw(a, e, b), a.raw_s + 40))
+            steps.append(Step(f"raw-{env}-{b}", lambda e=env, b=b: raw(a, e, b), a.raw_s + 25))
         for b in a.backend_list:
             steps.append(
-                Step(f"train-{env}-{b}", lambda e=env, b=b: train(a, e, b), a.train_s + 90)
+                Step(f"train-{env}-{b}", lambda e=env, b=b: train(a, e, b), a.train_s + 45)
             )
 
     return steps, print_table(table, a.markdown)

@@ -35,6 +35,7 @@ def test_help_lists_the_ten_suites_each_with_one_line():
         "sharing",
         "backends",
         "transport",
+        "goodput",
     )
     text = proc.stdout
     for name in SUITES:
