@@ -49,8 +49,8 @@ def return_vs_joules(
                 color=colour,
                 label=f"{label}, seed {seed}",
             )
-            parts = sorted(src.glob(f"{arm}-seed{seed}*.json"))
-            reached = _load(parts[-1]).get("target") if parts else None
+            doc = src / f"{arm}-seed{seed}.json"
+            reached = _load(doc).get("target") if doc.is_file() else None
             if reached and reached["reached"]:
                 ax.axvline(reached["joules"] / 1000, color=colour, ls=":", lw=1)
     ax.axhline(target, color="gray", lw=0.8)

@@ -65,10 +65,11 @@ def init_actor_process(actor: int, nice: int = 0, cores: list[int] | None = None
     ZeroMQ's threads inherit them), signals, logging and ``nice`` added to the process's
     niceness. An actor owns its cores: it acts with a numpy copy of the policy (no torch), and
     the pool starts it with one BLAS thread (``runtime.actor_pool.one_blas_thread``)."""
+    cores = sorted(set(cores or ()) & os.sched_getaffinity(0))  # the set may have changed
     if cores:
         try:
             os.sched_setaffinity(0, cores)
-        except OSError as exc:  # the runner's CPU set changed meanwhile: stay unpinned
+        except OSError as exc:  # the CPU set changed meanwhile: stay unpinned
             logger.warning("actor %d: not pinned to cores %s: %s", actor, cores, exc)
     init_service_process(f"actor-{actor}")
     if nice:

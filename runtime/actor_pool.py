@@ -240,9 +240,14 @@ class ActorPool:
         self.pin()  # those started for another count, now on a core of their own
 
     def respawn(self, cfg: TrainConfig, ep: topology.Endpoints) -> None:
-        """Replaces every actor by a new incarnation started with ``cfg``."""
+        """Replaces every actor by a new incarnation started with ``cfg``; slots beyond
+        ``cfg.actors`` are left as they are, for ``resize`` to remove."""
+        self.count = cfg.actors  # the new incarnations' cores are for the new count
         old, self.slots = self.slots, []
         for slot in old:
+            if slot.index >= cfg.actors:
+                self.slots.append(slot)
+                continue
             self._leave(slot)
             self.slots.append(self._start(cfg, ep, slot.index))
         self._pending = {i: (due, cfg) for i, (due, _) in self._pending.items()}

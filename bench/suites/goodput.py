@@ -10,19 +10,24 @@ Steps ``<arm>-seed<S>`` (seeds outer, the two tunings inner, so that the host's 
 both alike): ``autotune train --tune --objective steps_per_joule|goodput_per_joule
 --target-return R --max-wall-s W --seed S`` with ``--train-args`` (by default `auto` sizing on
 EnvPool where it has the env, the policy ``auto:256:128:64:auto`` and PPO's MuJoCo learner
-settings), each with its own Optuna study in SQLite under ``--out``, its progress curve and its
-result document. A run stops at the first 100-episode mean of at least R, or at W seconds
-(then it did not get there; its best return is kept). Step ``report``: per run the joules,
-seconds and trained steps to the target, its whole-run steps/J, and where it first reached
-``--reference-return`` (SB3 PPO's return at 1M steps on the page); per seed, the steps/J run's
-joules over the goodput run's; the plot (``bench.figure_goodput``).
+settings). Each run has its own Optuna study in SQLite under ``--out``, its progress curve, its
+log and its result document, and probes its workload afresh (a probe cache of its own), so
+that every run pays a first run's start-up alike. A run stops at the first 100-episode mean of
+at least R, or at W seconds (then it did not get there; its best return is kept).
+
+Step ``report``: per run the joules, seconds and trained steps to the target, its whole-run
+steps/J, and where it first reached ``--reference-return`` (SB3 PPO's return at 1M steps on the
+page); per seed, the steps/J run's joules over the goodput run's; the plot
+(``bench.figure_goodput``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -67,8 +72,9 @@ def check(ap: argparse.ArgumentParser, a: argparse.Namespace) -> None:
         ap.error(f"--arms {a.arms!r} / --seeds {a.seeds!r}: give seeds, and arms of {list(ARMS)}")
     if not a.max_wall_s > 0:
         ap.error(f"--max-wall-s {a.max_wall_s}: must be > 0")
-    bad_flags = {"--tune", "--objective", "--target-return", "--seed", "--max-wall-s"}
-    given = set(shlex.split(a.train_args)) & bad_flags
+    own = {"--tune", "--objective", "--target-return", "--seed", "--max-wall-s", "--env"}
+    own |= {"--checkpoint", "--storage", "--study", "--progress", "--json", "--steps"}
+    given = {f.split("=", 1)[0] for f in shlex.split(a.train_args)} & own
     if given:
         ap.error(f"--train-args: {', '.join(sorted(given))} are the suite's own; leave them out")
 
@@ -80,7 +86,7 @@ def run(a: argparse.Namespace, arm: str, seed: int) -> dict:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = out / f"{arm}-seed{seed}"
-    for old in (f"{stem}.json", f"{stem}.progress.jsonl", f"{stem}.db"):
+    for old in (f"{stem}.json", f"{stem}.progress.jsonl", f"{stem}.db", f"{stem}.log"):
         Path(old).unlink(missing_ok=True)  # a failed attempt's: this run starts afresh
     cmd = [sys.executable, "-m", "autotune.cli", "train", "--env", a.env]
     cmd += [*shlex.split(a.train_args), "--steps", "1000000000", "--tune"]
@@ -88,11 +94,34 @@ def run(a: argparse.Namespace, arm: str, seed: int) -> dict:
     cmd += ["--max-wall-s", str(a.max_wall_s), "--seed", str(seed), "--quiet"]
     cmd += ["--storage", f"sqlite:///{stem.resolve()}.db", "--study", stem.name]
     cmd += ["--progress", f"{stem}.progress.jsonl", "--json", f"{stem}.json"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=a.max_wall_s + 300)
-    if proc.returncode != 0:
-        return {"failed": True, "stderr": proc.stderr[-2000:]}
-    doc = json.loads(Path(f"{stem}.json").read_text())
+    # each run probes its workload afresh, so that each pays a first run's start-up alike
+    env = {**os.environ, "AUTOTUNE_CACHE_DIR": str(out / f"cache-{stem.name}")}
+    with open(f"{stem}.log", "w") as log:
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env
+        )
+        try:
+            code = proc.wait(timeout=a.max_wall_s + 300)
+        except subprocess.TimeoutExpired:  # the whole run's process group, its actors too
+            os.killpg(proc.pid, signal.SIGINT)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            return {"failed": True, "why": f"still running {a.max_wall_s + 300:.0f} s in"}
+    doc = _document(stem)
+    if code != 0 or doc is None or doc.get("failed") or doc.get("failure"):
+        tail = Path(f"{stem}.log").read_text()[-2000:]
+        return {"failed": True, "returncode": code, "log_tail": tail}
     return summary(doc, read_progress(f"{stem}.progress.jsonl"), a.reference_return)
+
+
+def _document(stem: Path) -> dict | None:
+    try:
+        return json.loads(Path(f"{stem}.json").read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def summary(doc: dict, progress: list[dict], reference: float | None) -> dict:
@@ -130,7 +159,8 @@ def table(results: dict, seeds: list[int], arms: list[str], reference: float | N
                 joules[(arm, seed)] = t["joules"]
                 to = f"**{t['joules'] / 1000:.1f} kJ** | {t['seconds']:.1f} | {t['steps']:,}"
             else:
-                to = f"not reached (best {t.get('best_return', float('nan')):.0f}) | | "
+                best = t.get("best_return")  # None before a 100-episode mean
+                to = f"not reached (best {'n/a' if best is None else f'{best:.0f}'}) | | "
                 to += f"{r['trained_steps']:,}"
             ref = r.get("reference")
             tail = "" if reference is None else " not reached |"
@@ -172,16 +202,19 @@ def plan(a: argparse.Namespace):
 
 def _results(a: argparse.Namespace) -> dict:
     """Every run's figures, read back from its result document and progress curve (runs of an
-    earlier part included)."""
+    earlier part included); a run whose document says it failed is ``failed``."""
     from autotune.workflows.progress_log import read_progress
 
     out, found = Path(a.out), {}
     for seed in a.seed_list:
         for arm in a.arm_list:
             stem = out / f"{arm}-seed{seed}"
-            if Path(f"{stem}.json").is_file():
-                doc = json.loads(Path(f"{stem}.json").read_text())
-                found[stem.name] = summary(
-                    doc, read_progress(f"{stem}.progress.jsonl"), a.reference_return
-                )
+            doc = _document(stem)
+            if doc is None:
+                continue
+            if doc.get("failed") or doc.get("failure"):
+                found[stem.name] = {"failed": True}
+                continue
+            progress = read_progress(f"{stem}.progress.jsonl")
+            found[stem.name] = summary(doc, progress, a.reference_return)
     return found

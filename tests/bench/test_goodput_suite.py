@@ -41,14 +41,17 @@ def test_the_table_says_which_runs_missed_the_target_or_failed():
     reached["target"] = target
     faster = dict(reached, target=dict(target, joules=1000.0))
     missed = dict(reached, target={"reached": False, "best_return": 37.0})
+    early = dict(reached, target={"reached": False, "best_return": None})  # < 100 episodes
     results = {
         "steps-per-joule-seed0": summary(reached, progress, 30.0),
         "goodput-seed0": summary(faster, progress, 30.0),
         "steps-per-joule-seed1": summary(missed, progress, 30.0),
         "goodput-seed1": {"failed": True},
+        "steps-per-joule-seed2": summary(early, progress, 30.0),
     }
-    text = table(results, [0, 1], ["steps-per-joule", "goodput"], 30.0)
+    text = table(results, [0, 1, 2], ["steps-per-joule", "goodput"], 30.0)
     row = "| steps-per-joule | 0 | **2.0 kJ** | 3.0 | 30,000 | 9.0 | 1.5 kJ, 0.02M steps |"
     assert row in text
     assert "not reached (best 37)" in text and "| goodput | 1 | failed |" in text
+    assert "not reached (best n/a)" in text and "| goodput | 2 | failed |" in text
     assert text.rstrip().endswith("per seed: 2.00x")
