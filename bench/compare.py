@@ -145,6 +145,18 @@ def _run_until(proc: subprocess.Popen, wall: float, done: Any, budget: float) ->
             return
 
 
+def stop_group(proc: subprocess.Popen, grace_s: float = 30.0) -> None:
+    """Stops a run started with ``start_new_session=True`` and everything under it (actors,
+    stages, trainers): SIGINT to its process group, so that it drains and writes its result,
+    then SIGKILL after ``grace_s``."""
+    os.killpg(proc.pid, signal.SIGINT)
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
 def run_arm(arm: str, a: argparse.Namespace, meter: MachineMeter, out_dir: Path) -> dict:
     stem = f"{a.env}-{arm}"
     progress, result = out_dir / f"{stem}.progress.jsonl", out_dir / f"{stem}.result.json"
@@ -181,12 +193,7 @@ def run_arm(arm: str, a: argparse.Namespace, meter: MachineMeter, out_dir: Path)
             _run_until(proc, wall, lambda: _measurable(progress, min_steps, a.warmup_s), budget)
         doc["returncode"] = proc.wait(timeout=budget)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGINT)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_group(proc)
         doc["returncode"] = proc.returncode
         doc["note"] = f"stopped after {budget:.0f} s"
     log.close()

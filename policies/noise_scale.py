@@ -52,6 +52,11 @@ def efficiency(noise_scale: float | None, batch: float) -> float | None:
     return max(noise_scale, 0.0) / (max(noise_scale, 0.0) + batch)
 
 
+def goodput_per_joule(steps_per_joule: float, noise_scale: float | None, batch: float) -> float:
+    """Steps per joule times the efficiency of ``batch`` at ``noise_scale`` (0 without one)."""
+    return steps_per_joule * (efficiency(noise_scale, batch) or 0.0)
+
+
 class NoiseScale:
     """The running estimate (see the module docstring). Per update: ``begin``, then ``add``
     each of the first epoch's minibatch gradients in order, then ``end``."""

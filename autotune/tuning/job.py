@@ -14,7 +14,7 @@ from optuna.trial import TrialState
 
 from autotune.tuning.counters import Counters
 from autotune.tuning.storage import config_key, failed_configs
-from policies.noise_scale import efficiency
+from policies.noise_scale import goodput_per_joule
 
 
 class Job(Protocol):
@@ -79,7 +79,7 @@ class History:
         values = self.by_config[key]
         pairs = self.per_joule.get(key, [])
         if self.rerate and self.noise_scale and len(pairs) == len(values):
-            return [spj * (efficiency(self.noise_scale, b) or 0.0) for spj, b in pairs]
+            return [goodput_per_joule(spj, self.noise_scale, b) for spj, b in pairs]
         return values
 
     def score(self, key: str) -> float:

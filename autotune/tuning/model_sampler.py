@@ -178,12 +178,12 @@ class ModelSampler(optuna.samplers.BaseSampler):
     def _rated(self, t: FrozenTrial, values: dict[str, Any], noise: float | None) -> float:
         """A window's objective; for goodput, its steps/J times its batch's efficiency at the
         newest noise scale ``noise`` (``autotune.tuning.job.History.score`` says why)."""
-        from policies.noise_scale import efficiency
+        from policies.noise_scale import goodput_per_joule
 
         spj, batch = t.user_attrs.get("steps_per_joule"), values.get("batch_size")
         if self.objective != "goodput_per_joule" or not noise or spj is None or not batch:
             return float(t.value)
-        return float(spj) * (efficiency(noise, batch) or 0.0)
+        return goodput_per_joule(float(spj), noise, batch)
 
     def _candidates(self, hold: dict[str, Any]) -> list[dict[str, Any]]:
         """The configs inside the trust region around ``hold`` (the module docstring): every

@@ -27,7 +27,6 @@ import argparse
 import json
 import os
 import shlex
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -103,12 +102,9 @@ def run(a: argparse.Namespace, arm: str, seed: int) -> dict:
         try:
             code = proc.wait(timeout=a.max_wall_s + 300)
         except subprocess.TimeoutExpired:  # the whole run's process group, its actors too
-            os.killpg(proc.pid, signal.SIGINT)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+            from bench.compare import stop_group
+
+            stop_group(proc)
             return {"failed": True, "why": f"still running {a.max_wall_s + 300:.0f} s in"}
     doc = _document(stem)
     if code != 0 or doc is None or doc.get("failed") or doc.get("failure"):
