@@ -9,9 +9,17 @@ The machine's idle power is measured first, before torch is imported (no CUDA co
 the same meter as every arm (``bench.machine_meter``). Each setting then runs updates for
 ``--seconds`` (cuda first, batches in increasing size; a setting whose first update alone takes
 longer is measured on that update, marked ``single_update``, and the larger batches of that
-device are skipped); its joules above idle per trained sample is its marginal cost. A GPU setting's
-cost includes what opening a CUDA context adds; a CPU setting's, its busy core. This is the
-process of the ``learner`` arm of ``python -m bench peers``.
+device are skipped); its joules above idle per trained sample is its marginal cost at its own
+rate. A GPU setting's cost includes what opening a CUDA context adds; a CPU setting's, its busy
+core. This is the process of the ``learner`` arm of ``python -m bench peers``.
+
+A learner in a run trains at the rate its actors sample, far below what it reaches alone on
+synthetic batches (Ant-v5 on an H200: 48k steps/s raw against 1.9M samples/s), and a GPU holds
+its context's watts the whole time (44 W on an H100, ``docs/BENCHMARKS.md``). So each device's
+resting draw with the learner made (its ``rest_w``: idle with the context open) is measured too,
+CPU first (before any context): ``cost_at(setting, rate)`` is then the device's fixed watts over
+``rate`` plus the setting's busy joules above its rest per sample, what the learner costs fed at
+``rate`` (the raw limit's step rate gives the second limit of ``bench.payoff_report``).
 
 ``--devices cuda,cuda-eager`` measures a GPU learner's minibatch steps replayed from CUDA
 graphs (``policies.graphed_step``, what a trainer runs) and the eager loop they replace, side by
@@ -69,11 +77,15 @@ def measure(
     torch.set_num_threads(1)
     info = probe_env(env_id)
     rows = []
-    for device in sorted(devices, key=lambda d: not d.startswith("cuda")):  # cheapest first
+    for device in sorted(devices, key=lambda d: d.startswith("cuda")):  # before any context
         if device.startswith("cuda") and not torch.cuda.is_available():
             continue
         graphs = device != "cuda-eager"  # the eager loop with the plain Adam it runs
         _, update = make_learner(info, policy, device.split("-")[0], learner or {}, graphs)
+        a = _mark(meter)
+        time.sleep(idle_s)  # the device at rest with the learner made (a GPU: its context open)
+        b = _mark(meter)
+        rest_w = _joules(meter, a, b)[0] / (b - a)
         for size in sorted(batches):
             batch = synthetic_batch(info, size, rollout_len)
             samples_per_update = batch["rewards"].size
@@ -99,6 +111,8 @@ def measure(
                     "watts": joules / (b - a),
                     "marginal_j_per_sample": max(joules - idle_w * (b - a), 0.0) / samples,
                     "single_update": slow,
+                    "fixed_w": max(rest_w - idle_w, 0.0) if device.startswith("cuda") else 0.0,
+                    "busy_j_per_sample": max(joules - rest_w * (b - a), 0.0) / samples,
                 }
             )
             print(json.dumps(rows[-1]), flush=True)
@@ -107,6 +121,24 @@ def measure(
     meter.stop()
     best = min(rows, key=lambda r: r["marginal_j_per_sample"]) if rows else None
     return {"idle_w": idle_w, "sources": meter.sources, "settings": rows, "best": best}
+
+
+def cost_at(setting: dict[str, Any], rate: float) -> float | None:
+    """Joules per trained sample of ``setting`` (a row of ``measure``) fed ``rate`` samples/s:
+    its device's fixed watts (a GPU's open context) spread over ``rate``, plus its busy joules
+    per sample; None where it cannot keep up (``rate`` above its own). A row measured before
+    the rest was (no ``fixed_w``) gives its marginal cost at its own rate."""
+    if "fixed_w" not in setting:
+        return setting["marginal_j_per_sample"]
+    if rate <= 0 or rate > setting["samples_per_s"]:
+        return None
+    return setting["fixed_w"] / rate + setting["busy_j_per_sample"]
+
+
+def cheapest_at(settings: list[dict[str, Any]], rate: float) -> tuple[dict[str, Any], float] | None:
+    """The setting that costs least fed ``rate`` samples/s, and its joules per sample."""
+    costs = [(s, c) for s in settings if (c := cost_at(s, rate)) is not None]
+    return min(costs, key=lambda sc: sc[1]) if costs else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -119,7 +151,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=6.0, help="per setting")
     ap.add_argument("--epochs", type=int, default=None, help="passes over each batch")
     ap.add_argument("--minibatches", type=int, default=None, help="minibatches per pass")
-    ap.add_argument("--idle-s", type=float, default=5.0, help="idle power, before torch")
+    ap.add_argument(
+        "--idle-s", type=float, default=5.0, help="idle power (before torch), each device at rest"
+    )
     ap.add_argument("--json", required=True, help="where the result goes")
     a = ap.parse_args(argv)
     try:

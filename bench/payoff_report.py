@@ -8,7 +8,10 @@ over its measured window and over its whole run (start-up included), under both 
 * the raw-stepping limit (random actions on every core, no learning, GPU without a context);
 * the second limit, which counts the learning: the raw limit's joules per step plus the
   learner's own joules per trained sample at its cheapest device and batch, measured alone
-  (``bench/learner_limit.py``).
+  (``bench/learner_limit.py``) and charged at the raw limit's step rate, the most its actors
+  could feed it: a GPU's context draws its watts however few samples arrive, so spread over
+  the learner's own rate alone (1.9M samples/s against 48k steps/s on Ant-v5) it would leave a
+  limit no learner on that GPU can reach (``limit2_own_rate``, shown beside it).
 
 And the goals: ``auto`` sizing (the ``default`` arm) at 0.8 of the raw limit; the model-tuned
 run's whole-run steps/J at 0.9 of the best static config's (its steady window: a stricter
@@ -24,6 +27,7 @@ from typing import Any
 
 from bench.compare_arms import arm_kind
 from bench.compare_report import limit_reference
+from bench.learner_limit import cheapest_at
 
 GOAL_AUTO_VS_LIMIT = 0.8
 GOAL_TUNED_VS_STATIC = 0.9
@@ -44,16 +48,23 @@ def _r(a: float | None, b: float | None) -> float | None:
 
 
 def second_limit(arms: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """The raw limit's steps/J (both CPU models) and the second limit's."""
+    """The raw limit's steps/J (both CPU models) and the second limit's: the learner's
+    cheapest setting fed the limit's step rate (``bench.learner_limit.cost_at``), and, as
+    ``limit2_own_rate``, its cheapest at its own rate."""
     limit = limit_reference(arms)
-    spj = limit.get("steps_per_joule")
+    spj, rate = limit.get("steps_per_joule"), limit.get("steps_per_s") or 0.0
     busy = arms.get("limit", {}).get("steps_per_joule_busy_only")
-    best = (arms.get("learner", {}).get("learner") or {}).get("best")
-    out = {"limit": spj, "limit_busy_only": busy, "learner_best": best}
+    doc = arms.get("learner", {}).get("learner") or {}
+    best = doc.get("best")
+    at = cheapest_at(doc.get("settings") or ([best] if best else []), rate)
+    out = {"limit": spj, "limit_busy_only": busy, "learner_best": best, "rate": rate}
+    if at:
+        out["learner_at_rate"] = {**at[0], "j_per_sample_at_rate": at[1]}
+    for key, base in (("limit2", spj), ("limit2_busy_only", busy)):
+        if base and at:
+            out[key] = 1 / (1 / base + at[1])
     if spj and best:
-        out["limit2"] = 1 / (1 / spj + best["marginal_j_per_sample"])
-    if busy and best:
-        out["limit2_busy_only"] = 1 / (1 / busy + best["marginal_j_per_sample"])
+        out["limit2_own_rate"] = 1 / (1 / spj + best["marginal_j_per_sample"])
     return out
 
 
@@ -157,13 +168,17 @@ def _n(v: float | None, digits: int = 1) -> str:
 def markdown(key: tuple[str, str, str], s: dict[str, Any]) -> str:
     run, env, policy = key
     lim = s["limits"]
-    best = lim.get("learner_best") or {}
+    at = lim.get("learner_at_rate") or {}
+    busy = f"{_n(at['fixed_w'])} W held + " if "fixed_w" in at else ""
+    extra = f"{_n(at['busy_j_per_sample'] * 1e6, 2)} uJ busy" if "busy_j_per_sample" in at else ""
     out = [
         f"**{env}**, policy `{policy}` (run `{run}`): limit {_n(lim['limit'])} steps/J "
-        f"(busy cores only {_n(lim['limit_busy_only'])}); learner alone at best "
-        f"{_n(best.get('marginal_j_per_sample', 0) * 1e6, 2)} uJ/sample "
-        f"({best.get('device', '-')}, batch {best.get('batch_size', '-')}); second limit "
-        f"{_n(lim.get('limit2'))} steps/J",
+        f"(busy cores only {_n(lim['limit_busy_only'])}); the learner fed the limit's "
+        f"{_n(lim.get('rate'), 0)} steps/s: {_n(at.get('j_per_sample_at_rate', 0) * 1e6, 2)} "
+        f"uJ/sample ({at.get('device', '-')}, batch {at.get('batch_size', '-')}"
+        f"{': ' + busy + extra if busy or extra else ''}); second limit "
+        f"{_n(lim.get('limit2'))} steps/J (with the learner's cost at its own best rate: "
+        f"{_n(lim.get('limit2_own_rate'))})",
         "",
         "| arm | config at the end | trained steps/s | steps/J window | busy-only "
         "| steps/J whole run | busy-only | whole s | window / limit | window / 2nd limit "

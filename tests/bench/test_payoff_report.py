@@ -118,6 +118,29 @@ def test_the_payoff_goals_from_stored_arms(tmp_path):
     assert (plots / "payoff-Ant-v5-Ant-v5-p.png").stat().st_size > 10_000
 
 
+def test_the_second_limit_charges_the_learner_at_the_limits_step_rate():
+    # a GPU learner: 40 W held by its context, 10 uJ busy per sample, 1M samples/s alone;
+    # a CPU learner: nothing held, 1 mJ per sample, but only 20k samples/s
+    gpu = {"device": "cuda", "batch_size": 65536, "samples_per_s": 1e6, "fixed_w": 40.0}
+    gpu |= {"busy_j_per_sample": 1e-5, "marginal_j_per_sample": 5e-5}
+    cpu = {"device": "cpu", "batch_size": 4096, "samples_per_s": 2e4, "fixed_w": 0.0}
+    cpu |= {"busy_j_per_sample": 1e-3, "marginal_j_per_sample": 1e-3}
+    learner = {"learner": {"settings": [cpu, gpu], "best": gpu}}
+    arms = {"limit": arm("limit", 100.0), "learner": {"arm": "learner", **learner}}
+    # the limit steps 30k/s: the CPU learner cannot keep up; the GPU's 40 W over 30k samples/s
+    lim = payoff_report.second_limit(arms)
+    at = 40.0 / 30_000 + 1e-5
+    assert lim["learner_at_rate"]["device"] == "cuda"
+    assert lim["learner_at_rate"]["j_per_sample_at_rate"] == pytest.approx(at)
+    assert lim["limit2"] == pytest.approx(1 / (1 / 100 + at))
+    assert lim["limit2_own_rate"] == pytest.approx(1 / (1 / 100 + 5e-5))
+    # a slower limit (10k steps/s) the CPU learner keeps up with, at 1 mJ < 4 mJ + 10 uJ
+    arms["limit"] = arm("limit", 100.0, steps_per_s=10_000.0)
+    assert payoff_report.second_limit(arms)["learner_at_rate"]["device"] == "cpu"
+    text = payoff_report.markdown(("r", "Ant-v5", "p"), payoff_report.summary(arms))
+    assert "fed the limit's 10,000 steps/s: 1,000.00 uJ/sample (cpu, batch 4096" in text
+
+
 def test_the_tpe_arm_runs_the_same_tuning_with_tpe():
     a = argparse.Namespace(
         env="Ant-v5",
@@ -167,6 +190,8 @@ def test_learner_alone_on_this_cpu(tmp_path):
     assert [r["batch_size"] for r in doc["settings"]] == [1024, 2048]
     assert all(r["updates"] >= 1 and r["samples_per_s"] > 0 for r in doc["settings"])
     assert doc["idle_w"] > 0 and doc["best"] in doc["settings"]
+    # a CPU learner holds no context: fed slower it costs its busy joules per sample alone
+    assert all(r["fixed_w"] == 0.0 and r["busy_j_per_sample"] >= 0 for r in doc["settings"])
     bad_cmd = [*cmd[:6], "gpu", "--json", str(out)]
     bad = subprocess.run(bad_cmd, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--devices: unknown ['gpu']" in bad.stderr
