@@ -86,18 +86,19 @@ def lost_steps_by_incarnation(complete: dict[str, int], stepped: dict[str, int])
     return {key: n - int(complete.get(key, 0)) for key, n in stepped.items()}
 
 
-def noise_doc(trainer: dict[str, Any]) -> dict[str, Any]:
+def noise_doc(trainer: dict[str, Any], batch: int) -> dict[str, Any]:
     """The learner's gradient noise scale (``policies.noise_scale``) as the lead trainer last
-    reported it: samples, the samples of each update (the batch), and the batch's statistical
-    efficiency (all None before the first estimate)."""
+    reported it: samples, the run's batch at the end, and that batch's statistical efficiency
+    (all None before the first estimate). The batch is the config's, not the last update's: a
+    drain trains what is in flight as a last, smaller update."""
     from policies.noise_scale import efficiency
 
-    value, step = trainer.get("noise_scale"), trainer.get("batch_samples")
-    ok = isinstance(value, int | float) and isinstance(step, int | float)
+    value = trainer.get("noise_scale")
+    ok = isinstance(value, int | float) and batch > 0
     return {
         "samples": value if ok else None,
-        "batch_samples": step if ok else None,
-        "efficiency": efficiency(value, step) if ok else None,
+        "batch_samples": batch if ok else None,
+        "efficiency": efficiency(value, batch) if ok else None,
     }
 
 
@@ -293,7 +294,7 @@ def build_result(runner: RunRecord, wall_s: float, energy: Any) -> dict[str, Any
         "divergence": tel.divergence.found,
         "trainer_device": trainer.get("device"),
         "updates": trainer.get("version", 0),
-        "noise_scale": noise_doc(trainer),
+        "noise_scale": noise_doc(trainer, runner.cfg.batch_size),
         "learning_rate": {
             "scaling": runner.cfg.learner.lr_scaling,
             "for_batch": runner.cfg.learner.lr_batch,

@@ -47,7 +47,8 @@ def test_cartpole_stops_at_the_target_and_reports_the_joules_to_it(tmp_path):
     assert "to a return of 450" in proc.stdout
     # the learner's gradient noise scale: in the result, the progress lines and the summary
     noise = r["noise_scale"]
-    assert noise["samples"] > 0 and noise["batch_samples"] > 0
+    # the run's batch, not the drain's last (smaller) update
+    assert noise["samples"] > 0 and noise["batch_samples"] == r["config"]["batch_size"]
     expected = noise["samples"] / (noise["samples"] + noise["batch_samples"])
     assert abs(noise["efficiency"] - expected) < 1e-12 and 0 < noise["efficiency"] < 1
     assert read_progress(tmp_path / "p.jsonl")[-1]["noise_scale"] == noise["samples"]
