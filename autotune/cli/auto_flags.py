@@ -76,11 +76,13 @@ def within_budget(allowed: dict[str, tuple] | None, held: Any) -> dict[str, tupl
 def size_run_config(console: Console, cfg: TrainConfig, auto: set[str], args: argparse.Namespace):
     """``cfg`` with its ``auto`` fields sized, and the ``sizing`` section; (cfg, None) after
     printing why when the workload cannot be probed or sized."""
+    from autotune.tuning.sizing import OBJECTIVES as SIZING_OBJECTIVES
     from autotune.workflows.auto_size import size_config
     from runtime.probes import ProbeError
 
-    # the start is sized for steps/J under weighted and goodput (no noise scale before training)
-    objective = "steps_per_s" if args.objective == "steps_per_s" else "steps_per_joule"
+    # weighted is sized for steps/J; goodput for steps/J with a wider tie to smaller batches
+    # (no noise scale before training: ``autotune.tuning.sizing.GOODPUT_TIE_SHARE``)
+    objective = args.objective if args.objective in SIZING_OBJECTIVES else "steps_per_joule"
     allowed = within_budget(tuned_space(args), getattr(args, "held_budget", None))
     try:
         shares = getattr(args, "energy_shares", None)

@@ -143,3 +143,38 @@ def test_a_trainer_group_on_cuda_is_predicted_with_its_own_eager_line():
     old_one, old_two = evaluate(graphed, prior_params(graphed), x).train_rate
     assert old_one == pytest.approx(one) and old_two > 0.9 * one  # one line for both
     assert size_run(grouped, 1, {}, 4).values["trainers"] == 1
+
+
+def ant_on_h200() -> MachineModel:
+    """Ant-v5's model as probed on an H200 16-core host for a goodput-tuned run (EnvPool actors,
+    the graphed GPU learner, 10 epochs x 32 minibatches)."""
+    return MachineModel(
+        cores=16,
+        rollout_len=32,
+        t_env=274.6e-6,
+        f0=22.0e-6,
+        f1=1.84e-6,
+        learner={"cuda": (0.1799, 1.63e-7), "cpu": (0.0, 1.03e-3), "cuda-group": (1.334, 7.65e-5)},
+        gpu_idle_w=77.4,
+        gpu_limit_w=700.0,
+        cpu_idle_w=24.0,
+        gpu_ctx_w=43.4,
+        gpu_busy_w=1.0,
+        load=1.17,
+        g0=249e-6,
+        g1=323e-6,
+    )
+
+
+def test_the_goodput_start_takes_a_smaller_batch_within_a_wider_tie():
+    m = ant_on_h200()
+    by_spj = size_run(m, 1, {}, 32)
+    good = size_run(m, 1, {}, 32, objective="goodput_per_joule")
+    # steps/J: 16,384 is predicted 2.3 % under 32,768's best, outside the 2 % tie
+    assert by_spj.values["batch_size"] == 32768 and by_spj.rules["tie_share"] == 0.02
+    # goodput: no noise scale yet, so the smallest batch within 10 % of the best steps/J
+    assert good.values["batch_size"] == 16384 and good.rules["tie_share"] == 0.10
+    assert good.rules["objective"] == "goodput_per_joule"
+    assert good.predicted["steps_per_joule"] >= 0.9 * by_spj.predicted["steps_per_joule"]
+    with pytest.raises(ValueError, match="sizing objective 'joules': allowed steps_per_joule"):
+        size_run(m, 1, {}, 32, objective="joules")
