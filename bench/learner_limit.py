@@ -7,7 +7,7 @@ run that trains every step it samples can beat it.
 
 The machine's idle power is measured first, before torch is imported (no CUDA context), with
 the same meter as every arm (``bench.machine_meter``). Each setting then runs updates for
-``--seconds`` (cuda first, batches in increasing size; a setting whose first update alone takes
+``--seconds`` (CPU first, batches in increasing size; a setting whose first update alone takes
 longer is measured on that update, marked ``single_update``, and the larger batches of that
 device are skipped); its joules above idle per trained sample is its marginal cost at its own
 rate. A GPU setting's cost includes what opening a CUDA context adds; a CPU setting's, its busy
@@ -76,7 +76,7 @@ def measure(
 
     torch.set_num_threads(1)
     info = probe_env(env_id)
-    rows = []
+    rows, rests = [], {}
     for device in sorted(devices, key=lambda d: d.startswith("cuda")):  # before any context
         if device.startswith("cuda") and not torch.cuda.is_available():
             continue
@@ -85,7 +85,7 @@ def measure(
         a = _mark(meter)
         time.sleep(idle_s)  # the device at rest with the learner made (a GPU: its context open)
         b = _mark(meter)
-        rest_w = _joules(meter, a, b)[0] / (b - a)
+        rest_w = rests[device] = _joules(meter, a, b)[0] / (b - a)
         for size in sorted(batches):
             batch = synthetic_batch(info, size, rollout_len)
             samples_per_update = batch["rewards"].size
@@ -111,7 +111,7 @@ def measure(
                     "watts": joules / (b - a),
                     "marginal_j_per_sample": max(joules - idle_w * (b - a), 0.0) / samples,
                     "single_update": slow,
-                    "fixed_w": max(rest_w - idle_w, 0.0) if device.startswith("cuda") else 0.0,
+                    "fixed_w": max(rest_w - idle_w, 0.0),
                     "busy_j_per_sample": max(joules - rest_w * (b - a), 0.0) / samples,
                 }
             )
@@ -120,14 +120,20 @@ def measure(
                 break  # larger batches on this device would take longer still
     meter.stop()
     best = min(rows, key=lambda r: r["marginal_j_per_sample"]) if rows else None
-    return {"idle_w": idle_w, "sources": meter.sources, "settings": rows, "best": best}
+    return {
+        "idle_w": idle_w,
+        "rest_w": rests,
+        "sources": meter.sources,
+        "settings": rows,
+        "best": best,
+    }
 
 
 def cost_at(setting: dict[str, Any], rate: float) -> float | None:
     """Joules per trained sample of ``setting`` (a row of ``measure``) fed ``rate`` samples/s:
-    its device's fixed watts (a GPU's open context) spread over ``rate``, plus its busy joules
-    per sample; None where it cannot keep up (``rate`` above its own). A row measured before
-    the rest was (no ``fixed_w``) gives its marginal cost at its own rate."""
+    its device's fixed watts at rest (a GPU's open context) spread over ``rate``, plus its busy
+    joules per sample; None where it cannot keep up (``rate`` above its own). A row measured
+    before the rest was (no ``fixed_w``) gives its marginal cost at its own rate."""
     if "fixed_w" not in setting:
         return setting["marginal_j_per_sample"]
     if rate <= 0 or rate > setting["samples_per_s"]:
@@ -135,10 +141,17 @@ def cost_at(setting: dict[str, Any], rate: float) -> float | None:
     return setting["fixed_w"] / rate + setting["busy_j_per_sample"]
 
 
-def cheapest_at(settings: list[dict[str, Any]], rate: float) -> tuple[dict[str, Any], float] | None:
-    """The setting that costs least fed ``rate`` samples/s, and its joules per sample."""
-    costs = [(s, c) for s in settings if (c := cost_at(s, rate)) is not None]
-    return min(costs, key=lambda sc: sc[1]) if costs else None
+def cheapest_at(settings: list[dict[str, Any]], rate: float) -> dict[str, Any] | None:
+    """The setting that costs least fed ``rate`` samples/s: the row with ``j_per_sample`` (its
+    cost), ``keeps_up`` and ``rest_measured``. Where none keeps up, the cheapest fed its own
+    rate, with ``keeps_up`` False (no learner of these trains as fast as ``rate``)."""
+    keeps_up = [(s, c) for s in settings if (c := cost_at(s, rate)) is not None]
+    own = [(s, cost_at(s, s["samples_per_s"])) for s in settings if s.get("samples_per_s")]
+    pool = keeps_up or [(s, c) for s, c in own if c is not None]
+    if not pool:
+        return None
+    s, c = min(pool, key=lambda sc: sc[1])
+    return {**s, "j_per_sample": c, "keeps_up": bool(keeps_up), "rest_measured": "fixed_w" in s}
 
 
 def main(argv: list[str] | None = None) -> int:

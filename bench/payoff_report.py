@@ -49,23 +49,41 @@ def _r(a: float | None, b: float | None) -> float | None:
 
 def second_limit(arms: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """The raw limit's steps/J (both CPU models) and the second limit's: the learner's
-    cheapest setting fed the limit's step rate (``bench.learner_limit.cost_at``), and, as
+    cheapest setting fed the limit's step rate (``bench.learner_limit.cheapest_at``), and, as
     ``limit2_own_rate``, its cheapest at its own rate."""
     limit = limit_reference(arms)
-    spj, rate = limit.get("steps_per_joule"), limit.get("steps_per_s") or 0.0
+    spj, rate = limit.get("steps_per_joule"), limit.get("steps_per_s") or None
     busy = arms.get("limit", {}).get("steps_per_joule_busy_only")
     doc = arms.get("learner", {}).get("learner") or {}
     best = doc.get("best")
-    at = cheapest_at(doc.get("settings") or ([best] if best else []), rate)
+    at = cheapest_at(doc.get("settings") or ([best] if best else []), rate or 0.0)
     out = {"limit": spj, "limit_busy_only": busy, "learner_best": best, "rate": rate}
     if at:
-        out["learner_at_rate"] = {**at[0], "j_per_sample_at_rate": at[1]}
+        out["learner_at_rate"] = at
     for key, base in (("limit2", spj), ("limit2_busy_only", busy)):
         if base and at:
-            out[key] = 1 / (1 / base + at[1])
+            out[key] = 1 / (1 / base + at["j_per_sample"])
     if spj and best:
         out["limit2_own_rate"] = 1 / (1 / spj + best["marginal_j_per_sample"])
     return out
+
+
+def _learner_line(lim: dict[str, Any]) -> str:
+    """What the second limit charged for the learner, and how."""
+    at = lim.get("learner_at_rate")
+    if not at:
+        return "no learner measured"
+    where = f"{at.get('device', '-')}, batch {at.get('batch_size', '-')}"
+    cost = f"{_n(at['j_per_sample'] * 1e6, 2)} uJ/sample ({where}"
+    if not at["rest_measured"]:
+        return f"the learner at its own best rate (its rest not measured): {cost})"
+    parts = f"{_n(at['fixed_w'])} W held + {_n(at['busy_j_per_sample'] * 1e6, 2)} uJ busy"
+    if not at["keeps_up"]:
+        return (
+            f"no learner setting keeps up with the limit's {_n(lim.get('rate'), 0)} steps/s; "
+            f"the cheapest at its own {_n(at['samples_per_s'], 0)}: {cost}: {parts})"
+        )
+    return f"the learner fed the limit's {_n(lim.get('rate'), 0)} steps/s: {cost}: {parts})"
 
 
 def reach_time(curve: list[dict[str, Any]], level: float) -> float | None:
@@ -168,15 +186,9 @@ def _n(v: float | None, digits: int = 1) -> str:
 def markdown(key: tuple[str, str, str], s: dict[str, Any]) -> str:
     run, env, policy = key
     lim = s["limits"]
-    at = lim.get("learner_at_rate") or {}
-    busy = f"{_n(at['fixed_w'])} W held + " if "fixed_w" in at else ""
-    extra = f"{_n(at['busy_j_per_sample'] * 1e6, 2)} uJ busy" if "busy_j_per_sample" in at else ""
     out = [
         f"**{env}**, policy `{policy}` (run `{run}`): limit {_n(lim['limit'])} steps/J "
-        f"(busy cores only {_n(lim['limit_busy_only'])}); the learner fed the limit's "
-        f"{_n(lim.get('rate'), 0)} steps/s: {_n(at.get('j_per_sample_at_rate', 0) * 1e6, 2)} "
-        f"uJ/sample ({at.get('device', '-')}, batch {at.get('batch_size', '-')}"
-        f"{': ' + busy + extra if busy or extra else ''}); second limit "
+        f"(busy cores only {_n(lim['limit_busy_only'])}); {_learner_line(lim)}; second limit "
         f"{_n(lim.get('limit2'))} steps/J (with the learner's cost at its own best rate: "
         f"{_n(lim.get('limit2_own_rate'))})",
         "",

@@ -41,7 +41,7 @@ from runtime.stages.common import LiveSettings, StatsSender, init_service_proces
 # it only after ``placement.bind_gpu`` has set its CUDA and MPS environment.
 
 logger = logging.getLogger(__name__)
-REPORTED = ("loss_pi", "loss_v", "entropy", "lr", "noise_scale", "batch_samples")
+REPORTED = ("loss_pi", "loss_v", "entropy", "lr", "noise_scale")
 """The figures of each update (``policies.appo.UpdateStats``) a trainer reports."""
 
 STATS_INTERVAL_S = 0.5

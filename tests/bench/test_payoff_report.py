@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from bench import compare, compare_arms, payoff_report
+from bench import compare, compare_arms, learner_limit, payoff_report
 from bench.compare_report import report
 
 
@@ -130,15 +130,34 @@ def test_the_second_limit_charges_the_learner_at_the_limits_step_rate():
     # the limit steps 30k/s: the CPU learner cannot keep up; the GPU's 40 W over 30k samples/s
     lim = payoff_report.second_limit(arms)
     at = 40.0 / 30_000 + 1e-5
-    assert lim["learner_at_rate"]["device"] == "cuda"
-    assert lim["learner_at_rate"]["j_per_sample_at_rate"] == pytest.approx(at)
+    assert lim["learner_at_rate"]["device"] == "cuda" and lim["learner_at_rate"]["keeps_up"]
+    assert lim["learner_at_rate"]["j_per_sample"] == pytest.approx(at)
     assert lim["limit2"] == pytest.approx(1 / (1 / 100 + at))
     assert lim["limit2_own_rate"] == pytest.approx(1 / (1 / 100 + 5e-5))
+    text = payoff_report.markdown(("r", "Ant-v5", "p"), payoff_report.summary(arms))
+    assert "fed the limit's 30,000 steps/s: 1,343.33 uJ/sample (cuda, batch 65536: " in text
+    assert "40.0 W held + 10.00 uJ busy); second limit 88.2 steps/J" in text
+    assert "its own best rate: 99.5)" in text
     # a slower limit (10k steps/s) the CPU learner keeps up with, at 1 mJ < 4 mJ + 10 uJ
     arms["limit"] = arm("limit", 100.0, steps_per_s=10_000.0)
     assert payoff_report.second_limit(arms)["learner_at_rate"]["device"] == "cpu"
+    # a limit faster than every setting: the cheapest at its own rate, and said so
+    arms["limit"] = arm("limit", 100.0, steps_per_s=2e6)
+    lim = payoff_report.second_limit(arms)
+    assert lim["learner_at_rate"]["keeps_up"] is False
+    assert lim["learner_at_rate"]["j_per_sample"] == pytest.approx(40.0 / 1e6 + 1e-5)
     text = payoff_report.markdown(("r", "Ant-v5", "p"), payoff_report.summary(arms))
-    assert "fed the limit's 10,000 steps/s: 1,000.00 uJ/sample (cpu, batch 4096" in text
+    assert "no learner setting keeps up with the limit's 2,000,000 steps/s" in text
+    # a learner measured before the rest was: its own rate, and said so; none at all: said so
+    arms["learner"]["learner"] = {
+        "best": {**cpu, "fixed_w": None} | {"marginal_j_per_sample": 2e-3}
+    }
+    del arms["learner"]["learner"]["best"]["fixed_w"]
+    text = payoff_report.markdown(("r", "Ant-v5", "p"), payoff_report.summary(arms))
+    assert "the learner at its own best rate (its rest not measured): 2,000.00 uJ" in text
+    del arms["learner"]
+    text = payoff_report.markdown(("r", "Ant-v5", "p"), payoff_report.summary(arms))
+    assert "no learner measured; second limit - steps/J" in text
 
 
 def test_the_tpe_arm_runs_the_same_tuning_with_tpe():
@@ -190,8 +209,18 @@ def test_learner_alone_on_this_cpu(tmp_path):
     assert [r["batch_size"] for r in doc["settings"]] == [1024, 2048]
     assert all(r["updates"] >= 1 and r["samples_per_s"] > 0 for r in doc["settings"])
     assert doc["idle_w"] > 0 and doc["best"] in doc["settings"]
-    # a CPU learner holds no context: fed slower it costs its busy joules per sample alone
-    assert all(r["fixed_w"] == 0.0 and r["busy_j_per_sample"] >= 0 for r in doc["settings"])
+    # each device's rest is measured with its learner made, and every row priced against it
+    assert set(doc["rest_w"]) == {"cpu"} and doc["rest_w"]["cpu"] > 0
+    for r in doc["settings"]:
+        assert r["fixed_w"] == pytest.approx(max(doc["rest_w"]["cpu"] - doc["idle_w"], 0.0))
+        # its watts above rest, per sample: what it adds fed as fast as it trains
+        above = max(r["watts"] - doc["rest_w"]["cpu"], 0.0) / r["samples_per_s"]
+        assert r["busy_j_per_sample"] == pytest.approx(above, rel=0.05, abs=1e-9)
+        half = r["samples_per_s"] / 2  # fed half its rate, its fixed watts weigh twice
+        assert learner_limit.cost_at(r, half) == pytest.approx(
+            r["fixed_w"] / half + above, rel=0.05, abs=1e-9
+        )
+        assert learner_limit.cost_at(r, 2 * r["samples_per_s"]) is None  # cannot keep up
     bad_cmd = [*cmd[:6], "gpu", "--json", str(out)]
     bad = subprocess.run(bad_cmd, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--devices: unknown ['gpu']" in bad.stderr

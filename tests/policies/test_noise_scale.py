@@ -91,3 +91,15 @@ def test_the_learner_reports_a_noise_scale_and_its_step_size():
     older = {k: v for k, v in learner.state().items() if k != "noise"}  # saved before it had one
     other.load_state(older)
     assert other.noise.value is None
+
+
+def test_the_result_rates_the_runs_batch_not_the_last_updates_samples():
+    """A drain trains what is in flight as a last, smaller update: the result's efficiency is
+    the run's batch's at the last noise scale, and nothing where there is no estimate."""
+    from runtime.results import noise_doc
+
+    doc = noise_doc({"noise_scale": 3000.0}, 1024)
+    assert doc == {"samples": 3000.0, "batch_samples": 1024, "efficiency": 3000.0 / 4024.0}
+    empty = {"samples": None, "batch_samples": None, "efficiency": None}
+    assert noise_doc({"noise_scale": None}, 1024) == empty
+    assert noise_doc({}, 1024) == empty
