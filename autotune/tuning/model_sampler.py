@@ -189,7 +189,7 @@ class ModelSampler(optuna.samplers.BaseSampler):
         """The configs inside the trust region around ``hold`` (the module docstring): every
         actor count, with at most ``trust_knobs`` other knobs moved to values within
         ``trust_factor`` of ``hold``'s."""
-        tuned = [n for n in MODELLED if n in self.choices]
+        tuned, threads = [n for n in MODELLED if n in self.choices], self._cuda_threads()
         near = {n: [v for v in self.choices[n] if self._close(hold.get(n), v)] for n in tuned}
         free = [n for n in tuned if n == "actors"]
         others = [n for n in tuned if n != "actors"]
@@ -218,6 +218,9 @@ class ModelSampler(optuna.samplers.BaseSampler):
                 c = {**hold, **dict(zip(names, combo, strict=True))}
                 if c.get("trainer_device") == "cpu" and c.get("mps_pct", 100) != 100:
                     continue  # the MPS share means nothing to a CPU trainer
+                cuda = c.get("trainer_device", self.defaults.get("trainer_device")) == "cuda"
+                if cuda and c.get("trainer_threads", threads) != threads:
+                    continue  # nor a thread count to a CUDA one: a hand-over for nothing
                 out.append(c)
         return out
 
@@ -228,11 +231,22 @@ class ModelSampler(optuna.samplers.BaseSampler):
         return not numeric or max(x / y, y / x) <= self.trust_factor * (1 + 1e-9)
 
     def _key(self, values: dict[str, Any]) -> str:
-        """A config's identity over the tuned knobs (a CPU trainer has no MPS share)."""
+        """A config's identity over the tuned knobs (a CPU trainer has no MPS share, a CUDA
+        trainer no thread count)."""
         out = {n: values.get(n, self.defaults.get(n)) for n in self.choices}
-        if out.get("trainer_device") == "cpu" and "mps_pct" in out:
+        device = values.get("trainer_device", self.defaults.get("trainer_device"))
+        if device == "cpu" and "mps_pct" in out:
             out["mps_pct"] = 100
+        if device == "cuda" and "trainer_threads" in out:
+            out["trainer_threads"] = self._cuda_threads()
         return json.dumps(out, sort_keys=True)
+
+    def _cuda_threads(self) -> Any:
+        """The one thread count a CUDA trainer is planned with: the start's (its threads enter
+        no rate, and a change of them alone would hand the GMIs over for nothing)."""
+        choices = self.choices.get("trainer_threads", ())
+        start = self.defaults.get("trainer_threads")
+        return start if start in choices or not choices else min(choices)
 
     def _cost(self, a: dict[str, Any], b: dict[str, Any]) -> float:
         kinds = {

@@ -163,14 +163,17 @@ def features(configs: list[dict[str, Any]], defaults: dict[str, Any]) -> dict[st
         return np.array([fn(c.get(name, defaults.get(name))) for c in configs], float)
 
     mps = [c.get("mps_pct", defaults.get("mps_pct", 100)) for c in configs]
+    cuda = col("trainer_device", lambda d: d == "cuda")
     return {
         "actors": col("actors"),
         "envs_per_actor": col("envs_per_actor"),
         "batch_size": col("batch_size"),
-        "cuda": col("trainer_device", lambda d: d == "cuda"),
+        "cuda": cuda,
         "trainers": col("trainers"),
         "mps": np.array([(100 if p is None else p) / 100.0 for p in mps], float),
-        "threads": col("trainer_threads"),
+        # a CUDA trainer's threads enter no rate (``trainer_cores``): held at 1, so a thread
+        # count alone puts a CUDA config no farther from the measured ones
+        "threads": np.where(cuda, 1.0, col("trainer_threads")),
     }
 
 

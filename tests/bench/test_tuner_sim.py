@@ -55,3 +55,51 @@ def test_the_model_sampler_moves_inside_a_trust_region_around_its_incumbent():
     for k, v in moved.items():
         if isinstance(v, int) and defaults.get(k):
             assert max(v / defaults[k], defaults[k] / v) <= 4
+
+
+def test_a_cuda_trainers_thread_count_is_never_tuned():
+    """A CUDA trainer's threads enter no rate, and changing them hands the GMIs over: planning
+    on the simulated job with the trainer on CUDA, the model sampler keeps the start's count
+    in every plan, and sees configs that differ only in it as one (their identity, their
+    distance to what was measured)."""
+    import optuna
+
+    from autotune.tuning.model_sampler import ModelSampler
+    from autotune.tuning.perf_model import features
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    choices = {
+        "actors": (8, 12, 14, 15),
+        "envs_per_actor": (8, 16, 32),
+        "batch_size": (4096, 8192, 16384, 32768),
+        "trainer_device": ("cuda",),
+        "mps_pct": (25, 50, 100),
+        "trainer_threads": (1, 2, 4),
+    }
+    start = {"actors": 14, "envs_per_actor": 16, "batch_size": 8192, "trainer_device": "cuda"}
+    start |= {"mps_pct": 50, "trainer_threads": 1, "trainers": 1, "rollout_len": 32}
+    dists = {k: optuna.distributions.CategoricalDistribution(v) for k, v in choices.items()}
+    for seed in range(3):
+        s = ModelSampler(tuner_sim.PROBED, choices, start, {}, seed=seed)
+        study = optuna.create_study(direction="maximize", sampler=s)
+        values = dict(start)
+        for _ in range(8):
+            sps, gpu_w, cpu_w, lag = tuner_sim.true_rates(values)
+            attrs = {"steps_per_s": sps, "window_s": 10.0, "gpu_j": 10 * gpu_w}
+            attrs |= {"cpu_j": 10 * cpu_w, "policy_lag": lag}
+            params = {k: values[k] for k in choices}
+            study.add_trial(
+                optuna.trial.create_trial(
+                    params=params,
+                    distributions=dists,
+                    value=sps / (gpu_w + cpu_w),
+                    user_attrs=attrs,
+                )
+            )
+            values = {**start, **s.plan(study)}
+            assert values["trainer_threads"] == 1, (seed, values)
+    one, two = ({**start, "trainer_threads": h} for h in (1, 2))
+    x = features([one, two, {**one, "trainer_device": "cpu"}, {**two, "trainer_device": "cpu"}], {})
+    assert list(x["threads"]) == [1.0, 1.0, 1.0, 2.0]
+    s = ModelSampler(tuner_sim.PROBED, {"trainer_threads": (1, 2)}, one, {})
+    assert s._key(one) == s._key(two) != s._key({**two, "trainer_device": "cpu"})
