@@ -60,17 +60,13 @@ class NonFiniteEnv(ArithmeticError):
 """A restarted actor waits this long for current weights before acting with version 0."""
 
 
-def init_actor_process(actor: int, nice: int = 0, cores: list[int] | None = None) -> None:
-    """Process set-up: pinned to ``cores`` (before it starts a thread, so its env engine's and
-    ZeroMQ's threads inherit them), signals, logging and ``nice`` added to the process's
-    niceness. An actor owns its cores: it acts with a numpy copy of the policy (no torch), and
-    the pool starts it with one BLAS thread (``runtime.actor_pool.one_blas_thread``)."""
-    cores = sorted(set(cores or ()) & os.sched_getaffinity(0))  # the set may have changed
-    if cores:
-        try:
-            os.sched_setaffinity(0, cores)
-        except OSError as exc:  # the CPU set changed meanwhile: stay unpinned
-            logger.warning("actor %d: not pinned to cores %s: %s", actor, cores, exc)
+def init_actor_process(actor: int, nice: int = 0) -> None:
+    """Process set-up: signals, logging and ``nice`` added to the process's niceness. An actor
+    owns its cores: it acts with a numpy copy of the policy (no torch), the pool starts it with
+    one BLAS thread (``runtime.actor_pool.one_blas_thread``) and pins it from outside, right
+    after its start and before it starts a thread (``ActorPool.pin``), so its env engine's and
+    ZeroMQ's threads inherit the cores, and a budget that changes while it starts is not
+    undone by cores it was handed at its start."""
     init_service_process(f"actor-{actor}")
     if nice:
         os.nice(nice)
@@ -302,13 +298,12 @@ def actor_main(
     stepped: multiprocessing.sharedctypes.Synchronized,
     stop: Any,
     initial: tuple[list[str], list[np.ndarray]] | None,
-    cores: list[int] | None = None,
+    threads: int | None = None,
 ) -> None:
-    """Process entry point of actor slot ``actor`` (its ``incarnation``-th start), pinned to
-    ``cores`` unless None, an EnvPool thread for each; see ``run_actor``. Exits with
-    ``NONFINITE_EXIT`` where its env returned a non-finite value."""
-    threads = len(cores) if cores else actor_threads(cfg.actors)  # from the runner's CPU set
-    init_actor_process(actor, cfg.actor_nice, cores)
+    """Process entry point of actor slot ``actor`` (its ``incarnation``-th start), with
+    ``threads`` EnvPool threads (None: its share of the cores); see ``run_actor``. Exits
+    with ``NONFINITE_EXIT`` where its env returned a non-finite value."""
+    init_actor_process(actor, cfg.actor_nice)
     code = run_actor(cfg, info, endpoints, actor, incarnation, stepped, stop, initial, threads)
     if code:
         sys.exit(code)

@@ -26,7 +26,8 @@ import numpy as np
 from runtime import topology
 from runtime.actor import NONFINITE_EXIT, actor_main
 from runtime.config import TrainConfig
-from runtime.envs import EnvInfo
+from runtime.env_backends import actor_threads
+from runtime.envs import EnvError, EnvInfo
 
 logger = logging.getLogger(__name__)
 
@@ -93,6 +94,8 @@ class ActorSlot:
     stop: Any
     cfg: TrainConfig
     leave_by: float | None = None
+    threads: int = 1
+    """The EnvPool threads its incarnation runs (fixed at its start: ``ActorPool.pin``)."""
 
     @property
     def key(self) -> str:
@@ -114,6 +117,34 @@ class Incarnations:
         A local actor's count is never below (it counts each step before it sends it)."""
         for key in self.died:
             self.stepped[key] = max(self.stepped[key], int(complete.get(key, 0)))
+
+
+def _place(slot: ActorSlot, cores: set[int]) -> bool:
+    """Puts every thread of ``slot``'s process on ``cores``; False where that could not be done
+    (the process ended, or the cores are not in this CPU set: logged)."""
+    try:
+        tids = os.listdir(f"/proc/{slot.process.pid}/task")
+    except OSError:  # ended meanwhile (its restart is placed at its start)
+        return False
+    placed = False
+    for tid in tids:
+        try:
+            os.sched_setaffinity(int(tid), cores)
+            placed = True
+        except ProcessLookupError:  # that thread ended meanwhile
+            continue
+        except OSError as exc:
+            logger.warning("actor %s not placed on cores %s: %s", slot.key, sorted(cores), exc)
+            return False
+    return placed
+
+
+def _threaded(cfg: TrainConfig) -> bool:
+    """Whether ``cfg``'s actors run EnvPool, whose thread count is fixed when an actor starts."""
+    try:
+        return cfg.resolved_backend() == "envpool"
+    except EnvError:
+        return False
 
 
 class ActorPool:
@@ -171,37 +202,42 @@ class ActorPool:
             initial = self.initial_weights(cfg)
             return self.launcher.start(cfg, self.info, ep, index, incarnation, initial)
         stepped, stop = self.mp.RawValue("q", 0), self.mp.Event()
+        cores = actor_cores(index, self.count, cfg.pin_actors)
+        threads = len(cores) if cores else actor_threads(self.count)
         proc = self.mp.Process(
             target=actor_main,
             name=f"actor-{index}.{incarnation}",
             daemon=True,
             args=(cfg, self.info, ep, index, incarnation, stepped, stop, self.initial_weights(cfg)),
-            kwargs={"cores": actor_cores(index, self.count, cfg.pin_actors)},
+            kwargs={"threads": threads},
         )
         with one_blas_thread():
             proc.start()
-        return ActorSlot(index, incarnation, proc, stepped, stop, cfg)
+        slot = ActorSlot(index, incarnation, proc, stepped, stop, cfg, threads=threads)
+        if cores:  # from here, before the child starts a thread (its interpreter is starting)
+            _place(slot, set(cores))
+        return slot
 
-    def pin(self) -> int:
+    def pin(self, ep: topology.Endpoints | None = None) -> int:
         """Pins every thread of each actor process of this machine to its cores under this
         process's CPU set as it is now (``actor_cores``), or spreads it over the whole set
         where it gets none: after the set or the actor count changed (a daemon's new budget,
-        a resize). Returns how many actors it pinned to cores of their own."""
+        a resize). An EnvPool actor whose thread count that changes is replaced by a new
+        incarnation (its threads are started once), given ``ep``. Returns how many actors it
+        pinned to cores of their own."""
         pinned, whole = 0, os.sched_getaffinity(0)
-        for slot in [] if self.launcher is not None else self.slots:
+        for slot in [] if self.launcher is not None else list(self.slots):
             cores = actor_cores(slot.index, self.count, slot.cfg.pin_actors)
+            threads = len(cores) if cores else actor_threads(self.count)
             if slot.process.pid is None or not slot.process.is_alive():
                 continue
-            try:
-                tids = os.listdir(f"/proc/{slot.process.pid}/task")
-            except OSError:  # ended meanwhile (its restart is placed at its start)
+            if ep is not None and threads != slot.threads and _threaded(slot.cfg):
+                self._leave(slot)
+                i = self.slots.index(slot)
+                self.slots[i] = self._start(slot.cfg, ep, slot.index)
+                pinned += bool(cores)
                 continue
-            for tid in tids:
-                try:
-                    os.sched_setaffinity(int(tid), set(cores) if cores else whole)
-                except OSError:  # that thread ended meanwhile
-                    continue
-            pinned += cores is not None
+            pinned += _place(slot, set(cores) if cores else whole) and bool(cores)
         return pinned
 
     def start(self, cfg: TrainConfig, ep: topology.Endpoints) -> None:
@@ -237,7 +273,7 @@ class ActorPool:
             if self._pending.pop(top, None) is not None:
                 continue
             self._leave(self.slots.pop(next(i for i, s in enumerate(self.slots) if s.index == top)))
-        self.pin()  # those started for another count, now on a core of their own
+        self.pin(ep)  # those started for another count, now on cores of their own
 
     def respawn(self, cfg: TrainConfig, ep: topology.Endpoints) -> None:
         """Replaces every actor by a new incarnation started with ``cfg``; slots beyond

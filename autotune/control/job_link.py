@@ -151,9 +151,9 @@ class DaemonLink:
             logger.warning("budget %s not taken: %s", budget.to_dict(), exc)
             return
         self.budget, self.budget_seq = budget.to_dict(), seq
-        actors = getattr(self.runner, "actors", None)  # each on a core of its own again
+        actors = getattr(self.runner, "actors", None)  # each on cores of its own again
         if actors is not None and hasattr(actors, "pin"):
-            actors.pin()
+            actors.pin(getattr(self.runner, "endpoints", None))
         meter = getattr(self.runner, "meter", None)
         try:
             if meter is not None:  # charged its share of the machine's energy from now on

@@ -16,6 +16,7 @@ from runtime.actor_pool import (
     BLAS_THREAD_VARS,
     ActorPool,
     ActorSlot,
+    _place,
     actor_cores,
     one_blas_thread,
 )
@@ -124,3 +125,40 @@ def test_pin_puts_each_running_actor_on_its_core_and_spreads_those_without_one()
         assert pool.pin() == 0 and os.sched_getaffinity(proc.pid) == whole
     finally:
         proc.kill()
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
+def test_pin_replaces_an_envpool_actor_whose_thread_count_it_changes(monkeypatch):
+    """An EnvPool actor starts its threads once: where ``pin`` gives it another number of
+    cores, the pool replaces it by a new incarnation (given the endpoints to start it with);
+    a gymnasium actor, or a pin without endpoints, is only moved."""
+    pytest.importorskip("envpool")
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_sleep, args=(60,), daemon=True) for _ in range(2)]
+    for p in procs:
+        p.start()
+    started = []
+
+    def fake_start(cfg, ep, index):
+        started.append((cfg.env_backend, index))
+        return ActorSlot(index, 1, procs[1], None, ctx.Event(), cfg, threads=1)
+
+    try:
+        pool = ActorPool(ctx, None)
+        monkeypatch.setattr(pool, "_start", fake_start)
+        pool.count = 1  # one actor: all cores but one, one EnvPool thread each
+        want = (len(os.sched_getaffinity(0)) - 1) // 1
+        for backend, ep in (("gymnasium", "ep"), ("envpool", None)):
+            cfg = TrainConfig(env="CartPole-v1", env_backend=backend, pin_actors=True)
+            pool.slots = [ActorSlot(0, 0, procs[0], None, ctx.Event(), cfg, threads=want + 1)]
+            assert pool.pin(ep) == 1 and not started and not pool.leaving
+        cfg = TrainConfig(env="CartPole-v1", env_backend="envpool", pin_actors=True)
+        old = ActorSlot(0, 0, procs[0], None, ctx.Event(), cfg, threads=want + 1)
+        pool.slots = [old]
+        assert pool.pin("ep") == 1 and started == [("envpool", 0)]
+        assert pool.leaving == [old] and old.stop.is_set() and pool.slots[0].incarnation == 1
+        # cores outside this CPU set are not taken, and such an actor is not counted pinned
+        assert not _place(pool.slots[0], {10_000})
+    finally:
+        for p in procs:
+            p.kill()
