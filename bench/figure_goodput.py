@@ -30,16 +30,24 @@ def goodput(results: Path) -> Path:
 
 
 def return_vs_joules(
-    src: Path, png: Path, target: float, reference: float | None, title: str
+    src: Path,
+    png: Path,
+    target: float,
+    reference: float | None,
+    title: str,
+    seeds: list[int] | None = None,
 ) -> Path:
     """Mean return against joules for every ``<arm>-seed<S>.progress.jsonl`` in ``src`` (the
-    arms of ``ARMS``), a dotted line where a run reached ``target`` (its result document
-    beside it), and ``reference`` (SB3 PPO's return at 1M steps) as a dashed line."""
+    arms of ``ARMS``; the seeds in ``seeds`` where given), a dotted line where a run reached
+    ``target`` (its result document beside it), and ``reference`` (SB3 PPO's return at 1M
+    steps) as a dashed line."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=SIZE)
     for arm, (label, colour) in ARMS.items():
         for path in sorted(src.glob(f"{arm}-seed*.progress.jsonl")):
             seed = path.name.split("seed")[1].split(".")[0]
+            if seeds is not None and seed not in {str(x) for x in seeds}:
+                continue
             rows = [
                 r for r in read_progress(path) if r.get("joules") and r.get("return") is not None
             ]

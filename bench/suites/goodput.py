@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shlex
 import subprocess
@@ -37,10 +38,22 @@ NAME = "goodput"
 HELP = "energy to a target return, tuned by steps/J and by goodput/J, several seeds"
 ARMS = {"steps-per-joule": "steps_per_joule", "goodput": "goodput_per_joule"}
 """File stem of each tuning (as ``bench.figure_goodput`` reads them) -> its objective."""
+TARGET_EPISODES = 100
+"""Episodes in the mean a target is taken on (``runtime.target``)."""
 TRAIN_ARGS = (
     "--env-backend auto --policy auto:256:128:64:auto --lr 3e-4 --lr-schedule constant "
     "--epochs 10 --minibatches 32 --entropy-coef 0 --lr-scaling none"
 )
+
+
+OWN_FLAGS = frozenset(
+    {"--tune", "--objective", "--target-return", "--seed", "--max-wall-s", "--env", "--quiet"}
+    | {"--checkpoint", "--storage", "--study", "--progress", "--json", "--steps"}
+)
+"""``autotune train`` flags the suite sets itself, refused in ``--train-args``."""
+STOP_AFTER_S = 120.0
+"""A run still going this long past its ``--max-wall-s`` (probes and the drain are outside it)
+is stopped, its whole process group, and counted failed."""
 
 
 def add_args(ap: argparse.ArgumentParser) -> None:
@@ -65,17 +78,31 @@ def check(ap: argparse.ArgumentParser, a: argparse.Namespace) -> None:
         a.seed_list = [int(s) for s in a.seeds.split(",") if s.strip()]
     except ValueError:
         ap.error(f"--seeds {a.seeds!r}: expected integers, e.g. 0,1,2")
+    if any(s < 0 for s in a.seed_list) or len(set(a.seed_list)) != len(a.seed_list):
+        ap.error(f"--seeds {a.seeds!r}: distinct integers >= 0, e.g. 0,1,2")
     a.arm_list = [x.strip() for x in a.arms.split(",") if x.strip()]
     bad = [x for x in a.arm_list if x not in ARMS]
-    if bad or not a.arm_list or not a.seed_list:
+    if bad or not a.arm_list or not a.seed_list or len(set(a.arm_list)) != len(a.arm_list):
         ap.error(f"--arms {a.arms!r} / --seeds {a.seeds!r}: give seeds, and arms of {list(ARMS)}")
-    if not a.max_wall_s > 0:
-        ap.error(f"--max-wall-s {a.max_wall_s}: must be > 0")
-    own = {"--tune", "--objective", "--target-return", "--seed", "--max-wall-s", "--env"}
-    own |= {"--checkpoint", "--storage", "--study", "--progress", "--json", "--steps"}
-    given = {f.split("=", 1)[0] for f in shlex.split(a.train_args)} & own
+    if not a.max_wall_s > 0 or not math.isfinite(a.max_wall_s):
+        ap.error(f"--max-wall-s {a.max_wall_s}: must be a number > 0")
+    for flag, value in (
+        ("--target-return", a.target_return),
+        ("--reference-return", a.reference_return),
+    ):
+        if value is not None and not math.isfinite(value):
+            ap.error(f"{flag} {value}: must be a finite number")
+    try:
+        flags = {f.split("=", 1)[0] for f in shlex.split(a.train_args) if f.startswith("--")}
+    except ValueError as exc:
+        ap.error(f"--train-args {a.train_args!r}: {exc} (quote it as a shell would)")
+    # the suite's own flags, also as the abbreviations ``autotune train`` would take for them
+    given = {f for f in flags if any(o.startswith(f) for o in OWN_FLAGS)}
     if given:
-        ap.error(f"--train-args: {', '.join(sorted(given))} are the suite's own; leave them out")
+        ap.error(
+            f"--train-args: {', '.join(sorted(given))} are (or abbreviate) the suite's own "
+            f"flags ({', '.join(sorted(OWN_FLAGS))}); leave them out"
+        )
 
 
 def run(a: argparse.Namespace, arm: str, seed: int) -> dict:
@@ -85,8 +112,8 @@ def run(a: argparse.Namespace, arm: str, seed: int) -> dict:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = out / f"{arm}-seed{seed}"
-    for old in (f"{stem}.json", f"{stem}.progress.jsonl", f"{stem}.db", f"{stem}.log"):
-        Path(old).unlink(missing_ok=True)  # a failed attempt's: this run starts afresh
+    for old in (".json", ".progress.jsonl", ".db", ".log", ".failed"):
+        Path(f"{stem}{old}").unlink(missing_ok=True)  # a failed attempt's: this run starts afresh
     cmd = [sys.executable, "-m", "autotune.cli", "train", "--env", a.env]
     cmd += [*shlex.split(a.train_args), "--steps", "1000000000", "--tune"]
     cmd += ["--objective", ARMS[arm], "--target-return", str(a.target_return)]
@@ -95,22 +122,32 @@ def run(a: argparse.Namespace, arm: str, seed: int) -> dict:
     cmd += ["--progress", f"{stem}.progress.jsonl", "--json", f"{stem}.json"]
     # each run probes its workload afresh, so that each pays a first run's start-up alike
     env = {**os.environ, "AUTOTUNE_CACHE_DIR": str(out / f"cache-{stem.name}")}
+    from bench.compare import stop_group
+
     with open(f"{stem}.log", "w") as log:
         proc = subprocess.Popen(
             cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env
         )
         try:
-            code = proc.wait(timeout=a.max_wall_s + 300)
+            code = proc.wait(timeout=a.max_wall_s + STOP_AFTER_S)
         except subprocess.TimeoutExpired:  # the whole run's process group, its actors too
-            from bench.compare import stop_group
-
             stop_group(proc)
-            return {"failed": True, "why": f"still running {a.max_wall_s + 300:.0f} s in"}
+            return _failed(stem, f"still running {a.max_wall_s + STOP_AFTER_S:.0f} s in")
+        except BaseException:  # Ctrl-C, or the suite stopped: no run is left behind
+            stop_group(proc)
+            raise
     doc = _document(stem)
     if code != 0 or doc is None or doc.get("failed") or doc.get("failure"):
         tail = Path(f"{stem}.log").read_text()[-2000:]
-        return {"failed": True, "returncode": code, "log_tail": tail}
+        return {**_failed(stem, f"exit code {code}"), "returncode": code, "log_tail": tail}
     return summary(doc, read_progress(f"{stem}.progress.jsonl"), a.reference_return)
+
+
+def _failed(stem: Path, why: str) -> dict:
+    """A failed run, marked beside its files so that the report counts it failed even where
+    it left a result document (a run stopped past its time drains and writes one)."""
+    Path(f"{stem}.failed").write_text(why + "\n")
+    return {"failed": True, "why": why}
 
 
 def _document(stem: Path) -> dict | None:
@@ -123,7 +160,14 @@ def _document(stem: Path) -> dict | None:
 def summary(doc: dict, progress: list[dict], reference: float | None) -> dict:
     """A run's figures from its result document and progress lines."""
     first = next(
-        (r for r in progress if reference is not None and (r.get("return") or -1e18) >= reference),
+        (
+            r
+            for r in progress
+            if reference is not None
+            and r.get("return") is not None
+            and r.get("episodes", 0) >= TARGET_EPISODES  # a mean of as many as the target's
+            and r["return"] >= reference
+        ),
         None,
     )
     return {
@@ -161,14 +205,17 @@ def table(results: dict, seeds: list[int], arms: list[str], reference: float | N
             ref = r.get("reference")
             tail = "" if reference is None else " not reached |"
             if ref:
-                tail = f" {(ref['joules'] or 0) / 1000:.1f} kJ, {ref['steps'] / 1e6:.2f}M steps |"
+                kj = "n/a" if ref["joules"] is None else f"{ref['joules'] / 1000:.1f} kJ"
+                tail = f" {kj}, {ref['steps'] / 1e6:.2f}M steps |"
             rows.append(f"| {arm} | {seed} | {to} | {r['steps_per_joule'] or 0:.1f} |{tail}")
+    if set(arms) != set(ARMS):
+        return "\n".join(rows) + "\n"
     ratios = [
-        joules[("steps-per-joule", s)] / joules[("goodput", s)]
+        f"{joules[('steps-per-joule', s)] / joules[('goodput', s)]:.2f}x (seed {s})"
         for s in seeds
         if ("steps-per-joule", s) in joules and ("goodput", s) in joules
     ]
-    note = ", ".join(f"{x:.2f}x" for x in ratios) or "no seed where both reached it"
+    note = ", ".join(ratios) or "no seed where both reached it"
     return "\n".join(rows) + f"\n\nsteps/J-tuned joules over goodput-tuned, per seed: {note}\n"
 
 
@@ -182,13 +229,15 @@ def report(a: argparse.Namespace, results: dict) -> dict:
         from bench.figure_goodput import return_vs_joules
 
         title = f"{a.env} to a return of {a.target_return:g}: tuned by steps/J and by goodput/J"
-        return_vs_joules(Path(a.out), Path(a.plot), a.target_return, a.reference_return, title)
+        return_vs_joules(
+            Path(a.out), Path(a.plot), a.target_return, a.reference_return, title, a.seed_list
+        )
     return {"table": text}
 
 
 def plan(a: argparse.Namespace):
     steps = [
-        Step(f"{arm}-seed{seed}", lambda arm=arm, seed=seed: run(a, arm, seed), a.max_wall_s + 30)
+        Step(f"{arm}-seed{seed}", lambda arm=arm, seed=seed: run(a, arm, seed), a.max_wall_s + 45)
         for seed in a.seed_list
         for arm in a.arm_list
     ]
@@ -198,17 +247,18 @@ def plan(a: argparse.Namespace):
 
 def _results(a: argparse.Namespace) -> dict:
     """Every run's figures, read back from its result document and progress curve (runs of an
-    earlier part included); a run whose document says it failed is ``failed``."""
+    earlier part included); a run marked failed (``_failed``), or whose document says it
+    failed, is ``failed``."""
     from autotune.workflows.progress_log import read_progress
 
     out, found = Path(a.out), {}
     for seed in a.seed_list:
         for arm in a.arm_list:
             stem = out / f"{arm}-seed{seed}"
-            doc = _document(stem)
-            if doc is None:
-                continue
-            if doc.get("failed") or doc.get("failure"):
+            doc, marked = _document(stem), Path(f"{stem}.failed").is_file()
+            if doc is None and not marked:
+                continue  # not run yet
+            if marked or doc is None or doc.get("failed") or doc.get("failure"):
                 found[stem.name] = {"failed": True}
                 continue
             progress = read_progress(f"{stem}.progress.jsonl")

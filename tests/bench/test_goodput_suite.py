@@ -3,10 +3,15 @@ ratio and plot; the table's rows for runs that missed the target or failed."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
+from pathlib import Path
 
+import pytest
+
+from bench.suites import goodput
 from bench.suites.goodput import summary, table
 
 
@@ -33,8 +38,9 @@ def test_the_suite_runs_both_tunings_to_the_target_and_reports_them(tmp_path):
 
 def test_the_table_says_which_runs_missed_the_target_or_failed():
     progress = [
-        {"steps": 10, "return": 5.0, "joules": 1.0},
-        {"steps": 20_000, "return": 35.0, "joules": 1500.0},
+        {"steps": 10, "return": 5.0, "joules": 1.0, "episodes": 3},
+        {"steps": 12_000, "return": 31.0, "joules": 900.0, "episodes": 99},  # not yet a mean of 100
+        {"steps": 20_000, "return": 35.0, "joules": 1500.0, "episodes": 120},
     ]
     target = {"reached": True, "joules": 2000.0, "seconds": 3.0, "steps": 30_000}
     reached = {"env_steps": 30_000, "wall_s": 4, "steps_per_joule": 9.0, "lost_steps": 0}
@@ -54,4 +60,50 @@ def test_the_table_says_which_runs_missed_the_target_or_failed():
     assert row in text
     assert "not reached (best 37)" in text and "| goodput | 1 | failed |" in text
     assert "not reached (best n/a)" in text and "| goodput | 2 | failed |" in text
-    assert text.rstrip().endswith("per seed: 2.00x")
+    assert text.rstrip().endswith("per seed: 2.00x (seed 0)")
+    # one arm alone: the rows, no ratio
+    alone = table(results, [0], ["goodput"], 30.0)
+    assert "| goodput | 0 | **1.0 kJ** |" in alone and "per seed" not in alone
+
+
+def _check(*argv: str) -> argparse.Namespace:
+    ap = argparse.ArgumentParser()
+    goodput.add_args(ap)
+    a = ap.parse_args(list(argv))
+    goodput.check(ap, a)
+    return a
+
+
+@pytest.mark.parametrize(
+    "argv,says",
+    [
+        (["--seeds", "0,-1"], "distinct integers >= 0"),
+        (["--seeds", "1,1"], "distinct integers >= 0"),
+        (["--seeds", "a"], "expected integers"),
+        (["--arms", "goodput,steps"], "arms of"),
+        (["--target-return", "nan"], "--target-return nan: must be a finite number"),
+        (["--max-wall-s", "0"], "--max-wall-s 0.0: must be a number > 0"),
+        (["--train-args", "--policy 'auto"], "quote it as a shell would"),
+        (["--train-args=--obj=goodput_per_joule"], "--obj are (or abbreviate) the suite's own"),
+        (["--train-args", "--seed 3"], "--seed are (or abbreviate)"),
+    ],
+)
+def test_bad_suite_input_is_refused_saying_what_is_allowed(argv, says, capsys):
+    with pytest.raises(SystemExit):
+        _check(*argv)
+    assert says in capsys.readouterr().err
+    ok = _check("--train-args", "--env-backend auto --batch-size 4096", "--seeds", "2,0")
+    assert ok.seed_list == [2, 0] and ok.arm_list == list(goodput.ARMS)
+
+
+def test_a_run_marked_failed_is_reported_failed_even_with_a_result_document(tmp_path):
+    """A run stopped past its time drains and writes its document; the suite's mark wins."""
+    a = _check("--seeds", "0", "--arms", "goodput")
+    a.out = str(tmp_path)
+    stem = Path(tmp_path) / "goodput-seed0"
+    doc = {"env_steps": 1, "wall_s": 1.0, "lost_steps": 0, "target": {"reached": True}}
+    stem.with_suffix(".json").write_text(json.dumps(doc))
+    stem.with_name(stem.name + ".progress.jsonl").write_text("")
+    assert "failed" not in goodput._results(a)["goodput-seed0"]
+    goodput._failed(stem, "still running 385 s in")
+    assert goodput._results(a) == {"goodput-seed0": {"failed": True}}
