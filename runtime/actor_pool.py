@@ -222,16 +222,16 @@ class ActorPool:
         """Pins every thread of each actor process of this machine to its cores under this
         process's CPU set as it is now (``actor_cores``), or spreads it over the whole set
         where it gets none: after the set or the actor count changed (a daemon's new budget,
-        a resize). An EnvPool actor whose thread count that changes is replaced by a new
-        incarnation (its threads are started once), given ``ep``. Returns how many actors it
-        pinned to cores of their own."""
+        a resize). Given ``ep``, an EnvPool actor pinned to a block of another size than its
+        threads (started once) is replaced by a new incarnation; one spread over the set keeps
+        them. Returns how many actors it pinned to cores of their own."""
         pinned, whole = 0, os.sched_getaffinity(0)
         for slot in [] if self.launcher is not None else list(self.slots):
             cores = actor_cores(slot.index, self.count, slot.cfg.pin_actors)
             threads = len(cores) if cores else actor_threads(self.count)
             if slot.process.pid is None or not slot.process.is_alive():
                 continue
-            if ep is not None and threads != slot.threads and _threaded(slot.cfg):
+            if ep is not None and cores and threads != slot.threads and _threaded(slot.cfg):
                 self._leave(slot)
                 i = self.slots.index(slot)
                 self.slots[i] = self._start(slot.cfg, ep, slot.index)
