@@ -46,7 +46,8 @@ def add_tune_args(parser: argparse.ArgumentParser) -> None:
         help="fix or narrow a knob: NAME=VALUE, NAME=LOW..HIGH or NAME=A,B (repeatable); "
         "knobs: actors, envs_per_actor, rollout_len, batch_size, chunk_bytes, trainers, "
         "mps_pct, trainer_device, inference, trainer_threads; tuned only when named: "
-        "trainer_precision (fp32,bf16), actor_nice (0,5,10; any of 0..19)",
+        "trainer_precision (fp32,bf16), actor_nice (0,5,10; any of 0..19), "
+        "env_backend (gymnasium,envpool)",
     )
     tune.add_argument(
         "--objective",
@@ -158,7 +159,7 @@ def add_share_args(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="PCT",
         help="with --cores: a fixed share of the GPU's SMs for this job's GMIs (1..100); "
-        "without it a fixed budget holds no GPU share",
+        "needed with --cores where there is a GPU",
     )
 
 

@@ -106,6 +106,8 @@ class Claim:
             gpus = [g.index for g in machine.gpus]
             if self.fixed.gpu is not None and self.fixed.gpu not in gpus:
                 out.append(f"GPU {self.fixed.gpu} is not on this machine; it has {gpus or 'none'}")
+            if self.fixed.gpu is not None and pct is None:  # it would hold the GPU unbounded
+                out.append(f"a fixed budget on GPU {self.fixed.gpu} must name its MPS share")
         return out
 
 
@@ -341,16 +343,20 @@ def _step_floor(pct: float) -> int:
 
 
 def _split(units: int, weights: dict[str, float], least: int) -> dict[str, int]:
-    """``units`` split in proportion to ``weights`` (largest remainder), ``least`` each."""
+    """``units`` split in proportion to ``weights`` (largest remainder); then any job under
+    ``least`` is raised to it with units of the jobs that hold the most."""
     if not weights:
         return {}
-    spare = units - least * len(weights)
     total = sum(weights.values())
-    raw = {j: spare * w / total for j, w in weights.items()}
-    out = {j: least + math.floor(v) for j, v in raw.items()}
+    raw = {j: units * w / total for j, w in weights.items()}
+    out = {j: math.floor(v) for j, v in raw.items()}
     left = units - sum(out.values())
     for j in sorted(raw, key=lambda j: (-(raw[j] - math.floor(raw[j])), j))[:left]:
         out[j] += 1
+    for j in sorted(out, key=lambda j: (out[j], j)):
+        while out[j] < least and (rich := [k for k in out if out[k] > least]):
+            donor = max(rich, key=lambda k: (out[k], k))
+            out[donor], out[j] = out[donor] - 1, out[j] + 1
     return out
 
 

@@ -270,6 +270,8 @@ class Daemon:
         self.sessions[job_id] = Session(
             job_id, identity, msg, tuner, space, remote, time.monotonic(), config=dict(msg["base"])
         )
+        # welcomed first: a job counts its budgets from the welcome on (``join`` sends one)
+        self._send(identity, MsgType.WELCOME, job=job_id, trials=tuner.trials_done)
         self.shares.join(share_of(claim, msg, self.shares.machine))
         logger.info(
             "job %s (pid %s, %s) registered: study %r, %d trials so far",
@@ -279,7 +281,6 @@ class Daemon:
             msg["study"],
             tuner.trials_done,
         )
-        self._send(identity, MsgType.WELCOME, job=job_id, trials=tuner.trials_done)
 
     def _report(self, session: Session, identity: bytes, msg: dict[str, Any]) -> None:
         session.identity = identity

@@ -13,6 +13,7 @@ from autotune.control.allocator import (
     AllocationError,
     Budget,
     Claim,
+    _split,
     allocate,
     check_admission,
     parse_cores,
@@ -94,6 +95,12 @@ def test_weights_split_in_proportion():
     claims = [Claim("a", weight=2.0), Claim("b")]
     alloc = allocate(m, claims, {})  # nothing known: linear rates, the split stays
     assert (len(alloc.budgets["a"].cores), len(alloc.budgets["b"].cores)) == (8, 4)
+    # the units go in proportion to the weights, not one each and the rest in proportion
+    assert _split(10, {"a": 1.0, "b": 9.0}, 1) == {"a": 1, "b": 9}
+    assert _split(8, {"a": 1.0, "b": 1.0, "c": 6.0}, 1) == {"a": 1, "b": 1, "c": 6}
+    # a job the proportion leaves under the least is raised with units of the richest
+    assert _split(10, {"a": 1.0, "b": 30.0}, 1) == {"a": 1, "b": 9}
+    assert _split(2, {"a": 1.0, "b": 1.0, "c": 1.0}, 1) == {"a": 1, "b": 1, "c": 0}
 
 
 def test_gpu_shares_split_and_move_in_steps():
@@ -193,11 +200,16 @@ def test_every_partition_of_a_small_machine_is_no_better_than_the_search():
     assert alloc.steps_per_joule == pytest.approx(best, rel=1e-9)
 
 
-def test_a_fixed_budget_without_a_gpu_share_leaves_the_gpu_to_the_others():
+def test_a_fixed_budget_on_a_gpu_must_name_its_share():
+    """Without one it would hold the GPU unbounded while the others were given all of it."""
     m = machine(8, gpus=1)
-    claims = [Claim("f", fixed=Budget((0, 1), 0, None), gpu=0), Claim("a", gpu=0)]
+    unbounded = Claim("f", fixed=Budget((0, 1), 0, None), gpu=0)
+    assert "a fixed budget on GPU 0 must name its MPS share" in " ".join(unbounded.problems(m))
+    with pytest.raises(AllocationError, match="must name its MPS share"):
+        allocate(m, [unbounded, Claim("a", gpu=0)], {})
+    claims = [Claim("f", fixed=Budget((0, 1), 0, 40), gpu=0), Claim("a", gpu=0)]
     alloc = allocate(m, claims, {})
-    assert alloc.budgets["f"].mps_pct is None and alloc.budgets["a"].mps_pct == 100
+    assert alloc.budgets["f"].mps_pct == 40 and alloc.budgets["a"].mps_pct == 60
     check(alloc, m, claims)
 
 
