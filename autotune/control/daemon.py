@@ -32,12 +32,13 @@ import zmq
 from autotune.control import protocol
 from autotune.control.admission import storage_problem
 from autotune.control.allocator import Budget
+from autotune.control.claims import claim_from, share_of, valid_pid
 from autotune.control.home import hold_lock
 from autotune.control.keys import serve_curve
 from autotune.control.machine import MachineView, detect
 from autotune.control.protocol import MsgType
 from autotune.control.remote_job import RemoteJob
-from autotune.control.sharing import MachineShares, claim_from, share_of, valid_pid
+from autotune.control.sharing import MachineShares
 from autotune.control.status import session_status
 from autotune.tuning.budget import limits_for
 from autotune.tuning.knobs import Knob, knobs_from_wire
@@ -270,9 +271,8 @@ class Daemon:
         self.sessions[job_id] = Session(
             job_id, identity, msg, tuner, space, remote, time.monotonic(), config=dict(msg["base"])
         )
-        # welcomed first: a job counts its budgets from the welcome on (``join`` sends one)
         self._send(identity, MsgType.WELCOME, job=job_id, trials=tuner.trials_done)
-        self.shares.join(share_of(claim, msg, self.shares.machine))
+        self.shares.join(share_of(claim, msg, self.shares.machine))  # after: budgets count anew
         logger.info(
             "job %s (pid %s, %s) registered: study %r, %d trials so far",
             job_id,

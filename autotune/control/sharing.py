@@ -15,7 +15,8 @@ as jobs come and go.
   (``autotune.tuning.budget``): the job pins its processes to the cores, and the tuner moves
   its config inside the budget through the live changes the runtime already has.
 * A daemon started again rebuilds the share-out from the jobs' registrations: each names the
-  budget it holds, which it keeps where the counts allow.
+  budget it holds, which it keeps exactly for ``RESTART_GRACE_S`` (while the others come back),
+  and then where the counts allow.
 """
 
 from __future__ import annotations
@@ -23,11 +24,10 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from autotune.control.allocator import (
-    DEFAULT_MIN_SHARE,
     Allocation,
     AllocationError,
     Budget,
@@ -36,9 +36,10 @@ from autotune.control.allocator import (
     check_admission,
     total_of,
 )
+from autotune.control.claims import Share
 from autotune.control.machine import MachineView, foreign_load
 from autotune.control.rates import model_rate, sized_for
-from autotune.tuning.perf_model import MachineModel, Params
+from autotune.tuning.perf_model import Params
 
 logger = logging.getLogger(__name__)
 
@@ -53,93 +54,10 @@ MPS share of the job's best config so far (changed only by respawning every acto
 its GMIs over, which costs seconds of steps) unless changing them predicts at least this much
 more steps/J."""
 COSTLY = ("envs_per_actor", "trainer_device", "trainers", "mps_pct")
-CLAIM_FIELDS = ("weight", "min_share", "exclusive", "cores", "mps_pct", "gpu")
-
-
-@dataclass
-class Share:
-    """One job's place on the machine."""
-
-    claim: Claim
-    pid: int | None = None
-    model: MachineModel | None = None
-    minibatches: int = 4
-    budget: Budget | None = None
-    seq: int = 0
-    taken: int = 0
-    sent_at: float = 0.0
-    expires: float | None = None
-    """When an offered budget lapses if its job has not registered (None: a registered job)."""
-    rate: Any = None
-    rate_key: str = ""
-
-
-def claim_from(job: str, doc: Any) -> Claim:
-    """The ``Claim`` in a registration's ``claim`` field (missing: the defaults).
-
-    Raises:
-        ValueError: a malformed field, naming it and what is allowed.
-    """
-    doc = doc or {}
-    if not isinstance(doc, dict) or set(doc) - set(CLAIM_FIELDS):
-        raise ValueError(f"a claim is a map of {', '.join(CLAIM_FIELDS)}; got {doc!r}")
-    try:
-        cores = doc.get("cores")
-        gpu = None if doc.get("gpu") is None else int(doc["gpu"])
-        if not isinstance(doc.get("exclusive", False), bool):
-            raise ValueError
-        fixed = None
-        if cores is not None:
-            pct = doc.get("mps_pct")
-            fixed = Budget(tuple(int(c) for c in cores), gpu, None if pct is None else int(pct))
-        return Claim(
-            job,
-            float(doc.get("weight", 1.0)),
-            float(doc.get("min_share", DEFAULT_MIN_SHARE)),
-            bool(doc.get("exclusive", False)),
-            fixed,
-            gpu,
-        )
-    except (TypeError, ValueError):
-        raise ValueError(
-            f"malformed claim {doc!r}: weight and min_share are numbers, exclusive a bool, "
-            "cores a list of core numbers, mps_pct and gpu integers"
-        ) from None
-
-
-def valid_pid(pid: Any) -> int | None:
-    """``pid`` if it is a process id (a positive int, not a bool), else None."""
-    return pid if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 else None
-
-
-def share_of(claim: Claim, hello: dict[str, Any], machine: MachineView) -> Share:
-    """A registered job's ``Share``: its pid, its machine model (for its rate), its minibatch
-    count, and the budget it says it holds (a daemon started again keeps it where it can).
-    Whatever is malformed is left out (logged): the job is then sized as linear, holds nothing,
-    or counts 4 minibatches."""
-    from autotune.tuning.model_sampler import machine_from_doc
-
-    model = None
-    if hello.get("machine"):
-        try:
-            model = machine_from_doc(hello["machine"])
-            if model.rollout_len < 1 or model.cores < 1 or not model.learner:
-                raise ValueError("a rollout length, cores and a learner are needed")
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            logger.warning("job %s sent a malformed machine model (%s); linear", claim.job, exc)
-            model = None
-    held = None
-    try:
-        held = Budget.from_dict(hello["held"]) if hello.get("held") else None
-        if held is not None and (
-            len(set(held.cores)) != len(held.cores) or not set(held.cores) <= set(machine.cores)
-        ):
-            held = None
-    except (KeyError, TypeError, ValueError, AttributeError):
-        held = None
-    batches = hello.get("minibatches")
-    ok = isinstance(batches, int) and not isinstance(batches, bool) and batches >= 1
-    return Share(claim, valid_pid(hello.get("pid")), model, batches if ok else 4, budget=held)
+RESTART_GRACE_S = 10.0
+"""After the daemon starts, a job that registers with the budget it holds keeps exactly that
+budget, and the machine is shared out again once this has passed: a daemon started again would
+otherwise give the first job back every core, those the others still hold included."""
 
 
 class MachineShares:
@@ -170,6 +88,7 @@ class MachineShares:
         self.read_foreign = read_foreign
         self.foreign: dict[str, Any] = {"cores": 0, "gpus": [], "pids": []}
         self.rebalanced = clock()
+        self.grace_until: float | None = clock() + RESTART_GRACE_S
 
     def admit(self, claim: Claim, pid: int | None = None) -> str | None:
         """Why ``claim`` cannot join now (what is available), or None. A budget offered to
@@ -221,11 +140,25 @@ class MachineShares:
     def join(self, share: Share) -> None:
         """Adds a job (admitted) and shares the machine out again; the budget offered to its
         process, if any, becomes the one it holds."""
+        held = share.budget is not None  # named in its registration: it held it before
         offered = self.shares.pop(f"offer-{share.pid}", None)
         if share.budget is None and offered is not None:
             share.budget = offered.budget
         self.shares[share.claim.job] = share
+        if held and self.grace_until is not None and self._apart(share):
+            share.seq += 1  # just started (again): it keeps what it holds (``RESTART_GRACE_S``)
+            self._send(share.claim.job, share, changed=True)
+            return
         self.rebalance(force=True)
+
+    def _apart(self, share: Share) -> bool:
+        """Whether ``share``'s budget holds no core another registered job's does."""
+        mine = set(share.budget.cores if share.budget else ())
+        return not any(
+            mine & set(s.budget.cores)
+            for j, s in self.shares.items()
+            if j != share.claim.job and s.budget is not None and s.expires is None
+        )
 
     def leave(self, job: str, rebalance: bool = True) -> None:
         """A job ended, left or went silent: its budget goes back to the others (not when the
@@ -249,6 +182,10 @@ class MachineShares:
                 continue
             if share.budget and share.taken < share.seq and now - share.sent_at >= BUDGET_RESEND_S:
                 self._send(job, share, changed=False)
+        if self.grace_until is not None and now >= self.grace_until:
+            self.grace_until = None  # the jobs that held budgets are back: share out anew
+            if any(s.expires is None for s in self.shares.values()):
+                self.rebalance(force=True)
         if now - self.rebalanced >= REBALANCE_S:
             if self.read_foreign:
                 managed = {s.pid for s in self.shares.values() if s.pid}

@@ -64,7 +64,7 @@ class TuneOptions:
     """With ``cores``: a fixed MPS share of the GPU, in percent."""
 
     def claim(self, cfg: TrainConfig) -> dict[str, Any]:
-        """This job's claim on the machine, as the daemon reads it (``sharing.claim_from``).
+        """This job's claim on the machine, as the daemon reads it (``claims.claim_from``).
 
         Raises:
             ValueError: a malformed ``cores``, or ``gpu_share`` without ``cores``.

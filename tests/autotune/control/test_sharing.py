@@ -14,8 +14,9 @@ import pytest
 from conftest import kill_daemon, mujoco_like_model, wait_until
 
 from autotune.control.allocator import Budget, Claim
+from autotune.control.claims import claim_from, share_of
 from autotune.control.machine import MachineView
-from autotune.control.sharing import MachineShares, claim_from, share_of
+from autotune.control.sharing import MachineShares
 
 CLI = [sys.executable, "-m", "autotune.cli"]
 
@@ -216,8 +217,9 @@ def test_a_changed_budget_keeps_the_costly_values_unless_changing_them_pays():
     """Sized for a new budget, a job keeps its envs per actor (a respawn of every actor) and
     its GMI (a handover) where the model's best gains less than ``KEEP_GAIN`` from changing
     them; it changes them where the gain is larger."""
+    from autotune.control.claims import Share
     from autotune.control.rates import sized_for
-    from autotune.control.sharing import KEEP_GAIN, Share
+    from autotune.control.sharing import KEEP_GAIN
 
     m = mujoco_like_model()
     shares = MachineShares(
@@ -241,15 +243,34 @@ def test_a_changed_budget_keeps_the_costly_values_unless_changing_them_pays():
 
 
 def test_a_restarted_daemon_keeps_the_budgets_its_jobs_hold():
-    """Jobs register again with the budget they are pinned to; the new share-out keeps each
-    where the counts allow, so no job is moved by the restart."""
-    shares = MachineShares(MachineView.from_dict({"cores": 8}), lambda j, b, changed: None)
+    """Jobs register again with the budget they are pinned to: each keeps exactly that while
+    the others come back (the first would otherwise be given every core, those the others
+    still hold included), and the share-out after the grace keeps each where the counts
+    allow, so no job is moved by the restart."""
+    from autotune.control.sharing import RESTART_GRACE_S
+
+    now = [0.0]
+    sent: list[tuple[str, Budget]] = []
+    shares = MachineShares(
+        MachineView.from_dict({"cores": 8}),
+        lambda j, b, changed: sent.append((j, b)),
+        clock=lambda: now[0],
+        read_foreign=False,
+    )
     held = {"x": Budget((4, 5, 6, 7)), "y": Budget((0, 1, 2, 3))}
     for job, budget in held.items():
         shares.join(
             share_of(claim_from(job, {}), {"pid": None, "held": budget.to_dict()}, shares.machine)
         )
-    assert {j: s.budget for j, s in shares.shares.items()} == held
+    assert sent == list(held.items())  # no core of y's was ever sent to x
+    now[0] = RESTART_GRACE_S + 1
+    shares.tick()
+    assert {j: s.budget for j, s in shares.shares.items()} == held and shares.allocation
+    # a job that comes back holding cores another job holds is shared out at once
+    late = share_of(claim_from("z", {}), {"held": {"cores": [0, 1]}}, shares.machine)
+    shares.join(late)
+    cores = [set(s.budget.cores) for s in shares.shares.values()]
+    assert sum(len(c) for c in cores) == len(set().union(*cores)) == 8  # disjoint
 
 
 def test_a_busy_process_the_daemon_does_not_manage_counts_as_taken():

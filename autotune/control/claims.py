@@ -1,0 +1,104 @@
+"""A job's claim on the machine and its place there, as the daemon reads them from its
+registration (``HELLO``): ``claim_from`` (the claim, refused when malformed) and ``share_of``
+(its pid, machine model, minibatch count and the budget it says it holds; what is malformed is
+left out)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from autotune.control.allocator import DEFAULT_MIN_SHARE, Budget, Claim
+from autotune.control.machine import MachineView
+from autotune.tuning.perf_model import MachineModel
+
+logger = logging.getLogger(__name__)
+
+CLAIM_FIELDS = ("weight", "min_share", "exclusive", "cores", "mps_pct", "gpu")
+
+
+@dataclass
+class Share:
+    """One job's place on the machine."""
+
+    claim: Claim
+    pid: int | None = None
+    model: MachineModel | None = None
+    minibatches: int = 4
+    budget: Budget | None = None
+    seq: int = 0
+    taken: int = 0
+    sent_at: float = 0.0
+    expires: float | None = None
+    """When an offered budget lapses if its job has not registered (None: a registered job)."""
+    rate: Any = None
+    rate_key: str = ""
+
+
+def claim_from(job: str, doc: Any) -> Claim:
+    """The ``Claim`` in a registration's ``claim`` field (missing: the defaults).
+
+    Raises:
+        ValueError: a malformed field, naming it and what is allowed.
+    """
+    doc = doc or {}
+    if not isinstance(doc, dict) or set(doc) - set(CLAIM_FIELDS):
+        raise ValueError(f"a claim is a map of {', '.join(CLAIM_FIELDS)}; got {doc!r}")
+    try:
+        cores = doc.get("cores")
+        gpu = None if doc.get("gpu") is None else int(doc["gpu"])
+        if not isinstance(doc.get("exclusive", False), bool):
+            raise ValueError
+        fixed = None
+        if cores is not None:
+            pct = doc.get("mps_pct")
+            fixed = Budget(tuple(int(c) for c in cores), gpu, None if pct is None else int(pct))
+        return Claim(
+            job,
+            float(doc.get("weight", 1.0)),
+            float(doc.get("min_share", DEFAULT_MIN_SHARE)),
+            bool(doc.get("exclusive", False)),
+            fixed,
+            gpu,
+        )
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"malformed claim {doc!r}: weight and min_share are numbers, exclusive a bool, "
+            "cores a list of core numbers, mps_pct and gpu integers"
+        ) from None
+
+
+def valid_pid(pid: Any) -> int | None:
+    """``pid`` if it is a process id (a positive int, not a bool), else None."""
+    return pid if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 else None
+
+
+def share_of(claim: Claim, hello: dict[str, Any], machine: MachineView) -> Share:
+    """A registered job's ``Share``: its pid, its machine model (for its rate), its minibatch
+    count, and the budget it says it holds (a daemon started again keeps it where it can).
+    Whatever is malformed is left out (logged): the job is then sized as linear, holds nothing,
+    or counts 4 minibatches."""
+    from autotune.tuning.model_sampler import machine_from_doc
+
+    model = None
+    if hello.get("machine"):
+        try:
+            model = machine_from_doc(hello["machine"])
+            if model.rollout_len < 1 or model.cores < 1 or not model.learner:
+                raise ValueError("a rollout length, cores and a learner are needed")
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            logger.warning("job %s sent a malformed machine model (%s); linear", claim.job, exc)
+            model = None
+    held = None
+    try:
+        held = Budget.from_dict(hello["held"]) if hello.get("held") else None
+        if held is not None and (
+            len(set(held.cores)) != len(held.cores) or not set(held.cores) <= set(machine.cores)
+        ):
+            held = None
+    except (KeyError, TypeError, ValueError, AttributeError):
+        held = None
+    batches = hello.get("minibatches")
+    ok = isinstance(batches, int) and not isinstance(batches, bool) and batches >= 1
+    return Share(claim, valid_pid(hello.get("pid")), model, batches if ok else 4, budget=held)
