@@ -57,6 +57,11 @@ def test_the_table_says_which_runs_missed_the_target_or_failed():
     }
     text = table(results, [0, 1, 2], ["steps-per-joule", "goodput"], 30.0)
     row = "| steps-per-joule | 0 | **2.0 kJ** | 3.0 | 30,000 | 9.0 | 1.5 kJ, 0.02M steps |"
+    # a reference passed within the progress line that reached the target: the target's joules
+    both = summary(
+        dict(reached, target=dict(target, joules=1000.0, **{"return": 40.0})), progress, 30.0
+    )
+    assert both["reference"] == {"return": 30.0, "joules": 1000.0, "steps": 30_000}
     assert row in text
     assert "not reached (best 37)" in text and "| goodput | 1 | failed |" in text
     assert "not reached (best n/a)" in text and "| goodput | 2 | failed |" in text
