@@ -355,3 +355,34 @@ def test_a_silent_job_whose_process_runs_is_given_longer_than_one_that_is_gone()
     assert not protocol.too_silent(past, os.getpid()) and protocol.too_silent(busy + 1, os.getpid())
     assert protocol.too_silent(past, gone)
     assert protocol.too_silent(past, None) and protocol.too_silent(past, True)
+
+
+def test_a_budget_pins_the_job_and_re_pins_its_actors_with_the_runs_endpoints():
+    """A BUDGET pins the job's tree to its cores and has the actor pool pin its actors again,
+    with the endpoints to start any EnvPool actor whose block changed; a resend of one taken,
+    and a malformed one, change nothing."""
+    from types import SimpleNamespace
+
+    from autotune.control.job_link import DaemonLink
+
+    class Actors:
+        def __init__(self) -> None:
+            self.calls: list = []
+
+        def pin(self, ep=None) -> int:
+            self.calls.append(ep)
+            return 0
+
+    runner = SimpleNamespace(actors=Actors(), endpoints="the run's endpoints", meter=None)
+    link = DaemonLink("ipc:///nonexistent/x.sock", {"base": {}}, runner)
+    cores = sorted(os.sched_getaffinity(0))  # this process's own set: the test moves nothing
+    try:
+        link._take_budget({"seq": 1, "budget": {"cores": cores}})
+        assert link.budget_seq == 1 and link.budget["cores"] == cores
+        assert runner.actors.calls == ["the run's endpoints"]
+        link._take_budget({"seq": 1, "budget": {"cores": cores}})  # a resend: taken once
+        link._take_budget({"seq": "x", "budget": None})  # malformed: ignored, logged
+        assert runner.actors.calls == ["the run's endpoints"] and link.budget_seq == 1
+        assert os.sched_getaffinity(0) == set(cores)
+    finally:
+        link.close()
