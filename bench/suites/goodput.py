@@ -68,7 +68,12 @@ def add_args(ap: argparse.ArgumentParser) -> None:
         default=None,
         help="a return to report the joules to as well (SB3 PPO's at 1M steps)",
     )
-    ap.add_argument("--train-args", default=TRAIN_ARGS, help="more `autotune train` flags")
+    ap.add_argument(
+        "--train-args",
+        default=TRAIN_ARGS,
+        help=f"more `autotune train` flags, as one string (default: {TRAIN_ARGS!r}); not the "
+        f"suite's own: {', '.join(sorted(OWN_FLAGS))}",
+    )
     ap.add_argument("--markdown", default=None, metavar="FILE", help="report: the table")
     ap.add_argument("--plot", default=None, metavar="PNG", help="report: return vs joules")
 
