@@ -146,8 +146,11 @@ def cheapest_at(settings: list[dict[str, Any]], rate: float) -> dict[str, Any] |
     cost), ``keeps_up`` and ``rest_measured``. Where none keeps up, the cheapest fed its own
     rate, with ``keeps_up`` False (no learner of these trains as fast as ``rate``)."""
     keeps_up = [(s, c) for s in settings if (c := cost_at(s, rate)) is not None]
-    own = [(s, cost_at(s, s["samples_per_s"])) for s in settings if s.get("samples_per_s")]
-    pool = keeps_up or [(s, c) for s, c in own if c is not None]
+    pool = keeps_up or [
+        (s, c)
+        for s in settings
+        if s.get("samples_per_s") and (c := cost_at(s, s["samples_per_s"])) is not None
+    ]
     if not pool:
         return None
     s, c = min(pool, key=lambda sc: sc[1])

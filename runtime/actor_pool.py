@@ -120,8 +120,7 @@ class Incarnations:
 
 
 def _place(slot: ActorSlot, cores: set[int]) -> bool:
-    """Puts every thread of ``slot``'s process on ``cores``; False where that could not be done
-    (the process ended, or the cores are not in this CPU set: logged)."""
+    """Puts every thread of ``slot``'s process on ``cores``; False where it ended or can't be."""
     try:
         tids = os.listdir(f"/proc/{slot.process.pid}/task")
     except OSError:  # ended meanwhile (its restart is placed at its start)
@@ -141,10 +140,9 @@ def _place(slot: ActorSlot, cores: set[int]) -> bool:
 
 def _threaded(cfg: TrainConfig) -> bool:
     """Whether ``cfg``'s actors run EnvPool, whose thread count is fixed when an actor starts."""
-    try:
+    with contextlib.suppress(EnvError):
         return cfg.resolved_backend() == "envpool"
-    except EnvError:
-        return False
+    return False
 
 
 class ActorPool:
@@ -202,8 +200,7 @@ class ActorPool:
             initial = self.initial_weights(cfg)
             return self.launcher.start(cfg, self.info, ep, index, incarnation, initial)
         stepped, stop = self.mp.RawValue("q", 0), self.mp.Event()
-        cores = actor_cores(index, self.count, cfg.pin_actors)
-        threads = len(cores) if cores else actor_threads(self.count)
+        cores, threads = self._placement(index, cfg)
         proc = self.mp.Process(
             target=actor_main,
             name=f"actor-{index}.{incarnation}",
@@ -218,24 +215,27 @@ class ActorPool:
             _place(slot, set(cores))
         return slot
 
+    def _placement(self, index: int, cfg: TrainConfig) -> tuple[list[int] | None, int]:
+        """Slot ``index``'s cores (``actor_cores``) and EnvPool threads (a core each or a share)."""
+        cores = actor_cores(index, self.count, cfg.pin_actors)
+        return cores, len(cores) if cores else actor_threads(self.count)
+
     def pin(self, ep: topology.Endpoints | None = None) -> int:
         """Pins every thread of each actor process of this machine to its cores under this
         process's CPU set as it is now (``actor_cores``), or spreads it over the whole set
         where it gets none: after the set or the actor count changed (a daemon's new budget,
         a resize). Given ``ep``, an EnvPool actor pinned to a block of another size than its
-        threads (started once) is replaced by a new incarnation; one spread over the set keeps
-        them. Returns how many actors it pinned to cores of their own."""
+        threads (started once) is replaced by a new incarnation. Returns how many it pinned."""
         pinned, whole = 0, os.sched_getaffinity(0)
         for slot in [] if self.launcher is not None else list(self.slots):
-            cores = actor_cores(slot.index, self.count, slot.cfg.pin_actors)
-            threads = len(cores) if cores else actor_threads(self.count)
+            cores, threads = self._placement(slot.index, slot.cfg)
             if slot.process.pid is None or not slot.process.is_alive():
                 continue
             if ep is not None and cores and threads != slot.threads and _threaded(slot.cfg):
                 self._leave(slot)
                 i = self.slots.index(slot)
                 self.slots[i] = self._start(slot.cfg, ep, slot.index)
-                pinned += bool(cores)
+                pinned += 1
                 continue
             pinned += _place(slot, set(cores) if cores else whole) and bool(cores)
         return pinned

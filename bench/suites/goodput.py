@@ -33,13 +33,12 @@ import sys
 from pathlib import Path
 
 from bench.suite import Step
+from runtime.telemetry import RETURN_WINDOW
 
 NAME = "goodput"
 HELP = "energy to a target return, tuned by steps/J and by goodput/J, several seeds"
 ARMS = {"steps-per-joule": "steps_per_joule", "goodput": "goodput_per_joule"}
 """File stem of each tuning (as ``bench.figure_goodput`` reads them) -> its objective."""
-TARGET_EPISODES = 100
-"""Episodes in the mean a target is taken on (``runtime.target``)."""
 TRAIN_ARGS = (
     "--env-backend auto --policy auto:256:128:64:auto --lr 3e-4 --lr-schedule constant "
     "--epochs 10 --minibatches 32 --entropy-coef 0 --lr-scaling none"
@@ -170,7 +169,7 @@ def summary(doc: dict, progress: list[dict], reference: float | None) -> dict:
             for r in progress
             if reference is not None
             and r.get("return") is not None
-            and r.get("episodes", 0) >= TARGET_EPISODES  # a mean of as many as the target's
+            and r.get("episodes", 0) >= RETURN_WINDOW  # a mean of as many as the target's
             and r["return"] >= reference
         ),
         None,
