@@ -4,7 +4,8 @@
 
     apply -> warm-up (until the job says the change took effect, then ``warmup_s`` if the
           change started processes) -> measure (counters read about once a second until the
-          estimate is precise, ``autotune.tuning.windows``) -> tell -> apply ...
+          estimate is precise, or for goodput until the batch's efficiency has moved: the
+          noise scale grew, ``autotune.tuning.windows``) -> tell -> apply ...
 
 and, once ``trials`` trials are done, holds the best config and re-measures it every
 ``recheck_s``; if the best has drifted down by more than ``drift_tol`` from its median, it
@@ -66,7 +67,7 @@ from autotune.tuning.tuner_rules import (
     suggest,
     unmet_message,
 )
-from autotune.tuning.windows import SAMPLE_S, WindowRule, half_width, window_done
+from autotune.tuning.windows import SAMPLE_S, WindowRule, efficiency_moved, half_width, window_done
 from runtime.config import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -123,6 +124,8 @@ class OnlineTuner(BudgetLimits):
         """The job's values of knobs not tuned (the batch size, when it is fixed)."""
         self.rule = WindowRule(settings.window_s, settings.window_max_s, settings.window_target)
         self._envs_cap: int | None = None
+        self.follow_noise = settings.objective == GOODPUT_METRIC and "batch_size" in self.base
+        """Goodput windows end once their batch's efficiency moved (``efficiency_moved``)."""
         self.grid = settings.sampler == "grid"
         if self.grid:
             self.explore_until = math.prod(len(k.choices) for k in self.knobs)
@@ -190,8 +193,9 @@ class OnlineTuner(BudgetLimits):
                 cur.phase, cur.since = "measure", now
         elif cur.phase == "measure" and now - cur.since >= SAMPLE_S * len(cur.samples):
             cur.samples.append(self.job.counters())
-            per_joule = s.objective != "steps_per_s"
-            if not window_done(self.rule, cur.samples, self._batch(cur.values), per_joule):
+            per_joule, batch = s.objective != "steps_per_s", self._batch(cur.values)
+            moved = self.follow_noise and efficiency_moved(cur.samples, batch)
+            if not (moved or window_done(self.rule, cur.samples, batch, per_joule)):
                 return
             m = measure(cur.samples[0], cur.samples[-1])
             if m.steps_per_s <= 0:

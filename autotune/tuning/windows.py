@@ -14,6 +14,13 @@ two parts:
 
 Throughput that drifts within a window is not separated from the batches' lumps at one
 reading a second; the ceiling bounds how long a window may wait.
+
+Under the goodput objective a window also ends, before its floor, once its batch's statistical
+efficiency has moved by ``EFFICIENCY_MOVED`` either way (``efficiency_moved``): the learner's
+noise scale grows as a run learns, fastest at its start (Ant-v5 on an H200 host: about 150
+samples to 7k over the first 20 s), and a window that waits for its floor trains at a batch
+rated at a noise scale that is no longer there. The tuner then picks the next config at the
+new noise scale, as Pollux re-picks its batch size as the noise scale moves.
 """
 
 from __future__ import annotations
@@ -23,11 +30,14 @@ import math
 from dataclasses import dataclass
 
 from autotune.tuning.counters import Counters
+from policies.noise_scale import efficiency
 
 Z95 = 1.96
 SAMPLE_S = 1.0
 """How often the tuner reads the counters while it measures."""
 MIN_BLOCKS = 3
+EFFICIENCY_MOVED = 1.5
+"""The factor by which a goodput window's batch efficiency must move for the window to end early."""
 
 
 @dataclass(frozen=True)
@@ -96,3 +106,20 @@ def window_done(
     if span >= rule.ceiling_s:
         return True
     return span >= rule.floor_s and half_width(samples, batch, per_joule) <= rule.target
+
+
+def efficiency_moved(
+    samples: list[Counters], batch: int | None, factor: float = EFFICIENCY_MOVED
+) -> bool:
+    """Whether the efficiency of ``batch`` at the window's newest noise scale is ``factor`` or
+    more away (either way) from its efficiency at the window's first, with at least
+    ``MIN_BLOCKS`` readings and ``MIN_BLOCKS`` batches trained since its start."""
+    if not batch or len(samples) <= MIN_BLOCKS:
+        return False
+    if samples[-1].trained_steps - samples[0].trained_steps < MIN_BLOCKS * batch:
+        return False
+    noise = [c.noise_scale for c in samples if c.noise_scale and c.noise_scale > 0]
+    if len(noise) < 2:
+        return False
+    first, last = efficiency(noise[0], batch), efficiency(noise[-1], batch)
+    return bool(first and last) and max(first / last, last / first) >= factor

@@ -242,3 +242,72 @@ def test_an_online_goodput_tuner_moves_to_a_bigger_batch_once_the_noise_scale_gr
         tuner.tick()
     assert tuner.best()["values"]["batch_size"] == 16384
     assert world.values["batch_size"] == 16384  # the job was moved there
+
+
+def _counters(t: float, steps: int, noise: float | None) -> Counters:
+    return Counters(t, steps, 0.0, 0.0, 100.0 * t, noise_scale=noise, step_samples=4096.0)
+
+
+def test_a_window_has_moved_once_its_batchs_efficiency_moved_by_the_factor():
+    from autotune.tuning.windows import EFFICIENCY_MOVED, MIN_BLOCKS, efficiency_moved
+
+    def window(noises, batch_steps=4096):
+        return [_counters(float(i), i * 2 * batch_steps, n) for i, n in enumerate(noises)]
+
+    assert EFFICIENCY_MOVED == 1.5
+    # the noise scale doubled while far below the batch: the efficiency doubled
+    assert efficiency_moved(window([None, 200, 300, 400]), 4096)
+    assert efficiency_moved(window([800, 600, 500, 400]), 4096)  # and falling, too
+    assert not efficiency_moved(window([200, 210, 220, 230]), 4096)  # 1.15x: not moved
+    # far above the batch every efficiency is near 1: a doubled noise scale moves nothing
+    assert not efficiency_moved(window([1e6, 1.5e6, 1.8e6, 2e6]), 4096)
+    # too soon: fewer than MIN_BLOCKS readings after the first, or fewer batches trained
+    assert not efficiency_moved(window([200, 300, 400]), 4096)
+    assert MIN_BLOCKS == 3
+    short = [_counters(float(i), i * 1000, n) for i, n in enumerate([200, 300, 400, 500])]
+    assert not efficiency_moved(short, 4096)
+    assert not efficiency_moved(window([None, None, None, 400]), 4096)  # one estimate only
+    assert not efficiency_moved(window([200, 300, 400, 500]), None)  # no batch known
+
+
+class RisingNoise(BatchWorld):
+    """``BatchWorld`` whose noise scale doubles every 4 s from 128 samples, as a run's does in
+    its first seconds."""
+
+    def counters(self):
+        return dataclasses.replace(super().counters(), noise_scale=128.0 * 2 ** (self.t / 4))
+
+
+def _windows(tmp_path, objective: str, batches: str) -> list[dict]:
+    fixed = "," not in batches  # the batch held; the tuner varies envs per actor instead
+    space = build_space(
+        Machine(cores=4, gpus=0),
+        [
+            *("actors=2", f"batch_size={batches}", f"envs_per_actor={'4,8' if fixed else 8}"),
+            *("chunk_bytes=262144", "trainers=1", "trainer_threads=1"),
+        ],
+    )
+    world = RisingNoise(0)
+    study = open_study(f"sqlite:///{tmp_path}/{objective}-{batches}.db", "s", seed=0)
+    settings = TunerSettings(objective=objective, trials=30, warmup_s=1.0, window_s=10.0)
+    base = {"actors": 2, "envs_per_actor": 8} if fixed else {"actors": 2, "batch_size": 1024}
+    tuner = OnlineTuner(
+        study, space, world, settings, base, clock=lambda: world.t, defaults={"batch_size": 1024}
+    )
+    while world.t < 60:
+        world.t += 0.5
+        tuner.tick()
+    return tuner.log
+
+
+def test_goodput_windows_end_before_their_floor_while_the_noise_scale_grows(tmp_path):
+    goodput = _windows(tmp_path, "goodput_per_joule", "1024,4096,16384")
+    assert goodput and all(w["window_s"] < 10.0 for w in goodput[:3])
+    # each window told the noise scale it ended at; the sampler rates the next at it
+    assert [w["noise_scale"] for w in goodput] == sorted(w["noise_scale"] for w in goodput)
+    # steps per joule know nothing of the noise scale: their windows keep the floor
+    per_joule = _windows(tmp_path, "steps_per_joule", "1024,4096,16384")
+    assert per_joule and all(w["window_s"] >= 10.0 for w in per_joule)
+    # a batch the tuner cannot change: nothing to re-pick, the windows keep the floor
+    fixed = _windows(tmp_path, "goodput_per_joule", "1024")
+    assert fixed and all(w["window_s"] >= 10.0 for w in fixed)
