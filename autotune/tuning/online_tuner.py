@@ -194,9 +194,12 @@ class OnlineTuner(BudgetLimits):
         elif cur.phase == "measure" and now - cur.since >= SAMPLE_S * len(cur.samples):
             cur.samples.append(self.job.counters())
             per_joule, batch = s.objective != "steps_per_s", self._batch(cur.values)
-            moved = self.follow_noise and efficiency_moved(cur.samples, batch)
-            if not (moved or window_done(self.rule, cur.samples, batch, per_joule)):
+            done = window_done(self.rule, cur.samples, batch, per_joule)
+            moved = not done and self.follow_noise and efficiency_moved(cur.samples, batch)
+            if not (done or moved):
                 return
+            if moved:
+                logger.info("window ends early: batch %s's efficiency moved (noise scale)", batch)
             m = measure(cur.samples[0], cur.samples[-1])
             if m.steps_per_s <= 0:
                 cur.empty += 1

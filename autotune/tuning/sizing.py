@@ -56,9 +56,9 @@ measures it in its first updates), but a batch's statistical efficiency ``B_nois
 B)`` falls with ``B`` whatever ``B_noise`` is: among configs within this share of the best
 predicted steps/J the smallest batch is then at least as good for any noise scale but a
 steps/J this share lower. It risks at most that share of the first window's steps/J where the
-noise scale turns out large; where it is small it gains the efficiencies' ratio (Ant-v5's
-first windows measured 3.8-7.6k samples on an H200 host: at 7k, 16,384 keeps 1.7x the
-efficiency of 32,768)."""
+noise scale turns out large; where it is small it gains the efficiencies' ratio (Ant-v5 on an
+H200 host: the probes put 8,192 within this share of 32,768, and the first windows measured
+2.0-2.6k samples, where 8,192 keeps 3.3x the efficiency of 32,768)."""
 OBJECTIVES = ("steps_per_joule", "steps_per_s", "goodput_per_joule")
 CPU_TRAINER_MARGIN = 0.15
 """Where a GPU is there to train on, a CPU trainer is taken only when the model predicts it
