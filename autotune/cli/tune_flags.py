@@ -71,7 +71,8 @@ def add_tune_args(parser: argparse.ArgumentParser) -> None:
         "--tune-window-s",
         type=seconds,
         default=None,
-        help="measurement window per trial (default 10 with a GPU, 5 without)",
+        help="a trial's shortest measurement window (default 10 with a GPU, 5 without; under "
+        "goodput_per_joule a window ends sooner once its batch's efficiency moved 1.5x)",
     )
     tune.add_argument(
         "--tune-warmup-s", type=seconds, default=5.0, help="warm-up after a change (default 5)"
