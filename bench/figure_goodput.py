@@ -72,7 +72,7 @@ def return_vs_joules(
             fontsize=7,
             color="gray",
         )
-    ax.set_xlabel("joules spent, start-up included (kJ)")
+    ax.set_xlabel("joules spent, as each run's progress lines count them (kJ)")
     ax.set_ylabel("mean return, last 100 episodes")
     ax.legend(loc="upper left")
     _title(ax, title)

@@ -50,8 +50,7 @@ from runtime.actor_pool import ActorPool, Incarnations
 from runtime.config import ConfigError, TrainConfig
 from runtime.curve import Guard, NoGuard
 from runtime.drain import Drain, TrainedRate, wall_due
-from runtime.energy import EnergyMeter, probe_cpu_energy, probe_gpu_energy
-from runtime.energy.shares import SharedCPU, SharedGPU, shares_doc
+from runtime.energy.shares import job_meter, shares_doc
 from runtime.envs import EnvInfo
 from runtime.generations import Generations, MPSChange
 from runtime.gmi.fleet import GMIFleet
@@ -281,8 +280,7 @@ class Runner:
     def run(self) -> dict[str, Any]:
         """Runs the job; returns the result document (see ``runtime.results``)."""
         if self.meter is None:  # a job that shares the machine is charged its share of it
-            cpu = SharedCPU(probe_cpu_energy(idle_w=self.cfg.cpu_idle_w))
-            self.meter = EnergyMeter(gpu=SharedGPU(probe_gpu_energy()), cpu=cpu)
+            self.meter = job_meter(self.cfg.cpu_idle_w)
         meter = self.meter
         ctx = zmq.Context()
         with run_dirs.run_dir() as run_dir:

@@ -7,10 +7,12 @@ are taken at that tick and the run drains as at its step target (what is in flig
 trained, and counted in the result's totals, not in the target's figures). A run that ends
 without reaching it says so, with the best 100-episode mean it had.
 
-A run that goes on from a checkpoint counts the runs before it too: their trained steps, and
-their seconds and joules where the last of them ended cleanly and saved them
-(``checkpoint.save_returns``). Where it did not (it was killed), the seconds and joules are this
-run's only, and the target section says so.
+The figures count from the process's start: the seconds and joules its ``auto`` sizing spent
+probing before the run began are added (``RunTotals.add_sizing``; the result's own energy
+window starts with the run). A run that goes on from a checkpoint counts the runs before it
+too: their trained steps, and their seconds and joules where the last of them ended cleanly
+and saved them (``checkpoint.save_returns``). Where it did not (it was killed), the seconds and
+joules are this run's only, and the target section says so.
 """
 
 from __future__ import annotations
@@ -30,6 +32,14 @@ class RunTotals:
         self.known = steps == 0 or before is not None
         self.seconds = (before or {}).get("seconds", 0.0)
         self.joules = (before or {}).get("joules", 0.0)
+        self.sizing: dict[str, float] | None = None
+        """This run's sizing probes (seconds, joules), counted in ``seconds`` and ``joules``."""
+
+    def add_sizing(self, seconds: float, joules: float) -> None:
+        """Counts what this run's ``auto`` sizing spent before the run began."""
+        self.sizing = {"seconds": float(seconds), "joules": float(joules)}
+        self.seconds += float(seconds)
+        self.joules += float(joules)
 
     @classmethod
     def of(cls, cfg: Any, resume: Any) -> RunTotals:
@@ -85,11 +95,15 @@ class TargetReturn:
             out.update(reached=False, best_return=self.best)
         else:
             out.update(reached=True, **self.reached, best_return=self.best)
+        sizing = self.before.sizing or {"seconds": 0.0, "joules": 0.0}
+        if self.before.sizing is not None:
+            out["sizing"] = {**sizing, "note": "this run's probes, before it began: counted above"}
         if self.before.steps:
+            known = self.before.known
             out["earlier_runs"] = {
                 "steps": self.before.steps,
-                "seconds": self.before.seconds if self.before.known else None,
-                "joules": self.before.joules if self.before.known else None,
+                "seconds": self.before.seconds - sizing["seconds"] if known else None,
+                "joules": self.before.joules - sizing["joules"] if known else None,
                 "note": "counted in the figures above"
                 if self.before.known
                 else "their seconds and joules were not saved (a run killed): the figures "

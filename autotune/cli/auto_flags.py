@@ -78,20 +78,24 @@ def size_run_config(console: Console, cfg: TrainConfig, auto: set[str], args: ar
     printing why when the workload cannot be probed or sized."""
     from autotune.tuning.sizing import OBJECTIVES as SIZING_OBJECTIVES
     from autotune.workflows.auto_size import size_config
+    from runtime.energy.shares import job_meter
     from runtime.probes import ProbeError
 
     # weighted is sized for steps/J; goodput for steps/J with a wider tie to smaller batches
     # (no noise scale before training: ``autotune.tuning.sizing.GOODPUT_TIE_SHARE``)
     objective = args.objective if args.objective in SIZING_OBJECTIVES else "steps_per_joule"
     allowed = within_budget(tuned_space(args), getattr(args, "held_budget", None))
+    shares = getattr(args, "energy_shares", None)
+    meter = job_meter(cfg.cpu_idle_w, shares)  # what the probes cost, as the run's own meter
+    meter.begin_window("sizing")
     try:
-        shares = getattr(args, "energy_shares", None)
         sized, doc = size_config(cfg, auto, objective, allowed, args.reprobe, shares)
     except (ProbeError, ValueError) as exc:
         console.print(
             f"[red]error:[/red] cannot size the run ({escape(str(exc))}); give explicit values"
         )
         return cfg, None
+    doc["energy"] = meter.end_window("sizing").to_dict()
     p, pr = doc["probes"], doc["predicted"]
     console.print(
         "sizing: "
@@ -111,5 +115,7 @@ def size_run_config(console: Console, cfg: TrainConfig, auto: set[str], args: ar
             if p["cached"]
             else f"probes {p['probe_s']:.1f} s"
         )
+        + f" (sizing {doc['energy']['elapsed_s']:.1f} s, "
+        f"{(doc['energy']['gpu_j'] + doc['energy']['cpu_j']) / 1000:.2f} kJ)"
     )
     return sized, doc

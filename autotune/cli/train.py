@@ -307,6 +307,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         console.print(f"[red]error:[/red] --mps-change: {escape(str(exc))}")
         return 2
     runner.wall_from = process_started()  # --max-wall-s counts the start-up and probes too
+    if sizing is not None:  # and the target's figures what the probes spent
+        runner.target.before.add_sizing(
+            sizing["energy"]["elapsed_s"], sizing["energy"]["gpu_j"] + sizing["energy"]["cpu_j"]
+        )
     done, episodes = runner.resumed_steps, runner.resumed_episodes  # of the runs before
     if runner.resume is not None:
         console.print(

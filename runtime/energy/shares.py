@@ -143,3 +143,24 @@ def shares_doc(meter: Any) -> dict[str, Any] | None:
         "runtime/energy/shares.py); the whole machine's figures are not these",
         "changes": list(meter.cpu.changes),
     }
+
+
+def job_meter(cpu_idle_w: float | None = None, shares: dict[str, Any] | None = None) -> Any:
+    """A job's ``EnergyMeter``: the machine's GPUs and cores, charged the job's share of them
+    once shares are set (``shares``: a daemon's ``cpu_share``, ``gpu_share`` and
+    ``gpu_index``, set at once)."""
+    from runtime.energy.cpu import probe_cpu_energy
+    from runtime.energy.gpu import probe_gpu_energy
+    from runtime.energy.meter import EnergyMeter
+
+    cpu = SharedCPU(probe_cpu_energy(idle_w=cpu_idle_w))
+    meter = EnergyMeter(gpu=SharedGPU(probe_gpu_energy()), cpu=cpu)
+    if shares:
+        index = shares.get("gpu_index")
+        set_shares(
+            meter,
+            float(shares.get("gpu_share", 1.0)),
+            float(shares.get("cpu_share", 1.0)),
+            None if index is None else int(index),
+        )
+    return meter

@@ -154,8 +154,18 @@ def test_auto_sizing_is_stored_explicit_flags_win_and_probes_are_cached(tmp_path
     assert second["sizing"]["probes"]["cached"] and "probes cached" in said
     assert second["sizing"]["probes"]["env_step_s"] == sizing["probes"]["env_step_s"]
 
-    third, _ = train("third", "--reprobe", "--batch-size", "512")
+    third, said = train(
+        "third", "--reprobe", "--batch-size", "512", "--target-return", "10", "--steps", "100000"
+    )
     assert not third["sizing"]["probes"]["cached"] and third["config"]["batch_size"] == 512
+    # what the sizing cost, metered as the run is, and counted in the target's figures
+    cost = third["sizing"]["energy"]
+    assert cost["elapsed_s"] >= third["sizing"]["probes"]["probe_s"] > 0 and cost["cpu_j"] > 0
+    assert f"sizing {cost['elapsed_s']:.1f} s" in said
+    target = third["target"]
+    assert target["reached"], target
+    assert target["sizing"]["joules"] == cost["gpu_j"] + cost["cpu_j"]
+    assert target["seconds"] >= cost["elapsed_s"] and target["joules"] > target["sizing"]["joules"]
 
 
 def test_which_flags_are_sized_with_and_without_a_config_file(tmp_path):
