@@ -209,7 +209,9 @@ def table(results: dict, seeds: list[int], arms: list[str], reference: float | N
             t = r["target"] or {}
             if t.get("reached"):
                 joules[(arm, seed)] = t["joules"]
-                to = f"**{t['joules'] / 1000:.1f} kJ** | {t['seconds']:.1f} | {t['steps']:,}"
+                sizing = t.get("sizing")  # its probes' share, where the run was sized
+                of = f" ({sizing['joules'] / 1000:.1f} kJ sizing)" if sizing else ""
+                to = f"**{t['joules'] / 1000:.1f} kJ**{of} | {t['seconds']:.1f} | {t['steps']:,}"
             else:
                 best = t.get("best_return")  # None before a 100-episode mean
                 to = f"not reached (best {'n/a' if best is None else f'{best:.0f}'}) | | "

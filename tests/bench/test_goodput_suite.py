@@ -45,7 +45,8 @@ def test_the_table_says_which_runs_missed_the_target_or_failed():
     target = {"reached": True, "joules": 2000.0, "seconds": 3.0, "steps": 30_000}
     reached = {"env_steps": 30_000, "wall_s": 4, "steps_per_joule": 9.0, "lost_steps": 0}
     reached["target"] = target
-    faster = dict(reached, target=dict(target, joules=1000.0))
+    sizing = {"seconds": 0.5, "joules": 300.0, "note": "this run's probes"}
+    faster = dict(reached, target=dict(target, joules=1000.0, sizing=sizing))
     missed = dict(reached, target={"reached": False, "best_return": 37.0})
     early = dict(reached, target={"reached": False, "best_return": None})  # < 100 episodes
     results = {
@@ -68,7 +69,7 @@ def test_the_table_says_which_runs_missed_the_target_or_failed():
     assert text.rstrip().endswith("per seed: 2.00x (seed 0)")
     # one arm alone: the rows, no ratio
     alone = table(results, [0], ["goodput"], 30.0)
-    assert "| goodput | 0 | **1.0 kJ** |" in alone and "per seed" not in alone
+    assert "| goodput | 0 | **1.0 kJ** (0.3 kJ sizing) |" in alone and "per seed" not in alone
 
 
 def _check(*argv: str) -> argparse.Namespace:
