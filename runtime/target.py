@@ -7,12 +7,13 @@ are taken at that tick and the run drains as at its step target (what is in flig
 trained, and counted in the result's totals, not in the target's figures). A run that ends
 without reaching it says so, with the best 100-episode mean it had.
 
-The figures count from the process's start: the seconds and joules its ``auto`` sizing spent
-probing before the run began are added (``RunTotals.add_sizing``; the result's own energy
-window starts with the run). A run that goes on from a checkpoint counts the runs before it
-too: their trained steps, and their seconds and joules where the last of them ended cleanly
-and saved them (``checkpoint.save_returns``). Where it did not (it was killed), the seconds and
-joules are this run's only, and the target section says so.
+The seconds and joules the run's ``auto`` sizing spent probing before it began are added to
+the run's own (``RunTotals.add_sizing``; the result's energy window starts with the run).
+
+A run that goes on from a checkpoint counts the runs before it too: their trained steps, and
+their seconds and joules where the last of them ended cleanly and saved them
+(``checkpoint.save_returns``). Where it did not (it was killed), the seconds and joules are this
+run's only, and the target section says so.
 """
 
 from __future__ import annotations

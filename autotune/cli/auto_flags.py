@@ -86,7 +86,8 @@ def size_run_config(console: Console, cfg: TrainConfig, auto: set[str], args: ar
     objective = args.objective if args.objective in SIZING_OBJECTIVES else "steps_per_joule"
     allowed = within_budget(tuned_space(args), getattr(args, "held_budget", None))
     shares = getattr(args, "energy_shares", None)
-    meter = job_meter(cfg.cpu_idle_w, shares)  # what the probes cost, as the run's own meter
+    # what the probes cost, metered as the run is (their child process exits between readings)
+    meter = job_meter(cfg.cpu_idle_w, shares, reaped=True)
     meter.begin_window("sizing")
     try:
         sized, doc = size_config(cfg, auto, objective, allowed, args.reprobe, shares)

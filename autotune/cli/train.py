@@ -31,6 +31,7 @@ from autotune.cli.tune_flags import (
 )
 from autotune.workflows.progress_log import ProgressLog
 from runtime.config import TRAINER_PRECISIONS, ConfigError, TrainConfig
+from runtime.energy.shares import job_meter
 from runtime.hw.gpus import no_gpu_reason
 from runtime.runner import RunError, Runner
 
@@ -299,6 +300,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             mps_changes=args.mps_change,
             # a tuner may move the trainer to a GPU share: MPS from the start where there is one
             mps_live=args.tune and (cfg.resolved_device() == "cuda" or no_gpu_reason() is None),
+            meter=job_meter(cfg.cpu_idle_w, getattr(args, "energy_shares", None)),  # its share
         )
     except ConfigError as exc:  # the checkpoint
         console.print(f"[red]error:[/red] {escape(str(exc))}")

@@ -72,7 +72,8 @@ def add_tune_args(parser: argparse.ArgumentParser) -> None:
         type=seconds,
         default=None,
         help="a trial's shortest measurement window (default 10 with a GPU, 5 without; under "
-        "goodput_per_joule a window ends sooner once its batch's efficiency moved 1.5x)",
+        "goodput_per_joule, with the batch size tuned, a window ends sooner once its batch's "
+        "efficiency moved 1.5x and its estimate is within 3x --tune-window-target)",
     )
     tune.add_argument(
         "--tune-warmup-s", type=seconds, default=5.0, help="warm-up after a change (default 5)"

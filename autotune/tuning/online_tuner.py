@@ -4,8 +4,8 @@
 
     apply -> warm-up (until the job says the change took effect, then ``warmup_s`` if the
           change started processes) -> measure (counters read about once a second until the
-          estimate is precise, or for goodput until the batch's efficiency has moved: the
-          noise scale grew, ``autotune.tuning.windows``) -> tell -> apply ...
+          estimate is precise, or for goodput until the batch's efficiency has moved with
+          the noise scale, ``autotune.tuning.windows``) -> tell -> apply ...
 
 and, once ``trials`` trials are done, holds the best config and re-measures it every
 ``recheck_s``; if the best has drifted down by more than ``drift_tol`` from its median, it
@@ -67,7 +67,7 @@ from autotune.tuning.tuner_rules import (
     suggest,
     unmet_message,
 )
-from autotune.tuning.windows import SAMPLE_S, WindowRule, efficiency_moved, half_width, window_done
+from autotune.tuning.windows import SAMPLE_S, WindowRule, ends_early, half_width, window_done
 from runtime.config import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -125,7 +125,7 @@ class OnlineTuner(BudgetLimits):
         self.rule = WindowRule(settings.window_s, settings.window_max_s, settings.window_target)
         self._envs_cap: int | None = None
         self.follow_noise = settings.objective == GOODPUT_METRIC and "batch_size" in self.base
-        """Goodput windows end once their batch's efficiency moved (``efficiency_moved``)."""
+        """Goodput windows end once their batch's efficiency moved (``windows.ends_early``)."""
         self.grid = settings.sampler == "grid"
         if self.grid:
             self.explore_until = math.prod(len(k.choices) for k in self.knobs)
@@ -195,7 +195,7 @@ class OnlineTuner(BudgetLimits):
             cur.samples.append(self.job.counters())
             per_joule, batch = s.objective != "steps_per_s", self._batch(cur.values)
             done = window_done(self.rule, cur.samples, batch, per_joule)
-            moved = not done and self.follow_noise and efficiency_moved(cur.samples, batch)
+            moved = not done and self.follow_noise and ends_early(self.rule, cur.samples, batch)
             if not (done or moved):
                 return
             if moved:

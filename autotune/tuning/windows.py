@@ -15,12 +15,14 @@ two parts:
 Throughput that drifts within a window is not separated from the batches' lumps at one
 reading a second; the ceiling bounds how long a window may wait.
 
-Under the goodput objective a window also ends, before its floor, once its batch's statistical
-efficiency has moved by ``EFFICIENCY_MOVED`` either way (``efficiency_moved``): the learner's
-noise scale grows as a run learns, fastest at its start (Ant-v5 on an H200 host: about 150
-samples to 7k over the first 20 s), and a window that waits for its floor trains at a batch
-rated at a noise scale that is no longer there. The tuner then picks the next config at the
-new noise scale, as Pollux re-picks its batch size as the noise scale moves.
+Under the goodput objective, where the tuner may change the batch size, a window also ends
+before it is otherwise done (``ends_early``) once its batch's statistical efficiency has moved
+by ``EFFICIENCY_MOVED`` either way (``efficiency_moved``) and its estimate is within
+``EARLY_TARGET`` times the target: the learner's noise scale grows as a run learns, fastest at
+its start (Ant-v5 on an H200 host: about 150 samples to 7k over its first 30 s), and a window
+that waits for its floor trains at a batch rated at a noise scale that is no longer there. The
+tuner then picks the next config at the new noise scale, as Pollux re-picks its batch size as
+the noise scale moves.
 """
 
 from __future__ import annotations
@@ -38,6 +40,9 @@ SAMPLE_S = 1.0
 MIN_BLOCKS = 3
 EFFICIENCY_MOVED = 1.5
 """The factor by which a goodput window's batch efficiency must move for the window to end early."""
+EARLY_TARGET = 3.0
+"""A window that ends early still needs its 95 % interval within this many times the target
+(with 3 %: about 10 batches, where three batches alone leave it at 27 %)."""
 
 
 @dataclass(frozen=True)
@@ -112,8 +117,8 @@ def efficiency_moved(
     samples: list[Counters], batch: int | None, factor: float = EFFICIENCY_MOVED
 ) -> bool:
     """Whether the efficiency of ``batch`` at the window's newest noise scale is ``factor`` or
-    more away (either way) from its efficiency at the window's first, with at least
-    ``MIN_BLOCKS`` readings and ``MIN_BLOCKS`` batches trained since its start."""
+    more away (either way) from its efficiency at the first reading that had an estimate, with
+    ``MIN_BLOCKS`` readings after the window's first and ``MIN_BLOCKS`` batches trained since."""
     if not batch or len(samples) <= MIN_BLOCKS:
         return False
     if samples[-1].trained_steps - samples[0].trained_steps < MIN_BLOCKS * batch:
@@ -123,3 +128,13 @@ def efficiency_moved(
         return False
     first, last = efficiency(noise[0], batch), efficiency(noise[-1], batch)
     return bool(first and last) and max(first / last, last / first) >= factor
+
+
+def ends_early(
+    rule: WindowRule, samples: list[Counters], batch: int | None, per_joule: bool = True
+) -> bool:
+    """Whether a goodput window may end before ``window_done``: its batch's efficiency moved
+    (``efficiency_moved``) and its estimate is within ``EARLY_TARGET`` times the target."""
+    if not efficiency_moved(samples, batch):
+        return False
+    return half_width(samples, batch, per_joule) <= EARLY_TARGET * rule.target

@@ -60,14 +60,19 @@ class SharedGPU(GPUEnergySource):
 
 class SharedCPU(CPUEnergySource):
     """``inner``'s joules while ``share`` is 1; below it, this job's busy cores and ``share``
-    of the idle draw (the model), or ``share`` of the packages (RAPL)."""
+    of the idle draw (the model), or ``share`` of the packages (RAPL). ``reaped``: the job's
+    busy cores include the children its processes have reaped, for a window that no reading
+    sees them live in (a probe run by ``subprocess.run`` between two readings); a long window
+    that reads its children live would count them twice so."""
 
-    def __init__(self, inner: CPUEnergySource, root: int | None = None) -> None:
+    def __init__(
+        self, inner: CPUEnergySource, root: int | None = None, reaped: bool = False
+    ) -> None:
         self.inner, self.source, self.share = inner, inner.source, 1.0
         watts = getattr(inner, "watts_per_busy_core", None)
         root = os.getpid() if root is None else root
         self.own = (
-            CPUModelEnergy(watts, pids=lambda: tree_pids(root), children=False)
+            CPUModelEnergy(watts, pids=lambda: tree_pids(root), children=reaped)
             if watts is not None
             else None
         )
@@ -145,15 +150,17 @@ def shares_doc(meter: Any) -> dict[str, Any] | None:
     }
 
 
-def job_meter(cpu_idle_w: float | None = None, shares: dict[str, Any] | None = None) -> Any:
+def job_meter(
+    cpu_idle_w: float | None = None, shares: dict[str, Any] | None = None, reaped: bool = False
+) -> Any:
     """A job's ``EnergyMeter``: the machine's GPUs and cores, charged the job's share of them
     once shares are set (``shares``: a daemon's ``cpu_share``, ``gpu_share`` and
-    ``gpu_index``, set at once)."""
+    ``gpu_index``, set at once; ``reaped``: see ``SharedCPU``)."""
     from runtime.energy.cpu import probe_cpu_energy
     from runtime.energy.gpu import probe_gpu_energy
     from runtime.energy.meter import EnergyMeter
 
-    cpu = SharedCPU(probe_cpu_energy(idle_w=cpu_idle_w))
+    cpu = SharedCPU(probe_cpu_energy(idle_w=cpu_idle_w), reaped=reaped)
     meter = EnergyMeter(gpu=SharedGPU(probe_gpu_energy()), cpu=cpu)
     if shares:
         index = shares.get("gpu_index")

@@ -1,5 +1,5 @@
-"""``runtime.target``: the target's figures count from the process's start, the sizing's probes
-included, and keep the earlier runs' apart."""
+"""``runtime.target``: the target's figures add the sizing's probes to the run's own, and keep
+the earlier runs' apart."""
 
 from __future__ import annotations
 
@@ -44,3 +44,14 @@ def test_earlier_runs_are_reported_without_this_runs_sizing():
     plain = TargetReturn(450.0, RunTotals())
     assert plain.check(_telemetry(500.0, 20_000), 10.0, lambda: 2_000.0)
     assert "sizing" not in plain.doc() and plain.doc()["joules"] == 2_000.0
+
+
+def test_a_killed_earlier_run_leaves_this_runs_figures_with_its_sizing():
+    before = RunTotals(100_000, None)  # the earlier runs' seconds and joules were not saved
+    before.add_sizing(5.0, 500.0)
+    target = TargetReturn(450.0, before)
+    assert target.check(_telemetry(500.0, 20_000), 10.0, lambda: 2_000.0)
+    doc = target.doc()
+    assert doc["joules"] == pytest.approx(2_500.0) and doc["seconds"] == pytest.approx(15.0)
+    assert doc["earlier_runs"]["joules"] is None and "not saved" in doc["earlier_runs"]["note"]
+    assert before.through(10.0, 2_000.0) is None  # unknown stays unknown
