@@ -38,7 +38,7 @@ from autotune.tuning.runner_job import (
     read_counters,
 )
 from runtime.config import ConfigError
-from runtime.energy.shares import set_shares
+from runtime.energy.shares import shares_from
 
 logger = logging.getLogger(__name__)
 
@@ -157,13 +157,7 @@ class DaemonLink:
         meter = getattr(self.runner, "meter", None)
         try:
             if meter is not None:  # charged its share of the machine's energy from now on
-                index = msg.get("gpu_index")
-                set_shares(
-                    meter,
-                    float(msg.get("gpu_share", 1.0)),
-                    float(msg.get("cpu_share", 1.0)),
-                    None if index is None else int(index),
-                )
+                shares_from(meter, msg)
         except (TypeError, ValueError) as exc:
             logger.warning("energy shares of the budget not taken: %s", exc)
         share = "" if budget.mps_pct is None else f", {budget.mps_pct} % of GPU {budget.gpu}"

@@ -163,11 +163,21 @@ def job_meter(
     cpu = SharedCPU(probe_cpu_energy(idle_w=cpu_idle_w), reaped=reaped)
     meter = EnergyMeter(gpu=SharedGPU(probe_gpu_energy()), cpu=cpu)
     if shares:
-        index = shares.get("gpu_index")
-        set_shares(
-            meter,
-            float(shares.get("gpu_share", 1.0)),
-            float(shares.get("cpu_share", 1.0)),
-            None if index is None else int(index),
-        )
+        shares_from(meter, shares)
     return meter
+
+
+def shares_from(meter: Any, doc: dict[str, Any]) -> bool:
+    """``set_shares`` from a budget's plain-data shares (``gpu_share``, ``cpu_share``, 1 where
+    absent; ``gpu_index``, None where absent).
+
+    Raises:
+        TypeError, ValueError: a share that is not a number within 0..1.
+    """
+    index = doc.get("gpu_index")
+    return set_shares(
+        meter,
+        float(doc.get("gpu_share", 1.0)),
+        float(doc.get("cpu_share", 1.0)),
+        None if index is None else int(index),
+    )
