@@ -51,8 +51,9 @@ OWN_FLAGS = frozenset(
 )
 """``autotune train`` flags the suite sets itself, refused in ``--train-args``."""
 STOP_AFTER_S = 120.0
-"""A run still going this long past its ``--max-wall-s`` (probes and the drain are outside it)
-is stopped, its whole process group, and counted failed."""
+"""A run still going this long past its ``--max-wall-s`` (which counts from its process's start,
+probes included; its drain and exit come after) is stopped, its whole process group, and
+counted failed."""
 
 
 def add_args(ap: argparse.ArgumentParser) -> None:
