@@ -43,13 +43,17 @@ oldest is dropped past this, with its memory."""
 
 
 def make_optimizer(model: nn.Module, lr: float, device: torch.device, graphs: bool) -> Any:
-    """The learner's Adam: for CUDA graphs (``graphs`` on a CUDA device) ``capturable`` with its
-    learning rate a device tensor (a graph reads it at every replay); else the plain one, as
-    an eager loop runs it fastest."""
-    if not (graphs and device.type == "cuda"):
+    """The learner's Adam. On a CUDA device it is ``fused`` (one kernel for every parameter's
+    step, where the default launches several per parameter group: on an H100 the graphed
+    learner's updates ran 1.16-1.20x as fast); for CUDA graphs (``graphs``) also
+    ``capturable``, its learning rate a device tensor (a graph reads it at every replay). On
+    the CPU, the plain one."""
+    if device.type != "cuda":
         return torch.optim.Adam(model.parameters(), lr=lr, eps=1e-5)
+    if not graphs:
+        return torch.optim.Adam(model.parameters(), lr=lr, eps=1e-5, fused=True)
     rate = torch.tensor(lr, dtype=torch.float32, device=device)
-    return torch.optim.Adam(model.parameters(), lr=rate, eps=1e-5, capturable=True)
+    return torch.optim.Adam(model.parameters(), lr=rate, eps=1e-5, capturable=True, fused=True)
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
@@ -62,30 +66,34 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
 
 
 def portable_state(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """``optimizer.state_dict()`` with plain-number learning rates and no ``capturable`` flag,
-    so a learner on any device can load it (``adopt_state``)."""
+    """``optimizer.state_dict()`` with plain-number learning rates and no ``capturable`` or
+    ``fused`` flag, so a learner on any device can load it (``adopt_state``)."""
     state = optimizer.state_dict()
     for group in state["param_groups"]:
         group["lr"] = float(group["lr"])
         group.pop("capturable", None)
+        group.pop("fused", None)
     return state
 
 
 def adopt_state(optimizer: torch.optim.Adam, state: dict[str, Any], device: torch.device) -> None:
     """Loads ``state`` (from ``portable_state`` or an older plain ``state_dict``) and puts back
-    this optimizer's own form: a ``capturable`` one keeps its device-tensor learning rate and
-    its step counts on the device; a plain one, numbers and step counts on the CPU."""
+    this optimizer's own form: a ``capturable`` one keeps its device-tensor learning rate, a
+    ``fused`` or ``capturable`` one its step counts on the device (as float32); a plain one,
+    numbers and step counts on the CPU."""
     capturable = bool(optimizer.param_groups[0].get("capturable"))
+    fused = bool(optimizer.param_groups[0].get("fused"))
     optimizer.load_state_dict(state)
     for group in optimizer.param_groups:
         lr = float(group["lr"])
-        group["capturable"] = capturable
+        group["capturable"], group["fused"] = capturable, fused or None
         group["lr"] = torch.tensor(lr, dtype=torch.float32, device=device) if capturable else lr
     for per_param in optimizer.state.values():
         step = per_param.get("step")
         if isinstance(step, torch.Tensor):
+            on_device = capturable or fused
             per_param["step"] = (
-                step.to(device=device, dtype=torch.float32) if capturable else step.cpu()
+                step.to(device=device, dtype=torch.float32) if on_device else step.cpu()
             )
 
 

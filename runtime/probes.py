@@ -38,6 +38,7 @@ from runtime.env_probes import (
 )
 from runtime.envs import EnvInfo, probe_env
 from runtime.learner_probe import GROUP_LEARNER, make_learner, synthetic_batch
+from runtime.power_probe import Reading, busy_watts, gpu_meter
 
 LEARNER_BATCHES = (1024, 4096, 16384)
 """Batch sizes the learner update is timed at (its fixed and per-sample cost)."""
@@ -48,8 +49,6 @@ DOMINATED = 4.0
 """A device whose update at the smallest batch is over ``LEARNER_STOP_S`` and this many times
 slower than a device already probed is measured at that one size only (its line goes through
 the origin): it cannot keep up, and a big policy's CPU update takes seconds per size."""
-GPU_POWER_S = 1.0
-"""Seconds each GPU power reading spans (idle, context open, learner busy)."""
 
 
 @dataclass(frozen=True)
@@ -175,15 +174,23 @@ def probe_learner(
     and after the first size where ``device`` is ``DOMINATED`` by ``rival`` (another device
     probed before). ``group``: the update of a trainer group's member on CUDA (the eager loop,
     timed once per size after one untimed update: it is slow), as ``GROUP_LEARNER``.
-    ``update``: a learner's update function (``make_learner``) to time instead of a new one."""
+    ``update``: a learner's update function (``make_learner``) to time instead of a new one.
+
+    Without ``update``, the learner made here runs one epoch per update and its seconds are
+    scaled by the run's epochs: an eager learner's update is its epochs' V-trace passes and
+    minibatch steps, each epoch the same work, so one epoch tells the cost of all of them in
+    a tenth of the time at PPO's 10 epochs (the once-per-update part, the batch's copy to the
+    device and its observation sums, is counted once per epoch: a little over)."""
+    epochs = max(int(learner.get("epochs", 1)), 1) if update is None else 1
     if update is None:
-        _, update = make_learner(info, policy, device, learner, graphs=not group)
+        _, update = make_learner(info, policy, device, {**learner, "epochs": 1}, not group)
     seconds: dict[int, float] = {}
     for size in LEARNER_BATCHES:
         batch = synthetic_batch(info, size, rollout_len)
         size = batch["rewards"].size
         least = 1 if group else 2
-        seconds[size] = timed(lambda b=batch: update(b), budget_s=PROBE_S / 2, least=least)
+        one = timed(lambda b=batch: update(b), budget_s=PROBE_S / 2, least=least)
+        seconds[size] = one * epochs
         if len(seconds) >= 2 and seconds[size] > LEARNER_STOP_S:
             break
         if _dominated(seconds[size], size, rival):
@@ -197,25 +204,6 @@ def _dominated(update_s: float, size: int, rival: LearnerCost | None) -> bool:
     if rival is None or size not in rival.seconds or update_s <= LEARNER_STOP_S:
         return False
     return update_s > DOMINATED * rival.seconds[size]
-
-
-def _gpu_watts(meter, work, seconds: float = GPU_POWER_S) -> float:
-    """GPU 0's mean watts while ``work()`` is called for ``seconds``."""
-    e0, t0 = meter.read_energy_j().get(0, 0.0), time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        work()
-    return (meter.read_energy_j().get(0, 0.0) - e0) / (time.perf_counter() - t0)
-
-
-def _gpu_meter():
-    """GPU 0's energy reader, or None where NVML cannot read it."""
-    from runtime.energy.gpu import GPUEnergyError, NullGPUEnergy, probe_gpu_energy
-
-    try:
-        meter = probe_gpu_energy((0,))
-    except GPUEnergyError:
-        return None
-    return None if isinstance(meter, NullGPUEnergy) else meter
 
 
 def measure(
@@ -239,11 +227,9 @@ def measure(
         mark[0] = now
 
     info = probe_env(env_id, backend)  # an env that cannot be made fails before torch loads
-    # GPU 0's draw before anything here opens a context on it
-    meter = _gpu_meter() if "cuda" in devices else None
-    power: dict[str, float] = {}
-    if meter is not None:
-        power["idle_w"] = _gpu_watts(meter, lambda: time.sleep(0.05))
+    # GPU 0's draw before anything here opens a context on it, read over the env probes
+    meter = gpu_meter() if "cuda" in devices else None
+    idle = Reading(meter) if meter is not None else None
     took("gpu_power")
 
     step = probe_env_step(env_id, backend=backend)
@@ -251,6 +237,10 @@ def measure(
     sizes = parse_spec(policy, info.obs_dim, info.act_dim)
     loaded = probe_rounds_loaded(env_id, procs, sizes, info.discrete, backend=backend)
     took("env_loaded")
+    power: dict[str, float] = {}
+    if idle is not None:
+        power["idle_w"] = idle.watts()
+        took("gpu_power")
 
     import torch
 
@@ -264,25 +254,25 @@ def measure(
     took("forward")
     costs: dict[str, LearnerCost] = {}
     cuda_update = None  # kept for the GPU power probe: its graphs are captured already
-    for device in sorted(devices, key=lambda d: d != "cuda"):  # cuda first: the fast one
-        if device == "cuda" and not sms:
-            continue
-        rival = costs.get("cuda")
-        _, update = make_learner(info, policy, device, learner)
-        cuda_update = update if device == "cuda" else cuda_update
-        costs[device] = probe_learner(
-            info, policy, device, rollout_len, learner, rival, update=update
+    if "cuda" in devices and sms:  # first: the fast one, the others' rival
+        _, cuda_update = make_learner(info, policy, "cuda", learner)
+        costs["cuda"] = probe_learner(
+            info, policy, "cuda", rollout_len, learner, update=cuda_update
         )
-        took(f"learner_{device}")
-    if "cuda" in costs:
+        took("learner_cuda")
         costs[GROUP_LEARNER] = probe_learner(info, policy, "cuda", rollout_len, learner, group=True)
         took(f"learner_{GROUP_LEARNER}")
-    if meter is not None and cuda_update is not None:
+    # the CUDA context is open and the GPU has nothing to run: its draw is read meanwhile
+    context = Reading(meter) if meter is not None and cuda_update is not None else None
+    for device in sorted(d for d in devices if d != "cuda"):  # eager: one epoch, scaled
+        costs[device] = probe_learner(info, policy, device, rollout_len, learner, costs.get("cuda"))
+        took(f"learner_{device}")
+    if context is not None:
+        power["context_w"] = context.watts()
         update = cuda_update
         batch = synthetic_batch(info, max(costs["cuda"].seconds), rollout_len)
         update(batch)
-        power["context_w"] = _gpu_watts(meter, lambda: time.sleep(0.05))
-        power["busy_w"] = _gpu_watts(meter, lambda: update(batch))
+        power["busy_w"] = busy_watts(meter, lambda: update(batch))
         took("gpu_power")
     return Probes(
         env_id,

@@ -99,7 +99,8 @@ def test_state_hands_over_between_a_graphed_and_a_cpu_learner():
     gpu = learner("cuda")
     run(gpu, [batch(32, seed=s) for s in range(2)])
     state = gpu.state()
-    assert all(isinstance(g["lr"], float) for g in state["optimizer"]["param_groups"])
+    for g in state["optimizer"]["param_groups"]:
+        assert isinstance(g["lr"], float) and "fused" not in g and "capturable" not in g
     cpu = learner("cpu")
     cpu.load_state(state)
     cpu.update(batch(32, seed=3))
@@ -108,10 +109,13 @@ def test_state_hands_over_between_a_graphed_and_a_cpu_learner():
     assert back.graphs.graphs
     back.load_state(cpu.state())
     assert not back.graphs.graphs  # they pointed at the optimiser state just replaced
-    assert back.optimizer.param_groups[0]["capturable"]
+    assert back.optimizer.param_groups[0]["capturable"] and back.optimizer.param_groups[0]["fused"]
     eager = learner("cuda", graphs=False)
     eager.load_state(cpu.state())
-    assert not eager.optimizer.param_groups[0]["capturable"]
+    group = eager.optimizer.param_groups[0]
+    assert not group["capturable"] and group["fused"] and isinstance(group["lr"], float)
+    steps = [s["step"] for s in eager.optimizer.state.values()]  # fused keeps them on the GPU
+    assert steps and all(t.is_cuda and t.dtype == torch.float32 for t in steps)
     later = [batch(32, seed=s) for s in range(4, 4 + WARMUP_STEPS)]
     run(back, later), run(eager, later)
     for k, v in eager.model.state_dict().items():

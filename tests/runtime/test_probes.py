@@ -64,6 +64,24 @@ def test_a_device_far_slower_than_one_probed_before_is_timed_at_one_size(monkeyp
     assert len(probes.probe_learner(info, "auto:16:auto", "cpu", 32, {}, rival=close).seconds) >= 2
 
 
+def test_an_eager_learner_is_timed_for_one_epoch_and_scaled_to_the_runs():
+    """The CPU learner's probe times one epoch per update and counts it ``epochs`` times: its
+    figure is that of the run's whole update, within 3x (two timings a few seconds apart on a
+    shared 2-core machine differ by up to 1.5x; an unscaled figure would be 8x off)."""
+    from runtime import probes
+    from runtime.env_probes import timed
+    from runtime.envs import probe_env
+    from runtime.learner_probe import make_learner, synthetic_batch
+
+    info = probe_env("CartPole-v1")
+    learner = {"epochs": 8, "minibatches": 4}
+    est = probes.probe_learner(info, "auto:64:64:auto", "cpu", 32, learner).seconds[1024]
+    _, update = make_learner(info, "auto:64:64:auto", "cpu", learner)
+    batch = synthetic_batch(info, 1024, 32)
+    whole = timed(lambda: update(batch), budget_s=0.3, least=3)
+    assert 1 / 3 < est / whole < 3.0, (est, whole)
+
+
 def test_a_workload_that_cannot_be_probed_says_why():
     with pytest.raises(ProbeError, match="NoSuchEnv"):
         run_probes("NoSuchEnv-v0", "auto", 32, {}, ["cpu"])

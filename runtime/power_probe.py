@@ -1,0 +1,48 @@
+"""GPU 0's watts for the probes (``runtime.probes``): idle, with a context open and nothing
+running, and with the learner busy. The idle and context readings span probes that leave the
+GPU alone (the env probes before torch is imported; the CPU learner's probe while the CUDA
+learner's context is open), so they cost no time of their own beyond ``GPU_POWER_S``."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+GPU_POWER_S = 1.0
+"""Seconds each GPU power reading spans at least."""
+
+
+def gpu_meter():
+    """GPU 0's energy reader, or None where NVML cannot read it."""
+    from runtime.energy.gpu import GPUEnergyError, NullGPUEnergy, probe_gpu_energy
+
+    try:
+        meter = probe_gpu_energy((0,))
+    except GPUEnergyError:
+        return None
+    return None if isinstance(meter, NullGPUEnergy) else meter
+
+
+class Reading:
+    """GPU 0's mean watts from this reading's start to ``watts()``, over whatever ran
+    meanwhile."""
+
+    def __init__(self, meter) -> None:
+        self.meter = meter
+        self.e0, self.t0 = meter.read_energy_j().get(0, 0.0), time.perf_counter()
+
+    def watts(self, least_s: float = GPU_POWER_S) -> float:
+        """The mean so far, after sleeping until the reading spans ``least_s``."""
+        left = least_s - (time.perf_counter() - self.t0)
+        if left > 0:
+            time.sleep(left)
+        joules = self.meter.read_energy_j().get(0, 0.0) - self.e0
+        return joules / (time.perf_counter() - self.t0)
+
+
+def busy_watts(meter, work: Callable[[], None], seconds: float = GPU_POWER_S) -> float:
+    """GPU 0's mean watts while ``work()`` is called back to back for ``seconds``."""
+    reading = Reading(meter)
+    while time.perf_counter() - reading.t0 < seconds:
+        work()
+    return reading.watts(0.0)
