@@ -6,10 +6,10 @@ by the GPU: on an H200, a 256:128:64 policy's update of 10 x 32 steps took 1.7-1
 batch from 4,096 to 65,536 samples, with the GPU busy for 126 ms of it. A CUDA graph launches
 a step's kernels as one. ``GraphedSteps`` captures one graph per minibatch shape: the loss,
 its backward, a copy of the gradient for the noise scale (``policies.noise_scale``), the
-gradient clip and the Adam step (``capturable``, its learning rate a device tensor the schedule
-fills). Each minibatch is gathered into the graph's input tensors and the graph replayed; the
-first steps of a new shape run eagerly (a warm-up, as ``torch.cuda.graphs`` asks) and train
-like any other.
+gradient clip and the Adam step (fused and ``capturable``, its learning rate a device tensor
+the schedule fills). Each minibatch is gathered into the graph's input tensors and the graph
+replayed; the first steps of a new shape run eagerly (a warm-up, as ``torch.cuda.graphs``
+asks) and train like any other.
 
 A non-finite gradient cannot be seen without a sync per step, which would cost what the graph
 saves. Each step folds its gradient norm's finiteness into a flag on the device instead;
@@ -44,10 +44,9 @@ oldest is dropped past this, with its memory."""
 
 def make_optimizer(model: nn.Module, lr: float, device: torch.device, graphs: bool) -> Any:
     """The learner's Adam. On a CUDA device it is ``fused`` (one kernel for every parameter's
-    step, where the default launches several per parameter group: on an H100 the graphed
-    learner's updates ran 1.16-1.20x as fast); for CUDA graphs (``graphs``) also
-    ``capturable``, its learning rate a device tensor (a graph reads it at every replay). On
-    the CPU, the plain one."""
+    step, where the default launches several per parameter group), and for CUDA graphs
+    (``graphs``) also ``capturable``, its learning rate a device tensor (a graph reads it at
+    every replay). On the CPU, the plain one."""
     if device.type != "cuda":
         return torch.optim.Adam(model.parameters(), lr=lr, eps=1e-5)
     if not graphs:
