@@ -31,7 +31,7 @@ import numpy as np
 import zmq
 
 from policies.numpy_policy import NumpyPolicy
-from runtime import topology, wire
+from runtime import initial_weights, topology, wire
 from runtime.config import TrainConfig
 from runtime.env_backends import actor_threads, make_envs
 from runtime.envs import EnvInfo
@@ -297,7 +297,7 @@ def actor_main(
     incarnation: int,
     stepped: multiprocessing.sharedctypes.Synchronized,
     stop: Any,
-    initial: tuple[list[str], list[np.ndarray]] | None,
+    initial: initial_weights.Weights | str | None,
     threads: int | None = None,
 ) -> None:
     """Process entry point of actor slot ``actor`` (its ``incarnation``-th start), with
@@ -317,7 +317,7 @@ def run_actor(
     incarnation: int,
     stepped: Any,
     stop: Any,
-    initial: tuple[list[str], list[np.ndarray]] | None,
+    initial: initial_weights.Weights | str | None,
     threads: int | None = None,
 ) -> int:
     """Runs actor slot ``actor``'s rollout loop (``threads`` EnvPool threads; None: its share
@@ -325,8 +325,8 @@ def run_actor(
     ``NONFINITE_EXIT`` (not a crash to restart: the run stops, saying why). ``stepped`` is a
     counter with a ``value`` it bumps per env step (shared with the runner, or a remote actor's
     own: ``runtime.cluster``). ``initial`` holds the run's version-0 weights
-    (``policies.actor_critic.initial_state_arrays``) for ``inference='actor'``; None with an
-    inference GMI.
+    (``policies.actor_critic.initial_state_arrays``) for ``inference='actor'``, or the path of
+    their file (``runtime.initial_weights``); None with an inference GMI.
     """
     ctx = zmq.Context()
     policy: LocalPolicy | RemotePolicy
@@ -336,7 +336,8 @@ def run_actor(
         if initial is None:
             raise ValueError("inference='actor' needs the version-0 weights")
         seed = np.random.SeedSequence([cfg.seed & (2**64 - 1), actor, incarnation])
-        model = NumpyPolicy(info.discrete, cfg.learner.normalize_obs, *initial, seed=seed)
+        arrays = initial_weights.load(initial)  # a local actor's come as a file
+        model = NumpyPolicy(info.discrete, cfg.learner.normalize_obs, *arrays, seed=seed)
         weights = WeightsReceiver(
             topology.actor_weights_in(ctx, endpoints), model, "actor", endpoints.run_key
         )

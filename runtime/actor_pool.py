@@ -21,13 +21,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from runtime import topology
 from runtime.actor import NONFINITE_EXIT, actor_main
 from runtime.config import TrainConfig
 from runtime.env_backends import actor_threads
 from runtime.envs import EnvError, EnvInfo
+from runtime.initial_weights import InitialWeights
 
 logger = logging.getLogger(__name__)
 
@@ -167,37 +166,18 @@ class ActorPool:
         self._pending: dict[int, tuple[float, TrainConfig]] = {}
         """Slots waiting out their back-off: index -> (restart time, config)."""
         self._next_incarnation: dict[int, int] = {}
-        self._initial: dict[tuple[Any, ...], tuple[list[str], list[np.ndarray]]] = {}
+        self.initial = InitialWeights(info)
+        """The actors' version-0 weights; its ``directory`` is set to the run's, so local
+        actors get them as a file (``runtime.initial_weights``)."""
         self.launcher: Any = None
         """Starts incarnations elsewhere (``runtime.cluster.launcher.RemoteLauncher``: on a
         Ray cluster's nodes); None: this machine's processes."""
-
-    def initial_weights(self, cfg: TrainConfig) -> tuple[list[str], list[np.ndarray]] | None:
-        """The version-0 weights actors with ``inference='actor'`` act with until the trainer's
-        arrive (built here once per policy and seed; torch is imported in this process only)."""
-        if cfg.inference != "actor":
-            return None
-        key = (cfg.policy, cfg.seed, cfg.learner.normalize_obs)
-        if key not in self._initial:
-            # torch comes with it: only a run that needs the weights loads it, not the runner
-            from policies.actor_critic import initial_state_arrays
-
-            info = self.info
-            self._initial[key] = initial_state_arrays(
-                info.obs_dim,
-                info.act_dim,
-                info.discrete,
-                cfg.policy,
-                cfg.learner.normalize_obs,
-                cfg.seed,
-            )
-        return self._initial[key]
 
     def _start(self, cfg: TrainConfig, ep: topology.Endpoints, index: int) -> ActorSlot:
         incarnation = self._next_incarnation.get(index, 0)
         self._next_incarnation[index] = incarnation + 1
         if self.launcher is not None:
-            initial = self.initial_weights(cfg)
+            initial = self.initial.arrays(cfg)
             return self.launcher.start(cfg, self.info, ep, index, incarnation, initial)
         stepped, stop = self.mp.RawValue("q", 0), self.mp.Event()
         cores, threads = self._placement(index, cfg)
@@ -205,7 +185,16 @@ class ActorPool:
             target=actor_main,
             name=f"actor-{index}.{incarnation}",
             daemon=True,
-            args=(cfg, self.info, ep, index, incarnation, stepped, stop, self.initial_weights(cfg)),
+            args=(
+                cfg,
+                self.info,
+                ep,
+                index,
+                incarnation,
+                stepped,
+                stop,
+                self.initial.for_local(cfg),
+            ),
             kwargs={"threads": threads},
         )
         with one_blas_thread():

@@ -284,7 +284,7 @@ class Runner:
         meter = self.meter
         ctx = zmq.Context()
         with run_dirs.run_dir() as run_dir:
-            self.run_dir = run_dir
+            self.run_dir = self.actors.initial.directory = run_dir
             ep = self.endpoints = topology.Endpoints.of(self.cfg, run_dir)
             self.guard = topology.guard(ctx, ep)
             telemetry_sock, command_sock = topology.runner_sockets(ctx, ep)

@@ -31,17 +31,41 @@ def test_one_blas_thread_sets_the_variables_for_the_start_and_restores_them(monk
     assert os.environ["OMP_NUM_THREADS"] == "7" and "OPENBLAS_NUM_THREADS" not in os.environ
 
 
-def test_initial_weights_are_built_once_per_policy_and_only_for_actor_inference():
+def test_initial_weights_are_built_once_per_policy_and_only_for_actor_inference(tmp_path):
     cfg = TrainConfig(env="CartPole-v1", trainer_device="cpu")
     pool = ActorPool(None, cfg.validate())
-    first = pool.initial_weights(cfg)
-    assert first is not None and pool.initial_weights(cfg) is first
+    first = pool.initial.arrays(cfg)
+    assert first is not None and pool.initial.arrays(cfg) is first
     names, _ = first
     assert "pi.0.weight" in names and "obs_norm.mean" in names
     other = TrainConfig(env="CartPole-v1", trainer_device="cpu", seed=1)
-    assert pool.initial_weights(other) is not first
+    assert pool.initial.arrays(other) is not first
     gmi = TrainConfig(env="CartPole-v1", trainer_device="cpu", inference="gmi")
-    assert pool.initial_weights(gmi) is None
+    assert pool.initial.arrays(gmi) is None and pool.initial.for_local(gmi) is None
+    assert pool.initial.for_local(cfg) is first  # no run directory yet: the arrays themselves
+
+
+def test_local_actors_get_the_weights_as_a_file_so_their_start_does_not_wait(tmp_path):
+    """A spawn start blocks until the child reads arguments past the pipe's 64 KiB, after its
+    imports: the weights go as a path (an ``.npz`` read without pickle), written once."""
+    from multiprocessing.reduction import ForkingPickler
+
+    from runtime.initial_weights import load
+
+    cfg = TrainConfig(env="Pendulum-v1", trainer_device="cpu", policy="auto:256:128:64:auto")
+    pool = ActorPool(None, cfg.validate())
+    names, arrays = pool.initial.arrays(cfg)
+    assert sum(a.nbytes for a in arrays) > 64 * 1024  # would have filled the pipe
+    pool.initial.directory = tmp_path
+    path = pool.initial.for_local(cfg)
+    assert isinstance(path, str) and pool.initial.for_local(cfg) == path
+    assert len(ForkingPickler.dumps((cfg, pool.info, path))) < 16 * 1024
+    back_names, back = load(path)
+    assert back_names == names
+    assert all((a == b).all() and a.dtype == b.dtype for a, b in zip(arrays, back, strict=True))
+    (tmp_path / "bad.npz").write_bytes(b"not weights")
+    with pytest.raises(ValueError, match="cannot read the initial weights"):
+        load(str(tmp_path / "bad.npz"))
 
 
 def test_an_actor_process_imports_no_torch():

@@ -1,0 +1,95 @@
+"""The version-0 weights actors with ``inference='actor'`` act with until the trainer's arrive:
+built once per policy and seed in the runner (torch is imported there only for this), and
+handed to local actors as a file in the run's directory, not in their start arguments.
+
+A spawn start writes its arguments into a pipe that the child reads only once its
+interpreter is up and has imported the actor's modules. Arguments over the pipe's 64 KiB (a
+256:128:64 policy's weights are about 300 KB) made each ``Process.start`` wait for that: on an
+H200 16-core host a respawn of 15 actors held the runner's loop for 21 s (no progress lines,
+no target check, the tuner's counters stale). A path keeps the arguments small, so the
+children start side by side while the runner goes on. The file is ``.npz``, read with
+``allow_pickle=False``; remote actors (``runtime.cluster``) still get the arrays themselves.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+Weights = tuple[list[str], list[np.ndarray]]
+
+
+class InitialWeights:
+    """The version-0 weights of a run's actors, by policy, seed and observation normalisation;
+    written under ``directory`` (set once the run has one) for local actors."""
+
+    def __init__(self, info: Any) -> None:
+        self.info = info
+        self.directory: str | Path | None = None
+        self._arrays: dict[tuple[Any, ...], Weights] = {}
+        self._files: dict[tuple[Any, ...], str] = {}
+
+    @staticmethod
+    def _key(cfg: Any) -> tuple[Any, ...]:
+        return (cfg.policy, cfg.seed, cfg.learner.normalize_obs)
+
+    def arrays(self, cfg: Any) -> Weights | None:
+        """The weights for ``cfg``'s actors; None where an inference GMI acts for them."""
+        if cfg.inference != "actor":
+            return None
+        key = self._key(cfg)
+        if key not in self._arrays:
+            from policies.actor_critic import initial_state_arrays
+
+            info = self.info
+            self._arrays[key] = initial_state_arrays(
+                info.obs_dim,
+                info.act_dim,
+                info.discrete,
+                cfg.policy,
+                cfg.learner.normalize_obs,
+                cfg.seed,
+            )
+        return self._arrays[key]
+
+    def for_local(self, cfg: Any) -> Weights | str | None:
+        """What a local actor's start arguments carry: the file's path once the run has a
+        directory, else the arrays; None where an inference GMI acts."""
+        weights = self.arrays(cfg)
+        if weights is None or self.directory is None:
+            return weights
+        key = self._key(cfg)
+        if key not in self._files:
+            path = Path(self.directory, f"initial-weights-{len(self._files)}.npz")
+            save(path, weights)
+            self._files[key] = str(path)
+        return self._files[key]
+
+
+def save(path: Path, weights: Weights) -> None:
+    """Writes ``weights`` to ``path`` whole (a temporary file, then a rename)."""
+    names, arrays = weights
+    tmp = path.with_suffix(".tmp.npz")
+    parts = {f"a{i}": a for i, a in enumerate(arrays)}
+    np.savez(tmp, names=np.array(names, dtype=str), **parts)
+    os.replace(tmp, path)
+
+
+def load(initial: Weights | str) -> Weights:
+    """The weights an actor was started with: ``initial`` itself, or read from its file.
+
+    Raises:
+        ValueError: the file is not weights as ``save`` writes them.
+    """
+    if not isinstance(initial, str):
+        return initial
+    try:
+        with np.load(initial, allow_pickle=False) as doc:
+            names = [str(n) for n in doc["names"]]
+            arrays = [doc[f"a{i}"] for i in range(len(names))]
+    except (OSError, KeyError, ValueError) as exc:
+        raise ValueError(f"cannot read the initial weights {initial!r}: {exc}") from None
+    return names, arrays
