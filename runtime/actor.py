@@ -63,7 +63,7 @@ class NonFiniteEnv(ArithmeticError):
 def init_actor_process(actor: int, nice: int = 0) -> None:
     """Process set-up: signals, logging and ``nice`` added to the process's niceness. An actor
     owns its cores: it acts with a numpy copy of the policy (no torch), the pool starts it with
-    one BLAS thread (``runtime.actor_pool.one_blas_thread``) and pins it from outside, right
+    one BLAS thread (``runtime.actor_placement.one_blas_thread``) and pins it from outside, right
     after its start and before it starts a thread (``ActorPool.pin``), so its env engine's and
     ZeroMQ's threads inherit the cores, and a budget that changes while it starts is not
     undone by cores it was handed at its start."""

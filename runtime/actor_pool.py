@@ -3,7 +3,10 @@
 Each actor process has its own stop event, so one actor can be told to stop without the
 others: it finishes its rollout, sends it, and exits once the migrator's receipts cover every
 step it sent (``runtime.actor``), so an actor removed mid-run loses nothing. Removed and
-replaced actors stay in ``leaving`` until they have exited.
+replaced actors stay in ``leaving`` until they have exited. A replaced actor (a respawn with
+other settings) is made before it is broken: the old incarnation steps on until its successor
+has stepped (or died, or ``HANDOVER_S`` passed), so the run keeps sampling while the new
+process starts, which takes seconds (its interpreter, imports and envs).
 
 Accounting: every incarnation (``"<slot>:<incarnation>"``) that ended has its final step
 count in ``ended.stepped``; those that died (killed, crashed, or stuck past the exit timeout)
@@ -17,12 +20,13 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from runtime import topology
 from runtime.actor import NONFINITE_EXIT, actor_main
+from runtime.actor_placement import actor_cores, one_blas_thread, place_threads
 from runtime.config import TrainConfig
 from runtime.env_backends import actor_threads
 from runtime.envs import EnvError, EnvInfo
@@ -35,6 +39,9 @@ LEAVE_TIMEOUT_S = 60.0
 (and its undelivered steps counted as lost)."""
 
 
+HANDOVER_S = 60.0
+"""How long a replaced actor steps on at most while its successor starts."""
+
 RESTART_WINDOW_S = 60.0
 RESTART_LIMIT = 5
 """An actor slot that dies this many times within ``RESTART_WINDOW_S`` is not restarted again,
@@ -42,44 +49,6 @@ and the run stops (``ActorPool.gave_up`` says why): its env most likely fails at
 BACKOFF_S = (0.5, 10.0)
 """A dead actor is restarted after the first value, doubled for each death of its slot in the
 window, up to the second."""
-
-BLAS_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
-
-
-def actor_cores(index: int, actors: int, pin: bool | None = None) -> list[int] | None:
-    """The cores actor slot ``index`` of ``actors`` is pinned to: the ``index``-th block of
-    ``(cores - 1) // actors`` cores of this process's CPU set (``runtime.env_backends.
-    actor_threads``: one core, or several for its EnvPool threads), so that one core at least
-    is left to the stages and the trainer; None (the scheduler places it) where the run has as
-    many actors as cores or more, or where pinning is off. ``pin``: True, False, or None
-    (``TrainConfig.pin_actors``' auto): pinned where this CPU set is narrower than the
-    machine's (a daemon's budget, a container's or ``taskset``'s set: cores the run owns),
-    not where the run shares the whole machine with whatever else is started on it."""
-    cores = sorted(os.sched_getaffinity(0))
-    if pin is None:
-        pin = len(cores) < (os.cpu_count() or len(cores))
-    per = (len(cores) - 1) // max(actors, 1)
-    if not pin or per < 1 or (index + 1) * per > len(cores) - 1:
-        return None
-    return cores[index * per : (index + 1) * per]
-
-
-@contextlib.contextmanager
-def one_blas_thread() -> Iterator[None]:
-    """Processes started inside get one BLAS/OpenMP thread: an actor owns one core, and numpy's
-    OpenBLAS would otherwise start a thread per core (and spin them) for the policy's matrix
-    products. The variables are read when the child loads numpy, so they are set in this
-    process's environment for the start and restored after it."""
-    saved = {name: os.environ.get(name) for name in BLAS_THREAD_VARS}
-    os.environ.update(dict.fromkeys(BLAS_THREAD_VARS, "1"))
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 @dataclass
@@ -95,6 +64,8 @@ class ActorSlot:
     leave_by: float | None = None
     threads: int = 1
     """The EnvPool threads its incarnation runs (fixed at its start: ``ActorPool.pin``)."""
+    successor: ActorSlot | None = None
+    """The incarnation replacing this one, while this one steps on (``ActorPool.check``)."""
 
     @property
     def key(self) -> str:
@@ -116,25 +87,6 @@ class Incarnations:
         A local actor's count is never below (it counts each step before it sends it)."""
         for key in self.died:
             self.stepped[key] = max(self.stepped[key], int(complete.get(key, 0)))
-
-
-def _place(slot: ActorSlot, cores: set[int]) -> bool:
-    """Puts every thread of ``slot``'s process on ``cores``; False where it ended or can't be."""
-    try:
-        tids = os.listdir(f"/proc/{slot.process.pid}/task")
-    except OSError:  # ended meanwhile (its restart is placed at its start)
-        return False
-    placed = False
-    for tid in tids:
-        try:
-            os.sched_setaffinity(int(tid), cores)
-            placed = True
-        except ProcessLookupError:  # that thread ended meanwhile
-            continue
-        except OSError as exc:
-            logger.warning("actor %s not placed on cores %s: %s", slot.key, sorted(cores), exc)
-            return False
-    return placed
 
 
 def _threaded(cfg: TrainConfig) -> bool:
@@ -201,7 +153,7 @@ class ActorPool:
             proc.start()
         slot = ActorSlot(index, incarnation, proc, stepped, stop, cfg, threads=threads)
         if cores:  # from here, before the child starts a thread (its interpreter is starting)
-            _place(slot, set(cores))
+            place_threads(slot.process.pid, slot.key, set(cores))
         return slot
 
     def _placement(self, index: int, cfg: TrainConfig) -> tuple[list[int] | None, int]:
@@ -221,12 +173,12 @@ class ActorPool:
             if slot.process.pid is None or not slot.process.is_alive():
                 continue
             if ep is not None and cores and threads != slot.threads and _threaded(slot.cfg):
-                self._leave(slot)
-                i = self.slots.index(slot)
-                self.slots[i] = self._start(slot.cfg, ep, slot.index)
+                self.slots[self.slots.index(slot)] = self._replace(slot, slot.cfg, ep)
                 pinned += 1
                 continue
-            pinned += _place(slot, set(cores) if cores else whole) and bool(cores)
+            pinned += place_threads(
+                slot.process.pid, slot.key, set(cores) if cores else whole
+            ) and bool(cores)
         return pinned
 
     def start(self, cfg: TrainConfig, ep: topology.Endpoints) -> None:
@@ -245,6 +197,24 @@ class ActorPool:
         slot.stop.set()
         slot.leave_by = time.monotonic() + LEAVE_TIMEOUT_S
         self.leaving.append(slot)
+
+    def _replace(self, slot: ActorSlot, cfg: TrainConfig, ep: topology.Endpoints) -> ActorSlot:
+        """Starts ``slot``'s next incarnation with ``cfg``; ``slot`` leaves once it has stepped
+        (see the module docstring). Returns the new incarnation's slot."""
+        new = self._start(cfg, ep, slot.index)
+        slot.successor = new
+        slot.leave_by = time.monotonic() + HANDOVER_S + LEAVE_TIMEOUT_S
+        self.leaving.append(slot)
+        return new
+
+    def _handed_over(self, slot: ActorSlot, now: float) -> bool:
+        """Whether replaced ``slot`` should stop now: its successor stepped or ended, or
+        ``HANDOVER_S`` passed."""
+        new = slot.successor
+        if new is None:
+            return False
+        started = new.stepped is None or new.stepped.value > 0 or not new.process.is_alive()
+        return started or now >= (slot.leave_by or now) - LEAVE_TIMEOUT_S
 
     def _used(self) -> set[int]:
         return {s.index for s in self.slots} | set(self._pending)
@@ -273,8 +243,7 @@ class ActorPool:
             if slot.index >= cfg.actors:
                 self.slots.append(slot)
                 continue
-            self._leave(slot)
-            self.slots.append(self._start(cfg, ep, slot.index))
+            self.slots.append(self._replace(slot, cfg, ep))
         self._pending = {i: (due, cfg) for i, (due, _) in self._pending.items()}
 
     def replace_all(self, ep: topology.Endpoints) -> None:
@@ -343,6 +312,10 @@ class ActorPool:
                     self.slots.append(self._start(cfg, ep, index))
             self.slots.sort(key=lambda s: s.index)
         for slot in list(self.leaving):
+            if self._handed_over(slot, now):
+                slot.successor = None
+                slot.stop.set()
+                slot.leave_by = now + LEAVE_TIMEOUT_S
             if slot.process.is_alive() and time.monotonic() < (slot.leave_by or 0):
                 continue
             if slot.process.is_alive():
@@ -366,6 +339,8 @@ class ActorPool:
         self._pending.clear()  # a slot waiting to restart is not restarted now
         deadline = time.monotonic() + timeout_s
         for slot in self.leaving:
+            slot.successor = None  # a replaced actor stepping on stops now too
+            slot.stop.set()
             slot.leave_by = min(slot.leave_by or deadline, deadline)
         while self.leaving:
             self.check(None)  # no slots left to restart

@@ -152,7 +152,7 @@ def probe_rounds_loaded(
         ctx.Process(target=_rounds_loaded, args=(env_id, i, *args), daemon=True)
         for i in range(procs)
     ]
-    from runtime.actor_pool import one_blas_thread
+    from runtime.actor_placement import one_blas_thread
 
     with one_blas_thread():  # as the actors start: numpy's BLAS on one thread each
         for w in workers:

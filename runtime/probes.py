@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from policies.mlp import parse_spec
-from runtime.actor_pool import BLAS_THREAD_VARS
+from runtime.actor_placement import BLAS_THREAD_VARS
 from runtime.env_probes import (
     PROBE_S,
     ProbeError,

@@ -12,14 +12,8 @@ import time
 import psutil
 import pytest
 
-from runtime.actor_pool import (
-    BLAS_THREAD_VARS,
-    ActorPool,
-    ActorSlot,
-    _place,
-    actor_cores,
-    one_blas_thread,
-)
+from runtime.actor_placement import BLAS_THREAD_VARS, actor_cores, one_blas_thread, place_threads
+from runtime.actor_pool import ActorPool, ActorSlot
 from runtime.config import TrainConfig
 
 
@@ -180,9 +174,50 @@ def test_pin_replaces_an_envpool_actor_whose_thread_count_it_changes(monkeypatch
         old = ActorSlot(0, 0, procs[0], None, ctx.Event(), cfg, threads=want + 1)
         pool.slots = [old]
         assert pool.pin("ep") == 1 and started == [("envpool", 0)]
-        assert pool.leaving == [old] and old.stop.is_set() and pool.slots[0].incarnation == 1
+        assert pool.leaving == [old] and pool.slots[0].incarnation == 1
+        assert old.successor is pool.slots[0] and not old.stop.is_set()  # made, then broken
+        pool.check(None)  # its successor counts no steps of its own here: it is taken as started
+        assert old.stop.is_set() and old.successor is None
         # cores outside this CPU set are not taken, and such an actor is not counted pinned
-        assert not _place(pool.slots[0], {10_000})
+        assert not place_threads(pool.slots[0].process.pid, pool.slots[0].key, {10_000})
+    finally:
+        for p in procs:
+            p.kill()
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
+def test_a_respawned_actor_steps_on_until_its_successor_has_stepped(monkeypatch):
+    """Make before break: a respawn starts each slot's next incarnation and leaves the old one
+    running; the old one is told to stop once its successor has stepped (or has died), so
+    the run keeps sampling while the new processes start."""
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_sleep, args=(60,), daemon=True) for _ in range(4)]
+    for p in procs:
+        p.start()
+    spare = iter(procs[2:])
+
+    def fake_start(cfg, ep, index):
+        return ActorSlot(index, 1, next(spare), ctx.RawValue("q", 0), ctx.Event(), cfg)
+
+    try:
+        pool = ActorPool(ctx, None)
+        monkeypatch.setattr(pool, "_start", fake_start)
+        cfg = TrainConfig(env="CartPole-v1", actors=2, pin_actors=False)
+        olds = [ActorSlot(i, 0, procs[i], ctx.RawValue("q", 5), ctx.Event(), cfg) for i in (0, 1)]
+        pool.slots, pool.count = list(olds), 2
+        pool.respawn(cfg, "ep")
+        news = list(pool.slots)
+        assert pool.leaving == olds and [s.incarnation for s in news] == [1, 1]
+        pool.check("ep")
+        assert not any(s.stop.is_set() for s in olds)  # no successor has stepped yet
+        news[0].stepped.value = 1
+        pool.check("ep")
+        assert olds[0].stop.is_set() and not olds[1].stop.is_set()
+        news[1].process.kill()
+        news[1].process.join(10)
+        pool.check(None)  # a successor that died ends its predecessor's hand-over too
+        assert olds[1].stop.is_set()
+        assert pool.sampled_steps() == 10 + 1  # the old incarnations' steps still count
     finally:
         for p in procs:
             p.kill()
