@@ -3,10 +3,10 @@
 Each actor process has its own stop event, so one actor can be told to stop without the
 others: it finishes its rollout, sends it, and exits once the migrator's receipts cover every
 step it sent (``runtime.actor``), so an actor removed mid-run loses nothing. Removed and
-replaced actors stay in ``leaving`` until they have exited. A replaced actor (a respawn with
-other settings) is made before it is broken: the old incarnation steps on until its successor
-has stepped (or died, or ``HANDOVER_S`` passed), so the run keeps sampling while the new
-process starts, which takes seconds (its interpreter, imports and envs).
+replaced actors stay in ``leaving`` until they have exited. A respawned actor (other settings)
+is made before it is broken: the old incarnation steps on until its successor has stepped (or
+died, or ``HANDOVER_S`` passed), so the run keeps sampling while the new process starts, which
+takes seconds (its interpreter, imports and envs).
 
 Accounting: every incarnation (``"<slot>:<incarnation>"``) that ended has its final step
 count in ``ended.stepped``; those that died (killed, crashed, or stuck past the exit timeout)
@@ -173,7 +173,8 @@ class ActorPool:
             if slot.process.pid is None or not slot.process.is_alive():
                 continue
             if ep is not None and cores and threads != slot.threads and _threaded(slot.cfg):
-                self.slots[self.slots.index(slot)] = self._replace(slot, slot.cfg, ep)
+                self._leave(slot)  # at once, not made before broken: its cores may be another's
+                self.slots[self.slots.index(slot)] = self._start(slot.cfg, ep, slot.index)
                 pinned += 1
                 continue
             pinned += place_threads(

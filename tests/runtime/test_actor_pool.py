@@ -174,10 +174,8 @@ def test_pin_replaces_an_envpool_actor_whose_thread_count_it_changes(monkeypatch
         old = ActorSlot(0, 0, procs[0], None, ctx.Event(), cfg, threads=want + 1)
         pool.slots = [old]
         assert pool.pin("ep") == 1 and started == [("envpool", 0)]
-        assert pool.leaving == [old] and pool.slots[0].incarnation == 1
-        assert old.successor is pool.slots[0] and not old.stop.is_set()  # made, then broken
-        pool.check(None)  # its successor counts no steps of its own here: it is taken as started
-        assert old.stop.is_set() and old.successor is None
+        # stopped at once (a respawn is made before broken; here its cores may be another's)
+        assert pool.leaving == [old] and old.stop.is_set() and pool.slots[0].incarnation == 1
         # cores outside this CPU set are not taken, and such an actor is not counted pinned
         assert not place_threads(pool.slots[0].process.pid, pool.slots[0].key, {10_000})
     finally:
