@@ -62,7 +62,8 @@ class APPOLearner:
         device: Torch device of the trainer.
         total_steps: The run's step budget, for the linear learning-rate schedule.
         group: Whether the learner trains in a trainer group (its updates take one): it then
-            runs the eager loop, whose optimiser is the plain one (``policies.graphed_step``).
+            runs the eager loop, with a fused Adam on CUDA, not a capturable one
+            (``policies.graphed_step``).
     """
 
     def __init__(

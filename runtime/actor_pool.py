@@ -197,11 +197,20 @@ class ActorPool:
     def _leave(self, slot: ActorSlot) -> None:
         slot.stop.set()
         slot.leave_by = time.monotonic() + LEAVE_TIMEOUT_S
+        for old in self.leaving:  # one still stepping on for this incarnation stops with it
+            if old.successor is slot:
+                old.successor = None
+                old.stop.set()
+                old.leave_by = slot.leave_by
         self.leaving.append(slot)
 
     def _replace(self, slot: ActorSlot, cfg: TrainConfig, ep: topology.Endpoints) -> ActorSlot:
         """Starts ``slot``'s next incarnation with ``cfg``; ``slot`` leaves once it has stepped
-        (see the module docstring). Returns the new incarnation's slot."""
+        (see the module docstring); on a Ray cluster it leaves first (a remote actor holds a
+        node's CPU: its successor could not be placed beside it). Returns the new slot."""
+        if self.launcher is not None:
+            self._leave(slot)
+            return self._start(cfg, ep, slot.index)
         new = self._start(cfg, ep, slot.index)
         slot.successor = new
         slot.leave_by = time.monotonic() + HANDOVER_S + LEAVE_TIMEOUT_S

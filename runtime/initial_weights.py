@@ -14,6 +14,7 @@ children start side by side while the runner goes on. The file is ``.npz``, read
 from __future__ import annotations
 
 import os
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ class InitialWeights:
         self.directory: str | Path | None = None
         self._arrays: dict[tuple[Any, ...], Weights] = {}
         self._files: dict[tuple[Any, ...], str] = {}
+        """Files written, by directory and weights' key."""
 
     @staticmethod
     def _key(cfg: Any) -> tuple[Any, ...]:
@@ -61,7 +63,7 @@ class InitialWeights:
         weights = self.arrays(cfg)
         if weights is None or self.directory is None:
             return weights
-        key = self._key(cfg)
+        key = (str(self.directory), *self._key(cfg))
         if key not in self._files:
             path = Path(self.directory, f"initial-weights-{len(self._files)}.npz")
             save(path, weights)
@@ -90,6 +92,6 @@ def load(initial: Weights | str) -> Weights:
         with np.load(initial, allow_pickle=False) as doc:
             names = [str(n) for n in doc["names"]]
             arrays = [doc[f"a{i}"] for i in range(len(names))]
-    except (OSError, KeyError, ValueError) as exc:
+    except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile) as exc:
         raise ValueError(f"cannot read the initial weights {initial!r}: {exc}") from None
     return names, arrays

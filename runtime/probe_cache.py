@@ -34,10 +34,12 @@ from runtime.probes import ProbeError, Probes, run_probes
 
 MAX_AGE_S = 7 * 86400.0
 """Seconds a cached probe stays valid."""
-FORMAT = 5
+FORMAT = 6
 """Part of the key: entries written before the env step was timed on its own thread's clock
-(the process's clock counted its other threads too), or before a GPU learner replayed its
-steps from CUDA graphs (9-11x the eager loop's update rate), are measured again."""
+(the process's clock counted its other threads too), before a GPU learner replayed its
+steps from CUDA graphs (9-11x the eager loop's update rate), or before CUDA learners ran a
+fused Adam and the GPU's context watts were read over the CPU learner's probe, are measured
+again."""
 
 
 def cache_dir() -> Path:

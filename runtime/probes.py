@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from policies.appo_config import APPOConfig
 from policies.mlp import parse_spec
 from runtime.actor_placement import BLAS_THREAD_VARS
 from runtime.env_probes import (
@@ -181,7 +182,7 @@ def probe_learner(
     minibatch steps, each epoch the same work, so one epoch tells the cost of all of them in
     a tenth of the time at PPO's 10 epochs (the once-per-update part, the batch's copy to the
     device and its observation sums, is counted once per epoch: a little over)."""
-    epochs = max(int(learner.get("epochs", 1)), 1) if update is None else 1
+    epochs = APPOConfig(**learner).epochs if update is None else 1
     if update is None:
         _, update = make_learner(info, policy, device, {**learner, "epochs": 1}, not group)
     seconds: dict[int, float] = {}

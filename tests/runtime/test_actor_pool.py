@@ -53,6 +53,9 @@ def test_local_actors_get_the_weights_as_a_file_so_their_start_does_not_wait(tmp
     pool.initial.directory = tmp_path
     path = pool.initial.for_local(cfg)
     assert isinstance(path, str) and pool.initial.for_local(cfg) == path
+    pool.initial.directory = tmp_path / "next"  # another run's directory: written there anew
+    (tmp_path / "next").mkdir()
+    assert pool.initial.for_local(cfg).startswith(str(tmp_path / "next"))
     assert len(ForkingPickler.dumps((cfg, pool.info, path))) < 16 * 1024
     back_names, back = load(path)
     assert back_names == names
@@ -216,6 +219,34 @@ def test_a_respawned_actor_steps_on_until_its_successor_has_stepped(monkeypatch)
         pool.check(None)  # a successor that died ends its predecessor's hand-over too
         assert olds[1].stop.is_set()
         assert pool.sampled_steps() == 10 + 1  # the old incarnations' steps still count
+    finally:
+        for p in procs:
+            p.kill()
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
+def test_a_successor_removed_before_it_stepped_takes_its_predecessor_with_it(monkeypatch):
+    """A resize that removes a slot mid-respawn stops the old incarnation still stepping for
+    it too: the run no longer has that slot."""
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_sleep, args=(60,), daemon=True) for _ in range(4)]
+    for p in procs:
+        p.start()
+    spare = iter(procs[2:])
+
+    def fake_start(cfg, ep, index):
+        return ActorSlot(index, 1, next(spare), ctx.RawValue("q", 0), ctx.Event(), cfg)
+
+    try:
+        pool = ActorPool(ctx, None)
+        monkeypatch.setattr(pool, "_start", fake_start)
+        cfg = TrainConfig(env="CartPole-v1", actors=2, pin_actors=False)
+        olds = [ActorSlot(i, 0, procs[i], ctx.RawValue("q", 5), ctx.Event(), cfg) for i in (0, 1)]
+        pool.slots, pool.count = list(olds), 2
+        pool.respawn(cfg, "ep")
+        pool.resize(TrainConfig(env="CartPole-v1", actors=1, pin_actors=False), "ep")
+        assert olds[1].stop.is_set() and olds[1].successor is None
+        assert not olds[0].stop.is_set()  # slot 0 stays: its old one waits for its successor
     finally:
         for p in procs:
             p.kill()
