@@ -186,67 +186,57 @@ def test_pin_replaces_an_envpool_actor_whose_thread_count_it_changes(monkeypatch
             p.kill()
 
 
+@pytest.fixture
+def respawned(monkeypatch):
+    """A pool of two actors (sleeping processes, 5 steps each) just respawned: each slot's
+    next incarnation (a sleeping process, no steps yet) started, the old ones leaving. Gives
+    the pool, the old slots and the new ones."""
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_sleep, args=(60,), daemon=True) for _ in range(4)]
+    for p in procs:
+        p.start()
+    spare = iter(procs[2:])
+
+    def fake_start(cfg, ep, index):
+        return ActorSlot(index, 1, next(spare), ctx.RawValue("q", 0), ctx.Event(), cfg)
+
+    try:
+        pool = ActorPool(ctx, None)
+        monkeypatch.setattr(pool, "_start", fake_start)
+        cfg = TrainConfig(env="CartPole-v1", actors=2, pin_actors=False)
+        olds = [ActorSlot(i, 0, procs[i], ctx.RawValue("q", 5), ctx.Event(), cfg) for i in (0, 1)]
+        pool.slots, pool.count = list(olds), 2
+        pool.respawn(cfg, "ep")
+        yield pool, olds, list(pool.slots)
+    finally:
+        for p in procs:
+            p.kill()
+
+
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
-def test_a_respawned_actor_steps_on_until_its_successor_has_stepped(monkeypatch):
+def test_a_respawned_actor_steps_on_until_its_successor_has_stepped(respawned):
     """Make before break: a respawn starts each slot's next incarnation and leaves the old one
     running; the old one is told to stop once its successor has stepped (or has died), so
     the run keeps sampling while the new processes start."""
-    ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=_sleep, args=(60,), daemon=True) for _ in range(4)]
-    for p in procs:
-        p.start()
-    spare = iter(procs[2:])
-
-    def fake_start(cfg, ep, index):
-        return ActorSlot(index, 1, next(spare), ctx.RawValue("q", 0), ctx.Event(), cfg)
-
-    try:
-        pool = ActorPool(ctx, None)
-        monkeypatch.setattr(pool, "_start", fake_start)
-        cfg = TrainConfig(env="CartPole-v1", actors=2, pin_actors=False)
-        olds = [ActorSlot(i, 0, procs[i], ctx.RawValue("q", 5), ctx.Event(), cfg) for i in (0, 1)]
-        pool.slots, pool.count = list(olds), 2
-        pool.respawn(cfg, "ep")
-        news = list(pool.slots)
-        assert pool.leaving == olds and [s.incarnation for s in news] == [1, 1]
-        pool.check("ep")
-        assert not any(s.stop.is_set() for s in olds)  # no successor has stepped yet
-        news[0].stepped.value = 1
-        pool.check("ep")
-        assert olds[0].stop.is_set() and not olds[1].stop.is_set()
-        news[1].process.kill()
-        news[1].process.join(10)
-        pool.check(None)  # a successor that died ends its predecessor's hand-over too
-        assert olds[1].stop.is_set()
-        assert pool.sampled_steps() == 10 + 1  # the old incarnations' steps still count
-    finally:
-        for p in procs:
-            p.kill()
+    pool, olds, news = respawned
+    assert pool.leaving == olds and [s.incarnation for s in news] == [1, 1]
+    pool.check("ep")
+    assert not any(s.stop.is_set() for s in olds)  # no successor has stepped yet
+    news[0].stepped.value = 1
+    pool.check("ep")
+    assert olds[0].stop.is_set() and not olds[1].stop.is_set()
+    news[1].process.kill()
+    news[1].process.join(10)
+    pool.check(None)  # a successor that died ends its predecessor's hand-over too
+    assert olds[1].stop.is_set()
+    assert pool.sampled_steps() == 10 + 1  # the old incarnations' steps still count
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
-def test_a_successor_removed_before_it_stepped_takes_its_predecessor_with_it(monkeypatch):
+def test_a_successor_removed_before_it_stepped_takes_its_predecessor_with_it(respawned):
     """A resize that removes a slot mid-respawn stops the old incarnation still stepping for
     it too: the run no longer has that slot."""
-    ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=_sleep, args=(60,), daemon=True) for _ in range(4)]
-    for p in procs:
-        p.start()
-    spare = iter(procs[2:])
-
-    def fake_start(cfg, ep, index):
-        return ActorSlot(index, 1, next(spare), ctx.RawValue("q", 0), ctx.Event(), cfg)
-
-    try:
-        pool = ActorPool(ctx, None)
-        monkeypatch.setattr(pool, "_start", fake_start)
-        cfg = TrainConfig(env="CartPole-v1", actors=2, pin_actors=False)
-        olds = [ActorSlot(i, 0, procs[i], ctx.RawValue("q", 5), ctx.Event(), cfg) for i in (0, 1)]
-        pool.slots, pool.count = list(olds), 2
-        pool.respawn(cfg, "ep")
-        pool.resize(TrainConfig(env="CartPole-v1", actors=1, pin_actors=False), "ep")
-        assert olds[1].stop.is_set() and olds[1].successor is None
-        assert not olds[0].stop.is_set()  # slot 0 stays: its old one waits for its successor
-    finally:
-        for p in procs:
-            p.kill()
+    pool, olds, _ = respawned
+    pool.resize(TrainConfig(env="CartPole-v1", actors=1, pin_actors=False), "ep")
+    assert olds[1].stop.is_set() and olds[1].successor is None
+    assert not olds[0].stop.is_set()  # slot 0 stays: its old one waits for its successor
