@@ -213,7 +213,7 @@ class ActorPool:
             return self._start(cfg, ep, slot.index)
         new = self._start(cfg, ep, slot.index)
         slot.successor = new
-        slot.leave_by = time.monotonic() + HANDOVER_S + LEAVE_TIMEOUT_S
+        slot.leave_by = time.monotonic() + HANDOVER_S  # then told to stop (``check``)
         self.leaving.append(slot)
         return new
 
@@ -224,7 +224,7 @@ class ActorPool:
         if new is None:
             return False
         started = new.stepped is None or new.stepped.value > 0 or not new.process.is_alive()
-        return started or now >= (slot.leave_by or now) - LEAVE_TIMEOUT_S
+        return started or now >= (slot.leave_by or now)
 
     def _used(self) -> set[int]:
         return {s.index for s in self.slots} | set(self._pending)

@@ -270,9 +270,8 @@ def measure(
         took(f"learner_{device}")
     if context is not None:
         power["context_w"] = context.watts()
-        update = cuda_update
-        batch = synthetic_batch(info, max(costs["cuda"].seconds), rollout_len)
-        update(batch)
+        update, batch = cuda_update, synthetic_batch(info, max(costs["cuda"].seconds), rollout_len)
+        update(batch)  # at the largest size probed: its graph is captured already
         power["busy_w"] = busy_watts(meter, lambda: update(batch))
         took("gpu_power")
     return Probes(
