@@ -21,10 +21,12 @@ CPU first (before any context): ``cost_at(setting, rate)`` is then the device's 
 ``rate`` plus the setting's busy joules above its rest per sample, what the learner costs fed at
 ``rate`` (the raw limit's step rate gives the second limit of ``bench.payoff_report``).
 
-``--devices cuda,cuda-eager`` measures a GPU learner's minibatch steps replayed from CUDA
-graphs (``policies.graphed_step``, what a trainer runs) and the eager loop they replace, side by
-side in one run; ``--epochs`` and ``--minibatches`` set the update's steps (the run's learner
-flags of those names).
+``--devices cuda,cuda-plain,cuda-eager`` measures a GPU learner's minibatch steps replayed from
+CUDA graphs with the loss compiled (``policies.graphed_step``, ``policies.compiled_loss``: what a
+trainer runs), the same graphs with the plain loss (``--compile-loss off``), and the eager loop
+they replace, side by side in one run (each device's first update, which compiles and captures,
+is timed on its own: ``first_update_s``); ``--epochs`` and ``--minibatches`` set the update's
+steps (the run's learner flags of those names).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from typing import Any
 from bench.machine_meter import MachineMeter
 
 BATCHES = (4096, 16384, 65536)
+DEVICES = ("cpu", "cuda", "cuda-plain", "cuda-eager")
 
 
 def _mark(meter: MachineMeter) -> float:
@@ -76,16 +79,22 @@ def measure(
 
     torch.set_num_threads(1)
     info = probe_env(env_id)
-    rows, rests = [], {}
+    rows, rests, firsts = [], {}, {}
     for device in sorted(devices, key=lambda d: d.startswith("cuda")):  # before any context
         if device.startswith("cuda") and not torch.cuda.is_available():
             continue
         graphs = device != "cuda-eager"  # the eager loop with the plain Adam it runs
-        _, update = make_learner(info, policy, device.split("-")[0], learner or {}, graphs)
+        plain = {"compile_loss": False} if device == "cuda-plain" else {}
+        _, update = make_learner(
+            info, policy, device.split("-")[0], {**(learner or {}), **plain}, graphs
+        )
         a = _mark(meter)
         time.sleep(idle_s)  # the device at rest with the learner made (a GPU: its context open)
         b = _mark(meter)
         rest_w = rests[device] = _joules(meter, a, b)[0] / (b - a)
+        a = time.time()  # the first update: a compiled loss compiles, graphs are captured
+        update(synthetic_batch(info, min(batches), rollout_len))
+        firsts[device] = time.time() - a
         for size in sorted(batches):
             batch = synthetic_batch(info, size, rollout_len)
             samples_per_update = batch["rewards"].size
@@ -123,6 +132,7 @@ def measure(
     return {
         "idle_w": idle_w,
         "rest_w": rests,
+        "first_update_s": firsts,
         "sources": meter.sources,
         "settings": rows,
         "best": best,
@@ -177,8 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError:
         ap.error(f"--batches {a.batches!r}: comma-separated integers")
     devices = [d.strip() for d in a.devices.split(",") if d.strip()]
-    if bad := [d for d in devices if d not in ("cpu", "cuda", "cuda-eager")]:
-        ap.error(f"--devices: unknown {bad}; allowed cpu, cuda, cuda-eager")
+    if bad := [d for d in devices if d not in DEVICES]:
+        ap.error(f"--devices: unknown {bad}; allowed {', '.join(DEVICES)}")
     learner = {k: v for k, v in (("epochs", a.epochs), ("minibatches", a.minibatches)) if v}
     if any(v < 1 for v in learner.values()):
         ap.error("--epochs and --minibatches must be >= 1")

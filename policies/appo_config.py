@@ -59,6 +59,10 @@ class APPOConfig:
     (-76 and -92 against -41 and -41)."""
     max_policy_lag: int = 1000
     """Trajectories whose oldest step lags the learner by more than this are discarded."""
+    compile_loss: bool = True
+    """Fuse the minibatch loss's kernels with ``torch.compile`` where the learner replays CUDA
+    graphs (a single CUDA trainer; ``policies.compiled_loss``). Off: the plain loss, the same
+    arithmetic in more kernels. Nothing changes on the CPU or in a trainer group."""
 
     def problems(self) -> list[str]:
         """Every invalid field, described with what is allowed."""
@@ -66,8 +70,9 @@ class APPOConfig:
         for name in ("lr", "clip", "max_grad_norm", "rho_bar", "c_bar", "reward_scale"):
             if not finite_number(getattr(self, name), above=0.0):
                 out.append(f"learner.{name}={getattr(self, name)!r}: must be a finite number > 0")
-        if not isinstance(self.normalize_reward, bool):
-            out.append(f"learner.normalize_reward={self.normalize_reward!r}: allowed true, false")
+        for name in ("normalize_reward", "compile_loss"):
+            if not isinstance(getattr(self, name), bool):
+                out.append(f"learner.{name}={getattr(self, name)!r}: allowed true, false")
         if self.lr_scaling not in LR_SCALINGS:
             out.append(f"learner.lr_scaling={self.lr_scaling!r}: allowed {LR_SCALINGS}")
         if self.lr_batch is not None and not (

@@ -5,7 +5,8 @@ step is about 160 kernels of a few microseconds, so the update is bound by their
 by the GPU: on an H200, a 256:128:64 policy's update of 10 x 32 steps took 1.7-1.9 s at every
 batch from 4,096 to 65,536 samples, with the GPU busy for 126 ms of it. A CUDA graph launches
 a step's kernels as one. ``GraphedSteps`` captures one graph per minibatch shape: the loss,
-its backward, a copy of the gradient for the noise scale (``policies.noise_scale``), the
+its backward (the loss fused by ``torch.compile``: ``policies.compiled_loss``), a copy of the
+gradient for the noise scale (``policies.noise_scale``), the
 gradient clip and the Adam step (fused and ``capturable``, its learning rate a device tensor
 the schedule fills). Each minibatch is gathered into the graph's input tensors and the graph
 replayed; the first steps of a new shape run eagerly (a warm-up, as ``torch.cuda.graphs``
@@ -30,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from policies.compiled_loss import CompiledLoss
 from policies.nonfinite import NonFiniteUpdate
 
 if TYPE_CHECKING:
@@ -130,6 +132,9 @@ class GraphedSteps:
         self._live: list[torch.Tensor] = []
         self._had_state = False
         self._side: torch.cuda.Stream | None = None
+        self.loss = CompiledLoss() if learner.config.compile_loss else None
+        """The loss fused by ``torch.compile`` (``policies.compiled_loss``), or None: the
+        plain loss (``learner.compile_loss`` off)."""
 
     @property
     def learner(self) -> APPOLearner:
@@ -171,6 +176,9 @@ class GraphedSteps:
                     for k, v in batch.items()
                 }
             )
+            if self.loss is not None:
+                for t in g.inputs.values():
+                    self.loss.mark(t)
         for k, v in batch.items():
             torch.index_select(v, 0, idx, out=g.inputs[k])
         self.steps += 1
@@ -196,9 +204,11 @@ class GraphedSteps:
     def _body(self, x: dict[str, torch.Tensor]) -> None:
         learner = self.learner
         learner.optimizer.zero_grad(set_to_none=False)
-        loss, loss_pi, loss_v, entropy = learner.minibatch_loss(
-            x["obs"], x["actions"], x["logp"], x["adv"], x["vs"]
-        )
+        inputs = (x["obs"], x["actions"], x["logp"], x["adv"], x["vs"])
+        if self.loss is not None:
+            loss, loss_pi, loss_v, entropy = self.loss(learner, *inputs)
+        else:
+            loss, loss_pi, loss_v, entropy = learner.minibatch_loss(*inputs)
         loss.backward()
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
         torch.cat([g.reshape(-1) for g in grads], out=self.flat)

@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from runtime.cache_dirs import use_kernel_cache
+
 if TYPE_CHECKING:  # the tuner's model imports this module's name without gymnasium
     from runtime.envs import EnvInfo
 
@@ -48,6 +50,7 @@ def make_learner(
     from policies.appo_config import APPOConfig
 
     cfg = APPOConfig(**learner)
+    use_kernel_cache()  # a compiled loss (policies.compiled_loss) is kept with the probes
     model = ActorCritic(info.obs_dim, info.act_dim, info.discrete, policy, cfg.normalize_obs)
     dev = torch.device(device)
     learn = APPOLearner(model, cfg, dev, group=not graphs)

@@ -30,24 +30,22 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from runtime.cache_dirs import cache_root
 from runtime.probes import ProbeError, Probes, run_probes
 
 MAX_AGE_S = 7 * 86400.0
 """Seconds a cached probe stays valid."""
-FORMAT = 6
+FORMAT = 7
 """Part of the key: entries written before the env step was timed on its own thread's clock
 (the process's clock counted its other threads too), before a GPU learner replayed its
-steps from CUDA graphs (9-11x the eager loop's update rate), or before CUDA learners ran a
-fused Adam and the GPU's context watts were read over the CPU learner's probe, are measured
-again."""
+steps from CUDA graphs (9-11x the eager loop's update rate), before CUDA learners ran a
+fused Adam and the GPU's context watts were read over the CPU learner's probe, or before a
+graphed learner's loss was compiled (``policies.compiled_loss``), are measured again."""
 
 
 def cache_dir() -> Path:
     """Where probe results are kept (see the module docstring)."""
-    if os.environ.get("AUTOTUNE_CACHE_DIR"):
-        return Path(os.environ["AUTOTUNE_CACHE_DIR"]) / "probes"
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "autotune" / "probes"
+    return cache_root() / "probes"
 
 
 def _version(dist: str) -> str:

@@ -24,6 +24,7 @@ LEARNER_FLAGS = (
     "reward_scale",
     "normalize_reward",
     "max_policy_lag",
+    "compile_loss",
 )
 
 
@@ -91,6 +92,14 @@ def add_learner_args(parser: argparse.ArgumentParser) -> None:
         default=dl.max_policy_lag,
         help=f"discard experience older than this many versions (default {dl.max_policy_lag})",
     )
+    parser.add_argument(
+        "--compile-loss",
+        choices=["on", "off"],
+        default="on",
+        help="fuse the learner's loss kernels with torch.compile where it replays CUDA graphs "
+        "(a single CUDA trainer; the first compile on a machine takes about 10 s, later ones "
+        "read its cache); off: the plain loss (default on)",
+    )
 
 
 def explicit_flags(parser: argparse.ArgumentParser, argv: list[str]) -> set[str]:
@@ -108,8 +117,9 @@ def config_with_flags(base, args: argparse.Namespace, explicit: set[str]):
     fields = {f.name for f in dataclasses.fields(base)} - {"learner"}
     changes = {k: getattr(args, k) for k in explicit & fields if getattr(args, k) != "auto"}
     learner = {k: getattr(args, k) for k in explicit & set(LEARNER_FLAGS)}
-    if "normalize_reward" in learner:  # on/off on the command line
-        learner["normalize_reward"] = learner["normalize_reward"] == "on"
+    for name in ("normalize_reward", "compile_loss"):  # on/off on the command line
+        if name in learner:
+            learner[name] = learner[name] == "on"
     if "env_backend" in explicit:  # auto is a backend rule here, not a size to probe
         changes["env_backend"] = args.env_backend
     if "cluster" in explicit and "transport" not in explicit:
@@ -155,6 +165,7 @@ def config_from_args(args: argparse.Namespace):
         reward_scale=args.reward_scale,
         normalize_reward=args.normalize_reward == "on",
         max_policy_lag=args.max_policy_lag,
+        compile_loss=getattr(args, "compile_loss", "on") == "on",
     )
     return TrainConfig(
         env=args.env,

@@ -18,6 +18,7 @@ import setproctitle
 import zmq
 
 from runtime import topology, wire
+from runtime.cache_dirs import use_kernel_cache
 from runtime.curve import Guard, NoGuard
 
 PR_SET_PDEATHSIG = 1
@@ -33,8 +34,10 @@ def init_service_process(name: str, log_level: int | None = None) -> None:
     is left running on its own. The process title names the role (``autotune: actor 3``,
     ``autotune: compressor``), so ``ps`` and ``top`` show it; SIGUSR1 prints every thread's
     stack to stderr (for a process that seems stuck: ``kill -USR1 PID`` with the PID ``ps``
-    shows for that role).
+    shows for that role). A learner that compiles its loss keeps the kernels in the tool's
+    cache (``runtime.cache_dirs.use_kernel_cache``).
     """
+    use_kernel_cache()
     setproctitle.setproctitle(f"autotune: {name.replace('-', ' ', 1)}")
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     faulthandler.register(signal.SIGUSR1, all_threads=True)

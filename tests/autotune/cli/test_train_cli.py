@@ -192,3 +192,19 @@ def test_which_flags_are_sized_with_and_without_a_config_file(tmp_path):
     tuned = parse(["train", "--tune", "--knob", "actors=1..2", "--knob", "batch_size=512,1024"])
     assert tuned_space(tuned) == {"actors": (1, 2), "batch_size": (512, 1024)}
     assert tuned_space(parse(["train", "--knob", "actors=1..2"])) is None  # not tuning
+
+
+def test_the_loss_compile_is_on_by_default_and_a_flag_turns_it_off(tmp_path):
+    """``--compile-loss off`` reaches the learner's settings, over a config file's too."""
+    from autotune.cli.main import parse_args as parse
+    from autotune.cli.train_config import train_config as build_config
+
+    assert build_config(parse(["train"])).learner.compile_loss is True
+    assert build_config(parse(["train", "--compile-loss", "off"])).learner.compile_loss is False
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({"env": "CartPole-v1", "learner": {"compile_loss": False}}))
+    assert build_config(parse(["train", "--config", str(cfg)])).learner.compile_loss is False
+    over = parse(["train", "--config", str(cfg), "--compile-loss", "on"])
+    assert build_config(over).learner.compile_loss is True
+    with pytest.raises(SystemExit):
+        parse(["train", "--compile-loss", "maybe"])

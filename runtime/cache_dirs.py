@@ -1,0 +1,28 @@
+"""Where the tool keeps what it measured or built for this machine: ``$AUTOTUNE_CACHE_DIR``,
+else ``$XDG_CACHE_HOME/autotune``, else ``~/.cache/autotune``. The probe results live in its
+``probes`` folder (``runtime.probe_cache``), the learner's compiled loss kernels in its
+``inductor`` folder (``policies.compiled_loss``)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+KERNEL_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
+
+
+def cache_root() -> Path:
+    """The tool's cache folder (see the module docstring)."""
+    if os.environ.get("AUTOTUNE_CACHE_DIR"):
+        return Path(os.environ["AUTOTUNE_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "autotune"
+
+
+def use_kernel_cache() -> Path:
+    """Points TorchInductor's cache at the tool's ``inductor`` folder unless
+    ``TORCHINDUCTOR_CACHE_DIR`` is set already, and returns the folder in use. Call before a
+    learner compiles: its loss is then compiled once per machine and cache, and a benchmark that
+    gives each run a cache folder of its own compiles afresh in each."""
+    os.environ.setdefault(KERNEL_CACHE_ENV, str(cache_root() / "inductor"))
+    return Path(os.environ[KERNEL_CACHE_ENV])
