@@ -9,11 +9,12 @@ kernels: on an H200, 1.5-1.7x the samples/s of the plain graphs at every batch f
 
 One compile serves every minibatch size: the row dimension is marked dynamic. (A minibatch of
 one trajectory runs the plain loss: a compile would specialise to that one row, and the next
-size would compile again.) It takes about
-9 s the first time on a machine and about 3 s once TorchInductor's cache holds it
-(``runtime.cache_dirs.use_kernel_cache`` puts that cache beside the probe cache). It happens in
-the warm-up steps before a graph is captured, never inside a capture, with one compile thread
-(no worker pool beside the actors). A compile that fails (no Triton for this GPU, an operator
+size would compile again.) On an H200 host the update that compiles took 5-6 s from an empty
+cache and 3-3.5 s once TorchInductor's cache held the kernels
+(``runtime.cache_dirs.use_kernel_cache`` puts that cache beside the probe cache); the first
+process on a fresh machine took 13-16 s. It happens in the warm-up steps before a graph is
+captured, never inside a capture, with one compile thread: no worker pool beside the actors
+(16 threads compiled no faster there). A compile that fails (no Triton for this GPU, an operator
 Inductor cannot lower) is logged once, and the learner steps on the plain loss: the same
 arithmetic, unfused.
 """
