@@ -11,6 +11,7 @@ A batch is a mapping of channel name to array, ``N`` trajectories of ``T`` steps
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +33,8 @@ from policies.graphed_step import (
 from policies.noise_scale import NoiseScale
 from policies.nonfinite import NonFiniteUpdate
 from policies.vtrace import vtrace
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -88,6 +91,17 @@ class APPOLearner:
         self.noise = NoiseScale()
         self.batch: int | None = None
         """The batch size the trainer takes now (``config.lr_for`` scales ``lr`` for it)."""
+
+    def prepare(self, rollout_len: int) -> None:
+        """Compiles a graphed learner's loss ahead of its first update (``GraphedSteps.prepare``;
+        nothing else changes). A failure is logged: the first update then compiles as usual."""
+        if self.graphs is None:
+            return
+        try:
+            self.graphs.prepare(rollout_len)
+        except Exception as exc:  # the learner is untouched; its first update tries again
+            self.optimizer.zero_grad(set_to_none=True)
+            logger.warning("the loss was not compiled ahead of the first update: %s", exc)
 
     def state(self) -> dict[str, Any]:
         """Everything another learner needs to continue exactly where this one is."""

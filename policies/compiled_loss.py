@@ -4,7 +4,7 @@ A graphed step (``policies.graphed_step``) is about 160 kernels of a few microse
 the loss's forward and backward are most of them: a kernel for every bias, activation,
 normalisation and term of the surrogate beside the MLP's matmuls. TorchInductor fuses the
 elementwise work into a few Triton kernels. The learner's update then runs on fewer, larger
-kernels: on an H200, 1.5-1.7x the samples/s of the plain graphs at every batch from 2,048 to
+kernels: on an H200, 1.4-1.8x the samples/s of the plain graphs at batches from 2,048 to
 65,536 (Ant-v5, a 256:128:64 policy, 10 x 32 steps per update; ``bench.learner_limit``).
 
 One compile serves every minibatch size: the row dimension is marked dynamic. (A minibatch of
@@ -12,11 +12,13 @@ one trajectory runs the plain loss: a compile would specialise to that one row, 
 size would compile again.) On an H200 host the update that compiles took 5-6 s from an empty
 cache and 3-3.5 s once TorchInductor's cache held the kernels
 (``runtime.cache_dirs.use_kernel_cache`` puts that cache beside the probe cache); the first
-process on a fresh machine took 13-16 s. It happens in the warm-up steps before a graph is
-captured, never inside a capture, with one compile thread: no worker pool beside the actors
-(16 threads compiled no faster there). A compile that fails (no Triton for this GPU, an operator
-Inductor cannot lower) is logged once, and the learner steps on the plain loss: the same
-arithmetic, unfused.
+process on a fresh machine took 13-16 s. A trainer compiles as it starts
+(``GraphedSteps.prepare``, on a made-up minibatch), before it reports: a GMI generation that
+takes over compiles while the old one still trains. Otherwise the compile happens in the
+warm-up steps before a graph is captured; never inside a capture. One compile thread: no
+worker pool beside the actors (16 threads compiled no faster there). A compile that fails (no
+Triton for this GPU, an operator Inductor cannot lower) is logged once, and the learner steps
+on the plain loss: the same arithmetic, unfused.
 """
 
 from __future__ import annotations
@@ -72,7 +74,8 @@ class CompiledLoss:
             try:
                 return self._compiled()(learner, obs, actions, logp, adv, vs)
             except Exception as exc:  # a compile that fails leaves the arithmetic to eager
-                self.failed = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+                cause = getattr(exc, "inner_exception", None) or exc.__cause__ or exc
+                self.failed = f"{type(cause).__name__}: {' '.join(str(cause).split())[:300]}"
                 logger.warning("the learner's loss runs uncompiled: %s", self.failed)
         return learner.minibatch_loss(obs, actions, logp, adv, vs)
 

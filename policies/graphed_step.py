@@ -159,6 +159,30 @@ class GraphedSteps:
             self._live += [t for t in opt.state.get(p, {}).values() if isinstance(t, torch.Tensor)]
         self._backup = [t.detach().clone() for t in self._live]
 
+    def prepare(self, rollout_len: int) -> None:
+        """Compiles the loss (``policies.compiled_loss``) before the first update, on a made-up
+        minibatch of two trajectories of ``rollout_len`` steps shaped and typed as a batch's,
+        and drops its gradients: the weights, the optimiser state and the observation
+        statistics stay as they were. A trainer does this as it starts, so a GMI generation
+        that takes over (``runtime.gmi.fleet``) compiles before it reports, while the old one
+        still trains, and a run's first update does not wait for the compile."""
+        if self.loss is None:
+            return
+        learner = self.learner
+        model, dev = learner.model, learner.device
+        obs_dim = model.obs_norm.mean.shape[0]
+        act = (2, rollout_len) if model.discrete else (2, rollout_len, model.log_std.shape[0])
+        x = {
+            "obs": torch.zeros((2, rollout_len, obs_dim), device=dev),
+            "actions": torch.zeros(act, dtype=torch.int64 if model.discrete else None, device=dev),
+            **{k: torch.zeros((2, rollout_len), device=dev) for k in ("logp", "adv", "vs")},
+        }
+        for t in x.values():
+            self.loss.mark(t)
+        loss = self.loss(learner, x["obs"], x["actions"], x["logp"], x["adv"], x["vs"])[0]
+        loss.backward()
+        learner.optimizer.zero_grad(set_to_none=True)
+
     def step(self, batch: dict[str, torch.Tensor], idx: torch.Tensor) -> torch.Tensor:
         """One optimiser step on the trajectories ``idx`` of ``batch`` (``obs`` without the
         bootstrap step, ``actions``, ``logp``, ``adv``, ``vs``); returns the gradient before

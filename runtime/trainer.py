@@ -36,9 +36,8 @@ from runtime.gmi.role import GMIRole
 from runtime.stages.batcher import Batcher
 from runtime.stages.common import LiveSettings, StatsSender, init_service_process
 
-# torch, and the policies and GMI group that import it, are imported inside functions: the
-# runner imports this module (for trainer_main) without loading torch, and a GMI process loads
-# it only after ``placement.bind_gpu`` has set its CUDA and MPS environment.
+# torch (and the policies and GMI group that import it) loads inside functions: the runner imports
+# this module without it, and a GMI only after ``placement.bind_gpu`` set its CUDA and MPS env.
 
 logger = logging.getLogger(__name__)
 REPORTED = ("loss_pi", "loss_v", "entropy", "lr", "noise_scale")
@@ -48,8 +47,7 @@ STATS_INTERVAL_S = 0.5
 WINDOW_CHUNKS = 4
 RESUME_POLL_S = 0.05
 RECOVERY_S = 10.0
-"""How often the lead GMI keeps the learner state in the run's recovery file:
-what a generation started in place of a dead one goes on from (``runtime.supervisor``)."""
+"""How often the lead GMI saves what a replacement goes on from (``runtime.supervisor``)."""
 
 
 def weights_digest(model: Any) -> str:
@@ -109,6 +107,7 @@ class Trainer:
         model.matmul_dtype = torch.bfloat16 if cfg.trainer_precision == "bf16" else None
         dev, in_group = torch.device(self.device), group is not None  # a group: eager loop
         self.learner = APPOLearner(model, cfg.learner, dev, cfg.steps, group=in_group)
+        self.learner.prepare(cfg.rollout_len)  # a compiled loss: before this GMI reports
         self.learner.batch = cfg.batch_size  # a new generation starts at the run's batch now
         props = torch.cuda.get_device_properties(0) if on_gpu else None
         self.sm_count = props.multi_processor_count if props is not None else None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import shutil
 
 import pytest
 import torch
@@ -22,18 +23,18 @@ def inputs(rows: int) -> tuple[torch.Tensor, ...]:
     return tuple(torch.randn(s, generator=g) for s in shapes)
 
 
-def test_a_compile_that_fails_leaves_the_plain_loss(monkeypatch, caplog):
+def test_a_compile_that_fails_leaves_the_plain_loss(caplog):
     """A real Inductor failure (no C++ compiler for the CPU kernels): the step gets the plain
     loss's values, the reason is logged once and kept, and no compile is tried again."""
-    monkeypatch.setattr(inductor.cpp, "cxx", ("/nonexistent/c++",))
     torch.manual_seed(0)
     learn = APPOLearner(ActorCritic(5, 2, False, "auto:32:32:auto", True), CFG, torch.device("cpu"))
     loss = CompiledLoss()
     x = inputs(4)
     for t in x:
         loss.mark(t)
+    no_compiler = inductor.patch({"cpp.cxx": ("/nonexistent/c++",)})
     try:
-        with caplog.at_level(logging.WARNING, logger="policies.compiled_loss"):
+        with no_compiler, caplog.at_level(logging.WARNING, logger="policies.compiled_loss"):
             got = loss(learn, *x)
             again = loss(learn, *inputs(6))
     finally:
@@ -91,3 +92,64 @@ def test_a_compiled_learner_trains_as_the_plain_graphs_do_and_compiles_once():
     assert plain.graphs is not None and plain.graphs.loss is None
     for k, v in plain.model.state_dict().items():
         torch.testing.assert_close(compiled.model.state_dict()[k], v, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.skipif(
+    not (shutil.which("g++") or shutil.which("c++")),
+    reason="Inductor's CPU kernels need a C++ compiler",
+)
+def test_preparing_compiles_ahead_and_changes_nothing_of_the_learner():
+    """``prepare`` compiles the loss on a made-up minibatch (a real compile, here Inductor's
+    CPU kernels): the weights, the optimiser state and the statistics stay as they were, no
+    gradient is left, and a real minibatch of another row count compiles nothing more."""
+    from torch._dynamo.utils import counters
+
+    from policies.graphed_step import GraphedSteps
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    learn = APPOLearner(ActorCritic(5, 2, False, "auto:32:32:auto", True), CFG, torch.device("cpu"))
+    before = {k: v.clone() for k, v in learn.model.state_dict().items()}
+    steps = GraphedSteps(learn)  # on the CPU a learner runs eagerly; its steps compile alike
+    try:
+        steps.prepare(8)
+        graphs = counters["stats"]["unique_graphs"]
+        assert steps.loss is not None and steps.loss.failed is None, steps.loss.failed
+        assert graphs >= 1
+        x = inputs(5)
+        for t in x:
+            steps.loss.mark(t)
+        got = steps.loss(learn, *x)
+        assert counters["stats"]["unique_graphs"] == graphs  # compiled ahead: nothing new
+    finally:
+        torch._dynamo.reset()
+    for k, v in learn.model.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    assert not learn.optimizer.state
+    assert all(p.grad is None for p in learn.model.parameters())
+    want = learn.minibatch_loss(*x)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.gpu
+@cuda
+def test_a_prepared_graphed_learner_compiles_nothing_at_its_first_update():
+    """A CUDA learner prepared for its rollout length trains as an unprepared one, and its
+    updates compile nothing more."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    batches = [batch(32, seed=s) for s in range(3)]
+    prepared, plain = learner("cuda"), learner("cuda")
+    before = {k: v.clone() for k, v in prepared.model.state_dict().items()}
+    prepared.prepare(8)
+    graphs = counters["stats"]["unique_graphs"]
+    assert graphs >= 1
+    for k, v in prepared.model.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    run(prepared, batches)
+    assert counters["stats"]["unique_graphs"] == graphs
+    run(plain, batches)
+    for k, v in plain.model.state_dict().items():
+        torch.testing.assert_close(prepared.model.state_dict()[k], v, rtol=1e-4, atol=1e-5)
