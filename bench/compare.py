@@ -27,6 +27,15 @@ START_ALLOWANCE_S = 180.0
 """How long past its budget an arm may run (start-up, drain) before it is stopped."""
 
 
+def cache_env(cache: Path, base: dict[str, str] | None = None) -> dict[str, str]:
+    """``base`` (the environment) with the tool's caches in ``cache``, the probes and the
+    compiled kernels alike: a ``TORCHINDUCTOR_CACHE_DIR`` of the caller's is dropped, so a run
+    given an empty folder compiles afresh too."""
+    env = {**(os.environ if base is None else base), "AUTOTUNE_CACHE_DIR": str(cache)}
+    env.pop("TORCHINDUCTOR_CACHE_DIR", None)
+    return env
+
+
 def window(rows: list[dict[str, Any]], warmup_s: float, final_third: bool) -> tuple[dict, dict]:
     """The first and last progress lines of the measured span (see the module docstring)."""
     started = [r for r in rows if r["steps"] > 0]
@@ -176,7 +185,7 @@ def run_arm(arm: str, a: argparse.Namespace, meter: MachineMeter, out_dir: Path)
     }
     log = (out_dir / f"{stem}.log").open("w")
     # each arm probes its workload afresh: its start-up is a first run's
-    env = {**os.environ, "AUTOTUNE_CACHE_DIR": str(out_dir / f"cache-{stem}")}
+    env = cache_env(out_dir / f"cache-{stem}")
     min_steps = getattr(a, "min_steps", 0) if arm_kind(arm) in ("default", "exported") else 0
     if min_steps:  # its own wall limit becomes a safety net; this process ends it
         at = cmd.index("--max-wall-s") + 1

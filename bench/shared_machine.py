@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.workflows.progress_log import read_progress
+from bench.compare import cache_env
 from bench.machine_meter import MachineMeter
 
 WAYS = ("sequential", "together", "daemon")
@@ -117,7 +118,7 @@ def run_way(
     this way probed it before, as on a machine that ran none of them yet."""
     out_dir.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "AUTOTUNE_HOME": str(out_dir / "home"), "AUTOTUNE_CONTROL": ""}
-    env["AUTOTUNE_CACHE_DIR"] = str(out_dir / "cache")
+    env = cache_env(out_dir / "cache", env)
     if fresh_cache:
         shutil.rmtree(out_dir / "cache", ignore_errors=True)
     if way == "daemon":

@@ -179,8 +179,7 @@ class GraphedSteps:
         }
         for t in x.values():
             self.loss.mark(t)
-        loss = self.loss(learner, x["obs"], x["actions"], x["logp"], x["adv"], x["vs"])[0]
-        loss.backward()
+        self.loss.backward(learner, (x["obs"], x["actions"], x["logp"], x["adv"], x["vs"]))
         learner.optimizer.zero_grad(set_to_none=True)
 
     def step(self, batch: dict[str, torch.Tensor], idx: torch.Tensor) -> torch.Tensor:
@@ -230,10 +229,10 @@ class GraphedSteps:
         learner.optimizer.zero_grad(set_to_none=False)
         inputs = (x["obs"], x["actions"], x["logp"], x["adv"], x["vs"])
         if self.loss is not None:
-            loss, loss_pi, loss_v, entropy = self.loss(learner, *inputs)
+            _, loss_pi, loss_v, entropy = self.loss.backward(learner, inputs)
         else:
             loss, loss_pi, loss_v, entropy = learner.minibatch_loss(*inputs)
-        loss.backward()
+            loss.backward()
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
         torch.cat([g.reshape(-1) for g in grads], out=self.flat)
         norm = nn.utils.clip_grad_norm_(self.params, learner.config.max_grad_norm)

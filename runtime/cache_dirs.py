@@ -19,10 +19,15 @@ def cache_root() -> Path:
     return Path(base) / "autotune"
 
 
-def use_kernel_cache() -> Path:
+def use_kernel_cache() -> Path | None:
     """Points TorchInductor's cache at the tool's ``inductor`` folder unless
-    ``TORCHINDUCTOR_CACHE_DIR`` is set already, and returns the folder in use. Call before a
+    ``TORCHINDUCTOR_CACHE_DIR`` is set already, and returns the folder in use (None: no home
+    folder to put it in, TorchInductor's default stands). Call before a
     learner compiles: its loss is then compiled once per machine and cache, and a benchmark that
     gives each run a cache folder of its own compiles afresh in each."""
-    os.environ.setdefault(KERNEL_CACHE_ENV, str(cache_root() / "inductor"))
+    if KERNEL_CACHE_ENV not in os.environ:
+        try:
+            os.environ[KERNEL_CACHE_ENV] = str(cache_root() / "inductor")
+        except RuntimeError:  # no home folder to keep it in: TorchInductor's own default
+            return None
     return Path(os.environ[KERNEL_CACHE_ENV])

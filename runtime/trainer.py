@@ -365,7 +365,7 @@ def trainer_main(
 ) -> None:
     """Process entry point of one trainer GMI."""
     placement.bind_gpu(role.spec.gpu, role.env)
-    init_service_process(role.name)
+    init_service_process(role.name, kernel_cache=True)
     import torch
 
     torch.set_num_threads(cfg.trainer_threads)

@@ -201,23 +201,22 @@ class OnlineTuner(BudgetLimits):
             if moved:
                 logger.info("window ends early: batch %s's efficiency moved (noise scale)", batch)
             m = measure(cur.samples[0], cur.samples[-1])
+            unmetered = per_joule and m.steps_per_s > 0 and m.steps_per_joule is None
+            if unmetered and m.window_s < s.empty_windows * self.rule.ceiling_s:
+                return  # steps but no joules metered yet: no rate per joule; the window goes on
             if m.steps_per_s <= 0:
                 cur.empty += 1
                 if cur.empty < s.empty_windows:
                     logger.info("no step trained in a %.0f s window; measuring again", m.window_s)
                     cur.samples, cur.since = [self.job.counters()], now
                     return
+            if m.steps_per_s <= 0 or unmetered:
                 self.current = None
-                self._failed(
-                    cur.trial,
-                    cur.values,
-                    ConfigError(
-                        [
-                            f"no env step trained in {cur.empty} windows of {m.window_s:.0f} s: "
-                            "the config stalls training"
-                        ]
-                    ),
-                )
+                why = f"no env step trained in {cur.empty} windows of {m.window_s:.0f} s: "
+                why += "the config stalls training"
+                if unmetered:
+                    why = f"no energy metered over {m.window_s:.0f} s of training"
+                self._failed(cur.trial, cur.values, ConfigError([why]))
             else:
                 self._finish(m, now, cur.samples)
             self._next(now)  # no tick without a config on its way

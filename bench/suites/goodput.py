@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import shlex
 import subprocess
 import sys
@@ -126,8 +125,9 @@ def run(a: argparse.Namespace, arm: str, seed: int) -> dict:
     cmd += ["--storage", f"sqlite:///{stem.resolve()}.db", "--study", stem.name]
     cmd += ["--progress", f"{stem}.progress.jsonl", "--json", f"{stem}.json"]
     # each run probes its workload afresh, so that each pays a first run's start-up alike
-    env = {**os.environ, "AUTOTUNE_CACHE_DIR": str(out / f"cache-{stem.name}")}
-    from bench.compare import stop_group
+    from bench.compare import cache_env, stop_group
+
+    env = cache_env(out / f"cache-{stem.name}")
 
     with open(f"{stem}.log", "w") as log:
         proc = subprocess.Popen(

@@ -25,7 +25,9 @@ PR_SET_PDEATHSIG = 1
 LOG_FORMAT = "%(asctime)s %(processName)s %(name)s %(levelname)s: %(message)s"
 
 
-def init_service_process(name: str, log_level: int | None = None) -> None:
+def init_service_process(
+    name: str, log_level: int | None = None, kernel_cache: bool = False
+) -> None:
     """Set-up for a child process: Ctrl-C is the runner's to handle, die with the runner.
 
     Children ignore SIGINT so that Ctrl-C in the terminal (sent to the whole process group)
@@ -34,10 +36,11 @@ def init_service_process(name: str, log_level: int | None = None) -> None:
     is left running on its own. The process title names the role (``autotune: actor 3``,
     ``autotune: compressor``), so ``ps`` and ``top`` show it; SIGUSR1 prints every thread's
     stack to stderr (for a process that seems stuck: ``kill -USR1 PID`` with the PID ``ps``
-    shows for that role). A learner that compiles its loss keeps the kernels in the tool's
-    cache (``runtime.cache_dirs.use_kernel_cache``).
+    shows for that role). ``kernel_cache``: a trainer, whose learner may compile its loss,
+    keeps the kernels in the tool's cache (``runtime.cache_dirs.use_kernel_cache``).
     """
-    use_kernel_cache()
+    if kernel_cache:
+        use_kernel_cache()
     setproctitle.setproctitle(f"autotune: {name.replace('-', ' ', 1)}")
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     faulthandler.register(signal.SIGUSR1, all_threads=True)

@@ -34,12 +34,16 @@ class World:
         refuse: dict | None = None,
         stall: int | None = None,
         stuck: int | None = None,
+        dark: int | None = None,
+        meter_from: float = 0.0,
     ) -> None:
         self.t, self.values, self.rng, self.refuse = 0.0, {}, random.Random(seed), refuse
         self.last = self.steps = self.joules = self.lag = 0.0
         self.applied: list[dict] = []
         self.stall, self.stuck = stall, stuck  # actors values that train nothing / never settle
         self.ends_at: float | None = None  # the job's end (its wall limit), if it has one
+        self.dark, self.meter_from = dark, meter_from  # no joules metered: that actors value;
+        # before that time
 
     def apply(self, values):
         if values == self.refuse:
@@ -60,7 +64,8 @@ class World:
                 1 + self.rng.gauss(0, 0.02)
             )
             self.steps += 1000 * spj * dt
-            self.joules += 1000 * dt
+            if self.values.get("actors") != self.dark and self.t > self.meter_from:
+                self.joules += 1000 * dt
             self.lag += a / 2 * 1000 * spj * dt
         left = None if self.ends_at is None else max(self.ends_at - self.t, 0.0)
         return Counters(self.t, int(self.steps), self.lag, 0.0, self.joules, remaining_s=left)
@@ -205,6 +210,22 @@ def test_configs_that_stall_training_or_never_take_effect_are_failed(tmp_path):
     errors = {t.params["actors"]: t.user_attrs["error"] for t in failed if "error" in t.user_attrs}
     assert "no env step trained in 3 windows of 5 s" in errors[3]
     assert "did not take effect within 20 s" in errors[4]
+    assert tuner.best()["values"] == BEST
+
+
+def test_a_window_with_steps_but_no_metered_energy_is_not_rated_zero(tmp_path):
+    """The meters read nothing for the first 7 s (a window's ceiling is 5): the first window
+    goes on until they move and is rated by what they read then; a config they never meter
+    is failed, not told to the study as 0 steps/J."""
+    world = World(0, dark=3, meter_from=7.0)
+    tuner = _tuner(tmp_path, world)
+    _run(tuner, world, 30)
+    rated = [w for w in tuner.log if w["state"] == "trial"]
+    assert rated and all(w["objective"] > 0 for w in rated)
+    assert rated[0]["window_s"] > 5.0
+    failed = tuner.study.get_trials(states=(optuna.trial.TrialState.FAIL,))
+    errors = {t.params["actors"]: t.user_attrs["error"] for t in failed if "error" in t.user_attrs}
+    assert "no energy metered over 15 s of training" in errors[3]
     assert tuner.best()["values"] == BEST
 
 
