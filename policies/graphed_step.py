@@ -4,13 +4,12 @@ A learner update is ``epochs x minibatches`` optimiser steps of a small MLP; on 
 step is about 160 kernels of a few microseconds, so the update is bound by their launches, not
 by the GPU: on an H200, a 256:128:64 policy's update of 10 x 32 steps took 1.7-1.9 s at every
 batch from 4,096 to 65,536 samples, with the GPU busy for 126 ms of it. A CUDA graph launches
-a step's kernels as one. ``GraphedSteps`` captures one graph per minibatch shape: the loss,
-its backward (the loss fused by ``torch.compile``: ``policies.compiled_loss``), a copy of the
-gradient for the noise scale (``policies.noise_scale``), the
-gradient clip and the Adam step (fused and ``capturable``, its learning rate a device tensor
-the schedule fills). Each minibatch is gathered into the graph's input tensors and the graph
-replayed; the first steps of a new shape run eagerly (a warm-up, as ``torch.cuda.graphs``
-asks) and train like any other.
+a step's kernels as one. ``GraphedSteps`` captures one graph per minibatch shape: the loss
+and its backward (fused by ``torch.compile``: ``policies.compiled_loss``), a copy of the
+gradient for the noise scale (``policies.noise_scale``), the gradient clip and the Adam step
+(fused and ``capturable``, its learning rate a device tensor the schedule fills). Each
+minibatch is gathered into the graph's input tensors and the graph replayed; the first steps of
+a new shape run eagerly (a warm-up, as ``torch.cuda.graphs`` asks) and train like any other.
 
 A non-finite gradient cannot be seen without a sync per step, which would cost what the graph
 saves. Each step folds its gradient norm's finiteness into a flag on the device instead;
