@@ -9,8 +9,9 @@ kernels: on an H200, 1.36-1.70x the samples/s of the plain graphs at batches fro
 
 One compile serves every minibatch size: the row dimension is marked dynamic. (A minibatch of
 one trajectory runs the plain loss: a compile would specialise to that one row, and the next
-size would compile again.) On an H200 host the update that compiles took 5-6 s from an empty
-cache and 3-3.5 s once TorchInductor's cache held the kernels
+size would compile again; the learner probe times batches of two per minibatch or more,
+``runtime.probes.learner_batches``.) On an H200 host the update that compiles took 5-6 s
+from an empty cache and 3-3.5 s once TorchInductor's cache held the kernels
 (``runtime.cache_dirs.use_kernel_cache`` puts that cache beside the probe cache); the first
 process on a fresh machine took 13-16 s. A trainer compiles as it starts
 (``GraphedSteps.prepare``, on a made-up minibatch), before it reports: a GMI generation that

@@ -42,7 +42,8 @@ from runtime.learner_probe import GROUP_LEARNER, make_learner, synthetic_batch
 from runtime.power_probe import Reading, busy_watts, gpu_meter
 
 LEARNER_BATCHES = (1024, 4096, 16384)
-"""Batch sizes the learner update is timed at (its fixed and per-sample cost)."""
+"""Batch sizes the learner update is timed at (its fixed and per-sample cost), each at least
+``learner_batches``' floor."""
 LEARNER_STOP_S = 0.08
 """The learner's batch stops growing once one update takes longer than this, two sizes measured
 (the line through them extrapolates)."""
@@ -159,6 +160,16 @@ def _line(points: dict[int, float], min_slope: float = 0.0) -> tuple[float, floa
     return max(float(icpt), 0.0), max(float(slope), min_slope)
 
 
+def learner_batches(minibatches: int, rollout_len: int) -> list[int]:
+    """``LEARNER_BATCHES``, each raised to hold two trajectories per minibatch: a minibatch of
+    one runs the plain loss where the others run the compiled one (``policies.compiled_loss``),
+    so a line through it and them would not be the learner's. (Sized runs train minibatches of
+    at least ``autotune.tuning.sizing.MIN_MINIBATCH`` samples: four trajectories at PPO's
+    32 x 32.)"""
+    floor = 2 * minibatches * rollout_len
+    return sorted({max(size, floor) for size in LEARNER_BATCHES})
+
+
 def probe_learner(
     info: EnvInfo,
     policy: str,
@@ -186,7 +197,7 @@ def probe_learner(
     if update is None:
         _, update = make_learner(info, policy, device, {**learner, "epochs": 1}, not group)
     seconds: dict[int, float] = {}
-    for size in LEARNER_BATCHES:
+    for size in learner_batches(APPOConfig(**learner).minibatches, rollout_len):
         batch = synthetic_batch(info, size, rollout_len)
         size = batch["rewards"].size
         least = 1 if group else 2

@@ -115,3 +115,14 @@ def test_the_cache_keeps_a_workload_per_machine_and_refresh_measures_again(measu
     for path in (cache / "probes").glob("*.json"):
         path.write_text("{not json")  # an unreadable entry is measured again, not trusted
     assert not probe_cache.probes(env, policy, rollout, learner, devices).cached
+
+
+def test_the_learner_is_timed_at_batches_of_two_trajectories_per_minibatch_or_more():
+    """At PPO's 32 minibatches of 32-step trajectories the smallest batch timed is 2,048: at
+    1,024 each minibatch would be one trajectory, which runs the plain loss where the larger
+    ones run the compiled one."""
+    from runtime import probes
+
+    assert probes.learner_batches(32, 32) == [2048, 4096, 16384]
+    assert probes.learner_batches(4, 32) == list(probes.LEARNER_BATCHES)
+    assert probes.learner_batches(64, 128) == [16384]
