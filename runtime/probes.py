@@ -193,11 +193,12 @@ def probe_learner(
     minibatch steps, each epoch the same work, so one epoch tells the cost of all of them in
     a tenth of the time at PPO's 10 epochs (the once-per-update part, the batch's copy to the
     device and its observation sums, is counted once per epoch: a little over)."""
-    epochs = APPOConfig(**learner).epochs if update is None else 1
+    cfg = APPOConfig(**learner)
+    epochs = cfg.epochs if update is None else 1
     if update is None:
         _, update = make_learner(info, policy, device, {**learner, "epochs": 1}, not group)
     seconds: dict[int, float] = {}
-    for size in learner_batches(APPOConfig(**learner).minibatches, rollout_len):
+    for size in learner_batches(cfg.minibatches, rollout_len):
         batch = synthetic_batch(info, size, rollout_len)
         size = batch["rewards"].size
         least = 1 if group else 2
