@@ -164,7 +164,7 @@ def learner_batches(minibatches: int, rollout_len: int) -> list[int]:
     """``LEARNER_BATCHES``, each raised to hold two trajectories per minibatch: a minibatch of
     one runs the plain loss where the others run the compiled one (``policies.compiled_loss``),
     so a line through it and them would not be the learner's. (Sized runs train minibatches of
-    at least ``autotune.tuning.sizing.MIN_MINIBATCH`` samples: four trajectories at PPO's
+    at least ``autotune.tuning.knobs.MIN_MINIBATCH`` samples: four trajectories at PPO's
     32 x 32.)"""
     floor = 2 * minibatches * rollout_len
     return sorted({max(size, floor) for size in LEARNER_BATCHES})

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from autotune.tuning.knobs import MIN_MINIBATCH, batch_fits
 from autotune.tuning.node_model import place
 from autotune.tuning.perf_model import (
     MachineModel,
@@ -44,7 +45,6 @@ BATCHES = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 TRAINERS = (1, 2)
 MPS = (25, 50, 100)
 THREADS = (1, 2, 4)
-MIN_MINIBATCH = 128
 MIN_UPDATES = 64
 """A batch is at most the run's steps over this (a run learns in at least this many updates)."""
 TIE_SHARE = 0.02
@@ -122,11 +122,7 @@ def candidates(
     grid = {
         "actors": range(1, m.actor_cpus() + 1),
         "envs_per_actor": ENVS,
-        "batch_size": [
-            b
-            for b in BATCHES
-            if b % rollout_len == 0 and b % minibatches == 0 and b // minibatches >= MIN_MINIBATCH
-        ],
+        "batch_size": [b for b in BATCHES if batch_fits(b, minibatches, rollout_len)],
         "trainer_device": devices,
         "trainers": TRAINERS,
         "mps_pct": MPS,

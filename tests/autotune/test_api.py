@@ -17,12 +17,14 @@ pytestmark = pytest.mark.slow
 SCRIPT = """
 import json, sys
 import autotune
+from policies.appo_config import APPOConfig
 
 if __name__ == "__main__":
     cfg = autotune.TrainConfig(env="CartPole-v1", steps=4096, actors=1, batch_size=1024)
     run = autotune.train(cfg)
     tuned = autotune.tune(
-        autotune.TrainConfig(env="CartPole-v1", steps=30000, actors=1, batch_size=1024),
+        autotune.TrainConfig(env="CartPole-v1", steps=30000, actors=1, batch_size=1024,
+                             learner=APPOConfig(minibatches=8)),
         autotune.TuneOptions(
             storage=sys.argv[1], study="api-online", in_process=True, sampler="tpe",
             window_s=1.0, warmup_s=0.5, knobs=("envs_per_actor=4,8",),
@@ -39,6 +41,7 @@ if __name__ == "__main__":
     print(json.dumps({
         "trained": run["env_steps"], "tuned": tuned["env_steps"],
         "tuning": sorted(tuned["tuning"]), "study": found["study"],
+        "batches": tuned["tuning"]["knobs"]["batch_size"]["choices"],
         "best": found["best"] is not None, "export": best["recommended"]["values"],
     }))
 """
@@ -63,6 +66,8 @@ def test_train_tune_study_and_export_from_a_script(tmp_path):
     doc = json.loads(out.stdout.strip().splitlines()[-1])
     assert doc["trained"] >= 4096 and doc["tuned"] >= 30000
     assert "trials" in doc["tuning"] and "where" in doc["tuning"]
+    # 8 minibatches of at least 128 samples: the tuner tries no batch under 1,024
+    assert doc["batches"] == [1024, 2048, 4096, 8192, 16384, 32768, 65536]
     assert doc["study"] == "api-study" and doc["best"]
     assert doc["export"]["envs_per_actor"] in (4, 8)
 

@@ -1,0 +1,55 @@
+"""The batch sizes the tuner tries give the learner's minibatches at least ``MIN_MINIBATCH``
+samples each, as the ``auto`` sizing's do; a user's ``--knob batch_size=...`` is kept as given."""
+
+from __future__ import annotations
+
+import pytest
+
+from autotune.tuning.knobs import MIN_MINIBATCH, KnobError, Machine, batch_fits, build_space
+from autotune.tuning.perf_model import MachineModel
+from autotune.tuning.sizing import candidates
+
+MACHINE = Machine(16, 1)
+
+
+@pytest.mark.parametrize(("minibatches", "smallest"), [(4, 512), (8, 1024), (32, 4096)])
+def test_the_tuned_batch_sizes_start_where_a_minibatch_holds_enough_samples(minibatches, smallest):
+    knob = build_space(MACHINE, [], minibatches)["batch_size"]
+    assert knob.choices[0] == smallest and knob.choices[-1] == 65536
+    assert all(b // minibatches >= MIN_MINIBATCH for b in knob.choices)
+    assert knob.online
+    # without the learner's count (the offline simulator, the CLI's checks) nothing is dropped
+    assert build_space(MACHINE, [])["batch_size"].choices[0] == 512
+
+
+def test_a_users_batch_sizes_win_over_the_floor():
+    knob = build_space(MACHINE, ["batch_size=1024,2048"], 32)["batch_size"]
+    assert knob.choices == (1024, 2048) and knob.online
+    with pytest.raises(KnobError, match="allowed values are 512, 1024"):
+        build_space(MACHINE, ["batch_size=300"], 32)
+
+
+def test_too_many_minibatches_for_any_batch_leave_the_batch_untuned_saying_why():
+    knob = build_space(MACHINE, [], 1024)["batch_size"]
+    assert not knob.online
+    assert knob.unavailable == (
+        "no batch size in 512..65536 gives 1024 minibatches of at least 128 samples"
+    )
+
+
+def test_the_sizing_and_the_tuner_share_one_rule():
+    assert batch_fits(4096, 32) and not batch_fits(2048, 32)
+    assert not batch_fits(4096, 32, rollout_len=48) and batch_fits(4096, 32, rollout_len=64)
+    m = MachineModel(
+        cores=16,
+        rollout_len=32,
+        t_env=0.5e-3,
+        f0=60e-6,
+        f1=2e-6,
+        learner={"cpu": (0.02, 15e-6), "cuda": (0.01, 1e-7)},
+        gpu_idle_w=76.0,
+        gpu_limit_w=700.0,
+        cpu_idle_w=60.0,
+    )
+    sized = {c["batch_size"] for c in candidates(m, 1, {}, m.rollout_len, 32)}
+    assert sized == set(build_space(MACHINE, [], 32)["batch_size"].choices)
