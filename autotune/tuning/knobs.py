@@ -40,8 +40,8 @@ MIN_MINIBATCH = 128
 """The fewest samples a minibatch may hold (``batch_size // minibatches``), in the sizing and in
 the tuner's batch sizes alike: four trajectories at the default rollout of 32. On Ant-v5 (an
 H200 host, PPO's MuJoCo settings of 32 minibatches) goodput-tuned runs that spent most of their
-time at batches of 2,048 (minibatches of 64) reached 390 in 0.6M steps but stalled at returns of
-650-770 over the 4M that followed, while runs at 4,096 and larger reached 1,000."""
+time at batches of 2,048 (minibatches of 64) reached 390 in 0.6M steps, then swung between
+returns of 300 and 770 over the next 3M, while runs at 4,096 and up reached 1,000."""
 
 
 class KnobError(ValueError):
