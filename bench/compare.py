@@ -29,10 +29,12 @@ START_ALLOWANCE_S = 180.0
 
 def cache_env(cache: Path, base: dict[str, str] | None = None) -> dict[str, str]:
     """``base`` (the environment) with the tool's caches in ``cache``, the probes and the
-    compiled kernels alike: a ``TORCHINDUCTOR_CACHE_DIR`` of the caller's is dropped, so a run
-    given an empty folder compiles afresh too."""
+    compiled kernels alike: a ``TORCHINDUCTOR_CACHE_DIR`` or ``TRITON_CACHE_DIR`` of the
+    caller's is dropped (Triton's kernels go to the latter before the former), so a run given an
+    empty folder compiles afresh too."""
     env = {**(os.environ if base is None else base), "AUTOTUNE_CACHE_DIR": str(cache)}
     env.pop("TORCHINDUCTOR_CACHE_DIR", None)
+    env.pop("TRITON_CACHE_DIR", None)
     return env
 
 

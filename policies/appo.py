@@ -94,7 +94,9 @@ class APPOLearner:
 
     def prepare(self, rollout_len: int) -> None:
         """Compiles a graphed learner's loss ahead of its first update (``GraphedSteps.prepare``;
-        nothing else changes). A failure is logged: the first update then compiles as usual."""
+        nothing else changes). A compile that fails leaves the plain loss for good, as it would
+        at the first update (``CompiledLoss.failed``, logged there); any other error is logged
+        here, and the first update compiles instead."""
         if self.graphs is None:
             return
         try:

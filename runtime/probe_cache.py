@@ -35,12 +35,15 @@ from runtime.probes import ProbeError, Probes, run_probes
 
 MAX_AGE_S = 7 * 86400.0
 """Seconds a cached probe stays valid."""
-FORMAT = 7
+FORMAT = 8
 """Part of the key: entries written before the env step was timed on its own thread's clock
 (the process's clock counted its other threads too), before a GPU learner replayed its
 steps from CUDA graphs (9-11x the eager loop's update rate), before CUDA learners ran a
-fused Adam and the GPU's context watts were read over the CPU learner's probe, or before a
-graphed learner's loss was compiled (``policies.compiled_loss``), are measured again."""
+fused Adam and the GPU's context watts were read over the CPU learner's probe, before a
+graphed learner's loss was compiled (``policies.compiled_loss``), or before the learner was
+timed at two trajectories per minibatch at least (``runtime.probes.learner_batches``: a line
+through a one-trajectory size was the plain loss's and the compiled one's mixed), are measured
+again."""
 
 
 def cache_dir() -> Path:

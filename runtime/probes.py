@@ -165,9 +165,12 @@ def learner_batches(minibatches: int, rollout_len: int) -> list[int]:
     one runs the plain loss where the others run the compiled one (``policies.compiled_loss``),
     so a line through it and them would not be the learner's. (Sized runs train minibatches of
     at least ``autotune.tuning.knobs.MIN_MINIBATCH`` samples: four trajectories at PPO's
-    32 x 32.)"""
+    32 x 32.) Two sizes at least, as ``probe_learner`` needs."""
     floor = 2 * minibatches * rollout_len
-    return sorted({max(size, floor) for size in LEARNER_BATCHES})
+    sizes = sorted({max(size, floor) for size in LEARNER_BATCHES})
+    if len(sizes) < 2:  # every size raised to the floor: a second, so the line sees the fixed cost
+        sizes.append(4 * sizes[0])
+    return sizes
 
 
 def probe_learner(

@@ -42,6 +42,10 @@ the tuner's batch sizes alike: four trajectories at the default rollout of 32. O
 H200 host, PPO's MuJoCo settings of 32 minibatches) goodput-tuned runs that spent most of their
 time at batches of 2,048 (minibatches of 64) reached 390 in 0.6M steps, then swung between
 returns of 300 and 770 over the next 3M, while runs at 4,096 and up reached 1,000."""
+MIN_TRAJECTORIES = 2
+"""And the fewest whole trajectories a minibatch may hold, where the rollout length is known: a
+minibatch of one trajectory is one env's correlated steps, and it runs the plain loss where
+the others run the compiled one (``policies.compiled_loss``)."""
 
 
 class KnobError(ValueError):
@@ -147,27 +151,39 @@ def _powers(lo: int, hi: int) -> tuple[int, ...]:
 
 def batch_fits(batch: int, minibatches: int, rollout_len: int | None = None) -> bool:
     """Whether ``batch`` splits into ``minibatches`` of at least ``MIN_MINIBATCH`` samples each
-    (and whole rollouts of ``rollout_len``, where given)."""
+    (and, where ``rollout_len`` is given, into whole rollouts, ``MIN_TRAJECTORIES`` or more per
+    minibatch)."""
     return (
         batch % minibatches == 0
         and batch // minibatches >= MIN_MINIBATCH
-        and (rollout_len is None or batch % rollout_len == 0)
+        and (
+            rollout_len is None
+            or (batch % rollout_len == 0 and batch // rollout_len >= MIN_TRAJECTORIES * minibatches)
+        )
     )
 
 
-def default_space(machine: Machine, minibatches: int | None = None) -> dict[str, Knob]:
+def default_space(
+    machine: Machine, minibatches: int | None = None, rollout_len: int | None = None
+) -> dict[str, Knob]:
     """Every knob with the values worth trying on ``machine``; with ``minibatches`` (the
-    learner's count), only the batch sizes that give minibatches of at least ``MIN_MINIBATCH``
-    samples (none: the batch size is not tuned, and the knob says why)."""
+    learner's count), only the batch sizes that ``batch_fits`` them and ``rollout_len`` (a job's
+    own, which the online tuner does not change) (none: the batch size is not tuned, and the
+    knob says why)."""
     no_gpu = None if machine.gpus else "no CUDA GPU on this machine"
     batches, no_batch = _powers(512, 65536), None
     if minibatches is not None:
-        fitting = tuple(b for b in batches if batch_fits(b, minibatches))
+        fitting = tuple(b for b in batches if batch_fits(b, minibatches, rollout_len))
+        rollouts = (
+            ""
+            if rollout_len is None
+            else f" and {MIN_TRAJECTORIES} rollouts of {rollout_len} steps"
+        )
         no_batch = (
             None
             if fitting
             else f"no batch size in {batches[0]}..{batches[-1]} gives {minibatches} minibatches "
-            f"of at least {MIN_MINIBATCH} samples"
+            f"of at least {MIN_MINIBATCH} samples{rollouts}"
         )
         batches = fitting or batches
     choices: dict[str, tuple[Any, ...]] = {
@@ -205,9 +221,13 @@ def default_space(machine: Machine, minibatches: int | None = None) -> dict[str,
 
 
 def build_space(
-    machine: Machine, overrides: list[str] | None = None, minibatches: int | None = None
+    machine: Machine,
+    overrides: list[str] | None = None,
+    minibatches: int | None = None,
+    rollout_len: int | None = None,
 ) -> dict[str, Knob]:
-    """The default space (``default_space``; ``minibatches`` bounds its batch sizes) narrowed by
+    """The default space (``default_space``; ``minibatches`` and ``rollout_len`` bound its batch
+    sizes) narrowed by
     ``overrides`` (``NAME=SPEC`` strings), without the ``OPT_IN`` knobs they do not name. A
     ``batch_size`` override is the user's to give: it may name any batch size from 512 up.
 
@@ -225,7 +245,7 @@ def build_space(
             raise KnobError(f"--knob {item!r}: unknown knob {name!r}; knobs: {', '.join(space)}")
         space[name] = space[name].narrowed(spec.strip())
     if minibatches is not None and "batch_size" not in named:  # explicit flags win
-        space["batch_size"] = default_space(machine, minibatches)["batch_size"]
+        space["batch_size"] = default_space(machine, minibatches, rollout_len)["batch_size"]
     return {name: k for name, k in space.items() if name not in OPT_IN or name in named}
 
 

@@ -155,7 +155,7 @@ def start_tuning(
         from runtime.cluster import cluster_cpus
 
         machine = Machine(cluster_cpus(cfg.cluster)[0], machine.gpus)
-    space = build_space(machine, list(options.knobs), cfg.learner.minibatches)
+    space = build_space(machine, list(options.knobs), cfg.learner.minibatches, cfg.rollout_len)
     window = options.window_s  # an explicit 0 is refused below, not taken as the default
     window = (10.0 if machine.gpus else 5.0) if window is None else window
     settings = TunerSettings(

@@ -368,3 +368,10 @@ def test_peers_refuses_bad_workloads_and_rounds(tmp_path, capsys, args, message)
         bench_main(["peers", *args, "--out", str(tmp_path)])
     assert exc.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_an_arms_caches_are_its_own_folder_whatever_the_callers_environment(tmp_path):
+    base = {"PATH": "/bin", "TORCHINDUCTOR_CACHE_DIR": "/x/inductor", "TRITON_CACHE_DIR": "/x/t"}
+    env = compare.cache_env(tmp_path / "c", base)
+    assert env == {"PATH": "/bin", "AUTOTUNE_CACHE_DIR": str(tmp_path / "c")}
+    assert base["TRITON_CACHE_DIR"] == "/x/t"  # the caller's own environment is left as it was

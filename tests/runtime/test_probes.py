@@ -125,4 +125,4 @@ def test_the_learner_is_timed_at_batches_of_two_trajectories_per_minibatch_or_mo
 
     assert probes.learner_batches(32, 32) == [2048, 4096, 16384]
     assert probes.learner_batches(4, 32) == list(probes.LEARNER_BATCHES)
-    assert probes.learner_batches(64, 128) == [16384]
+    assert probes.learner_batches(64, 128) == [16384, 65536]  # two sizes, the fixed cost seen

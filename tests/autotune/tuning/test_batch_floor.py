@@ -53,3 +53,17 @@ def test_the_sizing_and_the_tuner_share_one_rule():
     )
     sized = {c["batch_size"] for c in candidates(m, 1, {}, m.rollout_len, 32)}
     assert sized == set(build_space(MACHINE, [], 32)["batch_size"].choices)
+
+
+def test_a_jobs_long_rollouts_raise_the_floor_to_two_trajectories_per_minibatch():
+    # 4 minibatches of 128 samples are one 128-step trajectory each at 512: the floor is 1,024
+    knob = build_space(MACHINE, [], 4, rollout_len=128)["batch_size"]
+    assert knob.choices[0] == 1024 and knob.online
+    assert build_space(MACHINE, [], 4, rollout_len=32)["batch_size"].choices[0] == 512
+    assert not batch_fits(512, 4, rollout_len=128) and batch_fits(1024, 4, rollout_len=128)
+    none = build_space(MACHINE, [], 512, rollout_len=128)["batch_size"]
+    assert not none.online
+    assert none.unavailable == (
+        "no batch size in 512..65536 gives 512 minibatches of at least 128 samples "
+        "and 2 rollouts of 128 steps"
+    )
