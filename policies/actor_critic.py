@@ -7,6 +7,7 @@ arrays (``state_arrays`` / ``load_state_arrays``), so both sides always use the 
 
 from __future__ import annotations
 
+import hashlib
 import math
 
 import numpy as np
@@ -171,6 +172,15 @@ class ActorCritic(nn.Module):
         """The full state (parameters and buffers) as names and CPU numpy arrays."""
         state = self.state_dict()
         return list(state), [t.detach().cpu().numpy() for t in state.values()]
+
+    def weights_digest(self) -> str:
+        """SHA-256 of every parameter and buffer, 16 hex digits (GMIs of a run must agree bit
+        for bit)."""
+        h = hashlib.sha256()
+        for name, array in zip(*self.state_arrays(), strict=True):
+            h.update(name.encode())
+            h.update(array.tobytes())
+        return h.hexdigest()[:16]
 
     def load_state_arrays(self, names: list[str], arrays: list[np.ndarray]) -> None:
         """Loads a state produced by ``state_arrays``; names and shapes must match exactly."""

@@ -141,6 +141,7 @@ def gmi_doc(name: str, counters: dict[str, Any]) -> dict[str, Any]:
         "resumed",
         "retired",
         "weights_digest",
+        "startup",
     )
     return {"name": name, **{k: counters.get(k) for k in keys}}
 

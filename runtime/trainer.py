@@ -19,7 +19,6 @@ End of a GMI:
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import os
 import time
@@ -35,6 +34,7 @@ from runtime.gmi import placement
 from runtime.gmi.role import GMIRole
 from runtime.stages.batcher import Batcher
 from runtime.stages.common import LiveSettings, StatsSender, init_service_process
+from runtime.startup_clock import StartupClock
 
 # torch (and the policies and GMI group that import it) loads inside functions: the runner imports
 # this module without it, and a GMI only after ``placement.bind_gpu`` set its CUDA and MPS env.
@@ -42,21 +42,11 @@ from runtime.stages.common import LiveSettings, StatsSender, init_service_proces
 logger = logging.getLogger(__name__)
 REPORTED = ("loss_pi", "loss_v", "entropy", "lr", "noise_scale")
 """The figures of each update (``policies.appo.UpdateStats``) a trainer reports."""
-
 STATS_INTERVAL_S = 0.5
 WINDOW_CHUNKS = 4
 RESUME_POLL_S = 0.05
 RECOVERY_S = 10.0
 """How often the lead GMI saves what a replacement goes on from (``runtime.supervisor``)."""
-
-
-def weights_digest(model: Any) -> str:
-    """SHA-256 of every parameter and buffer (GMIs of a run must agree bit for bit)."""
-    h = hashlib.sha256()
-    for name, array in zip(*model.state_arrays(), strict=True):
-        h.update(name.encode())
-        h.update(array.tobytes())
-    return h.hexdigest()[:16]
 
 
 class Trainer:
@@ -106,8 +96,12 @@ class Trainer:
         )
         model.matmul_dtype = torch.bfloat16 if cfg.trainer_precision == "bf16" else None
         dev, in_group = torch.device(self.device), group is not None  # a group: eager loop
+        built = time.monotonic()
         self.learner = APPOLearner(model, cfg.learner, dev, cfg.steps, group=in_group)
+        compiled = time.monotonic()
         self.learner.prepare(cfg.rollout_len)  # a compiled loss: before this GMI reports
+        self.built_s = {"learner": compiled - built, "compile": time.monotonic() - compiled}
+        self.startup: dict[str, float] = {}  # the start's stages (runtime.startup_clock)
         self.learner.batch = cfg.batch_size  # a new generation starts at the run's batch now
         props = torch.cuda.get_device_properties(0) if on_gpu else None
         self.sm_count = props.multi_processor_count if props is not None else None
@@ -230,6 +224,7 @@ class Trainer:
             "live_epoch": self.live.epoch,
             "reset_epoch": self.live.reset_epoch,
             "fatal": self.halted,
+            "startup": self.startup,
             **self.batcher.counters,
             **self.last,
             "final": final,
@@ -244,7 +239,7 @@ class Trainer:
         if self.group is not None:
             out["sync"] = self.group.strategy.value
         if final:
-            out["weights_digest"] = weights_digest(self.learner.model)
+            out["weights_digest"] = self.learner.model.weights_digest()
         return out
 
     def _finishing(self) -> bool:
@@ -254,7 +249,8 @@ class Trainer:
         """Trains until EOS or RETIRE, then trains the remainder, hands over and reports."""
         if self.resumed:
             self.publish()
-        last_stats = last_save = last_recovery = time.monotonic()
+        last_save = last_recovery = time.monotonic()
+        last_stats = 0.0  # the first snapshot goes at once: a new GMI reports as it starts
         last_resume_try = 0.0
         while True:
             self._take_live_settings()
@@ -364,9 +360,12 @@ def trainer_main(
     cfg: TrainConfig, info: EnvInfo, endpoints: topology.Endpoints, role: GMIRole
 ) -> None:
     """Process entry point of one trainer GMI."""
+    clock = StartupClock()
     placement.bind_gpu(role.spec.gpu, role.env)
     init_service_process(role.name, kernel_cache=True)
     import torch
+
+    clock.took("torch_import")
 
     torch.set_num_threads(cfg.trainer_threads)
     group = None
@@ -383,7 +382,9 @@ def trainer_main(
     weights = topology.trainer_weights_out(ctx, endpoints) if role.spec.rank == 0 else None
     stats = StatsSender(topology.telemetry_out(ctx, endpoints), role.name, endpoints.run_key)
     commands = topology.command_in(ctx, endpoints)
+    clock.took("group_and_sockets")
     trainer = Trainer(cfg, info, dealer, weights, stats, role, group, commands, endpoints.run_key)
+    trainer.startup = clock.doc(trainer.built_s)
     logger.info(
         "%s on %s (gpu %s, mps %s%%, %s SMs, pid %d)",
         role.name,

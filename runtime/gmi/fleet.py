@@ -196,8 +196,9 @@ class GMIFleet:
             self.generation,
             [s.mps_pct for s in self.gmis],
         )
+        since = time.monotonic()  # before the spawn: a process's start blocks for a while
         self.start(ep, run_dir, state_file(run_dir, old))
-        self._standby[old] = (self.names(), time.monotonic())
+        self._standby[old] = (self.names(), since)
 
     def send_retire(
         self,

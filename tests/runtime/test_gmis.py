@@ -183,6 +183,14 @@ def test_gmi_hand_over_mid_run_keeps_every_step_and_the_learner(trainers):
     assert all(x["retired"] for x in by_gen[0]) and all(x["resumed"] for x in by_gen[1])
     assert all(x["trained_steps"] > 0 for x in by_gen[0] + by_gen[1])
     assert result["weights_identical"]
+    for gmi in by_gen[0] + by_gen[1]:  # where each GMI's start went, stage by stage
+        s = gmi["startup"]
+        assert {"boot_s", "torch_import_s", "learner_s", "compile_s", "total_s"} <= set(s)
+        assert sum(v for k, v in s.items() if k != "total_s") == pytest.approx(
+            s["total_s"], abs=0.01
+        )
+    # the new GMIs reported as soon as they had started: the standby is their start and little more
+    assert max(x["startup"]["total_s"] for x in by_gen[1]) <= handover["standby_s"] + 0.1
     # the policy version carries on: one version per lockstep update over both generations
     assert result["updates"] * cfg.batch_size * trainers >= result["env_steps"] * 0.9
     phases = result["phases"]
