@@ -140,16 +140,16 @@ def simulate(sampler: str, seed: int, windows: int) -> list[float]:
     sized = size_run(PROBED, 1, fixed, 4).values
     base = {n: sized.get(n, k.choices[0]) for n, k in online.items()}
     defaults = {**fixed, **base}
+    settings = TunerSettings(warmup_s=3.0, window_s=5.0, trials=windows, sampler=sampler)
     if sampler == "model":
         applies = {k.name: k.apply for k in online.values()}
         choices = {k.name: k.choices for k in online.values()}
-        s = ModelSampler(PROBED, choices, defaults, applies, seed=seed)
+        s = ModelSampler(PROBED, choices, defaults, applies, seed=seed, window_s=settings.window_s)
     else:
         s = optuna.samplers.TPESampler(seed=seed, n_startup_trials=5)
     study = optuna.create_study(direction="maximize", sampler=s)
     clock = [0.0]
     job = SimJob(seed, clock)
-    settings = TunerSettings(warmup_s=3.0, window_s=5.0, trials=windows, sampler=sampler)
     tuner = OnlineTuner(
         study, space, job, settings, base, clock=lambda: clock[0], defaults=defaults
     )

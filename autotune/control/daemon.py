@@ -253,14 +253,8 @@ class Daemon:
             defaults = msg.get("defaults") or {}
             sampler = None
             if settings.sampler == "model" and msg.get("machine"):
-                sampler = sampler_for(
-                    machine_from_doc(msg["machine"]),
-                    space,
-                    defaults,
-                    settings.objective,
-                    settings.max_policy_lag,
-                    msg.get("seed"),
-                )
+                machine = machine_from_doc(msg["machine"])
+                sampler = sampler_for(machine, space, defaults, settings, msg.get("seed"))
             study = open_study(
                 msg["storage"], msg["study"], seed=msg.get("seed"), grid=grid, sampler=sampler
             )

@@ -209,9 +209,7 @@ def start_tuning(
     )
     sampler = None
     if model is not None:
-        sampler = sampler_for(
-            model, space, defaults, settings.objective, settings.max_policy_lag, cfg.seed
-        )
+        sampler = sampler_for(model, space, defaults, settings, cfg.seed)
     study = open_study(storage, study_name, seed=cfg.seed, grid=grid, sampler=sampler)
     tuner = OnlineTuner(study, space, RunnerJob(runner), settings, base, defaults=defaults)
     return InProcessTuning(tuner, space)
