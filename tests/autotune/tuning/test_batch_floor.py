@@ -4,9 +4,9 @@ samples each, as the ``auto`` sizing's do; a user's ``--knob batch_size=...`` is
 from __future__ import annotations
 
 import pytest
+from conftest import mujoco_like_model
 
 from autotune.tuning.knobs import MIN_MINIBATCH, KnobError, Machine, batch_fits, build_space
-from autotune.tuning.perf_model import MachineModel
 from autotune.tuning.sizing import candidates
 
 MACHINE = Machine(16, 1)
@@ -40,17 +40,7 @@ def test_too_many_minibatches_for_any_batch_leave_the_batch_untuned_saying_why()
 def test_the_sizing_and_the_tuner_share_one_rule():
     assert batch_fits(4096, 32) and not batch_fits(2048, 32)
     assert not batch_fits(4096, 32, rollout_len=48) and batch_fits(4096, 32, rollout_len=64)
-    m = MachineModel(
-        cores=16,
-        rollout_len=32,
-        t_env=0.5e-3,
-        f0=60e-6,
-        f1=2e-6,
-        learner={"cpu": (0.02, 15e-6), "cuda": (0.01, 1e-7)},
-        gpu_idle_w=76.0,
-        gpu_limit_w=700.0,
-        cpu_idle_w=60.0,
-    )
+    m = mujoco_like_model()
     sized = {c["batch_size"] for c in candidates(m, 1, {}, m.rollout_len, 32)}
     assert sized == set(build_space(MACHINE, [], 32)["batch_size"].choices)
 
