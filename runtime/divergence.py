@@ -5,9 +5,13 @@ Two signs, each judged from what the runner already receives:
 * **The return falls well below where it started, and stays there**: the mean of the last 100
   episodes drops below the first such mean by more than ``DROP_SHARE`` of its size, at least
   ``AFTER_EPISODES`` episodes later, and is still below it ``FIRST_EPISODES`` episodes after
-  that (a run starts near random-action returns; a learner that diverges ends below them, as
-  the defaults did on a 20-action env before the entropy bonus for continuous actions was
-  dropped; an early dip that recovers is not reported).
+  that, and after the learner has made as many updates again as it had when the drop was first
+  seen (``PERSIST_UPDATES`` at least). A run starts near random-action returns; a learner that
+  diverges ends below them, as the defaults did on a 20-action env before the entropy bonus
+  for continuous actions was dropped. An early dip that recovers is not reported: with 120
+  envs, Ant-v5's first episodes end hundreds a second, and its mean return dipped from -37 to
+  -100 and back within 0.2M steps (about 50 updates of 4,096), which episodes alone called a
+  divergence in every run.
 * **The policy's action spread runs away** (continuous actions): the per-dimension log std,
   read from the learner's reported entropy of its Gaussian, grows by ``STD_GROWTH`` (ten times
   the first std) or reaches the policy's clamp.
@@ -29,6 +33,8 @@ FIRST_EPISODES = 100
 AFTER_EPISODES = 200
 """A drop counts only this many episodes after the starting level was taken."""
 DROP_SHARE = 0.5
+PERSIST_UPDATES = 10
+"""The fewest learner updates a drop must outlast (see the module docstring)."""
 STD_GROWTH = math.log(10.0)
 GAUSSIAN_ENTROPY_0 = 0.5 * math.log(2 * math.pi * math.e)
 """The entropy of a unit Gaussian, per dimension: entropy / dims minus this is the log std."""
@@ -48,12 +54,20 @@ class DivergenceWatch:
     first_log_std: float | None = None
     below_since: int | None = None
     """The episode count at which the mean return was first seen below the floor."""
+    below_updates: int | None = None
+    """The learner's updates then (None: not reported)."""
     found: dict[str, Any] | None = None
     """What was found (``sign``, the figures, ``episodes``), or None."""
 
-    def check(self, episodes: int, return_mean: float | None, entropy: Any) -> None:
-        """Takes the run's episode count, its mean return and the learner's entropy (None
-        where not reported yet); warns once when a sign shows."""
+    def check(
+        self,
+        episodes: int,
+        return_mean: float | None,
+        entropy: Any,
+        updates: int | None = None,
+    ) -> None:
+        """Takes the run's episode count, its mean return, the learner's entropy and its
+        updates so far (None where not reported yet); warns once when a sign shows."""
         if self.found is not None:
             return
         if self.first_return is None and episodes >= FIRST_EPISODES and return_mean is not None:
@@ -64,8 +78,8 @@ class DivergenceWatch:
             if not below:
                 self.below_since = None
             elif self.below_since is None:
-                self.below_since = episodes
-            elif episodes >= self.below_since + FIRST_EPISODES:  # a whole window later, still
+                self.below_since, self.below_updates = episodes, updates
+            elif episodes >= self.below_since + FIRST_EPISODES and self._outlasted(updates):
                 self._found("return", first_return=self.first_return, return_mean=return_mean)
         if self.act_dim and isinstance(entropy, int | float) and math.isfinite(entropy):
             log_std = entropy / self.act_dim - GAUSSIAN_ENTROPY_0
@@ -79,6 +93,14 @@ class DivergenceWatch:
                 )
         if self.found is not None:
             self.found["episodes"] = episodes
+
+    def _outlasted(self, updates: int | None) -> bool:
+        """Whether the learner has made as many updates again since the drop was first seen
+        (``PERSIST_UPDATES`` at least); True where its updates are not reported."""
+        start = self.below_updates
+        if updates is None or start is None:
+            return True
+        return updates >= max(2 * start, start + PERSIST_UPDATES)
 
     def _found(self, sign: str, **figures: float) -> None:
         self.found = {"sign": sign, **figures}

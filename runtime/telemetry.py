@@ -75,9 +75,12 @@ class RunTelemetry:
         self.latest[source] = counters
         self.seen[source] = time.monotonic()
         if episodes or source.startswith("trainer-"):
-            self.divergence.check(
-                self.episodes, self.return_mean, self.lead_trainer().get("entropy")
+            lead = self.lead_trainer()
+            version = lead.get("version")
+            updates = (
+                version if isinstance(version, int) and not isinstance(version, bool) else None
             )
+            self.divergence.check(self.episodes, self.return_mean, lead.get("entropy"), updates)
 
     def _check_sender(self, source: str, msg: wire.Message) -> None:
         """Refuses a report not signed with the run's key, one from a sender other than the

@@ -39,6 +39,42 @@ def test_learning_an_early_dip_and_noise_are_not_reported():
         assert watch.found is None, returns[:3]
 
 
+ANT_DIP = [  # (episodes, mean return of the last 100, updates of 4,096 steps): a real run's
+    (131, -36.7, 1),  # first seconds (Ant-v5, 15 actors x 8 envs, an H200 host)
+    (516, -63.6, 9),
+    (948, -43.0, 13),
+    (1239, -41.3, 20),
+    (1465, -53.8, 27),
+    (1771, -90.6, 34),
+    (2073, -100.8, 42),
+    (2324, -69.8, 50),
+    (2615, -46.0, 58),
+    (2860, -33.4, 65),
+    (3400, 88.0, 108),
+]
+
+
+def test_a_real_early_dip_over_many_short_episodes_is_not_reported():
+    """Episodes alone called this dip a divergence (below the floor from 1,771 episodes on,
+    still below 300 episodes later); the learner's updates say it did not last."""
+    watch = DivergenceWatch(act_dim=8)
+    for episodes, mean, updates in ANT_DIP:
+        watch.check(episodes, mean, None, updates)
+    assert watch.found is None
+    episodes_only = DivergenceWatch(act_dim=8)
+    for episodes, mean, _ in ANT_DIP:
+        episodes_only.check(episodes, mean, None)
+    assert episodes_only.found is not None  # as before the updates were counted
+
+
+def test_a_fall_that_outlasts_as_many_updates_again_is_reported():
+    watch = DivergenceWatch(act_dim=8)
+    for update in range(40):  # 300 episodes per update; below from update 1 on
+        watch.check(131 + 300 * update, -37.0 if update == 0 else -90.0, None, update)
+    assert watch.found is not None and watch.found["sign"] == "return"
+    assert watch.found["episodes"] == 131 + 300 * 11  # first below at 1: 10 updates more
+
+
 def test_a_policy_std_that_runs_away_is_reported():
     watch = DivergenceWatch(act_dim=4)
     unit = 4 * GAUSSIAN_ENTROPY_0  # the entropy of a unit-std Gaussian in 4 dimensions
