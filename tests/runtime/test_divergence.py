@@ -100,3 +100,23 @@ def test_the_telemetry_watches_the_episodes_and_the_learners_entropy():
     wide = 2 * (GAUSSIAN_ENTROPY_0 + math.log(20.0))
     tel.handle(stats("trainer-0.g0", {"trained_steps": 1024, "entropy": wide}))
     assert tel.divergence.found["sign"] == "action_std"
+
+
+def test_the_telemetry_counts_a_drop_in_the_lead_trainers_updates():
+    tel = RunTelemetry(act_dim=2)
+
+    def stats(src: str, counters: dict) -> wire.Message:
+        return wire.Message(wire.MsgType.STATS, {"src": src, "c": counters})
+
+    def episodes(mean: float, n: int) -> dict:
+        return {"episodes": [[mean, 50]] * n}
+
+    tel.handle(stats("trainer-0.g0", {"trained_steps": 4096, "version": 1}))
+    tel.handle(stats("actor-0", episodes(-37.0, FIRST_EPISODES)))
+    tel.handle(stats("actor-0", episodes(-90.0, AFTER_EPISODES + FIRST_EPISODES)))
+    assert tel.divergence.below_updates == 1 and tel.divergence.found is None
+    tel.handle(stats("trainer-0.g0", {"trained_steps": 40960, "version": 10}))
+    tel.handle(stats("actor-0", episodes(-90.0, FIRST_EPISODES)))
+    assert tel.divergence.found is None  # 100 episodes later, but 9 updates: not yet
+    tel.handle(stats("trainer-0.g0", {"trained_steps": 45056, "version": 11}))
+    assert tel.divergence.found["sign"] == "return"
