@@ -82,8 +82,10 @@ class ModelSampler(optuna.samplers.BaseSampler):
         choices: Each tuned knob's choices.
         defaults: The job's values of every knob (what an untuned knob stays at).
         applies: How each knob applies (``autotune.tuning.knobs.Knob.apply``).
-        objective: ``steps_per_joule`` or ``steps_per_s``.
+        objective: ``steps_per_joule``, ``goodput_per_joule`` or ``steps_per_s``.
         lag_ceiling: Configs predicted over this lag are not suggested (None: no ceiling).
+        window_s: The tuner's shortest window: what a trial runs its config for at least, its
+            expected shortfall counted over it (``net_gain``).
     """
 
     def __init__(
