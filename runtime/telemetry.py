@@ -77,9 +77,7 @@ class RunTelemetry:
         if episodes or source.startswith("trainer-"):
             lead = self.lead_trainer()
             version = lead.get("version")
-            updates = (
-                version if isinstance(version, int) and not isinstance(version, bool) else None
-            )
+            updates = version if type(version) is int else None
             self.divergence.check(self.episodes, self.return_mean, lead.get("entropy"), updates)
 
     def _check_sender(self, source: str, msg: wire.Message) -> None:

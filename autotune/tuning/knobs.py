@@ -163,34 +163,34 @@ def batch_fits(batch: int, minibatches: int, rollout_len: int | None = None) -> 
     )
 
 
-def default_space(
-    machine: Machine, minibatches: int | None = None, rollout_len: int | None = None
-) -> dict[str, Knob]:
-    """Every knob with the values worth trying on ``machine``; with ``minibatches`` (the
-    learner's count), only the batch sizes that ``batch_fits`` them and ``rollout_len`` (a job's
-    own, which the online tuner does not change) (none: the batch size is not tuned, and the
-    knob says why)."""
+BATCH_CHOICES = _powers(512, 65536)
+
+
+def bounded_batches(minibatches: int, rollout_len: int | None = None) -> Knob:
+    """The ``batch_size`` knob of a learner of ``minibatches`` (and a job's own ``rollout_len``,
+    which the online tuner does not change): the sizes that ``batch_fits`` them; where none
+    does, every size, not tuned, saying why."""
+    fitting = tuple(b for b in BATCH_CHOICES if batch_fits(b, minibatches, rollout_len))
+    if fitting:
+        return Knob("batch_size", fitting, APPLIES["batch_size"])
+    rollouts = (
+        "" if rollout_len is None else f" and {MIN_TRAJECTORIES} rollouts of {rollout_len} steps"
+    )
+    why = (
+        f"no batch size in {BATCH_CHOICES[0]}..{BATCH_CHOICES[-1]} gives {minibatches} "
+        f"minibatches of at least {MIN_MINIBATCH} samples{rollouts}"
+    )
+    return Knob("batch_size", BATCH_CHOICES, APPLIES["batch_size"], why)
+
+
+def default_space(machine: Machine) -> dict[str, Knob]:
+    """Every knob with the values worth trying on ``machine``."""
     no_gpu = None if machine.gpus else "no CUDA GPU on this machine"
-    batches, no_batch = _powers(512, 65536), None
-    if minibatches is not None:
-        fitting = tuple(b for b in batches if batch_fits(b, minibatches, rollout_len))
-        rollouts = (
-            ""
-            if rollout_len is None
-            else f" and {MIN_TRAJECTORIES} rollouts of {rollout_len} steps"
-        )
-        no_batch = (
-            None
-            if fitting
-            else f"no batch size in {batches[0]}..{batches[-1]} gives {minibatches} minibatches "
-            f"of at least {MIN_MINIBATCH} samples{rollouts}"
-        )
-        batches = fitting or batches
     choices: dict[str, tuple[Any, ...]] = {
         "actors": tuple(range(1, machine.cores + 1)),
         "envs_per_actor": _powers(1, 64),
         "rollout_len": (16, 32, 64),
-        "batch_size": batches,
+        "batch_size": BATCH_CHOICES,
         "chunk_bytes": _powers(16 * 1024, 4 * 1024 * 1024),
         "trainers": (1, 2, 4),
         "mps_pct": MPS_CHOICES,
@@ -206,13 +206,12 @@ def default_space(
         "trainer_threads": tuple(sorted({*threads, *range(1, machine.cores + 1)})),
         "actor_nice": tuple(range(20)),
     }
-    unavailable = {"mps_pct": no_gpu, "batch_size": no_batch}
     knobs = [
         Knob(
             name,
             values,
             APPLIES.get(name, "restart"),
-            unavailable.get(name),
+            no_gpu if name == "mps_pct" else None,
             allowed.get(name, ()),
         )
         for name, values in choices.items()
@@ -226,10 +225,9 @@ def build_space(
     minibatches: int | None = None,
     rollout_len: int | None = None,
 ) -> dict[str, Knob]:
-    """The default space (``default_space``; ``minibatches`` and ``rollout_len`` bound its batch
-    sizes) narrowed by
-    ``overrides`` (``NAME=SPEC`` strings), without the ``OPT_IN`` knobs they do not name. A
-    ``batch_size`` override is the user's to give: it may name any batch size from 512 up.
+    """The default space narrowed by ``overrides`` (``NAME=SPEC`` strings), without the
+    ``OPT_IN`` knobs they do not name; with ``minibatches``, its batch sizes bounded
+    (``bounded_batches``) unless an override names them: it may name any size from 512 up.
 
     Raises:
         KnobError: for an unknown knob, a malformed spec, or values that are not allowed.
@@ -245,7 +243,7 @@ def build_space(
             raise KnobError(f"--knob {item!r}: unknown knob {name!r}; knobs: {', '.join(space)}")
         space[name] = space[name].narrowed(spec.strip())
     if minibatches is not None and "batch_size" not in named:  # explicit flags win
-        space["batch_size"] = default_space(machine, minibatches, rollout_len)["batch_size"]
+        space["batch_size"] = bounded_batches(minibatches, rollout_len)
     return {name: k for name, k in space.items() if name not in OPT_IN or name in named}
 
 

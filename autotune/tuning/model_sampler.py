@@ -290,7 +290,6 @@ class ModelSampler(optuna.samplers.BaseSampler):
         cost = np.array([self._cost(incumbent, c) for c in cands])
         gain = net_gain(mu, sd, y_best if best_key else None, cost, self.horizon_s, self.window_s)
         score = np.where(ok, gain, -np.inf)
-        ei = expected_improvement(mu, sd, y_best)
         i = int(np.argmax(score))
         self.last = {
             "windows": len(windows),
@@ -303,9 +302,8 @@ class ModelSampler(optuna.samplers.BaseSampler):
         if not np.isfinite(score[i]) or score[i] < self.min_gain:
             self.last["chosen"] = "incumbent"
             return incumbent
-        self.last.update(
-            chosen="model", predicted=float(np.exp(mu[i])), sd=float(sd[i]), ei=float(ei[i])
-        )
+        ei = float(expected_improvement(mu[i : i + 1], sd[i : i + 1], y_best)[0])
+        self.last.update(chosen="model", predicted=float(np.exp(mu[i])), sd=float(sd[i]), ei=ei)
         return cands[i]
 
 
