@@ -219,7 +219,8 @@ def build_result(runner: RunRecord, wall_s: float, energy: Any) -> dict[str, Any
     weights_identical (the current GMIs ended with bit-identical weights), phases (one per
     GMI generation, with its own steps/s, GPU W, CPU W and steps per joule), gmi_handovers
     (``runtime.gmi.fleet.GMIFleet.handovers``: how long each old generation trained on while
-    its successor started), inference
+    its successor started), gmi_spares (GMIs started from a spare process:
+    ``runtime.gmi.spares``), inference
     (``inference_doc``), timeline (every ``TIMELINE_S`` while serving: seconds since the
     start, cumulative trained steps, GPU J and CPU J; ``started_unix`` dates it), checkpoint
     (``runtime.checkpoint.result_doc``, None without one), plus episodes, actor_restarts and
@@ -309,6 +310,7 @@ def build_result(runner: RunRecord, wall_s: float, energy: Any) -> dict[str, Any
         "weights_identical": len(digests) == 1 and None not in digests,
         "phases": runner.phases.to_list() if runner.phases else [],
         "gmi_handovers": list(runner.fleet.handovers),
+        "gmi_spares": runner.fleet.spares.taken if runner.fleet.spares is not None else 0,
         "inference": inference_doc(runner),
         "changes": runner.changes,
         "checkpoint": checkpoint.result_doc(runner.cfg, runner.resume),

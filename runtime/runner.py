@@ -6,10 +6,10 @@
 Trainer GMIs are placed by ``runtime.gmi.placement`` (``trainers`` per GPU, MPS percentages);
 where MPS is wanted the runner reuses or starts an MPS daemon (``runtime.hw.mps``) and stops
 it at the end if it started it. A percentage change replaces every GMI by a new generation
-with other percentages (an MPS client's percentage is fixed for its life): the old ones train
-on until the new ones report, then retire and hand the learner state over (``runtime.gmi.fleet``).
-Each period between changes is a phase with its own energy window. Every GMI change, planned
-(``mps_changes``), asked for or from ``reconfigure``, goes through ``Generations.replace``.
+(an MPS client's percentage is fixed for its life; spare processes may start it sooner): the
+old ones train on until the new ones report, then retire and hand the learner state over
+(``runtime.gmi.fleet``). Each period between changes is a phase with its own energy window.
+Every GMI change (planned, asked for, or from ``reconfigure``) goes through ``Generations``.
 
 ``reconfigure`` changes settings of the running job (``runtime.live``): actors are added or
 removed (a removed actor delivers what it collected before it exits), respawned with another
@@ -54,6 +54,7 @@ from runtime.energy.shares import job_meter, shares_doc
 from runtime.envs import EnvInfo
 from runtime.generations import Generations, MPSChange
 from runtime.gmi.fleet import GMIFleet
+from runtime.gmi.spares import Spares
 from runtime.inference import NAME as INFERENCE
 from runtime.inference import inference_main
 from runtime.phases import PhaseLog
@@ -117,9 +118,9 @@ class Runner:
         self._started = time.monotonic()
         self.wall_from: float | None = None  # when max_wall_s counts from (None: the run's start)
         self.pace = TrainedRate()  # the trained rate the wall limit's drain reserve goes by
-        self.mp = mp.get_context("spawn")
-        self.services = Services(self.mp)
-        self.fleet = GMIFleet(cfg, info, self.services.spawn)
+        self.mp = ctx = mp.get_context("spawn")
+        self.services = Services(ctx)
+        self.fleet = GMIFleet(cfg, info, self.services.spawn, Spares(ctx, self.services.adopt, cfg))
         self.generations = Generations(self.fleet, mps_changes)
         self.on_progress, self.meter = on_progress, meter
         self.timeline = Timeline()

@@ -36,6 +36,10 @@ class Services:
         proc.start()
         self.procs[name] = proc
 
+    def adopt(self, name: str, proc: Any) -> None:
+        """Watches ``proc``, started elsewhere (a spare GMI given its role), as ``name``."""
+        self.procs[name] = proc
+
     def stop(self, name: str) -> None:
         """Kills ``name`` if it still runs and forgets it (a process being replaced)."""
         proc = self.procs.pop(name)

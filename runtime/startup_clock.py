@@ -36,11 +36,19 @@ def process_age_s() -> float:
 
 class StartupClock:
     """Stages of a start, each ``took(stage)`` the seconds since the one before; the first
-    counts from the process's creation (``boot``)."""
+    (``boot``) counts from the process's creation, or from ``asked_at`` (``time.monotonic()``
+    in the process that asked: on Linux one clock for the whole host) for a process started
+    ahead and given its work later (``runtime.gmi.spares``), which also reports how long it
+    had been up (``spare``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, asked_at: float | None = None) -> None:
         self.t0 = self._mark = time.monotonic()
-        self.stages: dict[str, float] = {"boot": process_age_s()}
+        age = process_age_s()
+        if asked_at is None:
+            self.stages: dict[str, float] = {"boot": age}
+        else:
+            boot = min(max(0.0, self.t0 - asked_at), age)
+            self.stages = {"boot": boot, "spare": age - boot}
 
     def took(self, stage: str) -> None:
         now = time.monotonic()
@@ -55,5 +63,5 @@ class StartupClock:
         stages = dict(self.stages)
         stages["rest"] = max(0.0, stages["rest"] - sum(inner.values()))
         stages.update(inner)
-        total = stages["boot"] + self._mark - self.t0
+        total = stages["boot"] + self._mark - self.t0  # a spare's time up before is not in it
         return {**{f"{k}_s": round(v, 3) for k, v in stages.items()}, "total_s": round(total, 3)}

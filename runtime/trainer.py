@@ -27,14 +27,12 @@ from typing import Any
 import zmq
 
 from policies.nonfinite import NonFiniteUpdate
-from runtime import checkpoint, topology, wire
+from runtime import checkpoint, wire
 from runtime.config import TrainConfig
 from runtime.envs import EnvInfo
-from runtime.gmi import placement
 from runtime.gmi.role import GMIRole
 from runtime.stages.batcher import Batcher
-from runtime.stages.common import LiveSettings, StatsSender, init_service_process
-from runtime.startup_clock import StartupClock
+from runtime.stages.common import LiveSettings, StatsSender
 
 # torch (and the policies and GMI group that import it) loads inside functions: the runner imports
 # this module without it, and a GMI only after ``placement.bind_gpu`` set its CUDA and MPS env.
@@ -354,47 +352,3 @@ class Trainer:
         logger.info(
             "%s saved the learner at version %d to %s", self.name, self.learner.version, path
         )
-
-
-def trainer_main(
-    cfg: TrainConfig, info: EnvInfo, endpoints: topology.Endpoints, role: GMIRole
-) -> None:
-    """Process entry point of one trainer GMI."""
-    clock = StartupClock()
-    placement.bind_gpu(role.spec.gpu, role.env)
-    init_service_process(role.name, kernel_cache=True)
-    import torch
-
-    clock.took("torch_import")
-
-    torch.set_num_threads(cfg.trainer_threads)
-    group = None
-    if role.world > 1:
-        from runtime.gmi.group import TrainerGroup
-
-        if role.spec.gpu is not None:
-            torch.cuda.set_device(0)
-        group = TrainerGroup(
-            role.spec.rank, role.layout, role.group_file(), role.spec.gpu is not None, cfg.grad_sync
-        )
-    ctx = zmq.Context()
-    dealer = topology.trainer_experience_in(ctx, endpoints, role.name)
-    weights = topology.trainer_weights_out(ctx, endpoints) if role.spec.rank == 0 else None
-    stats = StatsSender(topology.telemetry_out(ctx, endpoints), role.name, endpoints.run_key)
-    commands = topology.command_in(ctx, endpoints)
-    clock.took("group_and_sockets")
-    trainer = Trainer(cfg, info, dealer, weights, stats, role, group, commands, endpoints.run_key)
-    trainer.startup = clock.doc(trainer.built_s)
-    logger.info(
-        "%s on %s (gpu %s, mps %s%%, %s SMs, pid %d)",
-        role.name,
-        trainer.device,
-        role.spec.gpu,
-        role.spec.mps_pct,
-        trainer.sm_count,
-        os.getpid(),
-    )
-    trainer.run()
-    if group is not None:
-        group.close()
-    ctx.destroy(linger=topology.LINGER_MS)

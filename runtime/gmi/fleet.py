@@ -10,6 +10,9 @@ process importing torch, and on a GPU a CUDA context as an MPS client: seconds).
 every new GMI has reported (its learner is built) is the migrator told to ``retire`` the old
 one, so training pauses for the state's hand-over alone, not for the new processes' start-up.
 A new generation that has not reported within ``STANDBY_MAX_S`` is not waited for any longer.
+Where GMIs are likely to be replaced (MPS may be set later: a tuner or live changes; or the
+run has replaced them once), spare processes that have imported torch wait to become the next
+generation's GMIs (``runtime.gmi.spares``), so that its start takes less.
 The ``retire`` COMMAND is resent until the migrator reports it, since PUB/SUB drops a message
 sent before a subscriber has joined.
 """
@@ -29,10 +32,11 @@ from runtime.config import TrainConfig
 from runtime.envs import EnvInfo
 from runtime.gmi import placement
 from runtime.gmi.placement import GMISpec
+from runtime.gmi.process import trainer_main
 from runtime.gmi.role import GMIRole, recovery_file, state_file
+from runtime.gmi.spares import Spares
 from runtime.hw.mps import MPSControl, MPSUnavailable
 from runtime.inference import InferencePlace
-from runtime.trainer import trainer_main
 
 logger = logging.getLogger(__name__)
 
@@ -51,10 +55,14 @@ class GMIFleet:
         cfg: The run's configuration (validated).
         info: The environment description.
         spawn: Starts a named service process (the runner's, so it watches them all).
+        spares: Spare GMI processes to start GMIs from where they are wanted (None: none).
     """
 
-    def __init__(self, cfg: TrainConfig, info: EnvInfo, spawn: Spawn) -> None:
-        self.cfg, self.info, self.spawn = cfg, info, spawn
+    def __init__(
+        self, cfg: TrainConfig, info: EnvInfo, spawn: Spawn, spares: Spares | None = None
+    ) -> None:
+        self.cfg, self.info, self.spawn, self.spares = cfg, info, spawn, spares
+        self._replaced_later = False  # whether GMIs may be replaced: spares are then kept
         self.gmis: list[GMISpec] = placement.place(cfg)
         self.generation = 0
         self.reset_epoch = 0
@@ -104,6 +112,7 @@ class GMIFleet:
                 also where the GMIs start on the CPU and a tuner may move them to a GPU.
         """
         self._set_up = True
+        self._replaced_later = mps_later
         if self.sharing == "cpu" and not mps_later:
             return  # CPU GMIs, and none will move to a GPU share during the run
         if not (
@@ -130,7 +139,9 @@ class GMIFleet:
             role = GMIRole(
                 spec, self.generation, layout, run_dir, resume_from, env, self.reset_epoch
             )
-            self.spawn(role.name, trainer_main, (self.cfg, self.info, ep, role))
+            args = (self.cfg, self.info, ep, role)
+            if self.spares is None or not self.spares.take(role.name, args):
+                self.spawn(role.name, trainer_main, args)
 
     def restart(self, ep: topology.Endpoints, run_dir: str, fallback: str | None) -> None:
         """Starts a new generation in place of one that died (its processes already gone), from
@@ -184,6 +195,7 @@ class GMIFleet:
             cfg: A new configuration for the GMIs (count, device, GPUs, threads, sync).
         """
         old = self.generation
+        self._replaced_later = True  # a run that replaced its GMIs once may do so again
         if cfg is not None:  # check() has refused GMIs that need an MPS daemon it lacks
             self.cfg = cfg
             self.gmis = placement.place(cfg)
@@ -216,8 +228,13 @@ class GMIFleet:
             reported: Whether a GMI has reported (its learner is built). None: retire every
                 generation on standby now (the run is draining).
             force: Send now rather than at most every ``RETIRE_RESEND_S``.
+
+        Once the current generation has reported (never during the drain), the spares are
+        topped up for the next one.
         """
         now = time.monotonic()
+        if reported is not None and all(reported(name) for name in self.names()):
+            self._tend_spares()
         for gen, (names, since) in list(self._standby.items()):
             started = reported is not None and all(reported(name) for name in names)
             waited_out = reported is not None and now - since >= STANDBY_MAX_S
@@ -245,7 +262,14 @@ class GMIFleet:
             wire.send_msg(command_sock, wire.MsgType.COMMAND, meta)
         self._retire_sent = now
 
+    def _tend_spares(self) -> None:
+        if self.spares is not None and self._replaced_later and self.spares.allowed:
+            self.spares.wanted = len(self.gmis)
+            self.spares.top_up()
+
     def stop(self) -> None:
-        """Stops the MPS daemon if this run started it."""
+        """Lets the spare GMIs go; stops the MPS daemon if this run started it."""
+        if self.spares is not None:
+            self.spares.stop()
         if self.mps is not None:
             self.mps.stop()

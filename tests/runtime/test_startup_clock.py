@@ -43,3 +43,20 @@ def test_stages_add_up_to_the_total_and_inner_stages_are_split_out(monkeypatch):
         "total_s": 7.75,
     }
     assert sum(v for k, v in doc.items() if k != "total_s") == pytest.approx(doc["total_s"])
+
+
+def test_a_spare_counts_its_start_from_the_hand_over_and_says_how_long_it_waited(monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr(startup_clock.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(startup_clock, "process_age_s", lambda: 30.0)  # up for 30 s
+    clock = StartupClock(asked_at=99.75)  # handed its role 0.25 s ago
+    now[0] += 0.5
+    clock.took("torch_import")
+    doc = clock.doc()
+    assert doc == {
+        "boot_s": 0.25,
+        "spare_s": 29.75,
+        "torch_import_s": 0.5,
+        "rest_s": 0.0,
+        "total_s": 0.75,
+    }

@@ -1,0 +1,86 @@
+"""Spare GMI processes (``runtime.gmi.spares``): started ahead with torch imported, they become
+the next generation's GMIs; as real processes on the CPU."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+
+import pytest
+
+from runtime.gmi import spares as spares_mod
+from runtime.gmi.spares import Spares, spares_allowed
+from runtime.runner import Runner
+from tests.runtime.test_gmis import assert_nothing_lost, small
+
+
+@pytest.mark.slow
+def test_a_hand_over_after_the_first_starts_its_gmi_from_a_spare_with_torch_imported():
+    """The first hand-over of a run that did not expect one starts its GMI afresh; from then on
+    a spare waits, and the next generation's GMI starts from it: torch is imported already, its
+    start counts from the hand-over, and the steps and the learner carry over as before."""
+    cfg = small(steps=10**9)
+    runner = Runner(cfg, cfg.validate())
+
+    def hand_over_twice(state):
+        gen = runner.generation
+        trained = runner.telemetry.source(f"trainer-0.g{gen}").get("trained_steps", 0)
+        if gen == 0 and state.trained_steps >= 4_000:
+            runner.request_replace()
+        elif gen == 1 and trained >= cfg.batch_size and runner.fleet.spares.idle:
+            runner.request_replace()  # a spare is up (it may still be importing)
+        elif gen == 2 and trained >= cfg.batch_size:
+            runner.stop_requested = True
+
+    runner.on_progress = hand_over_twice
+    result = runner.run()
+    assert_nothing_lost(result)
+    assert result["failure"] is None and result["weights_identical"]
+    assert [h["generation"] for h in result["gmi_handovers"]] == [1, 2]
+    assert result["gmi_spares"] == 1
+    by_gen = {g["generation"]: g for g in result["gmis"]}
+    assert "spare_s" not in by_gen[0]["startup"] and "spare_s" not in by_gen[1]["startup"]
+    spare = by_gen[2]["startup"]
+    assert spare["spare_s"] > 0
+    # torch was in the spare before the role came: its import is a dictionary lookup
+    assert spare["torch_import_s"] < by_gen[1]["startup"]["torch_import_s"]
+    assert by_gen[1]["retired"] and by_gen[2]["resumed"] and by_gen[2]["trained_steps"] > 0
+    assert not runner.fleet.spares.idle  # the run's end let the next spare go
+
+
+def test_spares_start_only_as_wanted_and_a_stop_ends_every_idle_one():
+    adopted: list[str] = []
+    spares = Spares(mp.get_context("spawn"), lambda name, _: adopted.append(name), small())
+    spares.top_up()
+    assert spares.idle == []  # none wanted
+    spares.wanted = 1
+    spares.top_up()
+    spares.top_up()  # topped up, not added to
+    ((proc, _),) = spares.idle
+    assert proc.is_alive()
+    spares.stop()
+    assert spares.idle == [] and not proc.is_alive() and adopted == []
+
+
+def test_a_spare_that_died_idle_is_dropped_and_the_gmi_starts_afresh():
+    adopted: list[str] = []
+    spares = Spares(mp.get_context("spawn"), lambda name, _: adopted.append(name), small())
+    spares.wanted = 1
+    spares.top_up()
+    ((proc, _),) = spares.idle
+    proc.kill()
+    proc.join(timeout=10)
+    assert spares.take("trainer-0.g1", ()) is False  # the caller spawns the GMI itself
+    assert spares.idle == [] and adopted == [] and spares.taken == 0
+
+
+@pytest.mark.parametrize(("value", "allowed"), [("", True), ("1", True), ("0", False)])
+def test_the_spares_switch_reads_0_or_1(monkeypatch, value, allowed):
+    monkeypatch.setenv(spares_mod.SPARES_ENV, value)
+    assert spares_allowed() is allowed
+
+
+def test_a_bad_spares_switch_is_refused_before_a_run_starts(monkeypatch):
+    monkeypatch.setenv(spares_mod.SPARES_ENV, "yes")
+    cfg = small()
+    with pytest.raises(ValueError, match="AUTOTUNE_GMI_SPARES='yes': allowed are 0"):
+        Runner(cfg, cfg.validate())
