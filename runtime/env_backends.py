@@ -5,7 +5,8 @@
   ``threads`` worker threads (the cores the actor's budget gives it), in EnvPool's
   synchronous mode: an actor owns about one core, and on one core a batch step in C++ is what
   pays (less Python per step), not overlapping the step with the policy's forward pass.
-* ``auto``: EnvPool when it is installed and has the id, else gymnasium. A custom env
+* ``auto``: EnvPool when it is installed, loads and has the id, else gymnasium (an installed
+  EnvPool that does not load is a warning, with its error). A custom env
   (``module:EnvId``, or an id the run's env modules register) always uses gymnasium.
 
 Both backends give an actor the same bookkeeping (``VecEnvs.step``): the observation to act on
@@ -20,6 +21,8 @@ from __future__ import annotations
 
 import difflib
 import functools
+import importlib.util
+import logging
 import os
 from dataclasses import dataclass
 
@@ -27,18 +30,35 @@ import numpy as np
 
 from runtime.envs import EnvError, envpool_make, make_env
 
+logger = logging.getLogger(__name__)
+
 BACKENDS = ("auto", "gymnasium", "envpool")
 INSTALL_HINT = "pip install 'rl-autotune[envpool]'"
 
 
-@functools.cache
 def envpool_ids() -> tuple[str, ...]:
-    """The env ids the installed EnvPool has; empty when EnvPool is not installed."""
+    """The env ids the installed EnvPool has; empty when EnvPool is not installed or does not
+    load (``envpool_problem`` says which)."""
+    return _envpool()[0]
+
+
+def envpool_problem() -> str | None:
+    """Why EnvPool cannot be used here, or None: ``not installed``, or the error of an
+    installed EnvPool that does not load (a library of its own missing on this host, such as
+    MuJoCo's ``libEGL.so.1``), which is logged once as a warning."""
+    return _envpool()[1]
+
+
+@functools.cache
+def _envpool() -> tuple[tuple[str, ...], str | None]:
+    if importlib.util.find_spec("envpool") is None:
+        return (), "not installed"
     try:
         import envpool
-    except ImportError:
-        return ()
-    return tuple(envpool.list_all_envs())
+    except ImportError as exc:
+        logger.warning("EnvPool is installed but does not load (%s): actors use gymnasium", exc)
+        return (), f"installed but does not load: {exc}"
+    return tuple(envpool.list_all_envs()), None
 
 
 def _custom(env_id: str) -> bool:
@@ -77,7 +97,10 @@ def resolve_backend(env_id: str, backend: str) -> str:
             "gymnasium backend only; use --env-backend gymnasium or auto"
         )
     if not ids:
-        raise EnvError(f"env backend envpool: EnvPool is not installed ({INSTALL_HINT})")
+        problem = envpool_problem()
+        if problem == "not installed":
+            raise EnvError(f"env backend envpool: EnvPool is not installed ({INSTALL_HINT})")
+        raise EnvError(f"env backend envpool: EnvPool is {problem}; use --env-backend gymnasium")
     if env_id not in ids:
         close = difflib.get_close_matches(env_id, ids, n=4, cutoff=0.6)
         hint = f"; close ids it has: {', '.join(close)}" if close else ""

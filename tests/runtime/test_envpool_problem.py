@@ -1,0 +1,44 @@
+"""An EnvPool that is installed but does not load (a library of its own missing on the host,
+as MuJoCo's libEGL on a GPU server without graphics libraries) is said, not passed over: an
+explicit ``envpool`` backend is refused with the load error, ``auto`` warns and runs gymnasium."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import pytest
+
+from runtime import env_backends
+from runtime.env_backends import envpool_problem, resolve_backend
+from runtime.envs import EnvError
+
+LOAD_ERROR = "libEGL.so.1: cannot open shared object file: No such file or directory"
+
+
+@pytest.fixture
+def broken_envpool(tmp_path, monkeypatch):
+    """An installed ``envpool`` package whose import fails as EnvPool's does without libEGL."""
+    pkg = tmp_path / "envpool"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(f"raise ImportError({LOAD_ERROR!r})\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in [m for m in sys.modules if m == "envpool" or m.startswith("envpool.")]:
+        monkeypatch.delitem(sys.modules, name)
+    env_backends._envpool.cache_clear()
+    yield
+    env_backends._envpool.cache_clear()
+
+
+def test_an_explicit_envpool_backend_is_refused_with_the_load_error(broken_envpool):
+    with pytest.raises(EnvError, match=r"EnvPool is installed but does not load: libEGL\.so\.1"):
+        resolve_backend("CartPole-v1", "envpool")
+
+
+def test_auto_runs_gymnasium_and_warns_with_the_load_error(broken_envpool, caplog):
+    with caplog.at_level(logging.WARNING, logger="runtime.env_backends"):
+        assert resolve_backend("CartPole-v1", "auto") == "gymnasium"
+    assert envpool_problem() == f"installed but does not load: {LOAD_ERROR}"
+    assert [r.getMessage() for r in caplog.records] == [
+        f"EnvPool is installed but does not load ({LOAD_ERROR}): actors use gymnasium"
+    ]
