@@ -120,7 +120,7 @@ class Runner:
         self.pace = TrainedRate()  # the trained rate the wall limit's drain reserve goes by
         self.mp = ctx = mp.get_context("spawn")
         self.services = Services(ctx)
-        self.fleet = GMIFleet(cfg, info, self.services.spawn, Spares(ctx, self.services.adopt, cfg))
+        self.fleet = GMIFleet(cfg, info, self.services.spawn, Spares(ctx, self.services.adopt))
         self.generations = Generations(self.fleet, mps_changes)
         self.on_progress, self.meter = on_progress, meter
         self.timeline = Timeline()

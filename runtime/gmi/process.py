@@ -77,16 +77,31 @@ def trainer_main(
 
 
 def spare_main(conn: Connection, modules: tuple[str, ...]) -> None:
-    """Process entry point of a spare GMI: imports ``modules`` (torch and the learner's; never a
-    device, so the role may still pick any GPU, MPS percentage or the CPU), then waits for its
-    role on ``conn`` (the read end of a pipe from the runner) and runs ``trainer_main`` with it.
-    A pipe closed with no role (the run ended, or it let the spare go) ends the process."""
+    """Process entry point of a spare GMI: imports ``modules`` (torch and the learner's), then
+    waits for its role on ``conn`` (the read end of a pipe from the runner) and runs
+    ``trainer_main`` with it. A pipe closed with no role (the run ended, or it let the spare
+    go) ends the process.
+
+    The imports must not start the CUDA driver: it reads the MPS percentage and the visible
+    devices once, as it starts, and the role is not known yet. A spare whose imports loaded the
+    driver exits instead of waiting (the runner then starts GMIs afresh): on an H200 host, a
+    spare that had imported TorchDynamo and TorchInductor too became a GMI given 50 % that ran
+    on all 132 SMs.
+    """
     init_service_process("spare-gmi", kernel_cache=True)
     for name in modules:
         try:
             importlib.import_module(name)
         except ImportError as exc:  # the GMI imports what it needs as it starts
             logger.debug("a spare GMI could not import %s ahead: %s", name, exc)
+    if cuda_driver_loaded():
+        logger.warning(
+            "a spare GMI's imports (%s) loaded the CUDA driver before its MPS share was known; "
+            "GMIs start afresh instead",
+            ", ".join(modules),
+        )
+        conn.close()
+        return
     try:
         cfg, info, endpoints, role, asked_at = conn.recv()
     except EOFError:
@@ -94,3 +109,13 @@ def spare_main(conn: Connection, modules: tuple[str, ...]) -> None:
     finally:
         conn.close()
     trainer_main(cfg, info, endpoints, role, asked_at)
+
+
+def cuda_driver_loaded() -> bool:
+    """Whether this process has loaded the CUDA driver (``libcuda``), which it does as the CUDA
+    runtime first starts; False where that cannot be read (no ``/proc``: no MPS either)."""
+    try:
+        with open("/proc/self/maps") as f:
+            return any("libcuda.so" in line for line in f)
+    except OSError:
+        return False

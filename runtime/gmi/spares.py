@@ -3,12 +3,14 @@ next GMI generation starts sooner.
 
 A hand-over's new GMI trains only once it has started (``runtime.gmi.fleet``), and a tuner
 measures its config only after that. On an H200 host with 15 busy actors a new GMI took
-14.6-20.9 s: 1.2-3.2 s for the process, 3.0-6.1 s to import torch, 4.6-6.3 s for the learner
-with its CUDA context and 4.4-7.2 s to compile the loss from the warm kernel cache (the result's
-``gmis[].startup``). A spare has done the first two, and the imports of the third and fourth
-(the learner's modules, TorchDynamo and TorchInductor), while the run went on; it has not
-touched a device. CUDA reads the MPS client's percentage and the visible devices when a
-context starts, so a spare can still become a GMI on any GPU at any percentage, or on the CPU.
+12-21 s: 1.2-3.2 s for the process, 3.0-6.1 s to import torch, 4.6-6.7 s for the learner
+(mostly TorchDynamo's and TorchInductor's imports) and 4.4-7.2 s to compile the loss from the
+warm kernel cache (the result's ``gmis[].startup``). A spare has done the first two, and
+imported the learner's own modules, while the run went on; it has not touched a device. CUDA
+reads the MPS client's percentage and the visible devices when its driver starts, so a spare
+can still become a GMI on any GPU at any percentage, or on the CPU. The compiler's modules are
+not imported ahead: on that host a spare that had imported them too had started the CUDA driver,
+and its GMI ran on all SMs at a share of 50 %. ``spare_main`` checks that no import did.
 
 A spare is a child of the runner like every service (the same ``spawn`` context: it dies with
 the runner). Its role comes down a pipe the runner made for it, pickled as ``spawn`` passes a
@@ -27,15 +29,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from runtime.config import TrainConfig
 from runtime.gmi.process import spare_main
 
 logger = logging.getLogger(__name__)
 
 SPARES_ENV = "AUTOTUNE_GMI_SPARES"
-BASE_MODULES = ("torch", "policies.appo", "policies.actor_critic")
-COMPILER_MODULES = ("torch._dynamo", "torch._inductor.compile_fx")
-"""Imported ahead where the learner compiles its loss (``policies.compiled_loss``)."""
+MODULES = ("torch", "policies.actor_critic", "policies.appo")
+"""What a spare imports ahead (not TorchDynamo or TorchInductor: see the module docstring)."""
 
 Adopt = Callable[[str, Any], None]
 
@@ -57,26 +57,24 @@ class Spares:
         ctx: The runner's multiprocessing context (``spawn``).
         adopt: Registers a process as the service of a name (``Services.adopt``), once a spare
             has been given that GMI's role.
-        cfg: The run's configuration (whether the learner compiles its loss: the compiler's
-            modules then load ahead).
 
     Raises:
         ValueError: ``AUTOTUNE_GMI_SPARES`` holds neither 0 nor 1.
     """
 
-    def __init__(self, ctx: Any, adopt: Adopt, cfg: TrainConfig) -> None:
+    def __init__(self, ctx: Any, adopt: Adopt) -> None:
         self.ctx, self.adopt = ctx, adopt
         self.allowed = spares_allowed()
-        self.modules = BASE_MODULES + (COMPILER_MODULES if cfg.learner.compile_loss else ())
+        self.modules = MODULES
         self.wanted = 0
         self.idle: list[tuple[Any, Any]] = []  # (process, the write end of its pipe)
         self.taken = 0
         """Roles handed to spares so far (the result's ``gmi_spares``)."""
 
     def top_up(self) -> None:
-        """Starts spares until ``wanted`` are up (those that died idle are dropped)."""
+        """Starts spares until ``wanted`` are up (see ``_drop_dead``)."""
         self._drop_dead()
-        while len(self.idle) < self.wanted:
+        while self.allowed and len(self.idle) < self.wanted:
             read, write = self.ctx.Pipe(duplex=False)
             proc = self.ctx.Process(
                 target=spare_main, args=(read, self.modules), name="spare-gmi", daemon=True
@@ -115,8 +113,15 @@ class Spares:
         self.idle = []
 
     def _drop_dead(self) -> None:
+        """Drops spares that exited idle; one that did means the next would too (its imports
+        loaded the CUDA driver, or it died): no more are started in this run."""
         for proc, write in [s for s in self.idle if not s[0].is_alive()]:
-            logger.warning("a spare GMI process exited (code %s) before it was used", proc.exitcode)
+            logger.warning(
+                "a spare GMI process exited (code %s) before it was used; GMIs start afresh "
+                "for the rest of the run",
+                proc.exitcode,
+            )
             write.close()
             proc.join(timeout=5)
             self.idle.remove((proc, write))
+            self.allowed = False

@@ -49,7 +49,7 @@ def test_a_hand_over_after_the_first_starts_its_gmi_from_a_spare_with_torch_impo
 
 def test_spares_start_only_as_wanted_and_a_stop_ends_every_idle_one():
     adopted: list[str] = []
-    spares = Spares(mp.get_context("spawn"), lambda name, _: adopted.append(name), small())
+    spares = Spares(mp.get_context("spawn"), lambda name, _: adopted.append(name))
     spares.top_up()
     assert spares.idle == []  # none wanted
     spares.wanted = 1
@@ -63,7 +63,7 @@ def test_spares_start_only_as_wanted_and_a_stop_ends_every_idle_one():
 
 def test_a_spare_that_died_idle_is_dropped_and_the_gmi_starts_afresh():
     adopted: list[str] = []
-    spares = Spares(mp.get_context("spawn"), lambda name, _: adopted.append(name), small())
+    spares = Spares(mp.get_context("spawn"), lambda name, _: adopted.append(name))
     spares.wanted = 1
     spares.top_up()
     ((proc, _),) = spares.idle
@@ -71,6 +71,21 @@ def test_a_spare_that_died_idle_is_dropped_and_the_gmi_starts_afresh():
     proc.join(timeout=10)
     assert spares.take("trainer-0.g1", ()) is False  # the caller spawns the GMI itself
     assert spares.idle == [] and adopted == [] and spares.taken == 0
+    spares.top_up()  # a spare that exits idle would again: none more in this run
+    assert spares.idle == [] and not spares.allowed
+
+
+def test_a_spare_whose_imports_loaded_the_cuda_driver_exits_without_taking_a_role(monkeypatch):
+    """The driver reads the MPS share as it starts: a spare that has it loaded before its role
+    is known must not become a GMI (in-process here: the process set-up is the runner's)."""
+    from runtime.gmi import process
+
+    monkeypatch.setattr(process, "init_service_process", lambda *a, **k: None)
+    monkeypatch.setattr(process, "cuda_driver_loaded", lambda: True)
+    read, write = mp.get_context("spawn").Pipe(duplex=False)
+    process.spare_main(read, ("json",))
+    assert read.closed
+    write.close()
 
 
 @pytest.mark.parametrize(("value", "allowed"), [("", True), ("1", True), ("0", False)])
