@@ -169,7 +169,7 @@ def fake_run(trained_steps: int) -> types.SimpleNamespace:
     return types.SimpleNamespace(
         cfg=TrainConfig(),
         telemetry=telemetry,
-        fleet=types.SimpleNamespace(sharing="cpu", mps_note=None, handovers=[]),
+        fleet=types.SimpleNamespace(sharing="cpu", mps_note=None, handovers=[], spares=None),
         resume=None,
         timeline=Timeline(),
         changes=[],
