@@ -76,11 +76,13 @@ def trainer_main(
     ctx.destroy(linger=topology.LINGER_MS)
 
 
-def spare_main(conn: Connection, modules: tuple[str, ...]) -> None:
-    """Process entry point of a spare GMI: imports ``modules`` (torch and the learner's), then
-    waits for its role on ``conn`` (the read end of a pipe from the runner) and runs
-    ``trainer_main`` with it. A pipe closed with no role (the run ended, or it let the spare
-    go) ends the process.
+def spare_main(
+    conn: Connection, modules: tuple[str, ...], cpu_build_modules: tuple[str, ...] = ()
+) -> None:
+    """Process entry point of a spare GMI: imports ``modules`` (torch and the learner's), and
+    ``cpu_build_modules`` too where torch has no CUDA (no driver to start), then waits for its
+    role on ``conn`` (the read end of a pipe from the runner) and runs ``trainer_main`` with it.
+    A pipe closed with no role (the run ended, or it let the spare go) ends the process.
 
     The imports must not start the CUDA driver: it reads the MPS percentage and the visible
     devices once, as it starts, and the role is not known yet. A spare whose imports loaded the
@@ -89,6 +91,10 @@ def spare_main(conn: Connection, modules: tuple[str, ...]) -> None:
     on all 132 SMs.
     """
     init_service_process("spare-gmi", kernel_cache=True)
+    import torch
+
+    if not torch.backends.cuda.is_built():
+        modules = modules + cpu_build_modules
     for name in modules:
         try:
             importlib.import_module(name)

@@ -36,6 +36,9 @@ logger = logging.getLogger(__name__)
 SPARES_ENV = "AUTOTUNE_GMI_SPARES"
 MODULES = ("torch", "policies.actor_critic", "policies.appo")
 """What a spare imports ahead (not TorchDynamo or TorchInductor: see the module docstring)."""
+CPU_BUILD_MODULES = ("torch._dynamo", "torch._inductor.compile_fx")
+"""Imported ahead too where torch is built without CUDA (no driver to start): the learner's
+optimiser loads TorchDynamo as it is built (about 1 s of a 2-core CPU GMI's start)."""
 
 Adopt = Callable[[str, Any], None]
 
@@ -77,7 +80,10 @@ class Spares:
         while self.allowed and len(self.idle) < self.wanted:
             read, write = self.ctx.Pipe(duplex=False)
             proc = self.ctx.Process(
-                target=spare_main, args=(read, self.modules), name="spare-gmi", daemon=True
+                target=spare_main,
+                args=(read, self.modules, CPU_BUILD_MODULES),
+                name="spare-gmi",
+                daemon=True,
             )
             proc.start()
             read.close()
