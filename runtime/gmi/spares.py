@@ -8,17 +8,19 @@ measures its config only after that. On an H200 host with 15 busy actors a new G
 warm kernel cache (the result's ``gmis[].startup``). A spare has done the first two, and
 imported the learner's own modules, while the run went on; it has not touched a device. CUDA
 reads the MPS client's percentage and the visible devices when its driver starts, so a spare
-can still become a GMI on any GPU at any percentage, or on the CPU. The compiler's modules are
-not imported ahead: on that host a spare that had imported them too had started the CUDA driver,
-and its GMI ran on all SMs at a share of 50 %. ``spare_main`` checks that no import did.
+can still become a GMI on any GPU at any percentage, or on the CPU. Where torch is built with
+CUDA the compiler's modules are not imported ahead: on that host a spare that had imported them
+too had started the CUDA driver, and its GMI ran on all SMs at a share of 50 %. ``spare_main``
+checks that no import did.
 
 A spare is a child of the runner like every service (the same ``spawn`` context: it dies with
 the runner). Its role comes down a pipe the runner made for it, pickled as ``spawn`` passes a
 process's arguments; nothing else writes to that pipe. Spares are kept only in runs whose GMIs
-may be replaced (a tuner or a live change may set an MPS share), one per GMI of the current
-generation, and started once that generation has reported, so that their imports never
-compete with its start. ``AUTOTUNE_GMI_SPARES=0`` keeps none (a start as before, for a
-side-by-side measurement).
+are likely to be replaced (MPS may be set later: a tuner, live changes or a planned change;
+or the run has replaced them once), one per GMI of the current generation, and started once
+that generation has reported, so that their imports never compete with its start.
+``AUTOTUNE_GMI_SPARES=0`` keeps none (a start as before, for a side-by-side measurement:
+``python -m bench.handover``).
 """
 
 from __future__ import annotations
@@ -95,7 +97,7 @@ class Spares:
         self._drop_dead()
         while self.idle:
             proc, write = self.idle.pop(0)
-            try:
+            try:  # a few KB: the pipe holds it, so a spare still importing holds no one up
                 write.send((*args, time.monotonic()))
             except OSError:  # it died since the check: the pipe has no reader
                 proc.join(timeout=5)
