@@ -189,6 +189,7 @@ def summary(doc: dict, progress: list[dict], reference: float | None) -> dict:
         "wall_s": doc["wall_s"],
         "steps_per_joule": doc.get("steps_per_joule"),
         "lost_steps": doc["lost_steps"],
+        "env_backend": (doc.get("config") or {}).get("env_backend"),  # what `auto` resolved to
         "reference": None
         if first is None
         else {"return": reference, "joules": first.get("joules"), "steps": first["steps"]},
@@ -223,6 +224,8 @@ def table(results: dict, seeds: list[int], arms: list[str], reference: float | N
                 kj = "n/a" if ref["joules"] is None else f"{ref['joules'] / 1000:.1f} kJ"
                 tail = f" {kj}, {ref['steps'] / 1e6:.2f}M steps |"
             rows.append(f"| {arm} | {seed} | {to} | {r['steps_per_joule'] or 0:.1f} |{tail}")
+    backends = sorted({str(r.get("env_backend")) for r in results.values() if not r.get("failed")})
+    rows.append(f"\nThe actors' env backend: {', '.join(backends) or 'n/a'}.")
     if set(arms) != set(ARMS):
         return "\n".join(rows) + "\n"
     ratios = [

@@ -45,8 +45,10 @@ def test_the_table_says_which_runs_missed_the_target_or_failed():
     target = {"reached": True, "joules": 2000.0, "seconds": 3.0, "steps": 30_000}
     reached = {"env_steps": 30_000, "wall_s": 4, "steps_per_joule": 9.0, "lost_steps": 0}
     reached["target"] = target
+    reached["config"] = {"env_backend": "gymnasium"}  # what the run's `auto` resolved to
     sizing = {"seconds": 0.5, "joules": 300.0, "note": "this run's probes"}
     faster = dict(reached, target=dict(target, joules=1000.0, sizing=sizing))
+    faster["config"] = {"env_backend": "envpool"}
     missed = dict(reached, target={"reached": False, "best_return": 37.0})
     early = dict(reached, target={"reached": False, "best_return": None})  # < 100 episodes
     results = {
@@ -67,6 +69,7 @@ def test_the_table_says_which_runs_missed_the_target_or_failed():
     assert "not reached (best 37)" in text and "| goodput | 1 | failed |" in text
     assert "not reached (best n/a)" in text and "| goodput | 2 | failed |" in text
     assert text.rstrip().endswith("per seed: 2.00x (seed 0)")
+    assert "The actors' env backend: envpool, gymnasium." in text  # a fallback shows
     # one arm alone: the rows, no ratio
     alone = table(results, [0], ["goodput"], 30.0)
     assert "| goodput | 0 | **1.0 kJ** (0.3 kJ sizing) |" in alone and "per seed" not in alone
