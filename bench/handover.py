@@ -50,8 +50,15 @@ def run_arm(arm: str, a: argparse.Namespace) -> dict[str, Any]:
         max_wall_s=a.max_wall_s,
         seed=a.seed,
     )
+    before = os.environ.get(SPARES_ENV)
     os.environ[SPARES_ENV] = ARMS[arm]
-    runner = Runner(cfg, cfg.validate(), mps_live=cuda)
+    try:
+        runner = Runner(cfg, cfg.validate(), mps_live=cuda)  # reads the switch
+    finally:
+        if before is None:
+            del os.environ[SPARES_ENV]
+        else:
+            os.environ[SPARES_ENV] = before
     counted_from: dict[int, int] = {}  # generation -> run's trained steps when it first trained
     asked: set[int] = set()
 

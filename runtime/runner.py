@@ -397,3 +397,4 @@ class Runner:
     def _kill_all(self) -> None:
         self.actors.kill_all()
         self.services.kill_all()
+        self.fleet.let_spares_go()

@@ -229,11 +229,13 @@ class GMIFleet:
                 generation on standby now (the run is draining).
             force: Send now rather than at most every ``RETIRE_RESEND_S``.
 
-        Once the current generation has reported (never during the drain), the spares are
-        topped up for the next one.
+        Once the current generation has reported, the spares are topped up for the next one;
+        during the drain (``reported`` None) they are let go.
         """
         now = time.monotonic()
-        if reported is not None and all(reported(name) for name in self.names()):
+        if reported is None:
+            self.let_spares_go()
+        elif all(reported(name) for name in self.names()):
             self._tend_spares()
         for gen, (names, since) in list(self._standby.items()):
             started = reported is not None and all(reported(name) for name in names)
@@ -267,9 +269,13 @@ class GMIFleet:
             self.spares.wanted = len(self.gmis)
             self.spares.top_up()
 
-    def stop(self) -> None:
-        """Lets the spare GMIs go; stops the MPS daemon if this run started it."""
+    def let_spares_go(self) -> None:
+        """Kills the idle spare GMIs (none is needed any more: the run drains or ends)."""
         if self.spares is not None:
             self.spares.stop()
+
+    def stop(self) -> None:
+        """Lets the spare GMIs go; stops the MPS daemon if this run started it."""
+        self.let_spares_go()
         if self.mps is not None:
             self.mps.stop()

@@ -25,6 +25,9 @@ from runtime.trainer import Trainer
 
 logger = logging.getLogger(__name__)
 
+READY = b"ready"
+"""What a spare sends once its imports are done and it waits for its role."""
+
 
 def trainer_main(
     cfg: TrainConfig,
@@ -77,18 +80,22 @@ def trainer_main(
 
 
 def spare_main(
-    conn: Connection, modules: tuple[str, ...], cpu_build_modules: tuple[str, ...] = ()
+    role_in: Connection,
+    ready_out: Connection,
+    modules: tuple[str, ...],
+    cpu_build_modules: tuple[str, ...] = (),
 ) -> None:
     """Process entry point of a spare GMI: imports ``modules`` (torch and the learner's), and
-    ``cpu_build_modules`` too where torch has no CUDA (no driver to start), then waits for its
-    role on ``conn`` (the read end of a pipe from the runner) and runs ``trainer_main`` with it.
-    A pipe closed with no role (the run ended, or it let the spare go) ends the process.
+    ``cpu_build_modules`` too where torch has no CUDA (no driver to start), says ``READY`` on
+    ``ready_out``, then waits for its role on ``role_in`` (both pipes from the runner) and runs
+    ``trainer_main`` with it. A pipe closed with no role (the run ended, or it let the spare
+    go) ends the process.
 
     The imports must not start the CUDA driver: it reads the MPS percentage and the visible
     devices once, as it starts, and the role is not known yet. A spare whose imports loaded the
-    driver exits instead of waiting (the runner then starts GMIs afresh): on an H200 host, a
-    spare that had imported TorchDynamo and TorchInductor too became a GMI given 50 % that ran
-    on all 132 SMs.
+    driver exits (code 3) without saying it is ready, so it is never given a role, and the
+    runner starts GMIs afresh: on an H200 host, a spare that had imported TorchDynamo and
+    TorchInductor too became a GMI given 50 % that ran on all 132 SMs.
     """
     init_service_process("spare-gmi", kernel_cache=True)
     import torch
@@ -106,14 +113,15 @@ def spare_main(
             "GMIs start afresh instead",
             ", ".join(modules),
         )
-        conn.close()
-        return
+        raise SystemExit(3)
     try:
-        cfg, info, endpoints, role, asked_at = conn.recv()
-    except EOFError:
+        ready_out.send_bytes(READY)
+        cfg, info, endpoints, role, asked_at = role_in.recv()
+    except (EOFError, OSError):
         return
     finally:
-        conn.close()
+        role_in.close()
+        ready_out.close()
     trainer_main(cfg, info, endpoints, role, asked_at)
 
 

@@ -29,9 +29,10 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-from runtime.gmi.process import spare_main
+from runtime.gmi.process import READY, spare_main
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +56,14 @@ def spares_allowed() -> bool:
     raise ValueError(f"{SPARES_ENV}={value!r}: allowed are 0 (no spare GMIs) and 1 (the default)")
 
 
+@dataclass
+class _Spare:
+    proc: Any
+    role_out: Any  # the write end of the pipe the role goes down (pickled)
+    ready_in: Any  # the read end of the pipe the spare says READY on (bytes, never unpickled)
+    ready: bool = False  # READY read
+
+
 class Spares:
     """The runner's spare GMI processes.
 
@@ -62,17 +71,17 @@ class Spares:
         ctx: The runner's multiprocessing context (``spawn``).
         adopt: Registers a process as the service of a name (``Services.adopt``), once a spare
             has been given that GMI's role.
+        modules: What a spare imports ahead (``MODULES``).
 
     Raises:
         ValueError: ``AUTOTUNE_GMI_SPARES`` holds neither 0 nor 1.
     """
 
-    def __init__(self, ctx: Any, adopt: Adopt) -> None:
-        self.ctx, self.adopt = ctx, adopt
+    def __init__(self, ctx: Any, adopt: Adopt, modules: tuple[str, ...] = MODULES) -> None:
+        self.ctx, self.adopt, self.modules = ctx, adopt, modules
         self.allowed = spares_allowed()
-        self.modules = MODULES
         self.wanted = 0
-        self.idle: list[tuple[Any, Any]] = []  # (process, the write end of its pipe)
+        self.idle: list[_Spare] = []
         self.taken = 0
         """Roles handed to spares so far (the result's ``gmi_spares``)."""
 
@@ -80,56 +89,76 @@ class Spares:
         """Starts spares until ``wanted`` are up (see ``_drop_dead``)."""
         self._drop_dead()
         while self.allowed and len(self.idle) < self.wanted:
-            read, write = self.ctx.Pipe(duplex=False)
-            proc = self.ctx.Process(
-                target=spare_main,
-                args=(read, self.modules, CPU_BUILD_MODULES),
-                name="spare-gmi",
-                daemon=True,
-            )
+            role_in, role_out = self.ctx.Pipe(duplex=False)
+            ready_in, ready_out = self.ctx.Pipe(duplex=False)
+            args = (role_in, ready_out, self.modules, CPU_BUILD_MODULES)
+            proc = self.ctx.Process(target=spare_main, args=args, name="spare-gmi", daemon=True)
+            self.idle.append(_Spare(proc, role_out, ready_in))  # tracked before it runs
             proc.start()
-            read.close()
-            self.idle.append((proc, write))
+            role_in.close()
+            ready_out.close()
 
     def take(self, name: str, args: tuple[Any, ...]) -> bool:
-        """Hands ``args`` (``trainer_main``'s, less ``asked_at``) to a spare, which becomes the
-        service ``name``; False when none is up (the caller starts the GMI afresh)."""
+        """Hands ``args`` (``trainer_main``'s, less ``asked_at``) to a spare that has said it is
+        ready (its imports done, no CUDA driver loaded; it waits on the pipe, so the send never
+        waits on it), which becomes the service ``name``. False when none is ready: the caller
+        starts the GMI afresh, and spares still importing stay for the next time."""
         self._drop_dead()
-        while self.idle:
-            proc, write = self.idle.pop(0)
-            try:  # a few KB: the pipe holds it, so a spare still importing holds no one up
-                write.send((*args, time.monotonic()))
-            except OSError:  # it died since the check: the pipe has no reader
-                proc.join(timeout=5)
+        for spare in list(self.idle):
+            if not (self.allowed and _ready(spare)):
+                continue
+            self.idle.remove(spare)
+            self.adopt(name, spare.proc)  # before the send: no moment it is nobody's
+            try:
+                spare.role_out.send((*args, time.monotonic()))
+            except OSError:  # it died since: the caller's fresh GMI replaces it under ``name``
+                logger.warning("a ready spare GMI died before it took %s", name)
                 continue
             finally:
-                write.close()
-            self.adopt(name, proc)
+                spare.role_out.close()
+                spare.ready_in.close()
             self.taken += 1
-            logger.info("%s starts from a spare process (pid %d)", name, proc.pid)
+            logger.info("%s starts from a spare process (pid %d)", name, spare.proc.pid)
             return True
         return False
 
+    def ready(self) -> int:
+        """How many idle spares have said they are ready."""
+        return sum(_ready(spare) for spare in self.idle)
+
     def stop(self) -> None:
         """Kills every idle spare (it holds nothing: no device, no socket) and reaps it."""
-        for proc, write in self.idle:
-            write.close()
-            if proc.is_alive():
-                proc.kill()
-        for proc, _ in self.idle:
-            proc.join(timeout=5)
-        self.idle = []
+        idle, self.idle = self.idle, []
+        for spare in idle:
+            spare.role_out.close()
+            spare.ready_in.close()
+            if spare.proc.is_alive():
+                spare.proc.kill()
+        for spare in idle:
+            if spare.proc.pid is not None:  # started
+                spare.proc.join(timeout=5)
 
     def _drop_dead(self) -> None:
         """Drops spares that exited idle; one that did means the next would too (its imports
-        loaded the CUDA driver, or it died): no more are started in this run."""
-        for proc, write in [s for s in self.idle if not s[0].is_alive()]:
+        loaded the CUDA driver, or it died): no more are started or taken in this run."""
+        for spare in [s for s in self.idle if s.proc.pid is not None and not s.proc.is_alive()]:
             logger.warning(
                 "a spare GMI process exited (code %s) before it was used; GMIs start afresh "
                 "for the rest of the run",
-                proc.exitcode,
+                spare.proc.exitcode,
             )
-            write.close()
-            proc.join(timeout=5)
-            self.idle.remove((proc, write))
+            spare.role_out.close()
+            spare.ready_in.close()
+            spare.proc.join(timeout=5)
+            self.idle.remove(spare)
             self.allowed = False
+
+
+def _ready(spare: _Spare) -> bool:
+    """Whether ``spare`` has said READY (its pipe says nothing else, once)."""
+    if not spare.ready:
+        try:
+            spare.ready = spare.ready_in.poll(0) and spare.ready_in.recv_bytes() == READY
+        except (OSError, EOFError):  # it died: ``_drop_dead`` will see it
+            return False
+    return spare.ready

@@ -26,8 +26,8 @@ def test_a_hand_over_after_the_first_starts_its_gmi_from_a_spare_with_torch_impo
         trained = runner.telemetry.source(f"trainer-0.g{gen}").get("trained_steps", 0)
         if gen == 0 and state.trained_steps >= 4_000:
             runner.request_replace()
-        elif gen == 1 and trained >= cfg.batch_size and runner.fleet.spares.idle:
-            runner.request_replace()  # a spare is up (it may still be importing)
+        elif gen == 1 and trained >= cfg.batch_size and runner.fleet.spares.ready():
+            runner.request_replace()  # a spare has imported torch and waits for a role
         elif gen == 2 and trained >= cfg.batch_size:
             runner.stop_requested = True
 
@@ -47,45 +47,53 @@ def test_a_hand_over_after_the_first_starts_its_gmi_from_a_spare_with_torch_impo
     assert not runner.fleet.spares.idle  # the run's end let the next spare go
 
 
+def _spares(adopted: list[str], **kw) -> Spares:
+    return Spares(mp.get_context("spawn"), lambda name, _: adopted.append(name), **kw)
+
+
 def test_spares_start_only_as_wanted_and_a_stop_ends_every_idle_one():
     adopted: list[str] = []
-    spares = Spares(mp.get_context("spawn"), lambda name, _: adopted.append(name))
+    spares = _spares(adopted)
     spares.top_up()
     assert spares.idle == []  # none wanted
     spares.wanted = 1
     spares.top_up()
     spares.top_up()  # topped up, not added to
-    ((proc, _),) = spares.idle
-    assert proc.is_alive()
+    (spare,) = spares.idle
+    assert spare.proc.is_alive()
     spares.stop()
-    assert spares.idle == [] and not proc.is_alive() and adopted == []
+    assert spares.idle == [] and not spare.proc.is_alive() and adopted == []
 
 
-def test_a_spare_that_died_idle_is_dropped_and_the_gmi_starts_afresh():
+def test_a_spare_not_yet_ready_is_not_given_a_role_and_one_that_died_idle_ends_spares():
     adopted: list[str] = []
-    spares = Spares(mp.get_context("spawn"), lambda name, _: adopted.append(name))
+    spares = _spares(adopted)
     spares.wanted = 1
     spares.top_up()
-    ((proc, _),) = spares.idle
-    proc.kill()
-    proc.join(timeout=10)
-    assert spares.take("trainer-0.g1", ()) is False  # the caller spawns the GMI itself
+    (spare,) = spares.idle
+    if not spares.ready():  # still importing torch: the caller starts the GMI afresh
+        assert spares.take("trainer-0.g1", ()) is False and spares.idle == [spare]
+    spare.proc.kill()
+    spare.proc.join(timeout=10)
+    assert spares.take("trainer-0.g1", ()) is False
     assert spares.idle == [] and adopted == [] and spares.taken == 0
     spares.top_up()  # a spare that exits idle would again: none more in this run
     assert spares.idle == [] and not spares.allowed
 
 
-def test_a_spare_whose_imports_loaded_the_cuda_driver_exits_without_taking_a_role(monkeypatch):
-    """The driver reads the MPS share as it starts: a spare that has it loaded before its role
-    is known must not become a GMI (in-process here: the process set-up is the runner's)."""
-    from runtime.gmi import process
-
-    monkeypatch.setattr(process, "init_service_process", lambda *a, **k: None)
-    monkeypatch.setattr(process, "cuda_driver_loaded", lambda: True)
-    read, write = mp.get_context("spawn").Pipe(duplex=False)
-    process.spare_main(read, ("json",))
-    assert read.closed
-    write.close()
+def test_a_spare_whose_imports_load_the_cuda_driver_exits_unready_and_ends_spares():
+    """The driver reads the MPS share as it starts: a spare that loaded it before its role was
+    known must never become a GMI (a module that maps a file named libcuda.so.1 stands for
+    the import that did)."""
+    adopted: list[str] = []
+    spares = _spares(adopted, modules=("tests.runtime.fake_cuda_driver",))
+    spares.wanted = 1
+    spares.top_up()
+    (spare,) = spares.idle
+    spare.proc.join(timeout=120)  # its imports done, it exits: it never says it is ready
+    assert spare.proc.exitcode == 3
+    assert spares.take("trainer-0.g1", ()) is False
+    assert adopted == [] and spares.taken == 0 and not spares.allowed
 
 
 @pytest.mark.parametrize(("value", "allowed"), [("", True), ("1", True), ("0", False)])
