@@ -39,9 +39,10 @@ logger = logging.getLogger(__name__)
 SPARES_ENV = "AUTOTUNE_GMI_SPARES"
 MODULES = ("torch", "policies.actor_critic", "policies.appo")
 """What a spare imports ahead (not TorchDynamo or TorchInductor: see the module docstring)."""
-CPU_BUILD_MODULES = ("torch._dynamo", "torch._inductor.compile_fx")
+CPU_BUILD_MODULES = ("torch._dynamo",)
 """Imported ahead too where torch is built without CUDA (no driver to start): the learner's
-optimiser loads TorchDynamo as it is built (about 1 s of a 2-core CPU GMI's start)."""
+optimiser loads TorchDynamo as it is built (about 1 s of a 2-core CPU GMI's start; a CPU
+learner compiles nothing, so TorchInductor is left out)."""
 
 Adopt = Callable[[str, Any], None]
 
