@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--every-steps",
         type=int,
-        default=20_000,
+        default=60_000,
         help="steps each generation trains before the next is asked for",
     )
     ap.add_argument("--arms", default="off,on", help="comma-separated, each off or on")
