@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from autotune.tuning.knobs import MIN_MINIBATCH, batch_fits
+from autotune.tuning.knobs import BATCH_CHOICES, MIN_MINIBATCH, batch_fits
 from autotune.tuning.node_model import place
 from autotune.tuning.perf_model import (
     MachineModel,
@@ -41,7 +41,8 @@ from autotune.tuning.perf_model import (
 SIZED = ("actors", "envs_per_actor", "batch_size", "trainer_device", "trainers", "mps_pct")
 """What ``auto`` sizes (``trainer_threads`` too, on a CPU trainer)."""
 ENVS = (1, 2, 4, 8, 16, 32, 64)
-BATCHES = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
+BATCHES = BATCH_CHOICES
+"""The batch sizes sized from: those the tuner tries."""
 TRAINERS = (1, 2)
 MPS = (25, 50, 100)
 THREADS = (1, 2, 4)
