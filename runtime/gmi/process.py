@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import re
 from multiprocessing.connection import Connection
 
 import zmq
@@ -83,33 +84,30 @@ def spare_main(
     role_in: Connection,
     ready_out: Connection,
     modules: tuple[str, ...],
-    cpu_build_modules: tuple[str, ...] = (),
 ) -> None:
-    """Process entry point of a spare GMI: imports ``modules`` (torch and the learner's), and
-    ``cpu_build_modules`` too where torch has no CUDA (no driver to start), says ``READY`` on
+    """Process entry point of a spare GMI: imports ``modules`` (torch, the learner's modules
+    and TorchDynamo: ``runtime.gmi.spares.MODULES``), says ``READY`` on
     ``ready_out``, then waits for its role on ``role_in`` (both pipes from the runner) and runs
     ``trainer_main`` with it. A pipe closed with no role (the run ended, or it let the spare
     go) ends the process.
 
     The imports must not start the CUDA driver: it reads the MPS percentage and the visible
-    devices once, as it starts, and the role is not known yet. A spare whose imports loaded the
-    driver exits (code 3) without saying it is ready, so it is never given a role, and the
-    runner starts GMIs afresh: on an H200 host, a spare that had imported TorchDynamo and
-    TorchInductor too became a GMI given 50 % that ran on all 132 SMs.
+    devices once, as it starts (``cuInit``), and the role is not known yet. Loading the
+    driver's library is harmless (torch builds with CUDA map ``libcuda`` as torch is
+    imported); starting it is not. A spare whose imports started the driver exits (code 3)
+    without saying it is ready, so it is never given a role, and the runner starts GMIs
+    afresh: on an H200 host, a spare that had imported TorchInductor's ``compile_fx`` too
+    became a GMI given 50 % that ran on all 132 SMs.
     """
     init_service_process("spare-gmi", kernel_cache=True)
-    import torch
-
-    if not torch.backends.cuda.is_built():
-        modules = modules + cpu_build_modules
     for name in modules:
         try:
             importlib.import_module(name)
         except ImportError as exc:  # the GMI imports what it needs as it starts
             logger.debug("a spare GMI could not import %s ahead: %s", name, exc)
-    if cuda_driver_loaded():
+    if cuda_driver_started():
         logger.warning(
-            "a spare GMI's imports (%s) loaded the CUDA driver before its MPS share was known; "
+            "a spare GMI's imports (%s) started the CUDA driver before its MPS share was known; "
             "GMIs start afresh instead",
             ", ".join(modules),
         )
@@ -125,11 +123,23 @@ def spare_main(
     trainer_main(cfg, info, endpoints, role, asked_at)
 
 
-def cuda_driver_loaded() -> bool:
-    """Whether this process has loaded the CUDA driver (``libcuda``), which it does as the CUDA
-    runtime first starts; False where that cannot be read (no ``/proc``: no MPS either)."""
+_DRIVER_NODE = re.compile(r"nvidia(ctl|-uvm|\d+)")
+
+
+def cuda_driver_started() -> bool:
+    """Whether this process has started the CUDA driver: ``cuInit`` opens the driver's device
+    nodes (``/dev/nvidiactl``, ``/dev/nvidia-uvm``, ``/dev/nvidiaN``), and reads the MPS share
+    and the visible devices then. Mapping ``libcuda`` alone, as a torch built with CUDA does on
+    import, opens none. False where ``/proc`` cannot be read (no MPS either)."""
     try:
-        with open("/proc/self/maps") as f:
-            return any("libcuda.so" in line for line in f)
+        fds = os.listdir("/proc/self/fd")
     except OSError:
         return False
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # closed since it was listed
+            continue
+        if _DRIVER_NODE.fullmatch(os.path.basename(target)):
+            return True
+    return False

@@ -3,15 +3,16 @@ next GMI generation starts sooner.
 
 A hand-over's new GMI trains only once it has started (``runtime.gmi.fleet``), and a tuner
 measures its config only after that. On an H200 host with 15 busy actors a new GMI took
-12-21 s: 1.2-3.2 s for the process, 3.0-6.1 s to import torch, 4.6-6.7 s for the learner
-(mostly TorchDynamo's and TorchInductor's imports) and 4.4-7.2 s to compile the loss from the
-warm kernel cache (the result's ``gmis[].startup``). A spare has done the first two, and
-imported the learner's own modules, while the run went on; it has not touched a device. CUDA
-reads the MPS client's percentage and the visible devices when its driver starts, so a spare
-can still become a GMI on any GPU at any percentage, or on the CPU. Where torch is built with
-CUDA the compiler's modules are not imported ahead: on that host a spare that had imported them
-too had started the CUDA driver, and its GMI ran on all SMs at a share of 50 %. ``spare_main``
-checks that no import did.
+12-23 s: 1.2-3.2 s for the process, 3.0-6.1 s to import torch, 4.6-6.7 s for the learner
+(mostly TorchDynamo's imports: its optimiser loads them) and 4.4-7.2 s to compile the loss
+from the warm kernel cache (the result's ``gmis[].startup``). A spare has done the first two,
+and imported the learner's modules and TorchDynamo, while the run went on; it has not touched
+a device. CUDA reads the MPS client's percentage and the visible devices when its driver starts
+(``cuInit``), so a spare can still become a GMI on any GPU at any percentage, or on the CPU.
+Importing torch maps the driver's library but does not start it, nor does TorchDynamo; on that
+host TorchInductor's ``compile_fx`` does, and a spare that had imported it became a GMI that
+ran on all 132 SMs at a share of 50 %. So TorchInductor is left to the GMI, and
+``spare_main`` checks that no import started the driver.
 
 A spare is a child of the runner like every service (the same ``spawn`` context: it dies with
 the runner). Its role comes down a pipe the runner made for it, pickled as ``spawn`` passes a
@@ -37,12 +38,8 @@ from runtime.gmi.process import READY, spare_main
 logger = logging.getLogger(__name__)
 
 SPARES_ENV = "AUTOTUNE_GMI_SPARES"
-MODULES = ("torch", "policies.actor_critic", "policies.appo")
-"""What a spare imports ahead (not TorchDynamo or TorchInductor: see the module docstring)."""
-CPU_BUILD_MODULES = ("torch._dynamo",)
-"""Imported ahead too where torch is built without CUDA (no driver to start): the learner's
-optimiser loads TorchDynamo as it is built (about 1 s of a 2-core CPU GMI's start; a CPU
-learner compiles nothing, so TorchInductor is left out)."""
+MODULES = ("torch", "policies.actor_critic", "policies.appo", "torch._dynamo")
+"""What a spare imports ahead (not TorchInductor: see the module docstring)."""
 
 Adopt = Callable[[str, Any], None]
 
@@ -92,7 +89,7 @@ class Spares:
         while self.allowed and len(self.idle) < self.wanted:
             role_in, role_out = self.ctx.Pipe(duplex=False)
             ready_in, ready_out = self.ctx.Pipe(duplex=False)
-            args = (role_in, ready_out, self.modules, CPU_BUILD_MODULES)
+            args = (role_in, ready_out, self.modules)
             proc = self.ctx.Process(target=spare_main, args=args, name="spare-gmi", daemon=True)
             self.idle.append(_Spare(proc, role_out, ready_in))  # tracked before it runs
             proc.start()

@@ -3,11 +3,13 @@ the next generation's GMIs; as real processes on the CPU."""
 
 from __future__ import annotations
 
+import mmap
 import multiprocessing as mp
 
 import pytest
 
 from runtime.gmi import spares as spares_mod
+from runtime.gmi.process import cuda_driver_started
 from runtime.gmi.spares import Spares, spares_allowed
 from runtime.runner import Runner
 from tests.runtime.test_gmis import assert_nothing_lost, small
@@ -81,9 +83,9 @@ def test_a_spare_not_yet_ready_is_not_given_a_role_and_one_that_died_idle_ends_s
     assert spares.idle == [] and not spares.allowed
 
 
-def test_a_spare_whose_imports_load_the_cuda_driver_exits_unready_and_ends_spares():
-    """The driver reads the MPS share as it starts: a spare that loaded it before its role was
-    known must never become a GMI (a module that maps a file named libcuda.so.1 stands for
+def test_a_spare_whose_imports_start_the_cuda_driver_exits_unready_and_ends_spares():
+    """The driver reads the MPS share as it starts: a spare that started it before its role was
+    known must never become a GMI (a module that keeps a file named nvidiactl open stands for
     the import that did)."""
     adopted: list[str] = []
     spares = _spares(adopted, modules=("tests.runtime.fake_cuda_driver",))
@@ -94,6 +96,20 @@ def test_a_spare_whose_imports_load_the_cuda_driver_exits_unready_and_ends_spare
     assert spare.proc.exitcode == 3
     assert spares.take("trainer-0.g1", ()) is False
     assert adopted == [] and spares.taken == 0 and not spares.allowed
+
+
+def test_the_driver_counts_as_started_by_its_open_device_node_not_by_its_library(tmp_path):
+    """``cuInit`` opens ``/dev/nvidiactl``; a torch built with CUDA maps ``libcuda`` on import
+    without starting it, and such a spare is still good."""
+    lib = tmp_path / "libcuda.so.1"
+    lib.write_bytes(b"\0" * mmap.PAGESIZE)
+    with open(lib, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ):
+        assert not cuda_driver_started()
+    with open(tmp_path / "nvidiactl", "wb"):
+        assert cuda_driver_started()
+    with open(tmp_path / "nvidia-uvm", "wb"), open(tmp_path / "nvidia-smi.log", "wb"):
+        assert cuda_driver_started()
+    assert not cuda_driver_started()
 
 
 @pytest.mark.parametrize(("value", "allowed"), [("", True), ("1", True), ("0", False)])
