@@ -49,6 +49,10 @@ class UpdateStats:
     entropy: float
     lr: float = 0.0
     """The learning rate of this update (after schedule and batch scaling)."""
+    kl: float | None = None
+    """The KL divergence from the policy before this update to the one after it, on the
+    batch's steps (the ``k3`` estimator; over a trainer group, its mean); None for a group
+    member with no rows and no group."""
     noise_scale: float | None = None
     """The gradient noise scale in samples, smoothed over updates (``policies.noise_scale``)."""
     batch_samples: int = 0
@@ -89,6 +93,8 @@ class APPOLearner:
         self.version = 0
         self.trained_steps = 0
         self.noise = NoiseScale()
+        self.lr_gain = 1.0
+        """The ``adaptive`` schedule's factor on ``lr`` (``APPOConfig.adapt_lr_gain``)."""
         self.batch: int | None = None
         """The batch size the trainer takes now (``config.lr_for`` scales ``lr`` for it)."""
 
@@ -113,6 +119,7 @@ class APPOLearner:
             "version": self.version,
             "trained_steps": self.trained_steps,
             "noise": self.noise.state(),
+            "lr_gain": self.lr_gain,
         }
 
     def load_state(self, state: Mapping[str, Any]) -> None:
@@ -124,10 +131,13 @@ class APPOLearner:
         self.version = int(state["version"])
         self.trained_steps = int(state["trained_steps"])
         self.noise.load_state(state.get("noise"))
+        self.lr_gain = float(state.get("lr_gain", 1.0))  # states saved before it: 1
 
     def current_lr(self) -> float:
         """The learning rate for the next update under the configured schedule."""
         lr = self.config.lr_for(self.batch)
+        if self.config.lr_schedule == "adaptive":
+            return lr * self.lr_gain
         if self.config.lr_schedule == "constant" or not self.total_steps:
             return lr
         return lr * max(0.0, 1.0 - self.trained_steps / self.total_steps)
@@ -186,11 +196,14 @@ class APPOLearner:
         if graphed is not None:
             graphed.begin()
         self.noise.begin()
+        before_logp = None
         for epoch in range(cfg.epochs):
             ret = None
             if n:
                 with torch.no_grad():
                     target_logp, _, values = self.model.evaluate(b["obs"][:, :t], b["actions"])
+                    if epoch == 0:
+                        before_logp = target_logp
                     bootstrap = self.model.values(b["obs"][:, t])
                     ret = vtrace(
                         b["logp"],
@@ -241,6 +254,9 @@ class APPOLearner:
         else:
             loss_pi, loss_v, entropy = _mean(pi_losses), _mean(v_losses), _mean(entropies)
         self.noise.end()
+        kl = self._kl(b, before_logp, t, group)
+        if cfg.lr_schedule == "adaptive" and kl is not None:
+            self.lr_gain = cfg.adapt_lr_gain(self.lr_gain, kl)
         self.version += 1
         self.trained_steps += total_steps
         return UpdateStats(
@@ -251,9 +267,35 @@ class APPOLearner:
             loss_v=loss_v,
             entropy=entropy,
             lr=lr,
+            kl=kl,
             noise_scale=self.noise.value,
             batch_samples=total_steps,
         )
+
+    def _kl(
+        self,
+        b: Mapping[str, torch.Tensor],
+        before_logp: torch.Tensor | None,
+        t: int,
+        group: Any,
+    ) -> float | None:
+        """The KL divergence from the policy before the update (``before_logp``, the first
+        epoch's) to the one after it, on the batch's steps: the mean of ``(r - 1) - log r``,
+        ``r`` the new over the old probability (unbiased, never negative); summed over a
+        trainer group, so that every trainer adapts alike. None where no rows were trained."""
+        sums = torch.zeros(2, dtype=torch.float64)
+        if before_logp is not None:
+            with torch.no_grad():
+                after_logp, _, _ = self.model.evaluate(b["obs"][:, :t], b["actions"])
+                log_r = after_logp - before_logp
+                k3 = torch.expm1(log_r) - log_r
+                sums[0] = k3.double().sum().cpu()
+                sums[1] = float(k3.numel())
+        if group is not None:
+            group.sum_(sums)
+        if sums[1] <= 0:
+            return None
+        return float(sums[0] / sums[1])
 
     def minibatch_loss(
         self,

@@ -5,8 +5,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 
-LR_SCHEDULES = ("linear", "constant")
+LR_SCHEDULES = ("linear", "constant", "adaptive")
 LR_SCALINGS = ("none", "sqrt", "linear")
+LR_GAIN_MIN, LR_GAIN_MAX = 0.01, 10.0
+"""How far the ``adaptive`` schedule may take the learning rate from ``lr`` (for its batch)."""
 DISCRETE_ENTROPY_COEF = 0.01
 """The entropy bonus weight for discrete actions when none is given."""
 
@@ -19,7 +21,11 @@ class APPOConfig:
     """Adam learning rate (the starting value under a linear schedule). The default suits small
     tasks such as CartPole; MuJoCo locomotion usually wants about 3e-4."""
     lr_schedule: str = "linear"
-    """``linear``: anneal to 0 over the run's step budget; ``constant``: keep ``lr``."""
+    """``linear``: anneal to 0 over the run's step budget; ``constant``: keep ``lr``;
+    ``adaptive``: keep each update's KL divergence near ``kl_target`` (``adapt_lr_gain``)."""
+    kl_target: float = 0.008
+    """The KL divergence per update (old policy to new, on the batch) that the ``adaptive``
+    schedule steers to; rl_games' adaptive schedule uses 0.008 for MuJoCo and Isaac Gym."""
     lr_scaling: str = "none"
     """How ``lr`` follows the batch size when it changes during a run (a tuner's change):
     ``none``, ``sqrt`` or ``linear`` in the ratio of the batch to ``lr_batch``."""
@@ -67,7 +73,15 @@ class APPOConfig:
     def problems(self) -> list[str]:
         """Every invalid field, described with what is allowed."""
         out = []
-        for name in ("lr", "clip", "max_grad_norm", "rho_bar", "c_bar", "reward_scale"):
+        for name in (
+            "lr",
+            "clip",
+            "max_grad_norm",
+            "rho_bar",
+            "c_bar",
+            "reward_scale",
+            "kl_target",
+        ):
             if not finite_number(getattr(self, name), above=0.0):
                 out.append(f"learner.{name}={getattr(self, name)!r}: must be a finite number > 0")
         for name in ("normalize_reward", "compile_loss"):
@@ -102,6 +116,17 @@ class APPOConfig:
             return self.lr
         ratio = batch / self.lr_batch
         return self.lr * (ratio if self.lr_scaling == "linear" else math.sqrt(ratio))
+
+    def adapt_lr_gain(self, gain: float, kl: float) -> float:
+        """The ``adaptive`` schedule's next gain on ``lr_for(batch)`` after an update whose KL
+        divergence was ``kl``: divided by 1.5 past twice ``kl_target``, multiplied by 1.5 under
+        half of it, else kept; bounded to [``LR_GAIN_MIN``, ``LR_GAIN_MAX``]. A KL that is not
+        finite lowers the gain too."""
+        if not math.isfinite(kl) or kl > 2.0 * self.kl_target:
+            gain /= 1.5
+        elif kl < 0.5 * self.kl_target:
+            gain *= 1.5
+        return min(LR_GAIN_MAX, max(LR_GAIN_MIN, gain))
 
     def entropy_for(self, discrete: bool) -> float:
         """The entropy bonus weight for a policy with ``discrete`` (else continuous) actions."""

@@ -298,9 +298,12 @@ def build_result(runner: RunRecord, wall_s: float, energy: Any) -> dict[str, Any
         "updates": trainer.get("version", 0),
         "noise_scale": noise_doc(trainer, runner.cfg.batch_size),
         "learning_rate": {
+            "schedule": runner.cfg.learner.lr_schedule,
+            "kl_target": runner.cfg.learner.kl_target,
             "scaling": runner.cfg.learner.lr_scaling,
             "for_batch": runner.cfg.learner.lr_batch,
             "last": trainer.get("lr"),
+            "last_kl": trainer.get("kl"),
         },
         "target": runner.target.doc() if hasattr(runner, "target") else None,
         "gmis": [gmi_doc(name, tel.source(name)) for name in tel.trainer_sources()],

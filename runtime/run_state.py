@@ -27,12 +27,17 @@ class RunState:
     draining: bool
     noise_scale: float | None = None
     """The learner's gradient noise scale in samples (``policies.noise_scale``), or None."""
+    lr: float | None = None
+    """The learning rate of the lead trainer's last update, or None before it."""
+    kl: float | None = None
+    """The KL divergence of the lead trainer's last update (``policies.appo.UpdateStats``)."""
 
     @classmethod
     def of(cls, telemetry: Any, actors: Any, elapsed_s: float, draining: bool) -> RunState:
         """The figures of a run's ``RunTelemetry`` and ``ActorPool`` now."""
         lag_mean, lag_max = telemetry.policy_lag()
-        noise = telemetry.lead_trainer().get("noise_scale")
+        lead = telemetry.lead_trainer()
+        noise, lr, kl = (lead.get(k) for k in ("noise_scale", "lr", "kl"))
         return cls(
             elapsed_s,
             telemetry.trained_steps,
@@ -44,4 +49,6 @@ class RunState:
             actors.restarts,
             draining,
             noise if isinstance(noise, int | float) else None,
+            lr if isinstance(lr, int | float) else None,
+            kl if isinstance(kl, int | float) else None,
         )

@@ -329,7 +329,15 @@ def cmd_train(args: argparse.Namespace) -> int:
         steps, ret, n = done + state.trained_steps, state.return_mean, episodes + state.episodes
         if curve is not None and curve.due(steps):  # the meter is read only for a line
             joules = runner.joules_so_far()
-            curve.write(steps, ret, n, noise_scale=state.noise_scale, joules=joules)
+            curve.write(
+                steps,
+                ret,
+                n,
+                noise_scale=state.noise_scale,
+                joules=joules,
+                lr=state.lr,
+                kl=state.kl,
+            )
 
     runner.on_progress = show
     tuning = None

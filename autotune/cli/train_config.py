@@ -8,13 +8,14 @@ import dataclasses
 import time
 
 from autotune.cli.link_flags import link_settings
-from policies.appo_config import APPOConfig
+from policies.appo_config import LR_SCHEDULES, APPOConfig
 from runtime.config import ConfigError, TrainConfig
 from runtime.env_backends import BACKENDS
 
 LEARNER_FLAGS = (
     "lr",
     "lr_schedule",
+    "kl_target",
     "lr_scaling",
     "vtrace_lambda",
     "gamma",
@@ -34,9 +35,19 @@ def add_learner_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lr", type=float, default=dl.lr, help=f"learning rate (default {dl.lr})")
     parser.add_argument(
         "--lr-schedule",
-        choices=["linear", "constant"],
+        choices=list(LR_SCHEDULES),
         default=dl.lr_schedule,
-        help="linear: anneal the learning rate to 0 over --steps (default); constant: keep it",
+        help="linear: anneal the learning rate to 0 over --steps (default); constant: keep it; "
+        "adaptive: steer each update's KL divergence to --kl-target (the rate divided by 1.5 "
+        "after an update past twice it, multiplied by 1.5 after one under half of it, within "
+        "0.01x to 10x of --lr)",
+    )
+    parser.add_argument(
+        "--kl-target",
+        type=float,
+        default=dl.kl_target,
+        help=f"the KL divergence per update that --lr-schedule adaptive steers to "
+        f"(default {dl.kl_target})",
     )
     parser.add_argument(
         "--lr-scaling",
@@ -156,6 +167,7 @@ def config_from_args(args: argparse.Namespace):
     learner = APPOConfig(
         lr=args.lr,
         lr_schedule=args.lr_schedule,
+        kl_target=getattr(args, "kl_target", APPOConfig.kl_target),
         lr_scaling=getattr(args, "lr_scaling", "none"),
         vtrace_lambda=args.vtrace_lambda,
         gamma=args.gamma,

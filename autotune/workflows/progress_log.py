@@ -9,8 +9,9 @@ so every run can be put on one time axis and one step axis. Each line is an obje
 ``return`` the mean undiscounted return of the last 100 finished episodes (``null`` before the
 first) and ``episodes`` the episodes finished so far (``null`` where a peer does not count them).
 ``autotune train`` adds ``joules``, the run's energy so far (of the runs before it too, where it
-went on from a checkpoint that saved theirs), and ``noise_scale``, the learner's gradient noise
-scale, where known.
+went on from a checkpoint that saved theirs), and, where known, the learner's last update:
+``noise_scale`` (its gradient noise scale), ``lr`` (its learning rate) and ``kl`` (the KL
+divergence it moved the policy by).
 """
 
 from __future__ import annotations
@@ -58,10 +59,12 @@ class ProgressLog:
         force: bool = False,
         noise_scale: float | None = None,
         joules: float | None = None,
+        lr: float | None = None,
+        kl: float | None = None,
     ) -> bool:
         """Adds a line unless one was written less than ``every_s`` ago (or nothing changed
         since the last line); returns whether it did. ``noise_scale`` (the learner's gradient
-        noise scale, in samples) is written where given."""
+        noise scale, in samples), ``lr`` and ``kl`` are written where given."""
         now = time.time()
         if not force and not self.due(steps):
             return False
@@ -71,8 +74,9 @@ class ProgressLog:
             else float(episode_return)
         )
         line = {"t": now, "steps": int(steps), "return": ret, "episodes": episodes}
-        if noise_scale is not None and math.isfinite(noise_scale):
-            line["noise_scale"] = float(noise_scale)
+        for name, value in (("noise_scale", noise_scale), ("lr", lr), ("kl", kl)):
+            if value is not None and math.isfinite(value):
+                line[name] = float(value)
         if joules is not None and math.isfinite(joules):
             line["joules"] = round(float(joules), 1)
         self._f.write(json.dumps(line) + "\n")

@@ -66,7 +66,11 @@ def test_a_live_batch_change_scales_the_trainers_learning_rate():
     r = runner.run()
     assert asked and not r.get("failure"), (asked, seen, r.get("failure"))
     assert "version" in seen, f"no update at the new batch size was seen: {asked}, {seen}"
+    kl = r["learning_rate"].pop("last_kl")
+    assert isinstance(kl, float) and kl >= 0.0  # the last update's KL divergence
     assert r["learning_rate"] == {
+        "schedule": "constant",
+        "kl_target": APPOConfig.kl_target,
         "scaling": "sqrt",
         "for_batch": 512,
         "last": pytest.approx(2 * lr),
