@@ -13,7 +13,7 @@ import math
 import numpy as np
 import torch
 from torch import nn
-from torch.distributions import Categorical, Normal
+from torch.distributions import Categorical, Normal, kl_divergence
 
 from policies.mlp import build_mlp, parse_spec
 from policies.numpy_policy import LOG_STD_MAX, LOG_STD_MIN, OBS_CLIP
@@ -157,12 +157,25 @@ class ActorCritic(nn.Module):
         self, obs: torch.Tensor, actions: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Log-probs of ``actions``, entropies and values of ``obs`` (any leading dims)."""
+        logp, entropy, values, _ = self.evaluate_dist(obs, actions)
+        return logp, entropy, values
+
+    def evaluate_dist(
+        self, obs: torch.Tensor, actions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Categorical | Normal]:
+        """``evaluate``, and the policy's action distribution at ``obs`` too."""
         x = self.obs_norm(obs)
         dist = self._dist(x)
         entropy = dist.entropy()
         if not self.discrete:
             entropy = entropy.sum(-1)
-        return self._log_prob(dist, actions), entropy, self._mlp(self.v, x).squeeze(-1)
+        return self._log_prob(dist, actions), entropy, self._mlp(self.v, x).squeeze(-1), dist
+
+    def kl_from(self, before: Categorical | Normal, obs: torch.Tensor) -> torch.Tensor:
+        """The KL divergence from ``before`` (this policy's distribution at ``obs`` earlier) to
+        its distribution now, per state: exact, summed over a continuous action's dimensions."""
+        kl = kl_divergence(before, self._dist(self.obs_norm(obs)))
+        return kl if self.discrete else kl.sum(-1)
 
     def values(self, obs: torch.Tensor) -> torch.Tensor:
         """Values for observations of any leading shape."""

@@ -12,6 +12,7 @@ A batch is a mapping of channel name to array, ``N`` trajectories of ``T`` steps
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -19,9 +20,10 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
+from torch.distributions import Categorical, Normal
 
 from policies.actor_critic import ActorCritic
-from policies.appo_config import APPOConfig
+from policies.appo_config import LR_GAIN_MAX, LR_GAIN_MIN, APPOConfig
 from policies.graphed_step import (
     GraphedSteps,
     adopt_state,
@@ -50,9 +52,9 @@ class UpdateStats:
     lr: float = 0.0
     """The learning rate of this update (after schedule and batch scaling)."""
     kl: float | None = None
-    """The KL divergence from the policy before this update to the one after it, on the
-    batch's steps (the ``k3`` estimator; over a trainer group, its mean); None for a group
-    member with no rows and no group."""
+    """The KL divergence from the policy before this update to the one after it, exact per
+    state, averaged over the batch's states (over a trainer group, over all of theirs); None
+    where no trainer had rows."""
     noise_scale: float | None = None
     """The gradient noise scale in samples, smoothed over updates (``policies.noise_scale``)."""
     batch_samples: int = 0
@@ -131,7 +133,8 @@ class APPOLearner:
         self.version = int(state["version"])
         self.trained_steps = int(state["trained_steps"])
         self.noise.load_state(state.get("noise"))
-        self.lr_gain = float(state.get("lr_gain", 1.0))  # states saved before it: 1
+        gain = float(state.get("lr_gain", 1.0))  # states saved before it: 1
+        self.lr_gain = min(LR_GAIN_MAX, max(LR_GAIN_MIN, gain)) if math.isfinite(gain) else 1.0
 
     def current_lr(self) -> float:
         """The learning rate for the next update under the configured schedule."""
@@ -196,14 +199,16 @@ class APPOLearner:
         if graphed is not None:
             graphed.begin()
         self.noise.begin()
-        before_logp = None
+        before = None
         for epoch in range(cfg.epochs):
             ret = None
             if n:
                 with torch.no_grad():
-                    target_logp, _, values = self.model.evaluate(b["obs"][:, :t], b["actions"])
+                    target_logp, _, values, dist = self.model.evaluate_dist(
+                        b["obs"][:, :t], b["actions"]
+                    )
                     if epoch == 0:
-                        before_logp = target_logp
+                        before = dist  # the policy before the update's steps
                     bootstrap = self.model.values(b["obs"][:, t])
                     ret = vtrace(
                         b["logp"],
@@ -254,7 +259,7 @@ class APPOLearner:
         else:
             loss_pi, loss_v, entropy = _mean(pi_losses), _mean(v_losses), _mean(entropies)
         self.noise.end()
-        kl = self._kl(b, before_logp, t, group)
+        kl = self._kl(b, before, t, group)
         if cfg.lr_schedule == "adaptive" and kl is not None:
             self.lr_gain = cfg.adapt_lr_gain(self.lr_gain, kl)
         self.version += 1
@@ -275,22 +280,21 @@ class APPOLearner:
     def _kl(
         self,
         b: Mapping[str, torch.Tensor],
-        before_logp: torch.Tensor | None,
+        before: Categorical | Normal | None,
         t: int,
         group: Any,
     ) -> float | None:
-        """The KL divergence from the policy before the update (``before_logp``, the first
-        epoch's) to the one after it, on the batch's steps: the mean of ``(r - 1) - log r``,
-        ``r`` the new over the old probability (unbiased, never negative); summed over a
-        trainer group, so that every trainer adapts alike. None where no rows were trained."""
+        """The KL divergence from the policy before the update's steps (``before``, its
+        distribution at the batch's states in the first epoch, after this update's observation
+        statistics were taken in) to the policy after them, exact per state and averaged over
+        the batch's states; summed over a trainer group, so that every trainer adapts alike.
+        None where no trainer had rows."""
         sums = torch.zeros(2, dtype=torch.float64)
-        if before_logp is not None:
+        if before is not None:
             with torch.no_grad():
-                after_logp, _, _ = self.model.evaluate(b["obs"][:, :t], b["actions"])
-                log_r = after_logp - before_logp
-                k3 = torch.expm1(log_r) - log_r
-                sums[0] = k3.double().sum().cpu()
-                sums[1] = float(k3.numel())
+                kl = self.model.kl_from(before, b["obs"][:, :t])
+                sums[0] = kl.double().sum().cpu()
+                sums[1] = float(kl.numel())
         if group is not None:
             group.sum_(sums)
         if sums[1] <= 0:

@@ -247,7 +247,7 @@ class GraphedSteps:
                 state are back as before the update.
         """
         live, backup, self._backup, self._live = self._live, self._backup, [], []
-        if bool(self.bad):  # the update's one sync
+        if bool(self.bad):  # the update's one sync in its steps (its KL, after them, is another)
             with torch.no_grad():
                 for t, saved in zip(live, backup, strict=True):
                     t.copy_(saved)  # in place: the graphs still point at them

@@ -386,6 +386,8 @@ def cmd_train(args: argparse.Namespace) -> int:
                     force=True,
                     noise_scale=result["noise_scale"]["samples"],
                     joules=runner.target.before.joules + spent,
+                    lr=result["learning_rate"]["last"],
+                    kl=result["learning_rate"]["last_kl"],
                 )
             curve.close()
     if sizing is not None:

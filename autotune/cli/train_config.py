@@ -40,14 +40,14 @@ def add_learner_args(parser: argparse.ArgumentParser) -> None:
         help="linear: anneal the learning rate to 0 over --steps (default); constant: keep it; "
         "adaptive: steer each update's KL divergence to --kl-target (the rate divided by 1.5 "
         "after an update past twice it, multiplied by 1.5 after one under half of it, within "
-        "0.01x to 10x of --lr)",
+        "0.01x to 10x of --lr, after --lr-scaling)",
     )
     parser.add_argument(
         "--kl-target",
         type=float,
         default=dl.kl_target,
-        help=f"the KL divergence per update that --lr-schedule adaptive steers to "
-        f"(default {dl.kl_target})",
+        help=f"the KL divergence per update that --lr-schedule adaptive steers to; other "
+        f"schedules only report each update's KL (default {dl.kl_target})",
     )
     parser.add_argument(
         "--lr-scaling",
