@@ -378,17 +378,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         doc = tuning.finish() if tuning is not None else None
         if curve is not None:
             if result is not None:  # the final count, after the drain
-                spent = result["energy"]["gpu_j"] + result["energy"]["cpu_j"]
-                curve.write(
-                    done + result["env_steps"],
-                    result["return_mean"],
-                    episodes + result["episodes"],
-                    force=True,
-                    noise_scale=result["noise_scale"]["samples"],
-                    joules=runner.target.before.joules + spent,
-                    lr=result["learning_rate"]["last"],
-                    kl=result["learning_rate"]["last_kl"],
-                )
+                curve.write_result(result, done, episodes, runner.target.before.joules)
             curve.close()
     if sizing is not None:
         result["sizing"] = sizing

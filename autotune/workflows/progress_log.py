@@ -83,6 +83,27 @@ class ProgressLog:
         self._last_t, self._last_steps = now, int(steps)
         return True
 
+    def write_result(
+        self,
+        result: dict[str, Any],
+        steps_before: int = 0,
+        episodes_before: int = 0,
+        joules_before: float = 0.0,
+    ) -> None:
+        """The last line, from a finished run's result (its counts after the drain), on top of
+        what the runs before it did (a run that went on from a checkpoint)."""
+        energy, lr = result["energy"], result.get("learning_rate") or {}
+        self.write(
+            steps_before + result["env_steps"],
+            result["return_mean"],
+            episodes_before + result["episodes"],
+            force=True,
+            noise_scale=(result.get("noise_scale") or {}).get("samples"),
+            joules=joules_before + energy["gpu_j"] + energy["cpu_j"],
+            lr=lr.get("last"),
+            kl=lr.get("last_kl"),
+        )
+
     def close(self) -> None:
         self._f.close()
 

@@ -13,10 +13,8 @@ from tests.autotune.cli.test_target_return import _train
 
 def test_a_run_steers_its_learning_rate_by_the_kl_of_each_update(tmp_path):
     lr = 0.02  # ten times CartPole's default: its updates move the policy past the target
-    _, r = _train(
-        tmp_path, "--steps", "40000", "--lr", str(lr), "--lr-schedule", "adaptive",
-        "--kl-target", "0.01",
-    )  # fmt: skip
+    flags = ("--lr", str(lr), "--lr-schedule", "adaptive", "--kl-target", "0.01")
+    _, r = _train(tmp_path, "--steps", "40000", *flags)
     doc = r["learning_rate"]
     assert doc["schedule"] == "adaptive" and doc["kl_target"] == 0.01
     assert doc["last_kl"] >= 0.0
