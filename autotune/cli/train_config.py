@@ -37,10 +37,10 @@ def add_learner_args(parser: argparse.ArgumentParser) -> None:
         "--lr-schedule",
         choices=list(LR_SCHEDULES),
         default=dl.lr_schedule,
-        help="linear: anneal the learning rate to 0 over --steps (default); constant: keep it; "
-        "adaptive: steer each update's KL divergence to --kl-target (the rate divided by 1.5 "
-        "after an update past twice it, multiplied by 1.5 after one under half of it, within "
-        "0.01x to 10x of --lr, after --lr-scaling)",
+        help="adaptive (default): steer each update's KL divergence to --kl-target (the rate "
+        "divided by 1.5 after an update past twice it, multiplied by 1.5 after one under half "
+        "of it, within 0.01x to 10x of --lr, after --lr-scaling); linear: anneal the learning "
+        "rate to 0 over --steps; constant: keep it",
     )
     parser.add_argument(
         "--kl-target",

@@ -115,7 +115,8 @@ def test_learner_improves_the_policy_and_reports_lag(discrete):
 def test_linear_schedule_anneals_the_learning_rate_to_zero_over_the_budget():
     torch.manual_seed(0)
     model = ActorCritic(2, 2, True, spec="auto")
-    learner = APPOLearner(model, APPOConfig(lr=1e-3), torch.device("cpu"), total_steps=512)
+    cfg = APPOConfig(lr=1e-3, lr_schedule="linear")
+    learner = APPOLearner(model, cfg, torch.device("cpu"), total_steps=512)
     assert learner.current_lr() == pytest.approx(1e-3)
     learner.update(bandit_batch(model, n=64, t=4))  # 256 steps
     assert learner.current_lr() == pytest.approx(5e-4)
