@@ -39,7 +39,7 @@ HELP = "energy to a target return, tuned by steps/J and by goodput/J, several se
 ARMS = {"steps-per-joule": "steps_per_joule", "goodput": "goodput_per_joule"}
 """File stem of each tuning (as ``bench.figure_goodput`` reads them) -> its objective."""
 TRAIN_ARGS = (
-    "--env-backend auto --policy auto:256:128:64:auto --lr 3e-4 --lr-schedule constant "
+    "--env-backend auto --policy auto:256:128:64:auto --lr 3e-4 --lr-schedule adaptive "
     "--epochs 10 --minibatches 32 --entropy-coef 0 --lr-scaling none"
 )
 
@@ -190,6 +190,10 @@ def summary(doc: dict, progress: list[dict], reference: float | None) -> dict:
         "steps_per_joule": doc.get("steps_per_joule"),
         "lost_steps": doc["lost_steps"],
         "env_backend": (doc.get("config") or {}).get("env_backend"),  # what `auto` resolved to
+        "learning_rate": {  # the schedule, and where it ended (the adaptive one moves it)
+            k: (doc.get("learning_rate") or {}).get(k) for k in ("schedule", "last", "last_kl")
+        },
+        "policy_lag_mean": (doc.get("policy_lag") or {}).get("mean"),
         "reference": None
         if first is None
         else {"return": reference, "joules": first.get("joules"), "steps": first["steps"]},
@@ -224,8 +228,10 @@ def table(results: dict, seeds: list[int], arms: list[str], reference: float | N
                 kj = "n/a" if ref["joules"] is None else f"{ref['joules'] / 1000:.1f} kJ"
                 tail = f" {kj}, {ref['steps'] / 1e6:.2f}M steps |"
             rows.append(f"| {arm} | {seed} | {to} | {r['steps_per_joule'] or 0:.1f} |{tail}")
-    backends = sorted({str(r.get("env_backend")) for r in results.values() if not r.get("failed")})
+    ran = [r for r in results.values() if r and not r.get("failed")]
+    backends = sorted({str(r.get("env_backend")) for r in ran})
     rows.append(f"\nThe actors' env backend: {', '.join(backends) or 'n/a'}.")
+    rows.append(_learning_rates(ran))
     if set(arms) != set(ARMS):
         return "\n".join(rows) + "\n"
     ratios = [
@@ -235,6 +241,15 @@ def table(results: dict, seeds: list[int], arms: list[str], reference: float | N
     ]
     note = ", ".join(ratios) or "no seed where both reached it"
     return "\n".join(rows) + f"\n\nsteps/J-tuned joules over goodput-tuned, per seed: {note}\n"
+
+
+def _learning_rates(ran: list[dict]) -> str:
+    """A line naming the runs' learning-rate schedules and the range of their last rates."""
+    rates = [r.get("learning_rate") or {} for r in ran]
+    schedules = sorted({str(lr.get("schedule")) for lr in rates if lr.get("schedule")})
+    last = [lr["last"] for lr in rates if isinstance(lr.get("last"), int | float)]
+    span = f" (the last rates {min(last):.2g} to {max(last):.2g})" if last else ""
+    return f"The learning-rate schedule: {', '.join(schedules) or 'n/a'}{span}."
 
 
 def report(a: argparse.Namespace, results: dict) -> dict:

@@ -32,6 +32,7 @@ def test_the_suite_runs_both_tunings_to_the_target_and_reports_them(tmp_path):
         assert run["reference"]["joules"] <= run["target"]["joules"]
         assert (out / f"{arm}-seed0.db").is_file()  # its own study
     text = (out / "table.md").read_text()
+    assert "The learning-rate schedule: adaptive (the last rates" in text  # the default
     assert "| goodput | 0 | **" in text and "per seed: " in text and "x" in text.split(":")[-1]
     assert (out / "curve.png").stat().st_size > 1000
 
@@ -46,6 +47,7 @@ def test_the_table_says_which_runs_missed_the_target_or_failed():
     reached = {"env_steps": 30_000, "wall_s": 4, "steps_per_joule": 9.0, "lost_steps": 0}
     reached["target"] = target
     reached["config"] = {"env_backend": "gymnasium"}  # what the run's `auto` resolved to
+    reached["learning_rate"] = {"schedule": "adaptive", "last": 1.2e-5, "last_kl": 0.01}
     sizing = {"seconds": 0.5, "joules": 300.0, "note": "this run's probes"}
     faster = dict(reached, target=dict(target, joules=1000.0, sizing=sizing))
     faster["config"] = {"env_backend": "envpool"}
@@ -70,6 +72,8 @@ def test_the_table_says_which_runs_missed_the_target_or_failed():
     assert "not reached (best n/a)" in text and "| goodput | 2 | failed |" in text
     assert text.rstrip().endswith("per seed: 2.00x (seed 0)")
     assert "The actors' env backend: envpool, gymnasium." in text  # a fallback shows
+    assert "The learning-rate schedule: adaptive (the last rates 1.2e-05 to 1.2e-05)." in text
+    assert results["goodput-seed0"]["learning_rate"]["last_kl"] == 0.01
     # one arm alone: the rows, no ratio
     alone = table(results, [0], ["goodput"], 30.0)
     assert "| goodput | 0 | **1.0 kJ** (0.3 kJ sizing) |" in alone and "per seed" not in alone
