@@ -132,6 +132,13 @@ class SimJob:
 
 def simulate(sampler: str, seed: int, windows: int) -> list[float]:
     """The true steps/J of the config measured in each window, in order."""
+    tuner, defaults = tune(sampler, seed, windows)
+    return [true_value({**defaults, **w["values"]}) for w in tuner.log[:windows]]
+
+
+def tune(sampler: str, seed: int, windows: int) -> tuple[OnlineTuner, dict[str, Any]]:
+    """The real online tuner, run on the simulated job for ``windows`` windows; and the
+    defaults its configs stand on."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     logging.getLogger("autotune").setLevel(logging.WARNING)
     space = build_space(Machine(16, 1), SPACE)
@@ -156,7 +163,7 @@ def simulate(sampler: str, seed: int, windows: int) -> list[float]:
     while len(tuner.log) < windows:
         clock[0] += 0.5
         tuner.tick()
-    return [true_value({**defaults, **w["values"]}) for w in tuner.log[:windows]]
+    return tuner, defaults
 
 
 def summarise(values: list[float], best: float) -> tuple[int | None, float]:

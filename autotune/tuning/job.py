@@ -48,6 +48,8 @@ class Current:
     """Counter readings of the window being measured, about one a second."""
     return_before: float | None = None
     started: float = 0.0  # when the change was applied (a trial's length runs from here)
+    change: str | None = None
+    """How the change applied (``tuner_rules.change_kind``); None for the first config."""
 
 
 @dataclass

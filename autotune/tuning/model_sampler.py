@@ -23,7 +23,9 @@ It is an ``optuna.samplers.BaseSampler``, so the study stays the store and the i
    to give up (``net_gain``): its expected improvement over the incumbent's median (log scale)
    kept for ``horizon_s``, less its expected shortfall below the incumbent over the trial
    (``window_s`` and half the change's cost in seconds: a respawn or a GMI hand-over costs
-   seconds, during which the old config runs on in part; a batch-size change costs nothing),
+   seconds, during which the old config runs on in part; a batch-size change costs nothing;
+   each kind at what this study's own changes of it took, once measured:
+   ``tuner_rules.change_costs``),
    over ``horizon_s`` plus that cost. A config the model predicts below the incumbent is tried
    only where its uncertainty is wide enough to repay its trial: on Ant-v5 (an H200 host) a
    goodput tuner tried 14 actors x 2 envs, predicted at 0.91 of its incumbent with a spread of
@@ -59,6 +61,7 @@ from autotune.tuning.perf_model import (
 from autotune.tuning.settings import TunerSettings
 from autotune.tuning.sizing import fits_cores
 from autotune.tuning.storage import failed_configs
+from autotune.tuning.tuner_rules import CHANGE_COST_S, change_costs
 
 MODELLED = (
     "actors",
@@ -69,8 +72,6 @@ MODELLED = (
     "mps_pct",
     "trainer_threads",
 )
-CHANGE_COST_S = {"respawn": 10.0, "handover": 15.0, "actors": 5.0, "live": 0.0}
-"""Seconds a change costs (warm-up and the transition), by how it applies."""
 MAX_CANDIDATES = 60_000
 
 
@@ -122,6 +123,8 @@ class ModelSampler(optuna.samplers.BaseSampler):
         self.last: dict[str, Any] = {}
         """What the last plan saw and chose (for logs and tests)."""
         self.limits: dict[str, int] | None = None
+        self.costs = dict(CHANGE_COST_S)
+        """Seconds a change costs by how it applies: this study's own, once measured."""
 
     def set_limits(self, limits: dict[str, int] | None) -> None:
         """Plans only inside a budget's limits (``autotune.tuning.budget``)."""
@@ -250,11 +253,12 @@ class ModelSampler(optuna.samplers.BaseSampler):
             for n in self.choices
             if a.get(n) != b.get(n)
         }
-        return max((CHANGE_COST_S.get(k, 0.0) for k in kinds), default=0.0)
+        return max((self.costs.get(k, 0.0) for k in kinds), default=0.0)
 
     def plan(self, study: optuna.Study) -> dict[str, Any]:
         """The next config's values (see the module docstring)."""
         windows, by_config = self._measured(study)
+        self.costs = change_costs(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
         machine = machine_within(self.machine, self.limits)  # a daemon's budget, if any
         params, sigma = fit(machine, windows, self.defaults)
         medians = {k: float(np.median(v)) for k, v in by_config.items()}

@@ -60,6 +60,7 @@ from autotune.tuning.storage import (
     skip_if_failed,
 )
 from autotune.tuning.tuner_rules import (
+    change_kind,
     change_warmup,
     confirmed,
     endgame,
@@ -252,13 +253,9 @@ class OnlineTuner(BudgetLimits):
         envs = values.get("envs_per_actor")
         capped = self._envs_cap is not None and not self.grid
         if capped and envs is not None and envs > self._envs_cap:
-            prune(self.study, trial, f"envs_per_actor past saturation ({self._envs_cap})")
-            logger.info(
-                "trial %d pruned: envs_per_actor=%d is past saturation (%d)",
-                trial.number,
-                envs,
-                self._envs_cap,
-            )
+            why = f"envs_per_actor={envs} is past saturation ({self._envs_cap})"
+            prune(self.study, trial, why)
+            logger.info("trial %d pruned: %s", trial.number, why)
             self.trials_done += 1
             return
         self._start(trial, values, now)
@@ -281,10 +278,10 @@ class OnlineTuner(BudgetLimits):
         except ConfigError as exc:
             self._failed(trial, values, exc)
             return
+        kind = change_kind({k.name: k.apply for k in self.knobs}, self.applied or {}, values)
         self.applied = dict(values)
-        self.current = Current(
-            trial, values, "warmup", now, warmup_s=warmup, return_before=before, started=now
-        )
+        self.current = Current(trial, values, "warmup", now, warmup_s=warmup, started=now)
+        self.current.return_before, self.current.change = before, kind
 
     def _last_return(self) -> float | None:
         try:
@@ -351,6 +348,10 @@ class OnlineTuner(BudgetLimits):
             for name in MEASURED:
                 cur.trial.set_user_attr(name, getattr(m, name))
             cur.trial.set_user_attr("feasible", feasible)
+            if cur.change is not None:  # what it cost, for the model sampler's next plans
+                cur.trial.set_user_attr(
+                    "change", {"kind": cur.change, "s": cur.since - cur.started}
+                )
             self.study.tell(cur.trial, value)
             self.trials_done += 1
         elif best_before and best_before[0] == key:

@@ -7,6 +7,9 @@ from typing import Any
 
 from autotune.tuning.knobs import Knob
 
+CHANGE_COST_S = {"respawn": 10.0, "handover": 15.0, "actors": 5.0, "live": 0.0}
+"""Seconds a change costs (its transition and warm-up), by how it applies, until the job has
+measured its own (``change_costs``)."""
 AGREE = 0.1
 """Two measurements of a config agree when they differ by at most this share."""
 PAYBACK = 2.0
@@ -28,6 +31,39 @@ def change_warmup(
         if knob.apply in ("respawn", "handover") or knob.name == "actors" or old is None:
             return warmup_s
     return 0.0
+
+
+def change_kind(
+    applies: dict[str, str], before: dict[str, Any], values: dict[str, Any]
+) -> str | None:
+    """How a change from ``before`` to ``values`` applies, the costliest way of the knobs it
+    moves (``applies``: each knob's ``Knob.apply``; a new actor count is ``actors``); None
+    when it moves none, or when nothing was applied before (the tuner's first config)."""
+    if not before:
+        return None
+    kinds = {
+        "actors" if n == "actors" else how
+        for n, how in applies.items()
+        if before.get(n) != values.get(n)
+    }
+    return max(kinds, key=lambda k: CHANGE_COST_S.get(k, 0.0)) if kinds else None
+
+
+def change_costs(trials: list[Any]) -> dict[str, float]:
+    """Seconds a change costs by how it applies: ``CHANGE_COST_S``, with the median of what
+    this job's own changes of each kind measured from being applied to their window's start
+    (trials' ``change`` attribute: its kind and seconds; a hand-over from a spare GMI process
+    costs less than one that starts a GMI afresh)."""
+    seen: dict[str, list[float]] = {}
+    for t in trials:
+        change = t.user_attrs.get("change")
+        if isinstance(change, dict) and isinstance(change.get("s"), int | float):
+            seen.setdefault(str(change.get("kind")), []).append(float(change["s"]))
+    costs = dict(CHANGE_COST_S)
+    for kind, s in seen.items():
+        if kind in costs:
+            costs[kind] = sorted(s)[len(s) // 2]
+    return costs
 
 
 def confirmed(values: list[float]) -> bool:
