@@ -61,7 +61,7 @@ from autotune.tuning.perf_model import (
 from autotune.tuning.settings import TunerSettings
 from autotune.tuning.sizing import fits_cores
 from autotune.tuning.storage import failed_configs
-from autotune.tuning.tuner_rules import CHANGE_COST_S, change_costs
+from autotune.tuning.tuner_rules import CHANGE_COST_S, change_costs, change_kinds
 
 MODELLED = (
     "actors",
@@ -113,7 +113,8 @@ class ModelSampler(optuna.samplers.BaseSampler):
                 f"not {objective!r}; use --tune-sampler tpe for a weighted objective"
             )
         self.machine, self.choices, self.defaults = machine, dict(choices), dict(defaults)
-        self.applies, self.objective, self.lag_ceiling = applies, objective, lag_ceiling
+        self.applies = {n: applies.get(n, "live") for n in self.choices}
+        self.objective, self.lag_ceiling = objective, lag_ceiling
         self.caution, self.caution_after_s, self.unsure = caution, caution_after_s, unsure
         self.min_gain, self.horizon_s, self.window_s = min_gain, horizon_s, window_s
         self.trust_knobs, self.trust_factor = trust_knobs, trust_factor
@@ -248,11 +249,7 @@ class ModelSampler(optuna.samplers.BaseSampler):
         return start if start in choices or not choices else min(choices)
 
     def _cost(self, a: dict[str, Any], b: dict[str, Any]) -> float:
-        kinds = {
-            "actors" if n == "actors" else self.applies.get(n, "live")
-            for n in self.choices
-            if a.get(n) != b.get(n)
-        }
+        kinds = change_kinds(self.applies, a, b)
         return max((self.costs.get(k, 0.0) for k in kinds), default=0.0)
 
     def plan(self, study: optuna.Study) -> dict[str, Any]:

@@ -41,12 +41,20 @@ def change_kind(
     when it moves none, or when nothing was applied before (the tuner's first config)."""
     if not before:
         return None
-    kinds = {
+    kinds = change_kinds(applies, before, values)
+    return max(kinds, key=lambda k: CHANGE_COST_S.get(k, 0.0)) if kinds else None
+
+
+def change_kinds(
+    applies: dict[str, str], before: dict[str, Any], values: dict[str, Any]
+) -> set[str]:
+    """Every way a change from ``before`` to ``values`` applies, one per knob it moves
+    (``applies``: each knob's ``Knob.apply``; a new actor count is ``actors``)."""
+    return {
         "actors" if n == "actors" else how
         for n, how in applies.items()
         if before.get(n) != values.get(n)
     }
-    return max(kinds, key=lambda k: CHANGE_COST_S.get(k, 0.0)) if kinds else None
 
 
 def change_costs(trials: list[Any]) -> dict[str, float]:
