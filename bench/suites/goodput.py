@@ -39,10 +39,10 @@ HELP = "energy to a target return, tuned by steps/J and by goodput/J, several se
 ARMS = {"steps-per-joule": "steps_per_joule", "goodput": "goodput_per_joule"}
 """File stem of each tuning (as ``bench.figure_goodput`` reads them) -> its objective."""
 TRAIN_ARGS = (
-    "--env-backend auto --policy auto:256:128:64:auto --lr 3e-4 --lr-schedule adaptive "
-    "--kl-target 0.008 "
+    "--env-backend auto --policy auto:256:128:64:auto --lr 3e-4 "
     "--epochs 10 --minibatches 32 --entropy-coef 0 --lr-scaling none"
 )
+"""PPO's MuJoCo learner settings; the rate's schedule is the CLI's default (KL-steered)."""
 
 
 OWN_FLAGS = frozenset(
