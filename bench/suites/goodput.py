@@ -197,8 +197,56 @@ def summary(doc: dict, progress: list[dict], reference: float | None) -> dict:
         "policy_lag_mean": (doc.get("policy_lag") or {}).get("mean"),
         "reference": None
         if first is None
-        else {"return": reference, "joules": first.get("joules"), "steps": first["steps"]},
+        else {
+            "return": reference,
+            "joules": first.get("joules"),
+            "steps": first["steps"],
+            "efficient_samples": efficient_samples(doc, progress, first["steps"]),
+        },
+        "efficient_samples": efficient_samples(doc, progress, target["steps"])
+        if target.get("reached") and target.get("steps") is not None
+        else None,
     }
+
+
+def batches_in_use(doc: dict) -> list[tuple[float, int]]:
+    """A run's batch size over time, as its tuner applied it: ``(unix time, batch)`` from its
+    start (the sized or given batch) through each change in ``changes``; empty where the
+    document does not say its first batch."""
+    start = (doc.get("timeline") or {}).get("started_unix", 0.0)
+    first = ((doc.get("sizing") or {}).get("values") or {}).get("batch_size")
+    first = first or ((doc.get("tuning") or {}).get("default") or {}).get("batch_size")
+    first = first or (doc.get("config") or {}).get("batch_size")
+    if not first:
+        return []
+    out = [(float("-inf"), int(first))]
+    for change in doc.get("changes") or []:
+        if "batch_size" in (change.get("changed") or {}):
+            out.append((start + change["t"], int(change["changed"]["batch_size"])))
+    return out
+
+
+def efficient_samples(doc: dict, progress: list[dict], upto: int) -> float | None:
+    """The trained steps up to ``upto``, each weighed by the efficiency of the batch in use at
+    the noise scale its progress line reported (``policies.noise_scale.efficiency``, what the
+    goodput objective counts): McCandlish et al.'s ``E_min``, the samples a tiny batch would
+    have needed for the same progress if the model holds. Steps before a run's first estimate
+    count at it. None where no line before ``upto`` has an estimate, or the document does not
+    say the run's first batch."""
+    from policies.noise_scale import efficiency
+
+    batches, total, counted, seen = batches_in_use(doc), 0.0, 0, False
+    for row in progress:
+        noise = row.get("noise_scale")
+        if noise is None or not batches:
+            continue
+        batch = next(b for t, b in reversed(batches) if row["t"] >= t)
+        steps = min(row["steps"], upto)
+        total += (steps - counted) * (efficiency(noise, batch) or 0.0)
+        counted, seen = max(counted, steps), True
+        if steps >= upto:
+            break
+    return total if seen else None
 
 
 def table(results: dict, seeds: list[int], arms: list[str], reference: float | None) -> str:
@@ -233,6 +281,7 @@ def table(results: dict, seeds: list[int], arms: list[str], reference: float | N
     backends = sorted({str(r.get("env_backend")) for r in ran})
     rows.append(f"\nThe actors' env backend: {', '.join(backends) or 'n/a'}.")
     rows.append(_learning_rates(ran))
+    rows.append(_efficient(results, arms, reference))
     if set(arms) != set(ARMS):
         return "\n".join(rows) + "\n"
     ratios = [
@@ -242,6 +291,22 @@ def table(results: dict, seeds: list[int], arms: list[str], reference: float | N
     ]
     note = ", ".join(ratios) or "no seed where both reached it"
     return "\n".join(rows) + f"\n\nsteps/J-tuned joules over goodput-tuned, per seed: {note}\n"
+
+
+def _efficient(results: dict, arms: list[str], reference: float | None) -> str:
+    """A line giving each tuning's range of ``efficient_samples`` to the target and to the
+    reference return: where the goodput objective's model holds, equal across tunings."""
+
+    def span(arm: str, key: str | None) -> str:
+        runs = [r for k, r in results.items() if k.startswith(f"{arm}-seed") and r]
+        got = [(r.get(key) or {}) if key else r for r in runs if not r.get("failed")]
+        vals = [g["efficient_samples"] for g in got if g.get("efficient_samples") is not None]
+        return f"{arm} {min(vals) / 1e6:.2f}-{max(vals) / 1e6:.2f}M" if vals else f"{arm} n/a"
+
+    to = [("the target", None)] + ([(f"{reference:g}", "reference")] if reference else [])
+    parts = [f"to {name}: " + ", ".join(span(arm, key) for arm in arms) for name, key in to]
+    what = "what the goodput objective counts; equal across tunings where its model holds"
+    return f"Samples weighed by the efficiency of the batch in use ({what}): {'; '.join(parts)}."
 
 
 def _learning_rates(ran: list[dict]) -> str:

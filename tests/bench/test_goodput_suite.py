@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from bench.suites import goodput
-from bench.suites.goodput import summary, table
+from bench.suites.goodput import efficient_samples, summary, table
 
 
 def test_the_suite_runs_both_tunings_to_the_target_and_reports_them(tmp_path):
@@ -33,6 +33,7 @@ def test_the_suite_runs_both_tunings_to_the_target_and_reports_them(tmp_path):
         assert (out / f"{arm}-seed0.db").is_file()  # its own study
     text = (out / "table.md").read_text()
     assert "The learning-rate schedule: adaptive (the last rates" in text  # the default
+    assert "Samples weighed by the efficiency of the batch in use" in text
     assert "| goodput | 0 | **" in text and "per seed: " in text and "x" in text.split(":")[-1]
     assert (out / "curve.png").stat().st_size > 1000
 
@@ -66,7 +67,12 @@ def test_the_table_says_which_runs_missed_the_target_or_failed():
     both = summary(
         dict(reached, target=dict(target, joules=1000.0, **{"return": 40.0})), progress, 30.0
     )
-    assert both["reference"] == {"return": 30.0, "joules": 1000.0, "steps": 30_000}
+    assert both["reference"] == {
+        "return": 30.0,
+        "joules": 1000.0,
+        "steps": 30_000,
+        "efficient_samples": None,  # no noise scale in these progress lines
+    }
     assert row in text
     assert "not reached (best 37)" in text and "| goodput | 1 | failed |" in text
     assert "not reached (best n/a)" in text and "| goodput | 2 | failed |" in text
@@ -77,6 +83,25 @@ def test_the_table_says_which_runs_missed_the_target_or_failed():
     # one arm alone: the rows, no ratio
     alone = table(results, [0], ["goodput"], 30.0)
     assert "| goodput | 0 | **1.0 kJ** (0.3 kJ sizing) |" in alone and "per seed" not in alone
+
+
+def test_efficient_samples_weigh_each_step_by_its_batch_at_the_noise_scale_then():
+    # sized at batches of 100; the tuner moved to 300 ten seconds after the run's start
+    doc = {"timeline": {"started_unix": 1000.0}, "sizing": {"values": {"batch_size": 100}}}
+    doc["changes"] = [{"t": 10.0, "changed": {"batch_size": 300}}]
+    progress = [
+        {"t": 1001.0, "steps": 0},  # no estimate yet
+        {"t": 1005.0, "steps": 50, "noise_scale": 100.0},  # 50 steps at 100 / (100 + 100)
+        {"t": 1008.0, "steps": 150},  # no estimate in this line: counted at the next one's
+        {"t": 1012.0, "steps": 250, "noise_scale": 900.0},  # 200 steps at 900 / (900 + 300)
+        {"t": 1015.0, "steps": 300, "noise_scale": 300.0},  # 50 steps at 300 / (300 + 300)
+    ]
+    assert efficient_samples(doc, progress, 10**9) == pytest.approx(25 + 150 + 25)
+    assert efficient_samples(doc, progress, 200) == pytest.approx(25 + 150 * 0.75)
+    assert efficient_samples(doc, progress[:1], 10**9) is None  # no estimate at all
+    assert efficient_samples({"config": {}}, progress, 10**9) is None  # no first batch
+    untuned = {"config": {"batch_size": 300}}  # a given batch, never changed
+    assert efficient_samples(untuned, progress, 50) == pytest.approx(50 * 0.25)
 
 
 def _check(*argv: str) -> argparse.Namespace:
