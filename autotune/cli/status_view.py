@@ -102,7 +102,8 @@ def render(console: Any, job: dict[str, Any], history: int = 20) -> None:
             f"({live['cpu_source']})"
         )
     if job.get("noise_scale") is not None:
-        head += f"\ngradient noise scale: {job['noise_scale']:,.0f} samples"
+        when = "" if job.get("job") else " (at the latest trial)"
+        head += f"\ngradient noise scale{when}: {job['noise_scale']:,.0f} samples"
     console.print(head)
     if job.get("nodes"):
         console.print(node_table(job["nodes"]))
@@ -168,8 +169,14 @@ def trial_table(rows: list[dict[str, Any]], knobs: list[str], total: int, width:
             table.add_column(head, no_wrap=True, min_width=w)
     table.add_column("note", overflow="fold", ratio=1)
     for c, r in zip(cells, rows, strict=True):
-        table.add_row(*c, r["note"] or "")
+        table.add_row(*c, " ".join(filter(None, (r["note"], _returns(r)))))
     return table
+
+
+def _returns(row: dict[str, Any]) -> str:
+    """The mean return before a trial's change and at its window's end, where both are known."""
+    before, after = row.get("return_before"), row.get("return_after")
+    return "" if before is None or after is None else f"return {_fmt(before)} -> {_fmt(after)}"
 
 
 def node_table(nodes: list[dict[str, Any]]) -> Table:

@@ -77,6 +77,9 @@ def study_summary(study: Any, best: dict[str, Any] | None = None) -> dict[str, A
             "steps_per_joule": t.user_attrs.get("steps_per_joule"),
             "gpu_j": t.user_attrs.get("gpu_j"),
             "cpu_j": t.user_attrs.get("cpu_j"),
+            "noise_scale": t.user_attrs.get("noise_scale"),
+            "return_before": t.user_attrs.get("return_before"),  # the learning curve, around
+            "return_after": t.user_attrs.get("return_after"),  # the trial's change
             "note": _note(t),
         }
         for t in trials
@@ -105,12 +108,15 @@ def stored_status(storage: str, study_name: str) -> dict[str, Any]:
             f"cannot read study {study_name!r} from {redact(storage)!r}: "
             f"{redact(f'{type(exc).__name__}: {exc}')}"
         ) from None
+    summary = study_summary(study)
+    noise = [r["noise_scale"] for r in summary["trials"] if r["noise_scale"] is not None]
     return {
         "job": None,
         "storage": redact(storage),
         "study": study_name,
         "live": fresh_live(study),
-        **study_summary(study),
+        "noise_scale": noise[-1] if noise else None,  # as the latest trial measured it
+        **summary,
     }
 
 

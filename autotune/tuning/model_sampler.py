@@ -32,6 +32,12 @@ It is an ``optuna.samplers.BaseSampler``, so the study stays the store and the i
    0.16, which then measured 0.69 of it for a 37-s trial (a GMI hand-over and a respawn);
 5. suggests the best; when no config is expected to gain ``min_gain``, it suggests the
    incumbent again (the tuner then measures it once more; its median firms up).
+
+A knob the model does not describe that a user named (``autotune.tuning.knobs.OPT_IN``: the env
+backend, actor niceness, the trainer's precision) is measured instead: once the incumbent has
+a window, each of its untried values in turn, the rest of the incumbent kept. The model is
+fitted to the windows of the incumbent's values of those knobs only (another env backend steps
+at other rates).
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.tuning.acquisition import expected_improvement, net_gain
 from autotune.tuning.budget import fits, machine_within
+from autotune.tuning.knobs import OPT_IN
 from autotune.tuning.node_model import NodeModel
 from autotune.tuning.perf_model import (
     MachineModel,
@@ -252,16 +259,34 @@ class ModelSampler(optuna.samplers.BaseSampler):
         kinds = change_kinds(self.applies, a, b)
         return max((self.costs.get(k, 0.0) for k in kinds), default=0.0)
 
+    def _named(self, hold: dict[str, Any], tried: set[str]) -> dict[str, Any] | None:
+        """The incumbent ``hold`` with one named knob the model does not describe moved to a
+        value not measured with the rest of ``hold`` yet (None: every such value measured)."""
+        for name in (n for n in OPT_IN if n in self.choices):
+            for value in self.choices[name]:
+                c = {**hold, name: value}
+                if self._key(c) not in tried and (not self.limits or fits(c, self.limits)):
+                    return c
+        return None
+
     def plan(self, study: optuna.Study) -> dict[str, Any]:
         """The next config's values (see the module docstring)."""
         windows, by_config = self._measured(study)
         self.costs = change_costs(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
         machine = machine_within(self.machine, self.limits)  # a daemon's budget, if any
-        params, sigma = fit(machine, windows, self.defaults)
         medians = {k: float(np.median(v)) for k, v in by_config.items()}
         best_key = max(medians, key=medians.get) if medians else None
         incumbent = json.loads(best_key) if best_key else dict(self.defaults)
         hold = {n: incumbent.get(n, self.defaults.get(n)) for n in self.choices}
+        tried = set(by_config) | {self._key(w.values) for w in windows}
+        tried |= {self._key({**self.defaults, **json.loads(k)}) for k in failed_configs(study)}
+        named = self._named(hold, tried) if best_key else None
+        if named is not None:
+            self.last = {"windows": len(windows), "incumbent": incumbent, "chosen": "named"}
+            return named
+        named_knobs = [n for n in OPT_IN if n in self.choices]
+        windows = [w for w in windows if all(w.values.get(n) == hold[n] for n in named_knobs)]
+        params, sigma = fit(machine, windows, self.defaults)
         cands = self._candidates(hold)
         x = features(cands, self.defaults)
         pred = evaluate(machine, params, x)
@@ -272,8 +297,6 @@ class ModelSampler(optuna.samplers.BaseSampler):
         seen = features([w.values for w in windows], self.defaults) if windows else None
         dist = distance(x, seen) if seen is not None else np.full(len(cands), np.inf)
         sd = uncertainty(sigma, dist)
-        tried = set(by_config) | {self._key(w.values) for w in windows}
-        tried |= {self._key({**self.defaults, **json.loads(k)}) for k in failed_configs(study)}
         keys = [self._key(c) for c in cands]
         ok = np.array([k not in tried for k in keys])
         ok &= fits_cores(machine, x)  # no core oversubscribed

@@ -342,11 +342,12 @@ class OnlineTuner(BudgetLimits):
         self.history.speed.setdefault(key, []).append(m.steps_per_s)
         self._update_saturation(cur.values)
         state = "hold" if cur.trial is None else "trial"
+        returns = {"return_before": cur.return_before, "return_after": samples[-1].return_mean}
         if cur.trial is not None:
             for name, c in constraints.items():
                 cur.trial.set_constraint(name, c)
-            for name in MEASURED:
-                cur.trial.set_user_attr(name, getattr(m, name))
+            for name, v in {**{k: getattr(m, k) for k in MEASURED}, **returns}.items():
+                cur.trial.set_user_attr(name, v)
             cur.trial.set_user_attr("feasible", feasible)
             if cur.change is not None:  # what it cost, for the model sampler's next plans
                 cur.trial.set_user_attr(
@@ -373,8 +374,7 @@ class OnlineTuner(BudgetLimits):
                 "incumbent": best_before[1] if best_before else None,
                 **m.__dict__,
                 "precision": half_width(samples, self._batch(cur.values), per_joule),
-                "return_before": cur.return_before,
-                "return_after": samples[-1].return_mean,
+                **returns,
                 "trial_s": now - cur.started,
             }
         )

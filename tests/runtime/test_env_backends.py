@@ -96,6 +96,7 @@ def test_bad_backend_choices_are_refused_with_what_is_allowed():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(660)  # the run's own limit below, and the test's work around it
 def test_cartpole_learns_on_envpool_from_the_cli(tmp_path):
     out = tmp_path / "r.json"
     proc = subprocess.run(

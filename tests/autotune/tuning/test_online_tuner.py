@@ -332,40 +332,15 @@ def test_bad_knobs_and_storage_are_refused_with_what_is_allowed(tmp_path):
 @pytest.mark.slow
 def test_train_tune_drives_a_real_run_and_keeps_every_step(tmp_path):
     out, db = tmp_path / "out.json", tmp_path / "t.db"
-    cmd = [
-        sys.executable,
-        "-m",
-        "autotune.cli",
-        "train",
-        "--tune",
-        "--quiet",
-        "--steps",
-        "1000000000",
-        "--max-wall-s",
-        "600",
-        "--tune-window-s",
-        "1.5",
-        "--tune-warmup-s",
-        "0.5",
-        "--tune-window-max-s",
-        "2",  # the run's step accounting and its study are checked, not a window's precision
-        "--knob",
-        "batch_size=512,1024",
-        "--knob",
-        "envs_per_actor=4,8",
-        "--knob",
-        "chunk_bytes=262144",
-        "--knob",
-        "trainers=1",
-        "--knob",
-        "trainer_threads=1",
-        "--knob",
-        "actors=2",
-        "--storage",
-        f"sqlite:///{db}",
-        "--json",
-        str(out),
-    ]
+    cmd = [sys.executable, "-m", "autotune.cli", "train", "--tune", "--quiet"]
+    cmd += ["--steps", "1000000000", "--max-wall-s", "600"]
+    cmd += ["--tune-window-s", "1.5", "--tune-warmup-s", "0.5"]
+    # the run's step accounting and its study are checked, not a window's precision
+    cmd += ["--tune-window-max-s", "2"]
+    cmd += ["--knob", "batch_size=512,1024", "--knob", "envs_per_actor=4,8"]
+    cmd += ["--knob", "chunk_bytes=262144", "--knob", "trainers=1"]
+    cmd += ["--knob", "trainer_threads=1", "--knob", "actors=2"]
+    cmd += ["--storage", f"sqlite:///{db}", "--json", str(out)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
     def measured(n: int) -> bool:
@@ -388,3 +363,20 @@ def test_train_tune_drives_a_real_run_and_keeps_every_step(tmp_path):
     assert {k for k, v in tuning["knobs"].items() if v["tuned"]} == {"batch_size", "envs_per_actor"}
     study = optuna.load_study(study_name="online-CartPole-v1", storage=f"sqlite:///{db}")
     assert len([t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]) >= 2
+    # `autotune status` of the stored study: the learning curve around each change, and the
+    # gradient noise scale the latest trial measured
+    status = subprocess.run(
+        [sys.executable, "-m", "autotune.cli", "status", "--storage", f"sqlite:///{db}"]
+        + ["--study", "online-CartPole-v1", "--json", str(tmp_path / "st.json")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert status.returncode == 0, status.stderr[-2000:]
+    doc = json.loads((tmp_path / "st.json").read_text())["jobs"][0]
+    done = [t for t in doc["trials"] if t["state"] == "COMPLETE"]
+    assert all(t["return_after"] is not None for t in done), done
+    assert any(t["return_before"] is not None for t in done), done  # a change after the first
+    assert doc["noise_scale"] == [t["noise_scale"] for t in done][-1] > 0
+    assert "gradient noise scale (at the latest trial)" in status.stdout
+    assert "return " in status.stdout and " -> " in status.stdout
