@@ -13,7 +13,7 @@ through an in-memory Optuna study; time is simulated, so a run of 30 windows tak
 
 JSON: ``{"samplers": {NAME: {"windows_to_95": [...], "regret": [...]}}, "optimum": ...}``;
 ``windows_to_95`` is per seed (None: not reached within ``--windows``), ``regret`` per seed the
-sum over windows of ``1 - value / optimum``.
+sum over windows of ``optimum - value`` (steps/J).
 """
 
 from __future__ import annotations
@@ -167,9 +167,10 @@ def tune(sampler: str, seed: int, windows: int) -> tuple[OnlineTuner, dict[str, 
 
 
 def summarise(values: list[float], best: float) -> tuple[int | None, float]:
-    """(windows until one reached 95 % of ``best``, or None; the regret)."""
+    """(windows until one reached 95 % of ``best``, or None; the cumulative regret: what the
+    windows fell short of ``best``, in steps/J, summed)."""
     reached = next((i + 1 for i, v in enumerate(values) if v >= 0.95 * best), None)
-    return reached, float(sum(1 - v / best for v in values))
+    return reached, float(sum(best - v for v in values))
 
 
 def run(seeds: int, windows: int, samplers: tuple[str, ...] = ("model", "tpe")) -> dict:
@@ -186,10 +187,11 @@ def run(seeds: int, windows: int, samplers: tuple[str, ...] = ("model", "tpe")) 
     return out
 
 
-def _median_worst(xs: list[int | None], cap: int) -> tuple[float, str]:
+def _median_worst(xs: list[int | None], cap: int) -> tuple[str, str]:
+    """The median and worst windows to 95 %, ``>cap`` where they are seeds that never got there."""
     vals = [cap + 1 if x is None else x for x in xs]
-    worst = max(vals)
-    return statistics.median(vals), (f">{cap}" if worst > cap else str(worst))
+    med, worst = statistics.median(vals), max(vals)
+    return (f">{cap}" if med > cap else f"{med:g}"), (f">{cap}" if worst > cap else str(worst))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -207,8 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, r in doc["samplers"].items():
         med, worst = _median_worst(r["windows_to_95"], a.windows)
         print(
-            f"{name:>6}: windows to 95 %: median {med:g}, worst {worst}; regret median "
-            f"{statistics.median(r['regret']):.2f}, worst {max(r['regret']):.2f}"
+            f"{name:>6}: windows to 95 %: median {med}, worst {worst}; cumulative regret "
+            f"(steps/J) median {statistics.median(r['regret']):.1f}, worst {max(r['regret']):.1f}"
         )
     return 0
 

@@ -21,7 +21,7 @@ def add_export_command(sub: Any) -> None:
         description="Reads an 'autotune study --env' or 'autotune wrap' study. For a wrap "
         "study it writes the script's best knob values, the command with them filled in and the "
         "evidence. For a training study it writes the config with the best "
-        "median steps/J (actors, envs per actor, GMIs per GPU, MPS % per GMI, batch sizes, "
+        "median of what --pick names, the study's own objective by default (actors, envs per actor, GMIs per GPU, MPS % per GMI, batch sizes, "
         "trainer device, and a full config for 'autotune train --config'), the CPU threads "
         "per GPU SM it needs, what a target machine would need, and the evidence: trials, and "
         "its measured steps/J against the default config's.",
