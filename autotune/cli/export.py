@@ -19,12 +19,14 @@ def add_export_command(sub: Any) -> None:
         help="write a study's recommended runtime config and hardware sizing (JSON or YAML), "
         "with its evidence and plots",
         description="Reads an 'autotune study --env' or 'autotune wrap' study. For a wrap "
-        "study it writes the script's best knob values, the command with them filled in and the "
-        "evidence. For a training study it writes the config with the best "
-        "median of what --pick names, the study's own objective by default (actors, envs per actor, GMIs per GPU, MPS % per GMI, batch sizes, "
-        "trainer device, and a full config for 'autotune train --config'), the CPU threads "
-        "per GPU SM it needs, what a target machine would need, and the evidence: trials, and "
-        "its measured steps/J against the default config's.",
+        "study it writes the script's best knob values, the command with them "
+        "filled in and the evidence. For a training study it writes the config "
+        "with the best median of what --pick names, the study's own objective by "
+        "default (actors, envs per actor, GMIs per GPU, MPS % per GMI, batch "
+        "sizes, trainer device, and a full config for 'autotune train --config'),"
+        " the CPU threads per GPU SM it needs, what a target machine would need, "
+        "and the evidence: trials, and its measured steps/J against the default "
+        "config's.",
         epilog="example: autotune export --study ant-study --format yaml --out ant.yaml "
         "--plots plots/ --target-gpus 8 --target-cores 96",
     )

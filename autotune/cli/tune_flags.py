@@ -210,7 +210,8 @@ def daemon_budget(console: Console, args: argparse.Namespace, cfg: Any) -> Any:
     before it sizes itself (None with no daemon).
 
     Raises:
-        ConfigError: a malformed claim, or the daemon cannot take the job.
+        ConfigError: a malformed claim, the daemon cannot take the job, or sharing flags
+            were given with no daemon to give the budget.
     """
     from autotune.workflows.tune import take_offer  # optuna: only when tuning
 
@@ -219,6 +220,14 @@ def daemon_budget(console: Console, args: argparse.Namespace, cfg: Any) -> Any:
     except ValueError as exc:
         raise ConfigError([str(exc)]) from None
     if offer is None:
+        if share_flags(args):  # a budget asked for, and no one to give it
+            why = "--in-process tunes without it" if args.in_process else "none is running"
+            raise ConfigError(
+                [
+                    f"{', '.join(share_flags(args))} take effect under a running daemon "
+                    f"('autotune daemon'), which shares the machine out; {why}"
+                ]
+            )
         return None
     held, args.energy_shares = offer
     share = "" if held.mps_pct is None else f", {held.mps_pct} % of GPU {held.gpu}"

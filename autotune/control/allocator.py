@@ -35,6 +35,8 @@ DEFAULT_MIN_SHARE = 0.8
 """A job's fairness floor: this share of the steps/s the equal split would give it."""
 SHARE_STEP = 5
 """The granularity of a GPU's MPS share between jobs, in percent."""
+MIN_GMI_PCT = 10
+"""The least GPU share a job gets: the smallest MPS share a GMI runs at (``knobs.MPS_CHOICES``)."""
 MIN_GAIN = 1e-6
 """A move must raise the predicted total steps/J by at least this share."""
 
@@ -101,8 +103,8 @@ class Claim:
                     f"daemon hands out {format_cores(machine.cores)}"
                 )
             pct = self.fixed.mps_pct
-            if pct is not None and not 0 <= pct <= 100:
-                out.append(f"a fixed MPS share must be within 0..100 %, got {pct}")
+            if pct is not None and not MIN_GMI_PCT <= pct <= 100:
+                out.append(f"a fixed MPS share must be within {MIN_GMI_PCT}..100 %, got {pct}")
             gpus = [g.index for g in machine.gpus]
             if self.fixed.gpu is not None and self.fixed.gpu not in gpus:
                 out.append(f"GPU {self.fixed.gpu} is not on this machine; it has {gpus or 'none'}")
@@ -194,10 +196,10 @@ def check_admission(
             if o.fixed is not None and o.fixed.gpu == gpu
         )
         sharing = sum(1 for c in flexible if c.gpu == gpu)
-        if 100 - fixed_pct < SHARE_STEP * sharing:
+        if 100 - fixed_pct < MIN_GMI_PCT * sharing:
             return (
                 f"GPU {gpu} has {100 - fixed_pct} % of its SMs not fixed to jobs, and "
-                f"{sharing} jobs would share it at {SHARE_STEP} % at least each"
+                f"{sharing} jobs would share it at {MIN_GMI_PCT} % each, a GMI's least share"
             )
     if new.fixed is not None and new.fixed.mps_pct is not None and new.fixed.gpu is not None:
         used = sum(
@@ -250,8 +252,8 @@ def allocate(
     s: dict[str, int] = {}
     for gpu, room in shares.items():
         on = {c.job: c.weight for c in flex if c.gpu == gpu}
-        if on:
-            s.update(_split(room // SHARE_STEP, on, 1 if room >= SHARE_STEP * len(on) else 0))
+        if on:  # admission saw to room for every job's least share
+            s.update(_split(room // SHARE_STEP, on, MIN_GMI_PCT // SHARE_STEP))
     s = {j: k * SHARE_STEP for j, k in s.items()}
     memo: dict[tuple[str, int, int], tuple[float, float]] = {}
 
@@ -366,7 +368,7 @@ def _moves(give: Claim, take: Claim, n: dict[str, int], s: dict[str, int]):
     if n[give.job] > 1:
         yield {**n, give.job: n[give.job] - 1, take.job: n[take.job] + 1}, s
     same_gpu = give.gpu is not None and give.gpu == take.gpu
-    if same_gpu and s.get(give.job, 0) > SHARE_STEP:
+    if same_gpu and s.get(give.job, 0) - SHARE_STEP >= MIN_GMI_PCT:
         yield n, {**s, give.job: s[give.job] - SHARE_STEP, take.job: s[take.job] + SHARE_STEP}
 
 

@@ -109,6 +109,9 @@ def test_python_api_example_runs(tmp_path):
         (["--inference", "gpu"], "invalid choice"),
         (["--inference-mps-pct", "50"], "applies only with inference='gmi'"),
         (["--inference", "gmi", "--inference-mps-pct", "101"], "integer in 1..100"),
+        # a budget asked of a daemon no one asks: refused, not ignored
+        (["--tune", "--in-process", "--cores", "0"], "--cores take effect under a running"),
+        (["--tune", "--in-process", "--exclusive"], "daemon'), which shares the machine out;"),
     ],
 )
 def test_bad_gmi_flags_are_refused_with_what_is_allowed(args, message, capsys):

@@ -10,6 +10,7 @@ import pytest
 from conftest import mujoco_like_model
 
 from autotune.control.allocator import (
+    MIN_GMI_PCT,
     AllocationError,
     Budget,
     Claim,
@@ -20,6 +21,7 @@ from autotune.control.allocator import (
 )
 from autotune.control.machine import MachineView
 from autotune.control.rates import model_rate
+from autotune.tuning.knobs import MPS_CHOICES
 
 H100 = {"index": 0, "name": "H100", "sms": 132, "memory_mib": 81559}
 
@@ -214,11 +216,22 @@ def test_a_fixed_budget_on_a_gpu_must_name_its_share():
 
 
 def test_every_job_on_a_gpu_keeps_a_share_a_gmi_can_run_at():
+    assert min(MPS_CHOICES) == MIN_GMI_PCT  # the least share a GMI is started with
     m = machine(8, gpus=1)
-    fixed = Claim("f", fixed=Budget((0,), 0, 92), gpu=0)
-    assert check_admission(m, [fixed], Claim("a", gpu=0)) is None  # 8 % left for one job
+    fixed = Claim("f", fixed=Budget((0,), 0, 90), gpu=0)
+    assert check_admission(m, [fixed], Claim("a", gpu=0)) is None  # 10 % left for one job
     why = check_admission(m, [fixed, Claim("a", gpu=0)], Claim("b", gpu=0))
-    assert "GPU 0 has 8 % of its SMs not fixed to jobs, and 2 jobs would share it" in why
+    assert "GPU 0 has 10 % of its SMs not fixed to jobs, and 2 jobs would share it at 10 %" in why
+    why = check_admission(m, [Claim("f", fixed=Budget((0,), 0, 92), gpu=0)], Claim("a", gpu=0))
+    assert "GPU 0 has 8 % of its SMs not fixed to jobs" in why  # no GMI runs at 8 %
+    assert "must be within 10..100 %, got 5" in check_admission(
+        m, [], Claim("x", fixed=Budget((1,), 0, 5), gpu=0)
+    )
+    # however little a job's model says the GPU helps it, it keeps a share its GMIs can run at
+    rates = {"flat": lambda cores, pct: (3000.0, 40.0), "ant": scaling(2000.0, gpu_gain=1.0)}
+    claims = [Claim(j, gpu=0, min_share=0.0) for j in rates]
+    alloc = allocate(m, claims, rates, idle_w=100.0)
+    assert alloc.budgets["flat"].mps_pct == MIN_GMI_PCT and alloc.budgets["ant"].mps_pct == 90
     assert "is not on this machine" in check_admission(
         m, [], Claim("x", fixed=Budget((1,), 3, 10), gpu=None)
     )

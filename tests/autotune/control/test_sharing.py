@@ -120,6 +120,13 @@ def test_two_tuned_jobs_share_the_machine_and_the_survivor_grows(tmp_path):
         assert cores["first"] | cores["second"] <= machine
         for j in doc["jobs"]:  # every thread of the job is pinned to its budget
             assert os.sched_getaffinity(j["pid"]) == set(j["allocation"]["cores"])
+            # the document's shape: each job, its env, budget and figures (None until measured)
+            assert (
+                j["id"]
+                and j["env"] == "CartPole-v1"
+                and {"steps_per_s", "steps_per_joule"} <= j.keys()
+            )
+            assert j["allocation"]["gpu"] is None and j["allocation"]["mps_pct"] is None  # no GPU
         _finish(first)
         first = None
 

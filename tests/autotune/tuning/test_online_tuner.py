@@ -365,9 +365,9 @@ def test_train_tune_drives_a_real_run_and_keeps_every_step(tmp_path):
     assert len([t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]) >= 2
     # `autotune status` of the stored study: the learning curve around each change, and the
     # gradient noise scale the latest trial measured
+    cli = [sys.executable, "-m", "autotune.cli", "status", "--storage", f"sqlite:///{db}"]
     status = subprocess.run(
-        [sys.executable, "-m", "autotune.cli", "status", "--storage", f"sqlite:///{db}"]
-        + ["--study", "online-CartPole-v1", "--json", str(tmp_path / "st.json")],
+        [*cli, "--study", "online-CartPole-v1", "--json", str(tmp_path / "st.json")],
         capture_output=True,
         text=True,
         timeout=120,
