@@ -9,8 +9,9 @@ and what jobs it does not manage already take.
   control binary is installed and the GPU is not in MIG mode.
 * **Meters**: the GPU energy counter where NVML has it, and RAPL or the labelled CPU model.
 * **Foreign load**: processes the daemon does not manage (a wrapped script in restart mode, a
-  process on the GPU) are seen through psutil and NVML. The cores they keep busy and the GPUs
-  they hold count as taken: the allocator hands them out last.
+  process on the GPU) are seen through psutil and NVML. The cores they keep busy count as
+  taken, and those a busy process is pinned to are handed out last; the GPUs they hold are
+  shown (an MPS share cannot be set aside for a process outside MPS).
 
 Tests describe machines with ``MachineView.from_dict``; nothing here changes any setting.
 """
@@ -136,17 +137,19 @@ def detect(reserve: int | None = None, sms: bool = True) -> MachineView:
 
 def foreign_load(managed: set[int], cores: tuple[int, ...]) -> dict[str, Any]:
     """What processes outside ``managed`` (the daemon's and its jobs' process trees) take:
-    ``{"cores": n, "gpus": [index, ...], "pids": [...]}``. ``cores`` counts their CPU use
-    among ``cores`` in whole cores (a process using ``BUSY_CORE_SHARE`` of a core or more
-    counts its use rounded, at least one); ``gpus`` are the GPUs where one holds a compute
-    context (MPS's own server, which carries the managed jobs' GMIs, does not count).
+    ``{"cores": n, "pinned": [core, ...], "gpus": [index, ...], "pids": [...]}``. ``cores``
+    counts their CPU use among ``cores`` in whole cores (a process using ``BUSY_CORE_SHARE``
+    of a core or more counts its use rounded, at least one); ``pinned`` are the cores such a
+    process is confined to where its affinity is narrower than ``cores`` (the kernel moves an
+    unconfined one about); ``gpus`` are the GPUs where one holds a compute context (MPS's own
+    server, which carries the managed jobs' GMIs, does not count).
 
     CPU use is psutil's, over the interval since the previous call (the first call reads 0)."""
     import psutil
 
     from runtime.hw.gpus import gpus_used_by
 
-    busy, pids, others = 0.0, [], []
+    busy, pids, others, pinned = 0.0, [], [], set()
     allowed = set(cores)
     for proc in psutil.process_iter(["pid", "name", "cpu_affinity"]):
         pid = proc.info["pid"]
@@ -161,4 +164,18 @@ def foreign_load(managed: set[int], cores: tuple[int, ...]) -> dict[str, Any]:
         if share >= BUSY_CORE_SHARE and allowed & set(affinity):
             busy += max(1, round(share))  # a multithreaded process can keep several busy
             pids.append(pid)
-    return {"cores": int(busy), "gpus": sorted(gpus_used_by(others)), "pids": pids}
+            if not allowed <= set(affinity):
+                pinned |= allowed & set(affinity)
+    gpus = sorted(gpus_used_by(others))
+    return {"cores": int(busy), "pinned": sorted(pinned), "gpus": gpus, "pids": pids}
+
+
+def busy_last(machine: MachineView, pinned: list[int]) -> MachineView:
+    """``machine`` with the ``pinned`` cores (``foreign_load``) last among its cores: the
+    allocator hands cores out in that order, so jobs get them only where nothing else is left."""
+    from dataclasses import replace
+
+    order = [k for k in machine.cores if k not in pinned] + [
+        k for k in machine.cores if k in pinned
+    ]
+    return replace(machine, cores=tuple(order))

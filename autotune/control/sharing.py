@@ -37,7 +37,7 @@ from autotune.control.allocator import (
     total_of,
 )
 from autotune.control.claims import Share
-from autotune.control.machine import MachineView, foreign_load
+from autotune.control.machine import MachineView, busy_last, foreign_load
 from autotune.control.rates import model_rate, sized_for
 from autotune.tuning.perf_model import Params
 
@@ -86,7 +86,9 @@ class MachineShares:
         self.shares: dict[str, Share] = {}
         self.allocation: Allocation | None = None
         self.read_foreign = read_foreign
-        self.foreign: dict[str, Any] = {"cores": 0, "gpus": [], "pids": []}
+        self.foreign: dict[str, Any] = {"cores": 0, "pinned": [], "gpus": [], "pids": []}
+        if read_foreign:  # psutil's first reading of a process is 0: this one primes them
+            foreign_load(_trees(set()), machine.cores)
         self.rebalanced = clock()
         self.grace_until: float | None = clock() + RESTART_GRACE_S
 
@@ -130,7 +132,7 @@ class MachineShares:
             for s in held
         ]
         return allocate(  # no idle draw of its own: each job's watts carry its share of it
-            self.machine,
+            busy_last(self.machine, self.foreign["pinned"]),
             [*others, claim],
             self._rates(),
             taken_cores=self.foreign["cores"],
@@ -203,7 +205,7 @@ class MachineShares:
         rates, current = self._rates(), self._current(registered_only=True)
         try:
             alloc = allocate(
-                self.machine,
+                busy_last(self.machine, self.foreign["pinned"]),
                 [s.claim for s in jobs.values()],
                 rates,
                 taken_cores=self.foreign["cores"],

@@ -19,7 +19,7 @@ from autotune.control.allocator import (
     check_admission,
     parse_cores,
 )
-from autotune.control.machine import MachineView
+from autotune.control.machine import MachineView, busy_last
 from autotune.control.rates import model_rate
 from autotune.tuning.knobs import MPS_CHOICES
 
@@ -157,6 +157,12 @@ def test_foreign_load_is_handed_out_last():
     m = machine(8)
     alloc = allocate(m, [Claim("a"), Claim("b")], {}, taken_cores=2)
     assert sum(len(b.cores) for b in alloc.budgets.values()) == 6
+    # the cores a foreign process is pinned to: handed out to no job while others are free
+    alloc = allocate(busy_last(m, [0, 3]), [Claim("a"), Claim("b")], {}, taken_cores=2)
+    held = {k for b in alloc.budgets.values() for k in b.cores}
+    assert held == set(m.cores) - {0, 3}
+    crowded = allocate(busy_last(m, [0, 3]), [Claim(str(j)) for j in range(8)], {}, taken_cores=2)
+    assert sorted(k for b in crowded.budgets.values() for k in b.cores) == list(range(8))
 
 
 def test_model_rates_from_the_throughput_model():

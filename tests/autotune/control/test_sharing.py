@@ -284,7 +284,11 @@ def test_a_busy_process_the_daemon_does_not_manage_counts_as_taken():
     from autotune.control.machine import foreign_load
 
     cores = tuple(sorted(os.sched_getaffinity(0)))
-    spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    last = cores[-1]  # the spinner is confined to it, as `taskset -c` would
+    spin = subprocess.Popen(
+        [sys.executable, "-c", "while True: pass"],
+        preexec_fn=lambda: os.sched_setaffinity(0, {last}),
+    )
     seen: dict = {}
     try:
 
@@ -294,6 +298,8 @@ def test_a_busy_process_the_daemon_does_not_manage_counts_as_taken():
 
         wait_until(counted, spin, timeout_s=120, what="the spinning process counted")
         assert seen["cores"] >= 1
+        # on a machine of more than one core, the core it is confined to is known
+        assert seen["pinned"] == ([last] if len(cores) > 1 else [])
         assert spin.pid not in foreign_load({spin.pid}, cores)["pids"]  # managed: not foreign
     finally:
         spin.kill()
