@@ -124,8 +124,14 @@ class ProgressDisplay:
             f"({state.sampled_steps:,} sampled)  {rate:,.0f} steps/s  "
             f"return {_fmt(state.return_mean, '.1f')} ({state.episodes:,} ep)  "
             f"lag {state.policy_lag_mean:.1f}/{state.policy_lag_max}  "
-            f"restarts {state.actor_restarts}  {state.elapsed_s:,.0f}s"
+            f"{_learner(state)}restarts {state.actor_restarts}  {state.elapsed_s:,.0f}s"
         )
+
+
+def _learner(state: RunState) -> str:
+    """The learner's gradient noise scale and learning rate, where it reports them."""
+    noise = "" if state.noise_scale is None else f"noise {state.noise_scale:,.0f}  "
+    return noise + ("" if state.lr is None else f"lr {state.lr:.2g}  ")
 
 
 def summary_table(result: dict[str, Any]) -> Table:

@@ -130,7 +130,8 @@ def test_without_a_terminal_progress_is_a_plain_line_every_few_seconds(monkeypat
     assert shown.plain
 
     def state(t: float, steps: int, draining: bool = False) -> RunState:
-        return RunState(t, steps, steps, None, 0, 0.0, 0, 0, draining)
+        learner = {"noise_scale": 1234.5, "lr": 3e-4} if steps >= 7000 else {}
+        return RunState(t, steps, steps, None, 0, 0.0, 0, 0, draining, **learner)
 
     with shown:
         shown.update(state(1.0, 1000))
@@ -146,6 +147,8 @@ def test_without_a_terminal_progress_is_a_plain_line_every_few_seconds(monkeypat
         ["training", "7,000/10,000"],
         ["draining", "10,000/10,000"],
     ]
+    assert "noise" not in lines[0]  # before the learner says
+    assert "noise 1,234  lr 0.0003" in lines[1]  # the learner's noise scale and rate
 
 
 def test_the_trial_table_never_splits_a_number_at_80_columns():
