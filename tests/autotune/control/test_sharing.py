@@ -399,3 +399,53 @@ def test_a_budget_pins_the_job_and_re_pins_its_actors_with_the_runs_endpoints():
         assert os.sched_getaffinity(0) == set(cores)
     finally:
         link.close()
+
+
+def test_the_periodic_share_out_moves_budgets_only_where_it_pays():
+    """Every ``REBALANCE_S`` the daemon shares the machine out again with the jobs' fitted
+    models: budgets stay where nothing changed, and move once a job's model says cores pay
+    more elsewhere (here one job's env steps turn out 4x as dear as probed: its phase changed)."""
+    from dataclasses import replace
+
+    from autotune.control.claims import Share
+    from autotune.control.sharing import REBALANCE_S, RESTART_GRACE_S
+    from autotune.tuning.perf_model import prior_params
+
+    now, sent = [0.0], []
+    m = mujoco_like_model()
+    fitted = {"a": prior_params(m), "b": prior_params(m)}
+    shares = MachineShares(
+        MachineView.from_dict({"cores": 16}),
+        lambda job, budget, changed: changed and sent.append((job, budget)),
+        params_of=lambda job: fitted[job],
+        clock=lambda: now[0],
+        read_foreign=False,
+    )
+    for job in ("a", "b"):
+        shares.join(Share(Claim(job), model=m))
+
+    def tick():  # and each job takes what it was sent, as its report says
+        shares.tick()
+        for job, share in shares.shares.items():
+            shares.taken(job, share.seq)
+
+    now[0] = RESTART_GRACE_S + 1
+    tick()
+    first = {j: s.budget for j, s in shares.shares.items()}
+    assert len(first["a"].cores) + len(first["b"].cores) == 16
+    sent.clear()
+    now[0] += REBALANCE_S / 2
+    tick()
+    now[0] += REBALANCE_S
+    tick()  # a share-out with the same models: nothing to gain, nothing sent
+    assert sent == [] and {j: s.budget for j, s in shares.shares.items()} == first
+    slow = max(first, key=lambda j: len(first[j].cores))  # the job holding the most cores
+    fitted[slow] = replace(fitted[slow], k_s=0.25 * fitted[slow].k_s)
+    now[0] += REBALANCE_S / 2
+    tick()
+    assert sent == []  # not before its time
+    now[0] += REBALANCE_S / 2
+    tick()
+    moved = {j: s.budget for j, s in shares.shares.items()}
+    assert len(moved[slow].cores) < len(first[slow].cores) and {j for j, _ in sent} == {"a", "b"}
+    assert not set(moved["a"].cores) & set(moved["b"].cores)
