@@ -25,10 +25,14 @@ class ProbeError(RuntimeError):
     """The workload could not be probed; the message says why."""
 
 
-def timed(fn, budget_s: float = PROBE_S, least: int = 3) -> float:
+def timed(fn, budget_s: float = PROBE_S, least: int = 3, first: list | None = None) -> float:
     """Seconds per call of ``fn``: called until ``budget_s`` passed and at least ``least``
-    times, after one untimed call; the median of five slices."""
+    times, after one untimed call (its seconds appended to ``first`` if given: a compile, a
+    graph's capture); the median of five slices."""
+    t = time.perf_counter()
     fn()
+    if first is not None:
+        first.append(time.perf_counter() - t)
     times: list[float] = []
     start = time.perf_counter()
     while len(times) < least or time.perf_counter() - start < budget_s:

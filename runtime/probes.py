@@ -94,7 +94,9 @@ class Probes:
     under load): what an actor pays in a full run. Empty where it was not measured."""
     stage_s: dict[str, float] = field(default_factory=dict)
     """Wall seconds each probe took (``env``, ``env_loaded``, ``torch``, ``forward``,
-    ``learner_<device>``, ``gpu_power``): where a first run's start-up goes."""
+    ``learner_<device>``, ``gpu_power``): where a first run's start-up goes. Parts of one,
+    not added to the sum: ``learner_cuda.build`` (the learner made, its CUDA context opened)
+    and ``learner_cuda.first`` (each size's first update: a compile, a graph's capture)."""
 
     def load_factor(self) -> float:
         """How much slower an actor's per-env work (an env step and its share of the forward)
@@ -182,6 +184,7 @@ def probe_learner(
     rival: LearnerCost | None = None,
     group: bool = False,
     update: Callable[[dict], None] | None = None,
+    first: list[float] | None = None,
 ) -> LearnerCost:
     """Seconds per update of the run's learner on ``device`` with synthetic batches, at two
     sizes at least (a GPU learner's update can cost the same at every size: a fixed cost the
@@ -190,6 +193,7 @@ def probe_learner(
     probed before). ``group``: the update of a trainer group's member on CUDA (the eager loop,
     timed once per size after one untimed update: it is slow), as ``GROUP_LEARNER``.
     ``update``: a learner's update function (``make_learner``) to time instead of a new one.
+    ``first``: each size's first, untimed update's seconds are appended to it.
 
     Without ``update``, the learner made here runs one epoch per update and its seconds are
     scaled by the run's epochs: an eager learner's update is its epochs' V-trace passes and
@@ -205,7 +209,7 @@ def probe_learner(
         batch = synthetic_batch(info, size, rollout_len)
         size = batch["rewards"].size
         least = 1 if group else 2
-        one = timed(lambda b=batch: update(b), budget_s=PROBE_S / 2, least=least)
+        one = timed(lambda b=batch: update(b), budget_s=PROBE_S / 2, least=least, first=first)
         seconds[size] = one * epochs
         if len(seconds) >= 2 and seconds[size] > LEARNER_STOP_S:
             break
@@ -271,11 +275,16 @@ def measure(
     costs: dict[str, LearnerCost] = {}
     cuda_update = None  # kept for the GPU power probe: its graphs are captured already
     if "cuda" in devices and sms:  # first: the fast one, the others' rival
+        built = time.perf_counter()
         _, cuda_update = make_learner(info, policy, "cuda", learner)
+        built, first = time.perf_counter() - built, []
         costs["cuda"] = probe_learner(
-            info, policy, "cuda", rollout_len, learner, update=cuda_update
+            info, policy, "cuda", rollout_len, learner, update=cuda_update, first=first
         )
         took("learner_cuda")
+        # of it: the learner made (its CUDA context) and each size's first update (a compile
+        # and a graph's capture at a new shape), the rest timing
+        stage_s["learner_cuda.build"], stage_s["learner_cuda.first"] = built, sum(first)
         costs[GROUP_LEARNER] = probe_learner(info, policy, "cuda", rollout_len, learner, group=True)
         took(f"learner_{GROUP_LEARNER}")
     # the CUDA context is open and the GPU has nothing to run: its draw is read meanwhile

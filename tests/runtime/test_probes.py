@@ -126,3 +126,20 @@ def test_the_learner_is_timed_at_batches_of_two_trajectories_per_minibatch_or_mo
     assert probes.learner_batches(32, 32) == [2048, 4096, 16384]
     assert probes.learner_batches(4, 32) == list(probes.LEARNER_BATCHES)
     assert probes.learner_batches(64, 128) == [16384, 65536]  # two sizes, the fixed cost seen
+
+
+def test_timing_keeps_the_first_calls_seconds_apart():
+    """A learner's first update at a shape compiles and captures; the probes time the calls
+    after it, and say what the first took (``stage_s['learner_cuda.first']``)."""
+    import time
+
+    from runtime.env_probes import timed
+
+    calls, first = [], []
+
+    def update():
+        calls.append(1)
+        time.sleep(0.05 if len(calls) == 1 else 0.001)
+
+    assert timed(update, budget_s=0.01, least=3, first=first) < 0.02
+    assert len(first) == 1 and first[0] >= 0.05 and len(calls) >= 4
