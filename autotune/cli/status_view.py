@@ -71,7 +71,7 @@ def render_machine(console: Any, status: dict[str, Any]) -> None:
 
 
 def _cores(cores: list[int]) -> str:
-    from autotune.control.allocator import format_cores
+    from autotune.control.cores import format_cores
 
     return format_cores(cores)
 

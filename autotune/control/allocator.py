@@ -29,7 +29,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from autotune.control.cores import format_cores, parse_cores
 from autotune.control.machine import MachineView
+
+__all__ = ["Budget", "Claim", "allocate", "check_admission", "format_cores", "parse_cores"]
 
 DEFAULT_MIN_SHARE = 0.8
 """A job's fairness floor: this share of the steps/s the equal split would give it."""
@@ -122,38 +125,6 @@ class Allocation:
     """Per job: ``steps_per_s``, ``watts`` (above idle), ``floor`` (steps/s)."""
     steps_per_joule: float = 0.0
     equal_split_steps_per_joule: float = 0.0
-
-
-def format_cores(cores: tuple[int, ...] | list[int]) -> str:
-    """``0-3,8`` for (0, 1, 2, 3, 8)."""
-    out: list[str] = []
-    for c in sorted(cores):
-        if out and c == int(out[-1].split("-")[-1]) + 1:
-            out[-1] = f"{out[-1].split('-')[0]}-{c}"
-        else:
-            out.append(str(c))
-    return ",".join(out) or "none"
-
-
-def parse_cores(text: str) -> tuple[int, ...]:
-    """``"0-3,8"`` as (0, 1, 2, 3, 8).
-
-    Raises:
-        ValueError: naming what was given and the form allowed.
-    """
-    out: list[int] = []
-    try:
-        for part in text.split(","):
-            lo, _, hi = part.strip().partition("-")
-            first, last = int(lo), int(hi or lo)
-            if first < 0 or last < first:
-                raise ValueError
-            out.extend(range(first, last + 1))
-    except ValueError:
-        raise ValueError(
-            f"cores {text!r}: expected a list such as 0-3,8 (ascending ranges of core numbers)"
-        ) from None
-    return tuple(sorted(set(out)))
 
 
 def check_admission(

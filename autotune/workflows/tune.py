@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from autotune.control import protocol
-from autotune.control.allocator import DEFAULT_MIN_SHARE, Budget, parse_cores
+from autotune.control.allocator import DEFAULT_MIN_SHARE, Budget
+from autotune.control.cores import parse_cores
 from autotune.control.job_link import DaemonLink, DaemonRefused, ask_offer
 from autotune.control.pinning import pin_tree
 from autotune.tuning.knobs import Knob, Machine, build_space, knobs_to_wire

@@ -1,0 +1,163 @@
+"""The daemon's share-out (``autotune.control.sharing.MachineShares``) on described machines,
+with no daemon process: offers, registration, restarts and the periodic share-out."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import mujoco_like_model
+
+from autotune.control.allocator import Budget, Claim
+from autotune.control.claims import claim_from, share_of
+from autotune.control.machine import MachineView
+from autotune.control.sharing import MachineShares
+
+
+def test_offers_are_disjoint_and_registered_jobs_keep_their_cores_until_the_new_one_joins():
+    """Jobs that ask before they size themselves get disjoint cores; a registered job keeps
+    its budget while a newcomer probes, and is cut when the newcomer registers; an offer whose
+    job never registers lapses."""
+    t = [0.0]
+    sent: list[tuple[str, Budget]] = []
+    shares = MachineShares(
+        MachineView.from_dict({"cores": 6}),
+        lambda job, b, changed: sent.append((job, b)),
+        clock=lambda: t[0],
+        read_foreign=False,
+    )
+    assert shares.offer(Claim("offer"), pid=11).cores == tuple(range(6))  # alone: the machine
+    shares.join(share_of(claim_from("job-a", {}), {"pid": 11}, shares.machine))
+    assert sent == [("job-a", Budget(tuple(range(6))))]  # to pin to, and to its tuner
+    b = shares.offer(Claim("offer"), pid=12)
+    c = shares.offer(Claim("offer"), pid=13)
+    assert len(b.cores) == 3 and c.cores and not set(b.cores) & set(c.cores)
+    assert shares.shares["job-a"].budget.cores == tuple(range(6))  # kept while they probe
+    shares.join(share_of(claim_from("job-b", {}), {"pid": 12}, shares.machine))
+    a_now, b_now = shares.shares["job-a"].budget, shares.shares["job-b"].budget
+    assert b_now.cores == b.cores and not set(a_now.cores) & set(b_now.cores)
+    assert len(a_now.cores) + len(b_now.cores) == 6  # the lapsing offer holds nothing here
+    t[0] += 1000.0  # job c never registers: its offer lapses
+    shares.tick()
+    assert sorted(shares.shares) == ["job-a", "job-b"]
+    small = MachineShares(  # a pending offer of every core: the next is shared out, not refused
+        MachineView.from_dict({"cores": 2}), lambda *a: None, read_foreign=False
+    )
+    assert small.offer(Claim("offer"), pid=21).cores == (0, 1)
+    assert len(small.offer(Claim("offer"), pid=22).cores) == 1
+    for job, pid in (("job-x", 21), ("job-y", 22)):
+        small.join(share_of(claim_from(job, {}), {"pid": pid}, small.machine))
+    x, y = small.shares["job-x"].budget.cores, small.shares["job-y"].budget.cores
+    assert len(x) == len(y) == 1 and x != y
+    with pytest.raises(ValueError, match="malformed claim"):
+        claim_from("x", {"weight": "heavy"})
+    with pytest.raises(ValueError, match="a claim is a map of"):
+        claim_from("x", {"priority": 1})
+
+
+def test_a_changed_budget_keeps_the_costly_values_unless_changing_them_pays():
+    """Sized for a new budget, a job keeps its envs per actor (a respawn of every actor) and
+    its GMI (a handover) where the model's best gains less than ``KEEP_GAIN`` from changing
+    them; it changes them where the gain is larger."""
+    from autotune.control.claims import Share
+    from autotune.control.rates import sized_for
+    from autotune.control.sharing import KEEP_GAIN
+
+    m = mujoco_like_model()
+    shares = MachineShares(
+        MachineView.from_dict({"cores": 16}), lambda *a: None, read_foreign=False
+    )
+    shares.shares["a"] = Share(Claim("a", gpu=0), model=m)
+    budget = Budget(tuple(range(8)), 0, 50)
+    best = shares.sized("a", budget)
+    assert shares.sized("a", budget, best) == best
+    for envs in (1, 2, 4, 8, 16, 32):
+        if envs == best["envs_per_actor"]:
+            continue
+        kept = sized_for(m, 1, 16, 8, 50, keep={"envs_per_actor": envs})
+        gain = (
+            sized_for(m, 1, 16, 8, 50).predicted["steps_per_joule"]
+            / kept.predicted["steps_per_joule"]
+        )
+        out = shares.sized("a", budget, {**best, "envs_per_actor": envs})
+        assert out["envs_per_actor"] == (envs if gain < 1 + KEEP_GAIN else best["envs_per_actor"])
+        assert out["actors"] <= 8  # inside the budget either way
+
+
+def test_a_restarted_daemon_keeps_the_budgets_its_jobs_hold():
+    """Jobs register again with the budget they are pinned to: each keeps exactly that while
+    the others come back (the first would otherwise be given every core, those the others
+    still hold included), and the share-out after the grace keeps each where the counts
+    allow, so no job is moved by the restart."""
+    from autotune.control.sharing import RESTART_GRACE_S
+
+    now = [0.0]
+    sent: list[tuple[str, Budget]] = []
+    shares = MachineShares(
+        MachineView.from_dict({"cores": 8}),
+        lambda j, b, changed: sent.append((j, b)),
+        clock=lambda: now[0],
+        read_foreign=False,
+    )
+    held = {"x": Budget((4, 5, 6, 7)), "y": Budget((0, 1, 2, 3))}
+    for job, budget in held.items():
+        shares.join(
+            share_of(claim_from(job, {}), {"pid": None, "held": budget.to_dict()}, shares.machine)
+        )
+    assert sent == list(held.items())  # no core of y's was ever sent to x
+    now[0] = RESTART_GRACE_S + 1
+    shares.tick()
+    assert {j: s.budget for j, s in shares.shares.items()} == held and shares.allocation
+    # a job that comes back holding cores another job holds is shared out at once
+    late = share_of(claim_from("z", {}), {"held": {"cores": [0, 1]}}, shares.machine)
+    shares.join(late)
+    cores = [set(s.budget.cores) for s in shares.shares.values()]
+    assert sum(len(c) for c in cores) == len(set().union(*cores)) == 8  # disjoint
+
+
+def test_the_periodic_share_out_moves_budgets_only_where_it_pays():
+    """Every ``REBALANCE_S`` the daemon shares the machine out again with the jobs' fitted
+    models: budgets stay where nothing changed, and move once a job's model says cores pay
+    more elsewhere (here one job's env steps turn out 4x as dear as probed: its phase changed)."""
+    from dataclasses import replace
+
+    from autotune.control.claims import Share
+    from autotune.control.sharing import REBALANCE_S, RESTART_GRACE_S
+    from autotune.tuning.perf_model import prior_params
+
+    now, sent = [0.0], []
+    m = mujoco_like_model()
+    fitted = {"a": prior_params(m), "b": prior_params(m)}
+    shares = MachineShares(
+        MachineView.from_dict({"cores": 16}),
+        lambda job, budget, changed: changed and sent.append((job, budget)),
+        params_of=lambda job: fitted[job],
+        clock=lambda: now[0],
+        read_foreign=False,
+    )
+    for job in ("a", "b"):
+        shares.join(Share(Claim(job), model=m))
+
+    def tick():  # and each job takes what it was sent, as its report says
+        shares.tick()
+        for job, share in shares.shares.items():
+            shares.taken(job, share.seq)
+
+    now[0] = RESTART_GRACE_S + 1
+    tick()
+    first = {j: s.budget for j, s in shares.shares.items()}
+    assert len(first["a"].cores) + len(first["b"].cores) == 16
+    sent.clear()
+    now[0] += REBALANCE_S / 2
+    tick()
+    now[0] += REBALANCE_S
+    tick()  # a share-out with the same models: nothing to gain, nothing sent
+    assert sent == [] and {j: s.budget for j, s in shares.shares.items()} == first
+    slow = max(first, key=lambda j: len(first[j].cores))  # the job holding the most cores
+    fitted[slow] = replace(fitted[slow], k_s=0.25 * fitted[slow].k_s)
+    now[0] += REBALANCE_S / 2
+    tick()
+    assert sent == []  # not before its time
+    now[0] += REBALANCE_S / 2
+    tick()
+    moved = {j: s.budget for j, s in shares.shares.items()}
+    assert len(moved[slow].cores) < len(first[slow].cores) and {j for j, _ in sent} == {"a", "b"}
+    assert not set(moved["a"].cores) & set(moved["b"].cores)
