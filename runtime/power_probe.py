@@ -1,10 +1,13 @@
-"""GPU 0's watts for the probes (``runtime.probes``): idle, with a context open and nothing
-running, and with the learner busy. The idle and context readings span probes that leave the
-GPU alone (the env probes before torch is imported; the CPU learner's probe while the CUDA
-learner's context is open), so they cost no time of their own beyond ``GPU_POWER_S``."""
+"""The probed GPU's watts for the probes (``runtime.probes``): idle, with a context open and
+nothing running, and with the learner busy. The GPU is the one the probes' CUDA device 0 is:
+GPU 0, or the first of ``CUDA_VISIBLE_DEVICES`` (a daemon's budget on another GPU sets it).
+The idle and context readings span probes that leave the GPU alone (the env probes before
+torch is imported; the CPU learner's probe while the CUDA learner's context is open), so they
+cost no time of their own beyond ``GPU_POWER_S``."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 
@@ -12,36 +15,45 @@ GPU_POWER_S = 1.0
 """Seconds each GPU power reading spans at least."""
 
 
+def cuda0_nvml_index() -> int:
+    """The NVML index of CUDA's device 0 in this process: the first of ``CUDA_VISIBLE_DEVICES``
+    where it is an index (NVML counts in PCI bus order, as CUDA does with
+    ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` or on GPUs of one kind), else 0."""
+    first = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+    return int(first) if first.isdigit() else 0
+
+
 def gpu_meter():
-    """GPU 0's energy reader, or None where NVML cannot read it."""
+    """The probed GPU's energy reader (``cuda0_nvml_index``), or None where NVML cannot read
+    it."""
     from runtime.energy.gpu import GPUEnergyError, NullGPUEnergy, probe_gpu_energy
 
     try:
-        meter = probe_gpu_energy((0,))
+        meter = probe_gpu_energy((cuda0_nvml_index(),))
     except GPUEnergyError:
         return None
     return None if isinstance(meter, NullGPUEnergy) else meter
 
 
 class Reading:
-    """GPU 0's mean watts from this reading's start to ``watts()``, over whatever ran
+    """The probed GPU's mean watts from this reading's start to ``watts()``, over whatever ran
     meanwhile."""
 
     def __init__(self, meter) -> None:
         self.meter = meter
-        self.e0, self.t0 = meter.read_energy_j().get(0, 0.0), time.perf_counter()
+        self.e0, self.t0 = sum(meter.read_energy_j().values()), time.perf_counter()
 
     def watts(self, least_s: float = GPU_POWER_S) -> float:
         """The mean so far, after sleeping until the reading spans ``least_s``."""
         left = least_s - (time.perf_counter() - self.t0)
         if left > 0:
             time.sleep(left)
-        joules = self.meter.read_energy_j().get(0, 0.0) - self.e0
+        joules = sum(self.meter.read_energy_j().values()) - self.e0  # the one GPU it reads
         return joules / (time.perf_counter() - self.t0)
 
 
 def busy_watts(meter, work: Callable[[], None], seconds: float = GPU_POWER_S) -> float:
-    """GPU 0's mean watts while ``work()`` is called back to back for ``seconds``."""
+    """The probed GPU's mean watts while ``work()`` is called back to back for ``seconds``."""
     reading = Reading(meter)
     while time.perf_counter() - reading.t0 < seconds:
         work()

@@ -85,9 +85,9 @@ class Probes:
     cached: bool = False
     """Read back from the probe cache (``runtime.probe_cache``), not measured now."""
     gpu_power: dict[str, float] = field(default_factory=dict)
-    """GPU 0's watts (NVML) with no context (``idle_w``), with the learner's context open and
-    nothing running (``context_w``), and with the learner updating back to back (``busy_w``);
-    empty without a GPU that NVML reads."""
+    """The probed GPU's watts (NVML; ``power_probe.cuda0_nvml_index``) with no context
+    (``idle_w``), with the learner's context open and nothing running (``context_w``), and
+    with the learner updating back to back (``busy_w``); empty without a GPU NVML reads."""
     round_loaded_s: dict[int, float] = field(default_factory=dict)
     """CPU seconds per actor round (``k`` envs stepped, one forward of the policy) by ``k``, with
     one such actor on every usable core at once (shared caches, memory bandwidth, the clock
@@ -247,7 +247,7 @@ def measure(
         mark[0] = now
 
     info = probe_env(env_id, backend)  # an env that cannot be made fails before torch loads
-    # GPU 0's draw before anything here opens a context on it, read over the env probes
+    # the GPU's draw before anything here opens a context on it, read over the env probes
     meter = gpu_meter() if "cuda" in devices else None
     idle = Reading(meter) if meter is not None else None
     took("gpu_power")

@@ -84,7 +84,9 @@ class Claim:
     exclusive: bool = False
     fixed: Budget | None = None
     gpu: int | None = None
-    """The GPU its GMIs run on (None: it needs no GPU share)."""
+    """The GPU its GMIs run on (None: it needs no GPU share, or ``any_gpu``)."""
+    any_gpu: bool = False
+    """It names no GPU: the daemon picks one (``gpu_choice.pick_gpu``) before it is admitted."""
 
     def problems(self, machine: MachineView) -> list[str]:
         """What is wrong with this claim on ``machine`` (empty when it is fine)."""

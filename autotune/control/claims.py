@@ -47,7 +47,8 @@ def claim_from(job: str, doc: Any) -> Claim:
         raise ValueError(f"a claim is a map of {', '.join(CLAIM_FIELDS)}; got {doc!r}")
     try:
         cores = doc.get("cores")
-        gpu = None if doc.get("gpu") is None else int(doc["gpu"])
+        any_gpu = doc.get("gpu") == "any"  # the daemon picks (``gpu_choice``)
+        gpu = None if doc.get("gpu") is None or any_gpu else int(doc["gpu"])
         if not isinstance(doc.get("exclusive", False), bool):
             raise ValueError
         fixed = None
@@ -61,11 +62,12 @@ def claim_from(job: str, doc: Any) -> Claim:
             bool(doc.get("exclusive", False)),
             fixed,
             gpu,
+            any_gpu,
         )
     except (TypeError, ValueError):
         raise ValueError(
             f"malformed claim {doc!r}: weight and min_share are numbers, exclusive a bool, "
-            "cores a list of core numbers, mps_pct and gpu integers"
+            'cores a list of core numbers, mps_pct an integer, gpu an integer or "any"'
         ) from None
 
 

@@ -37,6 +37,7 @@ from autotune.control.allocator import (
     total_of,
 )
 from autotune.control.claims import Share
+from autotune.control.gpu_choice import pick_gpu
 from autotune.control.machine import MachineView, busy_last, foreign_load
 from autotune.control.rates import model_rate, sized_for
 from autotune.tuning.perf_model import Params
@@ -97,7 +98,23 @@ class MachineShares:
         process ``pid`` is its own, not another job's."""
         mine = (claim.job, f"offer-{pid}")
         held = [s.claim for j, s in self.shares.items() if j not in mine]
+        claim = self._placed(claim, pid)
         return check_admission(self.machine, held, claim, self.foreign["cores"])
+
+    def _placed(self, claim: Claim, pid: int | None, budget: Budget | None = None) -> Claim:
+        """``claim`` on a GPU where it names none: the one its ``budget``, or the budget offered
+        to process ``pid``, is on, else the daemon's pick (``gpu_choice.pick_gpu``)."""
+        if not claim.any_gpu:
+            return claim
+        offered = self.shares.get(f"offer-{pid}")
+        budget = budget or (offered.budget if offered is not None else None)
+        if budget is not None and budget.gpu is not None:
+            fixed = None if claim.fixed is None else replace(claim.fixed, gpu=budget.gpu)
+            return replace(claim, gpu=budget.gpu, any_gpu=False, fixed=fixed)
+        mine = (claim.job, f"offer-{pid}")
+        return pick_gpu(
+            self.machine, [s.claim for j, s in self.shares.items() if j not in mine], claim
+        )
 
     def offer(self, claim: Claim, pid: int | None = None) -> Budget:
         """The budget ``claim`` would get if it joined now, for the job to size itself inside.
@@ -111,7 +128,7 @@ class MachineShares:
             AllocationError: it cannot join (the reason names what is available).
         """
         key = f"offer-{pid}"
-        claim = replace(claim, job=key)
+        claim = self._placed(replace(claim, job=key), None)
         why = self.admit(claim, pid)
         if why is not None:
             raise AllocationError(why)
@@ -143,6 +160,7 @@ class MachineShares:
         """Adds a job (admitted) and shares the machine out again; the budget offered to its
         process, if any, becomes the one it holds."""
         held = share.budget is not None  # named in its registration: it held it before
+        share.claim = self._placed(share.claim, share.pid, share.budget)
         offered = self.shares.pop(f"offer-{share.pid}", None)
         if share.budget is None and offered is not None:
             share.budget = offered.budget

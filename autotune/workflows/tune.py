@@ -8,6 +8,7 @@ one answers (``autotune.control.job_link``), else in this process (``RunnerJob``
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import os
 from dataclasses import dataclass
@@ -29,6 +30,8 @@ from autotune.tuning.storage import open_study, sqlite_file, storage_url
 from autotune.workflows.auto_size import probed_model
 from runtime.config import TrainConfig
 from runtime.hw.gpus import no_gpu_reason
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -78,7 +81,8 @@ class TuneOptions:
             raise ValueError("--gpu-share fixes a budget's GPU share: give --cores with it")
         if self.gpu_share is not None and not 1 <= self.gpu_share <= 100:
             raise ValueError(f"--gpu-share {self.gpu_share}: a share of the SMs, 1..100")
-        gpu = (cfg.gpus[0] if cfg.gpus else 0) if no_gpu_reason() is None else None
+        # naming no GPU, it leaves the choice to the daemon (``control.gpu_choice``)
+        gpu = (cfg.gpus[0] if cfg.gpus else "any") if no_gpu_reason() is None else None
         if self.cores is not None and gpu is not None and self.gpu_share is None:
             raise ValueError(
                 "on a machine with a GPU a fixed budget names its share of the GPU: give "
@@ -250,4 +254,26 @@ def take_offer(options: TuneOptions, cfg: TrainConfig) -> tuple[Budget, dict[str
         raise ValueError(f"the daemon cannot take this job: {exc}") from None
     if offer is not None:
         pin_tree(os.getpid(), offer[0].cores)
+        if cfg.gpus is None:
+            use_gpu(offer[0].gpu)
     return offer
+
+
+def use_gpu(gpu: int | None) -> None:
+    """Makes ``gpu`` (an NVML index, as the daemon counts) this process's CUDA device 0, and
+    so its probes', GMIs' and spares' (they inherit the variables), before anything here
+    starts CUDA; where ``CUDA_VISIBLE_DEVICES`` is set already, it stands (and is said)."""
+    if gpu is None:
+        return
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # CUDA counts as NVML does
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)
+    elif visible.split(",")[0].strip() != str(gpu):
+        logger.warning(
+            "the daemon's budget is on GPU %d, but CUDA_VISIBLE_DEVICES=%s is set: the GMIs "
+            "run where it says, and the job is charged GPU %d's energy",
+            gpu,
+            visible,
+            gpu,
+        )
