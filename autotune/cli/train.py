@@ -26,6 +26,7 @@ from autotune.cli.tune_flags import (
     add_share_args,
     add_tune_args,
     daemon_budget,
+    inference_within,
     share_flags,
     tune_options,
 )
@@ -289,6 +290,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             cfg, sizing = size_run_config(console, cfg, auto, args)
             if sizing is None:
                 return 2
+        cfg = inference_within(console, cfg, held)  # the inference GMI's share too
         info = cfg.validate()
     except ConfigError as exc:
         console.print(f"[red]error:[/red] {escape(str(exc))}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
@@ -237,3 +238,18 @@ def daemon_budget(console: Console, args: argparse.Namespace, cfg: Any) -> Any:
         f"{args.energy_shares['gpu_share']:.0%} of the GPU's)"
     )
     return held
+
+
+def inference_within(console: Console, cfg: Any, held: Any) -> Any:
+    """``cfg`` with its inference GMI's MPS share bounded by a daemon's budget (``held``), as
+    its trainer GMIs' are (unbounded, it would take SMs of the other jobs' shares)."""
+    if held is None or held.mps_pct is None or cfg.inference != "gmi":
+        return cfg
+    if cfg.resolved_device() != "cuda":
+        return cfg
+    pct = cfg.inference_mps_pct
+    if pct is not None and pct <= held.mps_pct:
+        return cfg
+    if pct is not None:
+        console.print(f"inference GMI at {held.mps_pct} % of the GPU, the budget's, not {pct} %")
+    return replace(cfg, inference_mps_pct=held.mps_pct)

@@ -86,3 +86,22 @@ def test_a_job_on_a_budget_of_another_gpu_runs_and_meters_its_cuda_work_there(mo
     assert env["CUDA_VISIBLE_DEVICES"] == "0" and "the GMIs run where it says" in caplog.text
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-5d1f")  # a UUID: not an index
     assert cuda0_nvml_index() == 0
+
+
+def test_an_inference_gmi_is_bounded_by_the_budgets_share_as_the_trainers_are(capsys):
+    from rich.console import Console
+
+    from autotune.cli.tune_flags import inference_within
+    from runtime.config import TrainConfig
+
+    held = Budget((0, 1), 1, 25)
+    cfg = TrainConfig(trainer_device="cuda", inference="gmi")
+    assert inference_within(Console(), cfg, held).inference_mps_pct == 25  # unbounded before
+    asked = TrainConfig(trainer_device="cuda", inference="gmi", inference_mps_pct=50)
+    assert inference_within(Console(), asked, held).inference_mps_pct == 25
+    assert "inference GMI at 25 % of the GPU, the budget's, not 50 %" in capsys.readouterr().out
+    within = TrainConfig(trainer_device="cuda", inference="gmi", inference_mps_pct=10)
+    assert inference_within(Console(), within, held) is within
+    on_actors = TrainConfig(trainer_device="cuda")
+    assert inference_within(Console(), on_actors, held) is on_actors
+    assert inference_within(Console(), cfg, None) is cfg  # no daemon: no budget to keep to
