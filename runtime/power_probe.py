@@ -15,12 +15,22 @@ GPU_POWER_S = 1.0
 """Seconds each GPU power reading spans at least."""
 
 
+def nvml_index(cuda_index: int = 0) -> int:
+    """The NVML index of CUDA device ``cuda_index`` in this process: its entry in
+    ``CUDA_VISIBLE_DEVICES`` where that is an index (NVML counts in PCI bus order, as CUDA does
+    with ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` or on GPUs of one kind), else ``cuda_index``."""
+    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")]
+    entry = (
+        visible[cuda_index]
+        if "CUDA_VISIBLE_DEVICES" in os.environ and cuda_index < len(visible)
+        else ""
+    )
+    return int(entry) if entry.isdigit() else cuda_index
+
+
 def cuda0_nvml_index() -> int:
-    """The NVML index of CUDA's device 0 in this process: the first of ``CUDA_VISIBLE_DEVICES``
-    where it is an index (NVML counts in PCI bus order, as CUDA does with
-    ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` or on GPUs of one kind), else 0."""
-    first = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
-    return int(first) if first.isdigit() else 0
+    """The NVML index of this process's CUDA device 0 (``nvml_index``)."""
+    return nvml_index(0)
 
 
 def gpu_meter():

@@ -236,8 +236,9 @@ class Daemon:
             claim = claim_from(job_id, msg.get("claim"))
         except ValueError as exc:
             problem = problem or str(exc)
-        if problem is None:
-            problem = self.shares.admit(claim, valid_pid(msg.get("pid")))
+        if problem is None:  # on the GPU of the budget it holds, where it says one
+            held = share_of(claim, msg, self.shares.machine).budget
+            problem = self.shares.admit(claim, valid_pid(msg.get("pid")), held)
         if problem is not None:
             self._send(identity, MsgType.ERROR, message=f"cannot tune job {job_id}: {problem}")
             return

@@ -2,17 +2,17 @@
 
 A tuned job started without ``--gpus`` claims any GPU (``"gpu": "any"``). The daemon picks one
 when the job first asks: of the GPUs where MPS can run (all of them where none can), the one
-where the job's share would be largest, that is the GPU's share not fixed to jobs, split by
-weight among the flexible jobs there and it (a fixed share: where the most is left besides it);
-of equal ones the lowest index. The job keeps that GPU while it runs: a GMI moved to another GPU
-would need a new run, not a hand-over. Before this, every such job shared GPU 0.
+where it would be admitted and its share would be largest, that is the GPU's share not fixed
+to jobs, split by weight among the flexible jobs there and it (a fixed share: where the most
+is left besides it); of equal ones the lowest index. The job keeps that GPU while it runs: a
+GMI moved to another GPU would need a new run, not a hand-over.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from autotune.control.allocator import Claim
+from autotune.control.allocator import Claim, check_admission
 from autotune.control.machine import MachineView
 
 
@@ -29,6 +29,12 @@ def pick_gpu(machine: MachineView, claims: list[Claim], new: Claim) -> Claim:
         room = 100 - fixed - own
         return room if new.fixed is not None else room * new.weight / (weight + new.weight)
 
-    best = max(machine.gpus, key=lambda g: (g.mps, share(g.index), -g.index)).index
-    fixed = None if new.fixed is None else replace(new.fixed, gpu=best)
-    return replace(new, gpu=best, any_gpu=False, fixed=fixed)
+    def on(gpu: int) -> Claim:
+        fixed = None if new.fixed is None else replace(new.fixed, gpu=gpu)
+        return replace(new, gpu=gpu, any_gpu=False, fixed=fixed)
+
+    # where it would be admitted (each job there keeps a share a GMI runs at), if anywhere;
+    # else the best of all, for admission to refuse saying what is free
+    fits = [g for g in machine.gpus if check_admission(machine, claims, on(g.index)) is None]
+    best = max(fits or machine.gpus, key=lambda g: (g.mps, share(g.index), -g.index))
+    return on(best.index)

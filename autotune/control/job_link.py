@@ -233,7 +233,9 @@ def ask_offer(endpoint: str, claim: dict[str, Any]) -> tuple[Budget, dict[str, f
     if answer["type"] == MsgType.ERROR:
         raise DaemonRefused(answer.get("message", "refused"))
     try:
-        shares = {k: float(answer.get(k, 1.0)) for k in ("gpu_share", "cpu_share")}
+        shares: dict[str, Any] = {k: float(answer.get(k, 1.0)) for k in ("gpu_share", "cpu_share")}
+        index = answer.get("gpu_index")  # the GPU charged: that one alone, not every GPU
+        shares["gpu_index"] = None if index is None else int(index)
         return Budget.from_dict(answer["budget"]), shares
     except (KeyError, TypeError, ValueError) as exc:
         raise DaemonRefused(f"the daemon's offer is malformed: {exc}") from None

@@ -93,12 +93,15 @@ class MachineShares:
         self.rebalanced = clock()
         self.grace_until: float | None = clock() + RESTART_GRACE_S
 
-    def admit(self, claim: Claim, pid: int | None = None) -> str | None:
+    def admit(
+        self, claim: Claim, pid: int | None = None, budget: Budget | None = None
+    ) -> str | None:
         """Why ``claim`` cannot join now (what is available), or None. A budget offered to
-        process ``pid`` is its own, not another job's."""
+        process ``pid`` is its own, not another job's; ``budget``: the one it says it holds (on
+        its GPU, as ``join`` will place it)."""
         mine = (claim.job, f"offer-{pid}")
         held = [s.claim for j, s in self.shares.items() if j not in mine]
-        claim = self._placed(claim, pid)
+        claim = self._placed(claim, pid, budget)
         return check_admission(self.machine, held, claim, self.foreign["cores"])
 
     def _placed(self, claim: Claim, pid: int | None, budget: Budget | None = None) -> Claim:

@@ -30,6 +30,7 @@ from autotune.tuning.storage import open_study, sqlite_file, storage_url
 from autotune.workflows.auto_size import probed_model
 from runtime.config import TrainConfig
 from runtime.hw.gpus import no_gpu_reason
+from runtime.power_probe import nvml_index
 
 logger = logging.getLogger(__name__)
 
@@ -67,8 +68,11 @@ class TuneOptions:
     gpu_share: int | None = None
     """With ``cores``: a fixed MPS share of the GPU, in percent."""
 
-    def claim(self, cfg: TrainConfig) -> dict[str, Any]:
+    def claim(self, cfg: TrainConfig, offer: bool = False) -> dict[str, Any]:
         """This job's claim on the machine, as the daemon reads it (``claims.claim_from``).
+        ``offer``: asked before the job sizes itself, when it may still take the GPU the daemon
+        picks (``"gpu": "any"``, where no GPU is chosen yet: no ``--gpus`` and no
+        ``CUDA_VISIBLE_DEVICES``); otherwise the GPU its GMIs run on, as an NVML index.
 
         Raises:
             ValueError: a malformed ``cores``, or ``gpu_share`` without ``cores``.
@@ -81,8 +85,10 @@ class TuneOptions:
             raise ValueError("--gpu-share fixes a budget's GPU share: give --cores with it")
         if self.gpu_share is not None and not 1 <= self.gpu_share <= 100:
             raise ValueError(f"--gpu-share {self.gpu_share}: a share of the SMs, 1..100")
-        # naming no GPU, it leaves the choice to the daemon (``control.gpu_choice``)
-        gpu = (cfg.gpus[0] if cfg.gpus else "any") if no_gpu_reason() is None else None
+        gpu: int | str | None = None
+        if no_gpu_reason() is None:
+            free = offer and cfg.gpus is None and "CUDA_VISIBLE_DEVICES" not in os.environ
+            gpu = "any" if free else nvml_index(cfg.gpus[0] if cfg.gpus else 0)
         if self.cores is not None and gpu is not None and self.gpu_share is None:
             raise ValueError(
                 "on a machine with a GPU a fixed budget names its share of the GPU: give "
@@ -247,7 +253,7 @@ def take_offer(options: TuneOptions, cfg: TrainConfig) -> tuple[Budget, dict[str
     """
     if options.in_process:
         return None
-    claim = options.claim(cfg)
+    claim = options.claim(cfg, offer=True)
     try:
         offer = ask_offer(protocol.resolve_endpoint(options.control), claim)
     except DaemonRefused as exc:

@@ -66,7 +66,11 @@ class MPSControl:
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
 
     def _env(self) -> dict[str, str]:
-        env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=self.pipe_dir)
+        # the daemon sees every GPU: a client's CUDA_VISIBLE_DEVICES (a GMI's, or a job's on a
+        # daemon's budget of another GPU) then names a GPU among all, as NVML counts them,
+        # where inherited it would renumber the daemon's GPUs and leave clients none to find
+        env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+        env.update(CUDA_MPS_PIPE_DIRECTORY=self.pipe_dir, CUDA_DEVICE_ORDER="PCI_BUS_ID")
         if self.log_dir:
             env["CUDA_MPS_LOG_DIRECTORY"] = self.log_dir
         return env

@@ -71,8 +71,9 @@ def test_a_job_on_a_budget_of_another_gpu_runs_and_meters_its_cuda_work_there(mo
     from autotune.workflows.tune import use_gpu
     from runtime.power_probe import cuda0_nvml_index
 
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
+    for name in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER"):  # restored after the test
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     assert cuda0_nvml_index() == 0
     use_gpu(None)  # no GPU share: nothing set
     assert "CUDA_VISIBLE_DEVICES" not in os.environ
@@ -105,3 +106,60 @@ def test_an_inference_gmi_is_bounded_by_the_budgets_share_as_the_trainers_are(ca
     on_actors = TrainConfig(trainer_device="cuda")
     assert inference_within(Console(), on_actors, held) is on_actors
     assert inference_within(Console(), cfg, None) is cfg  # no daemon: no budget to keep to
+
+
+def test_a_gpu_where_the_job_would_not_be_admitted_is_not_picked():
+    m = machine(16, 2)
+    crowded = [Claim(f"j{i}", gpu=0, weight=0.1) for i in range(10)]  # 10 % each: GPU 0 full
+    assert pick_gpu(m, crowded, Claim("c", any_gpu=True, weight=5.0)).gpu == 1
+    fixed = [Claim("f", fixed=Budget((0,), 1, 90), gpu=1)]  # 10 % left on GPU 1
+    assert pick_gpu(m, fixed, Claim("c", fixed=Budget((2,), None, 30), any_gpu=True)).gpu == 0
+
+
+def test_registration_admits_and_places_a_job_on_the_gpu_of_the_budget_it_holds():
+    """After a daemon restart or a lapsed offer, a job registers holding a budget on a GPU:
+    admission checks that GPU and the job stays there; one holding nothing is placed afresh."""
+    shares = MachineShares(machine(8, 2), lambda *a: None, read_foreign=False)
+    shares.join(share_of(claim_from("a", {"gpu": 0}), {"pid": None}, shares.machine))
+    held = {"held": {"cores": [4, 5], "gpu": 0, "mps_pct": 50}}
+    back = share_of(claim_from("b", {"gpu": "any"}), held, shares.machine)
+    assert back.budget.gpu == 0
+    assert shares.admit(back.claim, None, back.budget) is None
+    shares.join(back)
+    assert shares.shares["b"].claim.gpu == 0 and shares.shares["b"].budget.gpu == 0
+    fresh = share_of(claim_from("c", {"gpu": "any"}), {"pid": 99}, shares.machine)
+    shares.join(fresh)  # no offer, no budget held: GPU 1 has the room
+    assert shares.shares["c"].budget.gpu == 1
+
+
+def test_a_job_claims_any_gpu_only_when_asking_before_it_has_one(monkeypatch):
+    import autotune.workflows.tune as tune
+    from runtime.config import TrainConfig
+
+    monkeypatch.setattr(tune, "no_gpu_reason", lambda: None)  # as on a GPU machine
+    for name in ("CUDA_VISIBLE_DEVICES",):
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+    opts, cfg = tune.TuneOptions(), TrainConfig()
+    assert opts.claim(cfg, offer=True)["gpu"] == "any"
+    assert opts.claim(cfg)["gpu"] == 0  # registering with no offer taken: where it runs
+    assert opts.claim(TrainConfig(gpus=(1,)), offer=True)["gpu"] == 1
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,2")  # chosen already: its NVML index
+    assert opts.claim(cfg, offer=True)["gpu"] == 3
+    assert opts.claim(TrainConfig(gpus=(1,)))["gpu"] == 2
+    monkeypatch.setattr(tune, "no_gpu_reason", lambda: "no GPU")
+    assert opts.claim(cfg, offer=True)["gpu"] is None
+
+
+def test_an_offer_charges_the_gpu_it_names_and_mps_sees_every_gpu(monkeypatch):
+    from autotune.control import job_link
+    from runtime.hw.mps import MPSControl
+
+    answer = {"type": "offer", "budget": Budget((0, 1), 1, 50).to_dict()}
+    answer |= {"gpu_share": 0.5, "cpu_share": 0.25, "gpu_index": 1}
+    monkeypatch.setattr(job_link.protocol, "request", lambda *a, **k: answer)
+    budget, shares = job_link.ask_offer("ipc:///nowhere", {"gpu": "any"})
+    assert budget.gpu == 1 and shares == {"gpu_share": 0.5, "cpu_share": 0.25, "gpu_index": 1}
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")  # a job on a budget of GPU 1
+    env = MPSControl(pipe_dir="/tmp/x", binary=None)._env()
+    assert "CUDA_VISIBLE_DEVICES" not in env and env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
