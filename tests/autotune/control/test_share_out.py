@@ -12,18 +12,24 @@ from autotune.control.machine import MachineView
 from autotune.control.sharing import MachineShares
 
 
+def _recording(cores: int, clock) -> tuple[MachineShares, list[tuple[str, Budget]]]:
+    """A share-out of ``cores`` cores on ``clock``, and the list it sends each budget to."""
+    sent: list[tuple[str, Budget]] = []
+    shares = MachineShares(
+        MachineView.from_dict({"cores": cores}),
+        lambda job, budget, changed: sent.append((job, budget)),
+        clock=clock,
+        read_foreign=False,
+    )
+    return shares, sent
+
+
 def test_offers_are_disjoint_and_registered_jobs_keep_their_cores_until_the_new_one_joins():
     """Jobs that ask before they size themselves get disjoint cores; a registered job keeps
     its budget while a newcomer probes, and is cut when the newcomer registers; an offer whose
     job never registers lapses."""
     t = [0.0]
-    sent: list[tuple[str, Budget]] = []
-    shares = MachineShares(
-        MachineView.from_dict({"cores": 6}),
-        lambda job, b, changed: sent.append((job, b)),
-        clock=lambda: t[0],
-        read_foreign=False,
-    )
+    shares, sent = _recording(6, lambda: t[0])
     assert shares.offer(Claim("offer"), pid=11).cores == tuple(range(6))  # alone: the machine
     shares.join(share_of(claim_from("job-a", {}), {"pid": 11}, shares.machine))
     assert sent == [("job-a", Budget(tuple(range(6))))]  # to pin to, and to its tuner
@@ -90,13 +96,7 @@ def test_a_restarted_daemon_keeps_the_budgets_its_jobs_hold():
     from autotune.control.sharing import RESTART_GRACE_S
 
     now = [0.0]
-    sent: list[tuple[str, Budget]] = []
-    shares = MachineShares(
-        MachineView.from_dict({"cores": 8}),
-        lambda j, b, changed: sent.append((j, b)),
-        clock=lambda: now[0],
-        read_foreign=False,
-    )
+    shares, sent = _recording(8, lambda: now[0])
     held = {"x": Budget((4, 5, 6, 7)), "y": Budget((0, 1, 2, 3))}
     for job, budget in held.items():
         shares.join(
