@@ -162,7 +162,7 @@ def add_share_args(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         metavar="PCT",
-        help="with --cores: a fixed share of the GPU's SMs for this job's GMIs (1..100); "
+        help="with --cores: a fixed share of the GPU's SMs for this job's GMIs (10..100); "
         "needed with --cores where there is a GPU",
     )
 

@@ -348,7 +348,9 @@ def _moves(give: Claim, take: Claim, n: dict[str, int], s: dict[str, int]):
 def _place(pool: list[int], counts: dict[str, int], current: dict[str, Budget]) -> dict[str, tuple]:
     """Core ids for each job's count: a job keeps its current cores where its count allows,
     those no other job holds first (a job that registers again after a daemon restart gets
-    its own back from one that grew meanwhile); the rest come from the free cores in order."""
+    its own back from one that grew meanwhile), in ``pool``'s order (a foreign process's
+    pinned cores last: a job that shrinks gives those up first); the rest come from the free
+    cores in that order."""
     free = list(pool)
     holders = collections.Counter(
         k for job, b in current.items() if job in counts for k in set(b.cores)
@@ -358,11 +360,8 @@ def _place(pool: list[int], counts: dict[str, int], current: dict[str, Budget]) 
         for job in sorted(counts):
             held = current.get(job)
             need = counts[job] - len(out[job])
-            mine = [
-                k
-                for k in (held.cores if held else ())
-                if k in free and (contested or holders[k] == 1)
-            ][:need]
+            own = set(held.cores if held else ())
+            mine = [k for k in free if k in own and (contested or holders[k] == 1)][:need]
             out[job] += mine
             for k in mine:
                 free.remove(k)

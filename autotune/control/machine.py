@@ -172,7 +172,9 @@ def foreign_load(managed: set[int], cores: tuple[int, ...]) -> dict[str, Any]:
 
 def busy_last(machine: MachineView, pinned: list[int]) -> MachineView:
     """``machine`` with the ``pinned`` cores (``foreign_load``) last among its cores: the
-    allocator hands cores out in that order, so jobs get them only where nothing else is left."""
+    allocator hands cores out in that order, so jobs get them only where nothing else is left,
+    and a job that shrinks gives them up first. A process pinned later does not by itself move
+    a job: the periodic share-out changes budgets only where it predicts more steps/J."""
     from dataclasses import replace
 
     order = [k for k in machine.cores if k not in pinned] + [

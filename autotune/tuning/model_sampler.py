@@ -259,13 +259,18 @@ class ModelSampler(optuna.samplers.BaseSampler):
         kinds = change_kinds(self.applies, a, b)
         return max((self.costs.get(k, 0.0) for k in kinds), default=0.0)
 
-    def _named(self, hold: dict[str, Any], tried: set[str]) -> dict[str, Any] | None:
+    def _named(
+        self, hold: dict[str, Any], tried: set[str], failed: list[dict[str, Any]]
+    ) -> dict[str, Any] | None:
         """The incumbent ``hold`` with one named knob the model does not describe moved to a
-        value not measured with the rest of ``hold`` yet (None: every such value measured)."""
+        value not measured, failed or pruned with the rest of ``hold`` yet, nor refused with
+        any config of the ``failed`` (None: no such value left)."""
         for name in (n for n in OPT_IN if n in self.choices):
+            refused = {c.get(name) for c in failed} - {hold[name]}
             for value in self.choices[name]:
                 c = {**hold, name: value}
-                if self._key(c) not in tried and (not self.limits or fits(c, self.limits)):
+                fresh = self._key(c) not in tried and value not in refused
+                if fresh and (not self.limits or fits(c, self.limits)):
                     return c
         return None
 
@@ -278,9 +283,11 @@ class ModelSampler(optuna.samplers.BaseSampler):
         best_key = max(medians, key=medians.get) if medians else None
         incumbent = json.loads(best_key) if best_key else dict(self.defaults)
         hold = {n: incumbent.get(n, self.defaults.get(n)) for n in self.choices}
+        failed = [{**self.defaults, **json.loads(k)} for k in failed_configs(study)]
+        pruned = study.get_trials(deepcopy=False, states=(TrialState.PRUNED,))
         tried = set(by_config) | {self._key(w.values) for w in windows}
-        tried |= {self._key({**self.defaults, **json.loads(k)}) for k in failed_configs(study)}
-        named = self._named(hold, tried) if best_key else None
+        tried |= {self._key(c) for c in failed + [{**self.defaults, **t.params} for t in pruned]}
+        named = self._named(hold, tried, failed) if best_key else None
         if named is not None:
             self.last = {"windows": len(windows), "incumbent": incumbent, "chosen": "named"}
             return named

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from autotune.control import protocol
-from autotune.control.allocator import DEFAULT_MIN_SHARE, Budget
+from autotune.control.allocator import DEFAULT_MIN_SHARE, MIN_GMI_PCT, Budget
 from autotune.control.cores import parse_cores
 from autotune.control.job_link import DaemonLink, DaemonRefused, ask_offer
 from autotune.control.pinning import pin_tree
@@ -83,8 +83,11 @@ class TuneOptions:
             raise ValueError(f"--min-share {self.min_share}: a share within 0..1")
         if self.gpu_share is not None and self.cores is None:
             raise ValueError("--gpu-share fixes a budget's GPU share: give --cores with it")
-        if self.gpu_share is not None and not 1 <= self.gpu_share <= 100:
-            raise ValueError(f"--gpu-share {self.gpu_share}: a share of the SMs, 1..100")
+        if self.gpu_share is not None and not MIN_GMI_PCT <= self.gpu_share <= 100:
+            raise ValueError(
+                f"--gpu-share {self.gpu_share}: a share of the SMs, {MIN_GMI_PCT}..100 (a GMI "
+                f"runs at {MIN_GMI_PCT} % at least)"
+            )
         gpu: int | str | None = None
         if no_gpu_reason() is None:
             free = offer and cfg.gpus is None and "CUDA_VISIBLE_DEVICES" not in os.environ
@@ -92,7 +95,7 @@ class TuneOptions:
         if self.cores is not None and gpu is not None and self.gpu_share is None:
             raise ValueError(
                 "on a machine with a GPU a fixed budget names its share of the GPU: give "
-                "--gpu-share PCT (1..100) with --cores"
+                f"--gpu-share PCT ({MIN_GMI_PCT}..100) with --cores"
             )
         return {
             "weight": self.weight,

@@ -211,16 +211,17 @@ def summary(doc: dict, progress: list[dict], reference: float | None) -> dict:
 
 def batches_in_use(doc: dict) -> list[tuple[float, int]]:
     """A run's batch size over time, as its tuner applied it: ``(unix time, batch)`` from its
-    start (the sized or given batch) through each change in ``changes``; empty where the
-    document does not say its first batch."""
-    start = (doc.get("timeline") or {}).get("started_unix", 0.0)
+    start (the sized or given batch) through each change in ``changes`` (left out where the
+    document has no ``timeline`` to place them); empty where it does not say its first batch."""
+    start = (doc.get("timeline") or {}).get("started_unix")
     first = ((doc.get("sizing") or {}).get("values") or {}).get("batch_size")
     first = first or ((doc.get("tuning") or {}).get("default") or {}).get("batch_size")
     first = first or (doc.get("config") or {}).get("batch_size")
     if not first:
         return []
     out = [(float("-inf"), int(first))]
-    for change in doc.get("changes") or []:
+    changes = (doc.get("changes") or []) if start is not None else []  # times from the start
+    for change in changes:
         if "batch_size" in (change.get("changed") or {}):
             out.append((start + change["t"], int(change["changed"]["batch_size"])))
     return out
@@ -231,22 +232,25 @@ def efficient_samples(doc: dict, progress: list[dict], upto: int) -> float | Non
     the noise scale its progress line reported (``policies.noise_scale.efficiency``, what the
     goodput objective counts): McCandlish et al.'s ``E_min``, the samples a tiny batch would
     have needed for the same progress if the model holds. Steps before a run's first estimate
-    count at it. None where no line before ``upto`` has an estimate, or the document does not
-    say the run's first batch."""
+    count at it, steps after its last at that one (a target is reached between two lines).
+    None where no line has an estimate, or the document does not say the run's first batch."""
     from policies.noise_scale import efficiency
 
-    batches, total, counted, seen = batches_in_use(doc), 0.0, 0, False
+    batches, total, counted, last = batches_in_use(doc), 0.0, 0, None
     for row in progress:
         noise = row.get("noise_scale")
         if noise is None or not batches:
             continue
         batch = next(b for t, b in reversed(batches) if row["t"] >= t)
+        last = efficiency(noise, batch) or 0.0
         steps = min(row["steps"], upto)
-        total += (steps - counted) * (efficiency(noise, batch) or 0.0)
-        counted, seen = max(counted, steps), True
+        total += (steps - counted) * last
+        counted = max(counted, steps)
         if steps >= upto:
             break
-    return total if seen else None
+    if last is None:
+        return None
+    return total + max(upto - counted, 0) * last  # past the last line, at its estimate
 
 
 def table(results: dict, seeds: list[int], arms: list[str], reference: float | None) -> str:

@@ -96,12 +96,17 @@ def test_efficient_samples_weigh_each_step_by_its_batch_at_the_noise_scale_then(
         {"t": 1012.0, "steps": 250, "noise_scale": 900.0},  # 200 steps at 900 / (900 + 300)
         {"t": 1015.0, "steps": 300, "noise_scale": 300.0},  # 50 steps at 300 / (300 + 300)
     ]
-    assert efficient_samples(doc, progress, 10**9) == pytest.approx(25 + 150 + 25)
+    assert efficient_samples(doc, progress, 300) == pytest.approx(25 + 150 + 25)
     assert efficient_samples(doc, progress, 200) == pytest.approx(25 + 150 * 0.75)
+    # a target reached after the last line: the steps past it at its estimate
+    assert efficient_samples(doc, progress, 400) == pytest.approx(25 + 150 + 25 + 100 * 0.5)
     assert efficient_samples(doc, progress[:1], 10**9) is None  # no estimate at all
     assert efficient_samples({"config": {}}, progress, 10**9) is None  # no first batch
     untuned = {"config": {"batch_size": 300}}  # a given batch, never changed
     assert efficient_samples(untuned, progress, 50) == pytest.approx(50 * 0.25)
+    # changes with no timeline to place them: the first batch throughout
+    unplaced = {"sizing": {"values": {"batch_size": 100}}, "changes": doc["changes"]}
+    assert efficient_samples(unplaced, progress, 50) == pytest.approx(50 * 0.5)
 
 
 def _check(*argv: str) -> argparse.Namespace:

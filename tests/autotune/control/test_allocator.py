@@ -260,3 +260,10 @@ def test_a_job_whose_model_says_cores_do_not_help_keeps_its_floor_in_resources()
     assert alloc.budgets["flat"].mps_pct == 20  # 0.8 of its 30 % in the equal split, in 5 % steps
     loose = allocate(m, [Claim(j, gpu=0, min_share=0.0) for j in rates], rates, idle_w=100.0)
     assert len(loose.budgets["flat"].cores) == 1  # no floor: all it can lose
+
+
+def test_a_shrinking_job_gives_up_the_cores_a_foreign_process_is_pinned_to_first():
+    m = machine(8)
+    held = {"a": Budget(tuple(range(8)))}
+    alloc = allocate(busy_last(m, [0]), [Claim("a"), Claim("b")], {}, current=held)
+    assert 0 not in alloc.budgets["a"].cores and 0 in alloc.budgets["b"].cores

@@ -197,8 +197,9 @@ def test_a_busy_process_the_daemon_does_not_manage_counts_as_taken():
 
         wait_until(counted, spin, timeout_s=120, what="the spinning process counted")
         assert seen["cores"] >= 1
-        # on a machine of more than one core, the core it is confined to is known
-        assert seen["pinned"] == ([last] if len(cores) > 1 else [])
+        # on a machine of more than one core, the core it is confined to is known (other
+        # tests' pinned processes may show as well)
+        assert last in seen["pinned"] if len(cores) > 1 else seen["pinned"] == []
         assert spin.pid not in foreign_load({spin.pid}, cores)["pids"]  # managed: not foreign
     finally:
         spin.kill()

@@ -87,3 +87,33 @@ def test_a_named_knob_the_model_cannot_predict_is_measured_on_the_incumbent():
     _window(study, {**start, "actor_nice": 10}, 130.0)
     plan = s.plan(study)
     assert plan["actor_nice"] == 10 and s.last["windows"] == 3
+
+
+def _ended(study, params, state, error=None):
+    """A trial the tuner ended without a window: pruned, or failed with ``error``."""
+    dists = {k: CategoricalDistribution(NAMED[k]) for k in params}
+    attrs = {"error": error} if error else {}
+    trial = optuna.trial.create_trial(
+        params=params, distributions=dists, state=state, user_attrs=attrs
+    )
+    study.add_trial(trial)
+
+
+def test_a_named_value_pruned_or_refused_is_not_suggested_again():
+    """A named config the tuner pruned (its envs past saturation) counts as tried, so the
+    sampler goes on to its model; a value the job refused is not tried on the next incumbent
+    either (EnvPool not installed fails on every config)."""
+    s, study, defaults = _sampler(["actor_nice=0,10"])
+    start = {n: defaults[n] for n in s.choices}
+    _window(study, start, 100.0)
+    _ended(study, {**start, "actor_nice": 10}, optuna.trial.TrialState.PRUNED)
+    s.plan(study)
+    assert s.last["chosen"] != "named"
+    s, study, defaults = _sampler(["actor_nice=0,10"])
+    _window(study, start, 100.0)
+    _ended(study, {**start, "actor_nice": 10}, optuna.trial.TrialState.FAIL, error="refused")
+    other = {**start, "batch_size": start["batch_size"] * 2}  # a new incumbent
+    _window(study, other, 150.0)
+    _window(study, other, 150.0)
+    plan = s.plan(study)
+    assert s.last["chosen"] != "named" and plan["actor_nice"] == 0

@@ -7,6 +7,7 @@ import json
 import math
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -377,6 +378,6 @@ def test_train_tune_drives_a_real_run_and_keeps_every_step(tmp_path):
     done = [t for t in doc["trials"] if t["state"] == "COMPLETE"]
     assert all(t["return_after"] is not None for t in done), done
     assert any(t["return_before"] is not None for t in done), done  # a change after the first
-    assert doc["noise_scale"] == [t["noise_scale"] for t in done][-1] > 0
+    assert doc["noise_scale"] == [t["noise_scale"] for t in done if t["noise_scale"]][-1] > 0
     assert "gradient noise scale (at the latest trial)" in status.stdout
-    assert "return " in status.stdout and " -> " in status.stdout
+    assert re.search(r"return -?[\d.,]+ -> -?[\d.,]+", status.stdout), status.stdout
