@@ -101,6 +101,23 @@ def test_an_address_of_another_machine_cannot_be_bound_and_says_so():
         TrainConfig(transport="tcp", bind_host=other).validate()
 
 
+def test_a_runs_ports_are_taken_outside_the_kernels_ephemeral_range(monkeypatch):
+    """Ports the kernel hands out to other sockets meanwhile (Ray starts dozens between a
+    run's choice of ports and its migrator's bind) are not chosen; a taken one is skipped."""
+    import socket
+
+    first = topology._ephemeral_from()
+    ports = [topology._free_port("127.0.0.1") for _ in range(20)]
+    if first - topology.PORTS_FROM >= 1000:
+        assert all(topology.PORTS_FROM <= p < first for p in ports), ports
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", ports[0]))
+        picks = iter([ports[0]] + [ports[1]] * 31)  # the first try is the taken port
+        monkeypatch.setattr(topology.random.SystemRandom, "randrange", lambda *a: next(picks))
+        monkeypatch.setattr(topology, "_ephemeral_from", lambda: 40_000)
+        assert topology._free_port("127.0.0.1") == ports[1]
+
+
 def test_run_keys_configure_server_and_client_sockets():
     keys = RunKeys.generate()
     ctx = zmq.Context()

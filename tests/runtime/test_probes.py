@@ -79,8 +79,8 @@ def test_an_eager_learner_is_timed_for_one_epoch_and_scaled_to_the_runs(monkeypa
         made.append(dict(learner))
         return real_make(info, policy, device, learner, graphs)
 
-    def timed(fn, budget_s, least):
-        timings.append(real_timed(fn, budget_s=budget_s, least=least))
+    def timed(fn, budget_s, least, first=None):
+        timings.append(real_timed(fn, budget_s=budget_s, least=least, first=first))
         return timings[-1]
 
     monkeypatch.setattr(probes, "make_learner", make)
