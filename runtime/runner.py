@@ -1,7 +1,6 @@
 """Launches one training run as processes, watches it, restarts dead actors, and drains it.
 
-    runner (this process) ── spawns ──▶ compressor, migrator, trainer GMIs, actor-0..A-1,
-                                         and the inference GMI with ``inference='gmi'``
+    runner (this process) ── spawns ──▶ compressor, migrator, trainer GMIs, actors, an inference GMI
 
 Trainer GMIs are placed by ``runtime.gmi.placement`` (``trainers`` per GPU, MPS percentages);
 where MPS is wanted the runner reuses or starts an MPS daemon (``runtime.hw.mps``) and stops
@@ -22,9 +21,8 @@ Lifecycle:
      counted as lost), stop when the trained-step target or the wall limit is reached, or on
      Ctrl-C. A dead compressor, migrator, trainer or inference GMI is replaced
      (``runtime.supervisor``).
-  3. drain (``runtime.drain``): actors deliver their last rollouts, every stage passes
-     everything and an EOS on, the trainers train what is left and report; only then do the
-     services (``runtime.services``) exit.
+  3. drain (``runtime.drain``): actors deliver their last rollouts, every stage passes all and
+     an EOS on, the trainers train what is left and report; then the services exit.
 
 Accounting: ``sampled_steps`` counts every env step every actor incarnation took (a shared
 counter each actor bumps per step). An incarnation's steps that never reached the compressor
@@ -330,6 +328,7 @@ class Runner:
                 self.guard.stop()
                 ctx.destroy(linger=0)
                 self.fleet.stop()
+                ep.release()  # the tcp:// links' ports
         result = build_result(self, wall_s, energy)
         result["energy"]["shares"] = shares_doc(self.meter)
         return result

@@ -33,16 +33,14 @@ one starts a ``guard`` first, and every socket that connects to one is a CURVE c
 from __future__ import annotations
 
 import dataclasses
-import errno
 import os
-import random
-import socket as pysocket
 import threading
 from dataclasses import dataclass, field
 from typing import Any
 
 import zmq
 
+from runtime import ports
 from runtime.curve import CurveError, Guard, NoGuard, RunKeys, need_curve
 
 EXPERIENCE_HWM = 256
@@ -98,14 +96,18 @@ class Endpoints:
             ValueError: ``host`` is not an address of this machine.
         """
         keys = RunKeys.generate()
-        ports = {name: _free_port(host) for name in _LINKS}
-        return cls(**{name: f"tcp://{_url_host(host)}:{ports[name]}" for name in _LINKS}, keys=keys)
+        port = {name: ports.free_port(host) for name in _LINKS}
+        return cls(**{name: f"tcp://{_url_host(host)}:{port[name]}" for name in _LINKS}, keys=keys)
 
     @classmethod
     def of(cls, cfg: Any, run_dir: str) -> Endpoints:
         """A run's links (``cfg``: its ``TrainConfig``): ``ipc`` in ``run_dir``, or ``tcp`` on
         ``cfg.bind_host``."""
         return cls.ipc(run_dir) if cfg.transport == "ipc" else cls.tcp(cfg.bind_host)
+
+    def release(self) -> None:
+        """Lets go of the ports these links were held on (``runtime.ports``; the run ended)."""
+        ports.release([getattr(self, name) for name in _LINKS])
 
     def for_clients(self) -> Endpoints:
         """These endpoints for a process that only connects (a remote actor): the CURVE
@@ -133,48 +135,12 @@ _LINKS = (
 )
 
 
-PORTS_FROM = 20_000
-"""The lowest port a run's link takes: Ray hands its workers 10002-19999 by default."""
-
-
-def _ephemeral_from() -> int:
-    """Where the kernel's ephemeral ports start (Linux's default where it cannot be read)."""
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            return int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32_768
-
-
-def _free_port(host: str) -> int:
-    """A port free on ``host`` now, for a link its process binds later. Taken between the
-    ephemeral range and Ray's worker ports where there is room: a port the kernel hands out
-    for any socket bound to port 0 or connecting out (Ray starts dozens between the choice and
-    the bind) could be taken meanwhile, and the binding process would die on every restart."""
-    family = pysocket.AF_INET6 if ":" in host else pysocket.AF_INET
-    lo, rng = _ephemeral_from(), random.SystemRandom()
-    tries = [rng.randrange(PORTS_FROM, lo) for _ in range(32)] if lo - PORTS_FROM >= 1000 else []
-    for port in [*tries, 0]:  # the kernel's choice where none of ours is free
-        with pysocket.socket(family) as s:
-            try:
-                s.bind((host, port))
-                return int(s.getsockname()[1])
-            except OSError as exc:
-                if exc.errno != errno.EADDRINUSE or not port:
-                    raise ValueError(
-                        f"bind host {host!r}: cannot bind it here ({exc.strerror}); give an "
-                        "address of this machine, e.g. 127.0.0.1 or the address of an "
-                        "interface other hosts reach"
-                    ) from None
-    return 0  # not reached: port 0 binds, or raises above
-
-
 def tcp_problem(host: str) -> str | None:
     """Why a run's ``tcp://`` links cannot be served on ``host`` here (no CURVE in this
     libzmq, or an address this machine does not have), or None."""
     try:
         need_curve()
-        _free_port(host)
+        ports.free_port(host, hold=False)
     except (CurveError, ValueError) as exc:
         return str(exc)
     return None

@@ -101,21 +101,37 @@ def test_an_address_of_another_machine_cannot_be_bound_and_says_so():
         TrainConfig(transport="tcp", bind_host=other).validate()
 
 
-def test_a_runs_ports_are_taken_outside_the_kernels_ephemeral_range(monkeypatch):
-    """Ports the kernel hands out to other sockets meanwhile (Ray starts dozens between a
-    run's choice of ports and its migrator's bind) are not chosen; a taken one is skipped."""
+def test_a_runs_ports_are_held_outside_the_kernels_ephemeral_range_until_it_ends(monkeypatch):
+    """A run's link ports come from below the ephemeral range (a taken one is skipped), and
+    each is held from the choice to the run's end: its own processes bind there (ZeroMQ), no
+    one else can (Ray starts dozens of sockets between the choice and the migrator's bind)."""
     import socket
 
-    first = topology._ephemeral_from()
-    ports = [topology._free_port("127.0.0.1") for _ in range(20)]
-    if first - topology.PORTS_FROM >= 1000:
-        assert all(topology.PORTS_FROM <= p < first for p in ports), ports
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", ports[0]))
-        picks = iter([ports[0]] + [ports[1]] * 31)  # the first try is the taken port
-        monkeypatch.setattr(topology.random.SystemRandom, "randrange", lambda *a: next(picks))
-        monkeypatch.setattr(topology, "_ephemeral_from", lambda: 40_000)
-        assert topology._free_port("127.0.0.1") == ports[1]
+    from runtime import ports
+
+    first = ports._ephemeral_from()
+    chosen = [ports.free_port("127.0.0.1", hold=False) for _ in range(20)]
+    if first - ports.PORTS_FROM >= 1000:
+        assert all(ports.PORTS_FROM <= p < first for p in chosen), chosen
+    ep = topology.Endpoints.tcp("127.0.0.1")
+    port = int(ep.chunks.rsplit(":", 1)[1])
+    with pytest.raises(OSError), socket.socket() as other:  # held: no one else takes it
+        other.bind(("127.0.0.1", port))
+    for _ in range(2):  # the run's own process binds it, and its replacement again
+        ctx = zmq.Context()  # (destroyed: the listener closed before the next binds)
+        try:
+            ctx.socket(zmq.PULL).bind(ep.chunks)
+        finally:
+            ctx.destroy(linger=0)
+    ep.release()
+    with socket.socket() as other:  # the run ended: free
+        other.bind(("127.0.0.1", port))
+    with socket.socket() as taken:  # a taken port is skipped
+        taken.bind(("127.0.0.1", chosen[0]))
+        picks = iter([chosen[0]] + [chosen[1]] * 31)  # the first try is the taken port
+        monkeypatch.setattr(ports.random.SystemRandom, "randrange", lambda *a: next(picks))
+        monkeypatch.setattr(ports, "_ephemeral_from", lambda: 40_000)
+        assert ports.free_port("127.0.0.1", hold=False) == chosen[1]
 
 
 def test_run_keys_configure_server_and_client_sockets():
