@@ -7,7 +7,6 @@ cost no time of their own beyond ``GPU_POWER_S``."""
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 
@@ -15,31 +14,14 @@ GPU_POWER_S = 1.0
 """Seconds each GPU power reading spans at least."""
 
 
-def nvml_index(cuda_index: int = 0) -> int:
-    """The NVML index of CUDA device ``cuda_index`` in this process: its entry in
-    ``CUDA_VISIBLE_DEVICES`` where that is an index (NVML counts in PCI bus order, as CUDA does
-    with ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` or on GPUs of one kind), else ``cuda_index``."""
-    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")]
-    entry = (
-        visible[cuda_index]
-        if "CUDA_VISIBLE_DEVICES" in os.environ and cuda_index < len(visible)
-        else ""
-    )
-    return int(entry) if entry.isdigit() else cuda_index
-
-
-def cuda0_nvml_index() -> int:
-    """The NVML index of this process's CUDA device 0 (``nvml_index``)."""
-    return nvml_index(0)
-
-
 def gpu_meter():
-    """The probed GPU's energy reader (``cuda0_nvml_index``), or None where NVML cannot read
-    it."""
+    """The probed GPU's energy reader (``runtime.hw.gpus.nvml_index``), or None where NVML
+    cannot read it."""
     from runtime.energy.gpu import GPUEnergyError, NullGPUEnergy, probe_gpu_energy
+    from runtime.hw.gpus import nvml_index
 
     try:
-        meter = probe_gpu_energy((cuda0_nvml_index(),))
+        meter = probe_gpu_energy((nvml_index(),))
     except GPUEnergyError:
         return None
     return None if isinstance(meter, NullGPUEnergy) else meter

@@ -85,7 +85,7 @@ class Probes:
     cached: bool = False
     """Read back from the probe cache (``runtime.probe_cache``), not measured now."""
     gpu_power: dict[str, float] = field(default_factory=dict)
-    """The probed GPU's watts (NVML; ``power_probe.cuda0_nvml_index``) with no context
+    """The probed GPU's watts (NVML; ``runtime.hw.gpus.nvml_index``) with no context
     (``idle_w``), with the learner's context open and nothing running (``context_w``), and
     with the learner updating back to back (``busy_w``); empty without a GPU NVML reads."""
     round_loaded_s: dict[int, float] = field(default_factory=dict)

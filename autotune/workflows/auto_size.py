@@ -21,8 +21,7 @@ from runtime import probe_cache
 from runtime.config import TrainConfig
 from runtime.energy.cpu import DEFAULT_WATTS_PER_BUSY_CORE
 from runtime.energy.cpu_idle import estimate_idle_w
-from runtime.hw.gpus import list_gpus
-from runtime.power_probe import cuda0_nvml_index
+from runtime.hw.gpus import list_gpus, nvml_index
 from runtime.probes import Probes
 
 AUTO_FIELDS = (*SIZED, "trainer_threads")
@@ -50,7 +49,7 @@ def machine_model(cfg: TrainConfig, probes: Probes, cores: int) -> tuple[Machine
     """The model's fixed facts, and the hardware readings they came from; ``cores``: this
     machine's (a cluster's nodes come from ``cluster_model_nodes``)."""
     nodes = cluster_model_nodes(cfg)
-    index = cuda0_nvml_index()  # the GPU the probes ran on (a daemon's budget may name one)
+    index = nvml_index()  # the GPU the probes ran on (a daemon's budget may name one)
     gpus = [g for g in list_gpus() if g.index == index] if probes.sms else []
     gpu_idle = sum(g.power_w or 0.0 for g in gpus[:1])
     power = probes.gpu_power

@@ -29,8 +29,7 @@ from autotune.tuning.sizing import DEFAULT_LAG_CEILING
 from autotune.tuning.storage import open_study, sqlite_file, storage_url
 from autotune.workflows.auto_size import probed_model
 from runtime.config import TrainConfig
-from runtime.hw.gpus import no_gpu_reason
-from runtime.power_probe import nvml_index
+from runtime.hw.gpus import no_gpu_reason, nvml_index
 
 logger = logging.getLogger(__name__)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 import sys
 from dataclasses import asdict, dataclass
@@ -18,6 +19,17 @@ from dataclasses import asdict, dataclass
 from runtime.hw import nvml
 
 logger = logging.getLogger(__name__)
+
+
+def nvml_index(cuda_index: int = 0) -> int:
+    """The NVML index of this process's CUDA device ``cuda_index``: its entry in
+    ``CUDA_VISIBLE_DEVICES`` where that is an index (NVML counts in PCI bus order, as CUDA does
+    with ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` or on GPUs of one kind), else ``cuda_index``."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    entries = visible.split(",") if visible is not None else []
+    entry = entries[cuda_index].strip() if cuda_index < len(entries) else ""
+    return int(entry) if entry.isdigit() else cuda_index
+
 
 SM_QUERY = (
     "import json, torch\n"

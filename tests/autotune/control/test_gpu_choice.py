@@ -69,24 +69,24 @@ def test_the_daemon_offers_each_job_its_own_gpu_and_keeps_it_there():
 
 def test_a_job_on_a_budget_of_another_gpu_runs_and_meters_its_cuda_work_there(monkeypatch, caplog):
     from autotune.workflows.tune import use_gpu
-    from runtime.power_probe import cuda0_nvml_index
+    from runtime.hw.gpus import nvml_index
 
     for name in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER"):  # restored after the test
         monkeypatch.setenv(name, "")
         monkeypatch.delenv(name)
-    assert cuda0_nvml_index() == 0
+    assert nvml_index() == 0
     use_gpu(None)  # no GPU share: nothing set
     assert "CUDA_VISIBLE_DEVICES" not in os.environ
     use_gpu(1)
     env = os.environ
     assert env["CUDA_VISIBLE_DEVICES"] == "1" and env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
-    assert cuda0_nvml_index() == 1  # the probes read the power of the GPU they run on
+    assert nvml_index() == 1  # the probes read the power of the GPU they run on
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
     with caplog.at_level(logging.WARNING):
         use_gpu(1)  # the user's choice stands, and is said
     assert env["CUDA_VISIBLE_DEVICES"] == "0" and "the GMIs run where it says" in caplog.text
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-5d1f")  # a UUID: not an index
-    assert cuda0_nvml_index() == 0
+    assert nvml_index() == 0
 
 
 def test_an_inference_gmi_is_bounded_by_the_budgets_share_as_the_trainers_are(capsys):
