@@ -29,10 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from autotune.control.cores import format_cores, parse_cores
+from autotune.control.cores import format_cores
 from autotune.control.machine import MachineView
-
-__all__ = ["Budget", "Claim", "allocate", "check_admission", "format_cores", "parse_cores"]
 
 DEFAULT_MIN_SHARE = 0.8
 """A job's fairness floor: this share of the steps/s the equal split would give it."""

@@ -237,8 +237,8 @@ class Daemon:
         except ValueError as exc:
             problem = problem or str(exc)
         if problem is None:  # on the GPU of the budget it holds, where it says one
-            held = share_of(claim, msg, self.shares.machine).budget
-            problem = self.shares.admit(claim, valid_pid(msg.get("pid")), held)
+            share = share_of(claim, msg, self.shares.machine)
+            problem = self.shares.admit(claim, valid_pid(msg.get("pid")), share.budget)
         if problem is not None:
             self._send(identity, MsgType.ERROR, message=f"cannot tune job {job_id}: {problem}")
             return
@@ -267,7 +267,7 @@ class Daemon:
             job_id, identity, msg, tuner, space, remote, time.monotonic(), config=dict(msg["base"])
         )
         self._send(identity, MsgType.WELCOME, job=job_id, trials=tuner.trials_done)
-        self.shares.join(share_of(claim, msg, self.shares.machine))  # after: budgets count anew
+        self.shares.join(share)  # after the welcome: budgets count anew
         logger.info(
             "job %s (pid %s, %s) registered: study %r, %d trials so far",
             job_id,

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -175,9 +175,5 @@ def busy_last(machine: MachineView, pinned: list[int]) -> MachineView:
     allocator hands cores out in that order, so jobs get them only where nothing else is left,
     and a job that shrinks gives them up first. A process pinned later does not by itself move
     a job: the periodic share-out changes budgets only where it predicts more steps/J."""
-    from dataclasses import replace
-
-    order = [k for k in machine.cores if k not in pinned] + [
-        k for k in machine.cores if k in pinned
-    ]
-    return replace(machine, cores=tuple(order))
+    last = set(pinned)
+    return replace(machine, cores=tuple(sorted(machine.cores, key=lambda k: k in last)))

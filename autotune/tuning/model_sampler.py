@@ -133,6 +133,7 @@ class ModelSampler(optuna.samplers.BaseSampler):
         self.limits: dict[str, int] | None = None
         self.costs = dict(CHANGE_COST_S)
         """Seconds a change costs by how it applies: this study's own, once measured."""
+        self.named = [n for n in OPT_IN if n in self.choices]  # measured, not modelled
 
     def set_limits(self, limits: dict[str, int] | None) -> None:
         """Plans only inside a budget's limits (``autotune.tuning.budget``)."""
@@ -265,7 +266,7 @@ class ModelSampler(optuna.samplers.BaseSampler):
         """The incumbent ``hold`` with one named knob the model does not describe moved to a
         value not measured, failed or pruned with the rest of ``hold`` yet, nor refused with
         any config of the ``failed`` (None: no such value left)."""
-        for name in (n for n in OPT_IN if n in self.choices):
+        for name in self.named:
             refused = {c.get(name) for c in failed} - {hold[name]}
             for value in self.choices[name]:
                 c = {**hold, name: value}
@@ -291,8 +292,7 @@ class ModelSampler(optuna.samplers.BaseSampler):
         if named is not None:
             self.last = {"windows": len(windows), "incumbent": incumbent, "chosen": "named"}
             return named
-        named_knobs = [n for n in OPT_IN if n in self.choices]
-        windows = [w for w in windows if all(w.values.get(n) == hold[n] for n in named_knobs)]
+        windows = [w for w in windows if all(w.values.get(n) == hold[n] for n in self.named)]
         params, sigma = fit(machine, windows, self.defaults)
         cands = self._candidates(hold)
         x = features(cands, self.defaults)

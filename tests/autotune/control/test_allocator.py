@@ -17,8 +17,8 @@ from autotune.control.allocator import (
     _split,
     allocate,
     check_admission,
-    parse_cores,
 )
+from autotune.control.cores import parse_cores
 from autotune.control.machine import MachineView, busy_last
 from autotune.control.rates import model_rate
 from autotune.tuning.knobs import MPS_CHOICES
