@@ -49,14 +49,14 @@ def free_port(host: str, hold: bool = True) -> int:
                     "interface other hosts reach"
                 ) from None
             continue
-        port = int(s.getsockname()[1])
-        if hold:
-            s.setsockopt(pysocket.SOL_SOCKET, pysocket.SO_REUSEADDR, 1)
-            _HELD[port] = s
-        else:
-            s.close()
-        return port
-    return 0  # not reached: port 0 binds, or raises above
+        break  # bound: port 0 always binds or raises, so the loop ends here
+    port = int(s.getsockname()[1])
+    if hold:
+        s.setsockopt(pysocket.SOL_SOCKET, pysocket.SO_REUSEADDR, 1)
+        _HELD[port] = s
+    else:
+        s.close()
+    return port
 
 
 def release(addresses: list[str]) -> None:
