@@ -11,6 +11,7 @@ import time
 from typing import TYPE_CHECKING, Any, Protocol
 
 from runtime import checkpoint
+from runtime.hw.gpus import nvml_index
 from runtime.inference import NAME as INFERENCE
 
 if TYPE_CHECKING:  # only named in RunRecord's annotations
@@ -129,7 +130,10 @@ def failed_result(runner: Any, wall_s: float, error: str) -> dict[str, Any]:
 
 
 def gmi_doc(name: str, counters: dict[str, Any]) -> dict[str, Any]:
-    """One trainer GMI as the result lists it (SMs as CUDA reported them inside the GMI)."""
+    """One trainer GMI as the result lists it (SMs as CUDA reported them inside the GMI); ``gpu``
+    is its CUDA index in the run, ``nvml_gpu`` the same GPU as NVML and ``nvidia-smi`` number
+    it, and as the energy's ``per_gpu_j`` keys it (they differ where the run's
+    ``CUDA_VISIBLE_DEVICES`` names GPUs, as a daemon's GPU choice sets it)."""
     keys = (
         "rank",
         "generation",
@@ -143,7 +147,9 @@ def gmi_doc(name: str, counters: dict[str, Any]) -> dict[str, Any]:
         "weights_digest",
         "startup",
     )
-    return {"name": name, **{k: counters.get(k) for k in keys}}
+    doc = {"name": name, **{k: counters.get(k) for k in keys}}
+    doc["nvml_gpu"] = nvml_index(doc["gpu"]) if isinstance(doc["gpu"], int) else None
+    return doc
 
 
 def inference_doc(runner: RunRecord) -> dict[str, Any]:

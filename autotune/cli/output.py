@@ -1,9 +1,11 @@
-"""What every command writes besides the terminal: its ``--json`` document."""
+"""What every command writes besides the terminal: its ``--json`` document; what ``train``
+adds to its result, and says of a run that trained nothing."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 
 def write_json(path: Path | None, doc: object) -> None:
@@ -11,3 +13,37 @@ def write_json(path: Path | None, doc: object) -> None:
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(doc, indent=2, default=str) + "\n")
+
+
+def complete_result(result: dict, sizing: Any, where: str | None, tuning: dict | None) -> None:
+    """Adds ``train``'s own parts to a run's result: the ``auto`` sizing, and the tuning's
+    document (``where`` it ran; None: not tuned), or a note where the daemon gave none."""
+    if sizing is not None:
+        result["sizing"] = sizing
+    if where is not None:
+        result["tuning"] = tuning or {
+            "note": "the daemon did not answer at the end; see autotune status --study"
+        }
+        result["tuning"]["where"] = where
+
+
+def untrained_note(result: dict, max_wall_s: float | None) -> str | None:
+    """What to tell the user of a run that ended before its first trained batch, with where its
+    start-up went (None: it trained, or it failed and says why itself)."""
+    if result.get("env_steps") or result.get("failure"):
+        return None
+    probes = (result.get("sizing") or {}).get("probes") or {}
+    spent = []
+    if probes and not probes.get("cached"):
+        spent.append(f"the workload's probes took {float(probes.get('probe_s', 0.0)):.0f} s")
+    starts = [g["startup"].get("total_s", 0.0) for g in result.get("gmis", []) if g.get("startup")]
+    spent.append(
+        f"the trainer took {max(starts):.0f} s to start" if starts else "the trainer was starting"
+    )
+    where = "; ".join(spent)
+    if max_wall_s is None:
+        return f"no step was trained: the run ended during its start-up ({where})"
+    return (
+        f"no step was trained: --max-wall-s {max_wall_s:g} ran out during the start-up ({where}). "
+        "Give the run more time; a later run on this machine reads the probes from the cache."
+    )

@@ -13,7 +13,7 @@ from rich.markup import escape
 from autotune.cli.auto_flags import int_list, int_or_auto, mps_or_auto, size_run_config
 from autotune.cli.display import ProgressDisplay, summary_table
 from autotune.cli.link_flags import add_link_args, cluster_actors
-from autotune.cli.output import write_json
+from autotune.cli.output import complete_result, untrained_note, write_json
 from autotune.cli.train_config import (
     add_actor_args,
     add_env_args,
@@ -382,15 +382,10 @@ def cmd_train(args: argparse.Namespace) -> int:
             if result is not None:  # the final count, after the drain
                 curve.write_result(result, done, episodes, runner.target.before.joules)
             curve.close()
-    if sizing is not None:
-        result["sizing"] = sizing
-    if tuning is not None:
-        result["tuning"] = doc or {
-            "where": tuning.where,
-            "note": "the daemon did not answer at the end; see autotune status --study",
-        }
-        result["tuning"]["where"] = tuning.where
+    complete_result(result, sizing, tuning.where if tuning is not None else None, doc)
     Console().print(summary_table(result))
+    if (note := untrained_note(result, cfg.max_wall_s)) is not None:
+        console.print(f"[yellow]{escape(note)}[/yellow]")
     write_json(args.json, result)
     if args.json is not None:
         console.print(f"wrote {args.json}")

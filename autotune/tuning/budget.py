@@ -1,7 +1,7 @@
 """A job's tuner inside the budget the daemon gave it (``autotune.control.allocator``).
 
-The budget's cores bound the actors (one core is left to the stages on budgets of 8 cores or
-more, as ``auto`` sizing leaves it) and a CPU trainer's threads; its MPS share bounds the GMIs'
+The budget's cores bound the actors (an actor per core at most; the stages share them, as
+with ``auto`` sizing) and a CPU trainer's threads; its MPS share bounds the GMIs'
 ``mps_pct``, and a budget with no share of a GPU leaves the trainer on the CPU. The knobs keep
 their choices (an Optuna study's space cannot change), so a suggested config outside the budget
 is pruned, not measured, and the nearest config inside it is enqueued in its place.
@@ -15,7 +15,6 @@ from typing import Any
 
 from autotune.tuning.knobs import MPS_CHOICES, Knob
 from autotune.tuning.perf_model import charged_share
-from autotune.tuning.sizing import reserved_cores
 from autotune.tuning.storage import prune
 
 logger = logging.getLogger(__name__)
@@ -24,7 +23,7 @@ logger = logging.getLogger(__name__)
 def limits_for(cores: int, mps_pct: int | None) -> dict[str, int]:
     """The knob limits of a budget of ``cores`` cores and ``mps_pct`` % of a GPU (None: no
     GPU in the budget's terms, nothing bounded there; 0: no share, a CPU trainer)."""
-    out = {"actors": max(1, cores - reserved_cores(cores)), "trainer_threads": max(1, cores)}
+    out = {"actors": max(1, cores), "trainer_threads": max(1, cores)}
     if mps_pct is not None:
         out["mps_pct"] = int(mps_pct)
     return out

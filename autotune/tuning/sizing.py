@@ -8,8 +8,10 @@ power model (``autotune.tuning.perf_model``) at every candidate config and takes
 objective (steps/J or steps/s; goodput per joule: steps/J, with ties to a smaller batch widened
 to ``GOODPUT_TIE_SHARE``), under three rules:
 
-* no core is oversubscribed: actors plus CPU trainer threads fit the cores, with one left for
-  the stages on machines of 8 cores or more;
+* no core is oversubscribed: actors plus CPU trainer threads fit the cores. The stages share
+  the actors' cores (about a quarter of a core between them: ``perf_model.STAGE_CORES``); a
+  core left to them idled the rest of its time, and a 16th actor on a 16-core H200 host trained
+  4-15 % more steps/s than 15 at 1.02-1.14x the steps/J (docs/BENCHMARKS.md);
 * the predicted policy lag stays under the ceiling;
 * the batch stays whole for the learner: a multiple of the rollout length and of the
   minibatch count, each minibatch at least ``MIN_MINIBATCH`` samples.
@@ -90,22 +92,17 @@ class Sizing:
         }
 
 
-def reserved_cores(cores: int) -> int:
-    """Cores left for the stages: one on machines of 8 cores or more."""
-    return 1 if cores >= 8 else 0
-
-
 def fits_cores(m: MachineModel, x: dict[str, np.ndarray]) -> np.ndarray:
     """Whether each config's actors and CPU trainer threads fit the cores (``features``); on a
     Ray cluster, whether its actors fit the nodes' CPUs, and those placed on this host fit
     beside the trainer threads."""
     cpu_threads = np.where(x["cuda"] > 0, 0.0, np.ceil(trainer_cores(x)))
     if not m.nodes:
-        return x["actors"] + cpu_threads + reserved_cores(m.cores) <= max(m.cores, 2)
+        return x["actors"] + cpu_threads <= max(m.cores, 2)
     cpus = np.array([n.cpus for n in m.nodes], float)
     here = np.array([n.here for n in m.nodes], bool)
     on_head = place(x["actors"], cpus)[:, here].sum(axis=1)
-    head_fits = np.round(on_head) + cpu_threads + reserved_cores(m.cores) <= max(m.cores, 2)
+    head_fits = np.round(on_head) + cpu_threads <= max(m.cores, 2)
     return (x["actors"] <= cpus.sum()) & head_fits
 
 
@@ -216,7 +213,6 @@ def size_run(
     }
     rules = {
         "cores": m.cores,
-        "reserved_cores": reserved_cores(m.cores),
         "lag_ceiling": lag_ceiling,
         "min_minibatch": MIN_MINIBATCH,
         "max_batch": max(BATCHES[0], steps // MIN_UPDATES) if steps else None,

@@ -85,6 +85,14 @@ def test_a_job_on_a_budget_of_another_gpu_runs_and_meters_its_cuda_work_there(mo
     with caplog.at_level(logging.WARNING):
         use_gpu(1)  # the user's choice stands, and is said
     assert env["CUDA_VISIBLE_DEVICES"] == "0" and "the GMIs run where it says" in caplog.text
+    # the result names the GMI's GPU both ways (job b on a 2-GPU H200 host said only "gpu": 0)
+    from runtime.results import gmi_doc
+
+    doc = gmi_doc("trainer-0.g0", {"device": "cuda", "gpu": 0, "mps_pct": 100})
+    assert doc["gpu"] == 0 and doc["nvml_gpu"] == 0  # CUDA_VISIBLE_DEVICES=0
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    assert gmi_doc("trainer-0.g0", {"device": "cuda", "gpu": 0})["nvml_gpu"] == 1
+    assert gmi_doc("trainer-0.g0", {"device": "cpu", "gpu": None})["nvml_gpu"] is None
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-5d1f")  # a UUID: not an index
     assert nvml_index() == 0
 

@@ -40,7 +40,7 @@ def test_a_budget_that_shrinks_under_the_running_config_moves_it_at_once(tmp_pat
 
 def test_limits_and_clamping():
     knobs = list(default_space(Machine(cores=16, gpus=1)).values())
-    assert limits_for(16, 35) == {"actors": 15, "trainer_threads": 16, "mps_pct": 35}
+    assert limits_for(16, 35) == {"actors": 16, "trainer_threads": 16, "mps_pct": 35}
     assert limits_for(2, None) == {"actors": 2, "trainer_threads": 2}
     gpu = {"actors": 12, "trainer_device": "cuda", "mps_pct": 50, "trainer_threads": 1}
     assert not fits(gpu, {"actors": 8, "mps_pct": 35})
