@@ -57,8 +57,8 @@ def add_daemon_commands(sub: Any) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="cores of the affinity mask kept back from jobs for the daemon itself (default: "
-        "1 on machines of 8 cores or more, else 0)",
+        help="cores of the affinity mask kept back from jobs for the daemon itself (default 0: "
+        "it mostly sleeps, and shares the jobs' cores)",
     )
     daemon.add_argument(
         "--log", type=Path, default=None, help="log file (default <state dir>/daemon.log)"

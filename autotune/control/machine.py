@@ -1,9 +1,9 @@
 """The machine as the daemon sees it: the cores it may hand out, the GPUs, the energy meters,
 and what jobs it does not manage already take.
 
-* **Cores**: the daemon's own CPU affinity mask, less a reserve for the daemon itself (one core
-  on machines of 8 cores or more, none below: the daemon mostly sleeps). Each job's budget
-  includes the cores its stages run on.
+* **Cores**: the daemon's own CPU affinity mask, less the cores kept back for it where asked
+  (none by default: the daemon mostly sleeps, and a core kept for it would idle, as one left to
+  a job's stages did). Each job's budget includes the cores its stages run on.
 * **GPUs**: NVML's list (name, memory, MIG mode), the SM count of each as a short-lived CUDA
   process reads it (the daemon never holds a CUDA context), and whether MPS can run there: the
   control binary is installed and the GPU is not in MIG mode.
@@ -29,11 +29,6 @@ logger = logging.getLogger(__name__)
 BUSY_CORE_SHARE = 0.5
 """A foreign process using at least this share of a core counts one core as taken."""
 MPS_PROCESSES = ("nvidia-cuda-mps-server", "nvidia-cuda-mps-control")
-
-
-def daemon_reserve(cores: int) -> int:
-    """Cores kept back for the daemon: one on machines of 8 cores or more."""
-    return 1 if cores >= 8 else 0
 
 
 @dataclass(frozen=True)
@@ -97,7 +92,7 @@ def detect(reserve: int | None = None, sms: bool = True) -> MachineView:
     """This machine, read now (NVML, the affinity mask, one short CUDA query for SMs).
 
     Args:
-        reserve: Cores kept back for the daemon (None: ``daemon_reserve``).
+        reserve: Cores kept back for the daemon (None: none).
         sms: Read the SM counts (a short-lived CUDA process; False leaves them 0).
 
     Raises:
@@ -107,7 +102,7 @@ def detect(reserve: int | None = None, sms: bool = True) -> MachineView:
     from runtime.hw.gpus import list_gpus, sm_counts
 
     mask = sorted(os.sched_getaffinity(0))
-    keep = daemon_reserve(len(mask)) if reserve is None else reserve
+    keep = reserve or 0
     if not 0 <= keep < len(mask):
         raise ValueError(
             f"a reserve of {keep} cores leaves none of the {len(mask)} in the affinity mask "
