@@ -33,8 +33,8 @@ def untrained_note(result: dict, max_wall_s: float | None) -> str | None:
     if result.get("env_steps") or result.get("failure"):
         return None
     probes = (result.get("sizing") or {}).get("probes") or {}
-    spent = []
-    if probes and not probes.get("cached"):
+    spent, probed = [], bool(probes) and not probes.get("cached")
+    if probed:
         spent.append(f"the workload's probes took {float(probes.get('probe_s', 0.0)):.0f} s")
     starts = [g["startup"].get("total_s", 0.0) for g in result.get("gmis", []) if g.get("startup")]
     spent.append(
@@ -43,7 +43,8 @@ def untrained_note(result: dict, max_wall_s: float | None) -> str | None:
     where = "; ".join(spent)
     if max_wall_s is None:
         return f"no step was trained: the run ended during its start-up ({where})"
+    cache = " (a later run on this machine reads the probes from the cache)" if probed else ""
     return (
         f"no step was trained: --max-wall-s {max_wall_s:g} ran out during the start-up ({where}). "
-        "Give the run more time; a later run on this machine reads the probes from the cache."
+        f"Give the run more time{cache}."
     )

@@ -20,6 +20,12 @@ def test_a_run_whose_wall_ran_out_in_its_start_up_says_where_the_time_went():
     assert note.startswith("no step was trained: --max-wall-s 55 ran out during the start-up")
     assert "probes took 43 s" in note and "trainer took 22 s to start" in note
     assert "reads the probes from the cache" in note
+    # no probes (every value given): nothing said of them
+    given = untrained_note(_result(startup={"total_s": 6.0}), 3.0)
+    assert given == (
+        "no step was trained: --max-wall-s 3 ran out during the start-up (the trainer took 6 s "
+        "to start). Give the run more time."
+    )
     # probes read from the cache cost nothing: not named; a trainer that never reported
     cached = untrained_note(_result(probes={"probe_s": 42.6, "cached": True}), None)
     assert (
