@@ -15,18 +15,19 @@ BLAS_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"
 
 def actor_cores(index: int, actors: int, pin: bool | None = None) -> list[int] | None:
     """The cores actor slot ``index`` of ``actors`` is pinned to: the ``index``-th block of
-    ``(cores - 1) // actors`` cores of this process's CPU set (``runtime.env_backends.
-    actor_threads``: one core, or several for its EnvPool threads), so that one core at least
-    is left to the stages and the trainer; None (the scheduler places it) where the run has as
-    many actors as cores or more, or where pinning is off. ``pin``: True, False, or None
+    ``cores // actors`` cores of this process's CPU set (``runtime.env_backends.
+    actor_threads``: one core, or several for its EnvPool threads); the stages and the trainer
+    share them, or take what the blocks leave, as the scheduler places them (a core kept for
+    them idled most of its time: docs/BENCHMARKS.md). None (the scheduler places it) where the
+    run has more actors than cores, or where pinning is off. ``pin``: True, False, or None
     (``TrainConfig.pin_actors``' auto): pinned where this CPU set is narrower than the
     machine's (a daemon's budget, a container's or ``taskset``'s set: cores the run owns),
     not where the run shares the whole machine with whatever else is started on it."""
     cores = sorted(os.sched_getaffinity(0))
     if pin is None:
         pin = len(cores) < (os.cpu_count() or len(cores))
-    per = (len(cores) - 1) // max(actors, 1)
-    if not pin or per < 1 or (index + 1) * per > len(cores) - 1:
+    per = len(cores) // max(actors, 1)
+    if not pin or per < 1 or (index + 1) * per > len(cores):
         return None
     return cores[index * per : (index + 1) * per]
 

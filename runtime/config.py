@@ -65,7 +65,7 @@ class TrainConfig:
     instead of waiting for an actor's time slice."""
     pin_actors: bool | None = None
     """Pin actor slot i to the i-th core (or block of cores) of the run's CPU set where actors
-    are fewer than its cores (``runtime.actor_placement.actor_cores``); None: only where that set
+    are no more than its cores (``runtime.actor_placement.actor_cores``); None: only where that set
     is narrower than the machine's (a daemon's budget: cores the run owns)."""
     rollout_len: int = 32
     """Steps per environment in one rollout (the trajectory length the learner sees)."""

@@ -224,8 +224,8 @@ class EnvPoolEnvs(VecEnvs):
 
 def actor_threads(actors: int) -> int:
     """EnvPool worker threads per actor: its share of the cores this process may run on (its
-    budget's), less one core kept for the trainer and the stages, at least one."""
-    return max(1, (len(os.sched_getaffinity(0)) - 1) // max(1, actors))
+    budget's), at least one (the trainer and the stages share them, as ``actor_cores``)."""
+    return max(1, len(os.sched_getaffinity(0)) // max(1, actors))
 
 
 def make_envs(env_id: str, backend: str, k: int, seed: int, threads: int = 1) -> VecEnvs:

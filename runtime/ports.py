@@ -3,7 +3,10 @@
 A link's port is bound by the process that serves it, later than the run chooses it (and again
 by a replacement). Meanwhile another process must not take it: each is held by a socket of the
 runner's, bound without SO_REUSEADDR (so a port anyone holds is refused) and then given it, not
-listening; the run's processes bind there (ZeroMQ sets SO_REUSEADDR), no one else can.
+listening; the run's processes bind there (ZeroMQ sets SO_REUSEADDR). A process that binds
+without SO_REUSEADDR (most servers, and the kernel's choice of a port for a client) is refused
+it; one that sets SO_REUSEADDR, as ZeroMQ does, may still bind it, and a run whose link then
+cannot bind fails with that error and gives its ports back.
 """
 
 from __future__ import annotations
@@ -17,8 +20,9 @@ PORTS_FROM = 20_000
 _HELD: dict[int, pysocket.socket] = {}
 """Ports chosen for this process's runs, each held by a bound socket (not listening; its
 SO_REUSEADDR set after the bind) until ``release``: the run's own processes bind there (ZeroMQ
-sets SO_REUSEADDR), and no one else can take one meanwhile (Ray starts dozens of sockets
-between a run's choice of ports and its migrator's bind; in CI one took the migrator's)."""
+sets SO_REUSEADDR), and a process binding without SO_REUSEADDR cannot take one meanwhile (Ray
+starts dozens of sockets between a run's choice of ports and its migrator's bind; in CI one
+took the migrator's)."""
 
 
 def _ephemeral_from() -> int:

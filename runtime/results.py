@@ -11,7 +11,7 @@ import time
 from typing import TYPE_CHECKING, Any, Protocol
 
 from runtime import checkpoint
-from runtime.hw.gpus import nvml_index
+from runtime.hw.gpus import known_nvml_index
 from runtime.inference import NAME as INFERENCE
 
 if TYPE_CHECKING:  # only named in RunRecord's annotations
@@ -133,7 +133,8 @@ def gmi_doc(name: str, counters: dict[str, Any]) -> dict[str, Any]:
     """One trainer GMI as the result lists it (SMs as CUDA reported them inside the GMI); ``gpu``
     is its CUDA index in the run, ``nvml_gpu`` the same GPU as NVML and ``nvidia-smi`` number
     it, and as the energy's ``per_gpu_j`` keys it (they differ where the run's
-    ``CUDA_VISIBLE_DEVICES`` names GPUs, as a daemon's GPU choice sets it)."""
+    ``CUDA_VISIBLE_DEVICES`` names GPUs, as a daemon's GPU choice sets it; None where it names
+    them by UUID)."""
     keys = (
         "rank",
         "generation",
@@ -148,7 +149,7 @@ def gmi_doc(name: str, counters: dict[str, Any]) -> dict[str, Any]:
         "startup",
     )
     doc = {"name": name, **{k: counters.get(k) for k in keys}}
-    doc["nvml_gpu"] = nvml_index(doc["gpu"]) if isinstance(doc["gpu"], int) else None
+    doc["nvml_gpu"] = known_nvml_index(doc["gpu"]) if isinstance(doc["gpu"], int) else None
     return doc
 
 

@@ -33,6 +33,7 @@ whole is trained (``env_steps``) or discarded as too stale (``discarded_steps``)
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import multiprocessing as mp
@@ -281,21 +282,25 @@ class Runner:
         if self.meter is None:  # a job that shares the machine is charged its share of it
             self.meter = job_meter(self.cfg.cpu_idle_w)
         meter = self.meter
-        ctx = zmq.Context()
-        with run_dirs.run_dir() as run_dir:
+        # what is made before the run's loop is undone however the start ends, last made first
+        with run_dirs.run_dir() as run_dir, contextlib.ExitStack() as undo:
+            ctx = zmq.Context()
+            undo.callback(ctx.destroy, linger=0)
             self.run_dir = self.actors.initial.directory = run_dir
             ep = self.endpoints = topology.Endpoints.of(self.cfg, run_dir)
+            undo.callback(ep.release)  # the tcp:// links' ports
             self.guard = topology.guard(ctx, ep)
+            undo.callback(self.guard.stop)  # before the context ends
             telemetry_sock, command_sock = topology.runner_sockets(ctx, ep)
             self.telemetry.key = ep.run_key  # reports must be the run's processes' own
-            forwarder = topology.WeightsForwarder(ctx, ep).start()
-            previous = signal.signal(signal.SIGINT, self._on_sigint)
-            previous_term = signal.signal(signal.SIGTERM, _raise_system_exit)
+            undo.callback(topology.WeightsForwarder(ctx, ep).start().stop)
             self.fleet.setup_sharing(self.mps_live or self.generations.mps_later)
             meter.begin_window(RUN_WINDOW)
             started = self._started = time.monotonic()
             self.timeline.start()
             self.generations.begin(ep, run_dir, command_sock, meter, started)
+            previous = signal.signal(signal.SIGINT, self._on_sigint)
+            previous_term = signal.signal(signal.SIGTERM, _raise_system_exit)
             try:
                 if self.cfg.cluster is not None:  # actors on a Ray cluster's nodes
                     self.actors.launcher = cluster.launch(self.cfg, self.telemetry)
@@ -324,11 +329,7 @@ class Runner:
                 except ValueError:
                     energy = None
                 self.cluster_energy = self.actors.close_launcher()
-                forwarder.stop()
-                self.guard.stop()
-                ctx.destroy(linger=0)
                 self.fleet.stop()
-                ep.release()  # the tcp:// links' ports
         result = build_result(self, wall_s, energy)
         result["energy"]["shares"] = shares_doc(self.meter)
         return result

@@ -41,6 +41,8 @@ def untrained_note(result: dict, max_wall_s: float | None) -> str | None:
         f"the trainer took {max(starts):.0f} s to start" if starts else "the trainer was starting"
     )
     where = "; ".join(spent)
+    if result.get("interrupted"):
+        return f"no step was trained: the run was stopped during its start-up ({where})"
     if max_wall_s is None:
         return f"no step was trained: the run ended during its start-up ({where})"
     cache = " (a later run on this machine reads the probes from the cache)" if probed else ""

@@ -261,7 +261,7 @@ def add_actor_args(parser: argparse.ArgumentParser, d) -> None:
         type=_pin_mode,
         default=None,
         metavar="{auto,on,off}",
-        help="on: where the run has fewer actors than cores, actor i runs on the i-th core (or "
+        help="on: where the run has no more actors than cores, actor i runs on the i-th core (or "
         "block of cores, one per EnvPool thread) of the run's CPU set; off: the scheduler "
         "places them; auto: on where the run's CPU set is narrower than the machine's (a "
         "daemon's budget, taskset, a container), off where it shares the whole machine "

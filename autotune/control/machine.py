@@ -105,8 +105,8 @@ def detect(reserve: int | None = None, sms: bool = True) -> MachineView:
     keep = reserve or 0
     if not 0 <= keep < len(mask):
         raise ValueError(
-            f"a reserve of {keep} cores leaves none of the {len(mask)} in the affinity mask "
-            f"{mask}; allowed: 0..{len(mask) - 1}"
+            f"a reserve of {keep} cores: allowed are 0..{len(mask) - 1}, which leave jobs at "
+            f"least one of the {len(mask)} cores in the affinity mask {mask}"
         )
     reserved, cores = tuple(mask[:keep]), tuple(mask[keep:])
     nv = list_gpus()

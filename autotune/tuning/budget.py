@@ -43,13 +43,32 @@ def _share_ok(values: dict[str, Any], share: int) -> bool:
     return share > 0 and (pct is None or pct <= share)
 
 
+def _cpu_threads(values: dict[str, Any]) -> int:
+    """The cores a CPU trainer's threads take beside the actors (0 on a GPU)."""
+    if values.get("trainer_device", "cuda") != "cpu":
+        return 0
+    return int(values.get("trainers", 1)) * int(values.get("trainer_threads", 1))
+
+
+def _cores_left(values: dict[str, Any], limits: dict[str, int]) -> int | None:
+    """The actors that fit beside a CPU trainer's threads in the budget's cores (its
+    ``actors`` limit), as ``auto`` sizing counts them (``sizing.fits_cores``); None: no bound."""
+    if "actors" not in limits:
+        return None
+    return max(limits["actors"], 2) - _cpu_threads(values)
+
+
 def fits(values: dict[str, Any], limits: dict[str, int] | None) -> bool:
-    """Whether ``values`` stay inside ``limits`` (no limits: always)."""
+    """Whether ``values`` stay inside ``limits`` (no limits: always): each bounded knob, and
+    the actors with a CPU trainer's threads within the cores."""
     if not limits:
         return True
     for name in ("actors", "trainer_threads"):
         if name in values and name in limits and values[name] > limits[name]:
             return False
+    left = _cores_left(values, limits)
+    if left is not None and _cpu_threads(values) and values.get("actors", 1) > left:
+        return False
     return "mps_pct" not in limits or _share_ok(values, limits["mps_pct"])
 
 
@@ -72,6 +91,15 @@ def clamp(values: dict[str, Any], limits: dict[str, int] | None, knobs: list[Kno
         elif "cpu" in choices.get("trainer_device", ()):
             out["trainer_device"] = "cpu"
             out.pop("mps_pct", None)
+    left = _cores_left(out, limits)
+    if left is not None and _cpu_threads(out) and out.get("actors", 1) > left:
+        if left < 1:  # the trainer's threads alone fill the cores: one left for an actor
+            per = max(1, (max(limits["actors"], 2) - 1) // int(out.get("trainers", 1)))
+            inside = [c for c in choices.get("trainer_threads", ()) if c <= per]
+            out["trainer_threads"] = max(inside) if inside else per
+            left = _cores_left(out, limits)
+        inside = [c for c in choices.get("actors", ()) if c <= max(left, 1)]
+        out["actors"] = max(inside) if inside else max(left, 1)
     return out
 
 

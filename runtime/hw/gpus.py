@@ -22,13 +22,24 @@ logger = logging.getLogger(__name__)
 
 
 def nvml_index(cuda_index: int = 0) -> int:
-    """The NVML index of this process's CUDA device ``cuda_index``: its entry in
-    ``CUDA_VISIBLE_DEVICES`` where that is an index (NVML counts in PCI bus order, as CUDA does
-    with ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` or on GPUs of one kind), else ``cuda_index``."""
+    """The NVML index of this process's CUDA device ``cuda_index``: ``known_nvml_index``, else
+    ``cuda_index``."""
+    known = known_nvml_index(cuda_index)
+    return cuda_index if known is None else known
+
+
+def known_nvml_index(cuda_index: int = 0) -> int | None:
+    """The NVML index of this process's CUDA device ``cuda_index`` where it is known: its entry
+    in ``CUDA_VISIBLE_DEVICES`` where that is an index (NVML counts in PCI bus order, as CUDA
+    does with ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` or on GPUs of one kind), ``cuda_index`` where
+    the variable is unset; None where it names the device otherwise (a UUID, a MIG instance)
+    or has no entry for it."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    entries = visible.split(",") if visible is not None else []
-    entry = entries[cuda_index].strip() if cuda_index < len(entries) else ""
-    return int(entry) if entry.isdigit() else cuda_index
+    if visible is None:
+        return cuda_index
+    entries = visible.split(",")
+    entry = entries[cuda_index].strip() if 0 <= cuda_index < len(entries) else ""
+    return int(entry) if entry.isdigit() else None
 
 
 SM_QUERY = (

@@ -74,27 +74,32 @@ def test_an_actor_process_imports_no_torch():
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
 
 
-def test_actor_cores_take_the_ith_block_of_the_cpu_set_and_leave_one_to_the_rest(monkeypatch):
+def test_actor_cores_take_the_ith_block_of_the_cpu_set(monkeypatch):
+    from runtime.env_backends import actor_threads
+
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
     assert [actor_cores(i, 15, pin=True) for i in (0, 3, 14)] == [[0], [3], [14]]
-    assert [actor_cores(i, 4, pin=True) for i in (0, 3)] == [[0, 1, 2], [9, 10, 11]]
-    assert actor_cores(3, 16, pin=True) is None  # no core left for the stages
+    assert [actor_cores(i, 16, pin=True) for i in (0, 15)] == [[0], [15]]  # the stages share
+    assert [actor_cores(i, 4, pin=True) for i in (0, 3)] == [[0, 1, 2, 3], [12, 13, 14, 15]]
+    assert actor_cores(3, 17, pin=True) is None  # more actors than cores: the scheduler's
     assert actor_cores(3, 4, pin=False) is None
+    assert [actor_threads(n) for n in (16, 8, 3, 32)] == [1, 2, 5, 1]  # EnvPool's, unpinned
     monkeypatch.setattr(os, "cpu_count", lambda: 16)
     assert actor_cores(3, 4) is None  # auto: the run shares the whole machine
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {7, 2, 5})  # a daemon's budget
     assert [actor_cores(i, 2) for i in (0, 1)] == [[2], [5]]
-    assert actor_cores(0, 3) is None
+    assert [actor_cores(i, 3) for i in (0, 2)] == [[2], [7]]
 
 
 def _thread_cores(pid: int) -> set[frozenset[int]]:
     return {frozenset(os.sched_getaffinity(int(t))) for t in os.listdir(f"/proc/{pid}/task")}
 
 
-def _actor_of_run(*flags_more: str) -> set[frozenset[int]]:
-    """Starts a CartPole run with one actor; the CPU sets of the actor's threads, once it runs
-    more than one thread (ZeroMQ's I/O thread, and EnvPool's where it steps on EnvPool)."""
-    flags = "--env CartPole-v1 --actors 1 --envs-per-actor 4 --batch-size 256 --steps 100000000"
+def _actor_of_run(*flags_more: str, actors: int = 1) -> set[frozenset[int]]:
+    """Starts a CartPole run with ``actors`` actors; the CPU sets of actor 0's threads, once it
+    runs more than one thread (ZeroMQ's I/O thread, and EnvPool's where it steps on EnvPool)."""
+    flags = f"--env CartPole-v1 --actors {actors} --envs-per-actor 4 --batch-size 256"
+    flags += " --steps 100000000"
     cmd = [sys.executable, "-m", "autotune.cli", "train", *flags.split(), "--quiet"]
     cmd += ["--trainer-device", "cpu", *flags_more]
     run = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -116,10 +121,12 @@ def _actor_of_run(*flags_more: str) -> set[frozenset[int]]:
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
 def test_a_runs_actor_and_every_thread_it_starts_run_on_its_own_core():
-    block = frozenset(sorted(os.sched_getaffinity(0))[:-1])  # one actor: all but a core
-    assert _actor_of_run("--pin-actors", "on") == {block}
-    assert _actor_of_run("--pin-actors", "off") == {frozenset(os.sched_getaffinity(0))}
+    cores = sorted(os.sched_getaffinity(0))
+    block = frozenset(cores[: len(cores) // 2])  # actor 0 of two: the first half
+    assert _actor_of_run("--pin-actors", "on", actors=2) == {block}
+    assert _actor_of_run("--pin-actors", "off", actors=2) == {frozenset(cores)}
 
 
 def _sleep(seconds: float) -> None:
@@ -140,9 +147,10 @@ def test_pin_puts_each_running_actor_on_its_core_and_spreads_those_without_one()
         cfg = TrainConfig(actors=1, pin_actors=True)
         pool.slots = [ActorSlot(0, 0, proc, None, None, cfg)]
         assert os.sched_getaffinity(proc.pid) == whole
+        pool.count = 2  # two actors: slot 0 on the first half of the cores
         assert pool.pin() == 1
-        assert os.sched_getaffinity(proc.pid) == set(sorted(whole)[:-1])  # all but a core
-        pool.count = len(whole)  # as many actors as cores now: the scheduler places them
+        assert os.sched_getaffinity(proc.pid) == set(sorted(whole)[: len(whole) // 2])
+        pool.count = len(whole) + 1  # more actors than cores now: the scheduler places them
         assert pool.pin() == 0 and os.sched_getaffinity(proc.pid) == whole
     finally:
         proc.kill()
@@ -167,8 +175,8 @@ def test_pin_replaces_an_envpool_actor_whose_thread_count_it_changes(monkeypatch
     try:
         pool = ActorPool(ctx, None)
         monkeypatch.setattr(pool, "_start", fake_start)
-        pool.count = 1  # one actor: all cores but one, one EnvPool thread each
-        want = (len(os.sched_getaffinity(0)) - 1) // 1
+        pool.count = 1  # one actor: all cores, one EnvPool thread each
+        want = len(os.sched_getaffinity(0))
         for backend, ep in (("gymnasium", "ep"), ("envpool", None)):
             cfg = TrainConfig(env="CartPole-v1", env_backend=backend, pin_actors=True)
             pool.slots = [ActorSlot(0, 0, procs[0], None, ctx.Event(), cfg, threads=want + 1)]

@@ -103,8 +103,9 @@ def test_an_address_of_another_machine_cannot_be_bound_and_says_so():
 
 def test_a_runs_ports_are_held_outside_the_kernels_ephemeral_range_until_it_ends(monkeypatch):
     """A run's link ports come from below the ephemeral range (a taken one is skipped), and
-    each is held from the choice to the run's end: its own processes bind there (ZeroMQ), no
-    one else can (Ray starts dozens of sockets between the choice and the migrator's bind)."""
+    each is held from the choice to the run's end: its own processes bind there (ZeroMQ), a
+    bind without SO_REUSEADDR cannot (Ray starts dozens of sockets between the choice and the
+    migrator's bind)."""
     import socket
 
     from runtime import ports
@@ -115,7 +116,10 @@ def test_a_runs_ports_are_held_outside_the_kernels_ephemeral_range_until_it_ends
         assert all(ports.PORTS_FROM <= p < first for p in chosen), chosen
     ep = topology.Endpoints.tcp("127.0.0.1")
     port = int(ep.chunks.rsplit(":", 1)[1])
-    with pytest.raises(OSError), socket.socket() as other:  # held: no one else takes it
+    with (
+        pytest.raises(OSError),
+        socket.socket() as other,
+    ):  # held: a bind without SO_REUSEADDR is refused
         other.bind(("127.0.0.1", port))
     for _ in range(2):  # the run's own process binds it, and its replacement again
         ctx = zmq.Context()  # (destroyed: the listener closed before the next binds)
@@ -178,3 +182,23 @@ def test_a_run_over_tcp_with_an_intruder_on_its_experience_link_loses_nothing():
     assert result["lost_steps"] == 0 and result["env_steps"] >= cfg.steps
     assert result["auth_refused"] >= 1
     assert sum(result["malformed"].values()) == 0
+
+
+def test_a_run_whose_start_fails_gives_back_its_ports_and_stops_its_guard(monkeypatch):
+    """A bind that fails before the run's loop (here the runner's own sockets) ends the run with
+    its error, and nothing made before it stays: the held ports, the ZAP guard's thread, the
+    ZeroMQ context."""
+    import threading
+
+    from runtime import ports
+
+    def fail(ctx, ep):
+        raise zmq.ZMQError(98, "Address already in use")
+
+    monkeypatch.setattr(topology, "runner_sockets", fail)
+    held, threads = set(ports._HELD), set(threading.enumerate())
+    cfg = TrainConfig(env="CartPole-v1", steps=512, actors=1, batch_size=512, transport="tcp")
+    with pytest.raises(zmq.ZMQError, match="Address already in use"):
+        Runner(cfg, cfg.validate()).run()
+    assert set(ports._HELD) == held  # every port it held is given back
+    wait_until(lambda: set(threading.enumerate()) <= threads, timeout_s=30, what="no new thread")

@@ -20,6 +20,9 @@ def test_a_run_whose_wall_ran_out_in_its_start_up_says_where_the_time_went():
     assert note.startswith("no step was trained: --max-wall-s 55 ran out during the start-up")
     assert "probes took 43 s" in note and "trainer took 22 s to start" in note
     assert "reads the probes from the cache" in note
+    # stopped by the user (Ctrl-C): the wall limit is not blamed
+    stopped = untrained_note({**doc, "interrupted": True}, 600.0)
+    assert stopped.startswith("no step was trained: the run was stopped during its start-up")
     # no probes (every value given): nothing said of them
     given = untrained_note(_result(startup={"total_s": 6.0}), 3.0)
     assert given == (

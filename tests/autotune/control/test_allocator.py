@@ -267,3 +267,19 @@ def test_a_shrinking_job_gives_up_the_cores_a_foreign_process_is_pinned_to_first
     held = {"a": Budget(tuple(range(8)))}
     alloc = allocate(busy_last(m, [0]), [Claim("a"), Claim("b")], {}, current=held)
     assert 0 not in alloc.budgets["a"].cores and 0 in alloc.budgets["b"].cores
+
+
+def test_the_daemon_hands_out_every_core_unless_told_to_keep_some(monkeypatch):
+    """No core is kept for the daemon by default (it mostly sleeps); ``--reserve-cores N``
+    keeps the lowest N, and a reserve outside 0..cores-1 is refused saying what is allowed."""
+    import os
+
+    from autotune.control.machine import detect
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {3, 1, 2, 0})
+    assert detect(sms=False).cores == (0, 1, 2, 3) and detect(sms=False).reserved == ()
+    kept = detect(1, sms=False)
+    assert kept.reserved == (0,) and kept.cores == (1, 2, 3)
+    for bad in (-1, 4):
+        with pytest.raises(ValueError, match=r"reserve of .* allowed are 0\.\.3"):
+            detect(bad, sms=False)

@@ -95,6 +95,9 @@ def test_a_job_on_a_budget_of_another_gpu_runs_and_meters_its_cuda_work_there(mo
     assert gmi_doc("trainer-0.g0", {"device": "cpu", "gpu": None})["nvml_gpu"] is None
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-5d1f")  # a UUID: not an index
     assert nvml_index() == 0
+    assert gmi_doc("trainer-0.g0", {"device": "cuda", "gpu": 0})["nvml_gpu"] is None  # unknown
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    assert gmi_doc("trainer-1.g0", {"device": "cuda", "gpu": 1})["nvml_gpu"] is None  # no entry
 
 
 def test_an_inference_gmi_is_bounded_by_the_budgets_share_as_the_trainers_are(capsys):

@@ -50,6 +50,19 @@ def test_limits_and_clamping():
     assert cpu["trainer_device"] == "cpu" and "mps_pct" not in cpu
     assert fits(cpu, {"actors": 8, "mps_pct": 0})
     assert fits({"actors": 99}, None)
+    # a CPU trainer's threads take cores beside the actors, as auto sizing counts them
+    on_cpu = {"actors": 15, "trainer_device": "cpu", "trainers": 1, "trainer_threads": 1}
+    assert clamp(on_cpu, limits_for(8, None), knobs)["actors"] == 7
+    assert clamp(on_cpu, limits_for(2, None), knobs)["actors"] == 1
+    assert fits({**on_cpu, "actors": 7}, limits_for(8, None))
+    wide = {**on_cpu, "actors": 16, "trainers": 2, "trainer_threads": 4}
+    assert not fits(wide, limits_for(16, None))
+    assert clamp(wide, limits_for(16, None), knobs)["actors"] == 8
+    # threads that alone fill the cores give one back for an actor
+    full = clamp({**on_cpu, "actors": 4, "trainer_threads": 8}, limits_for(8, None), knobs)
+    assert full["actors"] + full["trainer_threads"] <= 8 and full["actors"] >= 1
+    assert fits({**on_cpu, "actors": 16}, limits_for(16, 35)) is False
+    assert fits({"actors": 16, "trainer_device": "cuda", "mps_pct": 25}, limits_for(16, 35))
 
 
 def test_a_run_sized_under_a_budget_keeps_to_its_gpu_share():
