@@ -140,26 +140,29 @@ def sizing(
         "cpu_processes_per_gpu": per_gpu_procs,
         "note": (
             "cpu_threads_per_sm = actor processes per GPU / SMs the GMIs' MPS shares "
-            "grant (capped at the GPU's SMs); trainer GMIs and the 2 service processes "
-            "also take cores"
+            "grant (capped at the GPU's SMs); the trainer GMIs and the 2 service processes "
+            "share the actors' cores (about 0.3 and 0.25 of a core), as auto sizing counts them"
         )
         if cuda
         else "the trainer runs on the CPU: no GPU ratio",
     }
     if target_gpus is not None or target_cores is not None:
         g = target_gpus if target_gpus is not None else gpus
-        need = round(g * actors_per_gpu) + g * runtime["gmis_per_gpu"] + SERVICE_PROCESSES
+        # cores: an actor each, and a CPU trainer's threads (what auto sizing keeps apart)
+        threads = 0 if cuda else runtime["gmis_per_gpu"] * runtime.get("trainer_threads", 1)
+        need = round(g * actors_per_gpu) + g * threads
         target: dict[str, Any] = {
             "gpus": g,
             "cores": target_cores,
             "actors": round(g * actors_per_gpu),
-            "cpu_processes_needed": need,
+            "cores_needed": need,
+            "cpu_processes_needed": need
+            + (g * runtime["gmis_per_gpu"] if cuda else 0)
+            + SERVICE_PROCESSES,
         }
         if target_cores is not None:
             target["fits"] = need <= target_cores
-            feedable = int(
-                (target_cores - SERVICE_PROCESSES) // (actors_per_gpu + runtime["gmis_per_gpu"])
-            )
+            feedable = int(target_cores // max(actors_per_gpu + threads, 1e-9))
             target["gpus_the_cores_can_feed"] = max(0, feedable)
             if not target["fits"]:
                 target["note"] = (

@@ -78,8 +78,13 @@ def test_export_recommends_the_best_median_config_and_sizes_a_target(study):
     sizing = doc["sizing"]
     assert sizing["sms_granted_per_gpu"] == 66 and sizing["cpu_threads_per_sm"] == 4 / 66
     target = sizing["target"]
-    assert target["actors"] == 32 and target["cpu_processes_needed"] == 32 + 8 + 2
-    assert target["fits"] is False and target["gpus_the_cores_can_feed"] == 7
+    # an actor per core; the GMIs and the stages share them (processes: 32 + 8 + 2)
+    assert target["actors"] == 32 and target["cores_needed"] == 32
+    assert target["cpu_processes_needed"] == 32 + 8 + 2
+    assert target["fits"] is True and target["gpus_the_cores_can_feed"] == 10
+    small = export_doc(study, target_gpus=8, target_cores=30)["sizing"]["target"]
+    assert small["fits"] is False and small["gpus_the_cores_can_feed"] == 7
+    assert "30 cores feed 7 GPU(s) at 4 actors per GPU" in small["note"]
     ev = doc["evidence"]
     assert ev["default"]["values"] == {"actors": 2, "envs_per_actor": 8}
     assert ev["steps_per_joule_vs_default"] == pytest.approx(46 / 18)
