@@ -226,8 +226,8 @@ def add_train_command(sub: Any) -> None:
         default=None,
         metavar="PATH",
         help="write the learning curve to PATH as JSON lines, about once a second: Unix time, "
-        "trained steps, mean return of the last 100 episodes, episodes "
-        "(autotune/workflows/progress_log.py)",
+        "trained steps, mean return of the last 100 episodes, episodes, joules, and the "
+        "learner's noise scale, lr and KL once measured (autotune/workflows/progress_log.py)",
     )
     train.add_argument(
         "--checkpoint",

@@ -261,8 +261,9 @@ def add_actor_args(parser: argparse.ArgumentParser, d) -> None:
         type=_pin_mode,
         default=None,
         metavar="{auto,on,off}",
-        help="on: where the run has no more actors than cores, actor i runs on the i-th core (or "
-        "block of cores, one per EnvPool thread) of the run's CPU set; off: the scheduler "
+        help="on: where the run has no more actors than cores, actor i runs on the i-th block of "
+        "cores // actors cores of the run's CPU set (an EnvPool actor runs a thread per core of "
+        "it); off: the scheduler "
         "places them; auto: on where the run's CPU set is narrower than the machine's (a "
         "daemon's budget, taskset, a container), off where it shares the whole machine "
         "(default auto)",

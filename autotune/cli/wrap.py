@@ -41,7 +41,7 @@ def add_wrap_command(sub: Any) -> None:
         "--objective",
         choices=["steps_per_joule", "steps_per_s"],
         default="steps_per_joule",
-        help="what to maximise",
+        help="what to maximise (default steps_per_joule)",
     )
     wrap.add_argument(
         "--mode",
