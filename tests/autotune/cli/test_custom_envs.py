@@ -104,4 +104,5 @@ def test_the_defaults_learn_a_small_continuous_env_of_our_own(tmp_path):
     assert proc.returncode == 0, proc.stderr
     result = json.loads((tmp_path / "r.json").read_text())
     assert result["config"]["learner"]["entropy_coef"] is None  # by action space: none here
-    assert result["return_mean"] > -80, result["return_mean"]
+    said = {k: result.get(k) for k in ("return_mean", "env_steps", "policy_lag", "divergence")}
+    assert result["return_mean"] > -80, {**said, "sizing": result["sizing"]["values"]}
