@@ -294,6 +294,7 @@ class Runner:
             telemetry_sock, command_sock = topology.runner_sockets(ctx, ep)
             self.telemetry.key = ep.run_key  # reports must be the run's processes' own
             undo.callback(topology.WeightsForwarder(ctx, ep).start().stop)
+            undo.callback(self.fleet.stop)  # its spares, and an MPS daemon the run started
             self.fleet.setup_sharing(self.mps_live or self.generations.mps_later)
             meter.begin_window(RUN_WINDOW)
             started = self._started = time.monotonic()
@@ -329,7 +330,6 @@ class Runner:
                 except ValueError:
                     energy = None
                 self.cluster_energy = self.actors.close_launcher()
-                self.fleet.stop()
         result = build_result(self, wall_s, energy)
         result["energy"]["shares"] = shares_doc(self.meter)
         return result
