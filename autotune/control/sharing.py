@@ -99,10 +99,13 @@ class MachineShares:
         """Why ``claim`` cannot join now (what is available), or None. A budget offered to
         process ``pid`` is its own, not another job's; ``budget``: the one it says it holds (on
         its GPU, as ``join`` will place it)."""
-        mine = (claim.job, f"offer-{pid}")
-        held = [s.claim for j, s in self.shares.items() if j not in mine]
         claim = self._placed(claim, pid, budget)
-        return check_admission(self.machine, held, claim, self.foreign["cores"])
+        return check_admission(self.machine, self._others(claim, pid), claim, self.foreign["cores"])
+
+    def _others(self, claim: Claim, pid: int | None) -> list[Claim]:
+        """The claims held besides ``claim``'s own and the budget offered to process ``pid``."""
+        mine = (claim.job, f"offer-{pid}")
+        return [s.claim for j, s in self.shares.items() if j not in mine]
 
     def _placed(self, claim: Claim, pid: int | None, budget: Budget | None = None) -> Claim:
         """``claim`` on a GPU where it names none: the one its ``budget``, or the budget offered
@@ -114,10 +117,7 @@ class MachineShares:
         if budget is not None and budget.gpu is not None:
             fixed = None if claim.fixed is None else replace(claim.fixed, gpu=budget.gpu)
             return replace(claim, gpu=budget.gpu, any_gpu=False, fixed=fixed)
-        mine = (claim.job, f"offer-{pid}")
-        return pick_gpu(
-            self.machine, [s.claim for j, s in self.shares.items() if j not in mine], claim
-        )
+        return pick_gpu(self.machine, self._others(claim, pid), claim)
 
     def offer(self, claim: Claim, pid: int | None = None) -> Budget:
         """The budget ``claim`` would get if it joined now, for the job to size itself inside.

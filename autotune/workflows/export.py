@@ -150,15 +150,14 @@ def sizing(
         g = target_gpus if target_gpus is not None else gpus
         # cores: an actor each, and a CPU trainer's threads (what auto sizing keeps apart)
         threads = 0 if cuda else runtime["gmis_per_gpu"] * runtime.get("trainer_threads", 1)
-        need = round(g * actors_per_gpu) + g * threads
+        actors = round(g * actors_per_gpu)
+        need = actors + g * threads
         target: dict[str, Any] = {
             "gpus": g,
             "cores": target_cores,
-            "actors": round(g * actors_per_gpu),
+            "actors": actors,
             "cores_needed": need,
-            "cpu_processes_needed": need
-            + (g * runtime["gmis_per_gpu"] if cuda else 0)
-            + SERVICE_PROCESSES,
+            "cpu_processes_needed": actors + g * runtime["gmis_per_gpu"] + SERVICE_PROCESSES,
         }
         if target_cores is not None:
             target["fits"] = need <= target_cores
