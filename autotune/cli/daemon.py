@@ -164,6 +164,7 @@ def _daemon(console: Console, args: argparse.Namespace, endpoint: str) -> int:
             stderr=subprocess.STDOUT,
             start_new_session=True,
             cwd="/",
+            env={**os.environ, "AUTOTUNE_HOME": str(protocol.state_dir())},
         )
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:

@@ -20,7 +20,8 @@ def state_dir() -> Path:
         ControlError: if it exists but another user owns it or others can write to it.
     """
     if os.environ.get("AUTOTUNE_HOME"):
-        path = Path(os.environ["AUTOTUNE_HOME"])
+        # Absolute: the daemon runs from "/", and a job or client from anywhere.
+        path = Path(os.environ["AUTOTUNE_HOME"]).absolute()
     elif os.environ.get("XDG_RUNTIME_DIR"):
         path = Path(os.environ["XDG_RUNTIME_DIR"]) / "autotune"
     else:

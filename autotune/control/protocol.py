@@ -120,7 +120,8 @@ def resolve_endpoint(endpoint: str | None = None) -> str:
     if endpoint is None:
         return f"ipc://{state_dir() / 'control.sock'}"
     if endpoint.startswith("ipc://") and len(endpoint) > len("ipc://"):
-        return endpoint
+        # A relative socket path names a different socket from the daemon's cwd ("/").
+        return "ipc://" + os.path.abspath(endpoint[len("ipc://") :])
     url = urlparse(endpoint)
     if url.scheme == "tcp" and url.hostname and url.port:
         try:

@@ -45,6 +45,29 @@ def test_control_endpoints_are_private_or_loopback(tmp_path, monkeypatch):
         protocol.resolve_endpoint()
 
 
+def test_a_daemon_started_with_relative_paths_answers_from_where_it_was_started(tmp_path):
+    # The daemon runs from "/": a relative AUTOTUNE_HOME or ipc:// path must mean the
+    # directory the command was given in, for the daemon and for the client alike.
+    env = {**_env(tmp_path), "AUTOTUNE_HOME": "rel/home"}
+
+    def run(extra, *args):
+        cmd = [*CLI, *args, *extra]
+        return subprocess.run(
+            cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60
+        )
+
+    for extra in ([], ["--control", "ipc://rel/other.sock"]):
+        start = run(extra, "daemon", "start")
+        assert start.returncode == 0, start.stdout + start.stderr
+        try:
+            status = run(extra, "status")
+            assert status.returncode == 0 and "no daemon running" not in status.stdout, status
+        finally:
+            assert run(extra, "daemon", "stop").returncode == 0
+    assert (tmp_path / "rel" / "home" / "daemon.log").is_file()
+    assert not os.path.exists("/rel")
+
+
 def test_control_messages_are_versioned_maps():
     assert protocol.decode(protocol.encode("PING"))["type"] == "PING"
     with pytest.raises(ValueError, match="undecodable"):
