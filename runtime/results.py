@@ -147,6 +147,7 @@ def gmi_doc(name: str, counters: dict[str, Any]) -> dict[str, Any]:
         "retired",
         "weights_digest",
         "startup",
+        "cpu_s",
     )
     doc = {"name": name, **{k: counters.get(k) for k in keys}}
     doc["nvml_gpu"] = known_nvml_index(doc["gpu"]) if isinstance(doc["gpu"], int) else None

@@ -223,6 +223,7 @@ class Trainer:
             "reset_epoch": self.live.reset_epoch,
             "fatal": self.halted,
             "startup": self.startup,
+            "cpu_s": round(time.process_time(), 3),  # the process's, every thread's
             **self.batcher.counters,
             **self.last,
             "final": final,

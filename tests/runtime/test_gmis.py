@@ -189,6 +189,7 @@ def test_gmi_hand_over_mid_run_keeps_every_step_and_the_learner(trainers):
         assert sum(v for k, v in s.items() if k != "total_s") == pytest.approx(
             s["total_s"], abs=0.01
         )
+        assert gmi["cpu_s"] > 0  # the trainer process's CPU seconds, its start-up included
     # the new GMIs reported as soon as they had started: the standby is their start and little more
     assert max(x["startup"]["total_s"] for x in by_gen[1]) <= handover["standby_s"] + 0.1
     # the policy version carries on: one version per lockstep update over both generations
