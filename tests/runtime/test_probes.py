@@ -143,3 +143,52 @@ def test_timing_keeps_the_first_calls_seconds_apart():
 
     assert timed(update, budget_s=0.01, least=3, first=first) < 0.02
     assert len(first) == 1 and first[0] >= 0.05 and len(calls) >= 4
+
+
+def test_a_run_whose_workload_another_run_is_probing_waits_and_takes_its_result(
+    measured, tmp_path, monkeypatch
+):
+    """Two runs of one workload started together probe it once: while one holds the entry's
+    lock (here the test, as the run that measures), the other waits for it and reads what it
+    wrote, with no probe of its own."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import threading
+
+    first, _ = measured
+    monkeypatch.setenv("AUTOTUNE_CACHE_DIR", str(tmp_path))
+    path = probe_cache.entry_path(*WORKLOAD)
+    code = (
+        "import json, logging, sys; logging.basicConfig(level=logging.INFO, stream=sys.stderr)\n"
+        "from runtime import probe_cache\n"
+        f"p = probe_cache.probes(*{WORKLOAD!r})\n"
+        "print(json.dumps({'cached': p.cached, 'measured_at': p.measured_at}))\n"
+    )
+    env = {**os.environ, "AUTOTUNE_CACHE_DIR": str(tmp_path)}
+    with probe_cache._measuring(path) as waited:
+        assert not waited
+        child = subprocess.Popen(
+            [sys.executable, "-c", code],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        lines: list[str] = []
+        told = threading.Event()
+
+        def read() -> None:
+            for line in child.stderr:
+                lines.append(line)
+                if "another run on this machine is probing" in line:
+                    told.set()
+
+        threading.Thread(target=read, daemon=True).start()
+        assert told.wait(120), "".join(lines)  # the child is waiting on the lock
+        probe_cache._write(path, first)  # what this "run" measured
+    out, _ = child.communicate(timeout=120)
+    assert child.returncode == 0, "".join(lines)
+    doc = json.loads(out.strip().splitlines()[-1])
+    assert doc == {"cached": True, "measured_at": first.measured_at}
