@@ -108,6 +108,11 @@ TRAIN_STARTUP_S = 15.0
 """Added to ``autotune train``'s wall budget by default (``--startup-s``): its process start-up
 (Ant-v5 on an H100 80GB, 16-core host: about 12 s to the first trained step), which the peers'
 ``--seconds`` do not count."""
+SIZING_S = 45.0
+"""Added as well to the wall budget of an arm that sizes itself (``default``): its probes on the
+empty probe cache each arm starts with (Ant-v5 on an H200, 16-core host: 44.6 s, the CUDA
+learner's compile most of it; with only ``TRAIN_STARTUP_S`` a 60-s arm trained for 21.6 s and
+its window was too short to read)."""
 
 
 def arm_command(arm: str, a: argparse.Namespace, progress: Path, out: Path) -> list[str]:
@@ -173,7 +178,7 @@ def arm_command(arm: str, a: argparse.Namespace, progress: Path, out: Path) -> l
         return [py, "-m", "bench.peers.cleanrl_ppo", *peer, "--device", "auto"]
     wall = str(a.seconds + a.startup_s)  # the peers' --seconds start at their training
     if arm == "default":
-        return [*train, "--env", a.env, "--max-wall-s", wall]
+        return [*train, "--env", a.env, "--max-wall-s", str(a.seconds + a.startup_s + SIZING_S)]
     if arm == "tuned-best":
         return [*train, "--env", a.env, "--max-wall-s", wall, *tuned_best_flags(Path(a.out), a.env)]
     if arm_kind(arm) == "exported":

@@ -46,7 +46,14 @@ import json
 import time
 from pathlib import Path
 
-from bench.compare_arms import ARMS, LIMIT_END, TRAIN_STARTUP_S, arm_kind, exported_arms
+from bench.compare_arms import (
+    ARMS,
+    LIMIT_END,
+    SIZING_S,
+    TRAIN_STARTUP_S,
+    arm_kind,
+    exported_arms,
+)
 from bench.suite import Step
 
 NAME = "peers"
@@ -95,7 +102,8 @@ def add_args(ap: argparse.ArgumentParser) -> None:
         "--startup-s",
         type=float,
         default=TRAIN_STARTUP_S,
-        help="added to the default and exported arms' wall budget for their start-up",
+        help="added to the default and exported arms' wall budget for their start-up "
+        f"(the default arm gets {SIZING_S:.0f} s more for its probes)",
     )
     ap.add_argument(
         "--min-steps",
@@ -233,6 +241,8 @@ def plan(a: argparse.Namespace):
                     budget = LEARNER_S
                 if arm_kind(arm) in ("default", "exported"):
                     budget += run.startup_s
+                if arm_kind(arm) == "default":
+                    budget += SIZING_S
                 steps.append(
                     Step(
                         f"{sub}/{arm}",
