@@ -10,6 +10,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
+from autotune.cli.output import OutputPathError, check_output, write_text
 from runtime.config import ConfigError
 
 
@@ -81,6 +82,7 @@ def cmd_export(args: argparse.Namespace) -> int:
             value = getattr(args, name)
             if value is not None and value < 1:
                 raise ExportError(f"--{name.replace('_', '-')} {value}: must be >= 1")
+        check_output(args.out, "--out")
         study = load_study(args.storage, args.study)
         wrapped = is_wrap_study(study)
         if wrapped:
@@ -94,15 +96,18 @@ def cmd_export(args: argparse.Namespace) -> int:
             doc = wrap_export_doc(study, args.pick)
         else:
             doc = export_doc(study, args.pick, args.target_gpus, args.target_cores, args.sms)
-    except (ExportError, StudyError, ConfigError) as exc:
+    except (ExportError, StudyError, ConfigError, OutputPathError) as exc:
         console.print(f"[red]error:[/red] {escape(str(exc))}")
         return 2
     text = dump(doc, fmt)
     if args.out is None:
         sys.stdout.write(text)
     else:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text)
+        try:
+            write_text(args.out, text)
+        except OSError as exc:
+            console.print(f"[red]error:[/red] cannot write {args.out}: {escape(str(exc))}")
+            return 1
         console.print(f"wrote {args.out}")
     if args.plots is not None:
         from autotune.workflows.plots import write_plots

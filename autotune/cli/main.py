@@ -6,10 +6,14 @@ import argparse
 import logging
 import sys
 
+from rich.console import Console
+from rich.markup import escape
+
 from autotune import __version__
 from autotune.cli.daemon import add_daemon_commands
 from autotune.cli.export import add_export_command
 from autotune.cli.gpu import add_gpu_command
+from autotune.cli.output import OutputPathError, check_output
 from autotune.cli.study import add_study_command
 from autotune.cli.train import add_train_command
 from autotune.cli.train_config import explicit_flags
@@ -49,6 +53,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:  # before the command's work, not at its end with the work done
+        check_output(getattr(args, "json", None), "--json")
+    except OutputPathError as exc:
+        Console(stderr=True).print(f"[red]error:[/red] {escape(str(exc))}")
+        return 2
     return int(args.func(args))
 
 

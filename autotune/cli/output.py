@@ -4,15 +4,58 @@ adds to its result, and says of a run that trained nothing."""
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
 
+class OutputPathError(ValueError):
+    """An output path that cannot be written: the message names the flag and why."""
+
+
+def check_output(path: Path | None, flag: str) -> None:
+    """Refuses an output path before a command's work starts, rather than losing that work at
+    the end: a directory where a file goes, or a folder on the way that is a file.
+
+    Raises:
+        OutputPathError: naming ``flag``, the path and what is wrong with it.
+    """
+    if path is None:
+        return
+    if path.is_dir():
+        raise OutputPathError(f"{flag} {path}: is a directory; give a file path")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise OutputPathError(f"{flag} {path}: {parent} is a file, not a directory")
+            if not os.access(parent, os.W_OK | os.X_OK):
+                raise OutputPathError(f"{flag} {path}: {parent} is not writable")
+            return
+
+
+def write_text(path: Path, text: str) -> None:
+    """Writes ``text`` to ``path`` whole or not at all (a temporary file beside it, then a
+    rename): a full disk or a killed process never leaves half a file over a good one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)  # as a plain write would make it (mkstemp's is 0600)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 def write_json(path: Path | None, doc: object) -> None:
-    """Writes ``doc`` as indented JSON to ``path`` (the ``--json`` flag of every command)."""
+    """Writes ``doc`` as indented JSON to ``path`` (the ``--json`` flag of every command), whole
+    or not at all."""
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(doc, indent=2, default=str) + "\n")
+        write_text(path, json.dumps(doc, indent=2, default=str) + "\n")
 
 
 def complete_result(result: dict, sizing: Any, where: str | None, tuning: dict | None) -> None:

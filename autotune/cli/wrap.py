@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import signal
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
 
-from autotune.cli.output import write_json
+from autotune.cli.output import check_output, write_json
 from autotune.tuning.knobs import KnobError
 
 RETRIES = 1
@@ -128,53 +129,54 @@ def add_wrap_command(sub: Any) -> None:
 def cmd_wrap(args: argparse.Namespace) -> int:
     # optuna, through the tuning layer: imported by this command only
     from autotune.tuning.storage import StudyError, open_study
+    from autotune.wrap.study_check import check_wrap_study
     from autotune.wrap.wrapper import Wrapper, parse_knob, script_defaults, script_name
 
     console = Console(stderr=True)
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
-    try:
+    wrapper = None
+    try:  # every check before the study is touched: a refused run leaves it as it was
         if not args.knob:
             raise KnobError("give at least one --knob NAME=SPEC to tune")
         if args.trials < 1:
             raise KnobError(f"--trials {args.trials}: must be >= 1")
         space = [parse_knob(k, "live" if args.mode == "live" else "restart") for k in args.knob]
         names = [k.name for k in space]
-        if len(set(names)) != len(names):
-            raise KnobError(f"a knob is given twice: {names}")
+        if len({n.upper() for n in names}) != len(names):  # AUTOTUNE_<NAME> tells them apart
+            raise KnobError(f"a knob is given twice (names differ in case at most): {names}")
+        check_output(args.export, "--export")  # --json: checked for every command
+        args.defaults = script_defaults(args.default, space, cmd)
+        wrapper = Wrapper(cmd, args.trial_s, args.report_timeout_s)
         name = args.study or f"wrap-{script_name(cmd)}"
         study = open_study(args.storage, name, seed=args.seed)
-        made = {"mode": args.mode, "cmd": cmd, "knobs": list(args.knob)}
-        same_study(study, made, args.resume)
-        study.set_user_attr("wrap", {**made, "objective": args.objective, "trial_s": args.trial_s})
-        args.defaults = script_defaults(args.default, space, cmd)
+        made = {
+            "mode": args.mode,
+            "cmd": cmd,
+            "knobs": list(args.knob),
+            "objective": args.objective,
+        }
+        check_wrap_study(study, made, space, args.resume)
+        study.set_user_attr("wrap", {**made, "trial_s": args.trial_s})
         study.set_user_attr("wrap_defaults", args.defaults)
         if args.mode != "live" and not study.trials:  # trial one: the script's own defaults
             tuned = [k.name for k in space if len(k.choices) > 1]
             study.enqueue_trial({name: args.defaults[name] for name in tuned})
-        wrapper = Wrapper(cmd, args.trial_s, args.report_timeout_s)
     except (KnobError, StudyError, ValueError) as exc:
+        if wrapper is not None:
+            wrapper.close()
         console.print(f"[red]error:[/red] {escape(str(exc))}")
         return 2
-    if args.mode == "live":
-        return _wrap_live(args, console, cmd, space, study, wrapper)
-    return _wrap_restart(args, console, cmd, space, study, wrapper)
+    previous = signal.signal(signal.SIGTERM, _interrupt)  # stopped: as Ctrl-C, the script too
+    try:
+        if args.mode == "live":
+            return _wrap_live(args, console, cmd, space, study, wrapper)
+        return _wrap_restart(args, console, cmd, space, study, wrapper)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
-def same_study(study: Any, made: dict[str, Any], resume: bool) -> None:
-    """Refuses to go on with a wrap study made for another mode, command or knobs than
-    ``made``, naming what differs, unless ``resume``.
-
-    Raises:
-        ValueError: the study was made for another command, mode or knobs.
-    """
-    before = study.user_attrs.get("wrap")
-    if isinstance(before, dict) and any(before.get(k) != v for k, v in made.items()) and not resume:
-        changed = [k for k in made if before.get(k) != made[k]]
-        diff = "; ".join(f"{k}: {before.get(k)!r} then, {made[k]!r} now" for k in changed)
-        raise ValueError(
-            f"study {study.study_name!r} was made for another run ({diff}); give --resume to go "
-            "on with it, or a new --study name"
-        )
+def _interrupt(signum: int, _frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def _wrap_restart(

@@ -122,6 +122,8 @@ def run_live(
 
     Raises:
         LiveModeUnsupported: the script stopped (it never polled).
+        ValueError: CMD cannot be started, or the tuner's settings are bad; the script is
+            not left running on any error.
     """
     env = {
         **os.environ,
@@ -129,9 +131,16 @@ def run_live(
         client.ENV_ENDPOINT: wrapper.endpoint,
         client.ENV_TRIAL: "live",
     }
-    proc = subprocess.Popen(substitute(wrapper.cmd, base), env=env)
-    job = ScriptJob(wrapper, proc, CPUModelEnergy(pids=lambda: tree_pids(proc.pid)))
-    tuner = tuner_factory(job)
+    try:
+        proc = subprocess.Popen(substitute(wrapper.cmd, base), env=env)
+    except OSError as exc:
+        raise ValueError(f"cannot start {wrapper.cmd[0]!r}: {exc}") from None
+    try:
+        job = ScriptJob(wrapper, proc, CPUModelEnergy(pids=lambda: tree_pids(proc.pid)))
+        tuner = tuner_factory(job)
+    except BaseException:  # bad settings, say: the script is not left running
+        stop_tree(proc)
+        raise
     try:
         while proc.poll() is None:
             seen = job.latest
@@ -139,7 +148,7 @@ def run_live(
             if on_report is not None and job.latest is not seen:
                 on_report(job.latest)
             tuner.tick()
-    except (LiveModeUnsupported, KeyboardInterrupt):
+    except BaseException:  # it stopped polling, Ctrl-C, SIGTERM, a failure here
         stop_tree(proc)
         tuner.close("script stopped")
         raise

@@ -5,12 +5,15 @@ as a plain line every few seconds and kept in the study (user attribute ``wrap_l
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from typing import Any
 
 from autotune.control.status import live_rates
 from autotune.tuning.counters import Counters
+
+logger = logging.getLogger(__name__)
 
 PRINT_S = 5.0
 """Seconds between two progress lines (and two writes to the study)."""
@@ -49,9 +52,18 @@ class WrapProgress:
             f"CPU {rates['cpu_w']:.0f} W {rates['cpu_source']})",
             highlight=False,
         )
-        self.study.set_user_attr("wrap_live", {**rates, "trial": self.trial, "unix": time.time()})
+        _set_live(self.study, {**rates, "trial": self.trial, "unix": time.time()})
 
 
 def clear_live(study: Any) -> None:
     """The wrap is over: ``autotune status`` shows no live figures for it any more."""
-    study.set_user_attr("wrap_live", None)
+    _set_live(study, None)
+
+
+def _set_live(study: Any, value: Any) -> None:
+    """The live figures ``autotune status`` shows, written where the storage lets it: a
+    database another process holds locked costs this reading, never the trial."""
+    try:
+        study.set_user_attr("wrap_live", value)
+    except Exception as exc:
+        logger.warning("the live figures were not stored this time: %s", exc)

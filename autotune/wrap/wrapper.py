@@ -262,42 +262,48 @@ class Wrapper:
         cpu = CPUModelEnergy(pids=lambda: tree_pids(proc.pid))
         marks = Marks()
         last_report, used, next_gpu_check = None, set(), start
-        while proc.poll() is None:
-            if time.monotonic() >= next_gpu_check:
-                used |= gpus_used_by(tree_pids(proc.pid))
-                next_gpu_check = time.monotonic() + GPU_CHECK_S
-            if self.sock.poll(int(POLL_S * 1000)):
-                while self.sock.poll(0):
-                    if self._take(run, str(number)):
-                        last_report = time.monotonic()
-                        gpu, cpu_j = self.gpu.read_energy_j(), cpu.read_energy_j()
-                        marks.report(run.steps, gpu, cpu_j)
-                        if self.on_report is not None:
-                            gpu_j = sum(gpu[i] - gpu0[i] for i in used if i in gpu and i in gpu0)
-                            self.on_report(
-                                Counters(time.monotonic(), run.steps or 0, 0.0, gpu_j, cpu_j)
-                            )
-            cpu_j = cpu.read_energy_j()  # samples the tree while its processes live
-            if tee.first_line_at is not None and marks.output is None:
-                marks.output = (tee.first_line_at, self.gpu.read_energy_j(), cpu_j)
-            now = time.monotonic()
-            if last_report is not None and now - last_report > self.report_timeout_s:
-                run.error = (
-                    f"hung: no report for {self.report_timeout_s:.0f} s after "
-                    f"{run.reports} reports (--report-timeout-s)"
-                )
-            elif self.trial_s is not None and now - start > self.trial_s:
-                if run.steps:
-                    run.stopped = True
-                else:
+        try:
+            while proc.poll() is None:
+                if time.monotonic() >= next_gpu_check:
+                    used |= gpus_used_by(tree_pids(proc.pid))
+                    next_gpu_check = time.monotonic() + GPU_CHECK_S
+                if self.sock.poll(int(POLL_S * 1000)):
+                    while self.sock.poll(0):
+                        if self._take(run, str(number)):
+                            last_report = time.monotonic()
+                            gpu, cpu_j = self.gpu.read_energy_j(), cpu.read_energy_j()
+                            marks.report(run.steps, gpu, cpu_j)
+                            if self.on_report is not None:
+                                gpu_j = sum(
+                                    gpu[i] - gpu0[i] for i in used if i in gpu and i in gpu0
+                                )
+                                self.on_report(
+                                    Counters(time.monotonic(), run.steps or 0, 0.0, gpu_j, cpu_j)
+                                )
+                cpu_j = cpu.read_energy_j()  # samples the tree while its processes live
+                if tee.first_line_at is not None and marks.output is None:
+                    marks.output = (tee.first_line_at, self.gpu.read_energy_j(), cpu_j)
+                now = time.monotonic()
+                if last_report is not None and now - last_report > self.report_timeout_s:
                     run.error = (
-                        f"ran past --trial-s {self.trial_s:.0f} without reporting a "
-                        "step: call autotune.client.report(steps=...) or let the "
-                        "run finish within --trial-s"
+                        f"hung: no report for {self.report_timeout_s:.0f} s after "
+                        f"{run.reports} reports (--report-timeout-s)"
                     )
-            if run.error or run.stopped:
-                stop_tree(proc)
-                break
+                elif self.trial_s is not None and now - start > self.trial_s:
+                    if run.steps:
+                        run.stopped = True
+                    else:
+                        run.error = (
+                            f"ran past --trial-s {self.trial_s:.0f} without reporting a "
+                            "step: call autotune.client.report(steps=...) or let the "
+                            "run finish within --trial-s"
+                        )
+                if run.error or run.stopped:
+                    stop_tree(proc)
+                    break
+        except BaseException:  # Ctrl-C, SIGTERM, a failure here: the script is not left running
+            stop_tree(proc)
+            raise
         while self.sock.poll(0):
             self._take(run, str(number))
         run.returncode = proc.wait()

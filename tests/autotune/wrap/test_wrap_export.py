@@ -198,7 +198,7 @@ def test_a_running_wrap_shows_its_rates_in_the_terminal_and_in_status(tmp_path):
     assert "now (last" not in _cli("status", "--storage", db, "--study", "live").stdout
 
 
-def test_an_export_path_that_cannot_be_written_says_so_and_keeps_the_study(tmp_path):
+def test_an_export_path_that_cannot_be_written_is_refused_before_any_trial(tmp_path):
     db = f"sqlite:///{tmp_path}/w.db"
     (tmp_path / "a-file").write_text("")
     out = _cli(
@@ -219,7 +219,5 @@ def test_an_export_path_that_cannot_be_written_says_so_and_keeps_the_study(tmp_p
         "print(1)",
     )
     said = " ".join(out.stderr.split())
-    assert out.returncode == 0 and "not exported:" in said
-    assert "autotune export --study kept --out PATH" in said
-    again = _cli("export", "--storage", db, "--study", "kept")
-    assert again.returncode == 0 and json.loads(again.stdout)["recommended"]["values"] == {"x": 1}
+    assert out.returncode == 2 and "a-file is a file, not a directory" in said
+    assert "trial 0" not in said  # no trial ran, to be lost at the end

@@ -4,9 +4,14 @@ refused unless resumed, and trial one runs the script's own defaults."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 import sys
+import time
 
 import optuna
+import pytest
 from test_wrap import _wrap
 
 
@@ -93,3 +98,116 @@ def test_the_scripts_defaults_come_from_its_command_line_where_not_given():
         "batch_size": 256,
         "lr": 1,
     }
+
+
+def test_a_study_is_not_mixed_up_or_touched_by_a_refused_run(tmp_path):
+    db = f"sqlite:///{tmp_path}/w.db"
+    first = _wrap(tmp_path, "--knob", "num_envs=1,2", "--trials", "1")
+    assert first.returncode == 0, first.stderr
+    # another objective: its values would sit beside the others' in other units
+    other = _wrap(tmp_path, "--knob", "num_envs=1,2", "--trials", "1", "--objective", "steps_per_s")
+    assert other.returncode == 2 and "objective: 'steps_per_joule' then" in " ".join(
+        other.stderr.split()
+    )
+    # even resumed, a tuned knob keeps the values its trials were drawn from (not a traceback)
+    wider = _wrap(tmp_path, "--knob", "num_envs=1,2,4", "--trials", "1", "--resume")
+    said = " ".join(wider.stderr.split())
+    assert wider.returncode == 2 and "Traceback" not in wider.stderr, wider.stderr
+    assert "--knob num_envs: its trials in study 'wrap-train' drew from [1, 2], not [1, 2, 4]" in (
+        said
+    )
+    # a refused --default leaves the study's settings as they were
+    bad = _wrap(tmp_path, "--knob", "num_envs=1,2", "--default", "num_envs=9", "--resume")
+    assert bad.returncode == 2
+    study = optuna.load_study(study_name="wrap-train", storage=db)
+    assert len(study.trials) == 1 and study.user_attrs["wrap"]["objective"] == "steps_per_joule"
+    assert [t.state.name for t in study.trials] == ["COMPLETE"]
+    # a study of autotune's own runtime is not taken over
+    own = optuna.create_study(study_name="study-CartPole-v1", storage=db)
+    own.set_user_attr("autotune", {"env": "CartPole-v1"})
+    taken = _wrap(tmp_path, "--knob", "num_envs=1,2", "--study", "study-CartPole-v1")
+    assert taken.returncode == 2 and "holds runs of autotune's own runtime" in taken.stderr
+    assert "wrap" not in optuna.load_study(study_name="study-CartPole-v1", storage=db).user_attrs
+    # no command: refused before a study is made
+    out = subprocess.run(
+        [*CLI, "wrap", "--storage", f"sqlite:///{tmp_path}/n.db", "--knob", "n=1,2"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 2 and "no command to wrap" in out.stderr
+    assert not (tmp_path / "n.db").exists()
+    # an output path that cannot be written is refused before any trial runs
+    (tmp_path / "adir").mkdir()
+    cmd = ["--knob", "num_envs=1,2", "--study", "outs", "--export", str(tmp_path / "adir")]
+    refused = _wrap(tmp_path, *cmd)
+    assert refused.returncode == 2 and "is a directory; give a file path" in refused.stderr
+    assert "outs" not in optuna.get_all_study_names(db)
+
+
+CLI = [sys.executable, "-m", "autotune.cli"]
+SLEEPER = """
+import os, sys, time
+open(sys.argv[1], "w").write(str(os.getpid()))
+time.sleep(600)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie is gone
+        return f.read().split(")")[-1].split()[0] != "Z"
+
+
+def _wait_for(path, proc):
+    while not path.exists():
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    while not path.read_text():
+        time.sleep(0.05)
+    return int(path.read_text())
+
+
+@pytest.mark.parametrize("mode", ["restart", "live"])
+def test_a_stopped_wrap_stops_its_script(tmp_path, mode):
+    """SIGTERM to the wrap (a scheduler's stop, a kill) stops the script it runs, as Ctrl-C
+    does: a script left running would hold its GPU and cores with no one measuring it."""
+    script, pid_file = tmp_path / "sleeper.py", tmp_path / "pid"
+    script.write_text(SLEEPER)
+    cmd = [*CLI, "wrap", "--storage", f"sqlite:///{tmp_path}/s.db"]
+    cmd += ["--mode", mode, "--knob", "n=1,2", "--", sys.executable, str(script), str(pid_file)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pid = _wait_for(pid_file, proc)
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=60)
+    deadline = time.monotonic() + 30
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(pid)
+
+
+def test_a_live_wrap_refused_for_its_settings_leaves_no_script_running(tmp_path):
+    script, pid_file = tmp_path / "sleeper.py", tmp_path / "pid"
+    script.write_text(SLEEPER)
+    cmd = [*CLI, "wrap", "--storage", f"sqlite:///{tmp_path}/s.db"]
+    cmd += ["--mode", "live", "--knob", "n=1,2", "--warmup-s", "0"]
+    cmd += ["--", sys.executable, str(script), str(pid_file)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "warmup_s=0.0: must be > 0" in out.stderr, out.stderr
+    if pid_file.exists() and pid_file.read_text():
+        pid = int(pid_file.read_text())
+        deadline = time.monotonic() + 30
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(pid)
+    missing = subprocess.run(
+        [*cmd[: cmd.index("--warmup-s")], "--", "no-such-program-here"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert missing.returncode == 2 and "cannot start 'no-such-program-here'" in missing.stderr
+    assert "Traceback" not in missing.stderr

@@ -1,0 +1,53 @@
+"""Whether a wrap may go on with a study that exists: one made for the same run, or, with
+``--resume``, for the same script with other settings, never a study of another kind.
+
+Checked before the wrap writes anything to the study, so a refused run leaves it as it was.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autotune.tuning.knobs import Knob
+
+
+def check_wrap_study(study: Any, made: dict[str, Any], space: list[Knob], resume: bool) -> None:
+    """Refuses ``study`` for a wrap that would mix it up:
+
+    * a study of autotune's own runtime (``autotune study`` or ``train --tune``), or one whose
+      trials came from anything but a wrap;
+    * a wrap study made for another mode, command, knobs or objective than ``made``, naming
+      what differs, unless ``resume``;
+    * even with ``resume``, a tuned knob whose values differ from those its trials were drawn
+      from: the study's sampler cannot change a parameter's choices.
+
+    Raises:
+        ValueError: saying what differs and what to do instead.
+    """
+    name = study.study_name
+    before = study.user_attrs.get("wrap")
+    if "autotune" in study.user_attrs or (study.trials and not isinstance(before, dict)):
+        raise ValueError(
+            f"study {name!r} holds runs of autotune's own runtime, not of a wrapped script; "
+            "give the wrap another --study name"
+        )
+    if not isinstance(before, dict):
+        return
+    changed = [k for k in made if before.get(k) != made[k]]
+    if changed and not resume:
+        diff = "; ".join(f"{k}: {before.get(k)!r} then, {made[k]!r} now" for k in changed)
+        raise ValueError(
+            f"study {name!r} was made for another run ({diff}); give --resume to go "
+            "on with it, or a new --study name"
+        )
+    for knob in space:
+        if len(knob.choices) < 2:  # not drawn: a fixed value
+            continue
+        for trial in study.trials:
+            dist = trial.distributions.get(knob.name)
+            if dist is not None and tuple(getattr(dist, "choices", ())) != knob.choices:
+                raise ValueError(
+                    f"--knob {knob.name}: its trials in study {name!r} drew from "
+                    f"{list(dist.choices)}, not {list(knob.choices)}; a study keeps a knob's "
+                    "values (even with --resume): give the old values, or a new --study name"
+                )

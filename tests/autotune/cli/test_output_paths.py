@@ -1,0 +1,49 @@
+"""Output paths are checked before a command's work starts, and written whole or not at all."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from autotune.cli.output import OutputPathError, check_output, write_json
+
+CLI = [sys.executable, "-m", "autotune.cli"]
+
+
+def test_a_json_path_that_cannot_be_written_is_refused_before_the_run(tmp_path):
+    (tmp_path / "a-file").write_text("")
+    for path, said in (
+        (tmp_path, "is a directory; give a file path"),
+        (tmp_path / "a-file" / "r.json", "a-file is a file, not a directory"),
+    ):
+        out = subprocess.run(
+            [*CLI, "train", "--env", "CartPole-v1", "--steps", "512", "--json", str(path)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert out.returncode == 2 and said in " ".join(out.stderr.split()), out.stderr
+        assert "sizing" not in out.stderr  # refused before its probes
+
+
+def test_json_is_written_whole_with_the_usual_permissions(tmp_path):
+    path = tmp_path / "deep" / "r.json"
+    write_json(path, {"a": 1})
+    write_json(path, {"a": 2})  # over a good file: replaced at once
+    assert json.loads(path.read_text()) == {"a": 2}
+    assert os.listdir(path.parent) == ["r.json"]  # no temporary file left
+    umask = os.umask(0)
+    os.umask(umask)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~umask
+    with pytest.raises(TypeError):
+        write_json(path, {1j: 1})  # a key JSON cannot hold
+    assert json.loads(path.read_text()) == {"a": 2}  # the good file is kept
+    assert os.listdir(path.parent) == ["r.json"]
+    check_output(None, "--json")
+    check_output(tmp_path / "new" / "x.json", "--json")  # folders to be made are fine
+    with pytest.raises(OutputPathError, match=r"--json .*: is a directory"):
+        check_output(tmp_path, "--json")
