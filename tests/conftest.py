@@ -103,3 +103,23 @@ def mujoco_like_model():
         gpu_limit_w=700.0,
         cpu_idle_w=24.0,
     )
+
+
+@pytest.fixture
+def live_pids():
+    """``pids(n)``: the ids of ``n`` running processes (sleepers, ended after the test), for
+    described jobs whose processes must be alive: the daemon drops what a gone process held."""
+    import subprocess
+    import sys
+
+    procs: list[subprocess.Popen] = []
+
+    def pids(n: int) -> list[int]:
+        code = "import time; time.sleep(600)"
+        procs.extend(subprocess.Popen([sys.executable, "-c", code]) for _ in range(n))
+        return [p.pid for p in procs[-n:]]
+
+    yield pids
+    for p in procs:
+        p.kill()
+        p.wait()

@@ -17,6 +17,7 @@ from rich.markup import escape
 from autotune.cli.output import write_json
 from autotune.cli.status_view import render, render_machine
 from autotune.control import protocol
+from autotune.control.keys import keys_dir
 from autotune.control.protocol import MsgType
 
 START_TIMEOUT_S = 20.0
@@ -80,11 +81,24 @@ def add_daemon_commands(sub: Any) -> None:
         default="sqlite:///autotune.db",
         help="where to read --study when no daemon tunes it (default sqlite:///autotune.db)",
     )
-    status.add_argument("--history", type=int, default=20, help="trials to list (default 20)")
+    status.add_argument(
+        "--history", type=_count, default=20, help="trials to list (default 20; 0: none)"
+    )
     status.add_argument(
         "--json", type=Path, default=None, metavar="PATH", help="write the status document to PATH"
     )
     status.set_defaults(func=cmd_status)
+
+
+def _count(text: str) -> int:
+    """A count of 0 or more (argparse's type: a bad one is an error that says so)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number, 0 or more")
+    return value
 
 
 def _alive(pid: int) -> bool:
@@ -164,7 +178,11 @@ def _daemon(console: Console, args: argparse.Namespace, endpoint: str) -> int:
             stderr=subprocess.STDOUT,
             start_new_session=True,
             cwd="/",
-            env={**os.environ, "AUTOTUNE_HOME": str(protocol.state_dir())},
+            env={  # absolute paths: the daemon runs from "/"
+                **os.environ,
+                "AUTOTUNE_HOME": str(protocol.state_dir()),
+                **({"AUTOTUNE_KEYS": str(keys_dir())} if os.environ.get("AUTOTUNE_KEYS") else {}),
+            },
         )
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:

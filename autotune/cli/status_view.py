@@ -79,14 +79,15 @@ def _cores(cores: list[int]) -> str:
 def render(console: Any, job: dict[str, Any], history: int = 20) -> None:
     """Draws one job's (or stored study's) status: header, knobs, best, last ``history``
     trials."""
-    head = f"[bold]study {job['study']}[/bold] in {job['storage']}"
+    e = lambda v: escape(str(v))  # noqa: E731 (names from users and jobs are not markup)
+    head = f"[bold]study {e(job['study'])}[/bold] in {e(job['storage'])}"
     if job.get("job"):
         trial = f" (trial {job['trial']})" if job.get("trial") is not None else ""
         head += (
-            f"\njob {job['job']} (pid {job['pid']}, {job['env']}), objective "
-            f"{job['objective']}, phase {job['phase']}{trial}"
+            f"\njob {e(job['job'])} (pid {job['pid']}, {e(job['env'])}), objective "
+            f"{e(job['objective'])}, phase {e(job['phase'])}{trial}"
         )
-        head += f"\ncurrent config: {_values(job['config'])}"
+        head += f"\ncurrent config: {e(_values(job['config']))}"
     alloc = job.get("allocation")
     if alloc:
         share = "" if alloc["mps_pct"] is None else f", {alloc['mps_pct']} % of GPU {alloc['gpu']}"
@@ -135,7 +136,9 @@ def render(console: Any, job: dict[str, Any], history: int = 20) -> None:
     )
     rows = job.get("trials", [])
     knobs = sorted({k for r in rows for k in r["values"]})
-    console.print(trial_table(rows[-history:], knobs, len(rows), console.width))
+    console.print(
+        trial_table(rows[-history:] if history > 0 else [], knobs, len(rows), console.width)
+    )
     if knobs:
         console.print("columns: " + ", ".join(f"{SHORT.get(k, k)}={k}" for k in knobs))
 

@@ -76,6 +76,21 @@ def valid_pid(pid: Any) -> int | None:
     return pid if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 else None
 
 
+def process_gone(pid: int | None) -> bool:
+    """Whether the process ``pid`` has ended (a zombie counts as ended: it runs nothing and
+    holds nothing but its exit status). False for None: no process is known."""
+    import psutil
+
+    if pid is None:
+        return False
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+    except psutil.Error:  # another user's process: it is there
+        return False
+
+
 def share_of(claim: Claim, hello: dict[str, Any], machine: MachineView) -> Share:
     """A registered job's ``Share``: its pid, its machine model (for its rate), its minibatch
     count, and the budget it says it holds (a daemon started again keeps it where it can).

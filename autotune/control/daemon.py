@@ -32,7 +32,7 @@ import zmq
 from autotune.control import protocol
 from autotune.control.admission import storage_problem
 from autotune.control.allocator import Budget
-from autotune.control.claims import claim_from, share_of, valid_pid
+from autotune.control.claims import claim_from, process_gone, share_of, valid_pid
 from autotune.control.home import hold_lock
 from autotune.control.keys import serve_curve
 from autotune.control.machine import MachineView, detect
@@ -218,6 +218,9 @@ class Daemon:
         old = self.sessions.get(job_id)
         if old is not None:
             self._drop(old, "job registered again")
+        for other in list(self.sessions.values()):  # a killed job's study goes with it
+            if process_gone(valid_pid(other.hello.get("pid"))):
+                self._drop(other, "its process has ended")
         for other in self.sessions.values():
             if (other.hello["storage"], other.hello["study"]) == (
                 msg.get("storage"),

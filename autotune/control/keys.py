@@ -37,8 +37,8 @@ FILES = ("server.key", "server.key_secret", "client.key", "client.key_secret")
 
 def keys_dir() -> Path:
     """Where the keys are: ``$AUTOTUNE_KEYS``, else ``<state dir>/keys``."""
-    if os.environ.get("AUTOTUNE_KEYS"):
-        return Path(os.environ["AUTOTUNE_KEYS"])
+    if os.environ.get("AUTOTUNE_KEYS"):  # absolute: the daemon runs from "/"
+        return Path(os.environ["AUTOTUNE_KEYS"]).absolute()
     return state_dir() / "keys"
 
 

@@ -36,7 +36,7 @@ from autotune.control.allocator import (
     check_admission,
     total_of,
 )
-from autotune.control.claims import Share
+from autotune.control.claims import Share, process_gone
 from autotune.control.gpu_choice import pick_gpu
 from autotune.control.machine import MachineView, busy_last, foreign_load
 from autotune.control.rates import model_rate, sized_for
@@ -130,6 +130,7 @@ class MachineShares:
         Raises:
             AllocationError: it cannot join (the reason names what is available).
         """
+        self._lapse_offers()
         key = f"offer-{pid}"
         claim = self._placed(replace(claim, job=key), None)
         why = self.admit(claim, pid)
@@ -195,11 +196,21 @@ class MachineShares:
         if share is not None and isinstance(seq, int):
             share.taken = max(share.taken, seq)
 
+    def _lapse_offers(self) -> None:
+        """Drops the offers whose job never registered: held past ``OFFER_HOLD_S``, or whose
+        process has ended (a failed start, a kill during its probes)."""
+        now = self.clock()
+        lapsed = [
+            j
+            for j, s in self.shares.items()
+            if s.expires is not None and (now > s.expires or process_gone(s.pid))
+        ]
+        for job in lapsed:
+            del self.shares[job]
+
     def tick(self) -> None:
         now = self.clock()
-        lapsed = [j for j, s in self.shares.items() if s.expires is not None and now > s.expires]
-        for job in lapsed:  # offered, and the job never registered
-            del self.shares[job]
+        self._lapse_offers()
         for job, share in self.shares.items():
             if share.expires is not None:
                 continue

@@ -48,14 +48,15 @@ def test_jobs_naming_no_gpu_are_spread_by_the_share_each_would_get():
     assert alloc.budgets["a"].mps_pct == alloc.budgets["c"].mps_pct == 100  # a GPU each
 
 
-def test_the_daemon_offers_each_job_its_own_gpu_and_keeps_it_there():
+def test_the_daemon_offers_each_job_its_own_gpu_and_keeps_it_there(live_pids):
+    p11, p12, p13 = live_pids(3)
     shares = MachineShares(machine(8, 2), lambda *a: None, read_foreign=False)
     claim = claim_from("offer", {"gpu": "any"})
     assert claim.any_gpu and claim.gpu is None
-    first = shares.offer(claim, pid=11)
-    second = shares.offer(claim, pid=12)
+    first = shares.offer(claim, pid=p11)
+    second = shares.offer(claim, pid=p12)
     assert {first.gpu, second.gpu} == {0, 1} and first.mps_pct == second.mps_pct == 100
-    for job, pid in (("job-a", 11), ("job-b", 12)):
+    for job, pid in (("job-a", p11), ("job-b", p12)):
         shares.join(share_of(claim_from(job, {"gpu": "any"}), {"pid": pid}, shares.machine))
     held = {j: s.budget.gpu for j, s in shares.shares.items()}
     assert held == {"job-a": first.gpu, "job-b": second.gpu}
@@ -63,7 +64,7 @@ def test_the_daemon_offers_each_job_its_own_gpu_and_keeps_it_there():
     shares.leave("job-a")  # the other stays where it is: a GMI is not moved between GPUs
     assert shares.shares["job-b"].budget.gpu == second.gpu
     # a third job goes to the GPU left free
-    shares.join(share_of(claim_from("job-c", {"gpu": "any"}), {"pid": 13}, shares.machine))
+    shares.join(share_of(claim_from("job-c", {"gpu": "any"}), {"pid": p13}, shares.machine))
     assert shares.shares["job-c"].budget.gpu == first.gpu
 
 

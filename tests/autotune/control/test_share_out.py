@@ -24,20 +24,23 @@ def _recording(cores: int, clock) -> tuple[MachineShares, list[tuple[str, Budget
     return shares, sent
 
 
-def test_offers_are_disjoint_and_registered_jobs_keep_their_cores_until_the_new_one_joins():
+def test_offers_are_disjoint_and_registered_jobs_keep_their_cores_until_the_new_one_joins(
+    live_pids,
+):
     """Jobs that ask before they size themselves get disjoint cores; a registered job keeps
     its budget while a newcomer probes, and is cut when the newcomer registers; an offer whose
-    job never registers lapses."""
+    job never registers lapses, at once where its process has ended."""
+    p11, p12, p13, p21, p22, p31 = live_pids(6)
     t = [0.0]
     shares, sent = _recording(6, lambda: t[0])
-    assert shares.offer(Claim("offer"), pid=11).cores == tuple(range(6))  # alone: the machine
-    shares.join(share_of(claim_from("job-a", {}), {"pid": 11}, shares.machine))
+    assert shares.offer(Claim("offer"), pid=p11).cores == tuple(range(6))  # alone: the machine
+    shares.join(share_of(claim_from("job-a", {}), {"pid": p11}, shares.machine))
     assert sent == [("job-a", Budget(tuple(range(6))))]  # to pin to, and to its tuner
-    b = shares.offer(Claim("offer"), pid=12)
-    c = shares.offer(Claim("offer"), pid=13)
+    b = shares.offer(Claim("offer"), pid=p12)
+    c = shares.offer(Claim("offer"), pid=p13)
     assert len(b.cores) == 3 and c.cores and not set(b.cores) & set(c.cores)
     assert shares.shares["job-a"].budget.cores == tuple(range(6))  # kept while they probe
-    shares.join(share_of(claim_from("job-b", {}), {"pid": 12}, shares.machine))
+    shares.join(share_of(claim_from("job-b", {}), {"pid": p12}, shares.machine))
     a_now, b_now = shares.shares["job-a"].budget, shares.shares["job-b"].budget
     assert b_now.cores == b.cores and not set(a_now.cores) & set(b_now.cores)
     assert len(a_now.cores) + len(b_now.cores) == 6  # the lapsing offer holds nothing here
@@ -47,12 +50,20 @@ def test_offers_are_disjoint_and_registered_jobs_keep_their_cores_until_the_new_
     small = MachineShares(  # a pending offer of every core: the next is shared out, not refused
         MachineView.from_dict({"cores": 2}), lambda *a: None, read_foreign=False
     )
-    assert small.offer(Claim("offer"), pid=21).cores == (0, 1)
-    assert len(small.offer(Claim("offer"), pid=22).cores) == 1
-    for job, pid in (("job-x", 21), ("job-y", 22)):
+    assert small.offer(Claim("offer"), pid=p21).cores == (0, 1)
+    assert len(small.offer(Claim("offer"), pid=p22).cores) == 1
+    for job, pid in (("job-x", p21), ("job-y", p22)):
         small.join(share_of(claim_from(job, {}), {"pid": pid}, small.machine))
     x, y = small.shares["job-x"].budget.cores, small.shares["job-y"].budget.cores
     assert len(x) == len(y) == 1 and x != y
+    import os
+    import signal
+
+    gone = MachineShares(MachineView.from_dict({"cores": 2}), lambda *a: None, read_foreign=False)
+    gone.offer(Claim("offer", exclusive=True), pid=p31)
+    os.kill(p31, signal.SIGKILL)  # killed while it probed: its offer goes with it, at once
+    os.waitpid(p31, 0)
+    assert gone.offer(Claim("offer", exclusive=True), pid=p11).cores == (0, 1)
     with pytest.raises(ValueError, match="malformed claim"):
         claim_from("x", {"weight": "heavy"})
     with pytest.raises(ValueError, match="a claim is a map of"):
