@@ -72,6 +72,13 @@ def init_actor_process(actor: int, nice: int = 0) -> None:
         os.nice(nice)
 
 
+def env_seed(seed: int, actor: int, incarnation: int, k: int) -> int:
+    """The first of an actor's ``k`` env seeds (env ``i``: + ``i``), drawn from the run's seed, the
+    actor and its restart; below 2**31 - ``k`` for any seed (EnvPool's are int32, >= 0)."""
+    entropy = np.random.SeedSequence([seed, actor, incarnation]).generate_state(1)[0]
+    return int(entropy) % (2**31 - k)
+
+
 class Actor:
     """The rollout loop of one actor process."""
 
@@ -100,7 +107,7 @@ class Actor:
         self.receipts = receipts
         self.stepped = stepped
         k = cfg.envs_per_actor
-        base_seed = cfg.seed * 1_000_003 + (actor * 997 + incarnation) * k
+        base_seed = env_seed(cfg.seed, actor, incarnation, k)
         threads = threads or actor_threads(cfg.actors)
         self.envs = make_envs(cfg.env, cfg.env_backend, k, base_seed, threads)
         self.obs = self.envs.reset()
@@ -162,7 +169,17 @@ class Actor:
                     self.policy.request(g, self.obs[envs])
             if truncated_final:
                 idx = [i for i, _ in truncated_final]
-                values = self.policy.value(np.stack([o for _, o in truncated_final]))
+                finals = np.stack([o for _, o in truncated_final])
+                bad = ~np.isfinite(finals).all(axis=1)
+                if bad.any():  # its value would be a non-finite reward
+                    i = idx[int(np.flatnonzero(bad)[0])]
+                    raise NonFiniteEnv(
+                        f"env {self.cfg.env}, actor {self.index}, env {i}: non-finite final "
+                        "observation of an episode cut by its time limit (after "
+                        f"{int(self.stepped.value)} steps of this actor); nothing of it was "
+                        "trained on"
+                    )
+                values = self.policy.value(finals)
                 buf["rewards"][idx, t] += gamma * values / scale
             self.stepped.value += k
         buf["obs"][:, t_len] = self.obs

@@ -152,6 +152,8 @@ class TrainConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 out.append(f"{name}={value!r}: must be an integer >= 1")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
+            out.append(f"seed={self.seed!r}: must be an integer >= 0")
         if isinstance(self.batch_size, int) and isinstance(self.rollout_len, int):
             if self.rollout_len >= 1 and self.batch_size % self.rollout_len:
                 lo = max(self.rollout_len, self.batch_size // self.rollout_len * self.rollout_len)

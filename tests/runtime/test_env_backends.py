@@ -79,6 +79,18 @@ def test_env_i_of_an_actor_is_seeded_with_seed_plus_i(backend):
         envs.close()
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_any_run_seed_gives_each_actor_env_seeds_both_backends_take(backend):
+    from runtime.actor import env_seed
+
+    k = 16
+    firsts = {env_seed(seed, a, r, k) for seed in (0, 3000, 2**40) for a in (0, 7) for r in (0, 1)}
+    assert len(firsts) == 12 and all(0 <= s < 2**31 - k for s in firsts)  # int32, none < 0
+    make_envs("CartPole-v1", backend, k, seed=env_seed(2**40, 3, 0, k)).reset()
+    problems = " ".join(TrainConfig(env="CartPole-v1", seed=-1).problems())
+    assert "seed=-1: must be an integer >= 0" in problems
+
+
 def test_bad_backend_choices_are_refused_with_what_is_allowed():
     with pytest.raises(EnvError, match="close ids it has: Ant-v5"):
         resolve_backend("Ant-v6", "envpool")

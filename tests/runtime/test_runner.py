@@ -249,17 +249,45 @@ class NaNAfter(CartPoleEnv):
 
 
 gym.register("NaNAfter-v0", entry_point=NaNAfter)
+
+
+class NaNAtTimeLimit(CartPoleEnv):
+    """CartPole cut by a time limit of 20 steps, whose final observation is NaN: only the
+    bootstrap from it would carry the NaN to the learner (the reset observation is fine)."""
+
+    def reset(self, **kw):
+        self.t = 0
+        return super().reset(**kw)
+
+    def step(self, action):
+        obs, r, term, trunc, info = super().step(action)
+        self.t += 1
+        if self.t >= 20 and not term:
+            return np.full_like(obs, np.nan), r, False, True, info
+        return obs, r, term, trunc, info
+
+
+gym.register("NaNAtTimeLimit-v0", entry_point=NaNAtTimeLimit)
 '''
 
 
-def test_a_nan_observation_stops_the_run_naming_the_env_actor_and_step(tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    "env, said",
+    [
+        ("NaNAfter-v0", "non-finite observation"),
+        ("NaNAtTimeLimit-v0", "non-finite final observation of an episode cut by its time limit"),
+    ],
+)
+def test_a_nan_observation_stops_the_run_naming_the_env_actor_and_step(
+    tmp_path, monkeypatch, env, said
+):
     (tmp_path / "nan_env.py").write_text(NAN_ENV)
     monkeypatch.syspath_prepend(str(tmp_path))
     ck = tmp_path / "ck"
-    cfg = small_config(env="nan_env:NaNAfter-v0", steps=1_000_000, checkpoint=str(ck))
+    cfg = small_config(env=f"nan_env:{env}", steps=1_000_000, checkpoint=str(ck))
     result = Runner(cfg, cfg.validate()).run()
     failure = result["failure"]
-    assert "env nan_env:NaNAfter-v0, actor " in failure and "non-finite observation" in failure
+    assert f"env nan_env:{env}, actor " in failure and said in failure, failure
     assert result["actor_restarts"] == 0  # not a crash to retry
     assert_nothing_lost(result)
     if (ck / "learner.pt").exists():  # whatever was saved holds no NaN
