@@ -61,7 +61,7 @@ def _envpool() -> tuple[tuple[str, ...], str | None]:
     return tuple(envpool.list_all_envs()), None
 
 
-def _custom(env_id: str) -> bool:
+def is_custom(env_id: str) -> bool:
     """Whether ``env_id`` names a custom env: ``module:EnvId``, or an id registered with
     gymnasium by something other than gymnasium itself (the run's env modules)."""
     if ":" in env_id:
@@ -73,7 +73,23 @@ def _custom(env_id: str) -> bool:
     import_env_modules(run_modules())
     spec = gym.registry.get(env_id)
     entry = getattr(spec, "entry_point", None)
-    return spec is not None and not (isinstance(entry, str) and entry.startswith("gymnasium."))
+    # gymnasium's own: a "gymnasium.…" path, or one of its functions (its MuJoCo v2/v3 ids
+    # point at one that says mujoco-py is gone; EnvPool has those envs)
+    where = entry if isinstance(entry, str) else getattr(entry, "__module__", None) or ""
+    return spec is not None and not where.startswith("gymnasium")
+
+
+@functools.cache
+def _envpool_make_problem(env_id: str) -> str | None:
+    """Why EnvPool lists ``env_id`` but cannot make it here (a library it loads only then,
+    such as Procgen's Qt), or None."""
+    from runtime.envs import EnvError, envpool_make
+
+    try:
+        envpool_make(env_id, num_envs=1).close()
+    except EnvError as exc:
+        return str(exc)
+    return None
 
 
 def resolve_backend(env_id: str, backend: str) -> str:
@@ -87,10 +103,15 @@ def resolve_backend(env_id: str, backend: str) -> str:
         raise EnvError(f"env backend {backend!r}: allowed {', '.join(BACKENDS)}")
     if backend == "gymnasium":
         return backend
-    custom = _custom(env_id)
+    custom = is_custom(env_id)
     ids = envpool_ids()
     if backend == "auto":
-        return "envpool" if not custom and env_id in ids else "gymnasium"
+        if custom or env_id not in ids:
+            return "gymnasium"
+        problem = _envpool_make_problem(env_id)
+        if problem is not None:
+            logger.warning("%s; actors use gymnasium", problem)
+        return "gymnasium" if problem else "envpool"
     if custom:
         raise EnvError(
             f"env backend envpool: {env_id!r} is a custom gymnasium env, which runs on the "
@@ -108,6 +129,9 @@ def resolve_backend(env_id: str, backend: str) -> str:
             f"env backend envpool: EnvPool has no env {env_id!r}{hint}; use --env-backend "
             "gymnasium or auto for it"
         )
+    problem = _envpool_make_problem(env_id)
+    if problem is not None:
+        raise EnvError(f"env backend envpool: {problem}; use --env-backend gymnasium or auto")
     return "envpool"
 
 

@@ -99,6 +99,9 @@ def make_env(env_id: str) -> gym.Env:
         raise EnvError(
             f"environment {env_id!r} needs a module that cannot be imported ({exc}){hint}"
         ) from None
+    except Exception as exc:  # a custom env's constructor that fails
+        why = " ".join(str(exc).split())[:300]
+        raise EnvError(f"cannot make environment {env_id!r}: {type(exc).__name__}: {why}") from None
 
 
 def envpool_make(env_id: str, **kwargs) -> object:
@@ -108,8 +111,12 @@ def envpool_make(env_id: str, **kwargs) -> object:
 
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*precision lowered.*")
-        pool = envpool.make(env_id, env_type="gymnasium", **kwargs)
-        _ = pool.observation_space, pool.action_space  # built once, on first use
+        try:
+            pool = envpool.make(env_id, env_type="gymnasium", **kwargs)
+            _ = pool.observation_space, pool.action_space  # built once, on first use
+        except Exception as exc:  # a library it loads only now, a bad argument
+            why = " ".join(str(exc).split())[:300]
+            raise EnvError(f"EnvPool cannot make {env_id!r}: {type(exc).__name__}: {why}") from None
     return pool
 
 
@@ -128,7 +135,22 @@ def probe_env(env_id: str, backend: str = "gymnasium") -> EnvInfo:
                 f"{env_id}: observation space {obs_space} is not supported; allowed: Box"
             )
         obs_dim = int(np.prod(obs_space.shape))
+        if backend != "envpool":  # what it returns must be what it declares
+            try:
+                got = np.asarray(env.reset(seed=0)[0])
+            except Exception as exc:
+                raise EnvError(f"{env_id}: reset failed: {type(exc).__name__}: {exc}") from None
+            if got.size != obs_dim or not np.issubdtype(got.dtype, np.number):
+                raise EnvError(
+                    f"{env_id}: reset returned an observation of shape {got.shape} ({got.dtype}) "
+                    f"where its observation space {obs_space} declares {obs_dim} numbers"
+                )
         if isinstance(act_space, gym.spaces.Discrete):
+            if int(act_space.start) != 0:
+                raise EnvError(
+                    f"{env_id}: action space {act_space} starts at {int(act_space.start)}; "
+                    "allowed: Discrete actions from 0 (gymnasium's default start)"
+                )
             return EnvInfo(env_id, obs_dim, True, int(act_space.n))
         if isinstance(act_space, gym.spaces.Box) and len(act_space.shape) == 1:
             return EnvInfo(

@@ -5,14 +5,15 @@ and, on a GPU, its CUDA start-up. The results are stored as JSON under the cache
 (``$AUTOTUNE_CACHE_DIR``, else ``$XDG_CACHE_HOME/autotune``, else ``~/.cache/autotune``), one
 file per workload and machine: the key hashes the probe spec (env, policy, rollout length,
 learner settings, devices) with what the costs depend on here (host name, CPU model, the
-host's core count, the GPUs' names, the Python, torch, numpy and gymnasium versions).
+host's core count, the GPUs' names, the Python, torch, numpy, gymnasium and EnvPool versions).
 The host's cores, not the affinity mask's: a job the daemon gives some of the cores keeps the
 probes of that workload measured for the whole machine. The costs are the same per core, and
 the loaded actor round is timed with every core of the mask busy, as the machine is when jobs
 share it. Keyed on the mask, each arriving job probed again for about 20 s, on cores it was
 given to train on, beside the running jobs.
 An entry older than ``MAX_AGE_S``, one that cannot be read back, and any custom env
-(``module:Id``, whose code may have changed) is probed afresh; ``refresh`` forces it
+(``module:Id``, or an id an ``--env-module`` registers: its code may have changed) is probed
+afresh; ``refresh`` forces it
 (``autotune train --reprobe``). Files are written whole (a temporary file, then a rename),
 readable by the owner only, and read with ``json`` alone.
 
@@ -97,7 +98,7 @@ def machine_facts() -> dict[str, Any]:
         "cores": os.cpu_count() or 1,
         "gpus": [g.name for g in list_gpus()],
         "python": sys.version.split()[0],
-        **{dist: _version(dist) for dist in ("torch", "numpy", "gymnasium")},
+        **{dist: _version(dist) for dist in ("torch", "numpy", "gymnasium", "envpool")},
     }
 
 
@@ -115,7 +116,9 @@ def entry_path(
     backend: str = "gymnasium",
 ) -> Path | None:
     """The cache file of a workload's probes on this machine; None for a custom env."""
-    if ":" in env_id:
+    from runtime.env_backends import is_custom
+
+    if is_custom(env_id):
         return None
     spec = {
         "env": env_id,
