@@ -73,14 +73,15 @@ def add_wrap_command(sub: Any) -> None:
         "--trial-s",
         type=float,
         default=None,
-        help="stop a run after this many seconds and measure it up to there "
-        "(default: let it finish)",
+        help="restart mode: stop a run after this many seconds and measure it up to there "
+        "(default: let it finish; live mode runs the script once, to its end)",
     )
     wrap.add_argument(
         "--report-timeout-s",
         type=float,
         default=60.0,
-        help="a run that reported once and then stays silent this long is hung (default 60)",
+        help="a run that reported once and then stays silent this long is hung (default 60; "
+        "live mode: from a poll, a script's start-up gets up to 300 s to its first)",
     )
     wrap.add_argument(
         "--storage",
@@ -140,6 +141,8 @@ def cmd_wrap(args: argparse.Namespace) -> int:
             raise KnobError("give at least one --knob NAME=SPEC to tune")
         if args.trials < 1:
             raise KnobError(f"--trials {args.trials}: must be >= 1")
+        if args.mode == "live" and args.trial_s is not None:
+            raise KnobError("--trial-s stops restart mode's runs; live mode runs the script once")
         space = [parse_knob(k, "live" if args.mode == "live" else "restart") for k in args.knob]
         names = [k.name for k in space]
         if len({n.upper() for n in names}) != len(names):  # AUTOTUNE_<NAME> tells them apart

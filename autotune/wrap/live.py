@@ -31,6 +31,10 @@ from runtime.hw.gpus import gpus_used_by
 
 logger = logging.getLogger(__name__)
 
+LIVE_START_S = 300.0
+"""The most a live script may take from its start to its first poll (imports, CUDA, envs), where
+``--report-timeout-s`` is shorter: that one counts from a poll."""
+
 
 class LiveModeUnsupported(RuntimeError):
     """The script does not call ``autotune.client.poll()``."""
@@ -99,10 +103,14 @@ class ScriptJob:
                 elif msg["type"] == MsgType.PROGRESS and msg.get("steps") is not None:
                     self.latest = self._counters(int(msg["steps"]))
         self.cpu.read_energy_j()
-        if time.monotonic() - self.last_poll > report_timeout_s:
+        # silent this long after a poll; before its first, its start-up gets LIVE_START_S
+        started = self.identity is not None
+        limit = report_timeout_s if started else max(report_timeout_s, LIVE_START_S)
+        if time.monotonic() - self.last_poll > limit:
+            since = "" if started else " since it started"
             raise LiveModeUnsupported(
-                f"the script has not called autotune.client.poll() for {report_timeout_s:.0f} "
-                "s; live mode needs it at safe points (use --mode restart for scripts that "
+                f"the script has not called autotune.client.poll() for {limit:.0f} s{since}; "
+                "live mode needs it at safe points (use --mode restart for scripts that "
                 "read their knobs once)"
             )
 

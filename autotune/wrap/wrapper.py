@@ -100,6 +100,24 @@ def _flag_value(cmd: list[str], knob: Knob) -> Any:
     return knob.choices[0]
 
 
+RESERVED = frozenset(
+    [
+        "KNOBS",
+        "WRAP",
+        "TRIAL",
+        "HOME",
+        "CONTROL",
+        "KEYS",
+        "CACHE_DIR",
+        "ENV_MODULES",
+        "ENV_PATH",
+        "GMI_SPARES",
+        "LOG_LEVEL",
+    ]
+)
+"""Knob names whose ``AUTOTUNE_<NAME>`` the wrap or autotune itself reads."""
+
+
 def parse_knob(spec: str, apply: str = "restart") -> Knob:
     """A script knob from ``NAME=LOW..HIGH`` (integers), ``NAME=A,B,C`` or ``NAME=VALUE``.
 
@@ -112,6 +130,11 @@ def parse_knob(spec: str, apply: str = "restart") -> Knob:
         raise KnobError(
             f"--knob {spec!r}: expected NAME=LOW..HIGH, NAME=A,B,C or NAME=VALUE "
             "with NAME a Python identifier ({NAME}, AUTOTUNE_NAME)"
+        )
+    if name.upper() in RESERVED:
+        raise KnobError(
+            f"--knob {spec!r}: AUTOTUNE_{name.upper()} is autotune's own variable; name the "
+            f"knob otherwise (not {', '.join(sorted(n.lower() for n in RESERVED))})"
         )
     if ".." in values:
         lo_text, _, hi_text = values.partition("..")

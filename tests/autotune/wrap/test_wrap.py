@@ -122,6 +122,8 @@ def test_knob_specs_and_placeholders():
         ("2n=1", "Python identifier"),
         ("n=a..b", "takes integers"),
         ("n=", "expected NAME"),
+        ("knobs=1,2", "AUTOTUNE_KNOBS is autotune's own variable"),
+        ("Trial=1,2", "AUTOTUNE_TRIAL is autotune's own variable"),
     ):
         with pytest.raises(KnobError, match=why):
             parse_knob(bad)
@@ -176,6 +178,8 @@ import os, sys, time
 from autotune import client
 k = client.knobs({"num_envs": 1})
 poll = "nopoll" not in sys.argv
+if "slowstart" in sys.argv:  # imports, CUDA, envs: seconds before its first message
+    time.sleep(3)
 stop = sys.argv[1]  # seconds to run, or a file whose existence ends the run
 steps, t_end = 0, time.time() + float(stop) if stop.isdigit() else float("inf")
 while time.time() < t_end and not os.path.exists(stop):
@@ -283,6 +287,17 @@ def test_live_mode_refuses_a_script_that_never_polls(tmp_path):
     assert out.returncode == 2
     assert "has not called autotune.client.poll() for 2 s" in out.stderr
     assert "use --mode restart" in out.stderr
+    # a start-up longer than --report-timeout-s is not a hang: that counts from a poll
+    head, db = out.args[: out.args.index("--storage")], f"sqlite:///{tmp_path}/s.db"
+    slow = subprocess.run(
+        [*head, "--storage", db, "--", sys.executable, str(script), "5", "slowstart"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    assert slow.returncode in (0, 1) and "has not called" not in slow.stderr, slow.stderr
+    assert "script exited with code 0" in " ".join(slow.stderr.split())
 
 
 # holds its context for about 3 s, past several of the wrapper's once-a-second GPU checks (40
