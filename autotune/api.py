@@ -143,23 +143,48 @@ def tune(
 
 
 def study(options: Any) -> dict:
-    """Runs an offline study (``autotune study``) in this process and returns its best trial
-    and Pareto front (``--json``'s ``best`` and ``pareto_front``).
+    """Runs an offline study (``autotune study``), here or, as ``workers`` and ``cluster``
+    say, in worker processes or on a cluster's nodes, and returns what ``--json`` writes: the
+    study, objective, each trial's row, the best trial and the Pareto front.
 
     Args:
         options: ``StudyOptions``.
 
     Raises:
         MainGuardError: as ``train``.
-        ValueError: bad options (``KnobError``, ``ConfigError``, ``StudyError``).
+        ValueError: bad options (``KnobError``, ``ConfigError``, ``StudyError``), or a cluster
+            that cannot be reached or is too small for the workers.
+        KeyboardInterrupt: Ctrl-C cut the trials (the study keeps what was measured).
     """
     _check_main_guard("study")
     from autotune.workflows.study import make_study, resolve_options, run_here, summary
+    from autotune.workflows.study_cluster import run_cluster_workers
+    from autotune.workflows.study_workers import plan_workers, run_workers
 
     options = resolve_options(options)
-    offline = make_study(options)
-    run_here(offline, options.trials, options.confirm, lambda row: None)
-    return {"study": offline.study.study_name, **summary(offline.study, options.objective)}
+    plan = plan_workers(options) if options.workers > 1 and not options.cluster else []
+    offline = make_study(options, cores=len(plan[0].cores) if plan else options.worker_cpus or None)
+    rows: list[dict] = []
+    try:
+        if options.cluster is not None:
+            interrupted = run_cluster_workers(options, rows.append, say=lambda text: None)
+        elif plan:
+            interrupted = run_workers(options, plan, rows.append, say=lambda text: None)
+        else:
+            interrupted = run_here(offline, options.trials, options.confirm, rows.append)
+    finally:
+        closer = getattr(offline.trials, "wrapper", None)
+        if closer is not None:
+            closer.close()
+    if interrupted:
+        raise KeyboardInterrupt(f"study {offline.study.study_name!r}: its trials were cut")
+    name = offline.study.study_name
+    return {
+        "study": name,
+        "objective": options.objective,
+        "trials": rows,
+        **summary(offline.study, options.objective),
+    }
 
 
 def export(

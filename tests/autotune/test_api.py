@@ -43,6 +43,7 @@ if __name__ == "__main__":
         "tuning": sorted(tuned["tuning"]), "study": found["study"],
         "batches": tuned["tuning"]["knobs"]["batch_size"]["choices"],
         "best": found["best"] is not None, "export": best["recommended"]["values"],
+        "rows": len(found["trials"]), "objective": found["objective"],
     }))
 """
 
@@ -69,6 +70,7 @@ def test_train_tune_study_and_export_from_a_script(tmp_path):
     # 8 minibatches of at least 128 samples: the tuner tries no batch under 1,024
     assert doc["batches"] == [1024, 2048, 4096, 8192, 16384, 32768, 65536]
     assert doc["study"] == "api-study" and doc["best"]
+    assert doc["rows"] == 1 and doc["objective"] == "steps_per_joule"  # as --json has them
     assert doc["export"]["envs_per_actor"] in (4, 8)
 
 
