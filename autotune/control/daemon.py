@@ -285,7 +285,7 @@ class Daemon:
         session.last_seen = time.monotonic()
         try:
             session.remote.on_report(msg)
-        except (KeyError, ValueError) as exc:
+        except (KeyError, ValueError) as exc:  # nothing of it is taken
             logger.warning("job %s sent a bad report: %s", session.job_id, exc)
             return
         session.config = dict(msg.get("config") or session.config)

@@ -128,6 +128,10 @@ def resolve_endpoint(endpoint: str | None = None) -> str:
             loopback = url.hostname == "localhost" or ipaddress.ip_address(url.hostname).is_loopback
         except ValueError:
             loopback = False
+        if loopback and ":" in url.hostname:  # ZeroMQ sockets here are IPv4 only
+            raise ControlError(
+                f"control endpoint {endpoint!r}: IPv6 is not served; use tcp://127.0.0.1:PORT"
+            )
         if loopback:
             host = "127.0.0.1" if url.hostname == "localhost" else url.hostname
             return f"tcp://{host}:{url.port}"

@@ -53,7 +53,12 @@ class RemoteJob:
         return self.latest
 
     def on_report(self, msg: dict[str, Any]) -> None:
-        """Takes a REPORT (raises ``ValueError`` for a malformed one)."""
+        """Takes a REPORT (raises ``ValueError`` for a malformed one, taking nothing of it)."""
+        config = msg.get("config")
+        if config is not None and not (
+            isinstance(config, dict) and all(isinstance(k, str) for k in config)
+        ):
+            raise ValueError(f"'config': {str(config)[:80]!r} is not a map of field names")
         self.latest = Counters.from_wire(msg["counters"])
         self.nodes = valid_nodes(msg.get("nodes"))  # a cluster run's, for status
         noise = msg.get("noise_scale")

@@ -9,6 +9,7 @@ joules and time of one reading come from the same instant, so a window's figures
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -77,7 +78,7 @@ class Counters:
     def from_wire(cls, doc: dict[str, Any]) -> Counters:
         """Raises ``ValueError`` for a malformed reading."""
         try:
-            return cls(
+            out = cls(
                 float(doc["t_s"]),
                 int(doc["trained_steps"]),
                 float(doc["lag_steps"]),
@@ -90,6 +91,10 @@ class Counters:
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"malformed counters {doc!r}: {exc}") from None
+        figures = (out.t_s, out.lag_steps, out.gpu_j, out.cpu_j, out.return_mean or 0.0)
+        if not all(math.isfinite(x) for x in figures) or out.trained_steps < 0:
+            raise ValueError(f"malformed counters {doc!r}: a figure is not finite, or negative")
+        return out
 
 
 def _node_steps(value: Any) -> dict[str, int] | None:

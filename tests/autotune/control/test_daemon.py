@@ -28,7 +28,8 @@ def test_control_endpoints_are_private_or_loopback(tmp_path, monkeypatch):
     assert protocol.resolve_endpoint() == f"ipc://{tmp_path}/home/control.sock"
     assert (tmp_path / "home").stat().st_mode & 0o777 == 0o700
     assert protocol.resolve_endpoint("tcp://localhost:5999") == "tcp://127.0.0.1:5999"
-    assert protocol.resolve_endpoint("tcp://[::1]:5999") == "tcp://::1:5999"
+    with pytest.raises(protocol.ControlError, match="IPv6 is not served; use tcp://127"):
+        protocol.resolve_endpoint("tcp://[::1]:5999")
     for bad in (
         "tcp://0.0.0.0:5999",
         "tcp://10.1.2.3:5999",
@@ -78,6 +79,12 @@ def test_control_messages_are_versioned_maps():
         protocol.decode(msgpack.packb({"v": 99, "type": "PING"}))
     with pytest.raises(ValueError, match="malformed counters"):
         Counters.from_wire({"t_s": 1.0})
+    good = {"t_s": 1.0, "trained_steps": 5, "lag_steps": 0.0, "gpu_j": 1.0, "cpu_j": 2.0}
+    good["cpu_source"] = "model"
+    assert Counters.from_wire(good).trained_steps == 5
+    for bad in ({"gpu_j": float("nan")}, {"cpu_j": float("inf")}, {"trained_steps": -1}):
+        with pytest.raises(ValueError, match="not finite, or negative"):  # status JSON stays JSON
+            Counters.from_wire({**good, **bad})
 
 
 def test_live_rates_split_gpu_and_cpu_watts():

@@ -146,6 +146,9 @@ def test_the_periodic_share_out_moves_budgets_only_where_it_pays():
     )
     for job in ("a", "b"):
         shares.join(Share(Claim(job), model=m))
+    ahead = shares.shares["a"].seq + 10**9  # a report naming a budget never sent is not taken
+    shares.taken("a", ahead)
+    assert shares.shares["a"].taken < ahead
 
     def tick():  # and each job takes what it was sent, as its report says
         shares.tick()
