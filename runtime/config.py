@@ -139,21 +139,12 @@ class TrainConfig:
     def problems(self) -> list[str]:
         """Every invalid setting that can be judged without making the environment."""
         out = []
-        for name in (
-            "steps",
-            "actors",
-            "envs_per_actor",
-            "rollout_len",
-            "batch_size",
-            "chunk_bytes",
-            "trainer_threads",
-            "trainers",
-        ):
+        counts = ("steps", "actors", "envs_per_actor", "rollout_len", "batch_size", "chunk_bytes")
+        least = dict.fromkeys((*counts, "trainer_threads", "trainers"), 1) | {"seed": 0}
+        for name, lo in least.items():
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                out.append(f"{name}={value!r}: must be an integer >= 1")
-        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
-            out.append(f"seed={self.seed!r}: must be an integer >= 0")
+            if not isinstance(value, int) or isinstance(value, bool) or value < lo:
+                out.append(f"{name}={value!r}: must be an integer >= {lo}")
         if isinstance(self.batch_size, int) and isinstance(self.rollout_len, int):
             if self.rollout_len >= 1 and self.batch_size % self.rollout_len:
                 lo = max(self.rollout_len, self.batch_size // self.rollout_len * self.rollout_len)
