@@ -72,11 +72,6 @@ TICK_S = 0.1
 """The main loop's tick: how long each pass reads telemetry (and each drain wait)."""
 
 
-def _raise_system_exit(signum: int, frame: Any) -> None:
-    """SIGTERM: abandon the run; ``Runner.run`` kills its children on the way out."""
-    raise SystemExit(128 + signum)
-
-
 class Runner:
     """Runs one training job to completion (see the module docstring).
 
@@ -271,10 +266,13 @@ class Runner:
 
     # --- the run ---------------------------------------------------------------------------
 
-    def _on_sigint(self, signum: int, frame: Any) -> None:
-        if self.stop_requested:
-            raise KeyboardInterrupt  # second Ctrl-C: give up on the drain
-        logger.warning("Ctrl-C: draining in-flight experience (Ctrl-C again to abort)")
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        """Ctrl-C or SIGTERM (a scheduler's stop): drain, save and report as at the end; the
+        second abandons the run (its children are killed on the way out)."""
+        name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+        if self.stop_requested:  # give up on the drain
+            raise KeyboardInterrupt if signum == signal.SIGINT else SystemExit(128 + signum)
+        logger.warning("%s: draining in-flight experience (%s again to abort)", name, name)
         self.stop_requested = self.interrupted = True
 
     def run(self) -> dict[str, Any]:
@@ -300,8 +298,8 @@ class Runner:
             started = self._started = time.monotonic()
             self.timeline.start()
             self.generations.begin(ep, run_dir, command_sock, meter, started)
-            previous = signal.signal(signal.SIGINT, self._on_sigint)
-            previous_term = signal.signal(signal.SIGTERM, _raise_system_exit)
+            previous = signal.signal(signal.SIGINT, self._on_signal)
+            previous_term = signal.signal(signal.SIGTERM, self._on_signal)
             try:
                 if self.cfg.cluster is not None:  # actors on a Ray cluster's nodes
                     self.actors.launcher = cluster.launch(self.cfg, self.telemetry)

@@ -83,7 +83,8 @@ def test_an_actor_killed_mid_run_is_restarted_and_its_lost_steps_counted():
     )
 
 
-def test_ctrl_c_drains_in_flight_experience_and_writes_the_result(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])  # Ctrl-C; a scheduler's stop
+def test_ctrl_c_drains_in_flight_experience_and_writes_the_result(tmp_path, sig):
     out, progress = tmp_path / "r.json", tmp_path / "p.jsonl"
     proc = subprocess.Popen(
         [
@@ -95,7 +96,7 @@ def test_ctrl_c_drains_in_flight_experience_and_writes_the_result(tmp_path):
         text=True,
     )
     wait_until(lambda: latest_steps(progress) >= 2_000, proc, what="2,000 trained steps")
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
     result = json.loads(out.read_text())
