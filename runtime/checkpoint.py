@@ -187,6 +187,7 @@ def check(cfg: TrainConfig, info: EnvInfo) -> Resume | None:
     """
     if cfg.checkpoint is None:
         return None
+    _check_writable(cfg.checkpoint)
     doc = read_info(cfg.checkpoint)
     if doc is None:
         return None
@@ -218,9 +219,27 @@ def check(cfg: TrainConfig, info: EnvInfo) -> Resume | None:
             f"steps={cfg.steps} counts every run together; give steps > {steps} "
             "to train on"
         )
+    recent = (_saved_returns(cfg.checkpoint, steps) or {}).get("returns") or []
+    if cfg.target_return is not None and len(recent) >= 100:
+        mean = sum(recent[-100:]) / 100
+        if mean >= cfg.target_return:
+            problems.append(
+                f"checkpoint={cfg.checkpoint!r}: its last 100 episodes already average "
+                f"{mean:.4g} >= target_return={cfg.target_return:g}; give a higher target"
+            )
     if problems:
         raise ConfigError(problems)
     return Resume(state_path, steps, int(doc["version"]))
+
+
+def _check_writable(directory: str) -> None:
+    """Refuses a checkpoint directory this run could not save into, before it trains."""
+    path = os.path.abspath(directory)
+    while not os.path.exists(path):
+        path = os.path.dirname(path)
+    if not os.path.isdir(path) or not os.access(path, os.W_OK | os.X_OK):
+        what = "is a file" if not os.path.isdir(path) else "is not writable"
+        raise ConfigError([f"checkpoint={directory!r}: {path} {what}; give a directory to save in"])
 
 
 def save(directory: str, state: dict[str, Any], cfg: TrainConfig, info: EnvInfo) -> None:

@@ -31,6 +31,7 @@ from autotune.cli.tune_flags import (
     tune_options,
 )
 from autotune.workflows.progress_log import ProgressLog
+from runtime import checkpoint
 from runtime.config import TRAINER_PRECISIONS, ConfigError, TrainConfig
 from runtime.energy.shares import job_meter
 from runtime.hw.gpus import no_gpu_reason
@@ -285,8 +286,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         if cfg.cluster is not None and "actors" in auto:
             cfg = cluster_actors(console, cfg)
             auto.discard("actors")
-        if auto:
-            cfg.validate()  # a bad env or policy is reported before it is probed
+        if auto:  # a bad env, policy or checkpoint is reported before the probes
+            checkpoint.check(cfg, cfg.validate())
             cfg, sizing = size_run_config(console, cfg, auto, args)
             if sizing is None:
                 return 2

@@ -112,6 +112,15 @@ def test_unresumable_checkpoints_are_refused_before_the_run(tmp_path):
     with pytest.raises(ConfigError, match="is a file; give a directory"):
         checkpoint.check(cfg_for(a_file), info)
     assert "checkpoint='': must be a directory path" in str(TrainConfig(checkpoint="").problems())
+    with pytest.raises(ConfigError, match="f is a file; give a directory to save in"):
+        checkpoint.check(cfg_for(a_file / "ck"), info)  # found now, not at the first save
+    # resumed with a target its last 100 episodes already meet: nothing would be trained
+    checkpoint.save(str(ck), state_of(5000, 9), cfg, info)
+    checkpoint.save_returns(str(ck), [70.0] * 100, 100)
+    met = dataclasses.replace(cfg, steps=10_000, target_return=60.0)
+    with pytest.raises(ConfigError, match="already average 70 >= target_return=60"):
+        checkpoint.check(met, info)
+    assert checkpoint.check(dataclasses.replace(met, target_return=80.0), info) is not None
 
 
 def test_a_json_one_save_behind_its_state_resumes_from_the_state(tmp_path, caplog):
@@ -250,3 +259,22 @@ def test_totals_go_on_only_from_the_save_they_belong_to(tmp_path):
     assert (doc["steps"], doc["seconds"], doc["joules"]) == (250, 5.0, 40.0)
     assert doc["earlier_runs"]["joules"] is None and "not saved" in doc["earlier_runs"]["note"]
     assert unknown.before.through(5.0, 40.0) is None  # saved as unknown, not as this run's
+
+
+def test_the_cli_refuses_a_checkpoint_of_another_env_before_its_probes(tmp_path):
+    import subprocess
+    import sys
+
+    ck = tmp_path / "ck"
+    cfg = cfg_for(ck, env="CartPole-v1")
+    checkpoint.save(str(ck), state_of(5000, 9), cfg, cfg.validate())
+    cmd = [sys.executable, "-m", "autotune.cli", "train", "--env", "Acrobot-v1"]
+    out = subprocess.run(
+        [*cmd, "--steps", "100000", "--checkpoint", str(ck)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    said = " ".join(out.stderr.split())
+    assert out.returncode == 2 and "saved with env='CartPole-v1'" in said, said
+    assert "probes" not in said  # refused before the machine is probed for sizing
