@@ -49,6 +49,8 @@ from runtime.envs import EnvInfo
 STATE_NAME = "learner.pt"
 INFO_NAME = "learner.json"
 RETURNS_NAME = "returns.json"
+LOCK_NAME = ".lock"
+
 FORMAT = 2  # 2: learner.json has state_sha256 (format 1 files, without it, are still read)
 
 logger = logging.getLogger(__name__)
@@ -188,6 +190,7 @@ def check(cfg: TrainConfig, info: EnvInfo) -> Resume | None:
     if cfg.checkpoint is None:
         return None
     _check_writable(cfg.checkpoint)
+    _hold(cfg.checkpoint)
     doc = read_info(cfg.checkpoint)
     if doc is None:
         return None
@@ -242,6 +245,35 @@ def _check_writable(directory: str) -> None:
         raise ConfigError([f"checkpoint={directory!r}: {path} {what}; give a directory to save in"])
 
 
+def _tmp() -> str:
+    """A temporary name's ending that no other process writes."""
+    return f".{os.getpid()}.tmp"
+
+
+_HELD: dict[str, int] = {}
+"""Checkpoint directories this process holds (their lock's file descriptor), for its life."""
+
+
+def _hold(directory: str) -> None:
+    """Takes ``directory``'s lock for this process: two runs saving into one directory would
+    overwrite each other's saves. Refuses it while another process holds it."""
+    import fcntl
+
+    key = os.path.realpath(directory)
+    if key in _HELD:
+        return
+    os.makedirs(directory, exist_ok=True)
+    fd = os.open(os.path.join(directory, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise ConfigError(
+            [f"checkpoint={directory!r}: another run is saving into it; give another directory"]
+        ) from None
+    _HELD[key] = fd
+
+
 def save(directory: str, state: dict[str, Any], cfg: TrainConfig, info: EnvInfo) -> None:
     """Writes ``state`` (a learner's ``state()``) and its ``learner.json`` into ``directory``."""
     import torch
@@ -252,7 +284,7 @@ def save(directory: str, state: dict[str, Any], cfg: TrainConfig, info: EnvInfo)
     buf = io.BytesIO()
     torch.save(state, buf)
     data = buf.getvalue()
-    with open(state_path + ".tmp", "wb") as f:
+    with open(state_path + _tmp(), "wb") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
@@ -267,12 +299,12 @@ def save(directory: str, state: dict[str, Any], cfg: TrainConfig, info: EnvInfo)
         "saved_unix": time.time(),
         "state_sha256": hashlib.sha256(data).hexdigest(),
     }
-    with open(info_path + ".tmp", "w") as f:
+    with open(info_path + _tmp(), "w") as f:
         json.dump(doc, f, indent=2)
         f.flush()
         os.fsync(f.fileno())
-    os.replace(state_path + ".tmp", state_path)
-    os.replace(info_path + ".tmp", info_path)
+    os.replace(state_path + _tmp(), state_path)
+    os.replace(info_path + _tmp(), info_path)
 
 
 def save_returns(
@@ -288,7 +320,7 @@ def save_returns(
     if doc is None:
         return
     path = os.path.join(directory, RETURNS_NAME)
-    with open(path + ".tmp", "w") as f:
+    with open(path + _tmp(), "w") as f:
         json.dump(
             {
                 "trained_steps": int(doc["trained_steps"]),
@@ -298,7 +330,7 @@ def save_returns(
             },
             f,
         )
-    os.replace(path + ".tmp", path)
+    os.replace(path + _tmp(), path)
 
 
 def _saved_returns(directory: str, trained_steps: int) -> dict[str, Any] | None:

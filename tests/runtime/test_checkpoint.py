@@ -278,3 +278,23 @@ def test_the_cli_refuses_a_checkpoint_of_another_env_before_its_probes(tmp_path)
     said = " ".join(out.stderr.split())
     assert out.returncode == 2 and "saved with env='CartPole-v1'" in said, said
     assert "probes" not in said  # refused before the machine is probed for sizing
+
+
+def test_a_directory_another_run_saves_into_is_refused(tmp_path):
+    import subprocess
+    import sys
+
+    ck = tmp_path / "ck"
+    code = f"from runtime import checkpoint; checkpoint._hold({str(ck)!r}); print('held'); input()"
+    other = subprocess.Popen(
+        [sys.executable, "-u", "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert other.stdout.readline().strip() == "held"  # the other run holds it now
+        cfg = cfg_for(ck, env="CartPole-v1")
+        with pytest.raises(ConfigError, match="another run is saving into it"):
+            checkpoint.check(cfg, cfg.validate())
+    finally:
+        other.communicate("\n", timeout=60)
+    cfg = cfg_for(ck, env="CartPole-v1")
+    assert checkpoint.check(cfg, cfg.validate()) is None  # free again once that run ended
