@@ -27,6 +27,7 @@ from typing import Any
 from runtime import topology
 from runtime.actor import NONFINITE_EXIT, actor_main
 from runtime.actor_placement import actor_cores, one_blas_thread, place_threads
+from runtime.child_start import ctrl_c_held
 from runtime.config import TrainConfig
 from runtime.env_backends import actor_threads
 from runtime.envs import EnvError, EnvInfo
@@ -149,7 +150,7 @@ class ActorPool:
             ),
             kwargs={"threads": threads},
         )
-        with one_blas_thread():
+        with one_blas_thread(), ctrl_c_held():
             proc.start()
         slot = ActorSlot(index, incarnation, proc, stepped, stop, cfg, threads=threads)
         if cores:  # from here, before the child starts a thread (its interpreter is starting)

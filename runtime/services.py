@@ -13,6 +13,7 @@ from typing import Any
 import zmq
 
 from runtime import wire
+from runtime.child_start import ctrl_c_held
 
 
 class RunError(RuntimeError):
@@ -33,7 +34,8 @@ class Services:
 
     def spawn(self, name: str, target: Callable[..., None], args: tuple[Any, ...]) -> None:
         proc = self.ctx.Process(target=target, args=args, name=name, daemon=True)
-        proc.start()
+        with ctrl_c_held():
+            proc.start()
         self.procs[name] = proc
 
     def adopt(self, name: str, proc: Any) -> None:

@@ -33,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from runtime.child_start import ctrl_c_held
 from runtime.gmi.process import READY, spare_main
 
 logger = logging.getLogger(__name__)
@@ -92,7 +93,8 @@ class Spares:
             args = (role_in, ready_out, self.modules)
             proc = self.ctx.Process(target=spare_main, args=args, name="spare-gmi", daemon=True)
             self.idle.append(_Spare(proc, role_out, ready_in))  # tracked before it runs
-            proc.start()
+            with ctrl_c_held():
+                proc.start()
             role_in.close()
             ready_out.close()
 

@@ -105,6 +105,33 @@ def test_ctrl_c_drains_in_flight_experience_and_writes_the_result(tmp_path, sig)
     assert result["lost_steps"] == 0
 
 
+def test_ctrl_c_while_the_children_start_drains_the_run(tmp_path):
+    """A terminal's Ctrl-C reaches the whole process group, children that are still starting
+    (importing their modules) included: the run drains as at any other time, none of them dies
+    of it."""
+    import psutil
+
+    out = tmp_path / "r.json"
+    proc = subprocess.Popen(
+        [
+            *[sys.executable, "-m", "autotune.cli", "train", "--steps", "10000000", "--quiet"],
+            *["--actors", "2", "--envs-per-actor", "4", "--batch-size", "1024"],
+            *["--trainer-device", "cpu", "--trainers", "1", "--json", str(out)],
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group, as a terminal's job is
+    )
+    wait_until(lambda: psutil.Process(proc.pid).children(), proc, what="its first child")
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=180)
+    assert proc.returncode == 0, err[-2000:]
+    result = json.loads(out.read_text())
+    assert result["interrupted"] is True and not result.get("failure"), result.get("failure")
+    assert_nothing_lost(result)
+
+
 def _cmdline(proc) -> str:
     import psutil
 
