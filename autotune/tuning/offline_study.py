@@ -256,8 +256,9 @@ class OfflineStudy:
                 fail_interrupted(self.study, trial, f"killed: {row.error}; run once more")
                 self.study.enqueue_trial(values, skip_if_exists=False)
                 return row
-        except KeyboardInterrupt:
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM: its config runs first when resumed
             fail_interrupted(self.study, trial, "Ctrl-C")
+            self.study.enqueue_trial(values, skip_if_exists=False)
             raise
         if row.error is not None and role == "reference":
             logger.warning(

@@ -99,7 +99,7 @@ def run_config(
             runner.stop_requested = True  # drains; the window's figures are complete
 
     runner.on_progress = stop_once_measured
-    result = runner.run()
+    result = _unless_stopped(runner.run())
     rows = result["timeline"]["rows"]
     first = next((r[0] for r in rows if r[1] > 0), None)
     rate = None if first is None else timeline_rate(result, first + warmup_s, result["wall_s"])
@@ -123,7 +123,16 @@ def run_to_target(cfg: TrainConfig, meter: EnergyMeter | None = None) -> dict[st
     """
     runner = Runner(cfg, cfg.validate())
     runner.meter = meter
-    return runner.run()
+    return _unless_stopped(runner.run())
+
+
+def _unless_stopped(result: dict[str, Any]) -> dict[str, Any]:
+    """A trial's run ``result``; raises ``KeyboardInterrupt`` where Ctrl-C or SIGTERM drained it
+    (the run stops cleanly on the first): the study then fails the trial as interrupted, to
+    be run again, and stops, as it does on Ctrl-C between runs."""
+    if result.get("interrupted"):
+        raise KeyboardInterrupt("the trial's run was stopped by a signal")
+    return result
 
 
 def target_measured(result: dict[str, Any]) -> Measured:

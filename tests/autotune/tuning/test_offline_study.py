@@ -390,3 +390,38 @@ def test_confirmation_without_a_completed_trial_is_an_ordinary_trial(tmp_path):
     assert offline.confirm_pick() is None
     row = offline.step(confirm=True)
     assert row.role == "default" and row.error is None
+
+
+def test_a_study_stopped_mid_trial_stops_and_runs_that_config_first_when_resumed(tmp_path):
+    """SIGTERM (or Ctrl-C) while a trial's run trains: the run drains, the study stops with the
+    trial failed as interrupted (not its config's fault) and its config queued to run first
+    when the study is resumed; no later trial starts."""
+    import contextlib
+    import signal
+
+    import psutil
+    from conftest import wait_until
+
+    db = f"sqlite:///{tmp_path}/s.db"
+    cmd = [sys.executable, "-m", "autotune.cli", "study", "--env", "CartPole-v1", "--storage", db]
+    cmd += ["--study", "cut", "--trials", "3", "--trial-s", "240", "--warmup-s", "30"]
+    cmd += ["--knob", "actors=1", "--knob", "trainers=1", "--knob", "trainer_threads=1"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def training() -> bool:
+        titles = []
+        for child in psutil.Process(proc.pid).children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                titles.append(" ".join(child.cmdline()))
+        return any(t.startswith("autotune: actor") for t in titles)
+
+    wait_until(training, proc, what="the first trial's actors")
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=180)
+    assert proc.returncode == 130, err[-2000:]
+    study = optuna.load_study(study_name="cut", storage=db)
+    states = [t.state.name for t in study.trials]
+    assert states == ["FAIL", "WAITING"], states  # no second trial started
+    first, queued = study.trials
+    assert "Ctrl-C" in first.user_attrs.get("interrupted", "")
+    assert queued.system_attrs.get("fixed_params") == first.params
