@@ -61,6 +61,25 @@ class StudyError(ValueError):
     """A storage that cannot be opened, or a study that cannot be created or loaded."""
 
 
+def check_choices(study: optuna.Study, choices: dict[str, Any]) -> None:
+    """Refuses ``study`` where a knob tuned now (two values or more) was drawn from other values
+    in its trials: a study's sampler cannot change a parameter's choices.
+
+    Raises:
+        StudyError: naming the knob, the values its trials drew from, and what to do."""
+    for name, values in choices.items():
+        if len(values) < 2:  # a fixed value is not drawn
+            continue
+        for trial in study.get_trials(deepcopy=False):
+            dist = trial.distributions.get(name)
+            if dist is not None and tuple(getattr(dist, "choices", ())) != tuple(values):
+                raise StudyError(
+                    f"knob {name}: its trials in study {study.study_name!r} drew from "
+                    f"{list(dist.choices)}, not {list(values)}; a study keeps a knob's values "
+                    "(even resumed): give the old values, or a new --study name"
+                )
+
+
 class _AskTellGrid(optuna.samplers.GridSampler):
     """A grid sampler for ask/tell: Optuna's calls ``Study.stop`` once the grid is done, which
     only works inside ``Study.optimize``; the tuner counts the grid's trials itself."""

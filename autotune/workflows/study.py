@@ -19,7 +19,13 @@ import optuna
 
 from autotune.tuning.knobs import KnobError, Machine, build_space
 from autotune.tuning.offline_study import OBJECTIVES, OfflineStudy
-from autotune.tuning.storage import best_trial, open_study, pareto_front
+from autotune.tuning.storage import (
+    StudyError,
+    best_trial,
+    check_choices,
+    open_study,
+    pareto_front,
+)
 from autotune.tuning.trials import ScriptTrials, TrainTrials
 from autotune.workflows.export import ExportError, load_config
 from autotune.wrap.wrapper import Wrapper, parse_knob, script_name
@@ -229,11 +235,29 @@ def make_study(
     offline = OfflineStudy(
         study, trials, o.objective, profile=o.profile, reference_every=o.reference_every
     )
+    _check_same_kind(study, o.objective)
+    check_choices(study, {k.name: k.choices for k in offline.knobs})
     if "autotune" not in study.user_attrs:
         study.set_user_attr("autotune", {**meta, "default": trials.default()})
     elif "base" in meta:
         _check_same_base(study, meta["base"])
     return offline
+
+
+def _check_same_kind(study: optuna.Study, objective: str) -> None:
+    """Refuses a study of a wrapped script, or one made for another objective: its values
+    would sit beside this session's in other units."""
+    if "wrap" in study.user_attrs:
+        raise StudyError(
+            f"study {study.study_name!r} holds a wrapped script's runs ('autotune wrap'); "
+            "give this study another --study name"
+        )
+    made = (study.user_attrs.get("autotune") or {}).get("objective")
+    if made is not None and made != objective:
+        raise StudyError(
+            f"study {study.study_name!r} was made for --objective {made}, not {objective}; "
+            "give the same objective, or a new --study name"
+        )
 
 
 def _check_same_base(study: optuna.Study, base: dict[str, Any]) -> None:

@@ -26,7 +26,7 @@ from autotune.tuning.perf_model import MachineModel
 from autotune.tuning.runner_job import RunnerJob, TunableRunner, knob_values, tuning_doc
 from autotune.tuning.settings import TunerSettings
 from autotune.tuning.sizing import DEFAULT_LAG_CEILING
-from autotune.tuning.storage import open_study, sqlite_file, storage_url
+from autotune.tuning.storage import check_choices, open_study, sqlite_file, storage_url
 from autotune.workflows.auto_size import probed_model
 from runtime.config import TrainConfig
 from runtime.hw.gpus import no_gpu_reason, nvml_index
@@ -224,6 +224,7 @@ def start_tuning(
     if model is not None:
         sampler = sampler_for(model, space, defaults, settings, cfg.seed)
     study = open_study(storage, study_name, seed=cfg.seed, grid=grid, sampler=sampler)
+    check_choices(study, {k.name: k.choices for k in space.values()})
     tuner = OnlineTuner(study, space, RunnerJob(runner), settings, base, defaults=defaults)
     return InProcessTuning(tuner, space)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from autotune.tuning.knobs import Knob
+from autotune.tuning.storage import check_choices
 
 
 def check_wrap_study(study: Any, made: dict[str, Any], space: list[Knob], resume: bool) -> None:
@@ -40,14 +41,4 @@ def check_wrap_study(study: Any, made: dict[str, Any], space: list[Knob], resume
             f"study {name!r} was made for another run ({diff}); give --resume to go "
             "on with it, or a new --study name"
         )
-    for knob in space:
-        if len(knob.choices) < 2:  # not drawn: a fixed value
-            continue
-        for trial in study.trials:
-            dist = trial.distributions.get(knob.name)
-            if dist is not None and tuple(getattr(dist, "choices", ())) != knob.choices:
-                raise ValueError(
-                    f"--knob {knob.name}: its trials in study {name!r} drew from "
-                    f"{list(dist.choices)}, not {list(knob.choices)}; a study keeps a knob's "
-                    "values (even with --resume): give the old values, or a new --study name"
-                )
+    check_choices(study, {k.name: k.choices for k in space})

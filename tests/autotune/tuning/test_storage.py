@@ -95,3 +95,28 @@ def test_two_processes_never_take_the_same_enqueued_trial(tmp_path):
         assert proc.returncode == 0
         taken += json.loads(out)
     assert sorted(taken) == list(range(40))
+
+
+def test_a_study_resumed_with_other_values_for_a_knob_or_objective_is_refused(tmp_path):
+    """A knob's values, the objective and the kind of study stay what the study was made with:
+    refused up front with what differs (a sampler cannot change a parameter's choices; a value
+    in other units would be ranked beside the others)."""
+    import optuna
+
+    from autotune.tuning.storage import check_choices
+    from autotune.workflows.study import _check_same_kind
+
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path}/k.db", study_name="k")
+    trial = study.ask()
+    trial.suggest_categorical("envs_per_actor", [4, 8])
+    study.tell(trial, 1.0)
+    check_choices(study, {"envs_per_actor": (4, 8), "actors": (2,)})  # the same; a fixed one
+    with pytest.raises(StudyError, match=r"knob envs_per_actor: .* drew from \[4, 8\], not \[4"):
+        check_choices(study, {"envs_per_actor": (4, 8, 16)})
+    study.set_user_attr("autotune", {"objective": "steps_per_joule"})
+    _check_same_kind(study, "steps_per_joule")
+    with pytest.raises(StudyError, match="made for --objective steps_per_joule, not steps_per_s"):
+        _check_same_kind(study, "steps_per_s")
+    study.set_user_attr("wrap", {"cmd": ["python", "x.py"]})
+    with pytest.raises(StudyError, match="holds a wrapped script's runs"):
+        _check_same_kind(study, "steps_per_joule")

@@ -113,7 +113,7 @@ def test_a_study_is_not_mixed_up_or_touched_by_a_refused_run(tmp_path):
     wider = _wrap(tmp_path, "--knob", "num_envs=1,2,4", "--trials", "1", "--resume")
     said = " ".join(wider.stderr.split())
     assert wider.returncode == 2 and "Traceback" not in wider.stderr, wider.stderr
-    assert "--knob num_envs: its trials in study 'wrap-train' drew from [1, 2], not [1, 2, 4]" in (
+    assert "knob num_envs: its trials in study 'wrap-train' drew from [1, 2], not [1, 2, 4]" in (
         said
     )
     # a refused --default leaves the study's settings as they were
