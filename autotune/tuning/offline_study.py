@@ -256,6 +256,9 @@ class OfflineStudy:
                 fail_interrupted(self.study, trial, f"killed: {row.error}; run once more")
                 self.study.enqueue_trial(values, skip_if_exists=False)
                 return row
+            if exc.too_short:  # --trial-s's doing: the config may run again with a longer one
+                fail_interrupted(self.study, trial, row.error)
+                return row
         except KeyboardInterrupt:  # Ctrl-C or SIGTERM: its config runs first when resumed
             fail_interrupted(self.study, trial, "Ctrl-C")
             self.study.enqueue_trial(values, skip_if_exists=False)

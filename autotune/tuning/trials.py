@@ -32,9 +32,15 @@ class TrialFailed(Exception):
     """A trial that could not be measured; the message says why. ``killed``: a signal from
     outside ended its run (the config is run once more before it counts as unrunnable)."""
 
-    def __init__(self, message: str, killed: bool = False) -> None:
+    def __init__(self, message: str, killed: bool = False, too_short: bool = False) -> None:
         super().__init__(message)
         self.killed = killed
+        self.too_short = too_short
+        """The run ended before its window could be measured (``--trial-s``, not the config)."""
+
+
+class TooShort(RunError):
+    """A trial's run that trained too little to measure."""
 
 
 @dataclasses.dataclass
@@ -104,7 +110,7 @@ def run_config(
     first = next((r[0] for r in rows if r[1] > 0), None)
     rate = None if first is None else timeline_rate(result, first + warmup_s, result["wall_s"])
     if rate is None or not rate["steps_per_s"] > 0:
-        raise RunError(
+        raise TooShort(
             f"trained too little to measure: {result['env_steps']} steps, the first "
             f"after {first if first is None else round(first, 1)} s of "
             f"{result['wall_s']:.0f} s; give a --trial-s of at least warm-up "
@@ -239,7 +245,8 @@ class TrainTrials:
         except ConfigError as exc:
             raise TrialFailed(f"not runnable: {exc}") from None
         except RunError as exc:
-            raise TrialFailed(f"run failed: {exc}", killed=exc.killed) from None
+            short = isinstance(exc, TooShort)
+            raise TrialFailed(f"run failed: {exc}", killed=exc.killed, too_short=short) from None
         attrs = {
             "gpu_w": rate["gpu_w"],
             "cpu_w": rate["cpu_w"],

@@ -425,3 +425,23 @@ def test_a_study_stopped_mid_trial_stops_and_runs_that_config_first_when_resumed
     first, queued = study.trials
     assert "Ctrl-C" in first.user_attrs.get("interrupted", "")
     assert queued.system_attrs.get("fixed_params") == first.params
+
+
+def test_a_run_too_short_to_measure_does_not_mark_its_config_unrunnable(tmp_path):
+    """``--trial-s`` too short for the warm-up is not the config's fault: the trial fails as
+    interrupted and the config may be run again (with a longer --trial-s it would measure)."""
+    from autotune.tuning.trials import TooShort
+
+    class ShortAtTwo(FakeRuns):
+        def __call__(self, cfg, warmup_s, meter=None):
+            if cfg.actors == 2:
+                raise TooShort("trained too little to measure (test)")
+            return super().__call__(cfg, warmup_s, meter)
+
+    offline = _study(tmp_path, ShortAtTwo())
+    rows = [offline.step() for _ in range(16)]
+    short = [r for r in rows if r.values.get("actors") == 2]
+    assert short and all("trained too little" in (r.error or "") for r in short)
+    assert not any("failed before" in (r.error or "") for r in short)  # run again, not skipped
+    fails = [t for t in offline.study.trials if t.params.get("actors") == 2]
+    assert all("trained too little" in t.user_attrs.get("interrupted", "") for t in fails)
