@@ -10,7 +10,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from runtime.config import TrainConfig
+from runtime.config import ConfigError, TrainConfig
 
 
 def int_list(text: str) -> tuple[int, ...]:
@@ -41,17 +41,22 @@ def mps_or_auto(text: str) -> tuple[int, ...] | str:
 def tuned_space(args: argparse.Namespace) -> dict[str, tuple] | None:
     """The values a tuned run's ``--knob`` flags narrow the sized fields to (the start is
     sized inside the space the tuner searches); None when not tuning or nothing is narrowed.
-    A malformed ``--knob`` is left for the tuner to refuse with its own message."""
+
+    Raises:
+        ConfigError: a ``--knob`` the tuner would refuse (malformed, or a GPU knob on a machine
+            with none), said before the probes, with the tuner's own message.
+    """
     if not getattr(args, "tune", False) or not getattr(args, "knob", None):
         return None
     from autotune.tuning.knobs import KnobError, Machine, build_space
     from autotune.workflows.auto_size import AUTO_FIELDS, usable_cores
+    from runtime.hw.gpus import list_gpus
 
     named = {k.partition("=")[0].strip().replace("-", "_") for k in args.knob}
     try:
-        space = build_space(Machine(usable_cores(), 1), list(args.knob))
-    except KnobError:
-        return None
+        space = build_space(Machine(usable_cores(), len(list_gpus())), list(args.knob))
+    except KnobError as exc:
+        raise ConfigError([str(exc)]) from None
     return {n: space[n].choices for n in named & set(AUTO_FIELDS) if n in space}
 
 

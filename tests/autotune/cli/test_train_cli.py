@@ -211,3 +211,20 @@ def test_the_loss_compile_is_on_by_default_and_a_flag_turns_it_off(tmp_path):
     assert build_config(over).learner.compile_loss is True
     with pytest.raises(SystemExit):
         parse(["train", "--compile-loss", "maybe"])
+
+
+def test_a_gpu_knob_on_a_machine_without_one_is_refused_before_the_probes():
+    from runtime.hw.gpus import list_gpus
+
+    if list_gpus():
+        pytest.skip("this machine has a GPU")
+    cmd = [sys.executable, "-m", "autotune.cli", "train", "--env", "CartPole-v1", "--tune"]
+    out = subprocess.run(
+        [*cmd, "--in-process", "--knob", "mps_pct=50", "--steps", "20000"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    said = " ".join(out.stderr.split())
+    assert out.returncode == 2 and "knob mps_pct cannot be set here: no CUDA GPU" in said, said
+    assert "probes" not in said
