@@ -179,7 +179,7 @@ from autotune import client
 k = client.knobs({"num_envs": 1})
 poll = "nopoll" not in sys.argv
 if "slowstart" in sys.argv:  # imports, CUDA, envs: seconds before its first message
-    time.sleep(3)
+    time.sleep(6)
 stop = sys.argv[1]  # seconds to run, or a file whose existence ends the run
 steps, t_end = 0, time.time() + float(stop) if stop.isdigit() else float("inf")
 while time.time() < t_end and not os.path.exists(stop):
@@ -288,9 +288,10 @@ def test_live_mode_refuses_a_script_that_never_polls(tmp_path):
     assert "has not called autotune.client.poll() for 2 s" in out.stderr
     assert "use --mode restart" in out.stderr
     # a start-up longer than --report-timeout-s is not a hang: that counts from a poll
-    head, db = out.args[: out.args.index("--storage")], f"sqlite:///{tmp_path}/s.db"
-    slow = subprocess.run(
-        [*head, "--storage", db, "--", sys.executable, str(script), "5", "slowstart"],
+    head = [*out.args[: out.args.index("--report-timeout-s")], "--report-timeout-s", "3"]
+    db, run = f"sqlite:///{tmp_path}/s.db", [sys.executable, str(script), "1", "slowstart"]
+    slow = subprocess.run(  # 6 s of start-up, a 3-s timeout, then 1 s of polling
+        [*head, "--storage", db, "--", *run],
         capture_output=True,
         text=True,
         timeout=60,
