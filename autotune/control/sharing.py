@@ -193,7 +193,7 @@ class MachineShares:
     def taken(self, job: str, seq: Any) -> None:
         """A job's report says which budget it has taken."""
         share = self.shares.get(job)
-        if share is not None and isinstance(seq, int) and seq <= share.seq:  # none sent yet: not
+        if share is not None and isinstance(seq, int) and seq <= share.seq:  # one it was sent
             share.taken = max(share.taken, seq)
 
     def _lapse_offers(self) -> None:

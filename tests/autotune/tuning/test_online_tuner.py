@@ -15,6 +15,7 @@ import sys
 
 import optuna
 import pytest
+import sqlalchemy.exc
 from conftest import wait_until
 
 from autotune.tuning.counters import Counters
@@ -347,7 +348,7 @@ def test_train_tune_drives_a_real_run_and_keeps_every_step(tmp_path):
     def measured(n: int) -> bool:
         try:
             study = optuna.load_study(study_name="online-CartPole-v1", storage=f"sqlite:///{db}")
-        except KeyError:  # not created yet
+        except (KeyError, sqlalchemy.exc.SQLAlchemyError):  # not created yet, or being created
             return False
         return sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials) >= n
 
