@@ -157,30 +157,16 @@ def study(options: Any) -> dict:
         KeyboardInterrupt: Ctrl-C cut the trials (the study keeps what was measured).
     """
     _check_main_guard("study")
-    from autotune.workflows.study import make_study, resolve_options, run_here, summary
-    from autotune.workflows.study_cluster import run_cluster_workers
-    from autotune.workflows.study_workers import plan_workers, run_workers
+    from autotune.workflows.study import resolve_options, summary
+    from autotune.workflows.study_run import prepare, run_trials
 
     options = resolve_options(options)
-    plan = plan_workers(options) if options.workers > 1 and not options.cluster else []
-    offline = make_study(options, cores=len(plan[0].cores) if plan else options.worker_cpus or None)
+    offline, plan = prepare(options)
     rows: list[dict] = []
-    try:
-        if options.cluster is not None:
-            interrupted = run_cluster_workers(options, rows.append, say=lambda text: None)
-        elif plan:
-            interrupted = run_workers(options, plan, rows.append, say=lambda text: None)
-        else:
-            interrupted = run_here(offline, options.trials, options.confirm, rows.append)
-    finally:
-        closer = getattr(offline.trials, "wrapper", None)
-        if closer is not None:
-            closer.close()
-    if interrupted:
+    if run_trials(options, offline, plan, rows.append, say=lambda text: None):
         raise KeyboardInterrupt(f"study {offline.study.study_name!r}: its trials were cut")
-    name = offline.study.study_name
     return {
-        "study": name,
+        "study": offline.study.study_name,
         "objective": options.objective,
         "trials": rows,
         **summary(offline.study, options.objective),

@@ -227,16 +227,13 @@ def cmd_study(args: argparse.Namespace) -> int:
     # optuna and the runtime: imported by the command that needs them, not by every command
     # optuna, through the tuning layer: imported by this command only
     from autotune.tuning.storage import StudyError
-    from autotune.workflows.study import make_study, run_here, summary
-    from autotune.workflows.study_cluster import run_cluster_workers
-    from autotune.workflows.study_workers import plan_workers, run_workers
+    from autotune.workflows.study import summary
+    from autotune.workflows.study_run import prepare, run_trials
 
     console = Console(stderr=True)
     try:
         options = study_options(args)
-        plan = plan_workers(options) if options.workers > 1 and not options.cluster else []
-        cores = len(plan[0].cores) if plan else (options.worker_cpus or None)
-        offline = make_study(options, cores=cores)
+        offline, plan = prepare(options)
     except (KnobError, StudyError, ValueError) as exc:
         console.print(f"[red]error:[/red] {escape(str(exc))}")
         return 2
@@ -257,19 +254,11 @@ def cmd_study(args: argparse.Namespace) -> int:
             progress.console.print(describe(row))
             progress.update(task, advance=1, best=best_text(offline))
 
-        if options.cluster is not None:
-            try:
-                interrupted = run_cluster_workers(options, done, say=progress.console.print)
-            except ValueError as exc:  # the cluster unreachable, or too small for the workers
-                console.print(f"[red]error:[/red] {escape(str(exc))}")
-                return 2
-        elif options.workers > 1:
-            interrupted = run_workers(options, plan, done, say=progress.console.print)
-        else:
-            interrupted = run_here(offline, options.trials, options.confirm, done)
-    closer = getattr(offline.trials, "wrapper", None)
-    if closer is not None:
-        closer.close()
+        try:
+            interrupted = run_trials(options, offline, plan, done, say=progress.console.print)
+        except ValueError as exc:  # the cluster unreachable, or too small for the workers
+            console.print(f"[red]error:[/red] {escape(str(exc))}")
+            return 2
     doc = {
         "study": offline.study.study_name,
         "objective": args.objective,
