@@ -5,15 +5,18 @@ reached, or a Ctrl-C drain), from rank 0 of its trainer GMIs:
 
 * ``learner.pt``: the learner's ``state()`` (the model with its observation statistics, the
   optimiser, the version and the trained steps), as a GMI hand-over passes it on;
-* ``learner.json``: what a later run checks before loading it (the environment, the policy, the
-  observation and action sizes, the trained steps, the version, when it was saved, and the
-  SHA-256 of the ``learner.pt`` it describes).
+* ``learner.json``: what a later run checks before loading it (the environment, the policy and
+  the layer sizes it resolves to, the observation and action sizes, the observation
+  normalisation, the trained steps, the version, when it was saved, and the SHA-256 of the
+  ``learner.pt`` it describes; what must match: ``runtime.checkpoint_fit``).
 
 Both are written whole beside their names, synced, then renamed, ``learner.pt`` first, so a
 reader never sees half a file. A crash between the two renames leaves the new ``learner.pt``
 with the previous save's ``learner.json``; the digest shows it, and the trained steps and
 version are then read from ``learner.pt`` itself (the env, policy and sizes cannot differ
-between two saves of one directory: a run of another kind is refused before it starts).
+between two saves of one directory: a run of another kind is refused before it starts). A
+save never takes the directory back to a learner that has come less far than the one it holds
+(``state_key``; a trainer generation restarted from an older state would otherwise).
 
 The runner adds ``returns.json`` when the run has ended: the last 100 episode returns and the
 episodes of every run so far, tagged with the trained steps of the ``learner.pt`` beside it. A
@@ -34,13 +37,14 @@ import io
 import json
 import logging
 import os
-import re
 import time
 from dataclasses import dataclass
 from typing import Any
 
+from runtime import checkpoint_fit
 from runtime.config import ConfigError, TrainConfig
 from runtime.envs import EnvInfo
+from runtime.learner_state import StateError, load_state, state_key
 
 # torch is imported only where ``learner.pt`` is read or written: the runner imports this
 # module without loading torch, and loads it only to check a checkpoint it resumes from.
@@ -51,7 +55,8 @@ INFO_NAME = "learner.json"
 RETURNS_NAME = "returns.json"
 LOCK_NAME = ".lock"
 
-FORMAT = 2  # 2: learner.json has state_sha256 (format 1 files, without it, are still read)
+FORMAT = 3
+"""2: learner.json has state_sha256; 3: layers and normalize_obs too (older files are read)."""
 
 logger = logging.getLogger(__name__)
 
@@ -105,68 +110,10 @@ def _sha256(path: str) -> str:
     return digest.hexdigest()
 
 
-class StateError(ValueError):
-    """A learner state file that is not one: refused unread (nothing in it runs)."""
-
-
-STATE_KEYS = {"model": dict, "optimizer": dict, "version": int, "trained_steps": int}
-
-
-def _why(exc: BaseException) -> str:
-    """The line of a load error that says what was refused (torch's message is long)."""
-    lines = [re.sub(r"\x1b\[[0-9;]*m", "", ln).strip() for ln in str(exc).splitlines()]
-    lines = [ln for ln in lines if ln]
-    for ln in lines:
-        found = re.search(r"Unsupported (global|operand).*?(?= was not|$)", ln)
-        if found:
-            return f"it names code to run: {found.group(0)}"
-    return lines[0] if lines else type(exc).__name__
-
-
-def load_state(path: str, device: Any = "cpu") -> dict[str, Any]:
-    """A learner ``state()`` from ``path`` (a checkpoint's ``learner.pt`` or a hand-over file),
-    read with ``torch.load(weights_only=True)``: tensors and plain containers only, so a file
-    crafted to run code on load is refused, not run.
-
-    Raises:
-        StateError: the file cannot be read that way, or is not a learner state (what it
-            lacks is named).
-    """
-    import pickle
-
-    import torch
-
-    try:
-        state = torch.load(path, map_location=device, weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, OSError, EOFError, ValueError) as exc:
-        raise StateError(
-            f"{path}: not a learner state that loads as tensors and plain data "
-            f"({_why(exc)}); it was not loaded"
-        ) from None
-    if not isinstance(state, dict):
-        raise StateError(f"{path}: holds a {type(state).__name__}, not a learner state")
-    wrong = [k for k, kind in STATE_KEYS.items() if not isinstance(state.get(k), kind)]
-    if wrong:
-        raise StateError(
-            f"{path}: not a learner state: {', '.join(wrong)} missing or of the wrong type "
-            f"(a learner state holds {', '.join(STATE_KEYS)})"
-        )
-    return state
-
-
-def _counts_from_state(directory: str, state_path: str) -> dict[str, int]:
-    """The trained steps and version of ``learner.pt`` itself, for a ``learner.json`` that is
-    one save behind it."""
-    try:
-        state = load_state(state_path)
-        counts = {"trained_steps": state["trained_steps"], "version": state["version"]}
-    except StateError as exc:
-        raise ConfigError(
-            [
-                f"checkpoint={directory!r}: {INFO_NAME} does not describe "
-                f"{STATE_NAME}, and {STATE_NAME} is unreadable ({exc})"
-            ]
-        ) from None
+def _counts_from_state(directory: str, state: dict[str, Any]) -> dict[str, int]:
+    """The trained steps and version of ``learner.pt`` itself (``state``), for a
+    ``learner.json`` that is one save behind it."""
+    counts = {"trained_steps": state["trained_steps"], "version": state["version"]}
     logger.warning(
         "checkpoint %s: %s is one save behind %s (a stop between the two renames); "
         "resuming from %s's %d trained steps, version %d",
@@ -184,8 +131,9 @@ def check(cfg: TrainConfig, info: EnvInfo) -> Resume | None:
     """What the run ``cfg`` resumes from: None without ``cfg.checkpoint`` or with an empty one.
 
     Raises:
-        ConfigError: the checkpoint belongs to another environment, policy or model size, or
-            already holds ``cfg.steps`` trained steps (each said with what would be allowed).
+        ConfigError: the checkpoint belongs to another environment, network (layer sizes) or
+            observation normalisation (``runtime.checkpoint_fit``), or already holds
+            ``cfg.steps`` trained steps (each said with what would be allowed).
     """
     if cfg.checkpoint is None:
         return None
@@ -195,26 +143,16 @@ def check(cfg: TrainConfig, info: EnvInfo) -> Resume | None:
     if doc is None:
         return None
     state_path = os.path.join(cfg.checkpoint, STATE_NAME)
-    if "state_sha256" in doc and doc["state_sha256"] != _sha256(state_path):
-        doc.update(_counts_from_state(cfg.checkpoint, state_path))
-    else:  # the trainers load it: refuse a file that is not a learner state now, unrun
-        try:
-            load_state(state_path)
-        except StateError as exc:
-            raise ConfigError([f"checkpoint={cfg.checkpoint!r}: {exc}"]) from None
-    problems = []
-    for name, ours in (
-        ("env", cfg.env),
-        ("policy", cfg.policy),
-        ("obs_dim", info.obs_dim),
-        ("act_dim", info.act_dim),
-    ):
-        if doc.get(name) != ours:
-            problems.append(
-                f"checkpoint={cfg.checkpoint!r}: saved with {name}="
-                f"{doc.get(name)!r}, this run has {ours!r}; resume with the same "
-                "env and policy, or give another directory"
-            )
+    behind = "state_sha256" in doc and doc["state_sha256"] != _sha256(state_path)
+    try:  # the trainers load it: refuse a file that is not a learner state now, unrun
+        state = load_state(state_path)
+    except StateError as exc:
+        why = f"{INFO_NAME} does not describe {STATE_NAME}, and {STATE_NAME} is unreadable ("
+        why = f"{why}{exc})" if behind else str(exc)
+        raise ConfigError([f"checkpoint={cfg.checkpoint!r}: {why}"]) from None
+    if behind:
+        doc.update(_counts_from_state(cfg.checkpoint, state))
+    problems = checkpoint_fit.problems(cfg.checkpoint, doc, state, cfg, info)
     steps = int(doc["trained_steps"])
     if steps >= cfg.steps:
         problems.append(
@@ -274,11 +212,42 @@ def _hold(directory: str) -> None:
     _HELD[key] = fd
 
 
-def save(directory: str, state: dict[str, Any], cfg: TrainConfig, info: EnvInfo) -> None:
-    """Writes ``state`` (a learner's ``state()``) and its ``learner.json`` into ``directory``."""
+def saved_key(directory: str) -> tuple[int, int] | None:
+    """``state_key`` of the learner saved in ``directory``: from ``learner.json`` where it
+    describes ``learner.pt`` (its digest matches), else from ``learner.pt`` itself; None where
+    there is none, or none that loads."""
+    state_path = os.path.join(directory, STATE_NAME)
+    if not os.path.exists(state_path):
+        return None
+    try:
+        doc = read_info(directory)
+    except ConfigError:
+        doc = None
+    if doc is not None and doc.get("state_sha256") == _sha256(state_path):
+        return state_key(doc)
+    try:
+        return state_key(load_state(state_path))
+    except StateError:
+        return None  # a save replaces a file that is not a learner state
+
+
+def save(directory: str, state: dict[str, Any], cfg: TrainConfig, info: EnvInfo) -> bool:
+    """Writes ``state`` (a learner's ``state()``) and its ``learner.json`` into ``directory``,
+    unless the learner saved there has come further (``state_key``): a save never takes a
+    checkpoint back to an older state. False where it was not written (a warning says why)."""
     import torch
 
     os.makedirs(directory, exist_ok=True)
+    held = saved_key(directory)
+    if held is not None and held > state_key(state):
+        logger.warning(
+            "checkpoint %s holds the learner at version %d (%d trained steps), further than "
+            "this one at version %d (%d trained steps): not overwritten with the older state",
+            directory,
+            *held,
+            *state_key(state),
+        )
+        return False
     state_path = os.path.join(directory, STATE_NAME)
     info_path = os.path.join(directory, INFO_NAME)
     buf = io.BytesIO()
@@ -290,10 +259,7 @@ def save(directory: str, state: dict[str, Any], cfg: TrainConfig, info: EnvInfo)
         os.fsync(f.fileno())
     doc = {
         "format": FORMAT,
-        "env": cfg.env,
-        "policy": cfg.policy,
-        "obs_dim": info.obs_dim,
-        "act_dim": info.act_dim,
+        **checkpoint_fit.describe(cfg, info),
         "trained_steps": int(state["trained_steps"]),
         "version": int(state["version"]),
         "saved_unix": time.time(),
@@ -305,6 +271,7 @@ def save(directory: str, state: dict[str, Any], cfg: TrainConfig, info: EnvInfo)
         os.fsync(f.fileno())
     os.replace(state_path + _tmp(), state_path)
     os.replace(info_path + _tmp(), info_path)
+    return True
 
 
 def save_returns(

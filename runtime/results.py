@@ -107,7 +107,7 @@ def failed_result(runner: Any, wall_s: float, error: str) -> dict[str, Any]:
     """The result of a run that failed (a service died): what it had done by then. Its
     processes are gone, so everything sampled and not trained or discarded counts as lost."""
     tel = runner.telemetry
-    trained, discarded = tel.trained_steps, tel.discarded_steps
+    trained, discarded = tel.learned_steps, tel.discarded_steps
     sampled = max(runner.actors.sampled_steps(), trained + discarded)
     return {
         "env": runner.cfg.env,
@@ -117,6 +117,7 @@ def failed_result(runner: Any, wall_s: float, error: str) -> dict[str, Any]:
         "sampled_steps": sampled,
         "discarded_steps": discarded,
         "lost_steps": sampled - trained - discarded,
+        "rolled_back_steps": tel.rolled_back_steps,
         "wall_s": wall_s,
         "return_mean": tel.return_mean,
         "episodes": tel.episodes,
@@ -211,11 +212,13 @@ def actor_time(tel: Any, stepped: int) -> dict[str, float | None]:
 def build_result(runner: RunRecord, wall_s: float, energy: Any) -> dict[str, Any]:
     """Assembles the JSON-ready result from the runner's telemetry and energy window.
 
-    Keys: env, env_steps (trained), sampled_steps, discarded_steps, lost_steps,
+    Keys: env, env_steps (trained steps the learner holds: ``RunTelemetry.learned_steps``),
+    sampled_steps, discarded_steps, lost_steps, rolled_back_steps (trained, then rolled back by
+    a trainer restart: lost to the learner, so among lost_steps and not env_steps),
     service_replacements (``runtime.supervisor``: each service death the run survived; with
-    any, lost_steps is what was sampled and neither trained nor discarded), wall_s,
-    steps_per_s (trained steps per second), energy {gpu_j, cpu_j, gpu_source, cpu_source, ...},
-    steps_per_joule (trained steps / (GPU + CPU joules)), and where the CPU figure is the model
+    any, lost_steps is what was sampled and neither trained into the learner nor discarded),
+    wall_s, steps_per_s (env_steps per second), energy {gpu_j, cpu_j, gpu_source, cpu_source, ...},
+    steps_per_joule (env_steps / (GPU + CPU joules)), and where the CPU figure is the model
     (``cpu_source`` ``model``) energy's cpu_model (its name, watts, idle watts and their
     source), cpu_idle_j and cpu_j_busy_only, and steps_per_joule_busy_only (the busy-only
     model's, without the packages' idle draw; absent for RAPL), return_mean (last 100 episodes),
@@ -225,7 +228,8 @@ def build_result(runner: RunRecord, wall_s: float, energy: Any) -> dict[str, Any
     bytes}}, gmis (one entry per trainer GMI of every generation: rank, gpu, mps_pct,
     sm_count, trained_steps, ...), gmi_sharing (mps|shared|exclusive|cpu), gmi_sync,
     weights_identical (the current GMIs ended with bit-identical weights), phases (one per
-    GMI generation, with its own steps/s, GPU W, CPU W and steps per joule), gmi_handovers
+    GMI generation, with its own steps/s, GPU W, CPU W and steps per joule; the phases, the
+    gmis and the timeline count every step trained, rolled back ones too), gmi_handovers
     (``runtime.gmi.fleet.GMIFleet.handovers``: how long each old generation trained on while
     its successor started), gmi_spares (GMIs started from a spare process:
     ``runtime.gmi.spares``), inference
@@ -254,7 +258,7 @@ def build_result(runner: RunRecord, wall_s: float, energy: Any) -> dict[str, Any
                 n,
                 compressor.get("evicted_steps", 0),
             )
-    trained = tel.trained_steps
+    trained = tel.learned_steps
     lag_mean, lag_max = tel.policy_lag()
     energy_doc = (
         energy.to_dict()
@@ -286,6 +290,7 @@ def build_result(runner: RunRecord, wall_s: float, energy: Any) -> dict[str, Any
             if replaced  # the old services' counts died with them; the drain left nothing
             else sum(lost_by_inc.values())
         ),
+        "rolled_back_steps": tel.rolled_back_steps,
         "service_replacements": replaced,
         "wall_s": wall_s,
         "steps_per_s": trained / wall_s if wall_s > 0 else 0.0,

@@ -18,6 +18,8 @@ class RunState:
 
     elapsed_s: float
     trained_steps: int
+    """Trained steps the learner holds (``RunTelemetry.learned_steps``): those a trainer
+    restart rolled back are not among them (``rolled_back_steps``)."""
     sampled_steps: int
     return_mean: float | None
     episodes: int
@@ -31,6 +33,8 @@ class RunState:
     """The learning rate of the lead trainer's last update, or None before it."""
     kl: float | None = None
     """The KL divergence of the lead trainer's last update (``policies.appo.UpdateStats``)."""
+    rolled_back_steps: int = 0
+    """Trained steps trainer restarts rolled back so far (``RunTelemetry.rolled_back_steps``)."""
 
     @classmethod
     def of(cls, telemetry: Any, actors: Any, elapsed_s: float, draining: bool) -> RunState:
@@ -40,7 +44,7 @@ class RunState:
         noise, lr, kl = (lead.get(k) for k in ("noise_scale", "lr", "kl"))
         return cls(
             elapsed_s,
-            telemetry.trained_steps,
+            telemetry.learned_steps,
             actors.sampled_steps(),
             telemetry.return_mean,
             telemetry.episodes,
@@ -51,4 +55,5 @@ class RunState:
             noise if isinstance(noise, int | float) else None,
             lr if isinstance(lr, int | float) else None,
             kl if isinstance(kl, int | float) else None,
+            telemetry.rolled_back_steps,
         )

@@ -131,7 +131,7 @@ class Runner:
             self.telemetry,
             self.generations,
             lambda: (self.cfg.chunk_bytes, self.cfg.chunk_timeout_s),
-            self.resume.state_file if self.resume is not None else None,
+            self.resume,
         )
         self.inference_place: Any = None  # where the inference GMI runs, else None
         self.stop_requested = self.interrupted = False
@@ -362,7 +362,7 @@ class Runner:
             if self.target.check(tel, time.monotonic() - started, self._joules):
                 logger.info("draining: the target return %s is reached", self.cfg.target_return)
                 break
-            if self.resumed_steps + self.telemetry.trained_steps >= self.cfg.steps:
+            if self.resumed_steps + self.telemetry.learned_steps >= self.cfg.steps:
                 break
             rate = self.pace.observe(tel.trained_steps, started)
             if wall_due(self.cfg, self.wall_from or started, rate):

@@ -11,9 +11,14 @@ the run's accounting stays exact: with a replacement, ``lost_steps`` is what was
 neither trained nor discarded once the drain is done.
 
 A trainer GMI that dies takes its generation with it: every trainer process is killed, and a
-new generation starts from the lead GMI's recovery state (``runtime.gmi.role.recovery_file``,
-kept every ``runtime.trainer.RECOVERY_S``; else the state the run started from), with the
-pipeline replaced as above. The new actors act with the version-0 weights until the new
+new generation starts from the learner state kept that has come furthest
+(``runtime.gmi.fleet.GMIFleet.restart``: the lead GMI's recovery state, kept every
+``runtime.trainer.RECOVERY_S``, a hand-over file, the run's checkpoint, or the state the run
+started from), with the pipeline replaced as above. What the old generation trained beyond
+that state is lost to the learner: those steps are rolled back
+(``runtime.telemetry.RunTelemetry.roll_back``), no longer counted as learned, and the
+replacement's entry says from which state the new generation went on and how many steps were
+rolled back. The new actors act with the version-0 weights until the new
 generation publishes, so every actor takes its weights, whatever version they carry. With
 ``inference='gmi'`` the inference GMI is replaced too (it would hold newer weights than the
 recovered ones), and an inference GMI that dies is replaced with the pipeline and the actors
@@ -32,6 +37,7 @@ that exits with code 0 is not a death (its final report is on its way).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -76,7 +82,7 @@ class Supervisor:
             ones must acknowledge a reset, a new migrator retires every older generation), and
             the phase a restarted generation begins.
         chunk_args: The compressor's chunk settings now, ``(chunk_bytes, chunk_timeout_s)``.
-        start_state: The learner state the run started from (a checkpoint's), or None.
+        resumed: The checkpoint the run started from (``runtime.checkpoint.Resume``), or None.
         inference: With ``inference='gmi'``, the inference GMI's process target and arguments
             (set by the runner when it starts it), to start a new one.
     """
@@ -86,10 +92,12 @@ class Supervisor:
     telemetry: Any
     generations: Any
     chunk_args: Callable[[], tuple[int, float]]
-    start_state: str | None = None
+    resumed: Any = None
     inference: tuple[Callable[..., None], tuple[Any, ...]] | None = None
     replacements: list[dict[str, Any]] = field(default_factory=list)
-    """One entry per replacement: seconds into the run, the process that died, its exit code."""
+    """One entry per replacement: seconds into the run, the process that died, its exit code;
+    for a trainer's, the state the new generation went on from (``resumed_from``: its file,
+    version and trained steps, None for a fresh learner) and the ``rolled_back_steps``."""
     failure: str | None = None
     """Why the pipeline is no longer replaced (the run then stops), or None."""
     _deaths: list[float] = field(default_factory=list)
@@ -197,11 +205,11 @@ class Supervisor:
         name, code = self._dead or ("?", None)
         self._reset_epoch += 1
         self.fleet.reset_epoch = self._reset_epoch  # GMIs started from now on hold it
+        entry = {"t": time.monotonic() - self._started, "process": name, "exit_code": code}
         if name.startswith("trainer-"):  # its whole generation goes, and any retiring
             for service in [n for n, _ in self.services.items() if n.startswith("trainer-")]:
                 self.services.stop(service)
-            self.fleet.restart(ep, self._run_dir, self.start_state)
-            self.generations.restarted(self.telemetry.trained_steps)
+            entry.update(self._restart_trainers(ep))
         if self.inference is not None and name != "compressor" and name != "migrator":
             self.services.stop(INFERENCE)  # it died, or holds weights newer than recovered ones
             self.telemetry.replace(INFERENCE)
@@ -209,9 +217,7 @@ class Supervisor:
         for service in PIPELINE:
             self.services.stop(service)
             self.telemetry.replace(service)
-        self.replacements.append(
-            {"t": time.monotonic() - self._started, "process": name, "exit_code": code}
-        )
+        self.replacements.append(entry)
         self.start(ep, self._run_dir)
         self.actors.replace_all(ep)
         self._reset_sent = 0.0
@@ -220,6 +226,25 @@ class Supervisor:
         logger.warning(
             "replaced after %s died (%d so far); actors restarted", name, len(self.replacements)
         )
+
+    def _restart_trainers(self, ep: topology.Endpoints) -> dict[str, Any]:
+        """Starts a trainer generation in place of the dead one, and rolls back what the
+        learner lost: the trained steps beyond the state it goes on from."""
+        start = self.resumed
+        before = start.trained_steps if start is not None else 0  # the runs' before this one
+        saved = self.fleet.restart(ep, self._run_dir, start.state_file if start else None)
+        held = max(0, saved.trained_steps - before) if saved is not None else 0
+        rolled = self.telemetry.roll_back(held)
+        if rolled:
+            logger.warning(
+                "%d trained steps rolled back: the new trainer generation goes on from a "
+                "learner that holds %d of this run's trained steps",
+                rolled,
+                held,
+            )
+        self.generations.restarted(self.telemetry.trained_steps)
+        resumed = None if saved is None else dataclasses.asdict(saved)
+        return {"resumed_from": resumed, "rolled_back_steps": rolled}
 
     def _reset_pending(self) -> bool:
         """Whether a current trainer that reports has not taken the newest reset (one started

@@ -49,6 +49,11 @@ class RunTelemetry:
         self.replaced: dict[str, list[dict[str, Any]]] = {}
         """The last counters of each process that was replaced (it died and a new one took
         its name), by name, oldest first."""
+        self.rolled_back_steps = 0
+        """Steps the trainers reported trained that trainer restarts rolled back (``roll_back``):
+        trained after the state the new generation went on from, so lost to the learner."""
+        self._not_held = 0
+        """Of ``trained_steps``, how many the learner does not hold since the last restart."""
 
     def handle(self, msg: wire.Message) -> None:
         """Takes one STATS message."""
@@ -181,6 +186,27 @@ class RunTelemetry:
     @property
     def trained_steps(self) -> int:
         return self.sum_over(self.trainer_sources(), "trained_steps")
+
+    @property
+    def learned_steps(self) -> int:
+        """The trained steps the learner holds: ``trained_steps`` (every step the trainers
+        reported trained, a throughput figure) less those trainer restarts rolled back. What
+        counts toward the run's ``steps``, and the result's ``env_steps``."""
+        return self.trained_steps - self._not_held
+
+    def roll_back(self, held: int) -> int:
+        """A trainer generation was restarted from a state that holds ``held`` of this run's
+        trained steps: the steps counted as learned beyond them are rolled back (added to
+        ``rolled_back_steps`` and returned), and ``learned_steps`` goes on from ``held``.
+
+        A state may hold steps its trainer trained but had not reported yet (it reports every
+        0.5 s): they count as learned from now on, and nothing is rolled back."""
+        rolled = self.learned_steps - held
+        self._not_held = self.trained_steps - held
+        if rolled < 0:
+            logger.info("the state restarted from holds %d trained steps not reported", -rolled)
+        self.rolled_back_steps += max(0, rolled)
+        return max(0, rolled)
 
     @property
     def discarded_steps(self) -> int:

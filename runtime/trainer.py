@@ -289,7 +289,8 @@ class Trainer:
 
     def _checkpoint(self, periodic: bool) -> None:
         """Saves the learner to ``cfg.checkpoint`` (rank 0, a finite learner that has the
-        run's state); a periodic save only when the version moved since the last."""
+        run's state); a periodic save only when the version moved since the last. A checkpoint
+        that holds a learner further on is left as it is (``checkpoint.save``)."""
         if self.cfg.checkpoint is None or (self.role is not None and self.role.spec.rank != 0):
             return
         if not self.resumed:
@@ -297,7 +298,8 @@ class Trainer:
             # reaches the weights, so a halted trainer's are still fine to save)
         if periodic and self.learner.version == self.saved_version:
             return
-        checkpoint.save(self.cfg.checkpoint, self.learner.state(), self.cfg, self.env_info)
+        if not checkpoint.save(self.cfg.checkpoint, self.learner.state(), self.cfg, self.env_info):
+            return
         self.saved_version = self.learner.version
         logger.info(
             "%s saved the learner at version %d to %s",

@@ -27,7 +27,7 @@ from typing import Any
 
 import zmq
 
-from runtime import topology, wire
+from runtime import checkpoint, topology, wire
 from runtime.config import TrainConfig
 from runtime.envs import EnvInfo
 from runtime.gmi import placement
@@ -37,6 +37,7 @@ from runtime.gmi.role import GMIRole, recovery_file, state_file
 from runtime.gmi.spares import Spares
 from runtime.hw.mps import MPSControl, MPSUnavailable
 from runtime.inference import InferencePlace
+from runtime.learner_state import Saved, furthest
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +82,8 @@ class GMIFleet:
         GMIs had not reported within ``STANDBY_MAX_S``)."""
         self._retire_sent = 0.0
         self._set_up = False
+        self.started_from: str | None = None
+        """The learner state file the current generation started from (None: a fresh one)."""
 
     @property
     def sharing(self) -> str:
@@ -132,7 +135,9 @@ class GMIFleet:
             )
 
     def start(self, ep: topology.Endpoints, run_dir: str, resume_from: str | None = None) -> None:
-        """Starts the current generation's GMI processes."""
+        """Starts the current generation's GMI processes, which go on from the learner state in
+        ``resume_from`` (None: a fresh learner)."""
+        self.started_from = resume_from
         layout = placement.layout(self.gmis)
         for spec in self.gmis:
             env = self.mps.client_env(spec.mps_pct) if self.mps and spec.gpu is not None else {}
@@ -143,19 +148,41 @@ class GMIFleet:
             if self.spares is None or not self.spares.take(role.name, args):
                 self.spawn(role.name, trainer_main, args)
 
-    def restart(self, ep: topology.Endpoints, run_dir: str, fallback: str | None) -> None:
+    def restart(self, ep: topology.Endpoints, run_dir: str, fallback: str | None) -> Saved | None:
         """Starts a new generation in place of one that died (its processes already gone), from
-        the newest learner state the run kept: the lead GMI's recovery state, or the hand-over
-        file of the generation before (when the one that died took over less than
-        ``RECOVERY_S`` ago); else ``fallback`` (the state the run started from, or None: a
-        fresh learner)."""
-        saved = [recovery_file(run_dir), state_file(run_dir, self.generation - 1)]
-        saved = [p for p in saved if os.path.exists(p)]
-        newest = max(saved, key=os.path.getmtime) if saved else fallback
+        the learner state the run kept that has come furthest, and returns it (None: a fresh
+        learner, where none was kept).
+
+        The states kept: the lead GMI's recovery file (every ``RECOVERY_S``), the hand-over
+        file of the generation before, the file the generation that died started from, the
+        run's ``--checkpoint`` ``learner.pt`` (every ``checkpoint_every_s``), and ``fallback``
+        (the state the run started from). Furthest is by ``state_key`` (version, then trained
+        steps): both only grow as the learner updates, and every state kept is of one line of
+        descent (each restart goes on from the furthest, so no state ahead of it is left
+        behind), so the greater key is the later state. A file's time is no measure: it says
+        when the file was written, not how far the learner in it had come. Where two are as far,
+        they hold one state, and the one written last is taken."""
+        ckpt = self.cfg.checkpoint
+        newest = furthest(
+            [
+                recovery_file(run_dir),
+                state_file(run_dir, self.generation - 1),
+                self.started_from,
+                os.path.join(ckpt, checkpoint.STATE_NAME) if ckpt is not None else None,
+                fallback,
+            ]
+        )
         self.generation += 1
         self._standby.clear()  # every trainer process was killed, the standby ones too
-        logger.warning("trainer GMIs restarted as generation %d from %s", self.generation, newest)
-        self.start(ep, run_dir, newest)
+        logger.warning(
+            "trainer GMIs restarted as generation %d from %s",
+            self.generation,
+            f"{newest.path} (version {newest.version}, {newest.trained_steps} trained steps)"
+            if newest is not None
+            else "a fresh learner (no state kept)",
+        )
+        self.start(ep, run_dir, newest.path if newest is not None else None)
+        return newest
 
     def inference_place(self) -> InferencePlace:
         """Where the inference GMI runs (``inference='gmi'``): on the first trainer GPU, an MPS

@@ -21,7 +21,8 @@ class GMIRole:
         layout: Per GPU, the ranks of this generation (see ``runtime.gmi.placement``).
         run_dir: The run's private directory (rendezvous and hand-over files).
         resume_from: The previous generation's state file to wait for (generation 0: the
-            checkpoint the run resumes from), or None.
+            checkpoint the run resumes from; a generation started in place of one that died:
+            the state kept that had come furthest, ``GMIFleet.restart``), or None.
         env: Environment for the process (MPS client variables), set before CUDA starts.
         reset_epoch: The run's newest pipeline reset when the GMI starts (``runtime.supervisor``):
             a GMI started after a replacement holds nothing of the old pipeline, so it takes
