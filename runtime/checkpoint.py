@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from runtime import checkpoint_fit
+from runtime.atomic_file import replaced
 from runtime.config import ConfigError, TrainConfig
 from runtime.envs import EnvInfo
 from runtime.learner_state import StateError, load_state, state_key
@@ -183,11 +184,6 @@ def _check_writable(directory: str) -> None:
         raise ConfigError([f"checkpoint={directory!r}: {path} {what}; give a directory to save in"])
 
 
-def _tmp() -> str:
-    """A temporary name's ending that no other process writes."""
-    return f".{os.getpid()}.tmp"
-
-
 _HELD: dict[str, int] = {}
 """Checkpoint directories this process holds (their lock's file descriptor), for its life."""
 
@@ -253,10 +249,6 @@ def save(directory: str, state: dict[str, Any], cfg: TrainConfig, info: EnvInfo)
     buf = io.BytesIO()
     torch.save(state, buf)
     data = buf.getvalue()
-    with open(state_path + _tmp(), "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
     doc = {
         "format": FORMAT,
         **checkpoint_fit.describe(cfg, info),
@@ -265,12 +257,12 @@ def save(directory: str, state: dict[str, Any], cfg: TrainConfig, info: EnvInfo)
         "saved_unix": time.time(),
         "state_sha256": hashlib.sha256(data).hexdigest(),
     }
-    with open(info_path + _tmp(), "w") as f:
-        json.dump(doc, f, indent=2)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(state_path + _tmp(), state_path)
-    os.replace(info_path + _tmp(), info_path)
+    with (
+        replaced(info_path, sync=True) as info_file,  # renamed second, as it leaves last
+        replaced(state_path, "wb", sync=True) as state_file,
+    ):
+        state_file.write(data)
+        json.dump(doc, info_file, indent=2)
     return True
 
 
@@ -286,8 +278,7 @@ def save_returns(
         doc = None
     if doc is None:
         return
-    path = os.path.join(directory, RETURNS_NAME)
-    with open(path + _tmp(), "w") as f:
+    with replaced(os.path.join(directory, RETURNS_NAME)) as f:
         json.dump(
             {
                 "trained_steps": int(doc["trained_steps"]),
@@ -297,7 +288,6 @@ def save_returns(
             },
             f,
         )
-    os.replace(path + _tmp(), path)
 
 
 def _saved_returns(directory: str, trained_steps: int) -> dict[str, Any] | None:

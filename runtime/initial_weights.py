@@ -13,12 +13,13 @@ children start side by side while the runner goes on. The file is ``.npz``, read
 
 from __future__ import annotations
 
-import os
 import zipfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from runtime.atomic_file import replaced
 
 Weights = tuple[list[str], list[np.ndarray]]
 
@@ -74,10 +75,9 @@ class InitialWeights:
 def save(path: Path, weights: Weights) -> None:
     """Writes ``weights`` to ``path`` whole (a temporary file, then a rename)."""
     names, arrays = weights
-    tmp = path.with_suffix(".tmp.npz")
     parts = {f"a{i}": a for i, a in enumerate(arrays)}
-    np.savez(tmp, names=np.array(names, dtype=str), **parts)
-    os.replace(tmp, path)
+    with replaced(path, "wb") as f:
+        np.savez(f, names=np.array(names, dtype=str), **parts)
 
 
 def load(initial: Weights | str) -> Weights:

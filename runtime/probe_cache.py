@@ -34,12 +34,12 @@ import logging
 import os
 import platform
 import sys
-import tempfile
 import time
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from runtime.atomic_file import replaced
 from runtime.cache_dirs import cache_root
 from runtime.probes import ProbeError, Probes, run_probes
 
@@ -206,13 +206,7 @@ def _read(path: Path) -> Probes | None:
 
 def _write(path: Path, found: Probes) -> None:
     """Stores ``found``; a cache that cannot be written is skipped (the run goes on)."""
-    tmp = None
-    try:
+    with contextlib.suppress(OSError):
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".probe-", suffix=".json")
-        with os.fdopen(fd, "w") as f:
+        with replaced(path) as f:
             json.dump(found.to_dict(), f)
-        os.replace(tmp, path)
-    except OSError:
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)

@@ -28,6 +28,7 @@ import zmq
 
 from policies.nonfinite import NonFiniteUpdate
 from runtime import checkpoint, wire
+from runtime.atomic_file import replaced
 from runtime.config import TrainConfig
 from runtime.envs import EnvInfo
 from runtime.gmi.role import GMIRole
@@ -350,8 +351,8 @@ class Trainer:
         hand-over file when retiring, the recovery file every ``RECOVERY_S``."""
         import torch
 
-        torch.save(self.learner.state(), path + ".tmp")
-        os.replace(path + ".tmp", path)
+        with replaced(path, "wb") as f:
+            torch.save(self.learner.state(), f)
         logger.info(
             "%s saved the learner at version %d to %s", self.name, self.learner.version, path
         )

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from runtime.atomic_file import replaced
 
 
 class OutputPathError(ValueError):
@@ -38,17 +39,8 @@ def write_text(path: Path, text: str) -> None:
     """Writes ``text`` to ``path`` whole or not at all (a temporary file beside it, then a
     rename): a full disk or a killed process never leaves half a file over a good one."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.fchmod(fd, 0o666 & ~umask)  # as a plain write would make it (mkstemp's is 0600)
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with replaced(path, plain_mode=True) as f:  # as a plain write would make it, not 0600
+        f.write(text)
 
 
 def write_json(path: Path | None, doc: object) -> None:
