@@ -16,6 +16,8 @@ if worker := os.environ.get("PYTEST_XDIST_WORKER"):
     os.makedirs(_tmp, mode=0o700, exist_ok=True)
     os.environ["TMPDIR"] = _tmp
     tempfile.tempdir = None  # gettempdir() reads $TMPDIR again
+    # and their daemons' locks on this machine's cores (one worker's must not refuse the other's)
+    os.environ["AUTOTUNE_MACHINE_LOCKS"] = os.path.join(_tmp, "machine-locks")
 
 from runtime.hw.gpus import no_gpu_reason
 

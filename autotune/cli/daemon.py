@@ -182,6 +182,7 @@ def _daemon(console: Console, args: argparse.Namespace, endpoint: str) -> int:
                 **os.environ,
                 "AUTOTUNE_HOME": str(protocol.state_dir()),
                 **({"AUTOTUNE_KEYS": str(keys_dir())} if os.environ.get("AUTOTUNE_KEYS") else {}),
+                **_absolute("AUTOTUNE_MACHINE_LOCKS"),
             },
         )
     deadline = time.monotonic() + START_TIMEOUT_S
@@ -242,3 +243,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         render(console, job, args.history)
     write_json(args.json, doc)
     return 0
+
+
+def _absolute(name: str) -> dict[str, str]:
+    """``{name: its value made absolute}`` where the variable is set, else nothing."""
+    value = os.environ.get(name)
+    return {name: os.path.abspath(value)} if value else {}

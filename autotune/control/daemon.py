@@ -9,7 +9,7 @@ left RUNNING are failed, the others rebuild the tuner's history (``OnlineTuner._
 
 It also shares the machine out among its jobs (``autotune.control.sharing``): each job gets
 a budget of cores, a GPU and an MPS share, is pinned to it, and is tuned inside it. One daemon
-runs per state dir (a lock there); a second is refused.
+runs per state dir, and one hands out a core or GPU (locks: ``autotune.control.home``).
 
 The loop never blocks on a job: it polls the control socket (``autotune.control.protocol``),
 ticks each tuner, and drops jobs silent too long (``protocol.too_silent``; one that comes back
@@ -33,7 +33,7 @@ from autotune.control import protocol
 from autotune.control.admission import storage_problem
 from autotune.control.allocator import Budget
 from autotune.control.claims import claim_from, process_gone, share_of, valid_pid
-from autotune.control.home import hold_lock
+from autotune.control.home import hold_lock, hold_machine
 from autotune.control.keys import serve_curve
 from autotune.control.machine import MachineView, detect
 from autotune.control.protocol import MsgType
@@ -85,13 +85,13 @@ class Daemon:
         self.machine, self.reserve = machine, reserve
         self.shares: MachineShares | None = None
         self.lock: Any = None
+        self.machine_locks: list[Any] = []  # on the cores and GPUs it hands out
         self.sessions: dict[str, Session] = {}
         self.stopping = False
         self.started = time.time()
         self.ctx = zmq.Context()
         self.sock: zmq.Socket | None = None
-        self.auth: Any = None
-        """The ZAP authenticator of a tcp:// endpoint (``autotune.control.keys``), else None."""
+        self.auth: Any = None  # a tcp:// endpoint's ZAP authenticator (control.keys)
 
     def bind(self) -> None:
         """Binds the control socket.
@@ -110,6 +110,8 @@ class Daemon:
             machine = self.machine or detect(self.reserve)
         except ValueError as exc:
             raise protocol.ControlError(str(exc)) from None
+        if self.machine is None:  # this machine's cores and GPUs, not a description's
+            self.machine_locks = hold_machine(machine.reserved + machine.cores, machine.gpu_ids)
         self.shares = MachineShares(machine, self._budget, self._params)
         path = protocol.ipc_path(self.endpoint)
         if path is not None and path.exists():

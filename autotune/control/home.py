@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -74,3 +75,64 @@ def hold_lock(name: str, what: str) -> Any:
     f.write(str(os.getpid()))
     f.flush()
     return f
+
+
+def machine_locks_dir() -> Path:
+    """Where daemons lock the cores and GPUs they hand out (``hold_machine``): one directory per
+    user, whatever each daemon's state dir (``AUTOTUNE_MACHINE_LOCKS`` moves it)."""
+    path = os.environ.get("AUTOTUNE_MACHINE_LOCKS") or f"/tmp/autotune-machine-{os.getuid()}"
+    return private_dir(
+        Path(path).absolute(),
+        "machine lock dir",
+        hint=" (set AUTOTUNE_MACHINE_LOCKS to another directory)",
+    )
+
+
+def hold_machine(cores: Iterable[int], gpus: Iterable[int]) -> list[Any]:
+    """Exclusive locks on each of ``cores`` and ``gpus`` (what a daemon hands out or keeps), held
+    while the returned files stay open: two daemons of one user never hand out one core or GPU,
+    even with different state dirs. Each lock file says which daemon holds it (its pid and
+    state dir).
+
+    Raises:
+        ControlError: another daemon holds some of them (which, by whom), with what to do.
+    """
+    import fcntl
+
+    where = machine_locks_dir()
+    me = f"{os.getpid()} {state_dir()}"
+    held: list[Any] = []
+    taken: dict[str, list[str]] = {}
+    for kind, ids in (("core", cores), ("GPU", gpus)):
+        for i in ids:
+            f = open(where / f"{kind.lower()}-{int(i)}.lock", "a+")  # noqa: SIM115 - held
+            try:
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                f.seek(0)
+                taken.setdefault(f.read().strip() or "unknown", []).append(f"{kind} {i}")
+                f.close()
+                continue
+            f.seek(0)
+            f.truncate()
+            f.write(me)
+            f.flush()
+            held.append(f)
+    if taken:
+        for f in held:
+            f.close()
+        who = "; ".join(
+            f"{', '.join(what)} by the daemon {_holder(holder)}" for holder, what in taken.items()
+        )
+        raise ControlError(
+            f"another daemon already hands out {who}. One daemon per machine, or daemons on "
+            "disjoint CPU sets and GPUs: start this one with a CPU set that leaves those out "
+            "(taskset -c ...) and CUDA_VISIBLE_DEVICES, or stop the other (autotune daemon "
+            "stop, with AUTOTUNE_HOME set to its state dir)"
+        )
+    return held
+
+
+def _holder(line: str) -> str:
+    pid, _, home = line.partition(" ")
+    return f"pid {pid}" + (f" (state dir {home})" if home else "")

@@ -61,6 +61,10 @@ class MachineView:
         if len(set(self.cores)) != len(self.cores) or set(self.cores) & set(self.reserved):
             raise ValueError(f"cores {self.cores} and reserve {self.reserved} overlap or repeat")
 
+    @property
+    def gpu_ids(self) -> list[int]:
+        return [g.index for g in self.gpus]
+
     def gpu(self, index: int) -> GPUView:
         for g in self.gpus:
             if g.index == index:

@@ -213,14 +213,19 @@ def test_sigkilled_daemon_restarts_and_resumes_the_study_with_no_trial_lost(tmp_
 
 
 def test_a_second_daemon_and_a_storage_the_daemon_cannot_open_are_refused(tmp_path):
-    """One daemon: a second one on the same socket is refused, naming the first; a job whose
-    storage it cannot open is refused and does not start; then it stops."""
+    """One daemon: a second one on the same socket, or on another state dir (it would hand out
+    the same cores), is refused, naming the first; a job whose storage it cannot open is
+    refused and does not start; then it stops."""
     env = _env(tmp_path)
     pid = _daemon_pid(env)
     try:
         again = _cli(env, "daemon", "run")
         assert again.returncode == 2 and "already runs on ipc://" in again.stderr
         assert f"(pid {pid})" in again.stderr
+        elsewhere = _cli({**env, "AUTOTUNE_HOME": str(tmp_path / "h2")}, "daemon", "run")
+        assert elsewhere.returncode == 2, elsewhere.stderr  # its cores are handed out already
+        assert "another daemon already hands out core" in elsewhere.stderr
+        assert f"pid {pid} (state dir {env['AUTOTUNE_HOME']})" in elsewhere.stderr
         out = _cli(env, "train", "--tune", "--quiet", "--storage", "nosuch://x")
         st = _cli(env, "status")
     finally:
