@@ -106,9 +106,10 @@ class ProgressDisplay:
                 self._unprinted = self._line(state, self._rate)
             return
         t0, s0 = self._rate_mark
+        done = state.trained_steps + state.rolled_back_steps  # a rollback is no negative rate
         if state.elapsed_s > t0:
-            self._rate = (state.trained_steps - s0) / (state.elapsed_s - t0)
-        self._rate_mark = (state.elapsed_s, state.trained_steps)
+            self._rate = (done - s0) / (state.elapsed_s - t0)
+        self._rate_mark = (state.elapsed_s, done)
         self._last_render = now
         line = self._line(state, self._rate)
         if self.plain:
@@ -149,7 +150,13 @@ def summary_table(result: dict[str, Any]) -> Table:
         (
             "sampled / discarded / lost",
             f"{result['sampled_steps']:,} / "
-            f"{result['discarded_steps']:,} / {result['lost_steps']:,}",
+            f"{result['discarded_steps']:,} / {result['lost_steps']:,}"
+            + (
+                f" ({result['rolled_back_steps']:,} of them trained, then rolled back by a "
+                "trainer restart)"
+                if result.get("rolled_back_steps")
+                else ""
+            ),
         ),
         ("wall time", f"{result['wall_s']:.1f} s"),
         ("trained steps/s", _fmt(result["steps_per_s"])),

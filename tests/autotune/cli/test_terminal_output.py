@@ -43,6 +43,10 @@ def test_the_summary_says_when_more_was_trained_than_asked():
     spent = {"env_s": 3.2, "policy_s": 0.6, "cpu_s": 7.3, "cpu_us_per_step": 812.4}
     assert "envs 3 s, actions 1 s, 812 us CPU/step" in rendered(8960, 80, actor_time=spent)
     assert "asked" not in rendered(4096)
+    # steps a trainer restart rolled back are named among the lost
+    rolled = rendered(4096, lost_steps=900, rolled_back_steps=512)
+    assert "0 / 900 (512 of them trained, then rolled back by a trainer restart)" in rolled
+    assert "rolled back" not in rendered(4096, rolled_back_steps=0)
 
 
 NOISY_ENV = """
@@ -149,6 +153,30 @@ def test_without_a_terminal_progress_is_a_plain_line_every_few_seconds(monkeypat
     ]
     assert "noise" not in lines[0]  # before the learner says
     assert "noise 1,234  lr 0.0003" in lines[1]  # the learner's noise scale and rate
+
+
+def test_a_rollback_does_not_show_as_a_negative_rate(monkeypatch):
+    """After a trainer restart rolls steps back, the learned count drops; the rate shown is the
+    training's, counting what was rolled back, never negative."""
+    import io
+
+    from rich.console import Console
+
+    from autotune.cli import display
+    from runtime.config import TrainConfig
+    from runtime.run_state import RunState
+
+    clock = [1000.0]
+    monkeypatch.setattr(display.time, "monotonic", lambda: clock[0])
+    out = io.StringIO()
+    shown = display.ProgressDisplay(Console(file=out, width=200), TrainConfig(steps=100_000))
+    with shown:
+        shown.update(RunState(1.0, 8000, 8000, None, 0, 0.0, 0, 0, False))
+        clock[0] += display.PLAIN_EVERY_S
+        rolled = RunState(2.0, 6000, 9000, None, 0, 0.0, 0, 0, False, rolled_back_steps=3000)
+        shown.update(rolled)  # 8,000 learned, 3,000 of them rolled back, 1,000 trained since
+    lines = out.getvalue().splitlines()
+    assert "6,000/100,000 trained" in lines[1] and "1,000 steps/s" in lines[1], lines
 
 
 def test_the_trial_table_never_splits_a_number_at_80_columns():
