@@ -3,8 +3,9 @@ role's process SIGKILLed partway, beside an unfaulted run of the same length.
 
 For each faulted run, ``after`` is the steps it trained from the kill to its end, and ``same
 span`` what the unfaulted run trained over the same seconds of its own run (its timeline,
-interpolated); their ratio is what the fault cost. ``recovery_s`` is the time from the kill to
-the first trained step reported after it. Every run's accounting must stay exact.
+interpolated); their ratio is what the fault cost (steps a trainer restart rolled back are
+not among them). ``recovery_s`` is the time from the kill to the first trained step reported
+after it. Every run's accounting must stay exact.
 """
 
 from __future__ import annotations
@@ -38,14 +39,15 @@ def fault_run(env: str, role: str, seconds: float, kill_at_s: float, **cfg: Any)
     runner: Runner
 
     def progress(state: Any) -> None:
-        if "kill_s" in marks and "back_s" not in marks and state.trained_steps > marks["steps"]:
+        done = state.trained_steps + state.rolled_back_steps  # a rollback is no step trained
+        if "kill_s" in marks and "back_s" not in marks and done > marks["done"]:
             marks["back_s"] = state.elapsed_s
         if role == "none" or "kill_s" in marks:
             return
         ready = role != "trainer" or os.path.exists(recovery_file(runner.run_dir))
         if state.elapsed_s >= kill_at_s and ready:
             os.kill(_process(runner, role), signal.SIGKILL)
-            marks.update(kill_s=state.elapsed_s, steps=state.trained_steps)
+            marks.update(kill_s=state.elapsed_s, steps=state.trained_steps, done=done)
 
     runner = Runner(config, config.validate(), on_progress=progress)
     started = time.monotonic()
