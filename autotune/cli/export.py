@@ -19,15 +19,14 @@ def add_export_command(sub: Any) -> None:
         "export",
         help="write a study's recommended runtime config and hardware sizing (JSON or YAML), "
         "with its evidence and plots",
-        description="Reads an 'autotune study --env' or 'autotune wrap' study. For a wrap "
-        "study it writes the script's best knob values, the command with them "
-        "filled in and the evidence. For a training study it writes the config "
-        "with the best median of what --pick names, the study's own objective by "
-        "default (actors, envs per actor, GMIs per GPU, MPS % per GMI, batch "
-        "sizes, trainer device, and a full config for 'autotune train --config'),"
-        " the CPU threads per GPU SM it needs, what a target machine would need, "
-        "and the evidence: trials, and its measured steps/J against the default "
-        "config's.",
+        description="Reads an 'autotune study --env', 'autotune study -- CMD' or 'autotune "
+        "wrap' study. For a wrapped script's study it writes the script's best knob values, "
+        "the command with them filled in and the evidence. For a training study it writes "
+        "the config with the best median of what --pick names, the study's own objective by "
+        "default (actors, envs per actor, GMIs per GPU, MPS % per GMI, batch sizes, trainer "
+        "device, and a full config for 'autotune train --config'), the CPU threads per GPU "
+        "SM it needs (null for a CPU trainer), what a target machine would need, and the "
+        "evidence: trials, and its measured steps/J against the default config's.",
         epilog="example: autotune export --study ant-study --format yaml --out ant.yaml "
         "--plots plots/ --target-gpus 8 --target-cores 96",
     )
@@ -91,7 +90,7 @@ def cmd_export(args: argparse.Namespace) -> int:
                 flags = ", ".join("--" + n.replace("_", "-") for n in given)
                 raise ExportError(
                     f"{flags}: a hardware sizing needs a study of autotune's own runtime "
-                    "('autotune study --env'); a wrap study holds a script's knobs"
+                    "('autotune study --env'); a wrapped script's study holds its knobs"
                 )
             doc = wrap_export_doc(study, args.pick)
         else:
@@ -113,10 +112,12 @@ def cmd_export(args: argparse.Namespace) -> int:
         from autotune.workflows.plots import write_plots
 
         values = doc["recommended"]["values"]
+        # the SM plot shows the study's GPU trials, whatever device the recommendation uses
+        sms = None if wrapped else args.sms or (doc["evidence"]["machine"] or {}).get("sm_count")
         paths = (
             write_wrap_plots(study, args.plots, values)
             if wrapped
-            else write_plots(study, args.plots, doc["sizing"]["sm_count"], values)
+            else write_plots(study, args.plots, sms, values)
         )
         console.print("plots: " + ", ".join(str(p) for p in paths))
     ev, metric = doc["evidence"], doc["picked_by"]

@@ -46,7 +46,9 @@ def add_study_command(sub: Any) -> None:
         metavar="FILE",
         help="start from this config (an 'autotune export' file, a 'train "
         "--json' result or a config mapping): every trial runs it with the "
-        "knobs' values, and the first trial runs it as it is; --env and "
+        "knobs' values, and the first trial runs it as it is, values outside "
+        "the knobs' choices included (a knob with one value, from --knob or "
+        "the cores, runs at that value; the study says so); --env and "
         "--policy, if given, replace its own",
     )
     study.add_argument(
@@ -227,7 +229,7 @@ def cmd_study(args: argparse.Namespace) -> int:
     # optuna and the runtime: imported by the command that needs them, not by every command
     # optuna, through the tuning layer: imported by this command only
     from autotune.tuning.storage import StudyError
-    from autotune.workflows.study import summary
+    from autotune.workflows.study import from_notes, summary
     from autotune.workflows.study_run import prepare, run_trials
 
     console = Console(stderr=True)
@@ -237,6 +239,8 @@ def cmd_study(args: argparse.Namespace) -> int:
     except (KnobError, StudyError, ValueError) as exc:
         console.print(f"[red]error:[/red] {escape(str(exc))}")
         return 2
+    for note in from_notes(options, offline):
+        console.print(f"[yellow]note:[/yellow] {escape(note)}")
     progress = Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -309,6 +313,7 @@ def best_text(offline: OfflineStudy) -> str:
     best = best_trial(offline.study)
     if best is None:
         return ""
+    shown = {**best.params, **(best.user_attrs.get("given") or {})}  # run as given: no params
     if best.user_attrs.get("target_return") is not None:
-        return f"best: trial {best.number} {best.params}{target_text(best.user_attrs)}"
-    return f"best: trial {best.number} {best.params} -> {best.value:.4g}"
+        return f"best: trial {best.number} {shown}{target_text(best.user_attrs)}"
+    return f"best: trial {best.number} {shown} -> {best.value:.4g}"

@@ -248,10 +248,26 @@ def build_space(
 
 
 def to_config_value(name: str, value: Any) -> Any:
-    """The ``TrainConfig`` value of a knob value (``mps_pct`` is one percentage for every GMI;
-    100 means no limit)."""
+    """The ``TrainConfig`` value of a knob value (``mps_pct`` is one percentage for every GMI,
+    100 meaning no limit, or a list of one per GMI, as a config given to start from may hold)."""
     if name == "mps_pct":
+        if isinstance(value, list | tuple):
+            return tuple(int(v) for v in value)
         return None if value == 100 else (int(value),)
+    return value
+
+
+def knob_value(cfg: Any, name: str, cuda: bool) -> Any:
+    """A config's value of knob ``name`` in knob terms, as it runs here: ``mps_pct`` None is
+    100 and one share for every GMI is that share (shares that differ among the GMIs stay a
+    list); ``trainer_device`` auto is cuda where ``cuda`` (a GPU here), else cpu."""
+    value = getattr(cfg, name)
+    if name == "mps_pct":
+        if value is None:
+            return 100
+        return int(value[0]) if len(set(value)) == 1 else [int(v) for v in value]
+    if name == "trainer_device" and value == "auto":
+        return "cuda" if cuda else "cpu"
     return value
 
 

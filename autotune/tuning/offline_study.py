@@ -12,7 +12,14 @@ A trial is a whole new run, so every knob can move, the ones that need a new run
 
 The order of trials in a study:
 
-1. the default config (``role`` "default"), the yardstick ``autotune export`` compares with;
+1. the default config (``role`` "default"), the yardstick ``autotune export`` compares with:
+   the base config's values, each the nearest of its knob's choices; or, for a base config
+   the user gave (``from_config``: ``autotune study --from``), that config as it is. Its
+   values that lie outside their knob's choices (``envs_per_actor`` 3 where the knob tries
+   powers of two, a ``trainer_threads`` the knob does not try, an MPS share per GMI) are then
+   run as given (``given_values``): the trial keeps them in its ``given`` attribute and
+   suggests only the other knobs, so Optuna never sees a value outside a knob's choices and
+   the study stays valid;
 2. GMI-DRL's profiling-based exploration (``role`` "profile", train trials only): for each
    count of trainer GMIs, ascending, environments per actor ascending, with every actor slot
    filled; a row stops at saturation, the first point that gains less than ``SATURATION`` over
@@ -35,6 +42,9 @@ times the statistical efficiency of the batch at the measured gradient noise sca
 joules to a target return (``joules_to_target``:
 each trial runs until its 100-episode mean return reaches the base config's ``target_return``,
 or its wall limit; ranked by ``TARGET_METRIC``, 1e6 over those joules, 0 short of it).
+Every trial keeps every knob's value it ran with (the fixed ones too, which a worker on
+fewer cores may fix otherwise than the study's first session) in its ``values`` attribute:
+what ``autotune export`` recommends from, and what its failures are remembered by.
 The study is in RDB storage and resumes where it stopped,
 profiling included; a trial cut by Ctrl-C is failed as interrupted and its config may run
 again.
@@ -48,7 +58,7 @@ from typing import Any
 
 from optuna.trial import TrialState
 
-from autotune.tuning.knobs import Knob
+from autotune.tuning.knobs import Knob, knob_value
 from autotune.tuning.reference import (
     GOODPUT_METRIC,
     METRICS,
@@ -88,6 +98,33 @@ CONFIRM_TOP = 3
 """Confirmation trials re-measure among this many best configs (by median)."""
 
 
+def given_values(
+    trials: TrainTrials | ScriptTrials, exact: bool
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The default config's tuned knob values, split: those among their knob's choices (the
+    trial's parameters) and those outside (run as given). With ``exact``, the default config
+    is the base config of ``TrainTrials`` as it is (``trainer_device`` auto as it resolves
+    here); otherwise, and for ``ScriptTrials``, the trials' ``default`` (all inside)."""
+    base = getattr(trials, "base", None)
+    if base is None or not exact:
+        return trials.default(), {}
+    inside, given = {}, {}
+    for k in trials.knobs:
+        value = knob_value(base, k.name, cuda="cuda" in k.choices)
+        (inside if value in k.choices else given)[k.name] = value
+    return inside, given
+
+
+def run_values(trial: Any) -> dict[str, Any]:
+    """A trial's tuned knob values: its parameters (those it is to get, while it waits) and
+    the values it runs as given."""
+    return {
+        **trial.system_attrs.get("fixed_params", {}),
+        **trial.params,
+        **(trial.user_attrs.get("given") or {}),
+    }
+
+
 class OfflineStudy:
     """Asks, runs and tells one trial at a time, in the order the module docstring gives.
 
@@ -98,6 +135,8 @@ class OfflineStudy:
         profile: Whether to run the profiling seeds (where ``trials`` has a plan).
         reference_every: Re-run the default config after this many other trials and scale
             every trial by the latest such reference (``autotune.tuning.reference``); 0: never.
+        from_config: The base config of ``trials`` is one the user gave: the default config
+            is that as it is (``given_values``).
     """
 
     def __init__(
@@ -107,6 +146,7 @@ class OfflineStudy:
         objective: str = "steps_per_joule",
         profile: bool = True,
         reference_every: int = 0,
+        from_config: bool = False,
     ) -> None:
         if objective not in OBJECTIVES:
             raise ValueError(f"objective={objective!r}: allowed {', '.join(OBJECTIVES)}")
@@ -116,6 +156,13 @@ class OfflineStudy:
         self.study, self.trials, self.objective = study, trials, objective
         self.metrics = OBJECTIVES[objective]
         self.rows = trials.profile_rows() if profile else []
+        inside, given = given_values(trials, exact=from_config)
+        self.given = given
+        """The default config's values outside their knob's choices, run as given."""
+        self._default = {**inside, **given}
+        self.changed: dict[str, tuple[Any, Any]] = {}
+        """The base config's values of knobs no trial runs as given, as (given, run): set by
+        whoever made the study from a config (``autotune.workflows.study.fixed_changes``)."""
         fail_orphans(study)
         self.failed = failed_configs(study)
 
@@ -123,13 +170,33 @@ class OfflineStudy:
     def knobs(self) -> list[Knob]:
         return self.trials.knobs
 
+    def default(self) -> dict[str, Any]:
+        """The default config's tuned knob values, as its trials run it (``given_values``)."""
+        return dict(self._default)
+
+    def _full(self, values: dict[str, Any]) -> dict[str, Any]:
+        """Every knob's value a trial of tuned ``values`` runs with: the fixed ones too."""
+        return {**self.trials.fixed, **values}
+
+    def _enqueue(self, values: dict[str, Any], role: str | None, skip_if_exists: bool) -> None:
+        """Enqueues a trial of tuned ``values``; those outside their knob's choices go in its
+        ``given`` attribute, not its parameters (Optuna refuses them there)."""
+        choices = {k.name: k.choices for k in self.knobs}
+        given = {n: v for n, v in values.items() if n in choices and v not in choices[n]}
+        attrs = {**({"role": role} if role else {}), **({"given": given} if given else {})}
+        self.study.enqueue_trial(
+            {n: v for n, v in values.items() if n not in given},
+            user_attrs=attrs or None,
+            skip_if_exists=skip_if_exists,
+        )
+
     def _history(self) -> tuple[dict[str, float | None], set[str], set[str]]:
         """Configs measured (their saturation metric, None if failed), configs waiting or
         running, and the roles already taken."""
         measured: dict[str, float | None] = {}
         pending, roles = set(), set()
         for t in self.study.get_trials(deepcopy=False):
-            key = config_key(t.params)
+            key = config_key(run_values(t))
             roles.add(t.user_attrs.get("role"))
             if t.state == TrialState.COMPLETE:
                 measured[key] = score(t, self.metrics[0])
@@ -142,7 +209,7 @@ class OfflineStudy:
     def next_planned(self) -> tuple[dict[str, Any], str] | None:
         """The default config, then the next profiling seed; None when the sampler's turn."""
         measured, pending, roles = self._history()
-        default = self.trials.default()
+        default = self.default()
         key = config_key(default)
         if "default" not in roles and key not in pending and key not in measured and self.knobs:
             return default, "default"
@@ -170,11 +237,7 @@ class OfflineStudy:
             stale = self.study._storage.get_trial(taken._trial_id)
             role = stale.user_attrs.get("role")  # none: the sampler's role is set when it runs
             fail_interrupted(self.study, taken, "asked before this session's reference run")
-            self.study.enqueue_trial(
-                stale.system_attrs.get("fixed_params", {}),
-                user_attrs={"role": role} if role else None,
-                skip_if_exists=False,
-            )
+            self._enqueue(run_values(stale), role, skip_if_exists=False)
             taken = ask(self.study)
             if taken.user_attrs.get("role") in REFERENCE_ROLES:
                 break
@@ -184,11 +247,9 @@ class OfflineStudy:
         picked = self.confirm_pick() if confirm else None
         planned = None if picked is not None else self.next_planned()
         if picked is not None:
-            self.study.enqueue_trial(picked, user_attrs={"role": "confirm"}, skip_if_exists=False)
+            self._enqueue(picked, "confirm", skip_if_exists=False)
         elif planned is not None:
-            self.study.enqueue_trial(
-                planned[0], user_attrs={"role": planned[1]}, skip_if_exists=True
-            )
+            self._enqueue(planned[0], planned[1], skip_if_exists=True)
 
     def confirm_pick(self) -> dict[str, Any] | None:
         """The config a confirmation trial re-measures (see the module docstring); None while
@@ -198,11 +259,11 @@ class OfflineStudy:
         counts: dict[str, int] = {}
         params: dict[str, dict[str, Any]] = {}
         for t in self.study.get_trials(deepcopy=False):
-            key = config_key(t.params)
+            key = config_key(run_values(t))
             value = score(t, metric) if t.state == TrialState.COMPLETE else None
             if value is not None:
                 scores.setdefault(key, []).append(float(value))
-                params[key] = dict(t.params)
+                params[key] = run_values(t)
             if t.state in (TrialState.COMPLETE, TrialState.RUNNING, TrialState.WAITING):
                 counts[key] = counts.get(key, 0) + 1
         ranked = sorted(scores, key=lambda k: statistics.median(scores[k]), reverse=True)
@@ -214,23 +275,26 @@ class OfflineStudy:
     def step(self, confirm: bool = False) -> TrialResult:
         """Runs one trial: a reference run when one is due, else a confirmation (``confirm``,
         once a trial has completed), else the next planned trial or the sampler's."""
-        default_ok = config_key(self.trials.default()) not in self.failed
+        default_ok = config_key(self._full(self.default())) not in self.failed
         trials = self.study.get_trials(deepcopy=False)
         want_reference = default_ok and reference_due(
             trials, self.reference_every, owner_id(), confirm
         )
         if want_reference:
-            self.study.enqueue_trial(
-                self.trials.default(), user_attrs={"role": "reference"}, skip_if_exists=False
-            )
+            self._enqueue(self.default(), "reference", skip_if_exists=False)
         else:
             self._enqueue_next(confirm)
         trial = ask(self.study)
         if want_reference and trial.user_attrs.get("role") not in REFERENCE_ROLES:
             trial = self._ask_reference(trial)
+        names = {k.name for k in self.knobs}
+        given = {n: v for n, v in (trial.user_attrs.get("given") or {}).items() if n in names}
         try:
             values = {
-                k.name: trial.suggest_categorical(k.name, list(k.choices)) for k in self.knobs
+                k.name: given[k.name]
+                if k.name in given
+                else trial.suggest_categorical(k.name, list(k.choices))
+                for k in self.knobs
             }
         except ValueError as exc:
             fail_interrupted(self.study, trial, "knob space differs from the study's")
@@ -243,25 +307,27 @@ class OfflineStudy:
         if "role" not in trial.user_attrs:
             trial.set_user_attr("role", role)
         row = TrialResult(trial.number, values, role)
-        if skip_if_failed(self.study, trial, values, self.failed):
+        full = self._full(values)
+        trial.set_user_attr("values", full)
+        if skip_if_failed(self.study, trial, full, self.failed):
             row.error = "skipped: failed before"
             return row
         try:
             measured = self.trials(trial.number, values)
         except TrialFailed as exc:
             row.error = str(exc)
-            if exc.killed and not killed_before(self.study, values):
+            if exc.killed and not killed_before(self.study, full):
                 # killed from outside: not the config's fault until it happens twice
                 trial.set_user_attr("killed", row.error)
                 fail_interrupted(self.study, trial, f"killed: {row.error}; run once more")
-                self.study.enqueue_trial(values, skip_if_exists=False)
+                self._enqueue(values, trial.user_attrs.get("role"), skip_if_exists=False)
                 return row
             if exc.too_short:  # --trial-s's doing: the config may run again with a longer one
                 fail_interrupted(self.study, trial, row.error)
                 return row
         except KeyboardInterrupt:  # Ctrl-C or SIGTERM: its config runs first when resumed
             fail_interrupted(self.study, trial, "Ctrl-C")
-            self.study.enqueue_trial(values, skip_if_exists=False)
+            self._enqueue(values, trial.user_attrs.get("role"), skip_if_exists=False)
             raise
         if row.error is not None and role == "reference":
             logger.warning(
@@ -274,7 +340,7 @@ class OfflineStudy:
             fail_interrupted(self.study, trial, f"reference run failed: {row.error}")
             return row
         if row.error is not None:
-            fail_config(self.study, trial, values, row.error, self.failed)
+            fail_config(self.study, trial, full, row.error, self.failed)
             return row
         row.steps_per_s, row.steps_per_joule = measured.steps_per_s, measured.steps_per_joule
         raw = {m: getattr(measured, m) for m in METRICS}

@@ -2,7 +2,9 @@
 
 From the completed trials of an ``autotune study`` (train trials), grouped by config:
 
-* **recommended**: the config with the best median objective (steps/J, or steps/s with
+* **recommended**: the config, as its trials ran it (their ``values``: every knob's value,
+  the fixed ones too, which a worker on a share of the cores may fix otherwise), with the best
+  median objective (steps/J, or steps/s with
   ``pick="steps_per_s"``; a multi-objective study picks on one of its two; a study to a target
   return, the fewest joules to it, ``TARGET_METRIC``), as the knob values,
   the runtime view (actors, envs per actor, GMIs per GPU, MPS % per GMI, batch sizes, trainer
@@ -10,7 +12,8 @@ From the completed trials of an ``autotune study`` (train trials), grouped by co
 * **sizing**: the CPU threads per GPU SM the recommendation runs at (actor processes per SM
   granted by the GMIs' MPS shares; the seed paper's CPU/GPU ratio), actors per GPU, and, for a
   target machine (``target_gpus``, ``target_cores``), the actors and cores it would need and
-  whether its cores can feed its GPUs at that ratio;
+  whether its cores can feed its GPUs at that ratio; for a recommendation that trains on the
+  CPU, the GPU figures are null and it counts the cores it needs (``cpu_sizing``);
 * **evidence**: trial counts, and the recommendation's measured steps/J and steps/s (median,
   range, trial numbers; raw and scaled by the study's reference runs, ``autotune.tuning.reference``)
   beside the default config's, with their ratio (scaled), and the reference runs' spread.
@@ -32,6 +35,7 @@ from optuna.trial import TrialState
 
 from autotune.tuning.reference import (
     GOODPUT_METRIC,
+    REFERENCE_ROLES,
     TARGET_METRIC,
     reference_runs,
     scaled_name,
@@ -100,17 +104,20 @@ def _to_target(trials: list[Any]) -> dict[str, Any]:
 
 
 def runtime_view(cfg: Any) -> dict[str, Any]:
-    """What the runtime will run: the GMIs, their MPS shares, batching and placement."""
+    """What the runtime will run: the GMIs, their MPS shares, batching and placement (a CPU
+    trainer has no GPU, GMIs or MPS shares: those are null)."""
     gmis = cfg.trainers
     pct = list(cfg.mps_pct or ()) * (gmis if cfg.mps_pct and len(cfg.mps_pct) == 1 else 1)
+    cuda = cfg.trainer_device == "cuda"
     return {
         "actors": cfg.actors,
         "envs_per_actor": cfg.envs_per_actor,
         "envs": cfg.actors * cfg.envs_per_actor,
         "trainer_device": cfg.trainer_device,
-        "gpus": list(cfg.gpu_list()) if cfg.trainer_device == "cuda" else [],
-        "gmis_per_gpu": gmis,
-        "mps_pct_per_gmi": pct if cfg.mps_pct else [100] * gmis,
+        "trainers": gmis,
+        "gpus": list(cfg.gpu_list()) if cuda else [],
+        "gmis_per_gpu": gmis if cuda else None,
+        "mps_pct_per_gmi": (pct if cfg.mps_pct else [100] * gmis) if cuda else None,
         "batch_size": cfg.batch_size,
         "rollout_len": cfg.rollout_len,
         "inference": cfg.inference,
@@ -124,13 +131,13 @@ def runtime_view(cfg: Any) -> dict[str, Any]:
 def sizing(
     runtime: dict[str, Any], sm_count: int | None, target_gpus: int | None, target_cores: int | None
 ) -> dict[str, Any]:
-    """The CPU/GPU ratio of ``runtime`` and what a target machine would need at it."""
+    """The CPU/GPU ratio of ``runtime`` and what a target machine would need at it
+    (``cpu_sizing`` for a trainer on the CPU)."""
+    if runtime["trainer_device"] != "cuda":
+        return cpu_sizing(runtime, target_gpus, target_cores)
     gpus = max(1, len(runtime["gpus"]))
     actors_per_gpu = runtime["actors"] / gpus
-    cuda = runtime["trainer_device"] == "cuda"
-    sms = (
-        sm_count * min(1.0, sum(runtime["mps_pct_per_gmi"]) / 100.0) if cuda and sm_count else None
-    )
+    sms = sm_count * min(1.0, sum(runtime["mps_pct_per_gmi"]) / 100.0) if sm_count else None
     per_gpu_procs = actors_per_gpu + runtime["gmis_per_gpu"] + SERVICE_PROCESSES / gpus
     out: dict[str, Any] = {
         "actors_per_gpu": actors_per_gpu,
@@ -142,16 +149,12 @@ def sizing(
             "cpu_threads_per_sm = actor processes per GPU / SMs the GMIs' MPS shares "
             "grant (capped at the GPU's SMs); the trainer GMIs and the 2 service processes "
             "share the actors' cores (about 0.3 and 0.25 of a core), as auto sizing counts them"
-        )
-        if cuda
-        else "the trainer runs on the CPU: no GPU ratio",
+        ),
     }
     if target_gpus is not None or target_cores is not None:
         g = target_gpus if target_gpus is not None else gpus
-        # cores: an actor each, and a CPU trainer's threads (what auto sizing keeps apart)
-        threads = 0 if cuda else runtime["gmis_per_gpu"] * runtime.get("trainer_threads", 1)
         actors = round(g * actors_per_gpu)
-        need = actors + g * threads
+        need = actors  # cores: an actor each (the GMIs share them, as auto sizing counts)
         target: dict[str, Any] = {
             "gpus": g,
             "cores": target_cores,
@@ -161,7 +164,7 @@ def sizing(
         }
         if target_cores is not None:
             target["fits"] = need <= target_cores
-            feedable = int(target_cores // max(actors_per_gpu + threads, 1e-9))
+            feedable = int(target_cores // max(actors_per_gpu, 1e-9))
             target["gpus_the_cores_can_feed"] = max(0, feedable)
             if not target["fits"]:
                 target["note"] = (
@@ -171,6 +174,70 @@ def sizing(
                 )
         out["target"] = target
     return out
+
+
+def cpu_sizing(
+    runtime: dict[str, Any], target_gpus: int | None, target_cores: int | None
+) -> dict[str, Any]:
+    """The sizing of a recommendation that trains on the CPU: no GPU figures (null), and the
+    cores it needs, an actor each and its trainers' threads (what auto sizing keeps apart),
+    on a target machine as here: it does not scale with GPUs."""
+    trainers = runtime["trainers"]
+    need = runtime["actors"] + trainers * runtime["trainer_threads"]
+    procs = runtime["actors"] + trainers + SERVICE_PROCESSES
+    out: dict[str, Any] = {
+        "actors_per_gpu": None,
+        "sm_count": None,
+        "sms_granted_per_gpu": None,
+        "cpu_threads_per_sm": None,
+        "cpu_processes_per_gpu": None,
+        "cores_needed": need,
+        "cpu_processes": procs,
+        "note": (
+            "the trainer runs on the CPU (trainer_device cpu): no GPU, GMI, MPS or SM figures; "
+            "cores_needed = an actor each + trainers x trainer_threads; the 2 service "
+            "processes share those cores"
+        ),
+    }
+    if target_gpus is not None or target_cores is not None:
+        target: dict[str, Any] = {
+            "gpus": None,
+            "cores": target_cores,
+            "actors": runtime["actors"],
+            "cores_needed": need,
+            "cpu_processes_needed": procs,
+        }
+        notes = []
+        if target_cores is not None:
+            target["fits"] = need <= target_cores
+            if not target["fits"]:
+                notes.append(
+                    f"{target_cores} cores are fewer than the {need} it ran on; give more "
+                    "cores, or expect its actors and trainers to wait on each other"
+                )
+        if target_gpus is not None:
+            notes.append(
+                f"target_gpus {target_gpus} not used: the recommended config trains on the "
+                "CPU and needs no GPU; its cores are counted as measured here"
+            )
+        if notes:
+            target["note"] = "; ".join(notes)
+        out["target"] = target
+    return out
+
+
+def run_values(trial: Any, fixed: dict[str, Any]) -> dict[str, Any]:
+    """Every knob's value ``trial`` ran with: its ``values`` attribute, else (trials that do
+    not record it) the study's fixed knobs and its parameters."""
+    values = trial.user_attrs.get("values")
+    return dict(values) if isinstance(values, dict) else {**fixed, **trial.params}
+
+
+def default_key(done: list[Any], values_of: Any, default: dict[str, Any]) -> str:
+    """The config key of the default config: that of its first completed trial (role
+    ``default`` or ``reference``; ``values_of`` gives a trial's values), else of ``default``."""
+    first = next((t for t in done if t.user_attrs.get("role") in REFERENCE_ROLES), None)
+    return config_key(default if first is None else values_of(first))
 
 
 def by_config(
@@ -210,7 +277,7 @@ def export_doc(
     if not meta or meta.get("kind") != "train":
         raise ExportError(
             f"study {study.study_name!r} is neither an 'autotune study --env' study nor an "
-            "'autotune wrap' study: it holds no config to export"
+            "'autotune wrap' or 'autotune study -- CMD' study: it holds no config to export"
         )
     to_target = meta["objective"] == "joules_to_target"
     own = {"joules_to_target": TARGET_METRIC, "goodput_per_joule": GOODPUT_METRIC}
@@ -221,7 +288,8 @@ def export_doc(
     allowed = ("steps_per_joule", "steps_per_s", *own.values())
     if metric not in allowed:
         raise ExportError(f"pick={pick!r}: allowed {', '.join(allowed)}")
-    trials, done, groups = by_config(study, lambda t: t.params, "autotune study")
+    fixed = meta.get("fixed", {})
+    trials, done, groups = by_config(study, lambda t: run_values(t, fixed), "autotune study")
     if not any(score(t, metric) is not None for t in done):
         raise ExportError(
             f"pick={pick!r}: no trial of study {study.study_name!r} was measured by {metric} "
@@ -233,7 +301,7 @@ def export_doc(
         return statistics.median(score(t, metric) or 0.0 for t in ts)
 
     best = max(groups.values(), key=lambda ts: (median(ts), len(ts)))
-    values = {**meta.get("fixed", {}), **best[0].params}
+    values = run_values(best[0], fixed)
     base = TrainConfig.from_dict(meta["base"])
     cfg = dataclasses.replace(
         base, **config_changes(values), steps=TrainConfig().steps, max_wall_s=None
@@ -242,7 +310,8 @@ def export_doc(
         gpus_there = meta.get("machine", {}).get("gpus")
         cfg = dataclasses.replace(cfg, trainer_device="cuda" if gpus_there else "cpu")
     runtime = runtime_view(cfg)
-    default = groups.get(config_key(meta.get("default", {})), [])
+    dkey = default_key(done, lambda t: run_values(t, fixed), {**fixed, **meta.get("default", {})})
+    default = groups.get(dkey, [])
     rec, dflt = _measured(best), _measured(default)
     ratio = None
     if default and median(best) and median(default):

@@ -15,12 +15,12 @@ from optuna.trial import TrialState
 
 from autotune.tuning.reference import score
 from autotune.tuning.storage import config_key
+from autotune.workflows.export import run_values
 
 logger = logging.getLogger(__name__)
 
 
-def _sms_granted(params: dict[str, Any], fixed: dict[str, Any], sm_count: int) -> float | None:
-    values = {**fixed, **params}
+def _sms_granted(values: dict[str, Any], sm_count: int) -> float | None:
     if values.get("trainer_device", "cuda") != "cuda":
         return None
     gmis = int(values.get("trainers", 1))
@@ -46,10 +46,11 @@ def write_plots(
         for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
         if t.user_attrs.get("steps_per_joule") is not None
     ]
+    ran = [run_values(t, fixed) for t in done]  # every knob's value each trial ran with
     rec_key = config_key(recommended) if recommended else None
     spj = [score(t, "steps_per_joule") for t in done]
     sps = [score(t, "steps_per_s") for t in done]
-    is_rec = [rec_key is not None and config_key({**fixed, **t.params}) == rec_key for t in done]
+    is_rec = [rec_key is not None and config_key(v) == rec_key for v in ran]
     title = f"{meta.get('env', '')} study {study.study_name}: {len(done)} trials"
     paths = []
 
@@ -67,10 +68,10 @@ def write_plots(
             ax.scatter(rx, ry, s=160, facecolors="none", edgecolors="red", label="recommended")
             ax.legend()
 
-    actors = [t.params.get("actors", fixed.get("actors")) for t in done]
+    actors = [v.get("actors") for v in ran]
     if all(a is not None for a in actors):
         fig, ax = plt.subplots(figsize=(7, 4.5))
-        envs = [t.params.get("envs_per_actor", fixed.get("envs_per_actor", 1)) for t in done]
+        envs = [v.get("envs_per_actor", 1) for v in ran]
         sc = ax.scatter(actors, spj, c=envs, cmap="viridis")
         fig.colorbar(sc, ax=ax, label="envs per actor")
         mark(ax, actors, spj)
@@ -79,13 +80,13 @@ def write_plots(
         save(fig, "steps_per_joule_vs_actors.png")
 
     if sm_count:
-        pairs = [(_sms_granted(t.params, fixed, sm_count), t) for t in done]
-        pairs = [(s, t) for s, t in pairs if s is not None]
-        if pairs:
+        granted = [(_sms_granted(v, sm_count), t, v) for t, v in zip(done, ran, strict=True)]
+        granted = [(g, t, v) for g, t, v in granted if g is not None]
+        if granted:
             fig, ax = plt.subplots(figsize=(7, 4.5))
-            xs = [s for s, _ in pairs]
-            ys = [score(t, "steps_per_s") for _, t in pairs]
-            ax.scatter(xs, ys, c=[t.params.get("actors", 0) for _, t in pairs], cmap="plasma")
+            xs = [g for g, _, _ in granted]
+            ys = [score(t, "steps_per_s") for _, t, _ in granted]
+            ax.scatter(xs, ys, c=[v.get("actors", 0) for _, _, v in granted], cmap="plasma")
             ax.set(
                 xlabel=f"SMs granted to trainer GMIs (of {sm_count}; GMIs x MPS %)",
                 ylabel="trained steps per second",

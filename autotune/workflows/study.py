@@ -17,7 +17,7 @@ from typing import Any
 
 import optuna
 
-from autotune.tuning.knobs import KnobError, Machine, build_space
+from autotune.tuning.knobs import KnobError, Machine, build_space, knob_value
 from autotune.tuning.offline_study import OBJECTIVES, OfflineStudy
 from autotune.tuning.storage import (
     StudyError,
@@ -202,13 +202,14 @@ def make_study(
     """
     o = options
     meta: dict[str, Any] = {"objective": o.objective, "trial_s": o.trial_s}
+    changed: dict[str, tuple[Any, Any]] = {}
     if o.cmd:
         space = [parse_knob(k) for k in o.knobs]
         if len({k.name for k in space}) != len(space):
             raise KnobError(f"a knob is given twice: {[k.name for k in space]}")
         wrapper = Wrapper(list(o.cmd), o.trial_s, o.report_timeout_s)
         trials: TrainTrials | ScriptTrials = ScriptTrials(wrapper, space)
-        meta.update(kind="script", cmd=list(o.cmd))
+        meta.update(kind="script", cmd=list(o.cmd), knobs=list(o.knobs))
     else:
         here = Machine.here()
         machine = Machine(cores or here.cores, here.gpus if gpu is None else 1)
@@ -217,6 +218,8 @@ def make_study(
         _check_workload(base)
         meter = _worker_meter(gpu) if o.workers > 1 or o.cluster else None  # a share
         trials = TrainTrials(knobs, base, o.warmup_s, meter=meter)
+        if o.from_config is not None:
+            changed = fixed_changes(trials, machine.gpus > 0)
         meta.update(
             kind="train",
             env=o.env,
@@ -233,15 +236,58 @@ def make_study(
         )
     study = open_study(o.storage, study_name(o), seed=o.seed, metrics=OBJECTIVES[o.objective])
     offline = OfflineStudy(
-        study, trials, o.objective, profile=o.profile, reference_every=o.reference_every
+        study,
+        trials,
+        o.objective,
+        profile=o.profile,
+        reference_every=o.reference_every,
+        from_config=o.from_config is not None,
     )
     _check_same_kind(study, o.objective)
     check_choices(study, {k.name: k.choices for k in offline.knobs})
     if "autotune" not in study.user_attrs:
-        study.set_user_attr("autotune", {**meta, "default": trials.default()})
+        study.set_user_attr("autotune", {**meta, "default": offline.default()})
     elif "base" in meta:
         _check_same_base(study, meta["base"])
+    offline.changed = changed
     return offline
+
+
+def fixed_changes(trials: TrainTrials, gpu: bool) -> dict[str, tuple[Any, Any]]:
+    """The knobs whose base config value no trial runs, as (that value, the value they run):
+    the knobs with one value here (fixed by ``--knob``, or the only one this machine, or a
+    worker's share of it, allows), and an MPS share a CPU trainer drops."""
+    base, fixed = trials.base, trials.fixed
+    out = {}
+    for name, used in fixed.items():
+        given = knob_value(base, name, cuda=gpu)
+        if given != used:
+            out[name] = (given, used)
+    if fixed.get("trainer_device") == "cpu" and base.mps_pct is not None:
+        out["mps_pct"] = (knob_value(base, "mps_pct", cuda=gpu), None)
+    return out
+
+
+def from_notes(options: StudyOptions, offline: OfflineStudy) -> list[str]:
+    """What a study made ``--from`` a config says of it: the values its first trial runs as
+    given (outside their knob's choices, which the sampler keeps to), and those no trial runs."""
+    path, notes = options.from_config, []
+    if path is None:
+        return notes
+    if offline.given:
+        shown = ", ".join(f"{k}={v}" for k, v in offline.given.items())
+        notes.append(
+            f"--from {path}: the first trial runs it as it is; {shown} lie outside the "
+            "knobs' choices, which the other trials keep to"
+        )
+    if offline.changed:
+        shown = ", ".join(f"{k} {g} -> {u}" for k, (g, u) in offline.changed.items())
+        notes.append(
+            f"--from {path}: every trial, the first too, runs {shown}: a knob with one "
+            "value (given by --knob, or the only one this machine or a worker's share of "
+            "its cores allows) runs at it"
+        )
+    return notes
 
 
 def _check_same_kind(study: optuna.Study, objective: str) -> None:
@@ -338,7 +384,9 @@ def summary(study: optuna.Study, objective: str) -> dict[str, Any]:
     """The best trial (by steps/J for ``both``) and the Pareto front, for ``--json``."""
 
     def trial_doc(t: optuna.trial.FrozenTrial) -> dict[str, Any]:
-        return {"number": t.number, "values": t.params, "objective": t.values, **t.user_attrs}
+        # values: every knob's value the trial ran with (older trials: their parameters)
+        values = t.user_attrs.get("values", t.params)
+        return {"number": t.number, "objective": t.values, **t.user_attrs, "values": values}
 
     best = best_trial(study, metric=1 if objective == "both" else 0)
     return {

@@ -1,4 +1,5 @@
-"""``autotune export`` of an ``autotune wrap`` study: the wrapped script's best knob values.
+"""``autotune export`` of a wrapped script's study (``autotune wrap``, or ``autotune study --
+CMD``): the script's best knob values.
 
 From the completed trials, grouped by config (every knob's value):
 
@@ -9,27 +10,63 @@ From the completed trials, grouped by config (every knob's value):
 * **evidence**: trial counts, and the recommendation's measured figures (median, range, trial
   numbers) beside the script's own defaults' (trial one), with their ratio.
 
+A study's trials are picked by their figures scaled by its reference runs, where it has them
+(``autotune study --reference-every``: ``autotune.tuning.reference``), else by the raw ones;
+a study of both objectives (``both``) picks by steps per joule.
+
 A script that reports no steps is scored per run: its figures are runs per joule and runs per
 second, and the document says so (``unit``: ``runs``).
 """
 
 from __future__ import annotations
 
+import json
 import statistics
 from pathlib import Path
 from typing import Any
 
 from optuna.trial import TrialState
 
+from autotune.tuning.reference import scaled_name
 from autotune.tuning.storage import config_key
-from autotune.workflows.export import FORMAT_VERSION, ExportError, by_config
+from autotune.workflows.export import FORMAT_VERSION, ExportError, by_config, default_key
 from autotune.wrap.wrapper import knob_env, parse_knob, substitute
 
 METRICS = ("steps_per_joule", "steps_per_s")
 
 
 def is_wrap_study(study: Any) -> bool:
-    return isinstance(study.user_attrs.get("wrap"), dict)
+    """Whether ``study`` holds a wrapped script's runs (``autotune wrap`` or ``autotune study
+    -- CMD``)."""
+    return script_meta(study) is not None
+
+
+def script_meta(study: Any) -> dict[str, Any] | None:
+    """A wrapped script's study settings as ``autotune wrap`` records them (``mode``, ``cmd``,
+    ``knobs``, ``objective``, ``trial_s``), from either kind of study (an ``autotune study``
+    one adds ``made_by`` and its ``default`` values); None for another."""
+    wrap = study.user_attrs.get("wrap")
+    if isinstance(wrap, dict):
+        return wrap
+    meta = study.user_attrs.get("autotune")
+    if not isinstance(meta, dict) or meta.get("kind") != "script":
+        return None
+    objective = meta.get("objective", "steps_per_joule")
+    return {
+        "mode": "restart",
+        "cmd": meta.get("cmd", []),
+        "knobs": meta.get("knobs"),
+        "objective": "steps_per_joule" if objective == "both" else objective,
+        "trial_s": meta.get("trial_s"),
+        "made_by": "autotune study -- CMD",
+        "default": meta.get("default") or {},
+    }
+
+
+def pick_figure(trial: Any, metric: str) -> float | None:
+    """The figure a trial is picked by: scaled by the study's references, else raw."""
+    scaled = trial.user_attrs.get(scaled_name(metric))
+    return scaled if scaled is not None else trial_figures(trial)[metric]
 
 
 def trial_figures(trial: Any) -> dict[str, float | None]:
@@ -37,10 +74,14 @@ def trial_figures(trial: Any) -> dict[str, float | None]:
     the trial recorded them, else from its steps, joules and seconds (studies made before the
     figures were recorded)."""
     attrs = trial.user_attrs
-    if attrs.get("steps_per_joule") is not None:
-        return {k: attrs.get(k) for k in (*METRICS, "gpu_w", "cpu_w")}
-    amount = float(attrs.get("steps") or 1)
     wall = attrs.get("wall_s") or 0.0
+    if attrs.get("steps_per_joule") is not None:
+        figures = {k: attrs.get(k) for k in (*METRICS, "gpu_w", "cpu_w")}
+        for watts, joules in (("gpu_w", "gpu_j"), ("cpu_w", "cpu_j")):  # a study's trials
+            if figures[watts] is None and attrs.get(joules) is not None and wall > 0:
+                figures[watts] = attrs[joules] / wall
+        return figures
+    amount = float(attrs.get("steps") or 1)
     joules = (attrs.get("gpu_j") or 0.0) + (attrs.get("cpu_j") or 0.0)
     return {
         "steps_per_joule": amount / joules if joules > 0 else None,
@@ -60,7 +101,7 @@ def study_unit(meta: dict[str, Any], done: list[Any]) -> str:
 
 def single_valued(meta: dict[str, Any]) -> dict[str, Any]:
     """The wrap study's knobs that have one value, with it."""
-    space = [parse_knob(k) for k in meta.get("knobs", [])]
+    space = [parse_knob(k) for k in meta.get("knobs") or []]
     return {k.name: k.choices[0] for k in space if len(k.choices) == 1}
 
 
@@ -93,21 +134,30 @@ def wrap_export_doc(study: Any, pick: str | None = None) -> dict[str, Any]:
     Raises:
         ExportError: not a wrap study, an unknown ``pick``, or no completed trial.
     """
-    meta = study.user_attrs.get("wrap")
-    if not isinstance(meta, dict):
-        raise ExportError(f"study {study.study_name!r} is not an 'autotune wrap' study")
+    meta = script_meta(study)
+    if meta is None:
+        raise ExportError(
+            f"study {study.study_name!r} is neither an 'autotune wrap' study nor an "
+            "'autotune study -- CMD' one"
+        )
     metric = pick or meta.get("objective", "steps_per_joule")
     if metric not in METRICS:
-        raise ExportError(f"pick={pick!r}: allowed {', '.join(METRICS)}")
+        raise ExportError(
+            f"pick={pick!r}: allowed for a wrapped script's study {', '.join(METRICS)}"
+        )
     fixed = single_valued(meta)
-    trials, done, groups = by_config(study, lambda t: trial_config(t, fixed), "autotune wrap")
+    made_by = meta.get("made_by", "autotune wrap")
+    trials, done, groups = by_config(study, lambda t: trial_config(t, fixed), made_by)
 
     def median(ts: list[Any]) -> float:
-        return statistics.median(trial_figures(t)[metric] or 0.0 for t in ts)
+        return statistics.median(pick_figure(t, metric) or 0.0 for t in ts)
 
     best = max(groups.values(), key=lambda ts: (median(ts), len(ts)))
     values = trial_config(best[0], fixed)
     defaults = study.user_attrs.get("wrap_defaults")
+    if "made_by" in meta:  # autotune study: its default trial ran the knobs' first values
+        dkey = default_key(done, lambda t: trial_config(t, fixed), {**fixed, **meta["default"]})
+        defaults = json.loads(dkey)
     default = groups.get(config_key(defaults), []) if isinstance(defaults, dict) else []
     ratio = median(best) / median(default) if default and median(default) else None
     unit = study_unit(meta, done)
@@ -116,7 +166,12 @@ def wrap_export_doc(study: Any, pick: str | None = None) -> dict[str, Any]:
         "autotune_export": FORMAT_VERSION,
         "kind": "wrap",
         "study": study.study_name,
-        "workload": {"command": cmd, "mode": meta.get("mode"), "knobs": meta.get("knobs")},
+        "workload": {
+            "command": cmd,
+            "mode": meta.get("mode"),
+            "knobs": meta.get("knobs"),
+            "made_by": made_by,
+        },
         "picked_by": metric,
         "unit": unit,
         "recommended": {
@@ -142,6 +197,12 @@ def wrap_export_doc(study: Any, pick: str | None = None) -> dict[str, Any]:
                     else " (steps the script reported through autotune.client)"
                 )
                 + "; run the recommended command to re-measure"
+                + (
+                    "; the study did not record its knobs: knobs with one value are not in "
+                    "the values"
+                    if meta.get("knobs") is None and not any("values" in t.user_attrs for t in done)
+                    else ""
+                )
             ),
         },
     }
@@ -156,11 +217,11 @@ def write_wrap_plots(study: Any, out_dir: Path, recommended: dict[str, Any]) -> 
     import matplotlib.pyplot as plt
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    meta = study.user_attrs.get("wrap", {})
-    space = [k.partition("=")[0] for k in meta.get("knobs", [])]
+    meta = script_meta(study) or {}
+    space = [k.partition("=")[0] for k in meta.get("knobs") or []]
     done = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE]
     unit = study_unit(meta, done)
-    per_j = [trial_figures(t)["steps_per_joule"] or 0.0 for t in done]
+    per_j = [pick_figure(t, "steps_per_joule") or 0.0 for t in done]
     fixed = single_valued(meta)
     configs = [trial_config(t, fixed) for t in done]
     rec = [config_key(c) == config_key(recommended) for c in configs]

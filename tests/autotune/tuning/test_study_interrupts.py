@@ -13,7 +13,8 @@ from test_offline_study import FakeRuns, _study
 def test_a_study_stopped_mid_trial_stops_and_runs_that_config_first_when_resumed(tmp_path):
     """SIGTERM (or Ctrl-C) while a trial's run trains: the run drains, the study stops with the
     trial failed as interrupted (not its config's fault) and its config queued to run first
-    when the study is resumed; no later trial starts."""
+    when the study is resumed, in its role (the default config's here); no later trial
+    starts."""
     import contextlib
     import signal
 
@@ -43,6 +44,7 @@ def test_a_study_stopped_mid_trial_stops_and_runs_that_config_first_when_resumed
     first, queued = study.trials
     assert "Ctrl-C" in first.user_attrs.get("interrupted", "")
     assert queued.system_attrs.get("fixed_params") == first.params
+    assert queued.user_attrs.get("role") == first.user_attrs.get("role") == "default"  # kept
 
 
 def test_a_run_too_short_to_measure_does_not_mark_its_config_unrunnable(tmp_path):
