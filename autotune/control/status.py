@@ -71,7 +71,7 @@ def study_summary(study: Any, best: dict[str, Any] | None = None) -> dict[str, A
         {
             "number": t.number,
             "state": t.state.name,
-            "values": dict(t.params),
+            "values": {**t.params, **(t.user_attrs.get("given") or {})},  # run as given too
             "objective": t.value,
             "steps_per_s": t.user_attrs.get("steps_per_s"),
             "steps_per_joule": t.user_attrs.get("steps_per_joule"),

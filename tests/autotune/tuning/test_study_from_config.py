@@ -12,6 +12,7 @@ import sys
 
 import pytest
 
+from autotune.control.status import study_summary
 from autotune.tuning.trials import TrainTrials
 from autotune.workflows import study as study_flow
 from autotune.workflows.export import export_doc
@@ -106,6 +107,8 @@ def test_the_first_trial_and_the_references_run_the_given_config_as_it_is(tmp_pa
     default = [t.number for t in measured if t.user_attrs["role"] in ("default", "reference")]
     assert doc["evidence"]["default"]["trials"] == default and default[:2] == [0, references[0]]
     assert offline.study.user_attrs["autotune"]["default"] == {"actors": 2, **given}
+    shown = study_summary(offline.study)["trials"][0]["values"]  # what status shows of it
+    assert shown == {"actors": 2, **given}
 
 
 def test_a_killed_first_trial_runs_the_given_config_again(tmp_path, monkeypatch):
