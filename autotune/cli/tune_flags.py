@@ -55,7 +55,8 @@ def add_tune_args(parser: argparse.ArgumentParser) -> None:
         "--objective",
         choices=list(OBJECTIVES),
         default="steps_per_joule",
-        help="what to maximise: steps_per_joule, steps_per_s, weighted, or goodput_per_joule "
+        help="what to maximise: steps_per_joule, steps_per_s, weighted (the mean of steps/s "
+        "and steps/J, each relative to the study's first trial's), or goodput_per_joule "
         "(steps per joule times the statistical efficiency of the config's batch at "
         "the learner's gradient noise scale, which favours smaller batches when the noise "
         "scale is small) (default steps_per_joule)",
@@ -208,15 +209,17 @@ def share_flags(args: argparse.Namespace) -> list[str]:
 
 def daemon_budget(console: Console, args: argparse.Namespace, cfg: Any) -> Any:
     """The budget a running daemon offers this tuned job, with this process pinned there
-    before it sizes itself (None with no daemon).
+    before it sizes itself (None with no daemon). First, before anything is probed, the study
+    named is refused where it holds another env's or policy's trials.
 
     Raises:
-        ConfigError: a malformed claim, the daemon cannot take the job, or sharing flags
-            were given with no daemon to give the budget.
+        ConfigError: a study of another workload, a malformed claim, the daemon cannot take
+            the job, or sharing flags were given with no daemon to give the budget.
     """
-    from autotune.workflows.tune import take_offer  # optuna: only when tuning
+    from autotune.workflows.tune import refuse_other_workload, take_offer  # optuna: when tuning
 
     try:
+        refuse_other_workload(tune_options(args), cfg)
         offer = take_offer(tune_options(args), cfg)
     except ValueError as exc:
         raise ConfigError([str(exc)]) from None

@@ -9,16 +9,16 @@ It is an ``optuna.samplers.BaseSampler``, so the study stays the store and the i
    ``cpu_j``, ``window_s`` and ``policy_lag`` attributes), primed by the probes;
 2. predicts, for every config in the trust region around the incumbent over the knobs the
    model describes (actors, envs per actor, batch size, trainer device, trainers, MPS share,
-   trainer threads; other knobs stay at the incumbent's values), log steps/J (or steps/s) and
-   its uncertainty, which grows with the distance to the nearest measured config. The trust
-   region: any actor count, and at most ``trust_knobs`` other knobs moved, a numeric one by at
-   most ``trust_factor`` times (far from anything measured the model's uncertainty is largest,
-   and a jump there, such as one env per actor with a 64k batch, can stall a job for its whole
-   window);
+   trainer threads; other knobs stay at the incumbent's values), the log of the objective
+   (steps/J, steps/s, goodput per joule, or ``weighted``'s mean of steps/s and steps/J
+   relative to the study's first window) and its uncertainty, which grows with the distance
+   to the nearest measured config. The trust region: any actor count, and at most
+   ``trust_knobs`` other knobs moved, a numeric one by at most ``trust_factor`` times (far
+   from anything measured the model's uncertainty is largest, and a jump there, such as one
+   env per actor with a 64k batch, can stall a job for its whole window);
 3. drops configs measured or failed before, and those over the policy-lag ceiling; once the
-   study has
-   measured ``caution_after_s`` of windows, also those predicted below ``caution`` times the
-   incumbent unless their uncertainty exceeds ``unsure`` (the model cannot tell);
+   study has measured ``caution_after_s`` of windows, also those predicted below ``caution``
+   times the incumbent unless their uncertainty exceeds ``unsure`` (the model cannot tell);
 4. scores the rest by what trying each is expected to gain, net of what the trial is expected
    to give up (``net_gain``): its expected improvement over the incumbent's median (log scale)
    kept for ``horizon_s``, less its expected shortfall below the incumbent over the trial
@@ -65,7 +65,7 @@ from autotune.tuning.perf_model import (
     fit,
     uncertainty,
 )
-from autotune.tuning.settings import TunerSettings
+from autotune.tuning.settings import OBJECTIVES, TunerSettings, first_window, weighted
 from autotune.tuning.sizing import fits_cores
 from autotune.tuning.storage import failed_configs
 from autotune.tuning.tuner_rules import CHANGE_COST_S, change_costs, change_kinds
@@ -90,7 +90,9 @@ class ModelSampler(optuna.samplers.BaseSampler):
         choices: Each tuned knob's choices.
         defaults: The job's values of every knob (what an untuned knob stays at).
         applies: How each knob applies (``autotune.tuning.knobs.Knob.apply``).
-        objective: ``steps_per_joule``, ``goodput_per_joule`` or ``steps_per_s``.
+        objective: ``steps_per_joule``, ``goodput_per_joule``, ``steps_per_s`` or ``weighted``
+            (``weight`` x steps/s + the rest x steps/J, relative to the study's first window:
+            ``settings.weighted``).
         lag_ceiling: Configs predicted over this lag are not suggested (None: no ceiling).
         window_s: The tuner's shortest window: what a trial runs its config for at least, its
             expected shortfall counted over it (``net_gain``).
@@ -113,15 +115,13 @@ class ModelSampler(optuna.samplers.BaseSampler):
         trust_knobs: int = 2,
         trust_factor: float = 4.0,
         window_s: float = 10.0,
+        weight: float = 0.5,
     ) -> None:
-        if objective not in ("steps_per_joule", "steps_per_s", "goodput_per_joule"):
-            raise ValueError(
-                "the model sampler predicts steps_per_joule, goodput_per_joule or steps_per_s, "
-                f"not {objective!r}; use --tune-sampler tpe for a weighted objective"
-            )
+        if objective not in OBJECTIVES:
+            raise ValueError(f"objective={objective!r}: the model sampler rates {OBJECTIVES}")
         self.machine, self.choices, self.defaults = machine, dict(choices), dict(defaults)
         self.applies = {n: applies.get(n, "live") for n in self.choices}
-        self.objective, self.lag_ceiling = objective, lag_ceiling
+        self.objective, self.lag_ceiling, self.weight = objective, lag_ceiling, weight
         self.caution, self.caution_after_s, self.unsure = caution, caution_after_s, unsure
         self.min_gain, self.horizon_s, self.window_s = min_gain, horizon_s, window_s
         self.trust_knobs, self.trust_factor = trust_knobs, trust_factor
@@ -169,16 +169,9 @@ class ModelSampler(optuna.samplers.BaseSampler):
             if span <= 0 or "steps_per_s" not in a:
                 continue
             values = {**self.defaults, **t.params}
-            windows.append(
-                Window(
-                    values,
-                    a["steps_per_s"],
-                    a.get("gpu_j", 0.0) / span,
-                    a.get("cpu_j", 0.0) / span,
-                    a.get("policy_lag", 0.0),
-                    a.get("node_rates"),
-                )
-            )
+            watts = (a.get("gpu_j", 0.0) / span, a.get("cpu_j", 0.0) / span)
+            lag = a.get("policy_lag", 0.0)
+            windows.append(Window(values, a["steps_per_s"], *watts, lag, a.get("node_rates")))
             if a.get("feasible", True) and t.value is not None:
                 by_config.setdefault(self._key(values), []).append(self._rated(t, values, noise))
         return windows, by_config
@@ -300,6 +293,12 @@ class ModelSampler(optuna.samplers.BaseSampler):
         value = pred.steps_per_s if self.objective == "steps_per_s" else pred.steps_per_joule
         if self.objective == "goodput_per_joule":
             value = value * goodput_factor(study, cands, self.defaults)
+        if self.objective == "weighted":  # relative to the window the tuner rates by
+            ref = first_window(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+            if ref is None:  # none measured yet: the incumbent's (the start's) prediction
+                at = evaluate(machine, params, features([hold], self.defaults))
+                ref = (float(at.steps_per_s[0]), float(at.steps_per_joule[0]))
+            value = weighted(self.weight, pred.steps_per_s, pred.steps_per_joule, ref)
         mu = np.log(np.maximum(value, 1e-12))
         seen = features([w.values for w in windows], self.defaults) if windows else None
         dist = distance(x, seen) if seen is not None else np.full(len(cands), np.inf)
@@ -397,4 +396,5 @@ def sampler_for(
         lag_ceiling=settings.max_policy_lag,
         seed=seed,
         window_s=settings.window_s,
+        weight=settings.weight,
     )

@@ -22,7 +22,8 @@ when another trial could not pay back, it holds the best config too (``tuner_rul
 * Budget: under the daemon, configs stay inside the job's budget (``autotune.tuning.budget``).
 * Failures: a config the job refuses (or that fails) is marked failed and never applied again.
 * Resume: a tuner opened on a study that already holds trials rebuilds its history from them
-  (medians, failed configs, trial count); trials left RUNNING by a tuner that died are failed.
+  (medians, failed configs, trial count); trials left RUNNING by a tuner that died are failed;
+  a start config whose trial was cut is measured first again (``tuner_rules.start_due``).
 * Samplers: ``model`` (default where the job was sized from probes:
   ``autotune.tuning.model_sampler``), ``tpe``, or ``grid`` (every combination of the knobs'
   choices once, in random order, without the default first, incumbent repeats or saturation
@@ -65,6 +66,7 @@ from autotune.tuning.tuner_rules import (
     confirmed,
     endgame,
     in_space,
+    start_due,
     suggest,
     unmet_message,
 )
@@ -132,8 +134,9 @@ class OnlineTuner(BudgetLimits):
             self.explore_until = math.prod(len(k.choices) for k in self.knobs)
         fail_orphans(study)
         self._restore()
-        if self.knobs and not self.grid and in_space(self.knobs, self.base):
-            study.enqueue_trial(self.base, skip_if_exists=True)  # the default config first
+        first = self.knobs and not self.grid and in_space(self.knobs, self.base)
+        if first and start_due(study.get_trials(deepcopy=False), self.base, self.history.failed):
+            study.enqueue_trial(self.base)  # the default config first (again, if it was cut)
 
     def _restore(self) -> None:
         """Rebuilds the history from the study's finished trials (a resumed study)."""
@@ -389,12 +392,7 @@ class OnlineTuner(BudgetLimits):
     def best(self) -> dict[str, Any] | None:
         """The best config so far (median objective among feasible measurements)."""
         best = self.history.best()
-        return (
-            None
-            if best is None
-            else {
-                "values": json.loads(best[0]),
-                "objective": best[1],
-                "measurements": len(self.history.by_config[best[0]]),
-            }
-        )
+        if best is None:
+            return None
+        n = len(self.history.by_config[best[0]])
+        return {"values": json.loads(best[0]), "objective": best[1], "measurements": n}

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from autotune.tuning.counters import Measurement
 
@@ -91,9 +92,27 @@ def objective_value(
     if settings.objective == "goodput_per_joule":  # without a noise scale: steps per joule
         return spj * (1.0 if m.efficiency is None else m.efficiency)
     ref = reference or m
-    rel_s = m.steps_per_s / ref.steps_per_s if ref.steps_per_s else 0.0
-    rel_j = spj / ref.steps_per_joule if ref.steps_per_joule else 0.0
-    return settings.weight * rel_s + (1 - settings.weight) * rel_j
+    return weighted(settings.weight, m.steps_per_s, spj, (ref.steps_per_s, ref.steps_per_joule))
+
+
+def weighted(weight: float, steps_per_s: Any, steps_per_joule: Any, reference: Any) -> Any:
+    """``weighted``'s value: ``weight`` times steps/s plus the rest times steps/J, each relative
+    to the ``reference`` window's (its steps/s and steps/J; a term whose reference figure is 0
+    or missing counts 0). Numbers or arrays: the model sampler rates its predictions by it."""
+    ref_s, ref_j = reference
+    rel_s = steps_per_s / ref_s if ref_s else 0.0 * steps_per_s
+    rel_j = steps_per_joule / ref_j if ref_j else 0.0 * steps_per_joule
+    return weight * rel_s + (1 - weight) * rel_j
+
+
+def first_window(done: list[Any]) -> tuple[float, float] | None:
+    """A ``weighted`` study's reference: the steps/s and steps/J of the first of its completed
+    trials ``done`` (in order) that measured a window, as a resumed tuner takes it
+    (``autotune.tuning.job.restore_history``); None before any."""
+    for t in done:
+        if "steps_per_s" in t.user_attrs:
+            return t.user_attrs["steps_per_s"], t.user_attrs.get("steps_per_joule") or 0.0
+    return None
 
 
 def constraint_values(settings: TunerSettings, m: Measurement) -> dict[str, float]:

@@ -11,9 +11,9 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from autotune.tuning.counters import Counters
-from autotune.tuning.knobs import Knob
+from autotune.tuning.knobs import Knob, knob_value
 from autotune.tuning.reference import GOODPUT_METRIC, TARGET_METRIC
-from autotune.tuning.runner_job import config_changes, knob_values
+from autotune.tuning.runner_job import config_changes
 from autotune.tuning.windows import WindowRule, window_done
 from runtime.config import ConfigError, TrainConfig
 from runtime.energy import EnergyMeter
@@ -135,7 +135,8 @@ def run_to_target(cfg: TrainConfig, meter: EnergyMeter | None = None) -> dict[st
 def _unless_stopped(result: dict[str, Any]) -> dict[str, Any]:
     """A trial's run ``result``; raises ``KeyboardInterrupt`` where Ctrl-C or SIGTERM drained it
     (the run stops cleanly on the first): the study then fails the trial as interrupted, to
-    be run again, and stops, as it does on Ctrl-C between runs."""
+    be run again first, in its role (a cut default trial is still the study's first
+    reference), and stops, as it does on Ctrl-C between runs."""
     if result.get("interrupted"):
         raise KeyboardInterrupt("the trial's run was stopped by a signal")
     return result
@@ -177,6 +178,8 @@ def _tuned(space: dict[str, Knob] | list[Knob]) -> tuple[list[Knob], dict[str, A
 
 
 def _nearest(knob: Knob, value: Any) -> Any:
+    if isinstance(value, list) and value:  # MPS shares that differ among the GMIs: the first's
+        value = value[0]
     if value in knob.choices:
         return value
     if isinstance(value, int) and all(isinstance(c, int) for c in knob.choices):
@@ -215,8 +218,10 @@ class TrainTrials:
         self.knobs, self.fixed = _tuned(space)
 
     def default(self) -> dict[str, Any]:
-        """The base config's knob values (the nearest choice where it is outside the space)."""
-        now = knob_values(self.base, {k.name: k for k in self.knobs})
+        """The base config's knob values as a run of it takes them (``trainer_device`` auto is
+        cuda where the knob offers it, a GPU being here, as ``TrainConfig.resolved_device``),
+        the nearest choice where one is outside the space."""
+        now = {k.name: knob_value(self.base, k.name, cuda="cuda" in k.choices) for k in self.knobs}
         return {k.name: _nearest(k, now[k.name]) for k in self.knobs}
 
     def profile_rows(self) -> list[list[dict[str, Any]]]:

@@ -1,11 +1,13 @@
 """Small decisions of the online tuner (``autotune.tuning.online_tuner``), kept apart so each
-reads on its own: how long a change warms up, when a best is confirmed, what is in the space."""
+reads on its own: how long a change warms up, when a best is confirmed, what is in the space,
+whether the start config is measured first."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from autotune.tuning.knobs import Knob
+from autotune.tuning.storage import config_key
 
 CHANGE_COST_S = {"respawn": 10.0, "handover": 15.0, "actors": 5.0, "live": 0.0}
 """Seconds a change costs (its transition and warm-up), by how it applies, until the job has
@@ -86,6 +88,22 @@ def in_space(knobs: list[Knob], values: dict[str, Any]) -> bool:
     """Whether every value is one of its knob's choices (a job started outside the space the
     user narrowed, or a best from an older, wider space, cannot be enqueued)."""
     return all(k.name not in values or values[k.name] in k.choices for k in knobs)
+
+
+def start_due(trials: list[Any], base: dict[str, Any], failed: set[str]) -> bool:
+    """Whether the start config ``base`` is to be enqueued first: no trial of it measured,
+    waiting, running or pruned, and it has not failed for good (``failed``: config keys). A trial
+    of it cut before its window ended (the job ended, the tuner died) does not count: a resumed
+    study measures it first, so it stays the first window, the yardstick a ``weighted``
+    objective rates every other by."""
+    if config_key(base) in failed:
+        return False
+    counted = ("COMPLETE", "WAITING", "RUNNING", "PRUNED")
+    return not any(
+        t.state.name in counted
+        and config_key(t.system_attrs.get("fixed_params", t.params)) == config_key(base)
+        for t in trials
+    )
 
 
 def endgame(remaining_s: float | None, trial_s: list[float]) -> bool:

@@ -175,3 +175,26 @@ def test_study_refuses_bad_knobs(tmp_path, bad, message, capsys):
     assert main(["study", "--knob", bad, "--storage", f"sqlite:///{tmp_path}/s.db"]) == 2
     err = capsys.readouterr().err
     assert "error:" in err and message in err
+
+
+def test_the_default_trial_runs_the_trainer_device_a_plain_run_would():
+    """``trainer_device`` auto is cuda where a GPU is (``TrainConfig.resolved_device``): the
+    study's yardstick trial is what ``autotune train`` with the same defaults runs, not the
+    knob's first choice (cpu)."""
+    from autotune.tuning.knobs import Machine, build_space
+    from autotune.tuning.trials import TrainTrials
+
+    base = TrainConfig(env="CartPole-v1", trainer_device="auto", mps_pct=(50, 25))
+    with_gpu = build_space(Machine(cores=8, gpus=1), ["trainer_device=cpu,cuda", "mps_pct=25,50"])
+    default = TrainTrials(with_gpu, base, 1.0, run=lambda *a: None).default()
+    assert default["trainer_device"] == "cuda" and default["mps_pct"] == 50
+    no_gpu = build_space(Machine(cores=8, gpus=0), [])
+    assert (
+        TrainTrials(no_gpu, base, 1.0, run=lambda *a: None).default().get("trainer_device", "cpu")
+        == "cpu"
+    )
+    explicit = TrainConfig(env="CartPole-v1", trainer_device="cpu")
+    assert (
+        TrainTrials(with_gpu, explicit, 1.0, run=lambda *a: None).default()["trainer_device"]
+        == "cpu"
+    )
