@@ -333,9 +333,12 @@ def test_bad_knobs_and_storage_are_refused_with_what_is_allowed(tmp_path):
 
 @pytest.mark.slow
 def test_train_tune_drives_a_real_run_and_keeps_every_step(tmp_path):
+    """A real tuned run, with the ``weighted`` objective (the model sampler rates its
+    predictions by it, against the study's first window): trials are measured, no step is lost,
+    and status shows the learning curve around each change."""
     out, db = tmp_path / "out.json", tmp_path / "t.db"
     cmd = [sys.executable, "-m", "autotune.cli", "train", "--tune", "--quiet"]
-    cmd += ["--steps", "1000000000", "--max-wall-s", "600"]
+    cmd += ["--objective", "weighted", "--steps", "1000000000", "--max-wall-s", "600"]
     cmd += ["--tune-window-s", "1.5", "--tune-warmup-s", "0.5"]
     # the run's step accounting and its study are checked, not a window's precision
     cmd += ["--tune-window-max-s", "2"]
@@ -364,7 +367,9 @@ def test_train_tune_drives_a_real_run_and_keeps_every_step(tmp_path):
     assert tuning["trials"] >= 2 and tuning["best"] is not None
     assert {k for k, v in tuning["knobs"].items() if v["tuned"]} == {"batch_size", "envs_per_actor"}
     study = optuna.load_study(study_name="online-CartPole-v1", storage=f"sqlite:///{db}")
-    assert len([t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]) >= 2
+    completed = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert len(completed) >= 2
+    assert completed[0].value == pytest.approx(1.0)  # the first window is weighted's yardstick
     # `autotune status` of the stored study: the learning curve around each change, and the
     # gradient noise scale the latest trial measured
     cli = [sys.executable, "-m", "autotune.cli", "status", "--storage", f"sqlite:///{db}"]

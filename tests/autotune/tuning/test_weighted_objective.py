@@ -4,15 +4,8 @@ weighted run tunes instead of failing after its probes."""
 
 from __future__ import annotations
 
-import json
-import signal
-import subprocess
-import sys
-
 import optuna
 import pytest
-import sqlalchemy.exc
-from conftest import wait_until
 from optuna.distributions import CategoricalDistribution
 
 from autotune.tuning.counters import Measurement
@@ -105,37 +98,3 @@ def test_a_weighted_plan_at_either_end_is_the_plan_for_that_figure_alone(weight,
     (weighted, wlast), (plain, plast) = plans["weighted"], plans[alone]
     assert wlast["cautious"] and wlast["chosen"] == plast["chosen"] == "model"
     assert weighted == plain and wlast["candidates"] == plast["candidates"]
-
-
-@pytest.mark.slow
-def test_train_tune_with_a_weighted_objective_tunes_with_the_model_sampler(tmp_path):
-    """``train --tune --objective weighted`` (the model sampler by default) starts tuning and
-    measures trials, instead of refusing the objective once its probes are paid for."""
-    out, db = tmp_path / "out.json", f"sqlite:///{tmp_path}/t.db"
-    cmd = [sys.executable, "-m", "autotune.cli", "train", "--tune", "--in-process", "--quiet"]
-    cmd += ["--objective", "weighted", "--steps", "1000000000", "--max-wall-s", "600"]
-    cmd += ["--tune-window-s", "1.5", "--tune-warmup-s", "0.5", "--tune-window-max-s", "2"]
-    cmd += ["--knob", "batch_size=512,1024", "--knob", "envs_per_actor=4,8"]
-    cmd += ["--knob", "chunk_bytes=262144", "--knob", "trainers=1"]
-    cmd += ["--knob", "trainer_threads=1", "--knob", "actors=1"]
-    cmd += ["--storage", db, "--json", str(out)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-
-    def measured() -> bool:
-        try:
-            study = optuna.load_study(study_name="online-CartPole-v1", storage=db)
-        except (KeyError, sqlalchemy.exc.SQLAlchemyError):  # not created yet, or being created
-            return False
-        return sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials) >= 2
-
-    try:
-        wait_until(measured, proc, what="two measured trials")
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, err[-3000:]
-    study = optuna.load_study(study_name="online-CartPole-v1", storage=db)
-    done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
-    assert done[0].value == pytest.approx(1.0)  # the first window is the yardstick
-    assert json.loads(out.read_text())["tuning"]["trials"] >= 2
