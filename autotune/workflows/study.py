@@ -235,6 +235,7 @@ def make_study(
             },
         )
     study = open_study(o.storage, study_name(o), seed=o.seed, metrics=OBJECTIVES[o.objective])
+    _check_same_kind(study, o.objective)  # before OfflineStudy fails any orphan trial of it
     offline = OfflineStudy(
         study,
         trials,
@@ -243,7 +244,6 @@ def make_study(
         reference_every=o.reference_every,
         from_config=o.from_config is not None,
     )
-    _check_same_kind(study, o.objective)
     check_choices(study, {k.name: k.choices for k in offline.knobs})
     if "autotune" not in study.user_attrs:
         study.set_user_attr("autotune", {**meta, "default": offline.default()})
@@ -291,13 +291,13 @@ def from_notes(options: StudyOptions, offline: OfflineStudy) -> list[str]:
 
 
 def _check_same_kind(study: optuna.Study, objective: str) -> None:
-    """Refuses a study of a wrapped script, or one made for another objective: its values
-    would sit beside this session's in other units."""
-    if "wrap" in study.user_attrs:
-        raise StudyError(
-            f"study {study.study_name!r} holds a wrapped script's runs ('autotune wrap'); "
-            "give this study another --study name"
-        )
+    """Refuses a study of a wrapped script or of a tuned run, or one made for another
+    objective: its values would sit beside this session's in other units."""
+    whose = "a wrapped script's runs ('autotune wrap')" if "wrap" in study.user_attrs else None
+    if "autotune" not in study.user_attrs and study.get_trials(deepcopy=False):
+        whose = whose or "a tuned run's windows ('autotune train --tune')"
+    if whose is not None:
+        raise StudyError(f"study {study.study_name!r} holds {whose}; give another --study name")
     made = (study.user_attrs.get("autotune") or {}).get("objective")
     if made is not None and made != objective:
         raise StudyError(

@@ -100,7 +100,8 @@ def test_two_processes_never_take_the_same_enqueued_trial(tmp_path):
 def test_a_study_resumed_with_other_values_for_a_knob_or_objective_is_refused(tmp_path):
     """A knob's values, the objective and the kind of study stay what the study was made with:
     refused up front with what differs (a sampler cannot change a parameter's choices; a value
-    in other units would be ranked beside the others)."""
+    in other units would be ranked beside the others), and so is a study 'autotune study' did
+    not make (a tuned run's)."""
     import optuna
 
     from autotune.tuning.storage import check_choices
@@ -113,6 +114,10 @@ def test_a_study_resumed_with_other_values_for_a_knob_or_objective_is_refused(tm
     check_choices(study, {"envs_per_actor": (4, 8), "actors": (2,)})  # the same; a fixed one
     with pytest.raises(StudyError, match=r"knob envs_per_actor: .* drew from \[4, 8\], not \[4"):
         check_choices(study, {"envs_per_actor": (4, 8, 16)})
+    with pytest.raises(
+        StudyError, match=r"holds a tuned run's windows \('autotune train --tune'\)"
+    ):
+        _check_same_kind(study, "steps_per_joule")  # trials, not made by 'autotune study'
     study.set_user_attr("autotune", {"objective": "steps_per_joule"})
     _check_same_kind(study, "steps_per_joule")
     with pytest.raises(StudyError, match="made for --objective steps_per_joule, not steps_per_s"):
