@@ -35,6 +35,7 @@ from autotune.tuning.storage import (
     storage_url,
 )
 from autotune.workflows.auto_size import probed_model
+from autotune.workflows.wrap_export import is_wrap_study
 from runtime.config import TrainConfig
 from runtime.hw.gpus import no_gpu_reason, nvml_index
 
@@ -257,10 +258,9 @@ def workload_problem(study: Any, cfg: TrainConfig) -> str | None:
     """Why ``study`` cannot hold this run's trials (another env or policy, or a wrapped
     script's runs, measure another workload), or None."""
     name = study.study_name
-    if "wrap" in study.user_attrs:
-        return (
-            f"study {name!r} holds a wrapped script's runs ('autotune wrap'), not --env "
-            f"{cfg.env}'s; give this run another --study name"
+    if is_wrap_study(study):  # 'autotune wrap' or 'autotune study -- CMD'
+        return f"study {name!r} holds a wrapped script's runs, not --env {cfg.env}'s; give " + (
+            "this run another --study name"
         )
     made = made_for(study)
     if made is None or made == {"env": cfg.env, "policy": cfg.policy}:

@@ -52,6 +52,12 @@ def test_a_study_of_another_env_or_policy_is_refused_saying_whose_it_is(tmp_path
     options = TuneOptions(knobs=KNOBS, storage=db, study="offline", sampler="tpe")
     with pytest.raises(StudyError, match="'offline' holds trials of --env Acrobot-v1"):
         start_tuning(options, TrainConfig(), runner=object())
+    # and a wrapped script's study, made by 'autotune wrap' or 'autotune study -- CMD'
+    for name, attr in (("w", "wrap"), ("s", "autotune")):
+        open_study(db, name).set_user_attr(attr, {"kind": "script", "cmd": ["python", "x.py"]})
+        options = TuneOptions(knobs=KNOBS, storage=db, study=name, sampler="tpe")
+        with pytest.raises(StudyError, match=f"'{name}' holds a wrapped script's runs"):
+            start_tuning(options, TrainConfig(), runner=object())
 
 
 def test_a_study_made_before_workloads_were_recorded_is_taken_with_a_warning(tmp_path, caplog):
