@@ -49,31 +49,40 @@ def private_dir(path: Path, what: str, closed: bool = False, hint: str = "") -> 
     return path
 
 
-def hold_lock(name: str, what: str) -> Any:
-    """An exclusive lock on ``<state dir>/name``, held while the returned file stays open (the
-    kernel drops it when the process ends, however it ends).
-
-    Raises:
-        ControlError: another process holds it (its pid, as it wrote it there).
-    """
+def _take(path: Path, holder: str) -> tuple[Any, str | None]:
+    """An exclusive lock on ``path``, held while the returned file stays open (the kernel drops
+    it when the process ends, however it ends), with ``holder`` written in it; or ``(None, what
+    the process holding it wrote there)``."""
     import fcntl
 
-    path = state_dir() / name
     f = open(path, "a+")  # noqa: SIM115 - held open for the process's life
     try:
         fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         f.seek(0)
-        holder = f.read().strip() or "unknown"
+        other = f.read().strip() or "unknown"
         f.close()
-        raise ControlError(
-            f"{what} already runs with the state dir {path.parent} (pid {holder}); "
-            "one per state dir (set AUTOTUNE_HOME for another)"
-        ) from None
+        return None, other
     f.seek(0)
     f.truncate()
-    f.write(str(os.getpid()))
+    f.write(holder)
     f.flush()
+    return f, None
+
+
+def hold_lock(name: str, what: str) -> Any:
+    """An exclusive lock on ``<state dir>/name``, held while the returned file stays open.
+
+    Raises:
+        ControlError: another process holds it (its pid, as it wrote it there).
+    """
+    path = state_dir() / name
+    f, other = _take(path, str(os.getpid()))
+    if f is None:
+        raise ControlError(
+            f"{what} already runs with the state dir {path.parent} (pid {other}); "
+            "one per state dir (set AUTOTUNE_HOME for another)"
+        )
     return f
 
 
@@ -97,27 +106,17 @@ def hold_machine(cores: Iterable[int], gpus: Iterable[int]) -> list[Any]:
     Raises:
         ControlError: another daemon holds some of them (which, by whom), with what to do.
     """
-    import fcntl
-
     where = machine_locks_dir()
     me = f"{os.getpid()} {state_dir()}"
     held: list[Any] = []
     taken: dict[str, list[str]] = {}
     for kind, ids in (("core", cores), ("GPU", gpus)):
         for i in ids:
-            f = open(where / f"{kind.lower()}-{int(i)}.lock", "a+")  # noqa: SIM115 - held
-            try:
-                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                f.seek(0)
-                taken.setdefault(f.read().strip() or "unknown", []).append(f"{kind} {i}")
-                f.close()
-                continue
-            f.seek(0)
-            f.truncate()
-            f.write(me)
-            f.flush()
-            held.append(f)
+            f, other = _take(where / f"{kind.lower()}-{int(i)}.lock", me)
+            if f is None:
+                taken.setdefault(other or "unknown", []).append(f"{kind} {i}")
+            else:
+                held.append(f)
     if taken:
         for f in held:
             f.close()

@@ -115,7 +115,7 @@ def given_values(
     return inside, given
 
 
-def run_values(trial: Any) -> dict[str, Any]:
+def tuned_values(trial: Any) -> dict[str, Any]:
     """A trial's tuned knob values: its parameters (those it is to get, while it waits) and
     the values it runs as given."""
     return {
@@ -196,7 +196,7 @@ class OfflineStudy:
         measured: dict[str, float | None] = {}
         pending, roles = set(), set()
         for t in self.study.get_trials(deepcopy=False):
-            key = config_key(run_values(t))
+            key = config_key(tuned_values(t))
             roles.add(t.user_attrs.get("role"))
             if t.state == TrialState.COMPLETE:
                 measured[key] = score(t, self.metrics[0])
@@ -237,7 +237,7 @@ class OfflineStudy:
             stale = self.study._storage.get_trial(taken._trial_id)
             role = stale.user_attrs.get("role")  # none: the sampler's role is set when it runs
             fail_interrupted(self.study, taken, "asked before this session's reference run")
-            self._enqueue(run_values(stale), role, skip_if_exists=False)
+            self._enqueue(tuned_values(stale), role, skip_if_exists=False)
             taken = ask(self.study)
             if taken.user_attrs.get("role") in REFERENCE_ROLES:
                 break
@@ -259,11 +259,11 @@ class OfflineStudy:
         counts: dict[str, int] = {}
         params: dict[str, dict[str, Any]] = {}
         for t in self.study.get_trials(deepcopy=False):
-            key = config_key(run_values(t))
+            key = config_key(tuned_values(t))
             value = score(t, metric) if t.state == TrialState.COMPLETE else None
             if value is not None:
                 scores.setdefault(key, []).append(float(value))
-                params[key] = run_values(t)
+                params[key] = tuned_values(t)
             if t.state in (TrialState.COMPLETE, TrialState.RUNNING, TrialState.WAITING):
                 counts[key] = counts.get(key, 0) + 1
         ranked = sorted(scores, key=lambda k: statistics.median(scores[k]), reverse=True)

@@ -33,6 +33,7 @@ from typing import Any
 import yaml
 from optuna.trial import TrialState
 
+from autotune.tuning.offline_study import tuned_values
 from autotune.tuning.reference import (
     GOODPUT_METRIC,
     REFERENCE_ROLES,
@@ -228,9 +229,9 @@ def cpu_sizing(
 
 def run_values(trial: Any, fixed: dict[str, Any]) -> dict[str, Any]:
     """Every knob's value ``trial`` ran with: its ``values`` attribute, else (trials that do
-    not record it) the study's fixed knobs and its parameters."""
+    not record it) the study's fixed knobs and its tuned values (``tuned_values``)."""
     values = trial.user_attrs.get("values")
-    return dict(values) if isinstance(values, dict) else {**fixed, **trial.params}
+    return dict(values) if isinstance(values, dict) else {**fixed, **tuned_values(trial)}
 
 
 def default_key(done: list[Any], values_of: Any, default: dict[str, Any]) -> str:
