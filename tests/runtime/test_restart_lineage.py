@@ -190,6 +190,20 @@ def _saved_version(ck) -> int | None:
         return None
 
 
+def _killed_run(ck, checkpoint_every_s: float) -> TrainConfig:
+    """A small CPU run, saving into ``ck``, whose trainer the tests below SIGKILL."""
+    return TrainConfig(
+        steps=10**9,
+        actors=2,
+        envs_per_actor=4,
+        rollout_len=16,
+        batch_size=512,
+        trainer_device="cpu",
+        checkpoint=str(ck),
+        checkpoint_every_s=checkpoint_every_s,
+    )
+
+
 @pytest.mark.slow
 def test_a_killed_trainer_goes_on_from_the_newer_checkpoint_and_what_it_lost_is_rolled_back(
     tmp_path,
@@ -200,16 +214,7 @@ def test_a_killed_trainer_goes_on_from_the_newer_checkpoint_and_what_it_lost_is_
     beyond the state restarted from are ``rolled_back_steps``, not ``env_steps``; and the final
     checkpoint holds exactly the run's ``env_steps``."""
     ck = tmp_path / "ck"
-    cfg = TrainConfig(
-        steps=10**9,
-        actors=2,
-        envs_per_actor=4,
-        rollout_len=16,
-        batch_size=512,
-        trainer_device="cpu",
-        checkpoint=str(ck),
-        checkpoint_every_s=0.5,
-    )
+    cfg = _killed_run(ck, checkpoint_every_s=0.5)
     marks: dict[str, int] = {}
     recovery: dict[str, float | int] = {}
     after_kill: list[int] = []
@@ -263,16 +268,7 @@ def test_steps_trained_past_the_recovery_state_are_rolled_back_and_the_budget_go
     steps are ``rolled_back_steps`` (not ``env_steps``), the step budget counts what the learner
     holds (it trains them again), and the checkpoint saved at the end holds exactly
     ``env_steps``."""
-    cfg = TrainConfig(
-        steps=10**9,
-        actors=2,
-        envs_per_actor=4,
-        rollout_len=16,
-        batch_size=512,
-        trainer_device="cpu",
-        checkpoint=str(tmp_path / "ck"),
-        checkpoint_every_s=10**6,  # saved at the end only
-    )
+    cfg = _killed_run(tmp_path / "ck", checkpoint_every_s=10**6)  # saved at the end only
     marks: dict[str, int] = {}
     runner: Runner
 
