@@ -22,6 +22,7 @@ from autotune.workflows.progress_log import latest_steps, read_progress
 from bench.compare_arms import MIN_STEPS_WALL_FACTOR, PEERS, arm_command, arm_kind
 from bench.machine_meter import MachineMeter
 from bench.report import write_json
+from runtime.results import timeline_rate
 
 START_ALLOWANCE_S = 180.0
 """How long past its budget an arm may run (start-up, drain) before it is stopped."""
@@ -53,6 +54,24 @@ def window(rows: list[dict[str, Any]], warmup_s: float, final_third: bool) -> tu
             "step: run the arm longer (--seconds) or warm up less (--warmup-s)"
         )
     return inside[0], inside[-1]
+
+
+def window_throttle(
+    res: dict[str, Any], rows: list[dict[str, Any]], a: argparse.Namespace, tuned: bool
+) -> float | None:
+    """The share of the actors' time in the arm's window spent waiting on their in-flight
+    budget (the result's timeline between the window's progress lines; the whole run's
+    ``actor_waits`` also count the waits while the trainer starts). None where the timeline
+    has no such column or the window holds fewer than two of its samples."""
+    first, last = window(rows, a.warmup_s, tuned)
+    start = (res.get("timeline") or {}).get("started_unix")
+    actors = (res.get("config") or {}).get("actors")
+    if not start or not actors:
+        return None
+    span = timeline_rate(res, first["t"] - start, last["t"] - start)
+    if span is None or "actor_throttle_s" not in span:
+        return None
+    return span["actor_throttle_s"] / (actors * (span["to_s"] - span["from_s"]))
 
 
 CURVE_S = 10.0
@@ -239,6 +258,8 @@ def run_arm(arm: str, a: argparse.Namespace, meter: MachineMeter, out_dir: Path)
             doc["sizing"] = {k: res["sizing"][k] for k in ("chosen", "predicted")}
         if res.get("actor_time"):  # where the actors' time went (an actor-bound arm's why)
             doc["actor_time"] = res["actor_time"]
+        if "window_s" in doc:
+            doc["window_throttle"] = window_throttle(res, read_progress(progress), a, tuned)
         if "tuning" in res:
             doc["tuning"] = {
                 k: res["tuning"].get(k) for k in ("sampler", "best", "trials", "windows")

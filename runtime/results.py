@@ -29,26 +29,35 @@ TIMELINE_S = 2.0
 
 
 class Timeline:
-    """Cumulative trained steps, GPU J and CPU J every ``TIMELINE_S`` of a run, so any span of
-    it can be measured afterwards (``timeline_rate``)."""
+    """Cumulative trained steps, GPU J, CPU J and the actors' seconds waiting on their
+    in-flight budget every ``TIMELINE_S`` of a run, so any span of it can be measured
+    afterwards (``timeline_rate``)."""
 
-    COLUMNS = ("t_s", "trained_steps", "gpu_j", "cpu_j")
+    COLUMNS = ("t_s", "trained_steps", "gpu_j", "cpu_j", "actor_throttle_s")
 
     def __init__(self) -> None:
-        self.rows: list[tuple[float, int, float, float]] = []
+        self.rows: list[tuple[float, int, float, float, float]] = []
         self.started_unix = 0.0
 
     def start(self) -> None:
         self.rows.clear()
         self.started_unix = time.time()
 
-    def sample(self, t_s: float, trained_steps: int, energy: Any, force: bool = False) -> None:
+    def sample(
+        self,
+        t_s: float,
+        trained_steps: int,
+        energy: Any,
+        throttle_s: float = 0.0,
+        force: bool = False,
+    ) -> None:
         """Adds a row if ``TIMELINE_S`` passed since the last (or ``force``); ``energy`` is a
-        callable returning the run's energy window so far (read only when a row is added)."""
+        callable returning the run's energy window so far (read only when a row is added);
+        ``throttle_s``: the actors' waits on their in-flight budget so far, summed."""
         if self.rows and t_s - self.rows[-1][0] < TIMELINE_S and not force:
             return
         e = energy()
-        self.rows.append((t_s, trained_steps, e.gpu_total_j, e.cpu_energy_j))
+        self.rows.append((t_s, trained_steps, e.gpu_total_j, e.cpu_energy_j, throttle_s))
 
     def to_doc(self) -> dict[str, Any]:
         return {
@@ -234,7 +243,8 @@ def build_result(runner: RunRecord, wall_s: float, energy: Any) -> dict[str, Any
     its successor started), gmi_spares (GMIs started from a spare process:
     ``runtime.gmi.spares``), inference
     (``inference_doc``), timeline (every ``TIMELINE_S`` while serving: seconds since the
-    start, cumulative trained steps, GPU J and CPU J; ``started_unix`` dates it), checkpoint
+    start, cumulative trained steps, GPU J, CPU J and the actors' summed seconds waiting on
+    their in-flight budget, as ``columns`` names them; ``started_unix`` dates it), checkpoint
     (``runtime.checkpoint.result_doc``, None without one), plus episodes, actor_restarts and
     malformed message counts (per service and trainer GMI, the actors summed, the runner's
     own), auth_refused (connections to a ``tcp://`` run's links refused for a key that is not
@@ -341,13 +351,15 @@ def build_result(runner: RunRecord, wall_s: float, energy: Any) -> dict[str, Any
 
 def timeline_rate(result: dict[str, Any], t0: float, t1: float) -> dict[str, float] | None:
     """Trained steps/s, steps/J, GPU W and CPU W between ``t0`` and ``t1`` seconds of a result's
-    timeline (the first and last samples inside the span); None if fewer than two fall in it."""
+    timeline (the first and last samples inside the span), and the actors' summed seconds of
+    waiting on their in-flight budget in it (``actor_throttle_s``, where the timeline has the
+    column); None if fewer than two samples fall in it."""
     rows = [r for r in result["timeline"]["rows"] if t0 <= r[0] <= t1]
     if len(rows) < 2 or rows[-1][0] <= rows[0][0]:
         return None
-    (ta, sa, ga, ca), (tb, sb, gb, cb) = rows[0], rows[-1]
+    (ta, sa, ga, ca), (tb, sb, gb, cb) = rows[0][:4], rows[-1][:4]
     joules = (gb - ga) + (cb - ca)
-    return {
+    out = {
         "from_s": ta,
         "to_s": tb,
         "steps_per_s": (sb - sa) / (tb - ta),
@@ -355,3 +367,6 @@ def timeline_rate(result: dict[str, Any], t0: float, t1: float) -> dict[str, flo
         "gpu_w": (gb - ga) / (tb - ta),
         "cpu_w": (cb - ca) / (tb - ta),
     }
+    if len(rows[0]) > 4 and len(rows[-1]) > 4:  # timelines before the column lack it
+        out["actor_throttle_s"] = rows[-1][4] - rows[0][4]
+    return out

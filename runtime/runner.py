@@ -57,7 +57,7 @@ from runtime.gmi.spares import Spares
 from runtime.inference import NAME as INFERENCE
 from runtime.inference import inference_main
 from runtime.phases import PhaseLog
-from runtime.results import Timeline, build_result, failed_result
+from runtime.results import Timeline, actor_waits, build_result, failed_result
 from runtime.run_state import RUN_WINDOW, RunState
 from runtime.services import RunError, Services
 from runtime.supervisor import Supervisor
@@ -380,6 +380,7 @@ class Runner:
             time.monotonic() - started,
             self.telemetry.trained_steps,
             lambda: self.meter.peek_window(RUN_WINDOW),
+            actor_waits(self.telemetry)["throttle_s"],
             force,
         )
 

@@ -77,7 +77,7 @@ def measured_window(rows: list[list[float]], warmup_s: float) -> list[Counters]:
     first = next((r[0] for r in rows if r[1] > 0), None)
     if first is None:
         return []
-    return [Counters(t, int(n), 0.0, g, c) for t, n, g, c in rows if t >= first + warmup_s]
+    return [Counters(r[0], int(r[1]), 0.0, r[2], r[3]) for r in rows if r[0] >= first + warmup_s]
 
 
 def run_config(

@@ -91,6 +91,7 @@ def test_compare_arms_then_report(tmp_path):
     assert arms["exported"]["config"]["envs_per_actor"] == 4
     assert arms["exported"]["lost_steps"] == 0
     assert arms["exported"]["actor_time"]["cpu_us_per_step"] > 0  # where the actors' time went
+    assert 0.0 <= arms["exported"]["window_throttle"] <= 1.0  # their waits inside the window
     md, plots = tmp_path / "table.md", tmp_path / "plots"
     proc = bench(
         "peers",

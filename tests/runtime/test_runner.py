@@ -50,6 +50,11 @@ def test_clean_run_loses_nothing_and_every_stage_moves_data():
     assert spent["cpu_us_per_step"] == pytest.approx(
         1e6 * spent["cpu_s"] / result["sampled_steps"], rel=1e-3
     )
+    # the timeline keeps the actors' waits on their in-flight budget, so a window can read them
+    timeline = result["timeline"]
+    assert timeline["columns"][-1] == "actor_throttle_s"
+    waits = [row[4] for row in timeline["rows"]]
+    assert waits == sorted(waits) and waits[-1] <= result["actor_waits"]["throttle_s"] + 1e-6
 
 
 def test_stale_experience_is_discarded_and_counted():
