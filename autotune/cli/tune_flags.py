@@ -216,11 +216,13 @@ def daemon_budget(console: Console, args: argparse.Namespace, cfg: Any) -> Any:
         ConfigError: a study of another workload, a malformed claim, the daemon cannot take
             the job, or sharing flags were given with no daemon to give the budget.
     """
-    from autotune.workflows.tune import refuse_other_workload, take_offer  # optuna: when tuning
+    from autotune.workflows.study_workload import refuse_other_workload  # optuna: when tuning
+    from autotune.workflows.tune import take_offer
 
+    options = tune_options(args)
     try:
-        refuse_other_workload(tune_options(args), cfg)
-        offer = take_offer(tune_options(args), cfg)
+        refuse_other_workload(options.storage, options.study, cfg)
+        offer = take_offer(options, cfg)
     except ValueError as exc:
         raise ConfigError([str(exc)]) from None
     if offer is None:

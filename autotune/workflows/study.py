@@ -28,6 +28,7 @@ from autotune.tuning.storage import (
 )
 from autotune.tuning.trials import ScriptTrials, TrainTrials
 from autotune.workflows.export import ExportError, load_config
+from autotune.workflows.study_workload import same_network
 from autotune.wrap.wrapper import Wrapper, parse_knob, script_name
 from runtime.config import ConfigError, TrainConfig
 from runtime.energy import EnergyMeter
@@ -312,6 +313,8 @@ def _check_same_base(study: optuna.Study, base: dict[str, Any]) -> None:
     stored = study.user_attrs["autotune"].get("base") or {}
     now = json.loads(json.dumps(base))  # tuples as the storage keeps them: lists
     differ = sorted(k for k in stored if k != "max_wall_s" and stored[k] != now.get(k))
+    if "policy" in differ and same_network(TrainConfig.from_dict(now), stored["policy"]):
+        differ.remove("policy")  # one network spelled two ways ("auto", "auto:64:64:auto")
     if differ:
         changes = ", ".join(f"{k}: {stored[k]!r} -> {now.get(k)!r}" for k in differ)
         raise ValueError(

@@ -30,12 +30,11 @@ from autotune.tuning.storage import (
     StudyError,
     check_choices,
     open_study,
-    redact,
     sqlite_file,
     storage_url,
 )
 from autotune.workflows.auto_size import probed_model
-from autotune.workflows.wrap_export import is_wrap_study
+from autotune.workflows.study_workload import check_workload
 from runtime.config import TrainConfig
 from runtime.hw.gpus import no_gpu_reason, nvml_index
 
@@ -239,66 +238,6 @@ def start_tuning(
     return InProcessTuning(tuner, space)
 
 
-WORKLOAD_ATTR = "workload"
-"""The user attribute an online study records its trials' env and policy in (``{"env": ...,
-"policy": ...}``); ``autotune study`` records them in its ``autotune`` attribute."""
-
-
-def made_for(study: Any) -> dict[str, Any] | None:
-    """The env and policy ``study``'s trials ran, as it records them; None where it records
-    none (a study made before they were recorded, or not made yet)."""
-    for key in (WORKLOAD_ATTR, "autotune"):
-        made = study.user_attrs.get(key)
-        if isinstance(made, dict) and "env" in made:
-            return {"env": made["env"], "policy": made.get("policy", "auto")}
-    return None
-
-
-def workload_problem(study: Any, cfg: TrainConfig) -> str | None:
-    """Why ``study`` cannot hold this run's trials (another env or policy, or a wrapped
-    script's runs, measure another workload), or None."""
-    name = study.study_name
-    if is_wrap_study(study):  # 'autotune wrap' or 'autotune study -- CMD'
-        return f"study {name!r} holds a wrapped script's runs, not --env {cfg.env}'s; give " + (
-            "this run another --study name"
-        )
-    made = made_for(study)
-    if made is None or made == {"env": cfg.env, "policy": cfg.policy}:
-        return None
-    return (
-        f"study {name!r} holds trials of --env {made['env']} --policy {made['policy']}, not of "
-        f"this run's --env {cfg.env} --policy {cfg.policy}: a study compares measurements of one "
-        f"workload; give another --study name (the default is online-<env>), or run --env "
-        f"{made['env']} --policy {made['policy']}"
-    )
-
-
-def check_workload(study: Any, cfg: TrainConfig) -> None:
-    """Refuses ``study`` where it holds another workload's trials (``workload_problem``); records
-    this run's env and policy where it records none. A study that has trials but records none
-    (made before they were recorded) is taken as this run's, with a warning.
-
-    Raises:
-        StudyError: saying whose trials the study holds and what to do.
-    """
-    problem = workload_problem(study, cfg)
-    if problem is not None:
-        raise StudyError(problem)
-    if made_for(study) is not None:
-        return
-    trials = len(study.get_trials(deepcopy=False))
-    if trials:
-        logger.warning(
-            "study %r records no env or policy (it was made before they were recorded): its %d "
-            "trials are taken as --env %s --policy %s's, and recorded so",
-            study.study_name,
-            trials,
-            cfg.env,
-            cfg.policy,
-        )
-    study.set_user_attr(WORKLOAD_ATTR, {"env": cfg.env, "policy": cfg.policy})
-
-
 def _open_here(options: TuneOptions, storage: str, name: str, seed: int) -> Any:
     """The study, opened in this process (a SQLite file is made here: a daemon makes none for a
     message); None for a database server a daemon is to open that cannot be opened here (the
@@ -313,32 +252,6 @@ def _open_here(options: TuneOptions, storage: str, name: str, seed: int) -> Any:
         if options.in_process or sqlite_file(storage) is not None:
             raise
         return None
-
-
-def refuse_other_workload(options: TuneOptions, cfg: TrainConfig) -> None:
-    """Before a tuned run sizes itself: refuses the study ``options`` name where it exists and
-    holds another workload's trials (``workload_problem``). Creates nothing: a study or a
-    SQLite file not there yet is left to ``start_tuning``, as is a storage that cannot be
-    opened (it says why).
-
-    Raises:
-        StudyError: saying whose trials the study holds and what to do.
-    """
-    import optuna
-
-    storage = storage_url(options.storage)
-    path = sqlite_file(storage)
-    if path is not None and not path.is_file():
-        return
-    name = options.study or f"online-{cfg.env}"
-    try:
-        study = optuna.load_study(study_name=name, storage=storage)
-    except Exception:  # no such study yet, or a storage start_tuning reports on
-        logger.debug("no study %r in %s to check yet", name, redact(storage))
-        return
-    problem = workload_problem(study, cfg)
-    if problem is not None:
-        raise StudyError(problem)
 
 
 def _machine(cfg: TrainConfig, sizing: dict[str, Any] | None) -> MachineModel:

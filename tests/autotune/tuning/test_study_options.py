@@ -99,6 +99,17 @@ def test_a_study_from_a_config_starts_from_it_and_the_flags_given_win(tmp_path):
     opts = study_options(args)
     with pytest.raises(ValueError, match=r"was started from another config \(learner: .*0\.01"):
         make_study(opts, cores=4)
+    # the same network spelled out (Pendulum-v1: 3 observations, 1 action) is the same study
+    again = ["--storage", storage, "--knob", "actors=1..4", "--knob", "envs_per_actor=2,4,8"]
+    for policy, same in (("3:32:1", True), ("3:33:1", False)):
+        args = build_parser().parse_args(
+            ["study", "--from", str(tmp_path / "c.json"), "--policy", policy, *again]
+        )
+        if same:
+            assert make_study(study_options(args), cores=4).study.study_name == "study-Pendulum-v1"
+        else:
+            with pytest.raises(ValueError, match=r"\(policy: 'auto:32:auto' -> '3:33:1'\)"):
+                make_study(study_options(args), cores=4)
     # --env, --policy and --seed given replace the file's; a policy that cannot fit is refused
     args = build_parser().parse_args(
         [

@@ -12,7 +12,8 @@ import optuna
 import pytest
 
 from autotune.tuning.storage import StudyError, open_study
-from autotune.workflows.tune import WORKLOAD_ATTR, TuneOptions, start_tuning
+from autotune.workflows.study_workload import WORKLOAD_ATTR
+from autotune.workflows.tune import TuneOptions, start_tuning
 from runtime.config import TrainConfig
 
 KNOBS = ("actors=1..2", "trainers=1", "trainer_threads=1", "batch_size=512,1024")
@@ -46,6 +47,8 @@ def test_a_study_of_another_env_or_policy_is_refused_saying_whose_it_is(tmp_path
     with pytest.raises(StudyError, match="not of this run's --env CartPole-v1 --policy 4:32:2"):
         _tune(db, policy="4:32:2")
     _tune(db)  # the same workload goes on with it
+    _tune(db, policy="4:64:64:2")  # CartPole-v1's default network spelled out is the same
+    _tune(db, policy="auto:64:64:auto")
     # a study ``autotune study`` made records its env and policy too
     made = open_study(db, "offline")
     made.set_user_attr("autotune", {"env": "Acrobot-v1", "policy": "auto", "objective": "x"})
