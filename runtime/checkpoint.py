@@ -196,8 +196,16 @@ def _hold(directory: str) -> None:
     key = os.path.realpath(directory)
     if key in _HELD:
         return
-    os.makedirs(directory, exist_ok=True)
-    fd = os.open(os.path.join(directory, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        os.makedirs(directory, exist_ok=True)
+        fd = os.open(os.path.join(directory, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError as exc:  # a path the checks above let by (root on /proc, a full disk)
+        raise ConfigError(
+            [
+                f"checkpoint={directory!r}: cannot save in it ({exc.strerror}); give a directory "
+                "this user can create and write"
+            ]
+        ) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

@@ -112,7 +112,7 @@ def _alive(pid: int) -> bool:
 
 
 def cmd_daemon(args: argparse.Namespace) -> int:
-    console = Console(stderr=True)
+    console = Console(stderr=True, emoji=False)
     try:
         if args.action == "keys":
             return _keys(console, args.force)
@@ -206,7 +206,7 @@ def _daemon(console: Console, args: argparse.Namespace, endpoint: str) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    console = Console()
+    console = Console(emoji=False)
     try:
         endpoint = protocol.resolve_endpoint(args.control)
         answer = protocol.request(endpoint, MsgType.STATUS)

@@ -74,7 +74,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     from autotune.workflows.export import ExportError, dump, export_doc
     from autotune.workflows.wrap_export import is_wrap_study, wrap_export_doc, write_wrap_plots
 
-    console = Console(stderr=True)
+    console = Console(stderr=True, emoji=False)
     fmt = args.format or ("yaml" if args.out and args.out.suffix in (".yaml", ".yml") else "json")
     try:
         for name in ("target_gpus", "target_cores", "sms"):

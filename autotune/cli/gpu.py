@@ -34,7 +34,7 @@ def add_gpu_command(sub: Any) -> None:
 
 
 def cmd_gpu(args: argparse.Namespace) -> int:
-    console = Console()
+    console = Console(emoji=False)
     gpus = list_gpus()
     sms = sm_counts() if gpus and not args.no_cuda else []
     mps = MPSControl().state()

@@ -55,10 +55,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:  # before the command's work, not at its end with the work done
         check_output(getattr(args, "json", None), "--json")
-    except OutputPathError as exc:
-        Console(stderr=True).print(f"[red]error:[/red] {escape(str(exc))}")
+        return int(args.func(args))
+    except OutputPathError as exc:  # at the start, or a write at the end that failed after all
+        Console(stderr=True, emoji=False).print(f"[red]error:[/red] {escape(str(exc))}")
         return 2
-    return int(args.func(args))
 
 
 if __name__ == "__main__":

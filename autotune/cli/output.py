@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,12 @@ def check_output(path: Path | None, flag: str) -> None:
                 raise OutputPathError(f"{flag} {path}: {parent} is a file, not a directory")
             if not os.access(parent, os.W_OK | os.X_OK):
                 raise OutputPathError(f"{flag} {path}: {parent} is not writable")
+            try:  # what access() lets by (root on /proc, a read-only mount): a file made there
+                tempfile.TemporaryFile(dir=parent).close()
+            except OSError as exc:
+                raise OutputPathError(
+                    f"{flag} {path}: cannot write in {parent} ({exc.strerror})"
+                ) from None
             return
 
 
@@ -45,9 +52,17 @@ def write_text(path: Path, text: str) -> None:
 
 def write_json(path: Path | None, doc: object) -> None:
     """Writes ``doc`` as indented JSON to ``path`` (the ``--json`` flag of every command), whole
-    or not at all."""
-    if path is not None:
+    or not at all.
+
+    Raises:
+        OutputPathError: it could not be written (saying why).
+    """
+    if path is None:
+        return
+    try:
         write_text(path, json.dumps(doc, indent=2, default=str) + "\n")
+    except OSError as exc:  # a disk that filled, a folder removed since the check at the start
+        raise OutputPathError(f"--json {path}: cannot write it ({exc.strerror})") from None
 
 
 def complete_result(result: dict, sizing: Any, where: str | None, tuning: dict | None) -> None:

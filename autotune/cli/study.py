@@ -232,7 +232,7 @@ def cmd_study(args: argparse.Namespace) -> int:
     from autotune.workflows.study import from_notes, summary
     from autotune.workflows.study_run import prepare, run_trials
 
-    console = Console(stderr=True)
+    console = Console(stderr=True, emoji=False)
     try:
         options = study_options(args)
         offline, plan = prepare(options)

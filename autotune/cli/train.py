@@ -267,7 +267,7 @@ def _mps_change(text: str) -> tuple[float, tuple[int, ...]]:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    console = Console(stderr=True)
+    console = Console(stderr=True, emoji=False)
     sizing = held = None
     try:
         cfg = train_config(args)
@@ -384,7 +384,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                 curve.write_result(result, done, episodes, runner.target.before.joules)
             curve.close()
     complete_result(result, sizing, tuning.where if tuning is not None else None, doc)
-    Console().print(summary_table(result))
+    Console(emoji=False).print(summary_table(result))
     if (note := untrained_note(result, cfg.max_wall_s)) is not None:
         console.print(f"[yellow]{escape(note)}[/yellow]")
     write_json(args.json, result)

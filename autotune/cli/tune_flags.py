@@ -217,10 +217,11 @@ def daemon_budget(console: Console, args: argparse.Namespace, cfg: Any) -> Any:
             the job, or sharing flags were given with no daemon to give the budget.
     """
     from autotune.workflows.study_workload import refuse_other_workload  # optuna: when tuning
-    from autotune.workflows.tune import take_offer
+    from autotune.workflows.tune import take_offer, tuner_settings
 
     options = tune_options(args)
-    try:
+    try:  # what cannot tune is refused before the probes are paid for
+        tuner_settings(options, gpus=False)
         refuse_other_workload(options.storage, options.study, cfg)
         offer = take_offer(options, cfg)
     except ValueError as exc:

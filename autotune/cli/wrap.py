@@ -133,7 +133,7 @@ def cmd_wrap(args: argparse.Namespace) -> int:
     from autotune.wrap.study_check import check_wrap_study
     from autotune.wrap.wrapper import Wrapper, parse_knob, script_defaults, script_name
 
-    console = Console(stderr=True)
+    console = Console(stderr=True, emoji=False)
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     wrapper = None
     try:  # every check before the study is touched: a refused run leaves it as it was

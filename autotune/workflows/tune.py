@@ -155,6 +155,32 @@ class DaemonTuning:
         return doc
 
 
+def tuner_settings(options: TuneOptions, gpus: bool) -> TunerSettings:
+    """The tuner's settings from ``options`` (a window of 10 s by default on a GPU machine, 5 s
+    without one).
+
+    Raises:
+        ValueError: listing every setting out of range, with what is allowed.
+    """
+    window = options.window_s  # an explicit 0 is refused below, not taken as the default
+    window = (10.0 if gpus else 5.0) if window is None else window
+    settings = TunerSettings(
+        objective=options.objective,
+        warmup_s=options.warmup_s,
+        window_s=window,
+        window_max_s=max(window, options.window_max_s),
+        window_target=options.window_target,
+        trials=options.trials,
+        min_steps_per_s=options.min_steps_per_s,
+        max_policy_lag=options.max_policy_lag,
+        sampler=options.sampler,
+    )
+    problems = settings.problems()
+    if problems:
+        raise ValueError("invalid tuning settings: " + "; ".join(problems))
+    return settings
+
+
 def start_tuning(
     options: TuneOptions,
     cfg: TrainConfig,
@@ -177,22 +203,7 @@ def start_tuning(
 
         machine = Machine(cluster_cpus(cfg.cluster)[0], machine.gpus)
     space = build_space(machine, list(options.knobs), cfg.learner.minibatches, cfg.rollout_len)
-    window = options.window_s  # an explicit 0 is refused below, not taken as the default
-    window = (10.0 if machine.gpus else 5.0) if window is None else window
-    settings = TunerSettings(
-        objective=options.objective,
-        warmup_s=options.warmup_s,
-        window_s=window,
-        window_max_s=max(window, options.window_max_s),
-        window_target=options.window_target,
-        trials=options.trials,
-        min_steps_per_s=options.min_steps_per_s,
-        max_policy_lag=options.max_policy_lag,
-        sampler=options.sampler,
-    )
-    problems = settings.problems()
-    if problems:
-        raise ValueError("invalid tuning settings: " + "; ".join(problems))
+    settings = tuner_settings(options, bool(machine.gpus))
     storage = storage_url(options.storage)
     study_name = options.study or f"online-{cfg.env}"
     made = _open_here(options, storage, study_name, cfg.seed)  # before any probe

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -47,3 +48,12 @@ def test_json_is_written_whole_with_the_usual_permissions(tmp_path):
     check_output(tmp_path / "new" / "x.json", "--json")  # folders to be made are fine
     with pytest.raises(OutputPathError, match=r"--json .*: is a directory"):
         check_output(tmp_path, "--json")
+    # a folder where nothing can be made (root included): refused at the start
+    with pytest.raises(
+        OutputPathError, match=r"--json /proc/a\.json: (cannot write in|/proc is not)"
+    ):
+        check_output(Path("/proc/a.json"), "--json")
+    # a write that fails at the end says so, not with a traceback
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(OutputPathError, match=r"a-file/x\.json: cannot write it \("):
+        write_json(tmp_path / "a-file" / "x.json", {"a": 1})

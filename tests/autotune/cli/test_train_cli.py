@@ -112,9 +112,13 @@ def test_python_api_example_runs(tmp_path):
         # a budget asked of a daemon no one asks: refused, not ignored
         (["--tune", "--in-process", "--cores", "0"], "--cores take effect under a running"),
         (["--tune", "--in-process", "--exclusive"], "daemon'), which shares the machine out;"),
+        # the user's text as typed, not read as markup or emoji codes (':x:')
+        (["--policy", "4:x:2"], "policy spec '4:x:2': entry 1 is 'x'"),
+        (["--checkpoint", "/proc/autotune-checkpoint"], "checkpoint='/proc/autotune-checkpoint': "),
+        (["--tune", "--in-process", "--tune-trials", "0"], "trials=0: must be >= 1"),
     ],
 )
-def test_bad_gmi_flags_are_refused_with_what_is_allowed(args, message, capsys):
+def test_bad_flags_are_refused_with_what_is_allowed(args, message, capsys):
     from autotune.cli.main import main
 
     try:
@@ -124,6 +128,7 @@ def test_bad_gmi_flags_are_refused_with_what_is_allowed(args, message, capsys):
     assert rc == 2
     err = capsys.readouterr().err
     assert message in " ".join(err.split()), err
+    assert "probes" not in err and "sizing" not in err  # refused before the probes are paid for
 
 
 def test_auto_sizing_is_stored_explicit_flags_win_and_probes_are_cached(tmp_path):
