@@ -56,11 +56,15 @@ def cluster_actors(console: Any, cfg: Any) -> Any:
     with ``--cluster``), said on ``console``.
 
     Raises:
-        runtime.config.ConfigError: the cluster cannot be reached, or offers no CPU.
+        runtime.config.ConfigError: a setting is out of range (a malformed ``--cluster``
+            among them), the cluster cannot be reached, or it offers no CPU.
     """
     from runtime.cluster import cluster_cpus
     from runtime.config import ConfigError
 
+    problems = cfg.problems()  # a malformed --cluster before any node is asked
+    if problems:
+        raise ConfigError(problems)
     cpus, away = cluster_cpus(cfg.cluster)
     if cpus < 1:
         raise ConfigError([f"--cluster {cfg.cluster}: its nodes offer no CPU for actors"])

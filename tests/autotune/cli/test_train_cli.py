@@ -116,6 +116,7 @@ def test_python_api_example_runs(tmp_path):
         (["--policy", "4:x:2"], "policy spec '4:x:2': entry 1 is 'x'"),
         (["--checkpoint", "/proc/autotune-checkpoint"], "checkpoint='/proc/autotune-checkpoint': "),
         (["--tune", "--in-process", "--tune-trials", "0"], "trials=0: must be >= 1"),
+        (["--cluster", "local:0"], "cluster='local:0': local:N needs N from 1 to"),
     ],
 )
 def test_bad_flags_are_refused_with_what_is_allowed(args, message, capsys):
