@@ -85,17 +85,29 @@ def _is_main_test(test: ast.expr) -> bool:
     return isinstance(test.ops[0], ast.Eq) and len(names) == 1 and len(mains) == 1
 
 
+def _expect(value: Any, kind: type, what: str, example: str) -> None:
+    """Raises TypeError, saying what was given and what is allowed, where ``value`` is not a
+    ``kind``."""
+    if not isinstance(value, kind):
+        raise TypeError(
+            f"{what} must be an autotune.{kind.__name__}, not "
+            f"{type(value).__name__} {value!r:.60}; e.g. {example}"
+        )
+
+
 def train(config: TrainConfig, on_progress: Callable[[Any], None] | None = None) -> dict:
     """Trains ``config`` and returns the result document (``autotune train --json``).
 
     Raises:
         MainGuardError: called without a main guard (see the module docstring).
+        TypeError: ``config`` is not a ``TrainConfig``.
         runtime.config.ConfigError: a setting the env or the machine does not allow.
         runtime.runner.RunError: the run failed; its ``result`` holds what it had done.
     """
     _check_main_guard("train")
     from runtime.runner import Runner
 
+    _expect(config, TrainConfig, "train()'s config", "TrainConfig(env='CartPole-v1')")
     info = config.validate()
     return Runner(config, info, on_progress=on_progress).run()
 
@@ -112,7 +124,8 @@ def tune(
         options: ``TuneOptions`` (None: the defaults, tuned in this process).
 
     Raises:
-        MainGuardError, ConfigError, RunError: as ``train``.
+        MainGuardError, TypeError, ConfigError, RunError: as ``train`` (TypeError also for
+            ``options`` that are not ``TuneOptions``).
         ValueError: a bad knob, study or tuner setting; nothing has started then.
     """
     _check_main_guard("tune")
@@ -120,7 +133,9 @@ def tune(
     from runtime.hw.gpus import no_gpu_reason
     from runtime.runner import Runner
 
+    _expect(config, TrainConfig, "tune()'s config", "TrainConfig(env='CartPole-v1')")
     options = options or TuneOptions(in_process=True)
+    _expect(options, TuneOptions, "tune()'s options", "TuneOptions(in_process=True)")
     info = config.validate()
     # a tuner may move the trainer to a GPU share: MPS from the start where there is a GPU
     gpu_here = config.resolved_device() == "cuda" or no_gpu_reason() is None
@@ -152,14 +167,16 @@ def study(options: Any) -> dict:
 
     Raises:
         MainGuardError: as ``train``.
+        TypeError: ``options`` are not ``StudyOptions``.
         ValueError: bad options (``KnobError``, ``ConfigError``, ``StudyError``), or a cluster
             that cannot be reached or is too small for the workers.
         KeyboardInterrupt: Ctrl-C cut the trials (the study keeps what was measured).
     """
     _check_main_guard("study")
-    from autotune.workflows.study import resolve_options, summary
+    from autotune.workflows.study import StudyOptions, resolve_options, summary
     from autotune.workflows.study_run import prepare, run_trials
 
+    _expect(options, StudyOptions, "study()'s options", "StudyOptions(env='CartPole-v1')")
     options = resolve_options(options)
     offline, plan = prepare(options)
     rows: list[dict] = []

@@ -102,3 +102,17 @@ def test_the_api_loads_lazily_and_names_what_it_has():
     assert out.stdout.split() == ["autotune.api", "TuneOptions"]
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         autotune.nope  # noqa: B018
+
+
+def test_the_wrong_kind_of_argument_is_refused_saying_what_is_allowed():
+    import autotune
+
+    for call, given, said in (
+        (lambda: autotune.train("CartPole-v1"), "str 'CartPole-v1'", "train()'s config"),
+        (lambda: autotune.tune(autotune.TrainConfig(), {"trials": 3}), "dict", "tune()'s options"),
+        (lambda: autotune.study({"env": "CartPole-v1"}), "dict", "study()'s options"),
+    ):
+        with pytest.raises(TypeError) as refused:
+            call()
+        message = str(refused.value)
+        assert said in message and f"not {given}" in message and "e.g. " in message, message
