@@ -81,14 +81,21 @@ def is_custom(env_id: str) -> bool:
 
 @functools.cache
 def _envpool_make_problem(env_id: str) -> str | None:
-    """Why EnvPool lists ``env_id`` but cannot make it here (a library it loads only then,
-    such as Procgen's Qt), or None."""
+    """Why EnvPool lists ``env_id`` but cannot run it here (a library it loads only then,
+    such as Procgen's Qt; observations that are not a Box, which its actors do not flatten),
+    or None."""
+    import gymnasium as gym
+
     from runtime.envs import EnvError, envpool_make
 
     try:
-        envpool_make(env_id, num_envs=1).close()
+        pool = envpool_make(env_id, num_envs=1)
     except EnvError as exc:
         return str(exc)
+    space = pool.observation_space
+    pool.close()
+    if not isinstance(space, gym.spaces.Box):
+        return f"EnvPool's {env_id} observes {space}, not a Box (gymnasium's is flattened)"
     return None
 
 

@@ -86,7 +86,7 @@ def make_env(env_id: str) -> gym.Env:
     module = [env_id.split(":", 1)[0]] if ":" in env_id else []
     import_env_modules(run_modules() + module)
     try:
-        return gym.make(env_id)
+        return flat_observations(gym.make(env_id))
     except gym.error.Error as exc:
         known = list(gym.registry)
         close = difflib.get_close_matches(env_id, known, n=3, cutoff=0.5)
@@ -102,6 +102,38 @@ def make_env(env_id: str) -> gym.Env:
     except Exception as exc:  # a custom env's constructor that fails
         why = " ".join(str(exc).split())[:300]
         raise EnvError(f"cannot make environment {env_id!r}: {type(exc).__name__}: {why}") from None
+
+
+FLATTENED = (
+    gym.spaces.Discrete,
+    gym.spaces.MultiDiscrete,
+    gym.spaces.MultiBinary,
+    gym.spaces.Tuple,
+    gym.spaces.Dict,
+)
+"""Observation spaces an env may have besides Box: the policy sees them flattened to one
+vector (``gymnasium.wrappers.FlattenObservation``: a Discrete as a one-hot, a Tuple or Dict as
+its parts side by side, Dict keys in sorted order)."""
+
+
+def flat_observations(env: gym.Env) -> gym.Env:
+    """``env`` with a Discrete, MultiDiscrete, MultiBinary, Tuple or Dict observation space
+    flattened to a Box; any other env as it is (``probe_env`` refuses what cannot be)."""
+    space = env.observation_space
+    if not isinstance(space, FLATTENED) or not _flattenable(space):
+        return env
+    from gymnasium.wrappers import FlattenObservation
+
+    return FlattenObservation(env)
+
+
+def _flattenable(space: gym.spaces.Space) -> bool:
+    """Whether every part of ``space`` is a Box or a space ``FLATTENED`` names."""
+    if isinstance(space, gym.spaces.Tuple):
+        return all(_flattenable(s) for s in space.spaces)
+    if isinstance(space, gym.spaces.Dict):
+        return all(_flattenable(s) for s in space.spaces.values())
+    return isinstance(space, (gym.spaces.Box, *FLATTENED))
 
 
 def envpool_make(env_id: str, **kwargs) -> object:
@@ -125,14 +157,17 @@ def probe_env(env_id: str, backend: str = "gymnasium") -> EnvInfo:
     ``envpool``, as ``runtime.env_backends.resolve_backend`` resolved it).
 
     Raises:
-        EnvError: Unknown id, or an observation/action space that is not Box / Discrete.
+        EnvError: Unknown id, an observation space that cannot be flattened to a Box
+            (``flat_observations``), or an action space that is not Discrete or a 1-D Box.
     """
     env = envpool_make(env_id, num_envs=1) if backend == "envpool" else make_env(env_id)
     try:
         obs_space, act_space = env.observation_space, env.action_space
         if not isinstance(obs_space, gym.spaces.Box):
             raise EnvError(
-                f"{env_id}: observation space {obs_space} is not supported; allowed: Box"
+                f"{env_id}: observation space {obs_space} is not supported; allowed: Box, and "
+                "Discrete, MultiDiscrete, MultiBinary, or a Tuple or Dict of these and Boxes "
+                "(flattened to one vector)"
             )
         obs_dim = int(np.prod(obs_space.shape))
         if backend != "envpool":  # what it returns must be what it declares
