@@ -18,6 +18,7 @@ from autotune.cli.output import write_json
 from autotune.cli.status_view import render, render_machine
 from autotune.control import protocol
 from autotune.control.keys import keys_dir
+from autotune.control.machine import reserve_problem
 from autotune.control.protocol import MsgType
 
 START_TIMEOUT_S = 20.0
@@ -139,6 +140,9 @@ def _keys(console: Console, force: bool) -> int:
 
 
 def _daemon(console: Console, args: argparse.Namespace, endpoint: str) -> int:
+    if args.action in ("start", "run") and (why := reserve_problem(args.reserve_cores)):
+        console.print(f"[red]error:[/red] --reserve-cores: {escape(why)}")
+        return 2
     if args.action == "run":
         from autotune.control.daemon import run_daemon  # optuna: only for the daemon
 
@@ -169,6 +173,7 @@ def _daemon(console: Console, args: argparse.Namespace, endpoint: str) -> int:
         return 0
     log = args.log or protocol.state_dir() / "daemon.log"
     log.parent.mkdir(parents=True, exist_ok=True)
+    before = log.stat().st_size if log.exists() else 0  # what earlier daemons wrote
     with open(log, "ab") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "autotune.cli", "daemon", "run", "--control", endpoint]
@@ -188,9 +193,12 @@ def _daemon(console: Console, args: argparse.Namespace, endpoint: str) -> int:
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            tail = log.read_text(errors="replace").splitlines()[-5:]
+            with open(log, "rb") as f:  # this start's lines only
+                f.seek(before)
+                tail = f.read().decode(errors="replace").splitlines()[-5:]
             console.print(
-                f"[red]error:[/red] the daemon exited ({proc.returncode}):\n" + "\n".join(tail)
+                f"[red]error:[/red] the daemon exited ({proc.returncode}):\n"
+                + escape("\n".join(tail))
             )
             return 1
         pong = protocol.request(endpoint, MsgType.PING, timeout_s=0.5)

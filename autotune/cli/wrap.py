@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import signal
 from pathlib import Path
 from typing import Any
@@ -143,6 +144,12 @@ def cmd_wrap(args: argparse.Namespace) -> int:
             raise KnobError(f"--trials {args.trials}: must be >= 1")
         if args.mode == "live" and args.trial_s is not None:
             raise KnobError("--trial-s stops restart mode's runs; live mode runs the script once")
+        if args.trial_s is not None and not 0 < args.trial_s < math.inf:
+            raise KnobError(f"--trial-s {args.trial_s}: allowed a number of seconds > 0")
+        if args.plots is not None and args.export is None:
+            raise KnobError("--plots DIR draws the recommendation --export PATH writes: give both")
+        if args.mode == "live":
+            _live_settings(args)  # raises ValueError for a window or warm-up out of range
         space = [parse_knob(k, "live" if args.mode == "live" else "restart") for k in args.knob]
         names = [k.name for k in space]
         if len({n.upper() for n in names}) != len(names):  # AUTOTUNE_<NAME> tells them apart
@@ -176,6 +183,23 @@ def cmd_wrap(args: argparse.Namespace) -> int:
         return _wrap_restart(args, console, cmd, space, study, wrapper)
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def _live_settings(args: argparse.Namespace) -> Any:
+    """Live mode's tuner settings. Raises ValueError for one out of range (saying which)."""
+    from autotune.tuning.settings import TunerSettings
+
+    settings = TunerSettings(
+        objective=args.objective,
+        warmup_s=args.warmup_s,
+        window_s=args.window_s,
+        window_max_s=args.window_s,  # a script's steps come as it reports them: fixed windows
+        trials=args.trials,
+        sampler="tpe",  # the throughput model describes the runtime, not a script
+    )
+    if problems := settings.problems():
+        raise ValueError("invalid tuner settings: " + "; ".join(problems))
+    return settings
 
 
 def _interrupt(signum: int, _frame: Any) -> None:
@@ -293,21 +317,13 @@ def _wrap_live(
     from autotune.tuning.job import Job
     from autotune.tuning.online_tuner import OnlineTuner
     from autotune.tuning.runner_job import tuning_doc
-    from autotune.tuning.settings import TunerSettings
     from autotune.wrap.live import LiveModeUnsupported, run_live
     from autotune.wrap.progress import WrapProgress, clear_live
 
     knobs = {k.name: k for k in space}
     base = dict(args.defaults)  # the script's own values: where the live tuner starts
     try:
-        settings = TunerSettings(
-            objective=args.objective,
-            warmup_s=args.warmup_s,
-            window_s=args.window_s,
-            window_max_s=args.window_s,  # a script's steps come as it reports them: fixed windows
-            trials=args.trials,
-            sampler="tpe",  # the throughput model describes the runtime, not a script
-        )
+        settings = _live_settings(args)
 
         def factory(job: Job) -> OnlineTuner:
             return OnlineTuner(study, knobs, job, settings, base)

@@ -92,6 +92,19 @@ class MachineView:
         )
 
 
+def reserve_problem(reserve: int | None) -> str | None:
+    """Why ``reserve`` cores cannot be kept back for the daemon here (what is allowed), or
+    None."""
+    mask = sorted(os.sched_getaffinity(0))
+    keep = reserve or 0
+    if 0 <= keep < len(mask):
+        return None
+    return (
+        f"a reserve of {keep} cores: allowed are 0..{len(mask) - 1}, which leave jobs at "
+        f"least one of the {len(mask)} cores in the affinity mask {mask}"
+    )
+
+
 def detect(reserve: int | None = None, sms: bool = True) -> MachineView:
     """This machine, read now (NVML, the affinity mask, one short CUDA query for SMs).
 
@@ -107,11 +120,8 @@ def detect(reserve: int | None = None, sms: bool = True) -> MachineView:
 
     mask = sorted(os.sched_getaffinity(0))
     keep = reserve or 0
-    if not 0 <= keep < len(mask):
-        raise ValueError(
-            f"a reserve of {keep} cores: allowed are 0..{len(mask) - 1}, which leave jobs at "
-            f"least one of the {len(mask)} cores in the affinity mask {mask}"
-        )
+    if why := reserve_problem(keep):
+        raise ValueError(why)
     reserved, cores = tuple(mask[:keep]), tuple(mask[keep:])
     nv = list_gpus()
     counts = sm_counts() if nv and sms else []

@@ -269,7 +269,7 @@ def test_a_shrinking_job_gives_up_the_cores_a_foreign_process_is_pinned_to_first
     assert 0 not in alloc.budgets["a"].cores and 0 in alloc.budgets["b"].cores
 
 
-def test_the_daemon_hands_out_every_core_unless_told_to_keep_some(monkeypatch):
+def test_the_daemon_hands_out_every_core_unless_told_to_keep_some(monkeypatch, tmp_path, capsys):
     """No core is kept for the daemon by default (it mostly sleeps); ``--reserve-cores N``
     keeps the lowest N, and a reserve outside 0..cores-1 is refused saying what is allowed."""
     import os
@@ -283,3 +283,13 @@ def test_the_daemon_hands_out_every_core_unless_told_to_keep_some(monkeypatch):
     for bad in (-1, 4):
         with pytest.raises(ValueError, match=r"reserve of .* allowed are 0\.\.3"):
             detect(bad, sms=False)
+    # and `autotune daemon start` refuses it before a daemon is started, writing no log
+    from autotune.cli.main import main
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("AUTOTUNE_HOME", str(home))
+    monkeypatch.setenv("AUTOTUNE_CONTROL", f"ipc://{tmp_path}/control.sock")
+    assert main(["daemon", "start", "--reserve-cores", "4"]) == 2
+    said = " ".join(capsys.readouterr().err.split())
+    assert "--reserve-cores: a reserve of 4 cores: allowed are 0..3" in said, said
+    assert not (home / "daemon.log").exists()
