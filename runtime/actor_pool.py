@@ -25,8 +25,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runtime import topology
-from runtime.actor import NONFINITE_EXIT, actor_main
+from runtime.actor import NONFINITE_EXIT
 from runtime.actor_placement import actor_cores, one_blas_thread, place_threads
+from runtime.actor_process import actor_main
 from runtime.child_start import ctrl_c_held
 from runtime.config import TrainConfig
 from runtime.env_backends import actor_threads

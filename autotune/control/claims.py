@@ -96,7 +96,7 @@ def share_of(claim: Claim, hello: dict[str, Any], machine: MachineView) -> Share
     count, and the budget it says it holds (a daemon started again keeps it where it can).
     Whatever is malformed is left out (logged): the job is then sized as linear, holds nothing,
     or counts 4 minibatches."""
-    from autotune.tuning.model_sampler import machine_from_doc
+    from autotune.tuning.model_inputs import machine_from_doc
 
     model = None
     if hello.get("machine"):

@@ -42,7 +42,8 @@ from autotune.control.sharing import MachineShares
 from autotune.control.status import session_status
 from autotune.tuning.budget import limits_for
 from autotune.tuning.knobs import Knob, knobs_from_wire
-from autotune.tuning.model_sampler import machine_from_doc, sampler_for
+from autotune.tuning.model_inputs import machine_from_doc
+from autotune.tuning.model_sampler import sampler_for
 from autotune.tuning.online_tuner import OnlineTuner
 from autotune.tuning.perf_model import Params
 from autotune.tuning.runner_job import tuning_doc
@@ -199,7 +200,7 @@ class Daemon:
             if session is None:
                 self._send(identity, MsgType.WHO)
             elif kind == MsgType.BYE:
-                doc = self._tuning_doc(session)
+                doc = tuning_doc(session.tuner, session.space)
                 self._drop(session, "job ended")
                 self._send(identity, MsgType.FAREWELL, tuning=doc)
             else:
@@ -321,9 +322,6 @@ class Daemon:
             logger.exception("could not close the trial of job %s", session.job_id)
 
     # --- reading ----------------------------------------------------------------------------
-
-    def _tuning_doc(self, session: Session) -> dict[str, Any]:
-        return tuning_doc(session.tuner, session.space)
 
     def status(self) -> dict[str, Any]:
         """What ``autotune status`` shows: the daemon and, per job, the current config, live

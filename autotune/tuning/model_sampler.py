@@ -55,7 +55,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.tuning.acquisition import expected_improvement, net_gain
 from autotune.tuning.budget import fits, machine_within
 from autotune.tuning.knobs import OPT_IN
-from autotune.tuning.node_model import NodeModel
+from autotune.tuning.model_inputs import goodput_factor, newest_noise_scale
 from autotune.tuning.perf_model import (
     MachineModel,
     Window,
@@ -335,46 +335,6 @@ class ModelSampler(optuna.samplers.BaseSampler):
         ei = float(expected_improvement(mu[i : i + 1], sd[i : i + 1], y_best)[0])
         self.last.update(chosen="model", predicted=float(np.exp(mu[i])), sd=float(sd[i]), ei=ei)
         return cands[i]
-
-
-def machine_from_doc(doc: dict[str, Any]) -> MachineModel:
-    """A ``MachineModel`` from its plain-data form (the ``sizing`` section's ``model``).
-
-    Raises:
-        ValueError: a malformed document.
-    """
-    try:
-        fields = dict(doc)
-        fields["learner"] = {d: (float(a), float(b)) for d, (a, b) in doc["learner"].items()}
-        fields["nodes"] = tuple(NodeModel.from_doc(n) for n in doc.get("nodes", ()))
-        return MachineModel(**fields)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ValueError(f"malformed machine model: {exc}") from None
-
-
-def newest_noise_scale(study: optuna.Study) -> float | None:
-    """The gradient noise scale the newest finished window reported (None: none did)."""
-    for t in reversed(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))):
-        noise = t.user_attrs.get("noise_scale")
-        if noise and noise > 0:
-            return float(noise)
-    return None
-
-
-def goodput_factor(
-    study: optuna.Study, cands: list[dict[str, Any]], defaults: dict[str, Any]
-) -> np.ndarray:
-    """Each candidate's statistical efficiency (``policies.noise_scale.efficiency``) at the
-    newest measured noise scale, for its batch size (a learner update is the step the noise
-    scale is weighed against). Ones where nothing says (no noise scale measured yet, or no
-    batch size): every candidate alike."""
-    from policies.noise_scale import efficiency
-
-    noise = newest_noise_scale(study)
-    sizes = [{**defaults, **c}.get("batch_size") for c in cands]
-    if noise is None or not all(sizes):
-        return np.ones(len(cands))
-    return np.array([efficiency(noise, size) or 0.0 for size in sizes])
 
 
 def sampler_for(

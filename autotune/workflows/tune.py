@@ -20,7 +20,8 @@ from autotune.control.cores import parse_cores
 from autotune.control.job_link import DaemonLink, DaemonRefused, ask_offer
 from autotune.control.pinning import pin_tree
 from autotune.tuning.knobs import Knob, Machine, build_space, knobs_to_wire
-from autotune.tuning.model_sampler import machine_from_doc, sampler_for
+from autotune.tuning.model_inputs import machine_from_doc
+from autotune.tuning.model_sampler import sampler_for
 from autotune.tuning.online_tuner import OnlineTuner
 from autotune.tuning.perf_model import MachineModel
 from autotune.tuning.runner_job import RunnerJob, TunableRunner, knob_values, tuning_doc

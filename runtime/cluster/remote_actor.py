@@ -1,4 +1,4 @@
-"""An actor process on a Ray node: the same rollout loop (``runtime.actor.run_actor``) in a
+"""An actor process on a Ray node: the same rollout loop (``runtime.actor_process.run_actor``) in a
 Ray actor that needs one CPU, told to stop through Ray.
 
 Ray hands it the run's endpoints with the CURVE client keys (never the server's secret) and
@@ -35,8 +35,8 @@ class RemoteActor:
         return ray.get_runtime_context().get_node_id()
 
     def run(self, cfg: Any, info: Any, endpoints: Any, actor: int, incarnation: int, initial: Any):
-        """Returns ``(exit code, steps taken)``: see ``runtime.actor.run_actor``."""
-        from runtime.actor import run_actor
+        """Returns ``(exit code, steps taken)``: see ``runtime.actor_process.run_actor``."""
+        from runtime.actor_process import run_actor
 
         if cfg.actor_nice:
             os.nice(cfg.actor_nice)

@@ -118,7 +118,7 @@ def test_cuda_trainer_without_cuda_is_refused():
 
 
 def _niceness_after_actor_setup(nice, out):
-    from runtime.actor import init_actor_process
+    from runtime.actor_process import init_actor_process
 
     init_actor_process(0, nice)
     out.put(os.nice(0))

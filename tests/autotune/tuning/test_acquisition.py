@@ -14,7 +14,8 @@ from optuna.distributions import CategoricalDistribution
 
 from autotune.tuning.acquisition import expected_improvement, net_gain
 from autotune.tuning.knobs import Knob
-from autotune.tuning.model_sampler import machine_from_doc, sampler_for
+from autotune.tuning.model_inputs import machine_from_doc
+from autotune.tuning.model_sampler import sampler_for
 from autotune.tuning.settings import TunerSettings
 
 RESULTS = Path(__file__).resolve().parents[3] / "docs" / "results"

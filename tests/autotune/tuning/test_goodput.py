@@ -98,7 +98,7 @@ def test_a_window_carries_the_noise_scale_and_its_efficiency_into_the_objective(
 def test_the_model_sampler_weighs_each_candidate_by_its_batchs_efficiency():
     import optuna
 
-    from autotune.tuning.model_sampler import goodput_factor
+    from autotune.tuning.model_inputs import goodput_factor
 
     study = optuna.create_study(direction="maximize")
     dist = {"batch_size": optuna.distributions.CategoricalDistribution([1024, 2048, 16384])}
