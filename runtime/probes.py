@@ -93,7 +93,8 @@ class Probes:
     one such actor on every usable core at once (shared caches, memory bandwidth, the clock
     under load): what an actor pays in a full run. Empty where it was not measured."""
     stage_s: dict[str, float] = field(default_factory=dict)
-    """Wall seconds each probe took (``env``, ``env_loaded``, ``torch``, ``forward``,
+    """Wall seconds each probe took (``env``: the env made, its backend imported and one step
+    timed; ``env_loaded``, ``torch``, ``forward``,
     ``learner_<device>``, ``gpu_power``): where a first run's start-up goes. Parts of one,
     not added to the sum: ``learner_cuda.build`` (the learner made, its CUDA context opened)
     and ``learner_cuda.first`` (each size's first update: a compile, a graph's capture)."""
@@ -247,6 +248,7 @@ def measure(
         mark[0] = now
 
     info = probe_env(env_id, backend)  # an env that cannot be made fails before torch loads
+    took("env")  # with its backend's import (EnvPool's: seconds)
     # the GPU's draw before anything here opens a context on it, read over the env probes
     meter = gpu_meter() if "cuda" in devices else None
     idle = Reading(meter) if meter is not None else None
