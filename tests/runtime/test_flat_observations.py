@@ -16,6 +16,7 @@ from runtime.envs import EnvError, probe_env
 
 CUE_ENV = """
 import gymnasium as gym
+import numpy as np
 
 
 class Cue(gym.Env):
