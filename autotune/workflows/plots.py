@@ -37,6 +37,7 @@ def write_plots(
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     out_dir.mkdir(parents=True, exist_ok=True)
     meta = study.user_attrs.get("autotune", {})
@@ -76,6 +77,8 @@ def write_plots(
         fig.colorbar(sc, ax=ax, label="envs per actor")
         mark(ax, actors, spj)
         ax.set(xlabel="actor processes", ylabel="trained steps per joule", title=title)
+        ax.set_xlim(min(actors) - 0.5, max(actors) + 0.5)  # whole processes only
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
         ax.grid(alpha=0.3)
         save(fig, "steps_per_joule_vs_actors.png")
 
