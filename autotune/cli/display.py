@@ -135,6 +135,23 @@ def _learner(state: RunState) -> str:
     return noise + ("" if state.lr is None else f"lr {state.lr:.2g}  ")
 
 
+def _waits(result: dict[str, Any]) -> str | None:
+    """The actors' waits on their in-flight budget (the timeline's ``actor_throttle_s``):
+    seconds summed before the first trained batch (the trainer starting), and the share of
+    their time after it (the learner behind); None where the timeline cannot say."""
+    timeline = result.get("timeline") or {}
+    columns, rows = timeline.get("columns") or [], timeline.get("rows") or []
+    actors = (result.get("config") or {}).get("actors")
+    if "actor_throttle_s" not in columns or not isinstance(actors, int) or actors < 1:
+        return None
+    i = columns.index("actor_throttle_s")
+    first = next((r for r in rows if r[1] > 0), None)
+    if first is None or rows[-1][0] <= first[0]:
+        return None
+    share = (rows[-1][i] - first[i]) / (actors * (rows[-1][0] - first[0]))
+    return f"{first[i]:,.0f} s before the first batch, {share:.1%} of their time after"
+
+
 def summary_table(result: dict[str, Any]) -> Table:
     """The end-of-run summary: throughput, energy (with sources), returns and the stages."""
     energy = result["energy"]
@@ -180,6 +197,9 @@ def summary_table(result: dict[str, Any]) -> Table:
                 f"{spent['cpu_us_per_step']:,.0f} us CPU/step",
             )
         )
+    waits = _waits(result)
+    if waits is not None:
+        rows.append(("actors waiting on the learner", waits))
     target = result.get("target")
     if target is not None:
         best = "-" if target["best_return"] is None else f"{target['best_return']:.1f}"

@@ -42,6 +42,14 @@ def test_the_summary_says_when_more_was_trained_than_asked():
     # where the actors' time went, on one line at 80 columns
     spent = {"env_s": 3.2, "policy_s": 0.6, "cpu_s": 7.3, "cpu_us_per_step": 812.4}
     assert "envs 3 s, actions 1 s, 812 us CPU/step" in rendered(8960, 80, actor_time=spent)
+    # the actors' waits on the learner, before its first batch and after (2 actors, 10 s)
+    columns = ["t_s", "trained_steps", "gpu_j", "cpu_j", "actor_throttle_s"]
+    rows = [[0.0, 0, 0.0, 0.0, 0.0], [2.0, 512, 1.0, 9.0, 3.0], [12.0, 8960, 9.0, 99.0, 3.4]]
+    waited = rendered(
+        8960, config={"steps": 4096, "actors": 2}, timeline={"columns": columns, "rows": rows}
+    )
+    assert "3 s before the first batch, 2.0% of their time after" in waited, waited
+    assert "waiting on the learner" not in rendered(8960)  # no timeline, nothing said
     assert "asked" not in rendered(4096)
     # steps a trainer restart rolled back are named among the lost
     rolled = rendered(4096, lost_steps=900, rolled_back_steps=512)
