@@ -163,7 +163,11 @@ def size_config(
     sized = dataclasses.replace(cfg, **changes)
     doc = {
         "auto": sorted(auto),
-        "chosen": {f: sizing.values[f] for f in sorted(auto) if f in sizing.values},
+        "chosen": {  # a CPU trainer has no MPS share: none is said to be chosen
+            f: sizing.values[f]
+            for f in sorted(auto)
+            if f in sizing.values and not (f == "mps_pct" and changes.get("mps_pct", 0) is None)
+        },
         **sizing.to_dict(),
         "probes": probes.to_dict(),
         "machine": hardware,

@@ -153,6 +153,8 @@ def test_auto_sizing_is_stored_explicit_flags_win_and_probes_are_cached(tmp_path
     assert set(sizing["auto"]) >= {"actors", "envs_per_actor", "batch_size", "trainer_device"}
     for field in ("actors", "envs_per_actor", "batch_size", "trainer_device"):
         assert first["config"][field] == sizing["chosen"][field], field
+    if first["config"]["trainer_device"] == "cpu":  # no MPS share is said to be chosen for it
+        assert "mps_pct" not in sizing["chosen"] and "mps_pct=" not in said
     assert sizing["probes"]["env_step_s"] > 0 and not sizing["probes"]["cached"]
     assert sizing["values"]["batch_size"] == 512  # 4096 steps: the smallest batch (64 updates)
     assert len(list((tmp_path / "cache" / "probes").glob("*.json"))) == 1
