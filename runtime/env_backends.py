@@ -5,8 +5,9 @@
   ``threads`` worker threads (the cores the actor's budget gives it), in EnvPool's
   synchronous mode: an actor owns about one core, and on one core a batch step in C++ is what
   pays (less Python per step), not overlapping the step with the policy's forward pass.
-* ``auto``: EnvPool when it is installed, loads and has the id, else gymnasium (an installed
-  EnvPool that does not load is a warning, with its error). A custom env
+* ``auto``: EnvPool when it is installed, loads and has the id with Box observations (the
+  gymnasium backend flattens the others: ``runtime.envs.flat_observations``), else gymnasium
+  (an installed EnvPool that does not load is a warning, with its error). A custom env
   (``module:EnvId``, or an id the run's env modules register) always uses gymnasium.
 
 Both backends give an actor the same bookkeeping (``VecEnvs.step``): the observation to act on

@@ -284,7 +284,8 @@ def add_env_args(parser: argparse.ArgumentParser, default: str) -> None:
         default="auto",
         help="how actors step their envs: gymnasium (one env at a time in Python), envpool "
         "(EnvPool's C++ vectorised envs, pip install 'rl-autotune[envpool]'), or auto (EnvPool "
-        "when it is installed and has the env, else gymnasium; a custom env always uses "
+        "when it is installed and has the env with Box observations, else gymnasium; a custom "
+        "env always uses "
         "gymnasium) (default auto)",
     )
     parser.add_argument(
