@@ -9,7 +9,8 @@ MPS share ``P``, trainer threads ``H``) on a machine of ``C`` cores, with rollou
   H200 16-core host with Humanoid-v5's 400:200:100 policy the loaded round measured 0.29 ms
   plus 0.35 ms per env, so 8 envs per actor should lose about 8 % to 64; runs lost up to 24 %
   (24.5k against 32.1k trained steps/s, batches of 16,384 and 65,536), most of it waiting for
-  receipts (the result's ``actor_waits``), which this model does not count yet. The actors
+  receipts (the result's ``actor_waits``, which count the trainer's start too; the timeline's
+  ``actor_throttle_s`` puts them under 0.3 % inside windows at 32-64 envs). The actors
   together sample
   ``k_S * A * E / round * squeeze * pipe`` steps/s, where ``squeeze = min(1, C / demand)``
   shares the cores out once actors, trainer threads and the stages ask for more than there
