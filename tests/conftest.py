@@ -125,3 +125,24 @@ def live_pids():
     for p in procs:
         p.kill()
         p.wait()
+
+
+def record_train_study(study, trials, base, trial_s: float, machine: dict) -> None:
+    """Records on ``study`` what ``autotune study`` records of a training study it makes
+    (``autotune.workflows.study.make_study``): the workload, the base config, the fixed and
+    default knob values and the machine, for tests that drive an ``OfflineStudy`` by hand."""
+    study.set_user_attr(
+        "autotune",
+        {
+            "kind": "train",
+            "objective": "steps_per_joule",
+            "env": base.env,
+            "policy": base.policy,
+            "trial_s": trial_s,
+            "warmup_s": trials.warmup_s,
+            "base": base.to_dict(),
+            "fixed": trials.fixed,
+            "default": trials.default(),
+            "machine": machine,
+        },
+    )

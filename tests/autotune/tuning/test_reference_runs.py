@@ -4,6 +4,7 @@ trial ranked by its figures scaled to the first reference's machine state."""
 from __future__ import annotations
 
 import pytest
+from conftest import record_train_study
 
 from autotune.tuning.knobs import Machine, build_space
 from autotune.tuning.offline_study import OfflineStudy, TrainTrials
@@ -46,21 +47,7 @@ def _study(tmp_path, runs, every: int) -> OfflineStudy:
     study = open_study(f"sqlite:///{tmp_path}/r.db", "r", seed=0)
     base = TrainConfig(env="CartPole-v1", steps=10**12, max_wall_s=10)
     trials = TrainTrials(space, base, warmup_s=1.0, run=runs)
-    study.set_user_attr(
-        "autotune",
-        {
-            "kind": "train",
-            "objective": "steps_per_joule",
-            "env": "CartPole-v1",
-            "policy": "auto",
-            "trial_s": 10,
-            "warmup_s": 1.0,
-            "base": base.to_dict(),
-            "fixed": trials.fixed,
-            "default": trials.default(),
-            "machine": {"cores": 4, "gpus": 0},
-        },
-    )
+    record_train_study(study, trials, base, 10, {"cores": 4, "gpus": 0})
     return OfflineStudy(study, trials, profile=False, reference_every=every)
 
 

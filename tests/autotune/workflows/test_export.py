@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import record_train_study
 
 from autotune.tuning.knobs import Machine, build_space
 from autotune.tuning.offline_study import OfflineStudy, TrainTrials
@@ -43,21 +44,7 @@ def study(tmp_path):
     base = TrainConfig(env="CartPole-v1", steps=10**12, max_wall_s=20)
     trials = TrainTrials(space, base, 1.0, run=_runs)
     offline = OfflineStudy(study, trials, profile=False)
-    study.set_user_attr(
-        "autotune",
-        {
-            "kind": "train",
-            "objective": "steps_per_joule",
-            "env": "CartPole-v1",
-            "policy": "auto",
-            "trial_s": 20,
-            "warmup_s": 1.0,
-            "base": base.to_dict(),
-            "fixed": trials.fixed,
-            "default": trials.default(),
-            "machine": {"cores": 6, "gpus": 1, "sm_count": 132},
-        },
-    )
+    record_train_study(study, trials, base, 20, {"cores": 6, "gpus": 1, "sm_count": 132})
     for _ in range(10):
         offline.step()
     return study
