@@ -48,16 +48,16 @@ class Timeline:
         t_s: float,
         trained_steps: int,
         energy: Any,
-        throttle_s: float = 0.0,
+        throttle: Any = None,
         force: bool = False,
     ) -> None:
-        """Adds a row if ``TIMELINE_S`` passed since the last (or ``force``); ``energy`` is a
-        callable returning the run's energy window so far (read only when a row is added);
-        ``throttle_s``: the actors' waits on their in-flight budget so far, summed."""
+        """Adds a row if ``TIMELINE_S`` passed since the last (or ``force``). ``energy`` and
+        ``throttle`` are callables, read only when a row is added: the run's energy window so
+        far, and the actors' waits on their in-flight budget so far, summed (None: 0)."""
         if self.rows and t_s - self.rows[-1][0] < TIMELINE_S and not force:
             return
-        e = energy()
-        self.rows.append((t_s, trained_steps, e.gpu_total_j, e.cpu_energy_j, throttle_s))
+        e, waited = energy(), throttle() if throttle is not None else 0.0
+        self.rows.append((t_s, trained_steps, e.gpu_total_j, e.cpu_energy_j, waited))
 
     def to_doc(self) -> dict[str, Any]:
         return {

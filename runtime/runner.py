@@ -380,7 +380,7 @@ class Runner:
             time.monotonic() - started,
             self.telemetry.trained_steps,
             lambda: self.meter.peek_window(RUN_WINDOW),
-            actor_waits(self.telemetry)["throttle_s"],
+            lambda: actor_waits(self.telemetry)["throttle_s"],
             force,
         )
 
