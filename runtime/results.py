@@ -7,6 +7,7 @@ It is built from a ``RunRecord``, what this module reads of a finished run;
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -78,6 +79,8 @@ class RunRecord(Protocol):
     changes: list[dict[str, Any]]
     interrupted: bool
     supervisor: Supervisor
+    cpu_0: float
+    """The runner process's CPU seconds (``time.process_time``) when the run began."""
 
     @property
     def ended(self) -> Incarnations: ...
@@ -218,6 +221,26 @@ def actor_time(tel: Any, stepped: int) -> dict[str, float | None]:
     return out
 
 
+def cpu_time(runner: RunRecord, wall_s: float) -> dict[str, float | int]:
+    """Where the run's CPU seconds went (each process's every thread): ``actors`` (from their
+    first step), ``compressor`` and ``migrator`` (the stages with processes of their own;
+    each actor's dispenser and each trainer's batcher are inside those), ``trainers`` (every
+    GMI of every generation, start-up included), ``inference`` (with ``inference='gmi'``) and
+    ``runner`` (this process, from the run's start); ``core_s`` is what the run's cores
+    could give over ``wall_s``. What an actor-bound run lacks against raw stepping is the
+    cores the rest takes."""
+    tel = runner.telemetry
+    out: dict[str, float | int] = {"actors": actor_sums(tel, ("cpu_s",))["cpu_s"]}
+    out.update(tel.service_cpu_s())
+    out["trainers"] = round(sum(tel.total_float(n, "cpu_s") for n in tel.trainer_sources()), 2)
+    if runner.cfg.inference == "gmi":
+        out["inference"] = round(tel.total_float(INFERENCE, "cpu_s"), 2)
+    out["runner"] = round(time.process_time() - runner.cpu_0, 2)
+    out["cores"] = len(os.sched_getaffinity(0))
+    out["core_s"] = round(out["cores"] * wall_s, 1)
+    return out
+
+
 def build_result(runner: RunRecord, wall_s: float, energy: Any) -> dict[str, Any]:
     """Assembles the JSON-ready result from the runner's telemetry and energy window.
 
@@ -232,7 +255,8 @@ def build_result(runner: RunRecord, wall_s: float, energy: Any) -> dict[str, Any
     source), cpu_idle_j and cpu_j_busy_only, and steps_per_joule_busy_only (the busy-only
     model's, without the packages' idle draw; absent for RAPL), return_mean (last 100 episodes),
     policy_lag {mean, max}, actor_waits {throttle_s, dispatch_s}, actor_time {env_s, policy_s,
-    cpu_s, cpu_us_per_step}, config,
+    cpu_s, cpu_us_per_step}, cpu_time (``cpu_time``: each kind of process's CPU seconds),
+    config,
     stages {dispenser|compressor|migrator|batcher: {messages,
     bytes}}, gmis (one entry per trainer GMI of every generation: rank, gpu, mps_pct,
     sm_count, trained_steps, ...), gmi_sharing (mps|shared|exclusive|cpu), gmi_sync,
@@ -311,6 +335,7 @@ def build_result(runner: RunRecord, wall_s: float, energy: Any) -> dict[str, Any
         "episodes": tel.episodes,
         "policy_lag": {"mean": lag_mean, "max": lag_max},
         "actor_waits": actor_waits(tel),
+        "cpu_time": cpu_time(runner, wall_s),
         "actor_time": actor_time(tel, sum(runner.ended.stepped.values())),
         "actor_restarts": runner.restarts,
         "interrupted": runner.interrupted,

@@ -109,7 +109,7 @@ class Runner:
         self.live = live.LiveBroadcaster()
         self.changes: list[dict[str, Any]] = []
         """Every live change applied: ``{"t": seconds into the run, "changed": {name: value}}``."""
-        self._started = time.monotonic()
+        self._started, self.cpu_0 = time.monotonic(), time.process_time()
         self.wall_from: float | None = None  # when max_wall_s counts from (None: the run's start)
         self.pace = TrainedRate()  # the trained rate the wall limit's drain reserve goes by
         self.mp = ctx = mp.get_context("spawn")

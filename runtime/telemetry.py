@@ -24,6 +24,10 @@ STALL_S = 30.0
 reported as stalled (a warning, and the result's ``stalls``)."""
 
 
+SERVICE_STAGES = ("compressor", "migrator")
+"""The stages that run as processes of their own."""
+
+
 class RunTelemetry:
     """Aggregates STATS messages into run-level figures."""
 
@@ -112,9 +116,14 @@ class RunTelemetry:
 
     def total(self, name: str, key: str) -> int:
         """One integer counter of ``name`` summed over it and every process it replaced."""
+        return int(self.total_float(name, key))
+
+    def total_float(self, name: str, key: str) -> float:
+        """One counter of ``name`` (a count, or seconds) summed over it and every process it
+        replaced; a non-number counts as 0."""
         sources = [*self.replaced.get(name, []), self.source(name)]
         values = (c.get(key, 0) for c in sources)
-        return sum(int(v) for v in values if isinstance(v, int | float))
+        return sum(float(v) if isinstance(v, int | float) else 0.0 for v in values)
 
     def source(self, name: str) -> dict[str, Any]:
         """Newest counters of one source (empty if it never reported)."""
@@ -238,3 +247,9 @@ class RunTelemetry:
             "migrator": {k: self.total("migrator", k) for k in pick},
             "batcher": {k: self.sum_over(trainers, k) for k in pick},
         }
+
+    def service_cpu_s(self) -> dict[str, float]:
+        """CPU seconds (every thread) of the compressor and the migrator processes, each summed
+        over the processes that held its name (the dispenser runs in the actors, the batcher
+        in the trainer GMIs: their CPU is theirs)."""
+        return {name: round(self.total_float(name, "cpu_s"), 2) for name in SERVICE_STAGES}

@@ -127,6 +127,8 @@ class StatsSender:
 
     def send(self, counters: dict[str, Any]) -> None:
         final = bool(counters.get("final"))
+        if "cpu_s" not in counters:  # the process's CPU so far, every thread's
+            counters = {**counters, "cpu_s": round(time.process_time(), 3)}
         if self.guard is not None:
             counters = {**counters, "auth_refused": self.guard.refused}
         meta = {"src": self.source, "time": time.time(), "c": counters}

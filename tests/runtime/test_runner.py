@@ -50,6 +50,12 @@ def test_clean_run_loses_nothing_and_every_stage_moves_data():
     assert spent["cpu_us_per_step"] == pytest.approx(
         1e6 * spent["cpu_s"] / result["sampled_steps"], rel=1e-3
     )
+    # where the machine's CPU went: every kind of process reported its own seconds
+    cpu = result["cpu_time"]
+    for name in ("actors", "compressor", "migrator", "trainers", "runner"):
+        assert cpu[name] > 0, (name, cpu)
+    assert cpu["actors"] == spent["cpu_s"]
+    assert cpu["core_s"] == pytest.approx(cpu["cores"] * result["wall_s"], abs=0.1)
     # the timeline keeps the actors' waits on their in-flight budget, so a window can read them
     timeline = result["timeline"]
     assert timeline["columns"][-1] == "actor_throttle_s"

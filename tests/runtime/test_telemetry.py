@@ -63,8 +63,8 @@ def test_after_a_replacement_only_the_new_process_reports_under_the_name():
     tel.handle(new[0])
     with pytest.raises(wire.ProtocolError, match="no longer running"):
         tel.handle(old[2])  # the dead one's report, late or sent again
-    assert tel.latest["compressor"] == {"trained_steps": 7}
-    assert tel.replaced["compressor"] == [{"trained_steps": 2}]
+    assert tel.latest["compressor"]["trained_steps"] == 7
+    assert [c["trained_steps"] for c in tel.replaced["compressor"]] == [2]
 
 
 def test_without_a_key_reports_are_taken_unchecked():
@@ -82,3 +82,15 @@ def test_the_lead_trainer_is_the_one_that_reported_last():
         tel.handle(wire.Message(wire.MsgType.STATS, {"src": src, "c": {"noise_scale": noise}}))
     assert tel.lead_trainer() == {"noise_scale": 900.0}
     assert tel.trainer_sources() == ["trainer-0.g0", "trainer-0.g1"]
+
+
+def test_reports_carry_their_process_cpu_and_a_replaced_stage_keeps_its_seconds():
+    _, sent = reports("migrator", 5)
+    assert sent[0].meta["c"]["cpu_s"] >= 0  # the sender's process time, added to every report
+    tel = RunTelemetry()
+    tel.latest["migrator"] = {"cpu_s": 2.5}
+    tel.replace("migrator")  # died; its successor counts from nothing
+    tel.latest["migrator"] = {"cpu_s": 1.25}
+    tel.latest["compressor"] = {"cpu_s": "bad"}
+    assert tel.service_cpu_s() == {"compressor": 0.0, "migrator": 3.75}
+    assert tel.total("migrator", "cpu_s") == 3

@@ -42,6 +42,13 @@ def test_the_summary_says_when_more_was_trained_than_asked():
     # where the actors' time went, on one line at 80 columns
     spent = {"env_s": 3.2, "policy_s": 0.6, "cpu_s": 7.3, "cpu_us_per_step": 812.4}
     assert "envs 3 s, actions 1 s, 812 us CPU/step" in rendered(8960, 80, actor_time=spent)
+    # where the machine's CPU went, on one line at 80 columns
+    cpu = {"actors": 458.0, "compressor": 21.4, "migrator": 18.9, "trainers": 30.2}
+    cpu |= {"runner": 7.6, "cores": 16, "core_s": 960.0}
+    shown = rendered(8960, 80, cpu_time=cpu)
+    assert (
+        "CPU s (of 960 core-s)" in shown and "actors 458, stages 40, trainers 30, runner 8" in shown
+    )
     # the actors' waits on the learner, before its first batch and after (2 actors, 10 s)
     columns = ["t_s", "trained_steps", "gpu_j", "cpu_j", "actor_throttle_s"]
     rows = [[0.0, 0, 0.0, 0.0, 0.0], [2.0, 512, 1.0, 9.0, 3.0], [12.0, 8960, 9.0, 99.0, 3.4]]

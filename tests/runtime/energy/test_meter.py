@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 import types
 
 import pytest
@@ -181,6 +182,7 @@ def fake_run(trained_steps: int) -> types.SimpleNamespace:
         guard=NoGuard(),
         phases=None,
         trainer_names=lambda: ["trainer-0"],
+        cpu_0=time.process_time(),
     )
 
 
