@@ -59,10 +59,33 @@ def write_json(path: Path | None, doc: object) -> None:
     """
     if path is None:
         return
+    text = json.dumps(doc, indent=2, default=str) + "\n"
     try:
-        write_text(path, json.dumps(doc, indent=2, default=str) + "\n")
+        write_text(path, text)
     except OSError as exc:  # a disk that filled, a folder removed since the check at the start
-        raise OutputPathError(f"--json {path}: cannot write it ({exc.strerror})") from None
+        kept = keep_elsewhere(path, text)
+        raise OutputPathError(f"--json {path}: cannot write it ({exc.strerror}); {kept}") from None
+
+
+UNSAVED_DIR = "autotune-unsaved"
+"""Where a ``--json`` document that could not be written is kept instead: this folder (the
+user's own, mode 0700) in the system's temporary directory, often another file system."""
+
+
+def keep_elsewhere(path: Path, text: str) -> str:
+    """Keeps a document that could not be written to ``path`` in ``UNSAVED_DIR``, so the work
+    it records is not lost; returns what was done, for the error message. Where even that
+    fails, the document goes to standard output."""
+    try:
+        folder = Path(tempfile.gettempdir()) / f"{UNSAVED_DIR}-{os.getuid()}"
+        folder.mkdir(mode=0o700, exist_ok=True)
+        fd, name = tempfile.mkstemp(dir=folder, prefix=f"{path.stem}-", suffix=".json")
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        return f"the document was kept at {name} instead"
+    except OSError as exc:
+        print(text, end="")
+        return f"it could not be kept elsewhere ({exc.strerror}), so it was printed above"
 
 
 def complete_result(result: dict, sizing: Any, where: str | None, tuning: dict | None) -> None:

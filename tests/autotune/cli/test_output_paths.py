@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -55,5 +57,19 @@ def test_json_is_written_whole_with_the_usual_permissions(tmp_path):
         check_output(Path("/proc/a.json"), "--json")
     # a write that fails at the end says so, not with a traceback
     (tmp_path / "a-file").write_text("")
-    with pytest.raises(OutputPathError, match=r"a-file/x\.json: cannot write it \("):
+    with pytest.raises(OutputPathError, match=r"a-file/x\.json: cannot write it \(") as cut:
         write_json(tmp_path / "a-file" / "x.json", {"a": 1})
+    # ... and keeps the document elsewhere, naming where: the run's record is not lost
+    kept = Path(re.search(r"kept at (\S+) instead", str(cut.value)).group(1))
+    assert json.loads(kept.read_text()) == {"a": 1} and kept.parent.stat().st_mode & 0o077 == 0
+    kept.unlink()
+
+
+def test_a_document_that_cannot_be_kept_anywhere_is_printed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "a-file"))  # no temporary folder
+    with pytest.raises(OutputPathError, match=r"could not be kept elsewhere .* printed above"):
+        write_json(tmp_path / "a-file" / "x.json", {"steps": 7})
+    assert json.loads(capsys.readouterr().out) == {"steps": 7}
