@@ -60,6 +60,8 @@ class UpdateStats:
     batch_samples: int = 0
     """Samples in this update (over a trainer group): the step its efficiency is of
     (``policies.noise_scale``)."""
+    minibatches: int = 0
+    """The minibatches each epoch of this update took (``APPOConfig.minibatches_for``)."""
 
 
 class APPOLearner:
@@ -157,7 +159,8 @@ class APPOLearner:
         return out
 
     def update(self, batch: Mapping[str, np.ndarray] | None, group: Any = None) -> UpdateStats:
-        """Runs ``epochs`` x ``minibatches`` gradient steps on one batch; bumps ``version``.
+        """Runs ``epochs`` x ``minibatches_for(batch)`` gradient steps on one batch; bumps
+        ``version``.
 
         Args:
             batch: The batch, or None for a data-parallel trainer with no rows this update.
@@ -194,6 +197,7 @@ class APPOLearner:
             )
         self.model.obs_norm.update_from_sums(sums[:-1])
         total_steps = int(sums[-1].item())
+        splits = cfg.minibatches_for(total_steps)  # the group's whole batch: alike in each
         pi_losses, v_losses, entropies = [], [], []
         graphed = self.graphs if n and group is None else None
         if graphed is not None:
@@ -223,9 +227,9 @@ class APPOLearner:
                     )
             perm = torch.randperm(n, device=self.device)
             if graphed is not None:
-                self._graphed_epoch(graphed, b, ret, perm, epoch == 0, total_steps)
+                self._graphed_epoch(graphed, b, ret, perm, epoch == 0, total_steps, splits)
                 continue
-            for idx in torch.tensor_split(perm, cfg.minibatches):
+            for idx in torch.tensor_split(perm, splits):
                 self.optimizer.zero_grad(set_to_none=True)
                 if len(idx):
                     loss, loss_pi, loss_v, entropy = self.minibatch_loss(
@@ -246,7 +250,7 @@ class APPOLearner:
                     continue
                 if epoch == 0:  # before clipping: the gradient as the loss gives it
                     grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-                    self.noise.add(grads, total_steps / cfg.minibatches)
+                    self.noise.add(grads, total_steps / splits)
                 norm = nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
                 if not bool(torch.isfinite(norm)):
                     raise NonFiniteUpdate(
@@ -275,6 +279,7 @@ class APPOLearner:
             kl=kl,
             noise_scale=self.noise.value,
             batch_samples=total_steps,
+            minibatches=splits,
         )
 
     def _kl(
@@ -332,6 +337,7 @@ class APPOLearner:
         perm: torch.Tensor,
         first: bool,
         total_steps: int,
+        splits: int,
     ) -> None:
         """One epoch's minibatch steps replayed from CUDA graphs (``policies.graphed_step``):
         the same loss, clip and step as the eager loop; the first epoch's gradients feed the
@@ -344,11 +350,11 @@ class APPOLearner:
             "adv": ret.pg_advantages,
             "vs": ret.vs,
         }
-        for idx in torch.tensor_split(perm, self.config.minibatches):
+        for idx in torch.tensor_split(perm, splits):
             if len(idx):
                 flat = graphed.step(inputs, idx)
                 if first:
-                    self.noise.add([flat], total_steps / self.config.minibatches)
+                    self.noise.add([flat], total_steps / splits)
 
 
 def _mean(values: list[torch.Tensor]) -> float:

@@ -120,6 +120,8 @@ def entry_path(
 
     if is_custom(env_id):
         return None
+    if not learner.get("min_minibatch"):  # off: the key entries had before the setting
+        learner = {k: v for k, v in learner.items() if k != "min_minibatch"}
     spec = {
         "env": env_id,
         "policy": policy,

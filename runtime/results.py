@@ -7,13 +7,13 @@ It is built from a ``RunRecord``, what this module reads of a finished run;
 from __future__ import annotations
 
 import logging
-import os
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
 from runtime import checkpoint
 from runtime.hw.gpus import known_nvml_index
 from runtime.inference import NAME as INFERENCE
+from runtime.time_spent import actor_time, actor_waits, cpu_time
 
 if TYPE_CHECKING:  # only named in RunRecord's annotations
     from runtime.actor_pool import Incarnations
@@ -193,54 +193,6 @@ def inference_doc(runner: RunRecord) -> dict[str, Any]:
     return {"mode": "gmi", **{k: counters.get(k) for k in keys}, "actor_wait_s": waited}
 
 
-def actor_sums(tel: Any, keys: tuple[str, ...]) -> dict[str, float]:
-    """Each of ``keys`` summed over the actors (every incarnation)."""
-    sources = tel.actor_sources()
-    return {
-        key: round(sum(float(tel.source(a).get(key, 0.0) or 0.0) for a in sources), 3)
-        for key in keys
-    }
-
-
-def actor_waits(tel: Any) -> dict[str, float]:
-    """Seconds the actors (every incarnation, summed) spent not stepping: ``throttle_s``
-    waiting for receipts with their in-flight budget full (the learner behind), ``dispatch_s``
-    handing rollouts to the stages (blocked while those push back)."""
-    return actor_sums(tel, ("throttle_s", "dispatch_s"))
-
-
-def actor_time(tel: Any, stepped: int) -> dict[str, float | None]:
-    """Where the actors' time went (every incarnation, summed): ``env_s`` stepping the envs
-    (with the episode bookkeeping), ``policy_s`` getting actions (the forward on the actor's
-    core, or the wait for the inference GMI), ``cpu_s`` the actor processes' CPU (every
-    thread, an EnvPool's workers too), and ``cpu_us_per_step``: that per env step sampled
-    (``stepped`` of them), what an actor-bound run's rate comes down to (compare the raw
-    loop's, ``bench/actor_loop_rate.py``)."""
-    out: dict[str, float | None] = {**actor_sums(tel, ("env_s", "policy_s", "cpu_s"))}
-    out["cpu_us_per_step"] = round(1e6 * out["cpu_s"] / stepped, 1) if stepped else None
-    return out
-
-
-def cpu_time(runner: RunRecord, wall_s: float) -> dict[str, float | int]:
-    """Where the run's CPU seconds went (each process's every thread): ``actors`` (from their
-    first step), ``compressor`` and ``migrator`` (the stages with processes of their own;
-    each actor's dispenser and each trainer's batcher are inside those), ``trainers`` (every
-    GMI of every generation, start-up included), ``inference`` (with ``inference='gmi'``) and
-    ``runner`` (this process, from the run's start); ``core_s`` is what the run's cores
-    could give over ``wall_s``. What an actor-bound run lacks against raw stepping is the
-    cores the rest takes."""
-    tel = runner.telemetry
-    out: dict[str, float | int] = {"actors": actor_sums(tel, ("cpu_s",))["cpu_s"]}
-    out.update(tel.service_cpu_s())
-    out["trainers"] = round(sum(tel.total_float(n, "cpu_s") for n in tel.trainer_sources()), 2)
-    if runner.cfg.inference == "gmi":
-        out["inference"] = round(tel.total_float(INFERENCE, "cpu_s"), 2)
-    out["runner"] = round(time.process_time() - runner.cpu_0, 2)
-    out["cores"] = len(os.sched_getaffinity(0))
-    out["core_s"] = round(out["cores"] * wall_s, 1)
-    return out
-
-
 def build_result(runner: RunRecord, wall_s: float, energy: Any) -> dict[str, Any]:
     """Assembles the JSON-ready result from the runner's telemetry and energy window.
 
@@ -254,9 +206,10 @@ def build_result(runner: RunRecord, wall_s: float, energy: Any) -> dict[str, Any
     (``cpu_source`` ``model``) energy's cpu_model (its name, watts, idle watts and their
     source), cpu_idle_j and cpu_j_busy_only, and steps_per_joule_busy_only (the busy-only
     model's, without the packages' idle draw; absent for RAPL), return_mean (last 100 episodes),
-    policy_lag {mean, max}, actor_waits {throttle_s, dispatch_s}, actor_time {env_s, policy_s,
-    cpu_s, cpu_us_per_step}, cpu_time (``cpu_time``: each kind of process's CPU seconds),
-    config,
+    policy_lag {mean, max}, minibatches {asked, min_samples, last} (per epoch:
+    ``learner.minibatches``, ``learner.min_minibatch``, what the last update took),
+    actor_waits {throttle_s, dispatch_s}, actor_time {env_s, policy_s, cpu_s,
+    cpu_us_per_step}, cpu_time (``cpu_time``: each kind of process's CPU seconds), config,
     stages {dispenser|compressor|migrator|batcher: {messages,
     bytes}}, gmis (one entry per trainer GMI of every generation: rank, gpu, mps_pct,
     sm_count, trained_steps, ...), gmi_sharing (mps|shared|exclusive|cpu), gmi_sync,
@@ -352,6 +305,11 @@ def build_result(runner: RunRecord, wall_s: float, energy: Any) -> dict[str, Any
             "for_batch": runner.cfg.learner.lr_batch,
             "last": trainer.get("lr"),
             "last_kl": trainer.get("kl"),
+        },
+        "minibatches": {  # per epoch: as asked, the fewest samples in one, the last update's
+            "asked": runner.cfg.learner.minibatches,
+            "min_samples": runner.cfg.learner.min_minibatch,
+            "last": trainer.get("minibatches"),
         },
         "target": runner.target.doc() if hasattr(runner, "target") else None,
         "gmis": [gmi_doc(name, tel.source(name)) for name in tel.trainer_sources()],

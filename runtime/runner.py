@@ -57,12 +57,13 @@ from runtime.gmi.spares import Spares
 from runtime.inference import NAME as INFERENCE
 from runtime.inference import inference_main
 from runtime.phases import PhaseLog
-from runtime.results import Timeline, actor_waits, build_result, failed_result
+from runtime.results import Timeline, build_result, failed_result
 from runtime.run_state import RUN_WINDOW, RunState
 from runtime.services import RunError, Services
 from runtime.supervisor import Supervisor
 from runtime.target import RunTotals, TargetReturn
 from runtime.telemetry import RunTelemetry
+from runtime.time_spent import actor_waits
 
 __all__ = ["RUN_WINDOW", "RunError", "RunState", "Runner"]
 

@@ -39,7 +39,7 @@ from runtime.stages.common import LiveSettings, StatsSender
 # this module without it, and a GMI only after ``placement.bind_gpu`` set its CUDA and MPS env.
 
 logger = logging.getLogger(__name__)
-REPORTED = ("loss_pi", "loss_v", "entropy", "lr", "kl", "noise_scale")
+REPORTED = ("loss_pi", "loss_v", "entropy", "lr", "kl", "noise_scale", "minibatches")
 """The figures of each update (``policies.appo.UpdateStats``) a trainer reports."""
 STATS_INTERVAL_S = 0.5
 WINDOW_CHUNKS = 4

@@ -208,6 +208,15 @@ def summary_table(result: dict[str, Any]) -> Table:
                 f"{spent['cpu_us_per_step']:,.0f} us CPU/step",
             )
         )
+    split = result.get("minibatches") or {}
+    if split.get("last") and split["last"] != split.get("asked"):
+        rows.append(
+            (
+                "minibatches per epoch",
+                f"{split['last']} ({split['asked']} asked; {split['min_samples']:,} samples "
+                "or more each)",
+            )
+        )
     cpu = result.get("cpu_time")
     if cpu:
         rows.append((f"CPU s (of {cpu['core_s']:,.0f} core-s)", _cpu_spent(cpu)))

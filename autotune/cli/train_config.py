@@ -21,6 +21,7 @@ LEARNER_FLAGS = (
     "gamma",
     "epochs",
     "minibatches",
+    "min_minibatch",
     "entropy_coef",
     "reward_scale",
     "normalize_reward",
@@ -77,6 +78,15 @@ def add_learner_args(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=dl.minibatches,
         help=f"minibatches per pass (default {dl.minibatches})",
+    )
+    parser.add_argument(
+        "--min-minibatch",
+        type=int,
+        default=dl.min_minibatch,
+        metavar="SAMPLES",
+        help="the fewest samples a minibatch holds: a batch too small for --minibatches of "
+        "this many (a tuner's or the sizing's smaller batch) is split into fewer; 0: off "
+        f"(default {dl.min_minibatch})",
     )
     parser.add_argument(
         "--entropy-coef",
@@ -173,6 +183,7 @@ def config_from_args(args: argparse.Namespace):
         gamma=args.gamma,
         epochs=args.epochs,
         minibatches=args.minibatches,
+        min_minibatch=getattr(args, "min_minibatch", 0),
         entropy_coef=args.entropy_coef,
         reward_scale=args.reward_scale,
         normalize_reward=args.normalize_reward == "on",

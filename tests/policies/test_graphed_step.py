@@ -162,3 +162,17 @@ def test_graphs_are_kept_for_a_bounded_number_of_shapes():
         for _ in range(3):
             learn.update(batch(2 * (rows + 4), seed=rows))
     assert len(learn.graphs.graphs) == MAX_SHAPES
+
+
+@pytest.mark.gpu
+@cuda
+def test_a_minibatch_floor_splits_graphed_and_eager_updates_alike():
+    """Under ``min_minibatch`` a small batch takes fewer, bigger minibatches: the graphed
+    learner captures that shape and ends with the eager learner's weights."""
+    cfg = APPOConfig(lr=1e-3, epochs=2, minibatches=4, min_minibatch=96, lr_schedule="constant")
+    batches = [batch(32, seed=s) for s in range(3)] + [batch(48, seed=9)]  # 256, then 384 samples
+    graphed, eager = learner("cuda", cfg=cfg), learner("cuda", graphs=False, cfg=cfg)
+    got, want = run(graphed, batches), run(eager, batches)
+    assert [s.minibatches for s in got] == [s.minibatches for s in want] == [2, 2, 2, 4]
+    for k, v in eager.model.state_dict().items():
+        torch.testing.assert_close(graphed.model.state_dict()[k], v, rtol=1e-4, atol=1e-5)

@@ -50,6 +50,7 @@ def test_clean_run_loses_nothing_and_every_stage_moves_data():
     assert spent["cpu_us_per_step"] == pytest.approx(
         1e6 * spent["cpu_s"] / result["sampled_steps"], rel=1e-3
     )
+    assert result["minibatches"] == {"asked": 4, "min_samples": 0, "last": 4}
     # where the machine's CPU went: every kind of process reported its own seconds
     cpu = result["cpu_time"]
     for name in ("actors", "compressor", "migrator", "trainers", "runner"):

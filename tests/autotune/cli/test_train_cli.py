@@ -117,6 +117,7 @@ def test_python_api_example_runs(tmp_path):
         (["--checkpoint", "/proc/autotune-checkpoint"], "checkpoint='/proc/autotune-checkpoint': "),
         (["--tune", "--in-process", "--tune-trials", "0"], "trials=0: must be >= 1"),
         (["--cluster", "local:0"], "cluster='local:0': local:N needs N from 1 to"),
+        (["--min-minibatch", "-1"], "learner.min_minibatch=-1: must be an integer >= 0 (0: off)"),
     ],
 )
 def test_bad_flags_are_refused_with_what_is_allowed(args, message, capsys):
@@ -219,6 +220,10 @@ def test_the_loss_compile_is_on_by_default_and_a_flag_turns_it_off(tmp_path):
     assert build_config(over).learner.compile_loss is True
     with pytest.raises(SystemExit):
         parse(["train", "--compile-loss", "maybe"])
+    # the minibatch floor likewise: off by default, a flag over a file's
+    assert build_config(parse(["train"])).learner.min_minibatch == 0
+    floor = parse(["train", "--config", str(cfg), "--min-minibatch", "512"])
+    assert build_config(floor).learner.min_minibatch == 512
 
 
 def test_a_gpu_knob_on_a_machine_without_one_is_refused_before_the_probes():
