@@ -47,7 +47,9 @@ class APPOConfig:
     """The fewest samples a minibatch may hold: an update whose batch is too small for
     ``minibatches`` of this many is split into fewer (``minibatches_for``), so a tuner that
     shrinks the batch keeps the minibatches' size, not their count. 0: always
-    ``minibatches``. On Ant-v5 (an H200 host, 15 actors x 8 envs, batches of 4,096, 10 epochs,
+    ``minibatches``. The batches a tuner or the sizing may pick still follow ``minibatches``
+    (``autotune.tuning.knobs.batch_fits``): the floor changes how a batch is split, not which
+    batches are tried. On Ant-v5 (an H200 host, 15 actors x 8 envs, batches of 4,096, 10 epochs,
     the KL-steered rate) 8 minibatches of 512 reached a return of 1,000 after 2.5M steps and
     29 kJ where 32 of 128 took 6.0M and 58 kJ: every one of the many small steps moved the
     policy, the schedule cut the rate to 1.8e-5, and learning stalled (docs/BENCHMARKS.md)."""
