@@ -43,7 +43,7 @@ def cpu_time(runner: Any, wall_s: float) -> dict[str, float | int]:
     first step), ``compressor`` and ``migrator`` (the stages with processes of their own;
     each actor's dispenser and each trainer's batcher are inside those), ``trainers`` (every
     GMI of every generation, start-up included), ``inference`` (with ``inference='gmi'``) and
-    ``runner`` (this process, from the run's start); ``core_s`` is what the run's cores
+    ``runner`` (this process, from the runner's making); ``core_s`` is what the run's cores
     could give over ``wall_s``. What an actor-bound run lacks against raw stepping is the
     cores the rest takes."""
     tel = runner.telemetry

@@ -136,7 +136,7 @@ def _learner(state: RunState) -> str:
 
 
 def _cpu_spent(cpu: dict) -> str:
-    """Each kind of process's CPU seconds over the whole run (``runtime.results.cpu_time``)."""
+    """Each kind of process's CPU seconds over the whole run (``runtime.time_spent.cpu_time``)."""
     stages = cpu.get("compressor", 0.0) + cpu.get("migrator", 0.0)
     parts = [f"actors {cpu['actors']:,.0f}", f"stages {stages:,.0f}"]
     parts.append(f"trainers {cpu['trainers']:,.0f}")
