@@ -30,27 +30,21 @@ def test_the_count_follows_the_batch_below_the_floor_and_never_above_what_was_as
 def test_the_learner_splits_a_small_batch_into_fewer_minibatches_and_says_so():
     from policies.actor_critic import ActorCritic
     from policies.appo import APPOLearner
+    from runtime.envs import EnvInfo
+    from runtime.learner_probe import synthetic_batch
 
-    rng = np.random.default_rng(0)
-    n, t, dim = 16, 32, 4  # 512 samples
+    info = EnvInfo("synthetic", obs_dim=4, discrete=True, act_dim=2)
 
-    def batch(rows: int) -> dict[str, np.ndarray]:
-        return {
-            "obs": rng.normal(size=(rows, t + 1, dim)).astype(np.float32),
-            "actions": rng.integers(0, 2, size=(rows, t)),
-            "rewards": rng.normal(size=(rows, t)).astype(np.float32),
-            "dones": np.zeros((rows, t), np.uint8),
-            "logp": np.full((rows, t), np.log(0.5), np.float32),
-            "versions": np.zeros((rows, t), np.int32),
-        }
+    def batch(samples: int) -> dict[str, np.ndarray]:
+        return synthetic_batch(info, samples, rollout_len=32)
 
     cfg = APPOConfig(minibatches=8, min_minibatch=128, epochs=1)
-    learner = APPOLearner(ActorCritic(dim, 2, True, "auto:32:auto"), cfg, torch.device("cpu"))
+    learner = APPOLearner(ActorCritic(4, 2, True, "auto:32:auto"), cfg, torch.device("cpu"))
     steps = []
     learner.optimizer.step = lambda *a, **k: steps.append(1)  # count the optimiser's steps
-    assert learner.update(batch(n)).minibatches == 4  # 512 samples: 4 of 128, not 8 of 64
+    assert learner.update(batch(512)).minibatches == 4  # 4 of 128, not 8 of 64
     assert len(steps) == 4
-    assert learner.update(batch(4 * n)).minibatches == 8  # 2,048: the 8 asked, of 256
+    assert learner.update(batch(2048)).minibatches == 8  # the 8 asked, of 256
     assert len(steps) == 12
 
 
