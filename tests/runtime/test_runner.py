@@ -37,24 +37,19 @@ def test_clean_run_loses_nothing_and_every_stage_moves_data():
     cfg = small_config()
     result = Runner(cfg, cfg.validate()).run()
     assert_nothing_lost(result)
-    assert result["lost_steps"] == 0 and result["actor_restarts"] == 0
+    assert result["lost_steps"] == result["actor_restarts"] == 0
     assert result["env_steps"] >= cfg.steps
-    for name, stage in result["stages"].items():
-        assert stage["messages"] > 0 and stage["bytes"] > 0, name
-    # the compressor concatenates: fewer messages out than the dispensers sent
-    assert result["stages"]["compressor"]["messages"] < result["stages"]["dispenser"]["messages"]
-    assert result["stages"]["compressor"]["bytes"] == result["stages"]["dispenser"]["bytes"]
+    stages = result["stages"]  # each moved data; the compressor concatenates (fewer messages)
+    assert all(s["messages"] > 0 and s["bytes"] > 0 for s in stages.values()), stages
+    assert stages["compressor"]["messages"] < stages["dispenser"]["messages"]
+    assert stages["compressor"]["bytes"] == stages["dispenser"]["bytes"]
     # where the actors' time went: stepping, acting, and their CPU per env step
-    spent = result["actor_time"]
+    spent, sampled = result["actor_time"], result["sampled_steps"]
     assert spent["env_s"] > 0 and spent["policy_s"] > 0 and spent["cpu_s"] > 0
-    assert spent["cpu_us_per_step"] == pytest.approx(
-        1e6 * spent["cpu_s"] / result["sampled_steps"], rel=1e-3
-    )
+    assert spent["cpu_us_per_step"] == pytest.approx(1e6 * spent["cpu_s"] / sampled, rel=1e-3)
     assert result["minibatches"] == {"asked": 4, "min_samples": 0, "last": 4}
-    # where the machine's CPU went: every kind of process reported its own seconds
-    cpu = result["cpu_time"]
-    for name in ("actors", "compressor", "migrator", "trainers", "runner"):
-        assert cpu[name] > 0, (name, cpu)
+    cpu = result["cpu_time"]  # where the CPU went: each kind of process reported its seconds
+    assert all(cpu[k] > 0 for k in ("compressor", "migrator", "trainers", "runner")), cpu
     assert cpu["actors"] == spent["cpu_s"]
     assert cpu["core_s"] == pytest.approx(cpu["cores"] * result["wall_s"], abs=0.1)
     # the timeline keeps the actors' waits on their in-flight budget, so a window can read them
