@@ -45,7 +45,9 @@ STATS_INTERVAL_S = 0.5
 WINDOW_CHUNKS = 4
 RESUME_POLL_S = 0.05
 RECOVERY_S = 10.0
-"""How often the lead GMI saves what a replacement goes on from (``runtime.supervisor``)."""
+"""How often the lead GMI saves what a replacement goes on from (``runtime.supervisor``); the
+first save comes right after its first update, so a GMI that dies in its first seconds of
+training does not send its replacement back to the state it started from."""
 
 
 class Trainer:
@@ -249,7 +251,8 @@ class Trainer:
         """Trains until EOS or RETIRE, then trains the remainder, hands over and reports."""
         if self.resumed:
             self.publish()
-        last_save = last_recovery = time.monotonic()
+        last_save = time.monotonic()
+        last_recovery: float | None = None  # the first right after this GMI's first update
         last_stats = 0.0  # the first snapshot goes at once: a new GMI reports as it starts
         last_resume_try = 0.0
         while True:
@@ -275,7 +278,8 @@ class Trainer:
             if now - last_save >= self.cfg.checkpoint_every_s:
                 last_save = now
                 self._checkpoint(periodic=True)
-            if now - last_recovery >= RECOVERY_S and self._leads() and self.resumed:
+            due = last_recovery is None or now - last_recovery >= RECOVERY_S
+            if due and self.trained_steps and self._leads() and self.resumed:
                 last_recovery = now
                 self._save_state(self.role.recovery_file())
         self.batcher.evict_partial()  # anything still partial at EOS lost a channel
