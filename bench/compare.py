@@ -256,8 +256,9 @@ def run_arm(arm: str, a: argparse.Namespace, meter: MachineMeter, out_dir: Path)
         }
         if "sizing" in res:
             doc["sizing"] = {k: res["sizing"][k] for k in ("chosen", "predicted")}
-        if res.get("actor_time"):  # where the actors' time went (an actor-bound arm's why)
-            doc["actor_time"] = res["actor_time"]
+        for key in ("actor_time", "cpu_time"):  # where the actors' time, the CPU went
+            if res.get(key):
+                doc[key] = res[key]
         if "window_s" in doc:
             doc["window_throttle"] = window_throttle(res, read_progress(progress), a, tuned)
         if "tuning" in res:

@@ -15,6 +15,7 @@ from typing import Any
 
 from bench.compare_arms import ARMS, LIMIT_END, OURS, arm_kind
 from bench.report import write_json
+from runtime.time_spent import cpu_parts
 
 GOAL_RATE_VS_LIMIT = 0.8
 GOAL_SPJ_VS_SB3 = 7.0
@@ -248,6 +249,12 @@ def markdown(key: tuple[str, str, str], arms: dict[str, dict], summary: dict[str
     for name, g in summary["goals"].items():
         verdict = "not measured" if g["met"] is None else ("met" if g["met"] else "NOT met")
         out.append(f"- {name}: {_num(g['ratio'], 3)} ({g['arm']}), goal >= {g['goal']}: {verdict}")
+    spent = {name: d["cpu_time"] for name, d in arms.items() if d.get("cpu_time")}
+    if spent:
+        out += ["", "CPU seconds over each whole run (the result's `cpu_time`):", ""]
+        out += [
+            f"- {name}: {cpu_parts(c)} of {c['core_s']:,.0f} core-s" for name, c in spent.items()
+        ]
     return "\n".join(out) + "\n"
 
 

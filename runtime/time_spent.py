@@ -56,3 +56,12 @@ def cpu_time(runner: Any, wall_s: float) -> dict[str, float | int]:
     out["cores"] = len(os.sched_getaffinity(0))
     out["core_s"] = round(out["cores"] * wall_s, 1)
     return out
+
+
+def cpu_parts(cpu: dict[str, Any]) -> str:
+    """A ``cpu_time`` document as one line: each kind of process's CPU seconds (the compressor
+    and the migrator together as ``stages``)."""
+    stages = cpu.get("compressor", 0.0) + cpu.get("migrator", 0.0)
+    parts = [f"actors {cpu['actors']:,.0f}", f"stages {stages:,.0f}"]
+    parts += [f"{k} {cpu[k]:,.0f}" for k in ("trainers", "inference", "runner") if k in cpu]
+    return ", ".join(parts)

@@ -15,6 +15,7 @@ from rich.text import Text
 
 from runtime.config import TrainConfig
 from runtime.runner import RunState
+from runtime.time_spent import cpu_parts
 
 REFRESH_S = 0.5
 PLAIN_EVERY_S = 5.0
@@ -135,17 +136,6 @@ def _learner(state: RunState) -> str:
     return noise + ("" if state.lr is None else f"lr {state.lr:.2g}  ")
 
 
-def _cpu_spent(cpu: dict) -> str:
-    """Each kind of process's CPU seconds over the whole run (``runtime.time_spent.cpu_time``)."""
-    stages = cpu.get("compressor", 0.0) + cpu.get("migrator", 0.0)
-    parts = [f"actors {cpu['actors']:,.0f}", f"stages {stages:,.0f}"]
-    parts.append(f"trainers {cpu['trainers']:,.0f}")
-    if "inference" in cpu:
-        parts.append(f"inference {cpu['inference']:,.0f}")
-    parts.append(f"runner {cpu['runner']:,.0f}")
-    return ", ".join(parts)
-
-
 def _waits(result: dict[str, Any]) -> str | None:
     """The actors' waits on their in-flight budget (the timeline's ``actor_throttle_s``):
     seconds summed before the first trained batch (the trainer starting), and the share of
@@ -219,7 +209,7 @@ def summary_table(result: dict[str, Any]) -> Table:
         )
     cpu = result.get("cpu_time")
     if cpu:
-        rows.append((f"CPU s (of {cpu['core_s']:,.0f} core-s)", _cpu_spent(cpu)))
+        rows.append((f"CPU s (of {cpu['core_s']:,.0f} core-s)", cpu_parts(cpu)))
     waits = _waits(result)
     if waits is not None:
         rows.append(("actors waiting on the learner", waits))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -91,6 +92,7 @@ def test_compare_arms_then_report(tmp_path):
     assert arms["exported"]["config"]["envs_per_actor"] == 4
     assert arms["exported"]["lost_steps"] == 0
     assert arms["exported"]["actor_time"]["cpu_us_per_step"] > 0  # where the actors' time went
+    assert arms["exported"]["cpu_time"]["trainers"] > 0  # and every process's CPU
     assert 0.0 <= arms["exported"]["window_throttle"] <= 1.0  # their waits inside the window
     md, plots = tmp_path / "table.md", tmp_path / "plots"
     proc = bench(
@@ -111,6 +113,7 @@ def test_compare_arms_then_report(tmp_path):
     assert all(g["ratio"] > 0 and isinstance(g["met"], bool) for g in group.values())
     text = md.read_text()
     assert "| exported |" in text and "| limit | " in text and "goal >= 7.0" in text
+    assert re.search(r"- exported: actors \d+, stages \d+, trainers \d+, runner \d+ of", text)
     (png,) = plots.glob("*.png")
     assert png.stat().st_size > 10_000
 
