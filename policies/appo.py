@@ -187,7 +187,7 @@ class APPOLearner:
             if n
             else torch.zeros(1 + 2 * dim, dtype=torch.float64)
         )
-        sums = torch.cat([sums, torch.tensor([float(n * t)], dtype=torch.float64)])
+        sums = torch.cat([sums, torch.tensor([float(n * t), float(n)], dtype=torch.float64)])
         if group is not None:
             group.sum_(sums)
         if not bool(torch.isfinite(sums).all()):
@@ -195,9 +195,9 @@ class APPOLearner:
                 f"non-finite observations in the batch for version {self.version + 1}; "
                 "the update was not applied"
             )
-        self.model.obs_norm.update_from_sums(sums[:-1])
-        total_steps = int(sums[-1].item())
-        splits = cfg.minibatches_for(total_steps)  # the group's whole batch: alike in each
+        self.model.obs_norm.update_from_sums(sums[:-2])
+        total_steps, total_rows = int(sums[-2].item()), int(sums[-1].item())
+        splits = cfg.minibatches_for(total_steps, total_rows)  # the group's batch: alike in each
         pi_losses, v_losses, entropies = [], [], []
         graphed = self.graphs if n and group is None else None
         if graphed is not None:

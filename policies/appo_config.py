@@ -129,11 +129,16 @@ class APPOConfig:
                 out.append(f"learner.{name}={getattr(self, name)!r}: must be a finite number >= 0")
         return out
 
-    def minibatches_for(self, samples: int) -> int:
-        """The minibatches an update of ``samples`` splits into: ``minibatches``, or fewer where
-        each would hold fewer than ``min_minibatch`` samples (at least one)."""
+    def minibatches_for(self, samples: int, rows: int | None = None) -> int:
+        """The minibatches an update of ``samples`` in ``rows`` trajectories splits into:
+        ``minibatches``, or fewer where each would hold fewer than ``min_minibatch`` samples
+        (one at least, however small the batch). Minibatches take whole trajectories, so with
+        ``rows`` each is given enough of them to reach the floor."""
         if self.min_minibatch <= 0:
             return self.minibatches
+        if rows:
+            per_row = max(1, samples // rows)
+            return max(1, min(self.minibatches, rows // -(-self.min_minibatch // per_row)))
         return max(1, min(self.minibatches, samples // self.min_minibatch))
 
     def lr_for(self, batch: int | None) -> float:

@@ -193,6 +193,17 @@ def inference_doc(runner: RunRecord) -> dict[str, Any]:
     return {"mode": "gmi", **{k: counters.get(k) for k in keys}, "actor_wait_s": waited}
 
 
+def minibatch_doc(cfg: TrainConfig) -> dict[str, int]:
+    """The learner's split per epoch: as asked (``minibatches``), its floor (``min_samples``)
+    and what a batch of the run's (last) batch size takes (``at_batch``)."""
+    learner, batch = cfg.learner, cfg.batch_size
+    return {
+        "asked": learner.minibatches,
+        "min_samples": learner.min_minibatch,
+        "at_batch": learner.minibatches_for(batch, max(1, batch // cfg.rollout_len)),
+    }
+
+
 def build_result(runner: RunRecord, wall_s: float, energy: Any) -> dict[str, Any]:
     """Assembles the JSON-ready result from the runner's telemetry and energy window.
 
@@ -206,8 +217,7 @@ def build_result(runner: RunRecord, wall_s: float, energy: Any) -> dict[str, Any
     (``cpu_source`` ``model``) energy's cpu_model (its name, watts, idle watts and their
     source), cpu_idle_j and cpu_j_busy_only, and steps_per_joule_busy_only (the busy-only
     model's, without the packages' idle draw; absent for RAPL), return_mean (last 100 episodes),
-    policy_lag {mean, max}, minibatches {asked, min_samples, last} (per epoch:
-    ``learner.minibatches``, ``learner.min_minibatch``, what the last update took),
+    policy_lag {mean, max}, minibatches (``minibatch_doc``),
     actor_waits {throttle_s, dispatch_s}, actor_time {env_s, policy_s, cpu_s,
     cpu_us_per_step}, cpu_time (``cpu_time``: each kind of process's CPU seconds), config,
     stages {dispenser|compressor|migrator|batcher: {messages,
@@ -306,11 +316,7 @@ def build_result(runner: RunRecord, wall_s: float, energy: Any) -> dict[str, Any
             "last": trainer.get("lr"),
             "last_kl": trainer.get("kl"),
         },
-        "minibatches": {  # per epoch: as asked, the fewest samples in one, the last update's
-            "asked": runner.cfg.learner.minibatches,
-            "min_samples": runner.cfg.learner.min_minibatch,
-            "last": trainer.get("minibatches"),
-        },
+        "minibatches": minibatch_doc(runner.cfg),
         "target": runner.target.doc() if hasattr(runner, "target") else None,
         "gmis": [gmi_doc(name, tel.source(name)) for name in tel.trainer_sources()],
         "gmi_sharing": runner.fleet.sharing,

@@ -39,7 +39,7 @@ from runtime.stages.common import LiveSettings, StatsSender
 # this module without it, and a GMI only after ``placement.bind_gpu`` set its CUDA and MPS env.
 
 logger = logging.getLogger(__name__)
-REPORTED = ("loss_pi", "loss_v", "entropy", "lr", "kl", "noise_scale", "minibatches")
+REPORTED = ("loss_pi", "loss_v", "entropy", "lr", "kl", "noise_scale")
 """The figures of each update (``policies.appo.UpdateStats``) a trainer reports."""
 STATS_INTERVAL_S = 0.5
 WINDOW_CHUNKS = 4
@@ -118,6 +118,7 @@ class Trainer:
         """Experience sampled with an older version is discarded (a run resumed from a
         checkpoint: the actors' first weights are not the loaded ones)."""
         self.trained_steps = 0
+        self.updates = 0  # learner updates this GMI took part in (a group's, rows or none)
         self.credits_sent = 0  # CREDIT messages sent: the next one's number (``cseq``)
         self.discarded_steps = 0
         self.lag_sum, self.lag_max = 0.0, 0
@@ -198,6 +199,7 @@ class Trainer:
             logger.error("%s; the run stops", self.halted)
             self.discarded_steps += int(batch["rewards"].size) if batch is not None else 0
             return
+        self.updates += 1
         if result.steps:
             self.trained_steps += result.steps
             self.lag_sum += result.policy_lag_mean * result.steps
@@ -279,7 +281,7 @@ class Trainer:
                 last_save = now
                 self._checkpoint(periodic=True)
             due = last_recovery is None or now - last_recovery >= RECOVERY_S
-            if due and self.trained_steps and self._leads() and self.resumed:
+            if due and self.updates and self._leads() and self.resumed:
                 last_recovery = now
                 self._save_state(self.role.recovery_file())
         self.batcher.evict_partial()  # anything still partial at EOS lost a channel

@@ -199,12 +199,12 @@ def summary_table(result: dict[str, Any]) -> Table:
             )
         )
     split = result.get("minibatches") or {}
-    if split.get("last") and split["last"] != split.get("asked"):
+    if split.get("at_batch") and split["at_batch"] != split.get("asked"):
         rows.append(
             (
                 "minibatches per epoch",
-                f"{split['last']} ({split['asked']} asked; {split['min_samples']:,} samples "
-                "or more each)",
+                f"{split['at_batch']} ({split['asked']} asked; --min-minibatch "
+                f"{split['min_samples']:,})",
             )
         )
     cpu = result.get("cpu_time")

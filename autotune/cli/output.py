@@ -3,8 +3,10 @@ adds to its result, and says of a run that trained nothing."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -68,24 +70,33 @@ def write_json(path: Path | None, doc: object) -> None:
 
 
 UNSAVED_DIR = "autotune-unsaved"
-"""Where a ``--json`` document that could not be written is kept instead: this folder (the
-user's own, mode 0700) in the system's temporary directory, often another file system."""
+"""Where a ``--json`` document that could not be written is kept instead: this folder in the
+system's temporary directory (often another file system), the user's own with mode 0700, or a
+new one where a folder of that name is not (another user's, a link)."""
+
+
+def _own_folder() -> Path:
+    """``UNSAVED_DIR`` (made if need be), or a new private folder where it is not the user's."""
+    folder = Path(tempfile.gettempdir()) / f"{UNSAVED_DIR}-{os.getuid()}"
+    with contextlib.suppress(FileExistsError):
+        folder.mkdir(mode=0o700)
+    st = folder.lstat()
+    if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o077:
+        return folder
+    return Path(tempfile.mkdtemp(prefix=f"{UNSAVED_DIR}-"))
 
 
 def keep_elsewhere(path: Path, text: str) -> str:
-    """Keeps a document that could not be written to ``path`` in ``UNSAVED_DIR``, so the work
-    it records is not lost; returns what was done, for the error message. Where even that
-    fails, the document goes to standard output."""
+    """Keeps a document that could not be written to ``path`` in the user's ``UNSAVED_DIR``, so
+    the work it records is not lost; returns what was done, for the error message. It is not
+    printed where that fails too (a wrapped script's command may hold a secret)."""
     try:
-        folder = Path(tempfile.gettempdir()) / f"{UNSAVED_DIR}-{os.getuid()}"
-        folder.mkdir(mode=0o700, exist_ok=True)
-        fd, name = tempfile.mkstemp(dir=folder, prefix=f"{path.stem}-", suffix=".json")
+        fd, name = tempfile.mkstemp(dir=_own_folder(), prefix=f"{path.stem}-", suffix=".json")
         with os.fdopen(fd, "w") as f:
             f.write(text)
         return f"the document was kept at {name} instead"
     except OSError as exc:
-        print(text, end="")
-        return f"it could not be kept elsewhere ({exc.strerror}), so it was printed above"
+        return f"nor could it be kept in a temporary folder ({exc.strerror}): it is lost"
 
 
 def complete_result(result: dict, sizing: Any, where: str | None, tuning: dict | None) -> None:

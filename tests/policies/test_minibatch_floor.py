@@ -22,6 +22,17 @@ def test_the_count_follows_the_batch_below_the_floor_and_never_above_what_was_as
         1,
     ]
     assert APPOConfig(minibatches=32).minibatches_for(4_096) == 32  # 0: off, as asked
+    # minibatches take whole trajectories: 9 of 100 steps make 4 of 2+ (not 7, some of 100)
+    floor = APPOConfig(minibatches=32, min_minibatch=128)
+    assert floor.minibatches_for(900, rows=9) == 4
+    assert all(len(p) * 100 >= 128 for p in np.array_split(np.arange(9), 4))
+    assert floor.minibatches_for(4_096, rows=128) == 32  # 32 trajectories of 32: 4 each
+    # the result says what a batch of the run's size takes
+    from runtime.config import TrainConfig
+    from runtime.results import minibatch_doc
+
+    cfg = TrainConfig(batch_size=4_096, learner=APPOConfig(minibatches=32, min_minibatch=512))
+    assert minibatch_doc(cfg) == {"asked": 32, "min_samples": 512, "at_batch": 8}
     for bad in (-1, True, 2.5, "512"):
         (problem,) = APPOConfig(min_minibatch=bad).problems()
         assert problem.startswith("learner.min_minibatch=") and "integer >= 0" in problem

@@ -47,7 +47,7 @@ def test_clean_run_loses_nothing_and_every_stage_moves_data():
     spent, sampled = result["actor_time"], result["sampled_steps"]
     assert spent["env_s"] > 0 and spent["policy_s"] > 0 and spent["cpu_s"] > 0
     assert spent["cpu_us_per_step"] == pytest.approx(1e6 * spent["cpu_s"] / sampled, rel=1e-3)
-    assert result["minibatches"] == {"asked": 4, "min_samples": 0, "last": 4}
+    assert result["minibatches"] == {"asked": 4, "min_samples": 0, "at_batch": 4}
     cpu = result["cpu_time"]  # where the CPU went: each kind of process reported its seconds
     assert all(cpu[k] > 0 for k in ("compressor", "migrator", "trainers", "runner")), cpu
     assert cpu["actors"] == spent["cpu_s"]

@@ -33,7 +33,7 @@ def test_a_json_path_that_cannot_be_written_is_refused_before_the_run(tmp_path):
         assert "sizing" not in out.stderr  # refused before its probes
 
 
-def test_json_is_written_whole_with_the_usual_permissions(tmp_path):
+def test_json_is_written_whole_with_the_usual_permissions(tmp_path, monkeypatch):
     path = tmp_path / "deep" / "r.json"
     write_json(path, {"a": 1})
     write_json(path, {"a": 2})  # over a good file: replaced at once
@@ -56,20 +56,29 @@ def test_json_is_written_whole_with_the_usual_permissions(tmp_path):
     ):
         check_output(Path("/proc/a.json"), "--json")
     # a write that fails at the end says so, not with a traceback
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     (tmp_path / "a-file").write_text("")
     with pytest.raises(OutputPathError, match=r"a-file/x\.json: cannot write it \(") as cut:
         write_json(tmp_path / "a-file" / "x.json", {"a": 1})
     # ... and keeps the document elsewhere, naming where: the run's record is not lost
     kept = Path(re.search(r"kept at (\S+) instead", str(cut.value)).group(1))
     assert json.loads(kept.read_text()) == {"a": 1} and kept.parent.stat().st_mode & 0o077 == 0
-    kept.unlink()
+    assert kept.parent.parent == tmp_path
 
 
-def test_a_document_that_cannot_be_kept_anywhere_is_printed(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+def test_a_document_is_kept_only_in_a_folder_of_the_users_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     (tmp_path / "a-file").write_text("")
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "a-file"))  # no temporary folder
-    with pytest.raises(OutputPathError, match=r"could not be kept elsewhere .* printed above"):
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    (tmp_path / f"autotune-unsaved-{os.getuid()}").symlink_to(other)  # not the user's folder
+    with pytest.raises(OutputPathError, match="kept at") as cut:
         write_json(tmp_path / "a-file" / "x.json", {"steps": 7})
-    assert json.loads(capsys.readouterr().out) == {"steps": 7}
+    kept = Path(re.search(r"kept at (\S+) instead", str(cut.value)).group(1))
+    assert kept.parent.parent == tmp_path and not kept.is_relative_to(other)
+    assert json.loads(kept.read_text()) == {"steps": 7} and kept.parent.stat().st_mode & 0o077 == 0
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "a-file"))  # no temporary folder
+    with pytest.raises(OutputPathError, match=r"nor could it be kept .*: it is lost"):
+        write_json(tmp_path / "a-file" / "x.json", {"steps": 7})

@@ -43,9 +43,9 @@ def test_the_summary_says_when_more_was_trained_than_asked():
     spent = {"env_s": 3.2, "policy_s": 0.6, "cpu_s": 7.3, "cpu_us_per_step": 812.4}
     assert "envs 3 s, actions 1 s, 812 us CPU/step" in rendered(8960, 80, actor_time=spent)
     # a minibatch floor that split the batch into fewer is said, with what was asked
-    split = {"asked": 32, "min_samples": 512, "last": 8}
-    assert "8 (32 asked; 512 samples or more each)" in rendered(8960, 80, minibatches=split)
-    assert "minibatches per epoch" not in rendered(8960, minibatches={**split, "last": 32})
+    split = {"asked": 32, "min_samples": 512, "at_batch": 8}
+    assert "8 (32 asked; --min-minibatch 512)" in rendered(8960, 80, minibatches=split)
+    assert "minibatches per epoch" not in rendered(8960, minibatches={**split, "at_batch": 32})
     # where the machine's CPU went, on one line at 80 columns
     cpu = {"actors": 458.0, "compressor": 21.4, "migrator": 18.9, "trainers": 30.2}
     cpu |= {"runner": 7.6, "cores": 16, "core_s": 960.0}
