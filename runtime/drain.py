@@ -18,7 +18,7 @@ import zmq
 
 from runtime import wire
 from runtime.inference import NAME as INFERENCE
-from runtime.services import RunError, Services
+from runtime.services import PIPELINE, RunError, Services
 
 ACTOR_EXIT_TIMEOUT_S = 60.0
 """How long the drain waits for actors to finish their rollout and exit."""
@@ -119,7 +119,7 @@ class Drain:
 
         self.actors.drain(wait, ACTOR_EXIT_TIMEOUT_S)
         clean = dict(self.actors.ended.clean)
-        for name in ("compressor", "migrator", *self.fleet.names()):
+        for name in (*PIPELINE, *self.fleet.names()):
             self._await_final(name, telemetry_sock, command_sock, clean)
         deadline = time.monotonic() + SERVICE_EXIT_TIMEOUT_S
         self.services.exit_all(command_sock, deadline)

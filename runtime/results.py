@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from runtime import checkpoint
 from runtime.hw.gpus import known_nvml_index
 from runtime.inference import NAME as INFERENCE
+from runtime.services import PIPELINE
 from runtime.time_spent import actor_time, actor_waits, cpu_time
 
 if TYPE_CHECKING:  # only named in RunRecord's annotations
@@ -272,7 +273,7 @@ def build_result(runner: RunRecord, wall_s: float, energy: Any) -> dict[str, Any
         busy_only["steps_per_joule_busy_only"] = trained / busy_only_j if busy_only_j > 0 else None
     current = runner.trainer_names()
     trainer = tel.source(current[0])
-    services = ["compressor", "migrator", *(["inference"] if runner.cfg.inference == "gmi" else [])]
+    services = [*PIPELINE, *([INFERENCE] if runner.cfg.inference == "gmi" else [])]
     malformed = {name: tel.total(name, "malformed") for name in (*services, *tel.trainer_sources())}
     malformed["actors"] = sum(int(tel.source(a).get("malformed", 0)) for a in tel.actor_sources())
     malformed["runner"] = tel.malformed.count

@@ -15,6 +15,10 @@ import zmq
 from runtime import wire
 from runtime.child_start import ctrl_c_held
 
+PIPELINE = ("compressor", "migrator")
+"""The stages that run as service processes of their own (each actor's dispenser runs in the
+actor, each trainer's batcher in its GMI)."""
+
 
 class RunError(RuntimeError):
     """A service process died or a drain did not complete; ``killed`` when a signal ended it

@@ -48,13 +48,12 @@ import zmq
 
 from runtime import topology, wire
 from runtime.inference import NAME as INFERENCE
-from runtime.services import RunError
+from runtime.services import PIPELINE, RunError
 from runtime.stages.compressor import compressor_main
 from runtime.stages.migrator import migrator_main
 
 logger = logging.getLogger(__name__)
 
-PIPELINE = ("compressor", "migrator")
 WINDOW_S = 60.0
 LIMIT = 5
 """Deaths of replaceable processes (any of them) within ``WINDOW_S`` that end the run."""

@@ -14,6 +14,7 @@ from typing import Any
 
 from runtime import wire
 from runtime.divergence import DivergenceWatch
+from runtime.services import PIPELINE
 
 logger = logging.getLogger(__name__)
 
@@ -22,10 +23,6 @@ RETURN_WINDOW = 100
 STALL_S = 30.0
 """A running service or trainer silent this long (no telemetry; it reports every 0.5 s) is
 reported as stalled (a warning, and the result's ``stalls``)."""
-
-
-SERVICE_STAGES = ("compressor", "migrator")
-"""The stages that run as processes of their own."""
 
 
 class RunTelemetry:
@@ -252,4 +249,4 @@ class RunTelemetry:
         """CPU seconds (every thread) of the compressor and the migrator processes, each summed
         over the processes that held its name (the dispenser runs in the actors, the batcher
         in the trainer GMIs: their CPU is theirs)."""
-        return {name: round(self.total_float(name, "cpu_s"), 2) for name in SERVICE_STAGES}
+        return {name: round(self.total_float(name, "cpu_s"), 2) for name in PIPELINE}
