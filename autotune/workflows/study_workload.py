@@ -14,6 +14,7 @@ from typing import Any
 
 from autotune.tuning.storage import StudyError, redact, sqlite_file, storage_url
 from autotune.workflows.wrap_export import is_wrap_study
+from runtime.checkpoint_fit import layers
 from runtime.config import ConfigError, TrainConfig
 
 logger = logging.getLogger(__name__)
@@ -110,12 +111,9 @@ def same_network(cfg: TrainConfig, policy: str) -> bool:
     sizes once ``auto`` is resolved); False where either does not fit the env."""
     if policy == cfg.policy:
         return True
-    from policies.mlp import PolicySpecError, parse_spec
-
     try:
         info = cfg.check_workload()
-        return parse_spec(policy, info.obs_dim, info.act_dim) == parse_spec(
-            cfg.policy, info.obs_dim, info.act_dim
-        )
-    except (ConfigError, PolicySpecError):
+    except ConfigError:
         return False
+    sizes = layers(cfg.policy, info.obs_dim, info.act_dim)
+    return sizes is not None and sizes == layers(policy, info.obs_dim, info.act_dim)
