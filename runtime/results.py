@@ -318,7 +318,9 @@ def build_result(runner: RunRecord, wall_s: float, energy: Any) -> dict[str, Any
             "last_kl": trainer.get("kl"),
         },
         "minibatches": minibatch_doc(runner.cfg),
-        "target": runner.target.doc() if hasattr(runner, "target") else None,
+        "target": runner.target.doc((trained, wall_s, total_j))
+        if hasattr(runner, "target")
+        else None,
         "gmis": [gmi_doc(name, tel.source(name)) for name in tel.trainer_sources()],
         "gmi_sharing": runner.fleet.sharing,
         "gmi_sync": trainer.get("sync", "none"),

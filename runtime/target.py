@@ -5,7 +5,8 @@ The check runs every tick of the runner once the return window holds ``RETURN_WI
 episodes (a resumed run's window starts with its checkpoint's). When it is met, the figures
 are taken at that tick and the run drains as at its step target (what is in flight is still
 trained, and counted in the result's totals, not in the target's figures). A run that ends
-without reaching it says so, with the best 100-episode mean it had.
+without reaching it says so, with the best 100-episode mean it had and what it spent without
+getting there (``spent``: its trained steps, seconds and joules, counted as a reached target's).
 
 The seconds and joules the run's ``auto`` sizing spent probing before it began are added to
 the run's own (``RunTotals.add_sizing``; the result's energy window starts with the run).
@@ -87,13 +88,21 @@ class TargetReturn:
             }
         return self.reached is not None
 
-    def doc(self) -> dict[str, Any] | None:
-        """The result's ``target`` section (None without a target)."""
+    def doc(self, until: tuple[int, float, float] | None = None) -> dict[str, Any] | None:
+        """The result's ``target`` section (None without a target); ``until``: the run's own
+        trained steps, seconds and joules at its end, for what an unmet target cost."""
         if self.target is None:
             return None
         out: dict[str, Any] = {"return": self.target}
         if self.reached is None:
             out.update(reached=False, best_return=self.best)
+            if until is not None:
+                steps, seconds, joules = until
+                out["spent"] = {
+                    "steps": self.before.steps + steps,
+                    "seconds": self.before.seconds + seconds,
+                    "joules": self.before.joules + joules,
+                }
         else:
             out.update(reached=True, **self.reached, best_return=self.best)
         sizing = self.before.sizing or {"seconds": 0.0, "joules": 0.0}

@@ -216,14 +216,14 @@ def summary_table(result: dict[str, Any]) -> Table:
     target = result.get("target")
     if target is not None:
         best = "-" if target["best_return"] is None else f"{target['best_return']:.1f}"
-        rows.append(
-            (
-                f"to a return of {target['return']:g}",
-                f"{target['steps']:,} steps, {target['seconds']:.1f} s, {target['joules']:,.0f} J"
-                if target["reached"]
-                else f"not reached (best 100-episode mean {best})",
-            )
+        spent = target if target["reached"] else target.get("spent")
+        cost = (
+            ""
+            if spent is None
+            else (f"{spent['steps']:,} steps, {spent['seconds']:.1f} s, {spent['joules']:,.0f} J")
         )
+        missed = f"not reached (best 100-episode mean {best})" + (f" after {cost}" if cost else "")
+        rows.append((f"to a return of {target['return']:g}", cost if target["reached"] else missed))
     noise = result.get("noise_scale") or {}
     if noise.get("samples") is not None:
         rows.append(

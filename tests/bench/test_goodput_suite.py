@@ -150,3 +150,48 @@ def test_a_run_marked_failed_is_reported_failed_even_with_a_result_document(tmp_
     assert "failed" not in goodput._results(a)["goodput-seed0"]
     goodput._failed(stem, "still running 385 s in")
     assert goodput._results(a) == {"goodput-seed0": {"failed": True}}
+
+
+def test_a_seed_where_one_tuning_missed_the_target_gives_a_bound_from_what_it_spent():
+    def doc(target: dict, gpu_j: float, cpu_j: float) -> dict:
+        return {
+            "env_steps": 5_000_000,
+            "wall_s": 180.0,
+            "steps_per_joule": 95.0,
+            "lost_steps": 0,
+            "target": target,
+            "energy": {"gpu_j": gpu_j, "cpu_j": cpu_j},
+        }
+
+    sizing = {"seconds": 40.0, "joules": 7_000.0}
+    reached = {"reached": True, "joules": 30_000.0, "seconds": 120.0, "steps": 2_000_000}
+    # a document written before `spent`: its energy window and its sizing's probes
+    kept = summary(
+        doc({"reached": False, "best_return": 816.0, "sizing": sizing}, 22e3, 31e3), [], None
+    )
+    assert kept["spent_joules"] == pytest.approx(60_000.0)
+    spent = {"steps": 5_000_000, "seconds": 220.0, "joules": 61_000.0}
+    said = summary(
+        doc({"reached": False, "best_return": 816.0, "spent": spent}, 1.0, 1.0), [], None
+    )
+    assert said["spent_joules"] == 61_000.0  # the run's own account wins
+    cheap = summary(doc({"reached": False, "best_return": 700.0}, 10e3, 10e3), [], None)
+    results = {
+        "steps-per-joule-seed0": kept,
+        "goodput-seed0": summary(doc(reached, 0.0, 0.0), [], None),
+        "steps-per-joule-seed1": summary(doc(reached, 0.0, 0.0), [], None),
+        "goodput-seed1": summary(
+            doc({"reached": False, "best_return": 900.0}, 20e3, 30e3), [], None
+        ),
+        "steps-per-joule-seed2": cheap,  # missed, having spent less: a bound all the same
+        "goodput-seed2": summary(doc(reached, 0.0, 0.0), [], None),
+        "steps-per-joule-seed3": summary(doc(reached, 0.0, 0.0), [], None),
+        "goodput-seed3": {"failed": True},
+    }
+    text = table(results, [0, 1, 2, 3], ["steps-per-joule", "goodput"], None)
+    assert text.rstrip().endswith(
+        "per seed: more than 2.00x (seed 0: steps/J missed it), "
+        "less than 0.60x (seed 1: goodput missed it), more than 0.67x (seed 2: steps/J missed it)"
+    )
+    none = table({"goodput-seed3": {"failed": True}}, [3], ["steps-per-joule", "goodput"], None)
+    assert none.rstrip().endswith("per seed: n/a (no seed gives a ratio or a bound)")

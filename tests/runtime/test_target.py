@@ -55,3 +55,17 @@ def test_a_killed_earlier_run_leaves_this_runs_figures_with_its_sizing():
     assert doc["joules"] == pytest.approx(2_500.0) and doc["seconds"] == pytest.approx(15.0)
     assert doc["earlier_runs"]["joules"] is None and "not saved" in doc["earlier_runs"]["note"]
     assert before.through(10.0, 2_000.0) is None  # unknown stays unknown
+
+
+def test_an_unmet_target_says_what_the_run_spent_without_getting_there():
+    before = RunTotals()
+    before.add_sizing(30.0, 6_000.0)
+    target = TargetReturn(1_000.0, before)
+    assert not target.check(_telemetry(816.0, 5_000_000), 180.0, lambda: 50_000.0)
+    doc = target.doc((5_100_000, 185.0, 53_600.0))
+    assert not doc["reached"] and doc["best_return"] == 816.0
+    assert doc["spent"] == {"steps": 5_100_000, "seconds": 215.0, "joules": 59_600.0}
+    assert "spent" not in target.doc()  # the end's figures not given: nothing made up
+    met = TargetReturn(450.0, RunTotals())
+    assert met.check(_telemetry(500.0, 20_000), 10.0, lambda: 2_000.0)
+    assert "spent" not in met.doc((30_000, 14.0, 3_000.0))  # a met target has its own figures

@@ -60,6 +60,9 @@ def test_a_target_the_run_never_reaches_is_said_with_its_best_mean(tmp_path):
     assert r["target"]["reached"] is False and r["target"]["return"] == 1000
     assert r["env_steps"] >= 6_000  # it ran to its step target
     assert "not reached (best 100-episode mean" in proc.stdout
+    spent = r["target"]["spent"]  # what it cost without getting there: the run's own figures
+    assert spent["steps"] == r["env_steps"] and spent["joules"] > 0 and spent["seconds"] > 0
+    assert f"after {spent['steps']:,} steps" in proc.stdout
 
 
 def test_a_target_that_is_not_a_number_is_refused():
