@@ -92,6 +92,8 @@ def render(console: Any, job: dict[str, Any], history: int = 20) -> None:
     if alloc:
         share = "" if alloc["mps_pct"] is None else f", {alloc['mps_pct']} % of GPU {alloc['gpu']}"
         taken = "" if job.get("allocation_taken", True) else " (not taken yet)"
+        if job.get("starting"):
+            taken += "; starting: the running jobs keep their cores until it has trained"
         head += f"\nbudget: cores {_cores(alloc['cores'])}{share}{taken}"
     live = job.get("live")
     if live:

@@ -34,6 +34,11 @@ class Share:
     """When an offered budget lapses if its job has not registered (None: a registered job)."""
     rate: Any = None
     rate_key: str = ""
+    starting_at: float | None = None
+    """When it registered while other jobs ran, which keep their cores until it has trained
+    (``sharing.STARTING_MAX_S``); None: it is not starting, or nothing was lent to it."""
+    first_steps: int | None = None
+    """Its trained steps in its first report while starting (a resumed run's are not zero)."""
 
 
 def claim_from(job: str, doc: Any) -> Claim:

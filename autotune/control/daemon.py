@@ -35,7 +35,7 @@ from autotune.control.allocator import Budget
 from autotune.control.claims import claim_from, process_gone, share_of, valid_pid
 from autotune.control.home import hold_lock, hold_machine
 from autotune.control.keys import serve_curve
-from autotune.control.machine import MachineView, detect
+from autotune.control.machine import MachineView, detect, energy_shares
 from autotune.control.protocol import MsgType
 from autotune.control.remote_job import RemoteJob
 from autotune.control.sharing import MachineShares
@@ -294,6 +294,7 @@ class Daemon:
         session.config = dict(msg.get("config") or session.config)
         session.recent.append(session.remote.latest)
         self.shares.taken(session.job_id, msg.get("budget_seq"))
+        self.shares.progressed(session.job_id, session.remote.latest.trained_steps)
 
     # --- tuning -----------------------------------------------------------------------------
 
@@ -349,7 +350,7 @@ class Daemon:
         except ValueError as exc:  # a malformed claim, or AllocationError
             self._send(identity, MsgType.ERROR, message=str(exc))
             return
-        energy = self.shares.energy_shares(budget)
+        energy = energy_shares(self.shares.machine, budget)
         self._send(identity, MsgType.OFFER, budget=budget.to_dict(), **energy)
 
     def _budget(self, job_id: str, budget: Budget, changed: bool) -> None:
@@ -359,7 +360,7 @@ class Daemon:
         if session is None:
             return
         share = self.shares.shares[job_id]
-        energy = self.shares.energy_shares(budget)
+        energy = energy_shares(self.shares.machine, budget)
         self._send(
             session.identity,
             MsgType.BUDGET,

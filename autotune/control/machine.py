@@ -186,3 +186,15 @@ def busy_last(machine: MachineView, pinned: list[int]) -> MachineView:
     a job: the periodic share-out changes budgets only where it predicts more steps/J."""
     last = set(pinned)
     return replace(machine, cores=tuple(sorted(machine.cores, key=lambda k: k in last)))
+
+
+def energy_shares(machine: MachineView, budget: Any) -> dict[str, Any]:
+    """The shares of the machine's energy a job with ``budget`` (``allocator.Budget``) is
+    charged (``runtime.energy.shares``): its cores of those handed out, and its MPS share of its
+    GPU (``gpu_index``; none of the other GPUs)."""
+    gpu = 0.0 if budget.gpu is None else (budget.mps_pct or 0) / 100.0
+    return {
+        "cpu_share": len(budget.cores) / len(machine.cores),
+        "gpu_share": gpu,
+        "gpu_index": budget.gpu,
+    }

@@ -10,6 +10,11 @@ as jobs come and go.
   ``protocol.too_silent``, and its budget goes back), and every ``REBALANCE_S``
   with the jobs' fitted models and the foreign load read again; a periodic change is made only
   where it predicts at least ``REBALANCE_GAIN`` more steps/J, so budgets do not churn.
+* A job that registers while others run starts inside the budget it was offered, and the jobs
+  already running keep their cores until it has trained its first batch (its reports say so;
+  at most ``STARTING_MAX_S``): a starting job's trainer spends its first seconds starting and
+  compiling, its cores mostly idle, and a cut made at once would idle theirs too. Until then
+  their budgets overlap its, as while it probed inside its offer.
 * A changed budget goes to its job as a ``BUDGET`` message (sent again every
   ``BUDGET_RESEND_S`` until the job's reports say it took it) and to its tuner as limits
   (``autotune.tuning.budget``): the job pins its processes to the cores, and the tuner moves
@@ -55,6 +60,8 @@ MPS share of the job's best config so far (changed only by respawning every acto
 its GMIs over, which costs seconds of steps) unless changing them predicts at least this much
 more steps/J."""
 COSTLY = ("envs_per_actor", "trainer_device", "trainers", "mps_pct")
+STARTING_MAX_S = 90.0
+"""The longest the running jobs keep their cores for a job that has registered but not trained."""
 RESTART_GRACE_S = 10.0
 """After the daemon starts, a job that registers with the budget it holds keeps exactly that
 budget, and the machine is shared out again once this has passed: a daemon started again would
@@ -173,7 +180,33 @@ class MachineShares:
             share.seq += 1  # just started (again): it keeps what it holds (``RESTART_GRACE_S``)
             self._send(share.claim.job, share, changed=True)
             return
+        running = any(s.expires is None and j != share.claim.job for j, s in self.shares.items())
+        if not held and running and share.budget is not None and share.claim.fixed is None:
+            share.starting_at = self.clock()  # the others keep their cores until it trains
+            share.seq += 1
+            self._send(share.claim.job, share, changed=True)
+            return
         self.rebalance(force=True)
+
+    def progressed(self, job: str, trained_steps: int) -> None:
+        """A job's report of its trained steps: a starting job that has trained since its first
+        report ends the lending, and the machine is shared out again."""
+        share = self.shares.get(job)
+        if share is None or share.starting_at is None:
+            return
+        if share.first_steps is None:
+            share.first_steps = trained_steps
+        elif trained_steps > share.first_steps:
+            logger.info("job %s trained its first batch: sharing the machine out again", job)
+            self.rebalance(force=True)
+
+    def _lending(self) -> bool:
+        """Whether a job that has not trained yet still has the running jobs' cores lent."""
+        now = self.clock()
+        return any(
+            s.starting_at is not None and now - s.starting_at < STARTING_MAX_S
+            for s in self.shares.values()
+        )
 
     def _apart(self, share: Share) -> bool:
         """Whether ``share``'s budget holds no core another registered job's does."""
@@ -220,7 +253,9 @@ class MachineShares:
             self.grace_until = None  # the jobs that held budgets are back: share out anew
             if any(s.expires is None for s in self.shares.values()):
                 self.rebalance(force=True)
-        if now - self.rebalanced >= REBALANCE_S:
+        if any(s.starting_at is not None for s in self.shares.values()) and not self._lending():
+            self.rebalance(force=True)  # a starting job that has not trained in STARTING_MAX_S
+        elif now - self.rebalanced >= REBALANCE_S and not self._lending():
             if self.read_foreign:
                 managed = {s.pid for s in self.shares.values() if s.pid}
                 self.foreign = foreign_load(_trees(managed), self.machine.cores)
@@ -231,6 +266,8 @@ class MachineShares:
         pays ``REBALANCE_GAIN``."""
         self.rebalanced = self.clock()
         jobs = {j: s for j, s in self.shares.items() if s.expires is None}
+        for share in jobs.values():
+            share.starting_at = None  # shared out whole (or not at all): nothing lent any more
         if not jobs:
             self.allocation = None
             return
@@ -259,17 +296,6 @@ class MachineShares:
                     self._send(job, share, changed=True)
                 except Exception:  # one job's tuner (its storage) must not stop the others
                     logger.exception("job %s: its new budget was not taken by its tuner", job)
-
-    def energy_shares(self, budget: Budget) -> dict[str, Any]:
-        """The shares of the machine's energy a job with ``budget`` is charged
-        (``runtime.energy.shares``): its cores of those handed out, and its MPS share of its
-        GPU (``gpu_index``; none of the other GPUs)."""
-        gpu = 0.0 if budget.gpu is None else (budget.mps_pct or 0) / 100.0
-        return {
-            "cpu_share": len(budget.cores) / len(self.machine.cores),
-            "gpu_share": gpu,
-            "gpu_index": budget.gpu,
-        }
 
     def sized(
         self, job: str, budget: Budget, running: dict[str, Any] | None = None
@@ -319,6 +345,7 @@ class MachineShares:
         return {
             "allocation": share.budget.to_dict() if share.budget else None,
             "allocation_taken": share.taken >= share.seq,
+            "starting": share.starting_at is not None,
             "claim": {
                 "weight": share.claim.weight,
                 "min_share": share.claim.min_share,

@@ -24,12 +24,12 @@ def _recording(cores: int, clock) -> tuple[MachineShares, list[tuple[str, Budget
     return shares, sent
 
 
-def test_offers_are_disjoint_and_registered_jobs_keep_their_cores_until_the_new_one_joins(
+def test_offers_are_disjoint_and_registered_jobs_keep_their_cores_until_the_new_one_trains(
     live_pids,
 ):
     """Jobs that ask before they size themselves get disjoint cores; a registered job keeps
-    its budget while a newcomer probes, and is cut when the newcomer registers; an offer whose
-    job never registers lapses, at once where its process has ended."""
+    its budget while a newcomer probes and starts, and is cut when the newcomer has trained;
+    an offer whose job never registers lapses, at once where its process has ended."""
     p11, p12, p13, p21, p22, p31 = live_pids(6)
     t = [0.0]
     shares, sent = _recording(6, lambda: t[0])
@@ -41,6 +41,14 @@ def test_offers_are_disjoint_and_registered_jobs_keep_their_cores_until_the_new_
     assert len(b.cores) == 3 and c.cores and not set(b.cores) & set(c.cores)
     assert shares.shares["job-a"].budget.cores == tuple(range(6))  # kept while they probe
     shares.join(share_of(claim_from("job-b", {}), {"pid": p12}, shares.machine))
+    assert shares.job_status("job-b")["starting"] and not shares.job_status("job-a")["starting"]
+    assert shares.shares["job-a"].budget.cores == tuple(range(6))  # lent while b starts
+    assert sent[-1] == ("job-b", b)  # b pins to its offer at once
+    shares.progressed("job-b", 0)  # its first report: nothing trained yet
+    shares.progressed("job-a", 90_000)  # the running job's own steps end nothing
+    assert shares.shares["job-a"].budget.cores == tuple(range(6))
+    shares.progressed("job-b", 512)  # its first batch: a is cut now
+    assert not shares.job_status("job-b")["starting"]
     a_now, b_now = shares.shares["job-a"].budget, shares.shares["job-b"].budget
     assert b_now.cores == b.cores and not set(a_now.cores) & set(b_now.cores)
     assert len(a_now.cores) + len(b_now.cores) == 6  # the lapsing offer holds nothing here
@@ -54,6 +62,8 @@ def test_offers_are_disjoint_and_registered_jobs_keep_their_cores_until_the_new_
     assert len(small.offer(Claim("offer"), pid=p22).cores) == 1
     for job, pid in (("job-x", p21), ("job-y", p22)):
         small.join(share_of(claim_from(job, {}), {"pid": pid}, small.machine))
+    for steps in (0, 64):  # y's reports: it has trained, the lending ends
+        small.progressed("job-y", steps)
     x, y = small.shares["job-x"].budget.cores, small.shares["job-y"].budget.cores
     assert len(x) == len(y) == 1 and x != y
     import os
@@ -175,3 +185,34 @@ def test_the_periodic_share_out_moves_budgets_only_where_it_pays():
     moved = {j: s.budget for j, s in shares.shares.items()}
     assert len(moved[slow].cores) < len(first[slow].cores) and {j for j, _ in sent} == {"a", "b"}
     assert not set(moved["a"].cores) & set(moved["b"].cores)
+
+
+def test_a_starting_job_that_never_trains_has_the_cores_lent_for_a_stated_time_only(live_pids):
+    """The running job keeps its cores while a newcomer starts, through the periodic share-out,
+    but no longer than ``STARTING_MAX_S``; a job joining a machine no one else runs on is
+    not starting (nothing is lent), and one joining without an offer is shared out at once."""
+    from autotune.control.sharing import REBALANCE_S, RESTART_GRACE_S, STARTING_MAX_S
+
+    p1, p2, p3 = live_pids(3)
+    t = [0.0]
+    shares, sent = _recording(8, lambda: t[0])
+    shares.offer(Claim("offer"), pid=p1)
+    shares.join(share_of(claim_from("a", {}), {"pid": p1}, shares.machine))
+    assert not shares.job_status("a")["starting"]
+    t[0] = RESTART_GRACE_S + 1
+    shares.tick()
+    shares.offer(Claim("offer"), pid=p2)
+    shares.join(share_of(claim_from("b", {}), {"pid": p2}, shares.machine))
+    assert shares.shares["a"].budget.cores == tuple(range(8))
+    t[0] += REBALANCE_S + 1  # a periodic share-out falls due: not while b starts
+    shares.tick()
+    assert shares.shares["a"].budget.cores == tuple(range(8))
+    assert shares.job_status("b")["starting"]
+    t[0] += STARTING_MAX_S  # b never trained: the machine is shared out all the same
+    shares.tick()
+    a, b = set(shares.shares["a"].budget.cores), set(shares.shares["b"].budget.cores)
+    assert a and b and not a & b and len(a | b) == 8 and not shares.job_status("b")["starting"]
+    shares.join(share_of(claim_from("c", {}), {"pid": p3}, shares.machine))  # asked no offer
+    cores = [set(s.budget.cores) for s in shares.shares.values()]
+    assert sum(len(c) for c in cores) == len(set().union(*cores)) == 8
+    assert not shares.job_status("c")["starting"] and sent[-1][0] in {"a", "b", "c"}

@@ -89,6 +89,11 @@ def _pinned(doc, n):
     return len(jobs) == n and all(j.get("allocation") and j["allocation_taken"] for j in jobs)
 
 
+def _shared(doc, n):
+    """Whether ``n`` jobs hold budgets they have taken, none of them lent (no job starting)."""
+    return _pinned(doc, n) and not any(j["starting"] for j in doc["jobs"])
+
+
 def _finish(job):
     job.send_signal(signal.SIGINT)  # a clean drain: the result is written, nothing lost
     out, _ = job.communicate(timeout=180)
@@ -112,7 +117,9 @@ def test_two_tuned_jobs_share_the_machine_and_the_survivor_grows(tmp_path):
         first = _job(env, tmp_path, "first")
         wait_until(lambda: _pinned(_live(env), 1), first, what="the first job's budget")
         second = _job(env, tmp_path, "second")
+        # the first keeps its cores while the second starts, until the second has trained
         wait_until(lambda: _pinned(_live(env), 2), second, what="both jobs' budgets")
+        wait_until(lambda: _shared(_live(env), 2), second, what="the share-out once it trained")
         doc = _status(env, st)  # what `autotune status --json` writes
         machine = set(doc["machine"]["cores"])
         cores = {j["study"]: set(j["allocation"]["cores"]) for j in doc["jobs"]}

@@ -19,6 +19,11 @@ def test_status_prints_study_and_env_names_as_given():
     render(console, _job(trials=rows), history=0)  # a name with markup's brackets: no error
     text = console.export_text()
     assert "study ant[/v5] in sqlite:///x[bold].db" in text
+    budget = {"cores": [4, 5, 6, 7], "gpu": None, "mps_pct": None}
+    console = Console(record=True, width=200)
+    render(console, _job(trials=[], allocation=budget, starting=True), history=0)
+    text = console.export_text()  # a job that has not trained: the others' cores are lent
+    assert "budget: cores 4-7; starting: the running jobs keep their cores" in text
 
 
 def test_a_relative_keys_folder_means_the_folder_it_was_given_in(tmp_path, monkeypatch):
