@@ -35,6 +35,7 @@ import os
 import platform
 import sys
 import time
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -143,9 +144,11 @@ def probes(
     devices: list[str],
     refresh: bool = False,
     backend: str = "gymnasium",
+    on_gpu_learner: Callable[[], None] | None = None,
 ) -> Probes:
     """The workload's probes: from the cache when a valid entry exists, else measured now
-    (``runtime.probes.run_probes``) and stored; while another run measures them, its result.
+    (``runtime.probes.run_probes``, ``on_gpu_learner`` called as it times the GPU learner) and
+    stored; while another run measures them, its result.
 
     Raises:
         ProbeError: the workload could not be probed.
@@ -161,7 +164,14 @@ def probes(
             if hit is not None:
                 return hit
         measured = run_probes(
-            env_id, policy, rollout_len, learner, devices, procs=mask_cores(), backend=backend
+            env_id,
+            policy,
+            rollout_len,
+            learner,
+            devices,
+            procs=mask_cores(),
+            backend=backend,
+            on_gpu_learner=on_gpu_learner,
         )
         if path is not None:
             _write(path, measured)

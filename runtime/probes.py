@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -40,6 +39,7 @@ from runtime.env_probes import (
 from runtime.envs import EnvInfo, probe_env
 from runtime.learner_probe import GROUP_LEARNER, make_learner, synthetic_batch
 from runtime.power_probe import Reading, busy_watts, gpu_meter
+from runtime.probe_child import GPU_LEARNER_MARK, run_child
 
 LEARNER_BATCHES = (1024, 4096, 16384)
 """Batch sizes the learner update is timed at (its fixed and per-sample cost), each at least
@@ -235,9 +235,11 @@ def measure(
     devices: list[str],
     procs: int = 1,
     backend: str = "gymnasium",
+    say_gpu_learner: bool = False,
 ) -> Probes:
     """Every probe, in this process (``run_probes`` runs them in a child); the env steps on
-    ``backend`` (``runtime.env_backends``, resolved)."""
+    ``backend`` (``runtime.env_backends``, resolved); ``say_gpu_learner``: say on stderr when
+    the GPU learner's timing begins (``runtime.probe_child.GPU_LEARNER_MARK``)."""
     start = time.perf_counter()
     stage_s: dict[str, float] = {}
     mark = [start]
@@ -277,6 +279,8 @@ def measure(
     costs: dict[str, LearnerCost] = {}
     cuda_update = None  # kept for the GPU power probe: its graphs are captured already
     if "cuda" in devices and sms:  # first: the fast one, the others' rival
+        if say_gpu_learner:
+            print(GPU_LEARNER_MARK, file=sys.stderr, flush=True)
         built = time.perf_counter()
         _, cuda_update = make_learner(info, policy, "cuda", learner)
         built, first = time.perf_counter() - built, []
@@ -323,8 +327,10 @@ def run_probes(
     procs: int = 1,
     timeout_s: float = 300.0,
     backend: str = "gymnasium",
+    on_gpu_learner: Callable[[], None] | None = None,
 ) -> Probes:
-    """Every probe in a child process (see the module docstring).
+    """Every probe in a child process (see the module docstring); ``on_gpu_learner`` is called
+    as the GPU learner's timing begins (``runtime.probe_child``).
 
     Raises:
         ProbeError: the child failed or timed out; its last error line is in the message.
@@ -340,18 +346,18 @@ def run_probes(
     }
     cmd = [sys.executable, "-m", "runtime.probes", json.dumps(args)]
     start = time.perf_counter()
+    env = dict(os.environ, **dict.fromkeys(BLAS_THREAD_VARS, "1"))  # as an actor runs
+    ran = run_child(cmd, env, timeout_s, on_gpu_learner)
+    if ran is None:
+        raise ProbeError(f"the workload probes took over {timeout_s:.0f} s")
+    code, stdout, stderr = ran
+    if code != 0:
+        lines = [ln for ln in stderr if ln.strip()]
+        raise ProbeError(lines[-1] if lines else f"probe process exited {code}")
     try:
-        env = dict(os.environ, **dict.fromkeys(BLAS_THREAD_VARS, "1"))  # as an actor runs
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
-    except subprocess.TimeoutExpired:
-        raise ProbeError(f"the workload probes took over {timeout_s:.0f} s") from None
-    if proc.returncode != 0:
-        lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
-        raise ProbeError(lines[-1] if lines else f"probe process exited {proc.returncode}")
-    try:
-        doc = json.loads(proc.stdout.strip().splitlines()[-1])
+        doc = json.loads(stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
-        raise ProbeError(f"probe process printed no result: {proc.stdout[-200:]!r}") from None
+        raise ProbeError(f"probe process printed no result: {stdout[-200:]!r}") from None
     doc["probe_s"] = time.perf_counter() - start
     doc["measured_at"] = time.time()
     return Probes.from_dict(doc)
@@ -370,6 +376,7 @@ def main(argv: list[str] | None = None) -> int:
             spec["devices"],
             int(spec.get("procs", 1)),
             spec.get("backend", "gymnasium"),
+            say_gpu_learner=True,
         )
     except Exception as exc:  # reported to the parent as the last stderr line
         print(f"{type(exc).__name__}: {exc}", file=sys.stderr)

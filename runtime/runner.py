@@ -3,10 +3,10 @@
     runner (this process) ── spawns ──▶ compressor, migrator, trainer GMIs, actors, an inference GMI
 
 Trainer GMIs are placed by ``runtime.gmi.placement`` (``trainers`` per GPU, MPS percentages);
-where MPS is wanted the runner reuses or starts an MPS daemon (``runtime.hw.mps``) and stops
-it at the end if it started it. A percentage change replaces every GMI by a new generation
-(an MPS client's percentage is fixed for its life; spare processes may start it sooner): the
-old ones train on until the new ones report, then retire and hand the learner state over
+where MPS is wanted the runner reuses or starts an MPS daemon (``runtime.hw.mps``) and stops it
+at the end if it started it. A percentage change replaces every GMI by a new generation (an MPS
+client's percentage is fixed for its life; spare processes may start it sooner): the old ones
+train on until the new ones report, then retire and hand the learner state over
 (``runtime.gmi.fleet``). Each period between changes is a phase with its own energy window.
 Every GMI change (planned, asked for, or from ``reconfigure``) goes through ``Generations``.
 
@@ -85,6 +85,8 @@ class Runner:
         mps_changes: Planned GMI replacements (``runtime.generations.MPSChange``), any order.
         mps_live: Start MPS (where GMIs are on a GPU) even if nothing needs it yet, so that
             ``reconfigure`` can set percentages later (a tuner does).
+        spares: Spare GMI processes started before the run (``spares.started_ahead``): its
+            first GMIs start from them where they are ready. None: the run's own.
 
     Raises:
         ConfigError: ``cfg.checkpoint`` holds a state this run cannot resume (``checkpoint.check``).
@@ -99,6 +101,7 @@ class Runner:
         meter: Any = None,
         mps_changes: list[MPSChange] | None = None,
         mps_live: bool = False,
+        spares: Spares | None = None,
     ) -> None:
         cfg = cfg.as_run()  # the backend actors use, the batch the learning rate is for
         self.cfg, self.info = cfg, info
@@ -115,7 +118,9 @@ class Runner:
         self.pace = TrainedRate()  # the trained rate the wall limit's drain reserve goes by
         self.mp = ctx = mp.get_context("spawn")
         self.services = Services(ctx)
-        self.fleet = GMIFleet(cfg, info, self.services.spawn, Spares(ctx, self.services.adopt))
+        spares = spares or Spares(ctx, self.services.adopt)
+        spares.adopt = self.services.adopt  # one started ahead is this run's now
+        self.fleet = GMIFleet(cfg, info, self.services.spawn, spares)
         self.generations = Generations(self.fleet, mps_changes)
         self.on_progress, self.meter = on_progress, meter
         self.timeline = Timeline()
@@ -126,13 +131,9 @@ class Runner:
             self.telemetry.returns.extend(saved[0])
             self.resumed_episodes = saved[1]
         self.actors = ActorPool(self.mp, info)
+        chunks = lambda: (self.cfg.chunk_bytes, self.cfg.chunk_timeout_s)  # noqa: E731
         self.supervisor = Supervisor(
-            self.services,
-            self.actors,
-            self.telemetry,
-            self.generations,
-            lambda: (self.cfg.chunk_bytes, self.cfg.chunk_timeout_s),
-            self.resume,
+            self.services, self.actors, self.telemetry, self.generations, chunks, self.resume
         )
         self.inference_place: Any = None  # where the inference GMI runs, else None
         self.stop_requested = self.interrupted = False
@@ -206,9 +207,8 @@ class Runner:
             self.inference_place = place = self.fleet.inference_place()
             self.supervisor.inference = (inference_main, (self.cfg, self.info, ep, place))
             self.services.spawn(INFERENCE, *self.supervisor.inference)
-        self.fleet.start(
-            ep, self.run_dir, self.resume.state_file if self.resume is not None else None
-        )
+        state = self.resume.state_file if self.resume is not None else None
+        self.fleet.start(ep, self.run_dir, state)
 
     def cluster_nodes(self) -> list[dict[str, Any]] | None:
         """A cluster run's nodes now (``RemoteLauncher.nodes_now``); None for a local run."""

@@ -94,13 +94,23 @@ def size_run_config(console: Console, cfg: TrainConfig, auto: set[str], args: ar
     # what the probes cost, metered as the run is (their child process exits between readings)
     meter = job_meter(cfg.cpu_idle_w, shares, reaped=True)
     meter.begin_window("sizing")
+    ahead: list[Any] = []  # the run's first GMI's process, started as the GPU learner is timed
+
+    def spare_ahead() -> None:
+        from runtime.gmi.spares import started_ahead
+
+        ahead.extend(s for s in [started_ahead()] if s is not None)
+
     try:
-        sized, doc = size_config(cfg, auto, objective, allowed, args.reprobe, shares)
+        sized, doc = size_config(cfg, auto, objective, allowed, args.reprobe, shares, spare_ahead)
     except (ProbeError, ValueError) as exc:
+        for spares in ahead:
+            spares.stop()
         console.print(
             f"[red]error:[/red] cannot size the run ({escape(str(exc))}); give explicit values"
         )
         return cfg, None
+    args.spares_ahead = ahead[0] if ahead else None  # for the runner (``Runner(spares=...)``)
     doc["energy"] = meter.end_window("sizing").to_dict()
     p, pr = doc["probes"], doc["predicted"]
     console.print(

@@ -304,6 +304,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             # a tuner may move the trainer to a GPU share: MPS from the start where there is one
             mps_live=args.tune and (cfg.resolved_device() == "cuda" or no_gpu_reason() is None),
             meter=job_meter(cfg.cpu_idle_w, getattr(args, "energy_shares", None)),  # its share
+            spares=getattr(args, "spares_ahead", None),  # started as the probes timed the GPU
         )
     except ConfigError as exc:  # the checkpoint
         console.print(f"[red]error:[/red] {escape(str(exc))}")

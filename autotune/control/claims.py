@@ -36,7 +36,7 @@ class Share:
     rate_key: str = ""
     starting_at: float | None = None
     """When it registered while other jobs ran, which keep their cores until it has trained
-    (``sharing.STARTING_MAX_S``); None: it is not starting, or nothing was lent to it."""
+    (``sharing.STARTING_MAX_S``); None: it is not starting, or no budget overlaps its."""
     first_steps: int | None = None
     """Its trained steps in its first report while starting (a resumed run's are not zero)."""
 

@@ -12,9 +12,9 @@ as jobs come and go.
   where it predicts at least ``REBALANCE_GAIN`` more steps/J, so budgets do not churn.
 * A job that registers while others run starts inside the budget it was offered, and the jobs
   already running keep their cores until it has trained its first batch (its reports say so;
-  at most ``STARTING_MAX_S``): a starting job's trainer spends its first seconds starting and
-  compiling, its cores mostly idle, and a cut made at once would idle theirs too. Until then
-  their budgets overlap its, as while it probed inside its offer.
+  at most ``STARTING_MAX_S``; two starting at once are both shared out at the first one's): its
+  trainer spends its first seconds starting and compiling, its cores mostly idle, and a cut made
+  at once would idle theirs too. Until then budgets overlap, as while it probed in its offer.
 * A changed budget goes to its job as a ``BUDGET`` message (sent again every
   ``BUDGET_RESEND_S`` until the job's reports say it took it) and to its tuner as limits
   (``autotune.tuning.budget``): the job pins its processes to the cores, and the tuner moves
@@ -170,9 +170,10 @@ class MachineShares:
     def join(self, share: Share) -> None:
         """Adds a job (admitted) and shares the machine out again; the budget offered to its
         process, if any, becomes the one it holds."""
-        held = share.budget is not None  # named in its registration: it held it before
         share.claim = self._placed(share.claim, share.pid, share.budget)
         offered = self.shares.pop(f"offer-{share.pid}", None)
+        # named in its registration, and not as this daemon's offer: it held it before
+        held = share.budget is not None and (offered is None or share.budget != offered.budget)
         if share.budget is None and offered is not None:
             share.budget = offered.budget
         self.shares[share.claim.job] = share
@@ -181,7 +182,8 @@ class MachineShares:
             self._send(share.claim.job, share, changed=True)
             return
         running = any(s.expires is None and j != share.claim.job for j, s in self.shares.items())
-        if not held and running and share.budget is not None and share.claim.fixed is None:
+        overlap_ok = share.claim.fixed is None and not share.claim.exclusive
+        if overlap_ok and not held and running and share.budget is not None:
             share.starting_at = self.clock()  # the others keep their cores until it trains
             share.seq += 1
             self._send(share.claim.job, share, changed=True)
@@ -190,7 +192,7 @@ class MachineShares:
 
     def progressed(self, job: str, trained_steps: int) -> None:
         """A job's report of its trained steps: a starting job that has trained since its first
-        report ends the lending, and the machine is shared out again."""
+        report ends the overlap, and the machine is shared out again."""
         share = self.shares.get(job)
         if share is None or share.starting_at is None:
             return
@@ -200,8 +202,8 @@ class MachineShares:
             logger.info("job %s trained its first batch: sharing the machine out again", job)
             self.rebalance(force=True)
 
-    def _lending(self) -> bool:
-        """Whether a job that has not trained yet still has the running jobs' cores lent."""
+    def _kept_for_start(self) -> bool:
+        """Whether the running jobs still keep their cores for a job that has not trained yet."""
         now = self.clock()
         return any(
             s.starting_at is not None and now - s.starting_at < STARTING_MAX_S
@@ -253,9 +255,10 @@ class MachineShares:
             self.grace_until = None  # the jobs that held budgets are back: share out anew
             if any(s.expires is None for s in self.shares.values()):
                 self.rebalance(force=True)
-        if any(s.starting_at is not None for s in self.shares.values()) and not self._lending():
+        starting = any(s.starting_at is not None for s in self.shares.values())
+        if starting and not self._kept_for_start() and now - self.rebalanced >= BUDGET_RESEND_S:
             self.rebalance(force=True)  # a starting job that has not trained in STARTING_MAX_S
-        elif now - self.rebalanced >= REBALANCE_S and not self._lending():
+        elif now - self.rebalanced >= REBALANCE_S and not starting:
             if self.read_foreign:
                 managed = {s.pid for s in self.shares.values() if s.pid}
                 self.foreign = foreign_load(_trees(managed), self.machine.cores)
@@ -266,8 +269,6 @@ class MachineShares:
         pays ``REBALANCE_GAIN``."""
         self.rebalanced = self.clock()
         jobs = {j: s for j, s in self.shares.items() if s.expires is None}
-        for share in jobs.values():
-            share.starting_at = None  # shared out whole (or not at all): nothing lent any more
         if not jobs:
             self.allocation = None
             return
@@ -282,7 +283,9 @@ class MachineShares:
             )
         except Exception as exc:  # foreign load past what the jobs need; a model that fails
             logger.warning("cannot share the machine out again: %s", exc)
-            return
+            return  # an overlap past its time is tried again (``tick``)
+        for share in jobs.values():  # shared out whole: no budgets overlap any more (a job still
+            share.starting_at = None  # starting gets its share of the split as it is)
         if not force and len(current) == len(jobs):
             before, after = total_of(current, rates), total_of(alloc.budgets, rates)
             if after < before * (1 + REBALANCE_GAIN):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable
 from typing import Any
 
 from autotune.tuning.knobs import to_config_value
@@ -116,10 +117,12 @@ def size_config(
     allowed: dict[str, tuple[Any, ...]] | None = None,
     reprobe: bool = False,
     shares: dict[str, float] | None = None,
+    on_gpu_learner: Callable[[], None] | None = None,
 ) -> tuple[TrainConfig, dict[str, Any]]:
     """``cfg`` with the fields in ``auto`` sized (within ``allowed``, where it names a field);
     and the result's ``sizing`` section. The probes come from the probe cache unless
-    ``reprobe`` (``runtime.probe_cache``). Under a daemon's budget, ``shares`` (``gpu_share``,
+    ``reprobe`` (``runtime.probe_cache``; ``on_gpu_learner``: called where they are measured,
+    as the GPU learner's timing begins). Under a daemon's budget, ``shares`` (``gpu_share``,
     ``cpu_share``) are the machine's idle draw the job is charged; the model sizes with them,
     and the section keeps the whole machine's model (the daemon charges each budget itself).
 
@@ -140,6 +143,7 @@ def size_config(
         devices,
         reprobe,
         backend=cfg.resolved_backend(),
+        on_gpu_learner=on_gpu_learner,
     )
     model, hardware = machine_model(cfg, probes, cores)
     fixed = {f: _knob(cfg, f) for f in AUTO_FIELDS if f not in auto}

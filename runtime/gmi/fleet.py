@@ -295,6 +295,8 @@ class GMIFleet:
         if self.spares is not None and self._replaced_later and self.spares.allowed:
             self.spares.wanted = len(self.gmis)
             self.spares.top_up()
+        elif self.spares is not None and self.spares.idle:  # one started ahead, not taken
+            self.spares.stop()
 
     def let_spares_go(self) -> None:
         """Kills the idle spare GMIs (none is needed any more: the run drains or ends)."""

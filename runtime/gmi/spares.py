@@ -20,6 +20,12 @@ process's arguments; nothing else writes to that pipe. Spares are kept only in r
 are likely to be replaced (MPS may be set later: a tuner, live changes or a planned change;
 or the run has replaced them once), one per GMI of the current generation, and started once
 that generation has reported, so that their imports never compete with its start.
+A run that sizes itself on a GPU starts one spare ahead, before the run exists
+(``started_ahead``), while its probes time the GPU learner (``runtime.probe_child``), so that
+its first GMI starts from it instead of importing torch beside every actor's start. The env
+steps on every core are timed by then; what is left (the GPU learner, the CPU learner's one
+thread) leaves cores free, so a spare is started ahead only where the run may use at least
+``AHEAD_MIN_CORES``. A run that keeps no spares lets it go once its first generation reported.
 ``AUTOTUNE_GMI_SPARES=0`` keeps none (a start as before, for a side-by-side measurement:
 ``python -m bench.handover``).
 """
@@ -41,6 +47,9 @@ logger = logging.getLogger(__name__)
 SPARES_ENV = "AUTOTUNE_GMI_SPARES"
 MODULES = ("torch", "policies.actor_critic", "policies.appo", "torch._dynamo")
 """What a spare imports ahead (not TorchInductor: see the module docstring)."""
+
+AHEAD_MIN_CORES = 4
+"""The fewest cores a run may use for a spare to import beside its probes (``started_ahead``)."""
 
 Adopt = Callable[[str, Any], None]
 
@@ -152,6 +161,31 @@ class Spares:
             spare.proc.join(timeout=5)
             self.idle.remove(spare)
             self.allowed = False
+
+
+def _not_adopted(name: str, _proc: Any) -> None:
+    raise RuntimeError(f"a spare started ahead was given {name} before a run took it")
+
+
+def started_ahead(
+    modules: tuple[str, ...] = MODULES, min_cores: int = AHEAD_MIN_CORES
+) -> Spares | None:
+    """One spare GMI started before its run exists, for the run's first GMI (see the module
+    docstring); the run takes it (``Runner(spares=...)``), and with it its ``adopt``. None
+    where spares are off (``AUTOTUNE_GMI_SPARES=0``) or the process may use fewer than
+    ``min_cores`` cores.
+
+    Raises:
+        ValueError: ``AUTOTUNE_GMI_SPARES`` holds neither 0 nor 1.
+    """
+    import multiprocessing as mp
+
+    spares = Spares(mp.get_context("spawn"), _not_adopted, modules)
+    if not spares.allowed or len(os.sched_getaffinity(0)) < min_cores:
+        return None
+    spares.wanted = 1
+    spares.top_up()
+    return spares
 
 
 def _ready(spare: _Spare) -> bool:

@@ -125,3 +125,44 @@ def test_a_bad_spares_switch_is_refused_before_a_run_starts(monkeypatch):
     cfg = small()
     with pytest.raises(ValueError, match="AUTOTUNE_GMI_SPARES='yes': allowed are 0"):
         Runner(cfg, cfg.validate())
+
+
+@pytest.mark.slow
+def test_a_run_given_a_spare_started_ahead_starts_its_first_gmi_from_it():
+    """A spare started before the run (as ``autotune train`` starts one while its probes time
+    the GPU learner) becomes the run's first GMI once it is ready: torch was imported in it
+    before the run began, and the run trains and accounts as any other."""
+    from conftest import wait_until
+
+    from runtime.gmi.spares import started_ahead
+
+    ahead = started_ahead(min_cores=1)  # a CI machine has 2 cores: the run may use 1 here
+    assert ahead is not None and len(ahead.idle) == 1
+    wait_until(lambda: ahead.ready() == 1, what="the spare's imports")
+    cfg = small(steps=4_000)
+    runner = Runner(cfg, cfg.validate(), spares=ahead)
+    result = runner.run()
+    assert_nothing_lost(result)
+    assert result["failure"] is None and result["gmi_spares"] == 1
+    (gmi,) = result["gmis"]
+    assert gmi["startup"]["spare_s"] > 0 and gmi["trained_steps"] > 0
+    assert not ahead.idle  # taken; none is kept for a run that replaces no GMI
+
+
+def test_a_spare_started_ahead_is_refused_a_role_before_a_run_takes_it(monkeypatch):
+    from runtime.gmi.spares import started_ahead
+
+    monkeypatch.setenv(spares_mod.SPARES_ENV, "0")
+    assert started_ahead(min_cores=1) is None  # spares off: none started ahead either
+    monkeypatch.delenv(spares_mod.SPARES_ENV)
+    import os
+
+    cores = len(os.sched_getaffinity(0))
+    assert started_ahead(min_cores=cores + 1) is None  # too few cores to import beside probes
+    ahead = started_ahead(modules=(), min_cores=1)
+    try:
+        with pytest.raises(RuntimeError, match="before a run took it"):
+            ahead.adopt("trainer-0.g0", ahead.idle[0].proc)
+    finally:
+        ahead.stop()
+    assert not ahead.idle

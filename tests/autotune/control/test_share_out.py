@@ -42,7 +42,7 @@ def test_offers_are_disjoint_and_registered_jobs_keep_their_cores_until_the_new_
     assert shares.shares["job-a"].budget.cores == tuple(range(6))  # kept while they probe
     shares.join(share_of(claim_from("job-b", {}), {"pid": p12}, shares.machine))
     assert shares.job_status("job-b")["starting"] and not shares.job_status("job-a")["starting"]
-    assert shares.shares["job-a"].budget.cores == tuple(range(6))  # lent while b starts
+    assert shares.shares["job-a"].budget.cores == tuple(range(6))  # kept while b starts
     assert sent[-1] == ("job-b", b)  # b pins to its offer at once
     shares.progressed("job-b", 0)  # its first report: nothing trained yet
     shares.progressed("job-a", 90_000)  # the running job's own steps end nothing
@@ -62,7 +62,7 @@ def test_offers_are_disjoint_and_registered_jobs_keep_their_cores_until_the_new_
     assert len(small.offer(Claim("offer"), pid=p22).cores) == 1
     for job, pid in (("job-x", p21), ("job-y", p22)):
         small.join(share_of(claim_from(job, {}), {"pid": pid}, small.machine))
-    for steps in (0, 64):  # y's reports: it has trained, the lending ends
+    for steps in (0, 64):  # y's reports: it has trained, the overlap ends
         small.progressed("job-y", steps)
     x, y = small.shares["job-x"].budget.cores, small.shares["job-y"].budget.cores
     assert len(x) == len(y) == 1 and x != y
@@ -190,7 +190,7 @@ def test_the_periodic_share_out_moves_budgets_only_where_it_pays():
 def test_a_starting_job_that_never_trains_has_the_cores_lent_for_a_stated_time_only(live_pids):
     """The running job keeps its cores while a newcomer starts, through the periodic share-out,
     but no longer than ``STARTING_MAX_S``; a job joining a machine no one else runs on is
-    not starting (nothing is lent), and one joining without an offer is shared out at once."""
+    not starting (no budget overlaps), and one joining without an offer is shared out at once."""
     from autotune.control.sharing import REBALANCE_S, RESTART_GRACE_S, STARTING_MAX_S
 
     p1, p2, p3 = live_pids(3)
@@ -201,8 +201,8 @@ def test_a_starting_job_that_never_trains_has_the_cores_lent_for_a_stated_time_o
     assert not shares.job_status("a")["starting"]
     t[0] = RESTART_GRACE_S + 1
     shares.tick()
-    shares.offer(Claim("offer"), pid=p2)
-    shares.join(share_of(claim_from("b", {}), {"pid": p2}, shares.machine))
+    offer = shares.offer(Claim("offer"), pid=p2)  # named back as held, as `train --tune` does
+    shares.join(share_of(claim_from("b", {}), {"pid": p2, "held": offer.to_dict()}, shares.machine))
     assert shares.shares["a"].budget.cores == tuple(range(8))
     t[0] += REBALANCE_S + 1  # a periodic share-out falls due: not while b starts
     shares.tick()
@@ -216,3 +216,6 @@ def test_a_starting_job_that_never_trains_has_the_cores_lent_for_a_stated_time_o
     cores = [set(s.budget.cores) for s in shares.shares.values()]
     assert sum(len(c) for c in cores) == len(set().union(*cores)) == 8
     assert not shares.job_status("c")["starting"] and sent[-1][0] in {"a", "b", "c"}
+    held = shares.shares["c"].budget  # c registers again (a daemon restarted): it held that
+    shares.join(share_of(claim_from("c", {}), {"pid": p3, "held": held.to_dict()}, shares.machine))
+    assert not shares.job_status("c")["starting"]

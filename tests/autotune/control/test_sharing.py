@@ -90,7 +90,7 @@ def _pinned(doc, n):
 
 
 def _shared(doc, n):
-    """Whether ``n`` jobs hold budgets they have taken, none of them lent (no job starting)."""
+    """Whether ``n`` jobs hold budgets they have taken, none overlapping (no job starting)."""
     return _pinned(doc, n) and not any(j["starting"] for j in doc["jobs"])
 
 

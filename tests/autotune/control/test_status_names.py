@@ -22,7 +22,7 @@ def test_status_prints_study_and_env_names_as_given():
     budget = {"cores": [4, 5, 6, 7], "gpu": None, "mps_pct": None}
     console = Console(record=True, width=200)
     render(console, _job(trials=[], allocation=budget, starting=True), history=0)
-    text = console.export_text()  # a job that has not trained: the others' cores are lent
+    text = console.export_text()  # a job that has not trained: the others keep their cores
     assert "budget: cores 4-7; starting: the running jobs keep their cores" in text
 
 
