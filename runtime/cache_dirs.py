@@ -1,7 +1,8 @@
 """Where the tool keeps what it measured or built for this machine: ``$AUTOTUNE_CACHE_DIR``,
 else ``$XDG_CACHE_HOME/autotune``, else ``~/.cache/autotune``. The probe results live in its
 ``probes`` folder (``runtime.probe_cache``), the learner's compiled loss kernels in its
-``inductor`` folder (``policies.compiled_loss``)."""
+``inductor`` folder (``policies.compiled_loss``), the installed EnvPool's ids in
+``envpool-ids.json`` (``runtime.env_backends``)."""
 
 from __future__ import annotations
 

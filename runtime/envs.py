@@ -139,11 +139,11 @@ def _flattenable(space: gym.spaces.Space) -> bool:
 def envpool_make(env_id: str, **kwargs) -> object:
     """``envpool.make(env_id, env_type="gymnasium", **kwargs)``, without gymnasium's warning
     that EnvPool's float64 space bounds were cast to float32 (every make, every process)."""
-    import envpool
-
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*precision lowered.*")
         try:
+            import envpool  # its ids may come from the cache (``env_backends``): it may not load
+
             pool = envpool.make(env_id, env_type="gymnasium", **kwargs)
             _ = pool.observation_space, pool.action_space  # built once, on first use
         except Exception as exc:  # a library it loads only now, a bad argument

@@ -42,3 +42,34 @@ def test_auto_runs_gymnasium_and_warns_with_the_load_error(broken_envpool, caplo
     assert [r.getMessage() for r in caplog.records] == [
         f"EnvPool is installed but does not load ({LOAD_ERROR}): actors use gymnasium"
     ]
+
+
+def test_the_ids_are_kept_for_the_installed_envpool_and_read_back_without_importing_it(tmp_path):
+    """Which ids EnvPool has is asked of EnvPool once (its import takes about a second) and
+    kept in the cache folder for that EnvPool; a later process reads it there, and a file kept
+    for another EnvPool (another version or place) is not used."""
+    import json
+    import os
+    import subprocess
+
+    pytest.importorskip("envpool")
+    env = {**os.environ, "AUTOTUNE_CACHE_DIR": str(tmp_path)}
+    ask = (
+        "import sys; from runtime.env_backends import envpool_ids; "
+        "print(len(envpool_ids()), 'envpool' in sys.modules)"
+    )
+
+    def run() -> list[str]:
+        cmd = [sys.executable, "-c", ask]
+        return subprocess.run(
+            cmd, capture_output=True, text=True, env=env, check=True
+        ).stdout.split()
+
+    first = run()
+    assert int(first[0]) > 100 and first[1] == "True"  # asked of EnvPool, and kept
+    assert run() == [first[0], "False"]  # read back: EnvPool not imported
+    kept = tmp_path / env_backends.IDS_FILE
+    doc = json.loads(kept.read_text())
+    kept.write_text(json.dumps({"key": "0.0|elsewhere|0", "ids": ["Made-up-v0"]}))
+    assert run() == [first[0], "True"]  # another EnvPool's: asked again
+    assert json.loads(kept.read_text()) == doc
