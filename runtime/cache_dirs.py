@@ -32,3 +32,17 @@ def use_kernel_cache() -> Path | None:
         except RuntimeError:  # no home folder to keep it in: TorchInductor's own default
             return None
     return Path(os.environ[KERNEL_CACHE_ENV])
+
+
+def cpu_model() -> str:
+    """This machine's CPU model (``/proc/cpuinfo``'s model name), for keys of what is kept per
+    machine (the probes, the version-0 weights)."""
+    import platform
+
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()

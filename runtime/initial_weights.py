@@ -9,6 +9,11 @@ H200 16-core host a respawn of 15 actors held the runner's loop for 21 s (no pro
 no target check, the tuner's counters stale). A path keeps the arguments small, so the
 children start side by side while the runner goes on. The file is ``.npz``, read with
 ``allow_pickle=False``; remote actors (``runtime.cluster``) still get the arrays themselves.
+
+Building them imports torch (about 1.5 s of CPU), so they are also kept in the tool's cache
+folder (``runtime.cache_dirs``, ``initial-weights/``), by the workload's shapes, the policy,
+the seed, the torch version, the policy code's own bytes and the CPU: a later run of the same
+policy and seed reads them there and its runner never imports torch.
 """
 
 from __future__ import annotations
@@ -45,17 +50,23 @@ class InitialWeights:
             return None
         key = self._key(cfg)
         if key not in self._arrays:
-            from policies.actor_critic import initial_state_arrays
-
             info = self.info
-            self._arrays[key] = initial_state_arrays(
-                info.obs_dim,
-                info.act_dim,
-                info.discrete,
-                cfg.policy,
-                cfg.learner.normalize_obs,
-                cfg.seed,
-            )
+            shape = (info.obs_dim, info.act_dim, info.discrete, *key)
+            kept = _kept_path(shape)
+            weights = _read_kept(kept)
+            if weights is None:
+                from policies.actor_critic import initial_state_arrays
+
+                weights = initial_state_arrays(
+                    info.obs_dim,
+                    info.act_dim,
+                    info.discrete,
+                    cfg.policy,
+                    cfg.learner.normalize_obs,
+                    cfg.seed,
+                )
+                _keep(kept, weights)
+            self._arrays[key] = weights
         return self._arrays[key]
 
     def for_local(self, cfg: Any) -> Weights | str | None:
@@ -95,3 +106,44 @@ def load(initial: Weights | str) -> Weights:
     except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile) as exc:
         raise ValueError(f"cannot read the initial weights {initial!r}: {exc}") from None
     return names, arrays
+
+
+def _kept_path(shape: tuple[Any, ...]) -> Path | None:
+    """Where the weights of ``shape`` (obs dim, act dim, discrete, policy, seed, normalisation)
+    are kept in the cache folder; None where it cannot be named (no home folder)."""
+    import hashlib
+    from importlib import metadata
+
+    from runtime.cache_dirs import cache_root, cpu_model
+
+    try:
+        torch_version = metadata.version("torch")
+        code = b"".join(
+            (Path(__file__).parents[1] / "policies" / name).read_bytes()
+            for name in ("actor_critic.py", "mlp.py")
+        )
+        root = cache_root()
+    except (metadata.PackageNotFoundError, OSError, RuntimeError):
+        return None
+    facts = repr((shape, torch_version, cpu_model())).encode()
+    digest = hashlib.sha256(facts + code).hexdigest()[:32]
+    return root / "initial-weights" / f"{digest}.npz"
+
+
+def _read_kept(path: Path | None) -> Weights | None:
+    if path is None or not path.is_file():
+        return None
+    try:
+        return load(str(path))
+    except ValueError:  # a torn or foreign file: built again, and kept anew
+        return None
+
+
+def _keep(path: Path | None, weights: Weights) -> None:
+    if path is None:
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save(path, weights)
+    except OSError:  # no room or no right to keep it: built again next time
+        return

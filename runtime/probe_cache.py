@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from runtime.atomic_file import replaced
-from runtime.cache_dirs import cache_root
+from runtime.cache_dirs import cache_root, cpu_model
 from runtime.probes import ProbeError, Probes, run_probes
 
 logger = logging.getLogger(__name__)
@@ -71,16 +71,6 @@ def _version(dist: str) -> str:
         return "-"
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def mask_cores() -> int:
     """Cores in this process's affinity mask (an actor on each for the loaded probe)."""
     try:
@@ -95,7 +85,7 @@ def machine_facts() -> dict[str, Any]:
 
     return {
         "host": platform.node(),
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "cores": os.cpu_count() or 1,
         "gpus": [g.name for g in list_gpus()],
         "python": sys.version.split()[0],
