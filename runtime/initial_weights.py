@@ -12,7 +12,7 @@ children start side by side while the runner goes on. The file is ``.npz``, read
 
 Building them imports torch (about 1.5 s of CPU), so they are also kept in the tool's cache
 folder (``runtime.cache_dirs``, ``initial-weights/``), by the workload's shapes, the policy,
-the seed, the torch version, the policy code's own bytes and the CPU: a later run of the same
+the seed, the torch version, the bytes of ``policies``' code and the CPU: a later run of the same
 policy and seed reads them there and its runner never imports torch.
 """
 
@@ -118,10 +118,8 @@ def _kept_path(shape: tuple[Any, ...]) -> Path | None:
 
     try:
         torch_version = metadata.version("torch")
-        code = b"".join(
-            (Path(__file__).parents[1] / "policies" / name).read_bytes()
-            for name in ("actor_critic.py", "mlp.py")
-        )
+        policies = Path(__file__).parents[1] / "policies"  # whatever builds or seeds a layer
+        code = b"".join(f.read_bytes() for f in sorted(policies.glob("*.py")))
         root = cache_root()
     except (metadata.PackageNotFoundError, OSError, RuntimeError):
         return None

@@ -217,13 +217,13 @@ def summary_table(result: dict[str, Any]) -> Table:
     if target is not None:
         best = "-" if target["best_return"] is None else f"{target['best_return']:.1f}"
         spent = target if target["reached"] else target.get("spent")
-        cost = (
-            ""
-            if spent is None
-            else (f"{spent['steps']:,} steps, {spent['seconds']:.1f} s, {spent['joules']:,.0f} J")
-        )
-        missed = f"not reached (best 100-episode mean {best})" + (f" after {cost}" if cost else "")
-        rows.append((f"to a return of {target['return']:g}", cost if target["reached"] else missed))
+        cost = ""
+        if spent:
+            cost = f"{spent['steps']:,} steps, {spent['seconds']:.1f} s, {spent['joules']:,.0f} J"
+        text = cost if target["reached"] else f"not reached (best 100-episode mean {best})"
+        if cost and not target["reached"]:
+            text += f" after {cost}"
+        rows.append((f"to a return of {target['return']:g}", text))
     noise = result.get("noise_scale") or {}
     if noise.get("samples") is not None:
         rows.append(
