@@ -2,7 +2,7 @@
 else ``$XDG_CACHE_HOME/autotune``, else ``~/.cache/autotune``. The probe results live in its
 ``probes`` folder (``runtime.probe_cache``), the learner's compiled loss kernels in its
 ``inductor`` folder (``policies.compiled_loss``), the installed EnvPool's ids in
-``envpool-ids.json`` (``runtime.env_backends``), version-0 weights in ``initial-weights``
+``envpool-ids.json`` (``runtime.envpool_index``), version-0 weights in ``initial-weights``
 (``runtime.initial_weights``)."""
 
 from __future__ import annotations

@@ -9,7 +9,8 @@
   gymnasium backend flattens the others: ``runtime.envs.flat_observations``), else gymnasium
   (an installed EnvPool that does not load is a warning, with its error). A custom env
   (``module:EnvId``, or an id the run's env modules register) always uses gymnasium. The ids
-  are read once from EnvPool and kept in the cache folder for that EnvPool (``IDS_FILE``).
+  are read once from EnvPool and kept in the cache folder for that EnvPool
+  (``runtime.envpool_index``), which also lets an actor import only its env's family.
 
 Both backends give an actor the same bookkeeping (``VecEnvs.step``): the observation to act on
 next (already reset where an episode ended), the reward, terminated and truncated flags, and the
@@ -23,13 +24,13 @@ from __future__ import annotations
 
 import difflib
 import functools
-import importlib.util
 import logging
 import os
 from dataclasses import dataclass
 
 import numpy as np
 
+from runtime.envpool_index import index
 from runtime.envs import EnvError, envpool_make, make_env
 
 logger = logging.getLogger(__name__)
@@ -41,81 +42,14 @@ INSTALL_HINT = "pip install 'rl-autotune[envpool]'"
 def envpool_ids() -> tuple[str, ...]:
     """The env ids the installed EnvPool has; empty when EnvPool is not installed or does not
     load (``envpool_problem`` says which)."""
-    return _envpool()[0]
+    return tuple(index()[0])
 
 
 def envpool_problem() -> str | None:
     """Why EnvPool cannot be used here, or None: ``not installed``, or the error of an
     installed EnvPool that does not load (a library of its own missing on this host, such as
     MuJoCo's ``libEGL.so.1``), which is logged once as a warning."""
-    return _envpool()[1]
-
-
-@functools.cache
-def _envpool() -> tuple[tuple[str, ...], str | None]:
-    spec = importlib.util.find_spec("envpool")
-    if spec is None:
-        return (), "not installed"
-    key = _ids_key(spec.origin)
-    known = _read_ids(key)  # importing EnvPool (every env family's) takes about a second
-    if known is not None:
-        return known, None
-    try:
-        import envpool
-    except ImportError as exc:
-        logger.warning("EnvPool is installed but does not load (%s): actors use gymnasium", exc)
-        return (), f"installed but does not load: {exc}"
-    ids = tuple(envpool.list_all_envs())
-    _write_ids(key, ids)
-    return ids, None
-
-
-IDS_FILE = "envpool-ids.json"
-"""The installed EnvPool's ids, in the tool's cache folder (``runtime.cache_dirs``), kept for
-the EnvPool it was read from (its version and where it is installed): a process that only asks
-which ids it has (a tuner's knob space, ``auto`` for an id it lacks) does not import it."""
-
-
-def _ids_key(origin: str | None) -> str:
-    from importlib import metadata
-
-    try:
-        version = metadata.version("envpool")
-    except metadata.PackageNotFoundError:
-        version = None
-    try:
-        stamp = os.stat(origin).st_mtime_ns if origin else None
-    except OSError:
-        stamp = None
-    return f"{version}|{origin}|{stamp}"
-
-
-def _read_ids(key: str) -> tuple[str, ...] | None:
-    import json
-
-    from runtime.cache_dirs import cache_root
-
-    try:
-        doc = json.loads((cache_root() / IDS_FILE).read_text())
-        ids = doc["ids"] if doc.get("key") == key else None
-        return tuple(str(i) for i in ids) if isinstance(ids, list) and ids else None
-    except (OSError, ValueError, TypeError, KeyError, RuntimeError):
-        return None  # none kept, another EnvPool's, or unreadable: EnvPool is asked
-
-
-def _write_ids(key: str, ids: tuple[str, ...]) -> None:
-    import json
-
-    from runtime.atomic_file import replaced
-    from runtime.cache_dirs import cache_root
-
-    try:
-        root = cache_root()
-        root.mkdir(parents=True, exist_ok=True)
-        with replaced(root / IDS_FILE, plain_mode=True) as f:
-            json.dump({"key": key, "ids": list(ids)}, f)
-    except (OSError, RuntimeError):  # no cache folder to keep it in: asked again next time
-        return
+    return index()[1]
 
 
 def is_custom(env_id: str) -> bool:

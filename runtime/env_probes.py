@@ -122,7 +122,7 @@ def _rounds_loaded(
     space = envs.action_space()
     low, high = (None, None) if discrete else (space.low, space.high)
     barrier.wait(timeout=120)
-    out = {}
+    out: dict[str, dict[int, float]] = {"cpu": {}, "wall": {}}
     for k in ROUND_ENVS:
         rounds, start, wall = 0, time.process_time(), time.perf_counter()
         while rounds < 5 or time.perf_counter() - wall < seconds / len(ROUND_ENVS):
@@ -130,7 +130,8 @@ def _rounds_loaded(
             act = act if discrete else np.clip(act, low, high)
             obs[:k] = envs.step(0, k, act).obs
             rounds += 1
-        out[k] = max(time.process_time() - start, 1e-9) / rounds
+        out["cpu"][k] = max(time.process_time() - start, 1e-9) / rounds
+        out["wall"][k] = max(time.perf_counter() - wall, 1e-9) / rounds
     results.put(out)
     envs.close()
 
@@ -147,6 +148,20 @@ def probe_rounds_loaded(
     count ``k``, with one such actor on each of ``procs`` cores at once, started together (the
     median over them). A MuJoCo step costs about 1.4x as much with every core of a 16-core host
     busy as alone; this times the forward under that load as well."""
+    return rounds_loaded_clocks(env_id, procs, sizes, discrete, seconds, backend)["cpu"]
+
+
+def rounds_loaded_clocks(
+    env_id: str,
+    procs: int,
+    sizes: list[int],
+    discrete: bool,
+    seconds: float = 2 * LOADED_S,
+    backend: str = "gymnasium",
+) -> dict[str, dict[int, float]]:
+    """``probe_rounds_loaded``'s rounds on both clocks: ``cpu`` (the process's CPU seconds per
+    round, EnvPool's worker threads included) and ``wall`` (seconds per round as they passed:
+    what an actor's output follows, waits of its own included)."""
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")  # no inherited NVML or torch state
@@ -170,4 +185,7 @@ def probe_rounds_loaded(
             w.join(timeout=5)
             if w.is_alive():
                 w.kill()
-    return {k: float(np.median([c[k] for c in costs])) for k in ROUND_ENVS}
+    return {
+        clock: {k: float(np.median([c[clock][k] for c in costs])) for k in ROUND_ENVS}
+        for clock in ("cpu", "wall")
+    }

@@ -142,9 +142,9 @@ def envpool_make(env_id: str, **kwargs) -> object:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*precision lowered.*")
         try:
-            import envpool  # its ids may come from the cache (``env_backends``): it may not load
+            from runtime.envpool_index import registration  # the ids may be kept: may not load
 
-            pool = envpool.make(env_id, env_type="gymnasium", **kwargs)
+            pool = registration(env_id).make(env_id, env_type="gymnasium", **kwargs)
             _ = pool.observation_space, pool.action_space  # built once, on first use
         except Exception as exc:  # a library it loads only now, a bad argument
             why = " ".join(str(exc).split())[:300]

@@ -5,12 +5,15 @@
         --raw-s 15 --train-s 60 --markdown out/backends/table.md --out out/backends
 
 Steps, per env: ``raw-<env>-<backend>`` (``bench/raw_env_rate.py``: every core, 16 envs per
-process, random actions) and ``train-<env>-<backend>`` (``autotune train --env-backend
-<backend>`` with ``auto`` sizing, ``--max-wall-s --train-s``, start-up included). A train step's
+process, random actions), ``probe-<env>-<backend>`` (the sizing probe's loaded actor rounds,
+``runtime.env_probes.probe_rounds_loaded``: an actor of 16 envs and the run's policy on every
+core at once, as steps/s of all of them by the wall clock; the CPU seconds beside) and
+``train-<env>-<backend>`` (``autotune train --env-backend <backend>`` with ``auto`` sizing,
+``--max-wall-s --train-s``, start-up included); ``--parts`` picks which. A train step's
 figures: its whole run (trained steps over the process's wall time) and its window (from
 ``--warmup-s`` after its first trained step to its last progress line), with the config its
-sizing chose. The limit of an env is the faster backend's raw rate. EnvPool steps are left out,
-saying so, where EnvPool is not installed or lacks the env.
+sizing chose. The limit of an env is the faster backend's raw rate. EnvPool steps are left
+out, saying so, where EnvPool is not installed or lacks the env.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from bench.train_run import add_train_steps_arg, check_train_steps
 NAME = "backends"
 HELP = "the raw-stepping limit and autotune train on each env backend (gymnasium, EnvPool)"
 BACKENDS = ("gymnasium", "envpool")
+PARTS = ("raw", "probe", "train")
 
 
 def add_args(ap: argparse.ArgumentParser) -> None:
@@ -37,6 +41,7 @@ def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--warmup-s", type=float, default=10.0, help="left out of a train window")
     ap.add_argument("--processes", type=int, default=0, help="raw: processes (0: every core)")
     ap.add_argument("--markdown", default=None, metavar="FILE", help="the table, as markdown")
+    ap.add_argument("--parts", default=",".join(PARTS), help=f"of {', '.join(PARTS)}")
 
 
 def check(ap: argparse.ArgumentParser, a: argparse.Namespace) -> None:
@@ -47,6 +52,10 @@ def check(ap: argparse.ArgumentParser, a: argparse.Namespace) -> None:
     bad = [b for b in a.backend_list if b not in BACKENDS]
     if bad or not a.backend_list:
         ap.error(f"--backends: unknown {bad or 'nothing given'}; allowed {', '.join(BACKENDS)}")
+    a.part_list = [p.strip() for p in a.parts.split(",") if p.strip()]
+    bad = [p for p in a.part_list if p not in PARTS]
+    if bad or not a.part_list:
+        ap.error(f"--parts: unknown {bad or 'nothing given'}; allowed {', '.join(PARTS)}")
     if not (a.raw_s > 0 and a.train_s > 0 and a.warmup_s >= 0 and a.processes >= 0):
         ap.error("--raw-s and --train-s must be > 0, --warmup-s and --processes >= 0")
     check_train_steps(ap, a)
@@ -72,6 +81,26 @@ def raw(a: argparse.Namespace, env: str, backend: str) -> dict:
     return {"processes": procs, "envs_per_process": 16, "steps_per_s": rate}
 
 
+def probe(a: argparse.Namespace, env: str, backend: str) -> dict:
+    from policies.mlp import parse_spec
+    from runtime.env_probes import ROUND_ENVS, rounds_loaded_clocks
+    from runtime.envs import probe_env
+
+    if why := _has(env, backend):
+        return {"skipped": why}
+    procs = a.processes or os.cpu_count() or 1
+    info = probe_env(env, backend)
+    sizes = parse_spec(a.policy, info.obs_dim, info.act_dim)
+    rounds = rounds_loaded_clocks(env, procs, sizes, info.discrete, backend=backend)
+    k = max(ROUND_ENVS)
+    return {
+        "processes": procs,
+        "round_s": rounds,  # by clock (cpu, wall), by env count
+        "steps_per_s": procs * k / rounds["wall"][k],
+        "steps_per_cpu_s": k / rounds["cpu"][k],
+    }
+
+
 def train(a: argparse.Namespace, env: str, backend: str) -> dict:
     from bench.train_run import train_run
 
@@ -89,9 +118,10 @@ def _fmt(x: float | None, digits: int = 0) -> str:
 
 def table(results: dict) -> str:
     rows = [
-        "| env | raw gymnasium | raw EnvPool | limit | train gymnasium: window (whole) | "
-        "train EnvPool: window (whole) | EnvPool train / its raw | EnvPool / gymnasium train |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| env | raw gymnasium | raw EnvPool | limit | loaded probe gymnasium | loaded probe "
+        "EnvPool | train gymnasium: window (whole) | train EnvPool: window (whole) | "
+        "EnvPool train / its raw | EnvPool / gymnasium train |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     envs = dict.fromkeys(k.split("-", 1)[1].rsplit("-", 1)[0] for k in results)
     for env in envs:
@@ -121,22 +151,23 @@ def table(results: dict) -> str:
             if "window_steps_per_s" in te and "window_steps_per_s" in tg
             else ""
         )
-        raw_cells = [_fmt(r.get("steps_per_s")) or r.get("skipped", "") for r in (rg, re_)]
+        pg, pe = results.get(f"probe-{env}-gymnasium", {}), results.get(f"probe-{env}-envpool", {})
+        raw_cells = [_fmt(r.get("steps_per_s")) or r.get("skipped", "") for r in (rg, re_, pg, pe)]
         rows.append(
-            f"| {env} | {raw_cells[0]} | {raw_cells[1]} | {_fmt(limit)} | {cell(tg)} | "
-            f"{cell(te)} | {own} | {gain} |"
+            f"| {env} | {raw_cells[0]} | {raw_cells[1]} | {_fmt(limit)} | {raw_cells[2]} | "
+            f"{raw_cells[3]} | {cell(tg)} | {cell(te)} | {own} | {gain} |"
         )
     return "\n".join(rows) + "\n"
 
 
 def plan(a: argparse.Namespace):
+    run = {"raw": (raw, a.raw_s + 25), "probe": (probe, 30.0), "train": (train, a.train_s + 45)}
     steps = []
     for env in a.env_list:
-        for b in a.backend_list:
-            steps.append(Step(f"raw-{env}-{b}", lambda e=env, b=b: raw(a, e, b), a.raw_s + 25))
-        for b in a.backend_list:
-            steps.append(
-                Step(f"train-{env}-{b}", lambda e=env, b=b: train(a, e, b), a.train_s + 45)
-            )
-
+        for part in (p for p in PARTS if p in a.part_list):
+            fn, limit_s = run[part]
+            for b in a.backend_list:
+                steps.append(
+                    Step(f"{part}-{env}-{b}", lambda f=fn, e=env, b=b: f(a, e, b), limit_s)
+                )
     return steps, print_table(table, a.markdown)

@@ -246,11 +246,14 @@ def test_backends_suite_measures_raw_stepping_and_a_sized_run_on_envpool(tmp_pat
         str(tmp_path / "t.md"),
     )
     assert results["raw-CartPole-v1-envpool"]["steps_per_s"] > 0
+    probed = results["probe-CartPole-v1-envpool"]  # the sizing probe's loaded rounds
+    assert probed["processes"] == 2 and probed["steps_per_s"] > 0
     run_doc = results["train-CartPole-v1-envpool"]
     assert run_doc["env_backend"] == "envpool" and run_doc["lost_steps"] == 0
     assert run_doc["window_steps_per_s"] > 0 and run_doc["config"]["actors"] >= 1
     table = (tmp_path / "t.md").read_text()
     assert "| CartPole-v1 |" in table and "EnvPool train / its raw" in table
+    assert "loaded probe EnvPool" in table
 
 
 def test_transport_suite_runs_one_config_on_ipc_and_on_tcp_with_curve(tmp_path):

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from runtime import env_backends
+from runtime import envpool_index
 from runtime.env_backends import envpool_problem, resolve_backend
 from runtime.envs import EnvError
 
@@ -25,9 +25,9 @@ def broken_envpool(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     for name in [m for m in sys.modules if m == "envpool" or m.startswith("envpool.")]:
         monkeypatch.delitem(sys.modules, name)
-    env_backends._envpool.cache_clear()
+    envpool_index.index.cache_clear()
     yield
-    env_backends._envpool.cache_clear()
+    envpool_index.index.cache_clear()
 
 
 def test_an_explicit_envpool_backend_is_refused_with_the_load_error(broken_envpool):
@@ -68,8 +68,32 @@ def test_the_ids_are_kept_for_the_installed_envpool_and_read_back_without_import
     first = run()
     assert int(first[0]) > 100 and first[1] == "True"  # asked of EnvPool, and kept
     assert run() == [first[0], "False"]  # read back: EnvPool not imported
-    kept = tmp_path / env_backends.IDS_FILE
+    kept = tmp_path / envpool_index.IDS_FILE
     doc = json.loads(kept.read_text())
-    kept.write_text(json.dumps({"key": "0.0|elsewhere|0", "ids": ["Made-up-v0"]}))
+    kept.write_text(json.dumps({"key": "0.0|elsewhere|0", "families": {"x": ["Made-up-v0"]}}))
     assert run() == [first[0], "True"]  # another EnvPool's: asked again
     assert json.loads(kept.read_text()) == doc
+
+
+def test_an_actor_imports_only_its_envs_family_and_the_package_is_whole_when_asked(tmp_path):
+    """An EnvPool env is made with only its family's registration imported (``import envpool``
+    imports every family, jumanji's renderer and matplotlib among them); the package is whole
+    again for code that asks it for anything else."""
+    import os
+    import subprocess
+
+    pytest.importorskip("envpool")
+    env = {**os.environ, "AUTOTUNE_CACHE_DIR": str(tmp_path)}
+    ask = (
+        "import sys; from runtime.env_backends import envpool_ids; from runtime.envs import "
+        "envpool_make; envpool_ids(); p = envpool_make('CartPole-v1', num_envs=2); "
+        "print(p.reset()[0].shape[0], 'envpool.jumanji' in sys.modules, "
+        "'matplotlib' in sys.modules); import envpool; "
+        "print(len(envpool.list_all_envs()) == len(envpool_ids()), "
+        "'envpool.jumanji' in sys.modules)"
+    )
+    for kept in (False, True):  # asked of EnvPool (imported whole), then read back
+        out = subprocess.run(
+            [sys.executable, "-c", ask], capture_output=True, text=True, env=env, check=True
+        ).stdout.split()
+        assert out == ["2", str(not kept), str(not kept), "True", "True"], out
