@@ -105,8 +105,10 @@ def entry_path(
     learner: dict[str, Any],
     devices: list[str],
     backend: str = "gymnasium",
+    also: tuple[str, ...] = (),
 ) -> Path | None:
-    """The cache file of a workload's probes on this machine; None for a custom env."""
+    """The cache file of a workload's probes on this machine (``also``: the backends its env
+    is timed on as well); None for a custom env."""
     from runtime.env_backends import is_custom
 
     if is_custom(env_id):
@@ -123,6 +125,8 @@ def entry_path(
     }
     if backend != "gymnasium":  # gymnasium's entries keep the key they had
         spec["env_backend"] = backend
+    if also:
+        spec["also_backends"] = sorted(also)
     return cache_dir() / f"{cache_key(spec, machine_facts())}.json"
 
 
@@ -135,15 +139,17 @@ def probes(
     refresh: bool = False,
     backend: str = "gymnasium",
     on_gpu_learner: Callable[[], None] | None = None,
+    also: tuple[str, ...] = (),
 ) -> Probes:
     """The workload's probes: from the cache when a valid entry exists, else measured now
-    (``runtime.probes.run_probes``, ``on_gpu_learner`` called as it times the GPU learner) and
-    stored; while another run measures them, its result.
+    (``runtime.probes.run_probes``, ``on_gpu_learner`` called as it times the GPU learner,
+    the env timed on the backends ``also`` names as well) and stored; while another run
+    measures them, its result.
 
     Raises:
         ProbeError: the workload could not be probed.
     """
-    path = entry_path(env_id, policy, rollout_len, learner, devices, backend)
+    path = entry_path(env_id, policy, rollout_len, learner, devices, backend, also)
     if path is not None and not refresh:
         hit = _read(path)
         if hit is not None:
@@ -162,6 +168,7 @@ def probes(
             procs=mask_cores(),
             backend=backend,
             on_gpu_learner=on_gpu_learner,
+            also=also,
         )
         if path is not None:
             _write(path, measured)

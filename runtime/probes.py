@@ -20,10 +20,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
 from typing import Any
-
-import numpy as np
 
 from policies.appo_config import APPOConfig
 from policies.mlp import parse_spec
@@ -40,6 +37,7 @@ from runtime.envs import EnvInfo, probe_env
 from runtime.learner_probe import GROUP_LEARNER, make_learner, synthetic_batch
 from runtime.power_probe import Reading, busy_watts, gpu_meter
 from runtime.probe_child import GPU_LEARNER_MARK, run_child
+from runtime.probe_results import LearnerCost, Probes
 
 LEARNER_BATCHES = (1024, 4096, 16384)
 """Batch sizes the learner update is timed at (its fixed and per-sample cost), each at least
@@ -51,116 +49,6 @@ DOMINATED = 4.0
 """A device whose update at the smallest batch is over ``LEARNER_STOP_S`` and this many times
 slower than a device already probed is measured at that one size only (its line goes through
 the origin): it cannot keep up, and a big policy's CPU update takes seconds per size."""
-
-
-@dataclass(frozen=True)
-class LearnerCost:
-    """Seconds per learner update (every epoch and minibatch) at each probed batch size."""
-
-    device: str
-    seconds: dict[int, float]
-
-    def fit(self) -> tuple[float, float]:
-        """(fixed seconds per update, seconds per sample)."""
-        return _line(self.seconds, min_slope=1e-12)
-
-
-@dataclass(frozen=True)
-class Probes:
-    """What the probes measured (see the module docstring)."""
-
-    env: str
-    policy: str
-    env_step_s: float
-    """CPU seconds per env step (random actions), one thread, the machine otherwise idle."""
-    forward_s: dict[int, float]
-    """Seconds per policy forward on one core, by env count."""
-    learners: dict[str, LearnerCost] = field(default_factory=dict)
-    sms: list[int] = field(default_factory=list)
-    """SMs per CUDA GPU (empty without one)."""
-    probe_s: float = 0.0
-    """Wall seconds the probes took, child start-up included."""
-    measured_at: float = 0.0
-    """Unix time the probes ran."""
-    cached: bool = False
-    """Read back from the probe cache (``runtime.probe_cache``), not measured now."""
-    gpu_power: dict[str, float] = field(default_factory=dict)
-    """The probed GPU's watts (NVML; ``runtime.hw.gpus.nvml_index``) with no context
-    (``idle_w``), with the learner's context open and nothing running (``context_w``), and
-    with the learner updating back to back (``busy_w``); empty without a GPU NVML reads."""
-    round_loaded_s: dict[int, float] = field(default_factory=dict)
-    """CPU seconds per actor round (``k`` envs stepped, one forward of the policy) by ``k``, with
-    one such actor on every usable core at once (shared caches, memory bandwidth, the clock
-    under load): what an actor pays in a full run. Empty where it was not measured."""
-    stage_s: dict[str, float] = field(default_factory=dict)
-    """Wall seconds each probe took (``env``: the env made, its backend imported and one step
-    timed; ``env_loaded``, ``torch``, ``forward``,
-    ``learner_<device>``, ``gpu_power``): where a first run's start-up goes. Parts of one,
-    not added to the sum: ``learner_cuda.build`` (the learner made, its CUDA context opened)
-    and ``learner_cuda.first`` (each size's first update: a compile, a graph's capture)."""
-
-    def load_factor(self) -> float:
-        """How much slower an actor's per-env work (an env step and its share of the forward)
-        runs with every core busy than alone (at least 1)."""
-        per_env = self.loaded_round_fit()[1]
-        if per_env <= 0.0:
-            return 1.0
-        return max(per_env / (self.env_step_s + self.forward_fit()[1]), 1.0)
-
-    def forward_fit(self) -> tuple[float, float]:
-        """(fixed seconds per forward, seconds per env)."""
-        return _line(self.forward_s)
-
-    def loaded_round_fit(self) -> tuple[float, float]:
-        """(fixed seconds per actor round, seconds per env) with every core busy; (0, 0) where
-        not measured."""
-        return _line(self.round_loaded_s) if self.round_loaded_s else (0.0, 0.0)
-
-    def to_dict(self) -> dict[str, Any]:
-        doc = asdict(self)
-        doc["learners"] = {
-            d: {"seconds": {str(b): s for b, s in c.seconds.items()}}
-            for d, c in self.learners.items()
-        }
-        doc["forward_s"] = {str(k): v for k, v in self.forward_s.items()}
-        doc["round_loaded_s"] = {str(k): v for k, v in self.round_loaded_s.items()}
-        return doc
-
-    @classmethod
-    def from_dict(cls, doc: dict[str, Any]) -> Probes:
-        """Raises ``ProbeError`` for a malformed document."""
-        try:
-            learners = {
-                d: LearnerCost(d, {int(b): float(s) for b, s in c["seconds"].items()})
-                for d, c in doc.get("learners", {}).items()
-            }
-            return cls(
-                str(doc["env"]),
-                str(doc["policy"]),
-                float(doc["env_step_s"]),
-                {int(k): float(v) for k, v in doc["forward_s"].items()},
-                learners,
-                [int(s) for s in doc.get("sms", [])],
-                float(doc.get("probe_s", 0.0)),
-                float(doc.get("measured_at", 0.0)),
-                bool(doc.get("cached", False)),
-                {str(k): float(v) for k, v in doc.get("gpu_power", {}).items()},
-                {int(k): float(v) for k, v in doc.get("round_loaded_s", {}).items()},
-                {str(k): float(v) for k, v in doc.get("stage_s", {}).items()},
-            )
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise ProbeError(f"malformed probe results: {exc}") from None
-
-
-def _line(points: dict[int, float], min_slope: float = 0.0) -> tuple[float, float]:
-    """(intercept, slope) of the least-squares line through ``size -> seconds``, both >= 0;
-    through the origin for a single point."""
-    xs = np.array(sorted(points), float)
-    ys = np.array([points[int(x)] for x in xs])
-    if len(xs) < 2:
-        return 0.0, max(float(ys[0] / xs[0]), min_slope)
-    slope, icpt = np.polyfit(xs, ys, 1)
-    return max(float(icpt), 0.0), max(float(slope), min_slope)
 
 
 def learner_batches(minibatches: int, rollout_len: int) -> list[int]:
@@ -236,10 +124,12 @@ def measure(
     procs: int = 1,
     backend: str = "gymnasium",
     say_gpu_learner: bool = False,
+    also: tuple[str, ...] = (),
 ) -> Probes:
     """Every probe, in this process (``run_probes`` runs them in a child); the env steps on
-    ``backend`` (``runtime.env_backends``, resolved); ``say_gpu_learner``: say on stderr when
-    the GPU learner's timing begins (``runtime.probe_child.GPU_LEARNER_MARK``)."""
+    ``backend`` (``runtime.env_backends``, resolved), and its step and loaded rounds are timed
+    on the backends ``also`` names as well; ``say_gpu_learner``: say on stderr when the GPU
+    learner's timing begins (``runtime.probe_child.GPU_LEARNER_MARK``)."""
     start = time.perf_counter()
     stage_s: dict[str, float] = {}
     mark = [start]
@@ -261,6 +151,8 @@ def measure(
     sizes = parse_spec(policy, info.obs_dim, info.act_dim)
     loaded = probe_rounds_loaded(env_id, procs, sizes, info.discrete, backend=backend)
     took("env_loaded")
+    others = {b: other_backend(env_id, b, info, procs, sizes) for b in also if b != backend}
+    took("env_other_backends")
     power: dict[str, float] = {}
     if idle is not None:
         power["idle_w"] = idle.watts()
@@ -315,7 +207,28 @@ def measure(
         gpu_power=power if len(power) == 3 else {},
         round_loaded_s=loaded,
         stage_s={k: round(v, 3) for k, v in stage_s.items()},
+        backend=backend,
+        other_backends={b: o for b, o in others.items() if o is not None},
     )
+
+
+def other_backend(
+    env_id: str, backend: str, info: EnvInfo, procs: int, sizes: list[int]
+) -> dict[str, Any] | None:
+    """``env_id``'s step and loaded rounds on ``backend`` as well (``Probes.other_backends``);
+    None where that backend's env has other spaces than ``info`` (the run's policy would not
+    fit it)."""
+    there = probe_env(env_id, backend)
+    if (there.obs_dim, there.act_dim, there.discrete) != (
+        info.obs_dim,
+        info.act_dim,
+        info.discrete,
+    ):
+        return None
+    return {
+        "env_step_s": probe_env_step(env_id, backend=backend),
+        "round_loaded_s": probe_rounds_loaded(env_id, procs, sizes, info.discrete, backend=backend),
+    }
 
 
 def run_probes(
@@ -328,9 +241,10 @@ def run_probes(
     timeout_s: float = 300.0,
     backend: str = "gymnasium",
     on_gpu_learner: Callable[[], None] | None = None,
+    also: tuple[str, ...] = (),
 ) -> Probes:
-    """Every probe in a child process (see the module docstring); ``on_gpu_learner`` is called
-    as the GPU learner's timing begins (``runtime.probe_child``).
+    """Every probe in a child process (see the module docstring; ``also``: as ``measure``'s);
+    ``on_gpu_learner`` is called as the GPU learner's timing begins (``runtime.probe_child``).
 
     Raises:
         ProbeError: the child failed or timed out; its last error line is in the message.
@@ -343,6 +257,7 @@ def run_probes(
         "devices": devices,
         "procs": procs,
         "backend": backend,
+        "also": list(also),
     }
     cmd = [sys.executable, "-m", "runtime.probes", json.dumps(args)]
     start = time.perf_counter()
@@ -377,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
             int(spec.get("procs", 1)),
             spec.get("backend", "gymnasium"),
             say_gpu_learner=True,
+            also=tuple(spec.get("also", ())),
         )
     except Exception as exc:  # reported to the parent as the last stderr line
         print(f"{type(exc).__name__}: {exc}", file=sys.stderr)

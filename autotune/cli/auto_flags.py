@@ -119,6 +119,15 @@ def size_run_config(console: Console, cfg: TrainConfig, auto: set[str], args: ar
         + f" (predicted {pr['steps_per_s']:,.0f} steps/s, {pr['steps_per_joule']:.1f} steps/J, "
         f"lag {pr['policy_lag']:.1f})"
     )
+    backends = doc["env_backend"]["predicted"]
+    if len(backends) > 1:  # ``auto`` could step either: sized on both
+        key = "steps_per_s" if objective == "steps_per_s" else "steps_per_joule"
+        chosen = doc["env_backend"]["chosen"]
+        console.print(
+            f"  env backend: {chosen}, sized on each: "
+            + ", ".join(f"{b} {backends[b][key]:,.1f}" for b in sorted(backends))
+            + f" predicted {key.replace('_per_', '/').replace('joule', 'J')}"
+        )
     learners = ", ".join(
         f"{d} {min(c['seconds'].values()) * 1e3:.1f} ms/update" for d, c in p["learners"].items()
     )

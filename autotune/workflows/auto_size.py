@@ -9,6 +9,7 @@ rules, and every measurement they came from; ``train`` prints them at start.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from collections.abc import Callable
@@ -135,6 +136,7 @@ def size_config(
         devices = list((allowed or {}).get("trainer_device", ("cpu", "cuda")))
     else:
         devices = [cfg.trainer_device]
+    backend = cfg.resolved_backend()
     probes = probe_cache.probes(
         cfg.env,
         cfg.policy,
@@ -142,29 +144,40 @@ def size_config(
         cfg.learner.to_dict(),
         devices,
         reprobe,
-        backend=cfg.resolved_backend(),
+        backend=backend,
         on_gpu_learner=on_gpu_learner,
+        also=("gymnasium",) if cfg.env_backend == "auto" and backend == "envpool" else (),
     )
-    model, hardware = machine_model(cfg, probes, cores)
     fixed = {f: _knob(cfg, f) for f in AUTO_FIELDS if f not in auto}
     if fixed.get("trainer_device") == "auto":
         fixed.pop("trainer_device")
-    charged = (
-        model if not shares else charged_share(model, shares["gpu_share"], shares["cpu_share"])
-    )
-    sizing: Sizing = size_run(
-        charged,
-        len(probes.sms),
-        fixed,
-        cfg.learner.minibatches,
-        objective=objective,
-        steps=cfg.steps,
-        allowed=allowed,
-    )
+
+    def sized_on(on: Probes) -> tuple[Probes, MachineModel, dict, Sizing]:
+        model, hardware = machine_model(cfg, on, cores)
+        charged = (
+            model if not shares else charged_share(model, shares["gpu_share"], shares["cpu_share"])
+        )
+        sizing = size_run(
+            charged,
+            len(on.sms),
+            fixed,
+            cfg.learner.minibatches,
+            objective=objective,
+            steps=cfg.steps,
+            allowed=allowed,
+        )
+        return on, model, hardware, sizing
+
+    by_backend = {backend: sized_on(probes)}
+    for other in probes.other_backends:
+        with contextlib.suppress(ValueError):  # no config fits there: the resolved one stands
+            by_backend[other] = sized_on(probes.on_backend(other))
+    chosen = pick_backend(backend, {b: r[3].predicted for b, r in by_backend.items()}, objective)
+    probes, model, hardware, sizing = by_backend[chosen]
     changes = {f: to_config_value(f, v) for f, v in sizing.values.items() if f in auto}
     if changes.get("trainer_device") == "cpu":
         changes["mps_pct"] = None
-    sized = dataclasses.replace(cfg, **changes)
+    sized = dataclasses.replace(cfg, **changes, env_backend=chosen)
     doc = {
         "auto": sorted(auto),
         "chosen": {  # a CPU trainer has no MPS share: none is said to be chosen
@@ -177,8 +190,27 @@ def size_config(
         "machine": hardware,
         "model": dataclasses.asdict(model),
         "energy_shares": shares,
+        "env_backend": {
+            "chosen": chosen,
+            "predicted": {b: r[3].predicted for b, r in by_backend.items()},
+        },
     }
     return sized, doc
+
+
+BACKEND_MARGIN = 1.05
+"""Where ``auto`` could run either backend, the other is chosen over the one
+``runtime.env_backends`` resolved (EnvPool) only when the sizing predicts it this much better:
+the probes' loaded rounds vary by a few percent from one measure to the next."""
+
+
+def pick_backend(resolved: str, predicted: dict[str, dict[str, float]], objective: str) -> str:
+    """The env backend a sized run steps on: ``resolved``, or another of ``predicted`` (the
+    sizing's prediction on each) predicted over ``BACKEND_MARGIN`` times better at
+    ``objective`` (steps/s, else steps/J)."""
+    key = "steps_per_s" if objective == "steps_per_s" else "steps_per_joule"
+    best = max(predicted, key=lambda b: predicted[b][key])
+    return best if predicted[best][key] > BACKEND_MARGIN * predicted[resolved][key] else resolved
 
 
 def _knob(cfg: TrainConfig, name: str) -> Any:

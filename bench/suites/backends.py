@@ -27,13 +27,14 @@ from bench.train_run import add_train_steps_arg, check_train_steps
 
 NAME = "backends"
 HELP = "the raw-stepping limit and autotune train on each env backend (gymnasium, EnvPool)"
-BACKENDS = ("gymnasium", "envpool")
+BACKENDS = ("gymnasium", "envpool", "auto")
+"""``auto``: train steps only, each run's sizing choosing (``--env-backend auto``)."""
 PARTS = ("raw", "probe", "train")
 
 
 def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--envs", default="Ant-v5,HalfCheetah-v5,Humanoid-v5,Hopper-v5")
-    ap.add_argument("--backends", default=",".join(BACKENDS), help="of gymnasium, envpool")
+    ap.add_argument("--backends", default="gymnasium,envpool", help="of gymnasium, envpool, auto")
     ap.add_argument("--policy", default="auto:256:128:64:auto", help="every train step's MLP")
     ap.add_argument("--raw-s", type=float, default=15.0, help="seconds of raw stepping")
     ap.add_argument("--train-s", type=float, default=60.0, help="wall budget of a train step")
@@ -63,7 +64,7 @@ def check(ap: argparse.ArgumentParser, a: argparse.Namespace) -> None:
 
 def _has(env: str, backend: str) -> str | None:
     """Why ``backend`` cannot step ``env`` here, or None."""
-    if backend == "gymnasium":
+    if backend in ("gymnasium", "auto"):
         return None
     from runtime.env_backends import envpool_ids
 
@@ -71,10 +72,14 @@ def _has(env: str, backend: str) -> str | None:
     return None if env in ids else ("EnvPool is not installed" if not ids else "not in EnvPool")
 
 
+def _chosen_per_run(backend: str) -> str | None:
+    return "auto: each run's sizing chooses" if backend == "auto" else None
+
+
 def raw(a: argparse.Namespace, env: str, backend: str) -> dict:
     from bench.raw_env_rate import raw_step_rate
 
-    if why := _has(env, backend):
+    if why := _has(env, backend) or _chosen_per_run(backend):
         return {"skipped": why}
     procs = a.processes or os.cpu_count() or 1
     rate = raw_step_rate(env, procs, 16, a.raw_s, None, backend)
@@ -86,7 +91,7 @@ def probe(a: argparse.Namespace, env: str, backend: str) -> dict:
     from runtime.env_probes import ROUND_ENVS, rounds_loaded_clocks
     from runtime.envs import probe_env
 
-    if why := _has(env, backend):
+    if why := _has(env, backend) or _chosen_per_run(backend):
         return {"skipped": why}
     procs = a.processes or os.cpu_count() or 1
     info = probe_env(env, backend)
@@ -116,6 +121,17 @@ def _fmt(x: float | None, digits: int = 0) -> str:
     return "" if x is None else f"{x:,.{digits}f}"
 
 
+def _cell(t: dict) -> str:
+    if "window_steps_per_s" not in t:
+        return t.get("skipped", "failed" if t else "")
+    c = t.get("config") or {}
+    knobs = f"{c.get('actors')}x{c.get('envs_per_actor')}, b{c.get('batch_size')}"
+    return (
+        f"{_fmt(t['window_steps_per_s'])} ({_fmt(t['whole_steps_per_s'])}; {knobs}, "
+        f"{c.get('trainer_device')})"
+    )
+
+
 def table(results: dict) -> str:
     rows = [
         "| env | raw gymnasium | raw EnvPool | limit | loaded probe gymnasium | loaded probe "
@@ -128,16 +144,6 @@ def table(results: dict) -> str:
         rg, re_ = results.get(f"raw-{env}-gymnasium", {}), results.get(f"raw-{env}-envpool", {})
         tg, te = results.get(f"train-{env}-gymnasium", {}), results.get(f"train-{env}-envpool", {})
         limit = max([r["steps_per_s"] for r in (rg, re_) if "steps_per_s" in r], default=None)
-
-        def cell(t: dict) -> str:
-            if "window_steps_per_s" not in t:
-                return t.get("skipped", "failed" if t else "")
-            c = t.get("config") or {}
-            knobs = f"{c.get('actors')}x{c.get('envs_per_actor')}, b{c.get('batch_size')}"
-            return (
-                f"{_fmt(t['window_steps_per_s'])} ({_fmt(t['whole_steps_per_s'])}; {knobs}, "
-                f"{c.get('trainer_device')})"
-            )
 
         own = (
             f"{te['window_steps_per_s'] / re_['steps_per_s']:.2f} "
@@ -155,9 +161,16 @@ def table(results: dict) -> str:
         raw_cells = [_fmt(r.get("steps_per_s")) or r.get("skipped", "") for r in (rg, re_, pg, pe)]
         rows.append(
             f"| {env} | {raw_cells[0]} | {raw_cells[1]} | {_fmt(limit)} | {raw_cells[2]} | "
-            f"{raw_cells[3]} | {cell(tg)} | {cell(te)} | {own} | {gain} |"
+            f"{raw_cells[3]} | {_cell(tg)} | {_cell(te)} | {own} | {gain} |"
         )
-    return "\n".join(rows) + "\n"
+    chose = [
+        f"| {env} | {t.get('env_backend')} | {_cell(t)} |"
+        for env in envs
+        if "window_steps_per_s" in (t := results.get(f"train-{env}-auto", {}))
+    ]
+    if chose:
+        rows += ["", "| env | auto: the backend sizing chose | window (whole) |", "|---|---|---:|"]
+    return "\n".join(rows + chose) + "\n"
 
 
 def plan(a: argparse.Namespace):

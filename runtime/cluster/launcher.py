@@ -207,7 +207,7 @@ class RemoteLauncher:
         """Ends the connection (and a local cluster); returns the per-node energy document
         (``NodeEnergy.doc``) after a last reading."""
         try:
-            self.energy.final()
+            self.energy.final(self.cluster.nodes)
             ran = collections.Counter(p.node_id for p in self.placed if p.started())
             doc = self.energy.doc(dict(ran))
             stepped = self.stepped_by_node()

@@ -138,8 +138,12 @@ class NodeEnergy:
                 except ray.exceptions.RayError:  # the node went away: its last reading stands
                     self.info[node_id].setdefault("lost_at", time.time())
 
-    def final(self, timeout_s: float = 10.0) -> None:
-        """Reads every live meter once more (waiting up to ``timeout_s``)."""
+    def final(self, nodes: Any = None, timeout_s: float = 10.0) -> None:
+        """Reads every live meter once more (waiting up to ``timeout_s``); ``nodes`` (called
+        for the live nodes) watches a node that joined since the last read first, so one that
+        joined within ``READ_EVERY_S`` of the end is in the document too."""
+        if nodes is not None:
+            self.watch(nodes())
         for node_id, meter in self.meters.items():
             if node_id not in self._pending and self.info[node_id].get("lost_at") is None:
                 self._pending[node_id] = meter.read.remote()
