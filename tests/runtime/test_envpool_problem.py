@@ -36,7 +36,7 @@ def test_an_explicit_envpool_backend_is_refused_with_the_load_error(broken_envpo
 
 
 def test_auto_runs_gymnasium_and_warns_with_the_load_error(broken_envpool, caplog):
-    with caplog.at_level(logging.WARNING, logger="runtime.env_backends"):
+    with caplog.at_level(logging.WARNING, logger="runtime.envpool_index"):
         assert resolve_backend("CartPole-v1", "auto") == "gymnasium"
     assert envpool_problem() == f"installed but does not load: {LOAD_ERROR}"
     assert [r.getMessage() for r in caplog.records] == [
