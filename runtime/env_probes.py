@@ -143,25 +143,13 @@ def probe_rounds_loaded(
     discrete: bool,
     seconds: float = 2 * LOADED_S,
     backend: str = "gymnasium",
-) -> dict[int, float]:
-    """CPU seconds per actor round (``k`` envs stepped, one forward of the run's policy) by env
-    count ``k``, with one such actor on each of ``procs`` cores at once, started together (the
-    median over them). A MuJoCo step costs about 1.4x as much with every core of a 16-core host
-    busy as alone; this times the forward under that load as well."""
-    return rounds_loaded_clocks(env_id, procs, sizes, discrete, seconds, backend)["cpu"]
-
-
-def rounds_loaded_clocks(
-    env_id: str,
-    procs: int,
-    sizes: list[int],
-    discrete: bool,
-    seconds: float = 2 * LOADED_S,
-    backend: str = "gymnasium",
 ) -> dict[str, dict[int, float]]:
-    """``probe_rounds_loaded``'s rounds on both clocks: ``cpu`` (the process's CPU seconds per
-    round, EnvPool's worker threads included) and ``wall`` (seconds per round as they passed:
-    what an actor's output follows, waits of its own included)."""
+    """Seconds per actor round (``k`` envs stepped, one forward of the run's policy) by env
+    count ``k``, with one such actor on each of ``procs`` cores at once, started together (the
+    median over them), on two clocks: ``cpu`` (the process's CPU seconds, EnvPool's worker
+    threads included: what sizing builds on) and ``wall`` (as they passed: what an actor's
+    output follows, waits of its own included). A MuJoCo step costs about 1.4x as much with
+    every core of a 16-core host busy as alone; this times the forward under that load as well."""
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")  # no inherited NVML or torch state

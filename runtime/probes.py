@@ -149,7 +149,7 @@ def measure(
     step = probe_env_step(env_id, backend=backend)
     took("env")
     sizes = parse_spec(policy, info.obs_dim, info.act_dim)
-    loaded = probe_rounds_loaded(env_id, procs, sizes, info.discrete, backend=backend)
+    loaded = probe_rounds_loaded(env_id, procs, sizes, info.discrete, backend=backend)["cpu"]
     took("env_loaded")
     others = {b: other_backend(env_id, b, info, procs, sizes) for b in also if b != backend}
     took("env_other_backends")
@@ -227,7 +227,9 @@ def other_backend(
         return None
     return {
         "env_step_s": probe_env_step(env_id, backend=backend),
-        "round_loaded_s": probe_rounds_loaded(env_id, procs, sizes, info.discrete, backend=backend),
+        "round_loaded_s": probe_rounds_loaded(env_id, procs, sizes, info.discrete, backend=backend)[
+            "cpu"
+        ],
     }
 
 

@@ -88,7 +88,7 @@ def raw(a: argparse.Namespace, env: str, backend: str) -> dict:
 
 def probe(a: argparse.Namespace, env: str, backend: str) -> dict:
     from policies.mlp import parse_spec
-    from runtime.env_probes import ROUND_ENVS, rounds_loaded_clocks
+    from runtime.env_probes import ROUND_ENVS, probe_rounds_loaded
     from runtime.envs import probe_env
 
     if why := _has(env, backend) or _chosen_per_run(backend):
@@ -96,7 +96,7 @@ def probe(a: argparse.Namespace, env: str, backend: str) -> dict:
     procs = a.processes or os.cpu_count() or 1
     info = probe_env(env, backend)
     sizes = parse_spec(a.policy, info.obs_dim, info.act_dim)
-    rounds = rounds_loaded_clocks(env, procs, sizes, info.discrete, backend=backend)
+    rounds = probe_rounds_loaded(env, procs, sizes, info.discrete, backend=backend)
     k = max(ROUND_ENVS)
     return {
         "processes": procs,
