@@ -7,6 +7,13 @@ So each child is started with SIGINT ignored, which it inherits through its exec
 leaves it ignored, where it would install its KeyboardInterrupt handler), and blocked in the
 runner meanwhile, which takes a Ctrl-C that came during the start as soon as the start is done.
 (A blocked signal alone is not enough: a spawned child starts with no signal blocked.)
+
+While SIGINT is ignored, a Ctrl-C that the kernel hands to another thread of the runner's process
+(one that does not block SIGINT) is discarded, and the run would never drain. So the process's
+other threads never take SIGINT: each is started with it blocked (``without_ctrl_c``: a thread
+inherits its starter's mask), numpy's BLAS threads too (started at its import, by the CLI under
+``ctrl_c_for_main_only``), and libzmq blocks every signal in its own; a Ctrl-C during a start
+then stays pending until the main thread takes it.
 """
 
 from __future__ import annotations
@@ -31,3 +38,22 @@ def ctrl_c_held() -> Iterator[None]:
     finally:
         signal.signal(signal.SIGINT, handler)
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
+@contextlib.contextmanager
+def ctrl_c_for_main_only() -> Iterator[None]:
+    """SIGINT blocked in this thread for the body: the threads started in it, and the native
+    threads a library starts as it loads (numpy's BLAS), inherit the mask and never take a
+    Ctrl-C (see the module docstring)."""
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
+def without_ctrl_c(thread: threading.Thread) -> threading.Thread:
+    """Starts ``thread`` with SIGINT blocked in it (``ctrl_c_for_main_only``); returns it."""
+    with ctrl_c_for_main_only():
+        thread.start()
+    return thread

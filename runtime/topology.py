@@ -41,6 +41,7 @@ from typing import Any
 import zmq
 
 from runtime import ports
+from runtime.child_start import without_ctrl_c
 from runtime.curve import CurveError, Guard, NoGuard, RunKeys, need_curve
 
 EXPERIENCE_HWM = 256
@@ -300,7 +301,7 @@ class WeightsForwarder:
         self._thread = threading.Thread(target=self._run, name="weights-forwarder", daemon=True)
 
     def start(self) -> WeightsForwarder:
-        self._thread.start()
+        without_ctrl_c(self._thread)
         self._ready.wait(10)
         if self._error is not None:
             raise self._error

@@ -13,6 +13,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from runtime.child_start import ctrl_c_for_main_only, without_ctrl_c
 from runtime.config import TrainConfig
 from runtime.runner import RunState
 from runtime.time_spent import cpu_parts
@@ -44,8 +45,9 @@ class StderrRelay:
         read, write = os.pipe()
         os.dup2(write, 2)
         os.close(write)
-        self._thread = threading.Thread(target=self._pump, args=(read,), daemon=True)
-        self._thread.start()
+        self._thread = without_ctrl_c(
+            threading.Thread(target=self._pump, args=(read,), daemon=True)
+        )
         return self
 
     def _pump(self, read: int) -> None:
@@ -85,7 +87,8 @@ class ProgressDisplay:
     def __enter__(self) -> ProgressDisplay:
         if self.enabled and not self.plain:
             self.relay.__enter__()
-            self.live.__enter__()
+            with ctrl_c_for_main_only():  # its refresh thread
+                self.live.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -34,6 +34,8 @@ import optuna
 import psutil
 from optuna.trial import TrialState
 
+from runtime.child_start import without_ctrl_c  # a run's Ctrl-C is its main thread's
+
 __all__ = [
     "StudyError",
     "ask",
@@ -231,15 +233,13 @@ STALE_S = 150.0
 """A running trial of another host whose ``beat`` is older than this is orphaned."""
 ASK_GRACE_S = 60.0
 """A running trial with no ``owner`` yet may be inside another process's ``ask`` (between
-``study.ask()`` and its first attribute): it counts as orphaned only this long after it
-started."""
+``study.ask()`` and its first attribute): orphaned only this long after it started."""
 
 
 def ask(study: optuna.Study) -> optuna.trial.Trial:
-    """``study.ask()``, the trial marked as this process's (``owner``: host, pid and process
-    start time) and kept alive (``beat``, every ``BEAT_S`` by a thread, until the trial is
-    finished), so that ``fail_orphans`` in other processes and on other hosts leaves it alone
-    while this process lives."""
+    """``study.ask()``, the trial marked as this process's (``owner``: host, pid and start
+    time) and kept alive (``beat``, every ``BEAT_S`` by a thread, until it is finished): so
+    ``fail_orphans`` in other processes and on other hosts leaves it alone while this lives."""
     with _ask_lock(study):
         trial = study.ask()
     trial.set_user_attr("owner", owner_id())
@@ -256,7 +256,7 @@ def ask(study: optuna.Study) -> optuna.trial.Trial:
             except Exception:  # finished meanwhile, or the storage is gone: stop beating
                 return
 
-    threading.Thread(target=beat, name=f"trial-{trial.number}-beat", daemon=True).start()
+    without_ctrl_c(threading.Thread(target=beat, name=f"trial-{trial.number}-beat", daemon=True))
     return trial
 
 

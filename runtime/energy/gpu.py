@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from runtime.child_start import without_ctrl_c
 from runtime.hw import nvml
 
 logger = logging.getLogger(__name__)
@@ -158,8 +159,8 @@ class NVMLPowerPollingEnergy(GPUEnergySource):
         self._last_t = dict.fromkeys(self.gpu_indices, time.monotonic())
         self._warned = False
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="nvml-power-poll", daemon=True)
-        self._thread.start()
+        poll = threading.Thread(target=self._run, name="nvml-power-poll", daemon=True)
+        self._thread = without_ctrl_c(poll)
 
     def _read_power_w(self, index: int) -> float:
         power_mw = _nvml(
