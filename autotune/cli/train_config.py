@@ -296,7 +296,7 @@ def add_env_args(parser: argparse.ArgumentParser, default: str) -> None:
         help="how actors step their envs: gymnasium (one env at a time in Python), envpool "
         "(EnvPool's C++ vectorised envs, pip install 'rl-autotune[envpool]'), or auto (EnvPool "
         "when it is installed and has the env with Box observations, else gymnasium; a run "
-        "sized from probes times both and steps on gymnasium where it is predicted over 5 %% "
+        "sized from probes times both and steps on gymnasium where it is predicted over 10 %% "
         "better; a custom env always uses gymnasium) (default auto)",
     )
     parser.add_argument(
