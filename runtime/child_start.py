@@ -11,9 +11,9 @@ runner meanwhile, which takes a Ctrl-C that came during the start as soon as the
 While SIGINT is ignored, a Ctrl-C that the kernel hands to another thread of the runner's process
 (one that does not block SIGINT) is discarded, and the run would never drain. So the process's
 other threads never take SIGINT: each is started with it blocked (``without_ctrl_c``: a thread
-inherits its starter's mask), numpy's BLAS threads too (started at its import, by the CLI under
-``ctrl_c_for_main_only``), and libzmq blocks every signal in its own; a Ctrl-C during a start
-then stays pending until the main thread takes it.
+inherits its starter's mask), numpy's BLAS threads too (started at its import, by the
+``runtime`` package's under ``ctrl_c_for_main_only``), and libzmq blocks every signal in its
+own; a Ctrl-C during a start then stays pending until the main thread takes it.
 """
 
 from __future__ import annotations

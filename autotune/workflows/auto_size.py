@@ -172,7 +172,8 @@ def size_config(
     for other in probes.other_backends:
         with contextlib.suppress(ValueError):  # no config fits there: the resolved one stands
             by_backend[other] = sized_on(probes.on_backend(other))
-    chosen = pick_backend(backend, {b: r[3].predicted for b, r in by_backend.items()}, objective)
+    predicted = {b: r[3].predicted for b, r in by_backend.items()}
+    chosen = pick_backend(backend, predicted, objective)
     probes, model, hardware, sizing = by_backend[chosen]
     changes = {f: to_config_value(f, v) for f, v in sizing.values.items() if f in auto}
     if changes.get("trainer_device") == "cpu":
@@ -192,7 +193,7 @@ def size_config(
         "energy_shares": shares,
         "env_backend": {
             "chosen": chosen,
-            "predicted": {b: r[3].predicted for b, r in by_backend.items()},
+            "predicted": predicted,
         },
     }
     return sized, doc
