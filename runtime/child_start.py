@@ -13,7 +13,9 @@ While SIGINT is ignored, a Ctrl-C that the kernel hands to another thread of the
 other threads never take SIGINT: each is started with it blocked (``without_ctrl_c``: a thread
 inherits its starter's mask), numpy's BLAS threads too (started at its import, by the
 ``runtime`` package's under ``ctrl_c_for_main_only``), and libzmq blocks every signal in its
-own; a Ctrl-C during a start then stays pending until the main thread takes it.
+own; a Ctrl-C during a start then stays pending until the main thread takes it. The hold also
+launches multiprocessing's resource tracker before it blocks SIGINT: the tracker's first launch,
+from inside a spawned child's start, unblocks SIGINT in the starting thread on its way out.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import contextlib
 import signal
 import threading
 from collections.abc import Iterator
+from multiprocessing import resource_tracker
 
 
 @contextlib.contextmanager
@@ -31,6 +34,9 @@ def ctrl_c_held() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    # a spawned child's start launches multiprocessing's resource tracker the first time, and
+    # that launch unblocks SIGINT in this thread on its way out: launched before the hold
+    resource_tracker.ensure_running()
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:

@@ -73,3 +73,27 @@ def test_every_thread_of_a_training_cli_but_its_main_one_blocks_sigint(tmp_path)
         _, err = proc.communicate(timeout=180)
     assert proc.returncode == 0, err[-2000:]
     assert json.loads(out.read_text())["interrupted"] is True
+
+
+HELD = """
+import multiprocessing as mp, signal
+from runtime.child_start import ctrl_c_held
+
+if __name__ == "__main__":
+    with ctrl_c_held():
+        proc = mp.get_context("spawn").Process(target=print)  # the first: the tracker starts
+        proc.start()
+        print(signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, []))
+    proc.join()
+"""
+
+
+def test_sigint_stays_blocked_through_a_processs_first_child_start(tmp_path):
+    """A first spawned child launches multiprocessing's resource tracker, which unblocks SIGINT
+    in the starting thread as it goes: with SIGINT ignored meanwhile, a Ctrl-C then was lost."""
+    script = tmp_path / "held.py"
+    script.write_text(HELD)
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[0] == "True"
