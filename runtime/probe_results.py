@@ -74,7 +74,7 @@ class Probes:
         return replace(
             self,
             env_step_s=float(alt["env_step_s"]),
-            round_loaded_s={int(k): float(v) for k, v in alt["round_loaded_s"].items()},
+            round_loaded_s=dict(alt["round_loaded_s"]),
             backend=backend,
             other_backends={},
         )
