@@ -13,6 +13,11 @@ Each process reports its env steps, wall seconds and CPU seconds (``time.process
 threads: EnvPool's worker thread included). Should ``collect`` match ``raw``, what a run adds is
 the pipeline (dispatch, receipts, weights); should it not, the loop itself.
 
+An env's step can cost more in some states than in others (Humanoid-v5 with the body upright
+for longer, a learning policy's longer episodes, against random actions' falls): ``--weights``
+gives ``collect`` a learner state (a run's checkpoint) to act with, so its states are a learning
+run's, and each loop reports its mean episode length beside its cost.
+
     python -m bench.actor_loop_rate --env Humanoid-v5 --loops raw,collect --envs-per-actor 64 \\
         --seconds 15 --json out/actor-loop.json
 """
@@ -58,15 +63,25 @@ def _loop(args: dict[str, Any], index: int, start: Any, out: Any) -> None:
 
     env, k, backend = args["env"], args["envs_per_actor"], args["backend"]
     info = probe_env(env, backend)
+    ended = [0]
     if args["loop"] == "collect":
         cfg = TrainConfig(env=env, env_backend=backend, envs_per_actor=k, actors=args["actors"])
-        state = initial_state_arrays(
-            info.obs_dim, info.act_dim, info.discrete, args["policy"], True, 0
-        )
+        if args.get("weights"):
+            state = learned_state_arrays(args["weights"])
+        else:
+            state = initial_state_arrays(
+                info.obs_dim, info.act_dim, info.discrete, args["policy"], True, 0
+            )
         model = NumpyPolicy(info.discrete, True, *state, seed=index)
         policy = LocalPolicy(_FixedWeights(model))
         actor = Actor(cfg, info, index, 0, None, policy, None, None, _Counter())
-        step, per = actor.collect, k * cfg.rollout_len
+        per = k * cfg.rollout_len
+
+        def step() -> None:
+            actor.collect()
+            ended[0] += len(actor.episodes)
+            actor.episodes.clear()
+
     else:
         from bench.raw_env_rate import action_sampler
 
@@ -75,16 +90,26 @@ def _loop(args: dict[str, Any], index: int, start: Any, out: Any) -> None:
         draw = action_sampler(vec.action_space(), k, index)
 
         def step() -> None:
-            vec.step(0, k, draw())
+            ended[0] += len(vec.step(0, k, draw()).final_obs)
 
         per = k
     step()  # warm
     start.wait()
+    ended[0] = 0
     steps, t0, c0 = 0, time.monotonic(), time.process_time()
     while time.monotonic() - t0 < args["seconds"]:
         step()
         steps += per
-    out.put((index, steps, time.monotonic() - t0, time.process_time() - c0))
+    out.put((index, steps, time.monotonic() - t0, time.process_time() - c0, ended[0]))
+
+
+def learned_state_arrays(path: str) -> tuple[list[str], list]:
+    """The policy of a learner state file (a checkpoint's ``learner.pt``, read with
+    ``torch.load(weights_only=True)``), as ``state_arrays``."""
+    from runtime.learner_state import load_state
+
+    model = load_state(path)["model"]
+    return list(model), [t.detach().cpu().numpy() for t in model.values()]
 
 
 def run_loop(args: dict[str, Any], processes: int) -> dict[str, Any]:
@@ -112,8 +137,11 @@ def run_loop(args: dict[str, Any], processes: int) -> dict[str, Any]:
     steps = sum(r[1] for r in rows)
     wall = max(r[2] for r in rows)
     cpu = sum(r[3] for r in rows)
+    episodes = sum(r[4] for r in rows)
     return {
         "loop": args["loop"],
+        "weights": args.get("weights") if args["loop"] == "collect" else None,
+        "episode_len": round(steps / episodes, 1) if episodes else None,
         "processes": processes,
         "steps_per_s": steps / wall,
         "steps_per_s_per_process": steps / wall / processes,
@@ -130,6 +158,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--envs-per-actor", type=int, default=64)
     ap.add_argument("--processes", type=int, default=0, help="0: every core")
     ap.add_argument("--seconds", type=float, default=15.0)
+    ap.add_argument(
+        "--weights",
+        metavar="LEARNER_PT",
+        help="collect acts with this learner state's policy (a checkpoint's learner.pt) "
+        "instead of the version-0 weights: the states a learning run steps through",
+    )
     ap.add_argument("--json", help="where the result goes")
     a = ap.parse_args(argv)
     loops = [x for x in a.loops.split(",") if x]
@@ -138,6 +172,13 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--loops {a.loops!r}: allowed are {', '.join(LOOPS)}")
     if a.envs_per_actor < 1 or a.seconds <= 0 or a.processes < 0:
         ap.error("--envs-per-actor must be >= 1, --seconds > 0, --processes >= 0")
+    if a.weights:
+        from runtime.learner_state import StateError
+
+        try:
+            learned_state_arrays(a.weights)
+        except StateError as exc:
+            ap.error(f"--weights: {exc}")
     from runtime.env_backends import resolve_backend
     from runtime.envs import EnvError, probe_env
 
@@ -156,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
             "envs_per_actor": a.envs_per_actor,
             "actors": n,
             "seconds": a.seconds,
+            "weights": a.weights,
         }
         results.append(run_loop(args, n))
         print(json.dumps(results[-1]), flush=True)
