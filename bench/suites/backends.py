@@ -9,17 +9,26 @@ process, random actions), ``probe-<env>-<backend>`` (the sizing probe's loaded a
 ``runtime.env_probes.probe_rounds_loaded``: an actor of 16 envs and the run's policy on every
 core at once, as steps/s of all of them by the wall clock; the CPU seconds beside) and
 ``train-<env>-<backend>`` (``autotune train --env-backend <backend>`` with ``auto`` sizing,
-``--max-wall-s --train-s``, start-up included); ``--parts`` picks which. A train step's
-figures: its whole run (trained steps over the process's wall time) and its window (from
-``--warmup-s`` after its first trained step to its last progress line), with the config its
-sizing chose. The limit of an env is the faster backend's raw rate. EnvPool steps are left
-out, saying so, where EnvPool is not installed or lacks the env.
+``--max-wall-s --train-s``, start-up included) and ``states-<env>-<backend>`` (below);
+``--parts`` picks which. A train step's figures: its whole run (trained steps over the process's
+wall time) and its window (from ``--warmup-s`` after its first trained step to its last progress
+line), with the config its sizing chose. The limit of an env is the faster backend's raw rate.
+EnvPool steps are left out, saying so, where EnvPool is not installed or lacks the env.
+
+A MuJoCo step costs more in some states than others: a learning policy that keeps Humanoid-v5
+upright for longer steps it at up to 1.5x random actions' cost per step (which mostly fall
+within 25 steps). A ``states`` step measures that on every core, at the train run's env count:
+raw random-action stepping, and the actor's own collect loop acting with the policy a train
+step of the env ended with (its checkpoint: EnvPool's run where there is one, so both backends
+step the same policy's states; ``bench.actor_loop_rate``), each with its mean episode length.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import shutil
 from pathlib import Path
 
 from bench.suite import Step, print_table
@@ -29,7 +38,7 @@ NAME = "backends"
 HELP = "the raw-stepping limit and autotune train on each env backend (gymnasium, EnvPool)"
 BACKENDS = ("gymnasium", "envpool", "auto")
 """``auto``: train steps only, each run's sizing choosing (``--env-backend auto``)."""
-PARTS = ("raw", "probe", "train")
+PARTS = ("raw", "probe", "train", "states")
 
 
 def add_args(ap: argparse.ArgumentParser) -> None:
@@ -111,10 +120,43 @@ def train(a: argparse.Namespace, env: str, backend: str) -> dict:
 
     if why := _has(env, backend):
         return {"skipped": why}
+    stem = Path(a.out) / "runs" / f"{env}-{backend}"
+    checkpoint = Path(f"{stem}.checkpoint")  # its policy at the end, for a states step
+    shutil.rmtree(checkpoint, ignore_errors=True)  # a run would go on from one left there
     flags = ["--env", env, "--env-backend", backend, "--policy", a.policy]
-    return train_run(
-        Path(a.out) / "runs" / f"{env}-{backend}", flags, a.train_s, a.warmup_s, a.train_steps
-    )
+    flags += ["--checkpoint", str(checkpoint)]
+    return train_run(stem, flags, a.train_s, a.warmup_s, a.train_steps)
+
+
+def _trained_policy(a: argparse.Namespace, env: str) -> tuple[str, str, int] | None:
+    """The train step of ``env`` whose final policy a states step acts with: its name, its
+    learner state file and its envs per actor (EnvPool's run first)."""
+    for backend in ("envpool", "gymnasium", "auto"):
+        stem = Path(a.out) / "runs" / f"{env}-{backend}"
+        state = Path(f"{stem}.checkpoint") / "learner.pt"
+        if state.exists() and Path(f"{stem}.json").exists():
+            doc = json.loads(Path(f"{stem}.json").read_text())
+            return f"train-{env}-{backend}", str(state), int(doc["config"]["envs_per_actor"])
+    return None
+
+
+def states(a: argparse.Namespace, env: str, backend: str) -> dict:
+    from bench.actor_loop_rate import run_loop
+
+    if why := _has(env, backend) or _chosen_per_run(backend):
+        return {"skipped": why}
+    if (trained := _trained_policy(a, env)) is None:
+        return {"skipped": "no train step of this env left its policy (run the train part)"}
+    name, state, k = trained
+    procs = a.processes or os.cpu_count() or 1
+    base = {"env": env, "backend": backend, "policy": a.policy, "envs_per_actor": k}
+    base.update(actors=procs, seconds=a.raw_s)
+    try:
+        raw_loop = run_loop({**base, "loop": "raw"}, procs)
+        collect = run_loop({**base, "loop": "collect", "weights": state}, procs)
+    except SystemExit as exc:  # a loop's process failed: its traceback went to stderr
+        return {"failed": True, "why": str(exc)}
+    return {"policy_of": name, "envs_per_actor": k, "raw": raw_loop, "collect": collect}
 
 
 def _fmt(x: float | None, digits: int = 0) -> str:
@@ -170,11 +212,44 @@ def table(results: dict) -> str:
     ]
     if chose:
         rows += ["", "| env | auto: the backend sizing chose | window (whole) |", "|---|---|---:|"]
-    return "\n".join(rows + chose) + "\n"
+    return "\n".join(rows + chose + _states_rows(results, envs)) + "\n"
+
+
+def _states_rows(results: dict, envs: dict) -> list[str]:
+    rows = []
+    for env in envs:
+        for b in ("gymnasium", "envpool"):
+            st = results.get(f"states-{env}-{b}", {})
+            if "collect" not in st:
+                continue
+            raw_, col = st["raw"], st["collect"]
+            trained = results.get(f"train-{env}-{b}", {}).get("window_steps_per_s")
+            rows.append(
+                f"| {env} | {b} | {st['policy_of']}, {st['envs_per_actor']} envs per actor | "
+                f"{_fmt(raw_['steps_per_s'])} ({raw_['episode_len']}; "
+                f"{raw_['cpu_ms_per_step'] * 1e3:.0f} us) | {_fmt(col['steps_per_s'])} "
+                f"({col['episode_len']}; {col['cpu_ms_per_step'] * 1e3:.0f} us) | "
+                + (f"{trained / raw_['steps_per_s']:.2f}, " if trained else ", ")
+                + (f"{trained / col['steps_per_s']:.2f} |" if trained else " |")
+            )
+    if not rows:
+        return []
+    return [
+        "",
+        "| env | backend | states of | raw, random actions: steps/s (episode length; CPU per "
+        "step) | collect with that run's policy | this backend's train window / raw, / collect |",
+        "|---|---|---|---:|---:|---:|",
+        *rows,
+    ]
 
 
 def plan(a: argparse.Namespace):
-    run = {"raw": (raw, a.raw_s + 25), "probe": (probe, 30.0), "train": (train, a.train_s + 45)}
+    run = {
+        "raw": (raw, a.raw_s + 25),
+        "probe": (probe, 30.0),
+        "train": (train, a.train_s + 45),
+        "states": (states, 2 * a.raw_s + 40),
+    }
     steps = []
     for env in a.env_list:
         for part in (p for p in PARTS if p in a.part_list):

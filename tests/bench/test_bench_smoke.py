@@ -223,7 +223,7 @@ def test_limits_raw_smoke(tmp_path):
     assert raw["steps_per_s"] == max(raw["by_backend"].values())
 
 
-def test_backends_suite_measures_raw_stepping_and_a_sized_run_on_envpool(tmp_path):
+def test_backends_suite_measures_raw_stepping_a_sized_run_and_its_states_on_envpool(tmp_path):
     pytest.importorskip("envpool")
     results = run(
         tmp_path,
@@ -251,9 +251,16 @@ def test_backends_suite_measures_raw_stepping_and_a_sized_run_on_envpool(tmp_pat
     run_doc = results["train-CartPole-v1-envpool"]
     assert run_doc["env_backend"] == "envpool" and run_doc["lost_steps"] == 0
     assert run_doc["window_steps_per_s"] > 0 and run_doc["config"]["actors"] >= 1
+    # the actor's loop stepping with the run's final policy, beside raw stepping, on every core
+    states = results["states-CartPole-v1-envpool"]
+    assert states["policy_of"] == "train-CartPole-v1-envpool"
+    assert states["envs_per_actor"] == run_doc["config"]["envs_per_actor"]
+    assert states["collect"]["weights"].endswith("learner.pt")
+    for loop in (states["raw"], states["collect"]):
+        assert loop["processes"] == 2 and loop["steps_per_s"] > 0 and loop["episode_len"] > 0
     table = (tmp_path / "t.md").read_text()
     assert "| CartPole-v1 |" in table and "EnvPool train / its raw" in table
-    assert "loaded probe EnvPool" in table
+    assert "loaded probe EnvPool" in table and "collect with that run's policy" in table
 
 
 def test_transport_suite_runs_one_config_on_ipc_and_on_tcp_with_curve(tmp_path):
