@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import statistics
 import time
 from typing import Any
 
@@ -84,7 +85,12 @@ class RunTelemetry:
             lead = self.lead_trainer()
             version = lead.get("version")
             updates = version if type(version) is int else None
-            self.divergence.check(self.episodes, self.return_mean, lead.get("entropy"), updates)
+            spread = None  # the returns' spread, where the watch takes its starting level
+            if self.divergence.first_return is None and len(self.returns) >= 2:
+                spread = statistics.pstdev(self.returns)
+            self.divergence.check(
+                self.episodes, self.return_mean, lead.get("entropy"), updates, spread
+            )
 
     def _check_sender(self, source: str, msg: wire.Message) -> None:
         """Refuses a report not signed with the run's key, one from a sender other than the

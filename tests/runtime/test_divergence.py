@@ -67,6 +67,28 @@ def test_a_real_early_dip_over_many_short_episodes_is_not_reported():
     assert episodes_only.found is not None  # as before the updates were counted
 
 
+def test_a_dip_within_the_first_episodes_spread_is_not_reported_a_collapse_is():
+    """Ant-v5's first episodes return about -25 with a spread of about 35: a learning policy's
+    mean at -50 for many updates is a dip, not a divergence (half the mean's size called it
+    one); a fall by hundreds is reported, spread or not."""
+    for fallen, reported in ((-50.0, False), (-400.0, True)):
+        watch = DivergenceWatch(act_dim=8)
+        watch.check(131, -25.0, None, 1, spread=35.0)
+        for update in range(2, 60):
+            watch.check(131 + 300 * update, fallen, None, update, spread=35.0)
+        assert (watch.found is not None) is reported, fallen
+    assert watch.first_spread == 35.0  # read once, where the starting level was taken
+
+
+def test_the_telemetry_gives_the_watch_the_first_episodes_spread():
+    tel = RunTelemetry(act_dim=2)
+    returns = [-25.0 + 35.0 * (1 if i % 2 else -1) for i in range(FIRST_EPISODES)]  # std 35
+    tel.handle(wire.Message(wire.MsgType.STATS, {"src": "actor-0", "c": {
+        "episodes": [[r, 50] for r in returns]}}))  # fmt: skip
+    assert tel.divergence.first_return == -25.0
+    assert math.isclose(tel.divergence.first_spread, 35.0)
+
+
 def test_a_fall_that_outlasts_as_many_updates_again_is_reported():
     watch = DivergenceWatch(act_dim=8)
     for update in range(40):  # 300 episodes per update; below from update 1 on
