@@ -41,6 +41,7 @@ def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--limit-env", default="ant", help="workload of the limit before and after")
     ap.add_argument("--limit-s", type=float, default=60.0, help="seconds of each limit run")
     ap.add_argument("--plots", default=None, metavar="DIR", help="write the timeline plot here")
+    ap.add_argument("--markdown", default=None, metavar="FILE", help="the tables, as markdown")
 
 
 def check(ap: argparse.ArgumentParser, a: argparse.Namespace) -> None:
@@ -96,7 +97,11 @@ def plan(a: argparse.Namespace):
         seq = [f"sequential:{s.name}" for s in a.specs]
         if "sequential" in a.way_list and all(k in results for k in seq):
             results = {**results, "sequential": joined([results[k] for k in seq])}
-        print(table(results, GOALS, a.way_list))
+        text = table(results, GOALS, a.way_list)
+        print(text)
+        if a.markdown:
+            Path(a.markdown).parent.mkdir(parents=True, exist_ok=True)
+            Path(a.markdown).write_text(text + "\n")
         if a.plots and "daemon" in results:
             path = plot_timeline(results["daemon"], Path(a.plots) / "sharing-daemon.png")
             print(f"plot: {path}")

@@ -71,3 +71,25 @@ def test_the_floor_line_compares_each_job_under_the_daemon_with_the_same_job_tog
     low = floor_line({"daemon": way(a=70.0, b=100.0), "together": way(a=100.0, b=100.0)})
     assert low.endswith("NOT met")
     assert "not measured" in floor_line({"daemon": way(a=1.0)})
+
+
+def test_the_tables_go_to_markdown_as_printed(tmp_path, capsys):
+    """The suite's finish on a stored H200 run: what it prints is what ``--markdown`` keeps."""
+    import argparse
+    import json
+    from pathlib import Path
+
+    from bench.suites import sharing
+
+    stored = Path(__file__).parents[2] / "docs/results/sharing/h200-lending/sharing.json"
+    results = json.loads(stored.read_text())["results"]
+    ap = argparse.ArgumentParser()
+    sharing.add_args(ap)
+    a = ap.parse_args(["--ways", "together,daemon", "--markdown", str(tmp_path / "t.md")])
+    a.out = str(tmp_path)
+    sharing.check(ap, a)
+    _, finish = sharing.plan(a)
+    finish(results)
+    text = (tmp_path / "t.md").read_text()
+    assert text.strip() == capsys.readouterr().out.strip()
+    assert "| daemon | 3 | 236 | 6,120,448 |" in text and "0.97 (goal >= 1.3)" in text
