@@ -47,10 +47,8 @@ def test_a_busy_thread_counts_as_other_and_its_cpu_falls_in_the_window():
 
 def test_a_raw_stepping_command_is_split_by_role(tmp_path, capsys):
     out = tmp_path / "raw.json"
-    cmd = [
-        sys.executable, "-m", "bench.raw_env_rate", "--env", "CartPole-v1", "--processes", "1",
-        "--envs-per-process", "4", "--seconds", "120",
-    ]  # fmt: skip
+    cmd = [sys.executable, "-m", "bench.raw_env_rate", "--env", "CartPole-v1"]
+    cmd += ["--processes", "1", "--envs-per-process", "4", "--seconds", "120"]
     assert main(["--window-s", "1.5", "--warmup-s", "0.5", "--json", str(out), "--", *cmd]) == 0
     doc = __import__("json").loads(out.read_text())
     assert doc["steps"] > 0 and doc["steps_per_s"] > 0

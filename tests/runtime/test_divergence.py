@@ -83,8 +83,8 @@ def test_a_dip_within_the_first_episodes_spread_is_not_reported_a_collapse_is():
 def test_the_telemetry_gives_the_watch_the_first_episodes_spread():
     tel = RunTelemetry(act_dim=2)
     returns = [-25.0 + 35.0 * (1 if i % 2 else -1) for i in range(FIRST_EPISODES)]  # std 35
-    tel.handle(wire.Message(wire.MsgType.STATS, {"src": "actor-0", "c": {
-        "episodes": [[r, 50] for r in returns]}}))  # fmt: skip
+    counters = {"episodes": [[r, 50] for r in returns]}
+    tel.handle(wire.Message(wire.MsgType.STATS, {"src": "actor-0", "c": counters}))
     assert tel.divergence.first_return == -25.0
     assert math.isclose(tel.divergence.first_spread, 35.0)
 
