@@ -49,7 +49,8 @@ def add_tune_args(parser: argparse.ArgumentParser) -> None:
         "mps_pct, trainer_device, inference, trainer_threads; tuned only when named: "
         "trainer_precision (fp32,bf16), actor_nice (0,5,10; any of 0..19), "
         "env_backend (gymnasium,envpool). Unless named, batch_size tries 512..65536 where "
-        "each of the learner's minibatches holds 128 samples and 2 rollouts or more",
+        "each of the learner's minibatches holds 128 samples and 2 rollouts or more (as the "
+        "learner splits the batch: fewer minibatches under --min-minibatch)",
     )
     tune.add_argument(
         "--objective",

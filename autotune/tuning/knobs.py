@@ -26,6 +26,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
+from policies.appo_config import APPOConfig
 from runtime import live
 from runtime.config import TRAINER_PRECISIONS
 from runtime.env_backends import envpool_ids
@@ -41,7 +42,9 @@ MIN_MINIBATCH = 128
 the tuner's batch sizes alike: four trajectories at the default rollout of 32. On Ant-v5 (an
 H200 host, PPO's MuJoCo settings of 32 minibatches) goodput-tuned runs that spent most of their
 time at batches of 2,048 (minibatches of 64) reached 390 in 0.6M steps, then swung between
-returns of 300 and 770 over the next 3M, while runs at 4,096 and up reached 1,000."""
+returns of 300 and 770 over the next 3M, while runs at 4,096 and up reached 1,000. Under the
+learner's own floor (``--min-minibatch``) a batch splits into fewer minibatches instead, and
+the count checked is the learner's (``batch_fits``)."""
 MIN_TRAJECTORIES = 2
 """And the fewest whole trajectories a minibatch may hold, where the rollout length is known: a
 minibatch of one trajectory is one env's correlated steps, and it runs the plain loss where
@@ -149,28 +152,38 @@ def _powers(lo: int, hi: int) -> tuple[int, ...]:
     return tuple(out)
 
 
-def batch_fits(batch: int, minibatches: int, rollout_len: int | None = None) -> bool:
+def batch_fits(
+    batch: int, minibatches: int, rollout_len: int | None = None, min_minibatch: int = 0
+) -> bool:
     """Whether ``batch`` splits into ``minibatches`` of at least ``MIN_MINIBATCH`` samples each
     (and, where ``rollout_len`` is given, into whole rollouts, ``MIN_TRAJECTORIES`` or more per
-    minibatch)."""
+    minibatch). With the learner's floor ``min_minibatch`` (``--min-minibatch``) the count is
+    the learner's own for that batch (``APPOConfig.minibatches_for``): fewer, larger minibatches
+    where ``minibatches`` of them would be smaller than the floor."""
+    if rollout_len is not None and batch % rollout_len:
+        return False
+    rows = batch // rollout_len if rollout_len else None
+    learner = APPOConfig(minibatches=minibatches, min_minibatch=max(0, min_minibatch))
+    m = learner.minibatches_for(batch, rows)
     return (
-        batch % minibatches == 0
-        and batch // minibatches >= MIN_MINIBATCH
-        and (
-            rollout_len is None
-            or (batch % rollout_len == 0 and batch // rollout_len >= MIN_TRAJECTORIES * minibatches)
-        )
+        batch % m == 0
+        and batch // m >= MIN_MINIBATCH
+        and (rows is None or rows >= MIN_TRAJECTORIES * m)
     )
 
 
 BATCH_CHOICES = _powers(512, 65536)
 
 
-def bounded_batches(minibatches: int, rollout_len: int | None = None) -> Knob:
+def bounded_batches(
+    minibatches: int, rollout_len: int | None = None, min_minibatch: int = 0
+) -> Knob:
     """The ``batch_size`` knob of a learner of ``minibatches`` (and a job's own ``rollout_len``,
-    which the online tuner does not change): the sizes that ``batch_fits`` them; where none
-    does, every size, not tuned, saying why."""
-    fitting = tuple(b for b in BATCH_CHOICES if batch_fits(b, minibatches, rollout_len))
+    which the online tuner does not change, and the learner's ``min_minibatch`` floor): the
+    sizes that ``batch_fits`` them; where none does, every size, not tuned, saying why."""
+    fitting = tuple(
+        b for b in BATCH_CHOICES if batch_fits(b, minibatches, rollout_len, min_minibatch)
+    )
     if fitting:
         return Knob("batch_size", fitting, APPLIES["batch_size"])
     rollouts = (
@@ -224,6 +237,7 @@ def build_space(
     overrides: list[str] | None = None,
     minibatches: int | None = None,
     rollout_len: int | None = None,
+    min_minibatch: int = 0,
 ) -> dict[str, Knob]:
     """The default space narrowed by ``overrides`` (``NAME=SPEC`` strings), without the
     ``OPT_IN`` knobs they do not name; with ``minibatches``, its batch sizes bounded
@@ -243,7 +257,7 @@ def build_space(
             raise KnobError(f"--knob {item!r}: unknown knob {name!r}; knobs: {', '.join(space)}")
         space[name] = space[name].narrowed(spec.strip())
     if minibatches is not None and "batch_size" not in named:  # explicit flags win
-        space["batch_size"] = bounded_batches(minibatches, rollout_len)
+        space["batch_size"] = bounded_batches(minibatches, rollout_len, min_minibatch)
     return {name: k for name, k in space.items() if name not in OPT_IN or name in named}
 
 

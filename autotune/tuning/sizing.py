@@ -113,14 +113,18 @@ def candidates(
     rollout_len: int,
     minibatches: int,
     allowed: dict[str, tuple[Any, ...]] | None = None,
+    min_minibatch: int = 0,
 ) -> list[dict[str, Any]]:
     """Every config the sizing considers (``fixed`` values held; a field in ``allowed`` only
-    takes the values listed there, e.g. a tuned run's narrowed knobs)."""
+    takes the values listed there, e.g. a tuned run's narrowed knobs; batch sizes as
+    ``knobs.batch_fits`` takes them, with the learner's ``min_minibatch`` floor)."""
     devices = ("cpu", "cuda") if gpus and "cuda" in m.learner else ("cpu",)
     grid = {
         "actors": range(1, m.actor_cpus() + 1),
         "envs_per_actor": ENVS,
-        "batch_size": [b for b in BATCHES if batch_fits(b, minibatches, rollout_len)],
+        "batch_size": [
+            b for b in BATCHES if batch_fits(b, minibatches, rollout_len, min_minibatch)
+        ],
         "trainer_device": devices,
         "trainers": TRAINERS,
         "mps_pct": MPS,
@@ -165,6 +169,7 @@ def size_run(
     params: Params | None = None,
     steps: int | None = None,
     allowed: dict[str, tuple[Any, ...]] | None = None,
+    min_minibatch: int = 0,
 ) -> Sizing:
     """The best config under the model (see the module docstring).
 
@@ -175,7 +180,7 @@ def size_run(
     if objective not in OBJECTIVES:
         raise ValueError(f"sizing objective {objective!r}: allowed {', '.join(OBJECTIVES)}")
     params = params or prior_params(m)
-    cands = candidates(m, gpus, fixed, m.rollout_len, minibatches, allowed)
+    cands = candidates(m, gpus, fixed, m.rollout_len, minibatches, allowed, min_minibatch)
     if not cands:
         raise ValueError(
             f"no batch size in {BATCHES[0]}..{BATCHES[-1]} is a multiple of the rollout length "

@@ -165,6 +165,7 @@ def size_config(
             objective=objective,
             steps=cfg.steps,
             allowed=allowed,
+            min_minibatch=cfg.learner.min_minibatch,
         )
         return on, model, hardware, sizing
 

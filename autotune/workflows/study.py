@@ -215,7 +215,9 @@ def make_study(
         here = Machine.here()
         machine = Machine(cores or here.cores, here.gpus if gpu is None else 1)
         base = _base_config(o)
-        knobs = build_space(machine, list(o.knobs), base.learner.minibatches)
+        knobs = build_space(
+            machine, list(o.knobs), base.learner.minibatches, None, base.learner.min_minibatch
+        )
         _check_workload(base)
         meter = _worker_meter(gpu) if o.workers > 1 or o.cluster else None  # a share
         trials = TrainTrials(knobs, base, o.warmup_s, meter=meter)

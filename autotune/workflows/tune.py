@@ -203,7 +203,13 @@ def start_tuning(
         from runtime.cluster import cluster_cpus
 
         machine = Machine(cluster_cpus(cfg.cluster)[0], machine.gpus)
-    space = build_space(machine, list(options.knobs), cfg.learner.minibatches, cfg.rollout_len)
+    space = build_space(
+        machine,
+        list(options.knobs),
+        cfg.learner.minibatches,
+        cfg.rollout_len,
+        cfg.learner.min_minibatch,
+    )
     settings = tuner_settings(options, bool(machine.gpus))
     storage = storage_url(options.storage)
     study_name = options.study or f"online-{cfg.env}"

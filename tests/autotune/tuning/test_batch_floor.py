@@ -57,3 +57,23 @@ def test_a_jobs_long_rollouts_raise_the_floor_to_two_trajectories_per_minibatch(
         "no batch size in 512..65536 gives 512 minibatches of at least 128 samples "
         "and 2 rollouts of 128 steps"
     )
+
+
+def test_with_the_learners_minibatch_floor_smaller_batches_split_into_fewer_minibatches():
+    """``--min-minibatch 512`` splits a batch of 2,048 into 4 minibatches of 512 (not 32 of 64),
+    so the tuner and the sizing may take it: batches from 512 up, each minibatch at the floor or
+    above, as the learner splits them."""
+    from policies.appo_config import APPOConfig
+
+    knob = build_space(MACHINE, [], 32, 32, 512)["batch_size"]
+    assert knob.choices[0] == 512 and 2048 in knob.choices and knob.online
+    learner = APPOConfig(minibatches=32, min_minibatch=512)
+    for b in knob.choices:
+        m = learner.minibatches_for(b, b // 32)
+        assert b // m >= 512 and b // 32 >= 2 * m, (b, m)
+    assert batch_fits(2048, 32, 32, min_minibatch=512) and not batch_fits(2048, 32, 32)
+    m = mujoco_like_model()
+    sized = {c["batch_size"] for c in candidates(m, 1, {}, m.rollout_len, 32, None, 512)}
+    assert sized == set(build_space(MACHINE, [], 32, m.rollout_len, 512)["batch_size"].choices)
+    # a floor below the tuner's own minimum leaves the tuner's minimum in force
+    assert build_space(MACHINE, [], 32, 32, 64)["batch_size"].choices[0] == 4096
