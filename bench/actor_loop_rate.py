@@ -66,8 +66,8 @@ def _loop(args: dict[str, Any], index: int, start: Any, out: Any) -> None:
     ended = [0]
     if args["loop"] == "collect":
         cfg = TrainConfig(env=env, env_backend=backend, envs_per_actor=k, actors=args["actors"])
-        if args.get("weights"):
-            state = learned_state_arrays(args["weights"])
+        if args.get("state") is not None:  # a learner state's policy, read once by run_loop
+            state = args["state"]
         else:
             state = initial_state_arrays(
                 info.obs_dim, info.act_dim, info.discrete, args["policy"], True, 0
@@ -114,6 +114,8 @@ def learned_state_arrays(path: str) -> tuple[list[str], list]:
 
 def run_loop(args: dict[str, Any], processes: int) -> dict[str, Any]:
     """``processes`` processes of ``args['loop']`` at once; their summed rates."""
+    if args["loop"] == "collect" and args.get("weights"):  # read here, not in every process
+        args = {**args, "state": learned_state_arrays(args["weights"])}
     ctx = mp.get_context("spawn")
     start, out = ctx.Barrier(processes), ctx.Queue()
     procs = [ctx.Process(target=_loop, args=(args, i, start, out)) for i in range(processes)]

@@ -5,10 +5,9 @@ Two signs, each judged from what the runner already receives:
 * **The return falls well below where it started, and stays there**: the mean of the last 100
   episodes drops below the first such mean by more than ``DROP_SHARE`` of its size, and by more
   than ``SPREAD_SHARE`` times the spread (standard deviation) of those first episodes' returns,
-  at least
-  ``AFTER_EPISODES`` episodes later, and is still below it ``FIRST_EPISODES`` episodes after
-  that, and after the learner has made as many updates again as it had when the drop was first
-  seen (``PERSIST_UPDATES`` at least). A run starts near random-action returns; a learner that
+  at least ``AFTER_EPISODES`` episodes later, and is still below it ``FIRST_EPISODES`` episodes
+  after that, and after the learner has made as many updates again as it had when the drop was
+  first seen (``PERSIST_UPDATES`` at least). A run starts near random-action returns; a learner that
   diverges ends below them, as the defaults did on a 20-action env before the entropy bonus
   for continuous actions was dropped. An early dip that recovers is not reported: with 120
   envs, Ant-v5's first episodes end hundreds a second, and its mean return dipped from -37 to

@@ -20,7 +20,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from bench.shared_machine import WAYS, joined, parse_jobs, run_way
-from bench.suite import Step
+from bench.suite import Step, print_table
 from bench.suites.peers import WORKLOADS
 
 NAME = "sharing"
@@ -97,11 +97,7 @@ def plan(a: argparse.Namespace):
         seq = [f"sequential:{s.name}" for s in a.specs]
         if "sequential" in a.way_list and all(k in results for k in seq):
             results = {**results, "sequential": joined([results[k] for k in seq])}
-        text = table(results, GOALS, a.way_list)
-        print(text)
-        if a.markdown:
-            Path(a.markdown).parent.mkdir(parents=True, exist_ok=True)
-            Path(a.markdown).write_text(text + "\n")
+        print_table(lambda r: table(r, GOALS, a.way_list), a.markdown)(results)
         if a.plots and "daemon" in results:
             path = plot_timeline(results["daemon"], Path(a.plots) / "sharing-daemon.png")
             print(f"plot: {path}")
