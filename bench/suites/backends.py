@@ -121,10 +121,11 @@ def train(a: argparse.Namespace, env: str, backend: str) -> dict:
     if why := _has(env, backend):
         return {"skipped": why}
     stem = Path(a.out) / "runs" / f"{env}-{backend}"
-    checkpoint = Path(f"{stem}.checkpoint")  # its policy at the end, for a states step
-    shutil.rmtree(checkpoint, ignore_errors=True)  # a run would go on from one left there
     flags = ["--env", env, "--env-backend", backend, "--policy", a.policy]
-    flags += ["--checkpoint", str(checkpoint)]
+    if "states" in a.part_list:  # its policy at the end, for the states step
+        checkpoint = Path(f"{stem}.checkpoint")
+        shutil.rmtree(checkpoint, ignore_errors=True)  # a run would go on from one left there
+        flags += ["--checkpoint", str(checkpoint)]
     return train_run(stem, flags, a.train_s, a.warmup_s, a.train_steps)
 
 
