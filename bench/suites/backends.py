@@ -10,6 +10,8 @@ process, random actions), ``probe-<env>-<backend>`` (the sizing probe's loaded a
 core at once, as steps/s of all of them by the wall clock; the CPU seconds beside) and
 ``train-<env>-<backend>`` (``autotune train --env-backend <backend>`` with ``auto`` sizing,
 ``--max-wall-s --train-s``, start-up included) and ``states-<env>-<backend>`` (below);
+``again-<env>-<backend>`` (raw stepping once more, after the env's other steps: the host's
+speed drifts, so the raw rate is then the mean of before and after, both shown);
 ``--parts`` picks which. A train step's figures: its whole run (trained steps over the process's
 wall time) and its window (from ``--warmup-s`` after its first trained step to its last progress
 line), with the config its sizing chose. The limit of an env is the faster backend's raw rate.
@@ -38,7 +40,7 @@ NAME = "backends"
 HELP = "the raw-stepping limit and autotune train on each env backend (gymnasium, EnvPool)"
 BACKENDS = ("gymnasium", "envpool", "auto")
 """``auto``: train steps only, each run's sizing choosing (``--env-backend auto``)."""
-PARTS = ("raw", "probe", "train", "states")
+PARTS = ("raw", "probe", "train", "states", "again")
 
 
 def add_args(ap: argparse.ArgumentParser) -> None:
@@ -93,6 +95,17 @@ def raw(a: argparse.Namespace, env: str, backend: str) -> dict:
     procs = a.processes or os.cpu_count() or 1
     rate = raw_step_rate(env, procs, 16, a.raw_s, None, backend)
     return {"processes": procs, "envs_per_process": 16, "steps_per_s": rate}
+
+
+def _raw_rate(results: dict, env: str, backend: str) -> tuple[float | None, str]:
+    """``backend``'s raw rate of ``env``: the mean of before and after where raw stepping ran
+    again, and its cell (both figures, or the skip's reason)."""
+    runs = [results.get(f"{p}-{env}-{backend}", {}) for p in ("raw", "again")]
+    rates = [r["steps_per_s"] for r in runs if "steps_per_s" in r]
+    if not rates:
+        return None, next((r["skipped"] for r in runs if "skipped" in r), "")
+    cell = " / ".join(_fmt(x) for x in rates)
+    return sum(rates) / len(rates), cell
 
 
 def probe(a: argparse.Namespace, env: str, backend: str) -> dict:
@@ -177,21 +190,19 @@ def _cell(t: dict) -> str:
 
 def table(results: dict) -> str:
     rows = [
-        "| env | raw gymnasium | raw EnvPool | limit | loaded probe gymnasium | loaded probe "
-        "EnvPool | train gymnasium: window (whole) | train EnvPool: window (whole) | "
-        "EnvPool train / its raw | EnvPool / gymnasium train |",
+        "| env | raw gymnasium (before / after) | raw EnvPool | limit | loaded probe "
+        "gymnasium | loaded probe EnvPool | train gymnasium: window (whole) | "
+        "train EnvPool: window (whole) | EnvPool train / its raw | EnvPool / gymnasium train |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     envs = dict.fromkeys(k.split("-", 1)[1].rsplit("-", 1)[0] for k in results)
     for env in envs:
-        rg, re_ = results.get(f"raw-{env}-gymnasium", {}), results.get(f"raw-{env}-envpool", {})
+        (rg, cg), (re_, ce) = (_raw_rate(results, env, b) for b in ("gymnasium", "envpool"))
         tg, te = results.get(f"train-{env}-gymnasium", {}), results.get(f"train-{env}-envpool", {})
-        limit = max([r["steps_per_s"] for r in (rg, re_) if "steps_per_s" in r], default=None)
-
+        limit = max([r for r in (rg, re_) if r is not None], default=None)
         own = (
-            f"{te['window_steps_per_s'] / re_['steps_per_s']:.2f} "
-            f"({te['whole_steps_per_s'] / re_['steps_per_s']:.2f})"
-            if "window_steps_per_s" in te and "steps_per_s" in re_
+            f"{te['window_steps_per_s'] / re_:.2f} ({te['whole_steps_per_s'] / re_:.2f})"
+            if "window_steps_per_s" in te and re_ is not None
             else ""
         )
         gain = (
@@ -201,10 +212,10 @@ def table(results: dict) -> str:
             else ""
         )
         pg, pe = results.get(f"probe-{env}-gymnasium", {}), results.get(f"probe-{env}-envpool", {})
-        raw_cells = [_fmt(r.get("steps_per_s")) or r.get("skipped", "") for r in (rg, re_, pg, pe)]
+        probes = [_fmt(r.get("steps_per_s")) or r.get("skipped", "") for r in (pg, pe)]
         rows.append(
-            f"| {env} | {raw_cells[0]} | {raw_cells[1]} | {_fmt(limit)} | {raw_cells[2]} | "
-            f"{raw_cells[3]} | {_cell(tg)} | {_cell(te)} | {own} | {gain} |"
+            f"| {env} | {cg} | {ce} | {_fmt(limit)} | {probes[0]} | "
+            f"{probes[1]} | {_cell(tg)} | {_cell(te)} | {own} | {gain} |"
         )
     chose = [
         f"| {env} | {t.get('env_backend')} | {_cell(t)} |"
@@ -247,6 +258,7 @@ def _states_rows(results: dict, envs: dict) -> list[str]:
 def plan(a: argparse.Namespace):
     run = {
         "raw": (raw, a.raw_s + 25),
+        "again": (raw, a.raw_s + 25),
         "probe": (probe, 30.0),
         "train": (train, a.train_s + 45),
         "states": (states, 2 * a.raw_s + 40),

@@ -246,6 +246,7 @@ def test_backends_suite_measures_raw_stepping_a_sized_run_and_its_states_on_envp
         str(tmp_path / "t.md"),
     )
     assert results["raw-CartPole-v1-envpool"]["steps_per_s"] > 0
+    assert results["again-CartPole-v1-envpool"]["steps_per_s"] > 0  # raw once more, at the end
     probed = results["probe-CartPole-v1-envpool"]  # the sizing probe's loaded rounds
     assert probed["processes"] == 2 and probed["steps_per_s"] > 0
     run_doc = results["train-CartPole-v1-envpool"]
