@@ -161,6 +161,11 @@ def probes(
     path = entry_path(env_id, policy, rollout_len, learner, devices, backend, also)
     if path is not None and not refresh:
         hit = _read(path)
+        for wider in _wider_paths(env_id, policy, rollout_len, learner, devices, backend, also):
+            if hit is not None:
+                break
+            if (found := _read(wider)) is not None:
+                hit = found.narrowed(devices, also)
         if hit is not None:
             return hit
     with _measuring(path) as waited:
@@ -182,6 +187,34 @@ def probes(
         if path is not None:
             _write(path, measured)
     return measured
+
+
+def _wider_paths(
+    env_id: str,
+    policy: str,
+    rollout_len: int,
+    learner: dict[str, Any],
+    devices: list[str],
+    backend: str,
+    also: tuple[str, ...],
+) -> list[Path]:
+    """Entries of workloads that measured all this one asks and more, read where its own has
+    none: a GPU-trained workload's probes inside those of one sized over both devices (the GPU
+    learner is timed first either way), and an env backend's inside those that timed
+    gymnasium's env as well (``auto``'s). Not a CPU-trained workload inside a GPU one: there
+    the CPU learner may have been timed at one size only (``runtime.probes.DOMINATED``)."""
+    device_sets = [devices]
+    if "cuda" in devices and "cpu" not in devices:
+        device_sets.append([*devices, "cpu"])
+    also_sets = [also]
+    if backend != "gymnasium" and "gymnasium" not in also:
+        also_sets.append((*also, "gymnasium"))
+    paths = [
+        entry_path(env_id, policy, rollout_len, learner, d, backend, a)
+        for d in device_sets
+        for a in also_sets
+    ]
+    return [p for p in paths[1:] if p is not None]  # the first is the workload's own
 
 
 @contextlib.contextmanager

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from runtime.env_probes import ProbeError
+from runtime.learner_probe import GROUP_LEARNER
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,17 @@ class Probes:
             round_loaded_s=dict(alt["round_loaded_s"]),
             backend=backend,
             other_backends={},
+        )
+
+    def narrowed(self, devices: list[str], also: tuple[str, ...]) -> Probes:
+        """These probes with only the learners of ``devices`` (a CUDA trainer group's line
+        with ``cuda``) and the other backends ``also`` names: what a workload that asked for
+        those alone would have measured, so that its sizing weighs nothing it did not ask."""
+        keep = set(devices) | ({GROUP_LEARNER} if "cuda" in devices else set())
+        return replace(
+            self,
+            learners={d: c for d, c in self.learners.items() if d in keep},
+            other_backends={b: o for b, o in self.other_backends.items() if b in also},
         )
 
     def load_factor(self) -> float:

@@ -1,11 +1,18 @@
-"""The probe cache's key: the learner settings an update's work depends on, and only those."""
+"""The probe cache's entries: a key holds the learner settings an update's work depends on, and
+only those; a workload reads the entry of one that measured all it asks and more."""
 
 from __future__ import annotations
+
+import json
+import time
 
 import pytest
 
 from policies.appo_config import APPOConfig
 from runtime import probe_cache
+from runtime.probe_results import LearnerCost, Probes
+
+ENV, POLICY = "CartPole-v1", "auto:64:64:auto"
 
 
 @pytest.fixture
@@ -57,3 +64,53 @@ def test_the_settings_an_updates_work_depends_on_make_another_workload(path_of):
     base = APPOConfig().to_dict()
     paths = {path_of({**base, **change}) for change in OTHER}
     assert len(paths) == len(OTHER) and path_of(base) not in paths
+
+
+def _stored(devices: list[str], backend: str, also: tuple[str, ...]) -> Probes:
+    """An entry as a GPU host's run sized over ``devices`` on ``backend`` (timing ``also``'s
+    env too) would have left it, written where that run would have."""
+    learners = {"cpu": LearnerCost("cpu", {2048: 0.05, 4096: 0.1})}
+    if "cuda" in devices:
+        learners["cuda"] = LearnerCost("cuda", {2048: 0.004, 16384: 0.01})
+        learners["cuda-group"] = LearnerCost("cuda-group", {2048: 0.02, 16384: 0.05})
+    found = Probes(
+        ENV,
+        POLICY,
+        10e-6,
+        {1: 20e-6, 8: 25e-6, 32: 45e-6},
+        learners,
+        [132] if "cuda" in devices else [],
+        measured_at=time.time(),
+        round_loaded_s={2: 40e-6, 16: 200e-6},
+        backend=backend,
+        other_backends={
+            b: {"env_step_s": 5e-6, "round_loaded_s": {2: 30e-6, 16: 90e-6}} for b in also
+        },
+    )
+    learner = APPOConfig().to_dict()
+    path = probe_cache.entry_path(ENV, POLICY, 32, learner, devices, backend, also)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(found.to_dict()))
+    return found
+
+
+def test_a_gpu_trained_workload_reads_the_probes_of_one_sized_over_both_devices(path_of):
+    _stored(["cpu", "cuda"], "gymnasium", ())
+    learner = APPOConfig().to_dict()
+    read = probe_cache.probes(ENV, POLICY, 32, learner, ["cuda"])  # read: nothing measured
+    assert read.cached and set(read.learners) == {"cuda", "cuda-group"}
+    assert read.learners["cuda"].seconds == {2048: 0.004, 16384: 0.01}
+    # not a CPU-trained one: its CPU learner may have been timed at one size only there
+    assert probe_cache._wider_paths(ENV, POLICY, 32, learner, ["cpu"], "gymnasium", ()) == []
+
+
+def test_an_explicit_backend_reads_autos_probes_and_sizes_on_its_own_backend_alone(path_of):
+    pytest.importorskip("envpool")
+    from autotune.workflows.auto_size import size_config
+    from runtime.config import TrainConfig
+
+    _stored(["cpu"], "envpool", ("gymnasium",))  # `--env-backend auto`'s, gymnasium's env faster
+    cfg = TrainConfig(env=ENV, policy=POLICY, trainer_device="cpu", env_backend="envpool")
+    sized, doc = size_config(cfg, {"actors", "envs_per_actor", "batch_size"})
+    assert doc["probes"]["cached"] and doc["probes"]["other_backends"] == {}
+    assert sized.env_backend == "envpool" and list(doc["env_backend"]["predicted"]) == ["envpool"]
