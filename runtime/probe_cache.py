@@ -150,7 +150,8 @@ def probes(
     on_gpu_learner: Callable[[], None] | None = None,
     also: tuple[str, ...] = (),
 ) -> Probes:
-    """The workload's probes: from the cache when a valid entry exists, else measured now
+    """The workload's probes: from the cache when a valid entry exists (its own, or one of a
+    workload that measured it and more: ``_read_wider``), else measured now
     (``runtime.probes.run_probes``, ``on_gpu_learner`` called as it times the GPU learner,
     the env timed on the backends ``also`` names as well) and stored; while another run
     measures them, its result.
@@ -160,12 +161,9 @@ def probes(
     """
     path = entry_path(env_id, policy, rollout_len, learner, devices, backend, also)
     if path is not None and not refresh:
-        hit = _read(path)
-        for wider in _wider_paths(env_id, policy, rollout_len, learner, devices, backend, also):
-            if hit is not None:
-                break
-            if (found := _read(wider)) is not None:
-                hit = found.narrowed(devices, also)
+        hit = _read(path) or _read_wider(
+            env_id, policy, rollout_len, learner, devices, backend, also
+        )
         if hit is not None:
             return hit
     with _measuring(path) as waited:
@@ -189,7 +187,7 @@ def probes(
     return measured
 
 
-def _wider_paths(
+def _read_wider(
     env_id: str,
     policy: str,
     rollout_len: int,
@@ -197,24 +195,27 @@ def _wider_paths(
     devices: list[str],
     backend: str,
     also: tuple[str, ...],
-) -> list[Path]:
-    """Entries of workloads that measured all this one asks and more, read where its own has
-    none: a GPU-trained workload's probes inside those of one sized over both devices (the GPU
-    learner is timed first either way), and an env backend's inside those that timed
-    gymnasium's env as well (``auto``'s). Not a CPU-trained workload inside a GPU one: there
-    the CPU learner may have been timed at one size only (``runtime.probes.DOMINATED``)."""
+) -> Probes | None:
+    """The entry of a workload that measured all this one asks and more, narrowed to what it
+    asks (``Probes.narrowed``); None where there is none: a GPU-trained workload's probes
+    inside those of one sized over both devices (the GPU learner is timed first either way),
+    and an env backend's inside those that timed gymnasium's env as well (``auto``'s). Not a
+    CPU-trained workload inside a GPU one: there the CPU learner may have been timed at one
+    size only (``runtime.probes.DOMINATED``)."""
     device_sets = [devices]
     if "cuda" in devices and "cpu" not in devices:
         device_sets.append([*devices, "cpu"])
     also_sets = [also]
     if backend != "gymnasium" and "gymnasium" not in also:
         also_sets.append((*also, "gymnasium"))
-    paths = [
-        entry_path(env_id, policy, rollout_len, learner, d, backend, a)
-        for d in device_sets
-        for a in also_sets
-    ]
-    return [p for p in paths[1:] if p is not None]  # the first is the workload's own
+    for d in device_sets:
+        for a in also_sets:
+            if (d, a) == (devices, also):  # the workload's own entry, read already
+                continue
+            path = entry_path(env_id, policy, rollout_len, learner, d, backend, a)
+            if path is not None and (found := _read(path)) is not None:
+                return found.narrowed(devices, also)
+    return None
 
 
 @contextlib.contextmanager

@@ -101,7 +101,7 @@ def test_a_gpu_trained_workload_reads_the_probes_of_one_sized_over_both_devices(
     assert read.cached and set(read.learners) == {"cuda", "cuda-group"}
     assert read.learners["cuda"].seconds == {2048: 0.004, 16384: 0.01}
     # not a CPU-trained one: its CPU learner may have been timed at one size only there
-    assert probe_cache._wider_paths(ENV, POLICY, 32, learner, ["cpu"], "gymnasium", ()) == []
+    assert probe_cache._read_wider(ENV, POLICY, 32, learner, ["cpu"], "gymnasium", ()) is None
 
 
 def test_an_explicit_backend_reads_autos_probes_and_sizes_on_its_own_backend_alone(path_of):
