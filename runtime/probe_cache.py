@@ -201,7 +201,8 @@ def _read_wider(
     inside those of one sized over both devices (the GPU learner is timed first either way),
     and an env backend's inside those that timed gymnasium's env as well (``auto``'s). Not a
     CPU-trained workload inside a GPU one: there the CPU learner may have been timed at one
-    size only (``runtime.probes.DOMINATED``)."""
+    size only (``runtime.probes.DOMINATED``). Gymnasium's, likewise, inside ``auto``'s on
+    EnvPool, which timed gymnasium's env as its other backend."""
     device_sets = [devices]
     if "cuda" in devices and "cpu" not in devices:
         device_sets.append([*devices, "cpu"])
@@ -215,6 +216,12 @@ def _read_wider(
             path = entry_path(env_id, policy, rollout_len, learner, d, backend, a)
             if path is not None and (found := _read(path)) is not None:
                 return found.narrowed(devices, also)
+    if backend == "gymnasium" and not also:
+        for d in device_sets:
+            path = entry_path(env_id, policy, rollout_len, learner, d, "envpool", ("gymnasium",))
+            found = _read(path) if path is not None else None
+            if found is not None and "gymnasium" in found.other_backends:
+                return found.on_backend("gymnasium").narrowed(devices, also)
     return None
 
 

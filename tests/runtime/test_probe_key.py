@@ -114,3 +114,17 @@ def test_an_explicit_backend_reads_autos_probes_and_sizes_on_its_own_backend_alo
     sized, doc = size_config(cfg, {"actors", "envs_per_actor", "batch_size"})
     assert doc["probes"]["cached"] and doc["probes"]["other_backends"] == {}
     assert sized.env_backend == "envpool" and list(doc["env_backend"]["predicted"]) == ["envpool"]
+
+
+def test_an_explicit_gymnasium_backend_reads_the_gymnasium_figures_auto_took(path_of):
+    from autotune.workflows.auto_size import size_config
+    from runtime.config import TrainConfig
+
+    _stored(["cpu"], "envpool", ("gymnasium",))
+    cfg = TrainConfig(env=ENV, policy=POLICY, trainer_device="cpu", env_backend="gymnasium")
+    sized, doc = size_config(cfg, {"actors", "envs_per_actor", "batch_size"})
+    probes = doc["probes"]
+    assert probes["cached"] and probes["backend"] == "gymnasium" and probes["env_step_s"] == 5e-6
+    assert sized.env_backend == "gymnasium" and list(doc["env_backend"]["predicted"]) == [
+        "gymnasium"
+    ]
