@@ -209,19 +209,14 @@ def _read_wider(
     also_sets = [also]
     if backend != "gymnasium" and "gymnasium" not in also:
         also_sets.append((*also, "gymnasium"))
-    for d in device_sets:
-        for a in also_sets:
-            if (d, a) == (devices, also):  # the workload's own entry, read already
-                continue
-            path = entry_path(env_id, policy, rollout_len, learner, d, backend, a)
-            if path is not None and (found := _read(path)) is not None:
-                return found.narrowed(devices, also)
+    wider = [(d, backend, a) for d in device_sets for a in also_sets][1:]  # [0]: its own
     if backend == "gymnasium" and not also:
-        for d in device_sets:
-            path = entry_path(env_id, policy, rollout_len, learner, d, "envpool", ("gymnasium",))
-            found = _read(path) if path is not None else None
-            if found is not None and "gymnasium" in found.other_backends:
-                return found.on_backend("gymnasium").narrowed(devices, also)
+        wider += [(d, "envpool", ("gymnasium",)) for d in device_sets]
+    for d, b, a in wider:
+        path = entry_path(env_id, policy, rollout_len, learner, d, b, a)
+        found = _read(path) if path is not None else None
+        if found is not None and (b == backend or backend in found.other_backends):
+            return (found if b == backend else found.on_backend(backend)).narrowed(devices, also)
     return None
 
 
