@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from bench.goodput_report import efficient_samples, summary, table
 from bench.suites import goodput
-from bench.suites.goodput import efficient_samples, summary, table
 
 
 def test_the_suite_runs_both_tunings_to_the_target_and_reports_them(tmp_path):
@@ -21,7 +21,7 @@ def test_the_suite_runs_both_tunings_to_the_target_and_reports_them(tmp_path):
     cmd += ["--target-return", "40", "--max-wall-s", "240", "--reference-return", "30"]
     cmd += ["--train-args", "--env-backend gymnasium --trainer-device cpu"]
     cmd += ["--out", str(out), "--markdown", str(out / "table.md")]
-    cmd += ["--plot", str(out / "curve.png")]
+    cmd += ["--plot", str(out / "curve.png"), "--probe-cache", "shared"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads((out / "goodput.json").read_text())["results"]
@@ -31,10 +31,15 @@ def test_the_suite_runs_both_tunings_to_the_target_and_reports_them(tmp_path):
         assert run["target"]["joules"] > 0 and run["target"]["steps"] <= run["trained_steps"]
         assert run["reference"]["joules"] <= run["target"]["joules"]
         assert (out / f"{arm}-seed0.db").is_file()  # its own study
+    # one probe cache: the first run probed the workload, the second read its probes
+    assert [p.name for p in out.glob("cache-*")] == ["cache-shared"]
+    docs = [json.loads((out / f"{arm}-seed0.json").read_text()) for arm in goodput.ARMS]
+    assert [d["sizing"]["probes"]["cached"] for d in docs] == [False, True]
     text = (out / "table.md").read_text()
     assert "The learning-rate schedule: adaptive (the last rates" in text  # the default
     assert "Samples weighed by the efficiency of the batch in use" in text
-    assert "| goodput | 0 | **" in text and "per seed: " in text and "x" in text.split(":")[-1]
+    assert "The runs shared one probe cache" in text
+    assert "| goodput | 0 | **" in text and "x (seed 0)" in text.split("per seed: ")[1]
     assert (out / "curve.png").stat().st_size > 1000
 
 
