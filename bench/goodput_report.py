@@ -198,3 +198,27 @@ def _learning_rates(ran: list[dict]) -> str:
     last = [lr["last"] for lr in rates if isinstance(lr.get("last"), int | float)]
     span = f" (the last rates {min(last):.2g} to {max(last):.2g})" if last else ""
     return f"The learning-rate schedule: {', '.join(schedules) or 'n/a'}{span}."
+
+
+def against_sb3(results: dict, sb3: dict | None, sb3_steps: float, reference: float | None) -> str:
+    """Lines setting SB3 PPO's joules for ``sb3_steps`` on this host (its arm document, from
+    its window's steps/J) against each run's joules to ``reference``; empty without the arm."""
+    if sb3 is None or reference is None:
+        return ""
+    spj = sb3.get("steps_per_joule")
+    if sb3.get("failed") or not spj:
+        return f"\nSB3 PPO on this host: failed ({sb3.get('error') or sb3.get('returncode')}).\n"
+    joules = sb3_steps / spj
+    lines = [
+        f"\nSB3 PPO on this host (one env per core, the update on the CPU): "
+        f"{sb3['steps_per_s']:,.0f} steps/s at {spj:.2f} steps/J over its "
+        f"{sb3.get('window_s', 0):.0f}-s window, so {sb3_steps / 1e6:g}M steps cost "
+        f"{joules / 1000:.1f} kJ. Its joules over each run's to {reference:g}:"
+    ]
+    for name, r in results.items():
+        ref = (r or {}).get("reference") or {}
+        if ref.get("joules"):
+            lines.append(f"- {name}: {joules / ref['joules']:.2f}x ({ref['joules'] / 1000:.1f} kJ)")
+        else:
+            lines.append(f"- {name}: not reached")
+    return "\n".join(lines) + "\n"

@@ -17,9 +17,14 @@ probes and compiles, and the later ones start as a user's next run would. A run
 stops at the first 100-episode mean of at least R, or at W seconds (then it did not get there;
 its best return is kept, and what it spent).
 
+With ``--sb3-window S`` a first step ``sb3`` runs SB3 PPO on the same host (``bench peers``'
+sb3-cpu arm, metered for S seconds after ``--sb3-warmup-s``), so that SB3's joules for the
+``--sb3-steps`` it takes to ``--reference-return`` are measured beside the runs.
+
 Step ``report``: per run the joules, seconds and trained steps to the target, its whole-run
 steps/J, where it first reached ``--reference-return`` (SB3 PPO's 1M-step return on the page);
-per seed, the steps/J run's joules over the goodput run's (or a bound); the plot.
+per seed, the steps/J run's joules over the goodput run's (or a bound); with the ``sb3`` step,
+SB3's joules over each run's to the reference return; the plot.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench.goodput_report import ARMS, summary, table
+from bench.goodput_report import ARMS, against_sb3, summary, table
 from bench.suite import Step
 
 NAME = "goodput"
@@ -82,6 +87,29 @@ def add_args(ap: argparse.ArgumentParser) -> None:
         "first run does; shared: one cache for the suite's runs, so that the first run of a "
         "workload probes and the later ones read it, as a user's next run does",
     )
+    ap.add_argument(
+        "--sb3-window",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="first run SB3 PPO on this host, as `bench peers`' sb3-cpu arm (one env per core, "
+        "the update on the CPU, the --policy of --train-args), metered for S seconds after "
+        "--sb3-warmup-s; the report sets its joules for --sb3-steps against each run's joules "
+        "to --reference-return (default 0: not run)",
+    )
+    ap.add_argument(
+        "--sb3-warmup-s",
+        type=float,
+        default=10.0,
+        help="SB3's training seconds left out before its window (default 10, as `bench peers`)",
+    )
+    ap.add_argument(
+        "--sb3-steps",
+        type=float,
+        default=1e6,
+        help="the steps SB3 PPO takes to reach --reference-return (default 1,000,000: the "
+        "learning comparison's 390 on Ant-v5 is SB3's mean return at 1M steps)",
+    )
     ap.add_argument("--markdown", default=None, metavar="FILE", help="report: the table")
     ap.add_argument("--plot", default=None, metavar="PNG", help="report: return vs joules")
 
@@ -105,7 +133,14 @@ def check(ap: argparse.ArgumentParser, a: argparse.Namespace) -> None:
     ):
         if value is not None and not math.isfinite(value):
             ap.error(f"{flag} {value}: must be a finite number")
+    sb3_args = (a.sb3_window, a.sb3_warmup_s, a.sb3_steps)
+    if not all(math.isfinite(v) for v in sb3_args) or min(sb3_args) < 0 or not a.sb3_steps > 0:
+        ap.error(
+            f"--sb3-window {a.sb3_window}, --sb3-warmup-s {a.sb3_warmup_s}, --sb3-steps "
+            f"{a.sb3_steps}: numbers, the first two >= 0, the last > 0"
+        )
     try:
+        a.policy = policy_of(a.train_args)
         flags = {f.split("=", 1)[0] for f in shlex.split(a.train_args) if f.startswith("--")}
     except ValueError as exc:
         ap.error(f"--train-args {a.train_args!r}: {exc} (quote it as a shell would)")
@@ -116,6 +151,36 @@ def check(ap: argparse.ArgumentParser, a: argparse.Namespace) -> None:
             f"--train-args: {', '.join(sorted(given))} are (or abbreviate) the suite's own "
             f"flags ({', '.join(sorted(OWN_FLAGS))}); leave them out"
         )
+    if a.sb3_window > 0 and (a.reference_return is None or a.policy is None):
+        ap.error(
+            "--sb3-window: give --reference-return (SB3's return at --sb3-steps) and a --policy "
+            "in --train-args (SB3 builds the same MLP)"
+        )
+
+
+def policy_of(train_args: str) -> str | None:
+    """The ``--policy`` of ``train_args`` (as ``--policy X`` or ``--policy=X``), else None."""
+    args = shlex.split(train_args)
+    for i, arg in enumerate(args):
+        if arg.startswith("--policy="):
+            return arg.split("=", 1)[1]
+        if arg == "--policy" and i + 1 < len(args):
+            return args[i + 1]
+    return None
+
+
+def sb3(a: argparse.Namespace) -> dict:
+    """SB3 PPO on this host (``bench peers``' sb3-cpu arm), metered over ``--sb3-window``
+    seconds after its first ``--sb3-warmup-s``; its document goes to ``OUT/sb3.json``."""
+    from bench.report import write_json
+    from bench.suites.peers import arm_step
+
+    secs = a.sb3_warmup_s + a.sb3_window
+    run = argparse.Namespace(env=a.env, policy=a.policy, seconds=secs, settle_s=0.0)
+    run.__dict__.update(peer_rollout=2048, warmup_s=a.sb3_warmup_s, min_steps=0, tuned_s=secs)
+    doc = arm_step("sb3", "sb3-cpu", run, Path(a.out) / "sb3", first=True)
+    write_json(Path(a.out) / "sb3.json", doc)
+    return doc
 
 
 def run(a: argparse.Namespace, arm: str, seed: int) -> dict:
@@ -173,6 +238,7 @@ def _document(stem: Path) -> dict | None:
 
 def report(a: argparse.Namespace, results: dict) -> dict:
     text = table(results, a.seed_list, a.arm_list, a.reference_return)
+    text += against_sb3(results, _document(Path(a.out) / "sb3"), a.sb3_steps, a.reference_return)
     text += (
         "\nEach run probed its workload afresh (a probe cache of its own).\n"
         if a.probe_cache == "own"
@@ -199,6 +265,8 @@ def plan(a: argparse.Namespace):
         for seed in a.seed_list
         for arm in a.arm_list
     ]
+    if a.sb3_window > 0:  # first, so that the host's drift meets it as it meets the runs
+        steps.insert(0, Step("sb3", lambda: sb3(a), a.sb3_warmup_s + a.sb3_window + 60))
     steps.append(Step("report", lambda: report(a, _results(a)), 30))
     return steps, None
 

@@ -19,9 +19,10 @@ def test_the_suite_runs_both_tunings_to_the_target_and_reports_them(tmp_path):
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "bench", "goodput", "--env", "CartPole-v1", "--seeds", "0"]
     cmd += ["--target-return", "40", "--max-wall-s", "240", "--reference-return", "30"]
-    cmd += ["--train-args", "--env-backend gymnasium --trainer-device cpu"]
+    cmd += ["--train-args", "--env-backend gymnasium --trainer-device cpu --policy auto:64:64:auto"]
     cmd += ["--out", str(out), "--markdown", str(out / "table.md")]
     cmd += ["--plot", str(out / "curve.png"), "--probe-cache", "shared"]
+    cmd += ["--sb3-window", "4", "--sb3-warmup-s", "2", "--sb3-steps", "50000"]  # SB3 first
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads((out / "goodput.json").read_text())["results"]
@@ -39,6 +40,12 @@ def test_the_suite_runs_both_tunings_to_the_target_and_reports_them(tmp_path):
     assert "The learning-rate schedule: adaptive (the last rates" in text  # the default
     assert "Samples weighed by the efficiency of the batch in use" in text
     assert "The runs shared one probe cache" in text
+    sb3 = json.loads((out / "sb3.json").read_text())
+    assert not sb3["failed"] and sb3["steps_per_joule"] > 0, sb3
+    kj = 50_000 / sb3["steps_per_joule"] / 1000
+    assert f"so 0.05M steps cost {kj:.1f} kJ. Its joules over each run's to 30:" in text
+    ref = results["goodput-seed0"]["reference"]["joules"]
+    assert f"- goodput-seed0: {kj * 1000 / ref:.2f}x ({ref / 1000:.1f} kJ)" in text
     assert "| goodput | 0 | **" in text and "x (seed 0)" in text.split("per seed: ")[1]
     assert (out / "curve.png").stat().st_size > 1000
 
@@ -134,6 +141,13 @@ def _check(*argv: str) -> argparse.Namespace:
         (["--train-args", "--policy 'auto"], "quote it as a shell would"),
         (["--train-args=--obj=goodput_per_joule"], "--obj are (or abbreviate) the suite's own"),
         (["--train-args", "--seed 3"], "--seed are (or abbreviate)"),
+        (["--sb3-window", "-1"], "the first two >= 0, the last > 0"),
+        (["--sb3-steps", "0"], "the first two >= 0, the last > 0"),
+        (["--sb3-window", "30"], "--sb3-window: give --reference-return"),
+        (
+            ["--sb3-window", "30", "--reference-return", "390", "--train-args", "--lr 3e-4"],
+            "and a --policy in --train-args",
+        ),
     ],
 )
 def test_bad_suite_input_is_refused_saying_what_is_allowed(argv, says, capsys):
@@ -200,3 +214,22 @@ def test_a_seed_where_one_tuning_missed_the_target_gives_a_bound_from_what_it_sp
     )
     none = table({"goodput-seed3": {"failed": True}}, [3], ["steps-per-joule", "goodput"], None)
     assert none.rstrip().endswith("per seed: n/a (no seed gives a ratio or a bound)")
+
+
+def test_sb3_lines_say_a_failed_arm_and_a_run_that_missed_the_reference():
+    from bench.goodput_report import against_sb3
+
+    runs = {"goodput-seed0": {"reference": {"joules": 2_000.0}}, "goodput-seed1": {}}
+    arm = {"steps_per_joule": 10.0, "steps_per_s": 1_500.0, "window_s": 30.0, "failed": False}
+    text = against_sb3(runs, arm, 1e6, 390.0)
+    assert "1,500 steps/s at 10.00 steps/J over its 30-s window, so 1M steps cost 100.0 kJ" in text
+    assert "- goodput-seed0: 50.00x (2.0 kJ)" in text and "- goodput-seed1: not reached" in text
+    failed = {"failed": True, "error": "fewer than two progress lines"}
+    assert "failed (fewer than two progress lines)" in against_sb3(runs, failed, 1e6, 390.0)
+    assert against_sb3(runs, None, 1e6, 390.0) == ""  # not run
+
+
+def test_the_policy_is_read_from_the_train_args_in_either_spelling():
+    assert goodput.policy_of("--lr 3e-4 --policy auto:8:auto") == "auto:8:auto"
+    assert goodput.policy_of("--policy=auto:16:auto --epochs 2") == "auto:16:auto"
+    assert goodput.policy_of("--lr 3e-4") is None and goodput.policy_of("--policy") is None
