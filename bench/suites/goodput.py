@@ -30,6 +30,7 @@ SB3's joules over each run's to the reference return; the plot.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import shlex
@@ -150,6 +151,10 @@ def check(ap: argparse.ArgumentParser, a: argparse.Namespace) -> None:
         ap.error(
             f"--train-args: {', '.join(sorted(given))} are (or abbreviate) the suite's own "
             f"flags ({', '.join(sorted(OWN_FLAGS))}); leave them out"
+        )
+    if a.sb3_window > 0 and importlib.util.find_spec("stable_baselines3") is None:
+        ap.error(
+            "--sb3-window runs SB3 PPO, which is not installed: pip install 'rl-autotune[sb3]'"
         )
     if a.sb3_window > 0 and (a.reference_return is None or a.policy is None):
         ap.error(
