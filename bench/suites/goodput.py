@@ -243,7 +243,8 @@ def _document(stem: Path) -> dict | None:
 
 def report(a: argparse.Namespace, results: dict) -> dict:
     text = table(results, a.seed_list, a.arm_list, a.reference_return)
-    text += against_sb3(results, _document(Path(a.out) / "sb3"), a.sb3_steps, a.reference_return)
+    sb3_doc = _document(Path(a.out) / "sb3") if a.sb3_window > 0 else None  # this command's
+    text += against_sb3(results, sb3_doc, a.sb3_steps, a.reference_return)
     text += (
         "\nEach run probed its workload afresh (a probe cache of its own).\n"
         if a.probe_cache == "own"
