@@ -12,7 +12,7 @@ from pathlib import Path
 from statistics import mean
 
 from bench.figure_goals import goals
-from bench.figure_goodput import goodput
+from bench.figure_goodput import goodput, to_sb3
 from bench.figure_kit import (
     H100,
     H200,
@@ -353,6 +353,7 @@ FIGURES: dict[str, Callable[[Path], Path]] = {
     "wrap": wrap,
     "goals": goals,
     "goodput": goodput,
+    "to-sb3": to_sb3,
 }
 
 

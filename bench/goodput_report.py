@@ -43,6 +43,7 @@ def summary(doc: dict, progress: list[dict], reference: float | None) -> dict:
             k: (doc.get("learning_rate") or {}).get(k) for k in ("schedule", "last", "last_kl")
         },
         "policy_lag_mean": (doc.get("policy_lag") or {}).get("mean"),
+        "probes_cached": bool((((doc.get("sizing") or {}).get("probes")) or {}).get("cached")),
         "reference": None
         if first is None
         else {
@@ -212,13 +213,28 @@ def against_sb3(results: dict, sb3: dict | None, sb3_steps: float, reference: fl
     lines = [
         f"\nSB3 PPO on this host (one env per core, the update on the CPU): "
         f"{sb3['steps_per_s']:,.0f} steps/s at {spj:.2f} steps/J over its "
-        f"{sb3.get('window_s', 0):.0f}-s window, so {sb3_steps / 1e6:g}M steps cost "
+        f"{sb3.get('window_s', 0):.0f}-s window (its start-up left out; each run's joules hold "
+        f"its own, and its probes where it took them), so {sb3_steps / 1e6:g}M steps cost "
         f"{joules / 1000:.1f} kJ. Its joules over each run's to {reference:g}:"
     ]
     for name, r in results.items():
         ref = (r or {}).get("reference") or {}
-        if ref.get("joules"):
+        if (r or {}).get("failed"):
+            lines.append(f"- {name}: failed")
+        elif ref.get("joules"):
             lines.append(f"- {name}: {joules / ref['joules']:.2f}x ({ref['joules'] / 1000:.1f} kJ)")
         else:
-            lines.append(f"- {name}: not reached")
+            lines.append(f"- {name}: {'n/a (no joules)' if ref else 'not reached'}")
     return "\n".join(lines) + "\n"
+
+
+def probes_note(results: dict, mode: str) -> str:
+    """A line saying the probe cache (``--probe-cache``) and which runs read their probes from
+    it, as each run's document says (a retried or resumed run may have found them there)."""
+    read = [k for k, r in results.items() if r and not r.get("failed") and r.get("probes_cached")]
+    how = (
+        "each run a probe cache of its own"
+        if mode == "own"
+        else "one probe cache for the runs, the first of a workload probing it"
+    )
+    return f"\nProbes: {how}; read from the cache by {', '.join(read) or 'no run'}.\n"

@@ -34,11 +34,12 @@ import importlib.util
 import json
 import math
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-from bench.goodput_report import ARMS, against_sb3, summary, table
+from bench.goodput_report import ARMS, against_sb3, probes_note, summary, table
 from bench.suite import Step
 
 NAME = "goodput"
@@ -86,7 +87,8 @@ def add_args(ap: argparse.ArgumentParser) -> None:
         default="own",
         help="own (default): each run probes its workload and compiles its loss afresh, as a "
         "first run does; shared: one cache for the suite's runs, so that the first run of a "
-        "workload probes and the later ones read it, as a user's next run does",
+        "workload probes (its figures hold the probes) and the later ones read it, as a user's "
+        "next run does; the report names the runs that read their probes",
     )
     ap.add_argument(
         "--sb3-window",
@@ -94,9 +96,9 @@ def add_args(ap: argparse.ArgumentParser) -> None:
         default=0.0,
         metavar="S",
         help="first run SB3 PPO on this host, as `bench peers`' sb3-cpu arm (one env per core, "
-        "the update on the CPU, the --policy of --train-args), metered for S seconds after "
-        "--sb3-warmup-s; the report sets its joules for --sb3-steps against each run's joules "
-        "to --reference-return (default 0: not run)",
+        "the update on the CPU, the --policy of --train-args), metered over about S seconds "
+        "after --sb3-warmup-s (its start-up left out); the report sets its joules for "
+        "--sb3-steps against each run's joules to --reference-return (default 0: not run)",
     )
     ap.add_argument(
         "--sb3-warmup-s",
@@ -206,7 +208,10 @@ def run(a: argparse.Namespace, arm: str, seed: int) -> dict:
     # own: each run probes its workload afresh, so that each pays a first run's start-up alike
     from bench.compare import cache_env, stop_group
 
-    env = cache_env(out / (f"cache-{stem.name}" if a.probe_cache == "own" else "cache-shared"))
+    cache = out / (f"cache-{stem.name}" if a.probe_cache == "own" else "cache-shared")
+    if a.probe_cache == "own":  # a retried run probes afresh too
+        shutil.rmtree(cache, ignore_errors=True)
+    env = cache_env(cache)
 
     with open(f"{stem}.log", "w") as log:
         proc = subprocess.Popen(
@@ -245,12 +250,7 @@ def report(a: argparse.Namespace, results: dict) -> dict:
     text = table(results, a.seed_list, a.arm_list, a.reference_return)
     sb3_doc = _document(Path(a.out) / "sb3") if a.sb3_window > 0 else None  # this command's
     text += against_sb3(results, sb3_doc, a.sb3_steps, a.reference_return)
-    text += (
-        "\nEach run probed its workload afresh (a probe cache of its own).\n"
-        if a.probe_cache == "own"
-        else "\nThe runs shared one probe cache: the first of a workload probed it, the later "
-        "ones read it.\n"
-    )
+    text += probes_note(results, a.probe_cache)
     if a.markdown:
         Path(a.markdown).parent.mkdir(parents=True, exist_ok=True)
         Path(a.markdown).write_text(text)
@@ -259,8 +259,16 @@ def report(a: argparse.Namespace, results: dict) -> dict:
         from bench.figure_goodput import return_vs_joules
 
         title = f"{a.env} to a return of {a.target_return:g}: tuned by steps/J and by goodput/J"
+        label = f"SB3 PPO's return at {a.sb3_steps / 1e6:g}M steps"  # as --sb3-steps says
         return_vs_joules(
-            Path(a.out), Path(a.plot), a.target_return, a.reference_return, title, a.seed_list
+            Path(a.out),
+            Path(a.plot),
+            a.target_return,
+            a.reference_return,
+            title,
+            a.seed_list,
+            a.arm_list,
+            label,
         )
     return {"table": text}
 
@@ -271,7 +279,7 @@ def plan(a: argparse.Namespace):
         for seed in a.seed_list
         for arm in a.arm_list
     ]
-    if a.sb3_window > 0:  # first, so that the host's drift meets it as it meets the runs
+    if a.sb3_window > 0:  # once, before the runs, on the host they run on
         steps.insert(0, Step("sb3", lambda: sb3(a), a.sb3_warmup_s + a.sb3_window + 60))
     steps.append(Step("report", lambda: report(a, _results(a)), 30))
     return steps, None

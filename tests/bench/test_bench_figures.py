@@ -17,7 +17,7 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 def test_figures_command_writes_pngs_next_to_the_json(tmp_path):
     pytest.importorskip("matplotlib")
-    for sub in ("end-to-end", "cuda-context", "wrap-guide"):
+    for sub in ("end-to-end", "cuda-context", "wrap-guide", "goodput/to-390-h200"):
         shutil.copytree(RESULTS / sub, tmp_path / sub, ignore=shutil.ignore_patterns("*.png"))
     proc = subprocess.run(
         [
@@ -28,7 +28,7 @@ def test_figures_command_writes_pngs_next_to_the_json(tmp_path):
             "--results",
             str(tmp_path),
             "--only",
-            "end-to-end,cuda-context,wrap",
+            "end-to-end,cuda-context,wrap,to-sb3",
         ],
         capture_output=True,
         text=True,
@@ -39,6 +39,7 @@ def test_figures_command_writes_pngs_next_to_the_json(tmp_path):
         tmp_path / "end-to-end" / "ant-e2e.png",
         tmp_path / "cuda-context" / "gpu-idle-power.png",
         tmp_path / "wrap-guide" / "wrap-guide.png",
+        tmp_path / "goodput" / "to-390-h200" / "return-vs-joules.png",
     ):
         data = path.read_bytes()
         assert data.startswith(PNG), path

@@ -39,7 +39,8 @@ def test_the_suite_runs_both_tunings_to_the_target_and_reports_them(tmp_path):
     text = (out / "table.md").read_text()
     assert "The learning-rate schedule: adaptive (the last rates" in text  # the default
     assert "Samples weighed by the efficiency of the batch in use" in text
-    assert "The runs shared one probe cache" in text
+    assert "Probes: one probe cache for the runs" in text
+    assert "read from the cache by goodput-seed0." in text  # the second run read the first's
     sb3 = json.loads((out / "sb3.json").read_text())
     assert not sb3["failed"] and sb3["steps_per_joule"] > 0, sb3
     kj = 50_000 / sb3["steps_per_joule"] / 1000
@@ -220,10 +221,14 @@ def test_sb3_lines_say_a_failed_arm_and_a_run_that_missed_the_reference():
     from bench.goodput_report import against_sb3
 
     runs = {"goodput-seed0": {"reference": {"joules": 2_000.0}}, "goodput-seed1": {}}
+    runs["goodput-seed2"] = {"failed": True}
+    runs["steps-per-joule-seed0"] = {"reference": {"joules": None, "steps": 9}}
     arm = {"steps_per_joule": 10.0, "steps_per_s": 1_500.0, "window_s": 30.0, "failed": False}
-    text = against_sb3(runs, arm, 1e6, 390.0)
-    assert "1,500 steps/s at 10.00 steps/J over its 30-s window, so 1M steps cost 100.0 kJ" in text
-    assert "- goodput-seed0: 50.00x (2.0 kJ)" in text and "- goodput-seed1: not reached" in text
+    text = " ".join(against_sb3(runs, arm, 1e6, 390.0).split())
+    assert "1,500 steps/s at 10.00 steps/J over its 30-s window (its start-up left out;" in text
+    assert "so 1M steps cost 100.0 kJ" in text and "- goodput-seed0: 50.00x (2.0 kJ)" in text
+    assert "- goodput-seed1: not reached" in text and "- goodput-seed2: failed" in text
+    assert "- steps-per-joule-seed0: n/a (no joules)" in text
     failed = {"failed": True, "error": "fewer than two progress lines"}
     assert "failed (fewer than two progress lines)" in against_sb3(runs, failed, 1e6, 390.0)
     assert against_sb3(runs, None, 1e6, 390.0) == ""  # not run
@@ -233,3 +238,25 @@ def test_the_policy_is_read_from_the_train_args_in_either_spelling():
     assert goodput.policy_of("--lr 3e-4 --policy auto:8:auto") == "auto:8:auto"
     assert goodput.policy_of("--policy=auto:16:auto --epochs 2") == "auto:16:auto"
     assert goodput.policy_of("--lr 3e-4") is None and goodput.policy_of("--policy") is None
+
+
+def test_the_report_names_the_runs_that_read_their_probes_and_ignores_an_old_sb3_arm(tmp_path):
+    """The note comes from each run's document; an ``sb3.json`` left in ``--out`` by an
+    earlier command is not set against runs this command made without the arm."""
+    a = _check("--seeds", "0", "--arms", "goodput", "--reference-return", "30")
+    a.out = str(tmp_path)
+    (tmp_path / "sb3.json").write_text(json.dumps({"steps_per_joule": 10.0, "steps_per_s": 1.0}))
+    run = {"reference": {"joules": 10.0, "steps": 50}, "probes_cached": True}
+    results = {"goodput-seed0": {**run, **_summary_fields()}}
+    text = goodput.report(a, results)["table"]
+    assert "each run a probe cache of its own; read from the cache by goodput-seed0." in text
+    assert "SB3 PPO on this host" not in text
+    from bench.goodput_report import probes_note
+
+    assert "read from the cache by no run." in probes_note({"x": {"failed": True}}, "shared")
+
+
+def _summary_fields() -> dict:
+    """The fields ``table`` reads of a run that reached its target."""
+    target = {"reached": True, "joules": 20.0, "seconds": 1.0, "steps": 100}
+    return {"target": target, "trained_steps": 100, "steps_per_joule": 5.0, "env_backend": "x"}
