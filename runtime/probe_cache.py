@@ -5,14 +5,17 @@ and, on a GPU, its CUDA start-up. The results are stored as JSON under the cache
 (``$AUTOTUNE_CACHE_DIR``, else ``$XDG_CACHE_HOME/autotune``, else ``~/.cache/autotune``), one
 file per workload and machine: the key hashes the probe spec (env, policy, rollout length,
 the learner settings an update's work depends on, devices) with what the costs depend on here
-(host name, CPU model, the host's core count, the GPUs' names, the Python, torch, numpy,
-gymnasium and EnvPool versions).
+(host name, CPU model, the host's core count, the names of the GPUs CUDA may use here as
+``CUDA_VISIBLE_DEVICES`` shows them, the Python, torch, numpy, gymnasium and EnvPool versions).
 The host's cores, not the affinity mask's: a job the daemon gives some of the cores keeps the
 probes of that workload measured for the whole machine. The costs are the same per core, and
 the loaded actor round is timed with every core of the mask busy, as the machine is when jobs
 share it. Keyed on the mask, each arriving job probed again for about 20 s, on cores it was
 given to train on, beside the running jobs.
-An entry older than ``MAX_AGE_S``, one that cannot be read back, and any custom env
+An entry older than ``MAX_AGE_S``, one that cannot be read back (not an object, a cost that is
+not a finite number above 0), one without the GPU learner a run that sees a GPU asks for
+(probes whose CUDA did not start are not kept: they would size every run as if there were no
+GPU), and any custom env
 (``module:Id``, or an id an ``--env-module`` registers: its code may have changed) is probed
 afresh; ``refresh`` forces it
 (``autotune train --reprobe``). Files are written whole (a temporary file, then a rename),
@@ -88,10 +91,29 @@ def machine_facts() -> dict[str, Any]:
         "host": platform.node(),
         "cpu": cpu_model(),
         "cores": os.cpu_count() or 1,
-        "gpus": [g.name for g in list_gpus()],
+        "gpus": visible_gpus([g.name for g in list_gpus()]),
         "python": sys.version.split()[0],
         **{dist: _version(dist) for dist in ("torch", "numpy", "gymnasium", "envpool")},
     }
+
+
+def visible_gpus(names: list[str]) -> list[str]:
+    """The GPUs this process's CUDA can use, of NVML's ``names``: all of them where
+    ``CUDA_VISIBLE_DEVICES`` is unset, else its entries in order, an index as the GPU's name
+    and a UUID or MIG instance as itself, up to the first that names no GPU (as CUDA reads
+    it). So a run that hides the GPUs, or sees another kind of GPU, has probes of its own."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return names
+    out = []
+    for entry in (e.strip() for e in visible.split(",")):
+        if entry.isdigit() and int(entry) < len(names):
+            out.append(names[int(entry)])
+        elif entry and not entry.lstrip("-").isdigit():
+            out.append(entry)  # GPU-<uuid> or MIG-<uuid>
+        else:
+            break  # "", -1 or an index past the last GPU: CUDA sees no more
+    return out
 
 
 COST_SETTINGS = ("epochs", "minibatches", "min_minibatch", "normalize_obs", "compile_loss")
@@ -161,14 +183,14 @@ def probes(
     """
     path = entry_path(env_id, policy, rollout_len, learner, devices, backend, also)
     if path is not None and not refresh:
-        hit = _read(path) or _read_wider(
-            env_id, policy, rollout_len, learner, devices, backend, also
+        hit = _serving(_read(path), devices) or _serving(
+            _read_wider(env_id, policy, rollout_len, learner, devices, backend, also), devices
         )
         if hit is not None:
             return hit
     with _measuring(path) as waited:
-        if path is not None and waited:  # another run measured it meanwhile
-            hit = _read(path)
+        if path is not None and (waited or not refresh):  # one may have finished meanwhile
+            hit = _serving(_read(path), devices)
             if hit is not None:
                 return hit
         measured = run_probes(
@@ -182,9 +204,38 @@ def probes(
             on_gpu_learner=on_gpu_learner,
             also=also,
         )
-        if path is not None:
+        if path is not None and _complete(measured, devices):
             _write(path, measured)
     return measured
+
+
+def _missing(found: Probes, devices: list[str]) -> list[str]:
+    """The devices asked whose learner ``found`` did not time; not a GPU where this process
+    can use none (no GPU, or ``CUDA_VISIBLE_DEVICES`` hides them: the key says so)."""
+    missing = [d for d in devices if d not in found.learners]
+    if "cuda" in missing and not machine_facts()["gpus"]:
+        missing.remove("cuda")
+    return missing
+
+
+def _complete(measured: Probes, devices: list[str]) -> bool:
+    """Whether ``measured`` may serve the runs of its key for the week: a GPU learner that
+    could not be timed this time (CUDA did not start) would size them all as if the machine
+    had no GPU, so such probes are used by this run only."""
+    missing = _missing(measured, devices)
+    if missing:
+        logger.warning(
+            "the probes timed no %s learner, so they are not cached: a later run measures "
+            "them again",
+            " or ".join(missing),
+        )
+    return not missing
+
+
+def _serving(found: Probes | None, devices: list[str]) -> Probes | None:
+    """``found`` where it times every learner asked (``_missing``); None otherwise (an entry
+    written before ``_complete`` guarded the cache)."""
+    return found if found is not None and not _missing(found, devices) else None
 
 
 def _read_wider(
@@ -250,8 +301,10 @@ def _measuring(path: Path | None):
 def _read(path: Path) -> Probes | None:
     try:
         doc = json.loads(path.read_text())
+        if not isinstance(doc, dict):
+            return None
         found = Probes.from_dict({**doc, "cached": True})
-    except (OSError, ValueError, ProbeError):
+    except (OSError, ValueError, ProbeError, RecursionError):  # measured again
         return None
     if not 0 <= time.time() - found.measured_at <= MAX_AGE_S:
         return None

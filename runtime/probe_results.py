@@ -3,6 +3,7 @@ sizing reads them (``autotune.workflows.auto_size``)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -124,7 +125,34 @@ class Probes:
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> Probes:
-        """Raises ``ProbeError`` for a malformed document."""
+        """Raises ``ProbeError`` for a malformed document: a field missing or of the wrong
+        type, or a cost that is not a finite number above 0 (``_check``)."""
+        found = cls._parse(doc)
+        found._check()
+        return found
+
+    def _check(self) -> None:
+        """Raises ``ProbeError`` unless every cost the sizing fits lines to is a finite number
+        above 0 at sizes above 0, with at least one forward and one size per learner."""
+        fits = {"forward_s": self.forward_s, "round_loaded_s": self.round_loaded_s}
+        fits.update({f"learner {d}": c.seconds for d, c in self.learners.items()})
+        fits.update(
+            {f"{b} round_loaded_s": o["round_loaded_s"] for b, o in self.other_backends.items()}
+        )
+        steps = {"env_step_s": self.env_step_s}
+        steps.update({f"{b} env_step_s": o["env_step_s"] for b, o in self.other_backends.items()})
+        bad = [k for k, v in steps.items() if not (math.isfinite(v) and v > 0)]
+        bad += [
+            k
+            for k, points in fits.items()
+            if any(not (s > 0 and math.isfinite(v) and v > 0) for s, v in points.items())
+        ]
+        bad += [k for k in ("forward_s", *(f"learner {d}" for d in self.learners)) if not fits[k]]
+        if bad:
+            raise ProbeError(f"malformed probe results: {', '.join(bad)} not above 0 (or empty)")
+
+    @classmethod
+    def _parse(cls, doc: dict[str, Any]) -> Probes:
         try:
             learners = {
                 d: LearnerCost(d, {int(b): float(s) for b, s in c["seconds"].items()})
