@@ -34,6 +34,8 @@ from autotune.control.machine import MachineView
 
 DEFAULT_MIN_SHARE = 0.8
 """A job's fairness floor: this share of the steps/s the equal split would give it."""
+MAX_WEIGHT = 1e6
+"""The largest ``weight`` a claim may give (a job a million times another's has it all)."""
 SHARE_STEP = 5
 """The granularity of a GPU's MPS share between jobs, in percent."""
 MIN_GMI_PCT = 10
@@ -89,8 +91,8 @@ class Claim:
     def problems(self, machine: MachineView) -> list[str]:
         """What is wrong with this claim on ``machine`` (empty when it is fine)."""
         out = []
-        if not (math.isfinite(self.weight) and self.weight > 0):
-            out.append(f"weight must be a positive number, got {self.weight}")
+        if not (math.isfinite(self.weight) and 0 < self.weight <= MAX_WEIGHT):
+            out.append(f"weight must be above 0 and at most {MAX_WEIGHT:g}, got {self.weight}")
         if not 0 <= self.min_share <= 1:
             out.append(f"min_share must be within 0..1, got {self.min_share}")
         if self.gpu is not None and self.gpu not in [g.index for g in machine.gpus]:
@@ -320,6 +322,8 @@ def _split(units: int, weights: dict[str, float], least: int) -> dict[str, int]:
     ``least`` is raised to it with units of the jobs that hold the most."""
     if not weights:
         return {}
+    top = max(weights.values())
+    weights = {j: w / top for j, w in weights.items()}  # no overflow, however large
     total = sum(weights.values())
     raw = {j: units * w / total for j, w in weights.items()}
     out = {j: math.floor(v) for j, v in raw.items()}

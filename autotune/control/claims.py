@@ -59,7 +59,10 @@ def claim_from(job: str, doc: Any) -> Claim:
         fixed = None
         if cores is not None:
             pct = doc.get("mps_pct")
-            fixed = Budget(tuple(int(c) for c in cores), gpu, None if pct is None else int(pct))
+            listed = tuple(int(c) for c in cores)
+            if len(set(listed)) != len(listed):
+                raise ValueError(f"claim cores {list(listed)}: a core is named twice")
+            fixed = Budget(listed, gpu, None if pct is None else int(pct))
         return Claim(
             job,
             float(doc.get("weight", 1.0)),
@@ -69,10 +72,12 @@ def claim_from(job: str, doc: Any) -> Claim:
             gpu,
             any_gpu,
         )
-    except (TypeError, ValueError):
+    except (TypeError, ValueError) as exc:
+        twice = f" ({exc})" if "named twice" in str(exc) else ""
         raise ValueError(
-            f"malformed claim {doc!r}: weight and min_share are numbers, exclusive a bool, "
-            'cores a list of core numbers, mps_pct an integer, gpu an integer or "any"'
+            f"malformed claim {doc!r}{twice}: weight and min_share are numbers, exclusive a "
+            "bool, cores a list of distinct core numbers, mps_pct an integer, gpu an integer or "
+            '"any"'
         ) from None
 
 
@@ -124,3 +129,30 @@ def share_of(claim: Claim, hello: dict[str, Any], machine: MachineView) -> Share
     batches = hello.get("minibatches")
     ok = isinstance(batches, int) and not isinstance(batches, bool) and batches >= 1
     return Share(claim, valid_pid(hello.get("pid")), model, batches if ok else 4, budget=held)
+
+
+def apart(share: Share, shares: dict[str, Share]) -> bool:
+    """Whether ``share``'s budget holds no core another registered job's does."""
+    mine = set(share.budget.cores if share.budget else ())
+    return not any(
+        mine & set(s.budget.cores)
+        for j, s in shares.items()
+        if j != share.claim.job and s.budget is not None and s.expires is None
+    )
+
+
+def clear_of_fixed(share: Share, shares: dict[str, Share]) -> bool:
+    """Whether ``share``'s budget (an offer, made before the fixed budgets registered since)
+    holds no core of a fixed budget in ``shares`` and keeps its GPU's fixed shares and its own
+    within 100 %: a starting job may overlap the flexible jobs' budgets only."""
+    if share.budget is None:
+        return True
+    mine, fixed_pct = set(share.budget.cores), 0
+    for job, s in shares.items():
+        if job == share.claim.job or s.claim.fixed is None or s.budget is None:
+            continue
+        if mine & set(s.budget.cores):
+            return False
+        if share.budget.gpu is not None and s.budget.gpu == share.budget.gpu:
+            fixed_pct += s.budget.mps_pct or 0
+    return fixed_pct + (share.budget.mps_pct or 0) <= 100

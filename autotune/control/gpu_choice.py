@@ -16,9 +16,13 @@ from autotune.control.allocator import Claim, check_admission
 from autotune.control.machine import MachineView
 
 
-def pick_gpu(machine: MachineView, claims: list[Claim], new: Claim) -> Claim:
+def pick_gpu(
+    machine: MachineView, claims: list[Claim], new: Claim, foreign: frozenset[int] = frozenset()
+) -> Claim:
     """``new`` with its GPU chosen among ``machine``'s beside ``claims`` (the jobs that hold
-    GPUs already); unchanged where it names a GPU, or the machine has none."""
+    GPUs already), a GPU where a process the daemon does not manage computes (``foreign``,
+    NVML indices) only where every other is worse for MPS; unchanged where it names a GPU,
+    or the machine has none."""
     if not new.any_gpu or not machine.gpus:
         return new
     own = new.fixed.mps_pct or 0 if new.fixed is not None else 0
@@ -36,5 +40,8 @@ def pick_gpu(machine: MachineView, claims: list[Claim], new: Claim) -> Claim:
     # where it would be admitted (each job there keeps a share a GMI runs at), if anywhere;
     # else the best of all, for admission to refuse saying what is free
     fits = [g for g in machine.gpus if check_admission(machine, claims, on(g.index)) is None]
-    best = max(fits or machine.gpus, key=lambda g: (g.mps, share(g.index), -g.index))
+    best = max(
+        fits or machine.gpus,
+        key=lambda g: (g.mps, g.index not in foreign, share(g.index), -g.index),
+    )
     return on(best.index)

@@ -41,7 +41,7 @@ from autotune.control.allocator import (
     check_admission,
     total_of,
 )
-from autotune.control.claims import Share, process_gone
+from autotune.control.claims import Share, apart, clear_of_fixed, process_gone
 from autotune.control.gpu_choice import pick_gpu
 from autotune.control.machine import MachineView, busy_last, foreign_load
 from autotune.control.rates import model_rate, sized_for
@@ -124,7 +124,8 @@ class MachineShares:
         if budget is not None and budget.gpu is not None:
             fixed = None if claim.fixed is None else replace(claim.fixed, gpu=budget.gpu)
             return replace(claim, gpu=budget.gpu, any_gpu=False, fixed=fixed)
-        return pick_gpu(self.machine, self._others(claim, pid), claim)
+        foreign = frozenset(self.foreign.get("gpus") or ())  # another's load: last
+        return pick_gpu(self.machine, self._others(claim, pid), claim, foreign)
 
     def offer(self, claim: Claim, pid: int | None = None) -> Budget:
         """The budget ``claim`` would get if it joined now, for the job to size itself inside.
@@ -177,12 +178,13 @@ class MachineShares:
         if share.budget is None and offered is not None:
             share.budget = offered.budget
         self.shares[share.claim.job] = share
-        if held and self.grace_until is not None and self._apart(share):
+        if held and self.grace_until is not None and apart(share, self.shares):
             share.seq += 1  # just started (again): it keeps what it holds (``RESTART_GRACE_S``)
             self._send(share.claim.job, share, changed=True)
             return
         running = any(s.expires is None and j != share.claim.job for j, s in self.shares.items())
         overlap_ok = share.claim.fixed is None and not share.claim.exclusive
+        overlap_ok = overlap_ok and clear_of_fixed(share, self.shares)
         if overlap_ok and not held and running and share.budget is not None:
             share.starting_at = self.clock()  # the others keep their cores until it trains
             share.seq += 1
@@ -208,15 +210,6 @@ class MachineShares:
         return any(
             s.starting_at is not None and now - s.starting_at < STARTING_MAX_S
             for s in self.shares.values()
-        )
-
-    def _apart(self, share: Share) -> bool:
-        """Whether ``share``'s budget holds no core another registered job's does."""
-        mine = set(share.budget.cores if share.budget else ())
-        return not any(
-            mine & set(s.budget.cores)
-            for j, s in self.shares.items()
-            if j != share.claim.job and s.budget is not None and s.expires is None
         )
 
     def leave(self, job: str, rebalance: bool = True) -> None:

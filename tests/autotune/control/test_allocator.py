@@ -137,7 +137,7 @@ def test_a_job_that_asks_for_more_than_there_is_is_refused_with_what_is_free():
     assert "no core left" in why and "2 cores to hand out" in why
     assert "not all among" in check_admission(m, [], Claim("c", fixed=Budget((0, 5))))
     assert "GPU 0 is not on this machine" in check_admission(m, [], Claim("c", gpu=0))
-    assert "weight must be a positive" in check_admission(m, [], Claim("c", weight=0))
+    assert "weight must be above 0 and at most" in check_admission(m, [], Claim("c", weight=0))
     with pytest.raises(AllocationError, match="job c"):
         allocate(m, [*claims, Claim("c")], {})
 

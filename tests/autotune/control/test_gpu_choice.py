@@ -175,3 +175,16 @@ def test_an_offer_charges_the_gpu_it_names_and_mps_sees_every_gpu(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")  # a job on a budget of GPU 1
     env = MPSControl(pipe_dir="/tmp/x", binary=None)._env()
     assert "CUDA_VISIBLE_DEVICES" not in env and env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+
+
+def test_a_gpu_another_process_computes_on_is_picked_last():
+    """A process the daemon does not manage (NVML sees its context) holds part of its GPU: a
+    job naming no GPU goes to a free one, and to the foreign one only where all are taken."""
+    m = machine(16, 2)
+    any_gpu = Claim("c", any_gpu=True)
+    assert pick_gpu(m, [], any_gpu, foreign=frozenset({0})).gpu == 1
+    assert pick_gpu(m, [], any_gpu, foreign=frozenset({0, 1})).gpu == 0  # of equals, the lowest
+    # through the daemon's share-out, as its foreign load reads it
+    shares = MachineShares(m, lambda *a: None, read_foreign=False)
+    shares.foreign = {**shares.foreign, "gpus": [0]}
+    assert shares.offer(claim_from("offer", {"gpu": "any"}), pid=os.getpid()).gpu == 1

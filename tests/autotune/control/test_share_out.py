@@ -78,6 +78,8 @@ def test_offers_are_disjoint_and_registered_jobs_keep_their_cores_until_the_new_
         claim_from("x", {"weight": "heavy"})
     with pytest.raises(ValueError, match="a claim is a map of"):
         claim_from("x", {"priority": 1})
+    with pytest.raises(ValueError, match=r"cores \[0, 0\]: a core is named twice"):
+        claim_from("x", {"cores": [0, 0]})  # as a socket could send it; the CLI dedupes
 
 
 def test_a_changed_budget_keeps_the_costly_values_unless_changing_them_pays():
@@ -219,3 +221,35 @@ def test_a_starting_job_that_never_trains_has_the_cores_lent_for_a_stated_time_o
     held = shares.shares["c"].budget  # c registers again (a daemon restarted): it held that
     shares.join(share_of(claim_from("c", {}), {"pid": p3, "held": held.to_dict()}, shares.machine))
     assert not shares.job_status("c")["starting"]
+
+
+def test_a_starting_job_offered_cores_a_fixed_budget_took_since_is_shared_out_afresh(live_pids):
+    """An offer made before a fixed budget registered is not kept as it is: the starting job
+    gets no core of the fixed budget, and the GPU's shares stay within 100 %."""
+    (pa,) = live_pids(1)
+    gpu = {"index": 0, "name": "NVIDIA H200", "sms": 132, "memory_mib": 143_771}
+    sent: list[tuple[str, Budget]] = []
+    shares = MachineShares(
+        MachineView.from_dict({"cores": 8, "gpus": [gpu]}),
+        lambda job, budget, changed: sent.append((job, budget)),
+        read_foreign=False,
+    )
+    offered = shares.offer(claim_from("offer", {"gpu": 0}), pid=pa)
+    assert offered.cores == tuple(range(8)) and offered.mps_pct == 100
+    fixed = claim_from("f", {"cores": [0, 1, 2, 3], "gpu": 0, "mps_pct": 60})
+    shares.join(share_of(fixed, {"pid": None}, shares.machine))
+    shares.join(share_of(claim_from("a", {"gpu": 0}), {"pid": pa}, shares.machine))
+    f, a = shares.shares["f"].budget, shares.shares["a"].budget
+    assert f.cores == (0, 1, 2, 3) and f.mps_pct == 60  # the fixed budget, untouched
+    assert not set(a.cores) & set(f.cores) and a.mps_pct + f.mps_pct <= 100
+    assert sent[-1][0] in ("a", "f") and ("a", offered) not in sent
+
+
+def test_a_huge_weight_is_refused_and_could_not_break_the_split():
+    from autotune.control.allocator import MAX_WEIGHT, _split
+
+    machine = MachineView.from_dict({"cores": 8})
+    assert any("at most 1e+06" in p for p in Claim("a", weight=MAX_WEIGHT * 10).problems(machine))
+    assert not Claim("a", weight=MAX_WEIGHT).problems(machine)
+    assert _split(8, {"a": 1e308, "b": 1.0}, 1) == {"a": 7, "b": 1}
+    assert _split(8, {"a": 1e308, "b": 1e308}, 1) == {"a": 4, "b": 4}
