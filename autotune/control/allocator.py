@@ -170,9 +170,13 @@ def check_admission(
         )
         sharing = sum(1 for c in flexible if c.gpu == gpu)
         if 100 - fixed_pct < MIN_GMI_PCT * sharing:
+            own = new.fixed.mps_pct if new.fixed is not None and new.fixed.gpu == gpu else None
+            fits = 100 - (fixed_pct - (own or 0)) - MIN_GMI_PCT * sharing
+            most = f"; at most {max(fits, 0)} % would fit it" if own is not None else ""
             return (
                 f"GPU {gpu} has {100 - fixed_pct} % of its SMs not fixed to jobs, and "
                 f"{sharing} jobs would share it at {MIN_GMI_PCT} % each, a GMI's least share"
+                f"{most}"
             )
     if new.fixed is not None and new.fixed.mps_pct is not None and new.fixed.gpu is not None:
         used = sum(

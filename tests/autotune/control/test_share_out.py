@@ -253,3 +253,14 @@ def test_a_huge_weight_is_refused_and_could_not_break_the_split():
     assert not Claim("a", weight=MAX_WEIGHT).problems(machine)
     assert _split(8, {"a": 1e308, "b": 1.0}, 1) == {"a": 7, "b": 1}
     assert _split(8, {"a": 1e308, "b": 1e308}, 1) == {"a": 4, "b": 4}
+
+
+def test_a_fixed_gpu_share_refused_says_the_most_that_would_fit():
+    from autotune.control.allocator import check_admission
+
+    gpu = {"index": 0, "name": "NVIDIA H200", "sms": 132, "memory_mib": 143_771}
+    m = MachineView.from_dict({"cores": 8, "gpus": [gpu]})
+    flexible = [Claim("a", gpu=0), Claim("b", gpu=0)]  # 10 % each at least
+    said = check_admission(m, flexible, Claim("f", fixed=Budget((0, 1), 0, 90), gpu=0))
+    assert said is not None and said.endswith("at most 80 % would fit it"), said
+    assert check_admission(m, flexible, Claim("f", fixed=Budget((0, 1), 0, 80), gpu=0)) is None
