@@ -151,6 +151,15 @@ def check(cfg: TrainConfig, info: EnvInfo) -> Resume | None:
         why = f"{INFO_NAME} does not describe {STATE_NAME}, and {STATE_NAME} is unreadable ("
         why = f"{why}{exc})" if behind else str(exc)
         raise ConfigError([f"checkpoint={cfg.checkpoint!r}: {why}"]) from None
+    if behind and state_key(state) <= state_key(doc):
+        raise ConfigError(
+            [
+                f"checkpoint={cfg.checkpoint!r}: {STATE_NAME} does not match the digest in "
+                f"{INFO_NAME}, and it is not a later save (version {state['version']} against "
+                f"{doc['version']}): it changed after it was saved; it was not loaded (remove "
+                "the checkpoint directory, or give another, to train afresh)"
+            ]
+        )
     if behind:
         doc.update(_counts_from_state(cfg.checkpoint, state))
     problems = checkpoint_fit.problems(cfg.checkpoint, doc, state, cfg, info)

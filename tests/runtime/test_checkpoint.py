@@ -5,6 +5,7 @@ and checkpoints that cannot be resumed are refused before anything starts."""
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 
 import pytest
@@ -181,6 +182,33 @@ def test_a_crafted_learner_file_is_refused_and_nothing_in_it_runs(tmp_path):
     torch.save({"model": {}, "version": 4}, state)  # loads, but is not a learner state
     with pytest.raises(checkpoint.StateError, match="optimizer, trained_steps missing"):
         checkpoint.load_state(str(state))
+
+
+def test_a_learner_file_changed_after_its_save_is_refused_not_resumed(tmp_path):
+    """A digest mismatch is a save the json has not caught up with only where the file has
+    come further; a file as far or behind was changed after it was saved. A damaged file
+    whose unpickler fails in any way is refused with what was wrong, not a traceback."""
+    ck = tmp_path / "ck"
+    cfg = cfg_for(ck, env="CartPole-v1", steps=10_000)
+    info = cfg.validate()
+    checkpoint.save(str(ck), state_of(3000, 4), cfg, info)
+    state = ck / checkpoint.STATE_NAME
+    torch.save({**state_of(3000, 4), "model": {"w": torch.ones(2)}}, state)  # other weights
+    with pytest.raises(ConfigError, match=r"not a later save \(version 4 against 4\)"):
+        checkpoint.check(cfg, info)
+    buf = io.BytesIO()
+    torch.save(state_of(3000, 4), buf)
+    data = bytearray(buf.getvalue())
+    failures = set()
+    for at in range(0, len(data), 7):  # single bytes flipped across the whole file
+        flipped = bytearray(data)
+        flipped[at] ^= 0xFF
+        state.write_bytes(bytes(flipped))
+        try:
+            checkpoint.load_state(str(state))
+        except checkpoint.StateError:
+            failures.add("refused")
+    assert failures == {"refused"}  # and nothing else escaped
 
 
 @pytest.mark.slow
