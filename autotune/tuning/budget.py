@@ -16,6 +16,8 @@ from typing import Any
 from autotune.tuning.knobs import MPS_CHOICES, Knob
 from autotune.tuning.perf_model import charged_share
 from autotune.tuning.storage import prune
+from autotune.tuning.tuner_rules import unmet_message
+from runtime.config import ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -149,10 +151,22 @@ class BudgetLimits:
         logger.info("a new budget: %s, sized for it", inside)
         self._start(None, inside, self.clock())
 
+    def _give_up(self) -> None:
+        """No config met the constraints: the job goes back to its default config, inside
+        its budget where it has one."""
+        self.unmet = unmet_message(self.settings, self.history.speed, self.trials_done)
+        logger.error("%s", self.unmet)
+        base = self._inside(self.base)
+        try:
+            self.job.apply(base)  # applied, not measured: nothing left to compare it with
+            self.applied = dict(base)
+        except ConfigError as exc:
+            logger.error("the default config was refused too: %s", exc)
+
     def _out_of_budget(self, trial: Any, values: dict[str, Any]) -> bool:
         """Prunes ``trial`` and enqueues the nearest config inside the budget, if ``values``
         are outside it (True), else False."""
-        full = {**(self.applied or self.base), **values}  # knobs not tuned keep the job's
+        full = {**self.defaults, **(self.applied or self.base), **values}  # and fixed ones
         if fits(full, self.limits):
             return False
         inside = {k: v for k, v in clamp(full, self.limits, self.knobs).items() if k in values}

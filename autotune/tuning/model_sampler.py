@@ -307,10 +307,10 @@ class ModelSampler(optuna.samplers.BaseSampler):
         ok = np.array([k not in tried for k in keys])
         ok &= fits_cores(machine, x)  # no core oversubscribed
         if self.limits:  # the daemon's budget for this job
-            ok &= np.array([fits(c, self.limits) for c in cands], dtype=bool)
+            ok &= np.array([fits({**self.defaults, **c}, self.limits) for c in cands], dtype=bool)
         if self.lag_ceiling is not None:
             ok &= pred.lag <= self.lag_ceiling
-        y_best = math.log(medians[best_key]) if best_key else float(np.max(mu))
+        y_best = math.log(max(medians[best_key], 1e-12)) if best_key else float(np.max(mu))
         measured_s = sum(
             t.user_attrs.get("window_s", 0.0) for t in study.get_trials(deepcopy=False)
         )

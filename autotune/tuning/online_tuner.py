@@ -57,6 +57,7 @@ from autotune.tuning.storage import (
     fail_config,
     fail_interrupted,
     fail_orphans,
+    fail_quietly,
     prune,
     skip_if_failed,
 )
@@ -68,7 +69,6 @@ from autotune.tuning.tuner_rules import (
     in_space,
     start_due,
     suggest,
-    unmet_message,
 )
 from autotune.tuning.windows import SAMPLE_S, WindowRule, ends_early, half_width, window_done
 from runtime.config import ConfigError
@@ -247,6 +247,16 @@ class OnlineTuner(BudgetLimits):
         if repeat and best and not self.grid and in_space(self.knobs, json.loads(best[0])):
             self.study.enqueue_trial(json.loads(best[0]))  # re-measure the incumbent
         trial = ask(self.study)
+        try:
+            self._try(trial, now)
+        except BaseException:  # the trial is told, not left RUNNING, whatever stopped it
+            if self.current is None or self.current.trial is not trial:
+                fail_quietly(self.study, trial)
+            raise
+
+    def _try(self, trial: optuna.trial.Trial, now: float) -> None:
+        """Starts ``trial``'s config, unless it failed before or lies outside the budget or
+        past the envs' saturation."""
         values = suggest(self.knobs, trial)
         if skip_if_failed(self.study, trial, values, self.history.failed):
             self.trials_done += 1
@@ -314,15 +324,6 @@ class OnlineTuner(BudgetLimits):
         last = self.t0 + self.log[-1]["t"] if self.log else now
         if now - last >= self.settings.recheck_s:
             self._start(None, self._inside(json.loads(best[0])), now)
-
-    def _give_up(self) -> None:
-        """No config met the constraints: the job goes back to its default config."""
-        self.unmet = unmet_message(self.settings, self.history.speed, self.trials_done)
-        logger.error("%s", self.unmet)
-        try:
-            self.job.apply(self.base)  # applied, not measured: nothing left to compare it with
-        except ConfigError as exc:
-            logger.error("the default config was refused too: %s", exc)
 
     # --- telling ----------------------------------------------------------------------------
 

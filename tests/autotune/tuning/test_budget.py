@@ -109,3 +109,44 @@ def test_a_config_sized_for_a_new_budget_is_applied_at_once_and_compared_afresh(
         tuner.tick()
     assert tuner.best()["values"] == {"actors": 9, "batch_size": 4096}
     assert world.applied[-1] == {"actors": 9, "batch_size": 4096}
+
+
+def test_a_cpu_trainer_the_job_fixed_is_counted_in_its_budget(tmp_path):
+    """The tuner tunes no trainer device here: the job's own (a CPU trainer, one thread) is
+    what the budget holds beside the actors, and a budget with no GPU share still fits it."""
+    world = World(0)
+    tuner = _tuner(tmp_path, world)
+    tuner.defaults = {"trainer_device": "cpu", "trainers": 1, "trainer_threads": 1}
+    tuner.set_limits({"actors": 4, "trainer_threads": 4, "mps_pct": 0})
+    _run(tuner, world, 12)
+    assert world.applied and max(v["actors"] for v in world.applied) <= 3  # and 1 trainer core
+    pruned = tuner.study.get_trials(states=(TrialState.PRUNED,))
+    assert len(pruned) < tuner.trials_done  # not every config pruned for a GPU it lacks
+
+
+def test_a_tuner_that_gives_up_puts_the_default_inside_the_budget(tmp_path):
+    world = World(0)
+    tuner = _tuner(tmp_path, world)
+    tuner.base = {**tuner.base, "actors": 8}
+    tuner.set_limits({"actors": 4})
+    tuner._give_up()
+    assert world.applied[-1]["actors"] <= 4 and tuner.applied == world.applied[-1]
+    assert tuner.unmet
+
+
+def test_a_trial_whose_start_fails_is_told_failed_not_left_running(tmp_path, monkeypatch):
+    import pytest
+
+    world = World(0)
+    tuner = _tuner(tmp_path, world)
+    _run(tuner, world, 2)
+
+    def broken(*_):
+        raise RuntimeError("the job went away")
+
+    monkeypatch.setattr(tuner, "_start", broken)
+    with pytest.raises(RuntimeError, match="went away"):
+        while True:
+            world.t += 0.5
+            tuner.tick()
+    assert not tuner.study.get_trials(states=(TrialState.RUNNING,))
