@@ -185,8 +185,8 @@ class OnlineTuner(BudgetLimits):
                         raise ConfigError(
                             [f"did not take effect within {s.settle_timeout_s:.0f} s ({why})"]
                         )
-                except ConfigError as exc:
-                    self.current = None
+                except ConfigError as exc:  # what the job runs now is not known: the next
+                    self.current, self.applied = None, None  # change warms up in full
                     self._failed(cur.trial, cur.values, exc)
                     return
                 if ready:

@@ -150,3 +150,22 @@ def test_a_trial_whose_start_fails_is_told_failed_not_left_running(tmp_path, mon
             world.t += 0.5
             tuner.tick()
     assert not tuner.study.get_trials(states=(TrialState.RUNNING,))
+
+
+def test_a_config_that_never_took_effect_leaves_the_next_change_a_full_warmup(tmp_path):
+    world = World(0, stuck=3)  # 3 actors never settle: the job did not run that config
+    tuner = _tuner(tmp_path, world, settle_timeout_s=2.0)
+    seen = False
+    while tuner.trials_done < 25 and not seen:
+        world.t += 0.5
+        tuner.tick()
+        failed = tuner.study.get_trials(states=(TrialState.FAIL,))
+        seen = any("did not take effect" in t.user_attrs.get("error", "") for t in failed)
+    assert seen and tuner.current is None and tuner.applied is None
+    for _ in range(20):  # the next config started (a trial may be skipped or pruned first)
+        if tuner.current is not None:
+            break
+        world.t += 0.5
+        tuner.tick()
+    # warmed up as after a respawn, not as a change of the batch alone
+    assert tuner.current is not None and tuner.current.warmup_s == tuner.settings.warmup_s
