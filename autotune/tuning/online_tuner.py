@@ -57,7 +57,6 @@ from autotune.tuning.storage import (
     fail_config,
     fail_interrupted,
     fail_orphans,
-    fail_quietly,
     prune,
     skip_if_failed,
 )
@@ -66,6 +65,7 @@ from autotune.tuning.tuner_rules import (
     change_warmup,
     confirmed,
     endgame,
+    fail_quietly,
     in_space,
     start_due,
     suggest,

@@ -336,12 +336,6 @@ def skip_if_failed(
     return True
 
 
-def fail_quietly(study: optuna.Study, trial: optuna.trial.Trial) -> None:
-    """Tells ``trial`` failed where it can (an error is on its way up already)."""
-    with contextlib.suppress(Exception):
-        study.tell(trial, state=TrialState.FAIL)
-
-
 def fail_config(
     study: optuna.Study,
     trial: optuna.trial.Trial | None,

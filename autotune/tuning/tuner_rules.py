@@ -4,7 +4,10 @@ whether the start config is measured first."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
+
+import optuna
 
 from autotune.tuning.knobs import Knob
 from autotune.tuning.storage import config_key
@@ -136,3 +139,9 @@ def unmet_message(settings: Any, speed: dict[str, list[float]], trials: int) -> 
         f"{settings.min_steps_per_s} steps/s, lag ceiling {settings.max_policy_lag}; fastest "
         f"seen {fastest:,.0f} steps/s); back to the default config, tuning stopped"
     )
+
+
+def fail_quietly(study: optuna.Study, trial: optuna.trial.Trial) -> None:
+    """Tells ``trial`` failed where it can (an error is on its way up already)."""
+    with contextlib.suppress(Exception):
+        study.tell(trial, state=optuna.trial.TrialState.FAIL)
