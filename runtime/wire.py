@@ -307,7 +307,10 @@ def _decode_array(spec: Any, frame: bytes | zmq.Frame | memoryview) -> np.ndarra
         raise ProtocolError(
             f"array frame has {len(buf)} bytes; {dtype_str}{shape} needs {expected}"
         )
-    return np.frombuffer(buf, dtype=dtype).reshape(shape)
+    try:  # numpy refuses a dimension past its index range, even of a zero-size array
+        return np.frombuffer(buf, dtype=dtype).reshape(shape)
+    except (ValueError, OverflowError) as exc:
+        raise ProtocolError(f"bad array shape {shape!r}: {exc}") from None
 
 
 def _as_buffer(frame: bytes | zmq.Frame | memoryview) -> memoryview:

@@ -7,6 +7,7 @@ import ctypes
 import ctypes.util
 import faulthandler
 import logging
+import math
 import multiprocessing
 import os
 import signal
@@ -173,8 +174,8 @@ class LiveSettings:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise wire.ProtocolError(f"live {key}={value!r}: must be an integer >= 1")
         timeout = msg.meta.get("chunk_timeout_s")
-        if not isinstance(timeout, int | float) or not timeout > 0:
-            raise wire.ProtocolError(f"live chunk_timeout_s={timeout!r}: must be > 0")
+        if not isinstance(timeout, int | float) or not (math.isfinite(timeout) and timeout > 0):
+            raise wire.ProtocolError(f"live chunk_timeout_s={timeout!r}: must be finite and > 0")
         out["chunk_timeout_s"] = float(timeout)
         self.epoch = epoch
         return out

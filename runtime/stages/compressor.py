@@ -301,7 +301,8 @@ class Compressor:
         while not self._drained():
             timeout_ms = max(1, int(self.chunk_timeout_s * 1000 / 2))
             for sock, _ in poller.poll(timeout_ms):
-                for msg in wire.recv_waiting(sock, self.malformed):
+                # at most a queue's worth per socket, so commands, flushes and stats keep up
+                for msg in wire.recv_waiting(sock, self.malformed, topology.EXPERIENCE_HWM):
                     if sock is self.pull:
                         self.last_input = time.monotonic()
                     try:

@@ -148,6 +148,7 @@ def test_header_fields_of_the_wrong_type_are_protocol_errors_not_crashes(meta):
         ([_header(a=[["<f4", [1] * 65]]), b"\0" * 4], "at most"),
         ([_header(a=[["<f4", [2**32, 2**32]]]), b""], "needs"),
         ([_header(a=[["<f4", [True]]]), b"\0" * 4], "bad array shape"),
+        ([_header(a=[["<f4", [0, 2**63]]]), b""], "bad array shape"),  # zero bytes, too wide
     ],
 )
 def test_hostile_headers_are_protocol_errors_not_crashes(frames, match):
@@ -245,3 +246,15 @@ def test_incomplete_rollouts_are_evicted_by_age_and_bytes_and_counted(monkeypatc
     c.evict()
     assert sorted(c.partial) == [(0, 0, 5), (0, 0, 6)]  # the two newest fit
     assert c.snapshot()["evicted_rollouts"] == 5
+
+
+@pytest.mark.parametrize("timeout", [float("inf"), float("nan"), 0, -1.0, "1"])
+def test_a_live_chunk_timeout_that_is_not_finite_and_above_0_is_refused(timeout):
+    from runtime.stages.common import LiveSettings
+
+    meta = {"cmd": "live", "epoch": 1, "chunk_bytes": 1 << 16, "batch_size": 512}
+    meta.update(inflight_steps_per_actor=64, chunk_timeout_s=timeout)
+    with pytest.raises(wire.ProtocolError, match="chunk_timeout_s"):
+        LiveSettings().take(wire.Message(wire.MsgType.COMMAND, meta))
+    ok = LiveSettings().take(wire.Message(wire.MsgType.COMMAND, {**meta, "chunk_timeout_s": 0.5}))
+    assert ok is not None and ok["chunk_timeout_s"] == 0.5
