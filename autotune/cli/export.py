@@ -10,7 +10,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from autotune.cli.output import OutputPathError, check_output, write_text
+from autotune.cli.output import OutputPathError, check_output, check_output_dir, write_text
 from runtime.config import ConfigError
 
 
@@ -82,6 +82,7 @@ def cmd_export(args: argparse.Namespace) -> int:
             if value is not None and value < 1:
                 raise ExportError(f"--{name.replace('_', '-')} {value}: must be >= 1")
         check_output(args.out, "--out")
+        check_output_dir(args.plots, "--plots")
         study = load_study(args.storage, args.study)
         wrapped = is_wrap_study(study)
         if wrapped:
@@ -114,11 +115,17 @@ def cmd_export(args: argparse.Namespace) -> int:
         values = doc["recommended"]["values"]
         # the SM plot shows the study's GPU trials, whatever device the recommendation uses
         sms = None if wrapped else args.sms or (doc["evidence"]["machine"] or {}).get("sm_count")
-        paths = (
-            write_wrap_plots(study, args.plots, values)
-            if wrapped
-            else write_plots(study, args.plots, sms, values)
-        )
+        try:
+            paths = (
+                write_wrap_plots(study, args.plots, values)
+                if wrapped
+                else write_plots(study, args.plots, sms, values)
+            )
+        except OSError as exc:
+            console.print(
+                f"[red]error:[/red] cannot write plots in {args.plots}: {escape(str(exc))}"
+            )
+            return 1
         console.print("plots: " + ", ".join(str(p) for p in paths))
     ev, metric = doc["evidence"], doc["picked_by"]
     if metric == "target_per_mj":

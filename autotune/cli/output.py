@@ -44,6 +44,22 @@ def check_output(path: Path | None, flag: str) -> None:
             return
 
 
+def check_output_dir(path: Path | None, flag: str) -> None:
+    """``check_output`` for a folder a command writes files into (made where missing).
+
+    Raises:
+        OutputPathError: naming ``flag``, the path and what is wrong with it.
+    """
+    if path is None:
+        return
+    if path.exists() and not path.is_dir():
+        raise OutputPathError(f"{flag} {path}: is a file; give a directory")
+    if not path.exists():
+        check_output(path, flag)  # the folders on the way
+    elif not os.access(path, os.W_OK | os.X_OK):
+        raise OutputPathError(f"{flag} {path}: is not writable")
+
+
 def write_text(path: Path, text: str) -> None:
     """Writes ``text`` to ``path`` whole or not at all (a temporary file beside it, then a
     rename): a full disk or a killed process never leaves half a file over a good one."""

@@ -82,7 +82,7 @@ def add_wrap_command(sub: Any) -> None:
         type=float,
         default=60.0,
         help="a run that reported once and then stays silent this long is hung (default 60; "
-        "live mode: from a poll, a script's start-up gets up to 300 s to its first)",
+        "live mode: from its last poll, after a first message its start-up gets 300 s for)",
     )
     wrap.add_argument(
         "--storage",
@@ -144,8 +144,10 @@ def cmd_wrap(args: argparse.Namespace) -> int:
             raise KnobError(f"--trials {args.trials}: must be >= 1")
         if args.mode == "live" and args.trial_s is not None:
             raise KnobError("--trial-s stops restart mode's runs; live mode runs the script once")
-        if args.trial_s is not None and not 0 < args.trial_s < math.inf:
-            raise KnobError(f"--trial-s {args.trial_s}: allowed a number of seconds > 0")
+        timeouts = {"--trial-s": args.trial_s, "--report-timeout-s": args.report_timeout_s}
+        for flag, value in timeouts.items():
+            if value is not None and not 0 < value < math.inf:
+                raise KnobError(f"{flag} {value}: allowed a number of seconds > 0")
         if args.plots is not None and args.export is None:
             raise KnobError("--plots DIR draws the recommendation --export PATH writes: give both")
         if args.mode == "live":
@@ -233,6 +235,7 @@ def _wrap_restart(
     progress = WrapProgress(console, study)
     wrapper.on_report = progress.update
     rows: list[dict[str, Any]] = []
+    interrupted = False
     try:
         for i in range(args.trials):
             trial = ask(study)
@@ -281,6 +284,7 @@ def _wrap_restart(
             rows.append(row)
     except KeyboardInterrupt:
         console.print("[red]interrupted[/red]: the study is consistent; rerun to go on")
+        interrupted = True
     finally:
         wrapper.close()
         clear_live(study)
@@ -302,7 +306,7 @@ def _wrap_restart(
         console.print(f"best: trial {best.number} {doc['best']['values']} -> {best.value:.4g}")
     write_json(args.json, doc)
     export_at_end(args, console, study)
-    return 0 if best is not None else 1
+    return 130 if interrupted else 0 if best is not None else 1  # 130: as a shell says SIGINT
 
 
 def _wrap_live(
@@ -331,10 +335,7 @@ def _wrap_live(
         progress = WrapProgress(console, study)
         progress.start("live")
         tuner, code = run_live(wrapper, factory, base, args.report_timeout_s, progress.update)
-    except ValueError as exc:  # bad settings
-        console.print(f"[red]error:[/red] {escape(str(exc))}")
-        return 2
-    except LiveModeUnsupported as exc:
+    except (ValueError, LiveModeUnsupported) as exc:  # bad settings, or a script never polling
         console.print(f"[red]error:[/red] {escape(str(exc))}")
         return 2
     except KeyboardInterrupt:
@@ -351,7 +352,7 @@ def _wrap_live(
     )
     write_json(args.json, doc)
     export_at_end(args, console, study)
-    return 0 if best is not None else 1
+    return code if code else 0 if best is not None else 1  # the script's failure is the run's
 
 
 def export_at_end(args: argparse.Namespace, console: Any, study: Any) -> None:

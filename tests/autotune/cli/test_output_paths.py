@@ -82,3 +82,26 @@ def test_a_document_is_kept_only_in_a_folder_of_the_users_own(
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "a-file"))  # no temporary folder
     with pytest.raises(OutputPathError, match=r"nor could it be kept .*: it is lost"):
         write_json(tmp_path / "a-file" / "x.json", {"steps": 7})
+
+
+def test_a_plots_folder_that_cannot_be_made_is_refused_before_the_export(tmp_path):
+    from autotune.cli.output import check_output_dir
+
+    (tmp_path / "a-file").write_text("")
+    check_output_dir(None, "--plots")
+    check_output_dir(tmp_path, "--plots")  # there, and writable
+    check_output_dir(tmp_path / "new" / "plots", "--plots")  # to be made
+    for path, said in (
+        (tmp_path / "a-file", "is a file; give a directory"),
+        (tmp_path / "a-file" / "plots", "a-file is a file, not a directory"),
+    ):
+        with pytest.raises(OutputPathError, match=said):
+            check_output_dir(path, "--plots")
+    plots = ["--plots", str(tmp_path / "a-file" / "plots")]
+    out = subprocess.run(
+        [*CLI, "export", "--study", "none", "--storage", f"sqlite:///{tmp_path}/s.db", *plots],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 2 and "--plots" in out.stderr and "Traceback" not in out.stderr

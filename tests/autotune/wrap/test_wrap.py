@@ -180,7 +180,7 @@ from autotune import client
 k = client.knobs({"num_envs": 1})
 poll = "nopoll" not in sys.argv
 if "slowstart" in sys.argv:  # imports, CUDA, envs: seconds before its first message
-    time.sleep(6)
+    time.sleep(3)
 stop = sys.argv[1]  # seconds to run, or a file whose existence ends the run
 steps, t_end = 0, time.time() + float(stop) if stop.isdigit() else float("inf")
 while time.time() < t_end and not os.path.exists(stop):
@@ -191,6 +191,8 @@ while time.time() < t_end and not os.path.exists(stop):
     steps += 10 * k["num_envs"]
     client.report(steps=steps)
     time.sleep(0.01)
+if "fail" in sys.argv:
+    sys.exit(3)
 """
 
 
@@ -289,9 +291,9 @@ def test_live_mode_refuses_a_script_that_never_polls(tmp_path):
     assert "has not called autotune.client.poll() for 2 s" in out.stderr
     assert "use --mode restart" in out.stderr
     # a start-up longer than --report-timeout-s is not a hang: that counts from a poll
-    head = [*out.args[: out.args.index("--report-timeout-s")], "--report-timeout-s", "3"]
+    head = [*out.args[: out.args.index("--report-timeout-s")], "--report-timeout-s", "2"]
     db, run = f"sqlite:///{tmp_path}/s.db", [sys.executable, str(script), "1", "slowstart"]
-    slow = subprocess.run(  # 6 s of start-up, a 3-s timeout, then 1 s of polling
+    slow = subprocess.run(  # 3 s of start-up, a 2-s timeout, then 1 s of polling
         [*head, "--storage", db, "--", *run],
         capture_output=True,
         text=True,
@@ -300,6 +302,11 @@ def test_live_mode_refuses_a_script_that_never_polls(tmp_path):
     )
     assert slow.returncode in (0, 1) and "has not called" not in slow.stderr, slow.stderr
     assert "script exited with code 0" in " ".join(slow.stderr.split())
+    # the script's own failure is the wrap's exit code
+    run = [sys.executable, str(script), "1", "fail"]
+    cmd = [*head, "--storage", db, "--resume", "--", *run]
+    failed = subprocess.run(cmd, capture_output=True, timeout=60)
+    assert failed.returncode == 3, failed.stderr
 
 
 # holds its context for about 3 s, past several of the wrapper's once-a-second GPU checks (40

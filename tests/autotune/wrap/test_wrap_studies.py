@@ -183,6 +183,7 @@ def test_a_stopped_wrap_stops_its_script(tmp_path, mode):
     pid = _wait_for(pid_file, proc)
     proc.send_signal(signal.SIGTERM)
     proc.communicate(timeout=60)
+    assert proc.returncode == 130  # stopped, as a shell says it: not a run that finished
     deadline = time.monotonic() + 30
     while _alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
