@@ -360,8 +360,16 @@ class Wrapper:
 
 
 def stop_tree(proc: subprocess.Popen) -> None:
-    """SIGTERM to the process tree, then SIGKILL after ``TERM_GRACE_S``."""
+    """SIGTERM to the process tree, then SIGKILL after ``TERM_GRACE_S``: to the script, and
+    to any process of its tree that outlived it (re-parented once the script died)."""
+    import psutil
+
+    deadline = time.monotonic() + TERM_GRACE_S
     pids = tree_pids(proc.pid)
+    below = []
+    for pid in pids[1:]:  # as psutil objects: a pid reused meanwhile is not killed
+        with contextlib.suppress(psutil.Error):
+            below.append(psutil.Process(pid))
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
@@ -371,3 +379,7 @@ def stop_tree(proc: subprocess.Popen) -> None:
         for pid in tree_pids(proc.pid) or pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+    _, alive = psutil.wait_procs(below, timeout=max(0.0, deadline - time.monotonic()))
+    for child in alive:
+        with contextlib.suppress(psutil.Error):
+            child.kill()

@@ -212,3 +212,33 @@ def test_a_live_wrap_refused_for_its_settings_leaves_no_script_running(tmp_path)
     )
     assert missing.returncode == 2 and "cannot start 'no-such-program-here'" in missing.stderr
     assert "Traceback" not in missing.stderr
+
+
+STUBBORN = """
+import signal, subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c",
+    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)"])
+print(child.pid, flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_process_of_the_scripts_tree_that_ignores_sigterm_is_killed_with_it(monkeypatch):
+    """The script goes at SIGTERM; a child of it that ignores SIGTERM (re-parented once the
+    script is gone) is killed when the grace period ends, not left running."""
+    from autotune.wrap import wrapper
+
+    monkeypatch.setattr(wrapper, "TERM_GRACE_S", 1.0)
+    proc = subprocess.Popen([sys.executable, "-c", STUBBORN], stdout=subprocess.PIPE, text=True)
+    child = int(proc.stdout.readline())
+    deadline = time.monotonic() + 30
+    while _alive(child) and len(wrapper.tree_pids(proc.pid)) < 2:  # the child's own start
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    time.sleep(0.5)  # its handler in place
+    wrapper.stop_tree(proc)
+    assert proc.returncode is not None
+    deadline = time.monotonic() + 10
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(child)
