@@ -186,8 +186,9 @@ class ActorPool:
 
     def start(self, cfg: TrainConfig, ep: topology.Endpoints) -> None:
         """Starts ``cfg.actors`` actors."""
-        self.count = cfg.actors
-        self.slots = [self._start(cfg, ep, i) for i in range(cfg.actors)]
+        self.count, self.slots = cfg.actors, []
+        for i in range(cfg.actors):  # each kept as it starts: a start that fails stops those
+            self.slots.append(self._start(cfg, ep, i))
 
     def _end(self, slot: ActorSlot, died: bool) -> None:
         self.ended.stepped[slot.key] = int(slot.stepped.value)
@@ -272,7 +273,8 @@ class ActorPool:
             slot.process.join(timeout=5)
             self._end(slot, died=True)
         running, self.slots, self.leaving = self.slots, [], []
-        self.slots = [self._start(slot.cfg, ep, slot.index) for slot in running]
+        for slot in running:  # kept as they start (see ``start``)
+            self.slots.append(self._start(slot.cfg, ep, slot.index))
         # what incarnations that ended cleanly before had sent went through the old services:
         # the new compressor's drain waits only for the incarnations it serves
         self.ended.clean.clear()

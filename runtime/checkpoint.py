@@ -45,7 +45,7 @@ from runtime import checkpoint_fit
 from runtime.atomic_file import replaced
 from runtime.config import ConfigError, TrainConfig
 from runtime.envs import EnvInfo
-from runtime.learner_state import StateError, load_state, state_key
+from runtime.learner_state import Saved, StateError, load_state, state_key
 
 # torch is imported only where ``learner.pt`` is read or written: the runner imports this
 # module without loading torch, and loads it only to check a checkpoint it resumes from.
@@ -281,6 +281,19 @@ def save(directory: str, state: dict[str, Any], cfg: TrainConfig, info: EnvInfo)
         state_file.write(data)
         json.dump(doc, info_file, indent=2)
     return True
+
+
+def keep_furthest(cfg: TrainConfig, info: EnvInfo, saved: Saved | None) -> bool:
+    """A run that fails (its pipeline given up, a second Ctrl-C) keeps in its checkpoint the
+    furthest learner state its GMIs left (``GMIFleet.kept``), unless the checkpoint holds one
+    further already (``save``); False where nothing was kept or it could not be."""
+    if cfg.checkpoint is None or saved is None:
+        return False
+    try:
+        return save(cfg.checkpoint, load_state(saved.path), cfg, info)
+    except (StateError, OSError) as exc:
+        logger.error("the learner state could not be kept in %s: %s", cfg.checkpoint, exc)
+        return False
 
 
 def save_returns(

@@ -6,9 +6,9 @@ Trainer GMIs are placed by ``runtime.gmi.placement`` (``trainers`` per GPU, MPS 
 where MPS is wanted the runner reuses or starts an MPS daemon (``runtime.hw.mps``) and stops it
 at the end if it started it. A percentage change replaces every GMI by a new generation (an MPS
 client's percentage is fixed for its life; spare processes may start it sooner): the old ones
-train on until the new ones report, then retire and hand the learner state over
-(``runtime.gmi.fleet``). Each period between changes is a phase with its own energy window.
-Every GMI change (planned, asked for, or from ``reconfigure``) goes through ``Generations``.
+train on until the new ones report, then hand the learner state over (``runtime.gmi.fleet``).
+Each period between changes is a phase with its own energy window. Every GMI change goes
+through ``Generations``. A run that fails keeps its GMIs' furthest state in its checkpoint.
 
 ``reconfigure`` changes settings of the running job (``runtime.live``): actors are added or
 removed (a removed actor delivers what it collected before it exits), respawned with another
@@ -19,16 +19,15 @@ Lifecycle:
   1. start the services, then the actors; open an energy window.
   2. every ``TICK_S``: read telemetry, restart any actor that died (its in-flight steps are
      counted as lost), stop when the trained-step target or the wall limit is reached, or on
-     Ctrl-C. A dead compressor, migrator, trainer or inference GMI is replaced
-     (``runtime.supervisor``).
+     Ctrl-C. A dead compressor, migrator, trainer or inference GMI is replaced (supervisor).
   3. drain (``runtime.drain``): actors deliver their last rollouts, every stage passes all and
      an EOS on, the trainers train what is left and report; then the services exit.
 
 Accounting: ``sampled_steps`` counts every env step every actor incarnation took (a shared
-counter each actor bumps per step). An incarnation's steps that never reached the compressor
-whole are ``lost_steps`` (only actors that died have any). Everything the compressor received
-whole is trained (``env_steps``) or discarded as too stale (``discarded_steps``), so
-``sampled_steps == env_steps + discarded_steps + lost_steps`` after a clean finish.
+counter). An incarnation's steps that never reached the compressor whole are ``lost_steps``.
+Everything the compressor received whole is trained (``env_steps``) or discarded as too stale
+(``discarded_steps``), so ``sampled_steps == env_steps + discarded_steps + lost_steps``
+after a clean finish.
 """
 
 from __future__ import annotations
@@ -315,7 +314,8 @@ class Runner:
                     returns = list(self.telemetry.returns)
                     checkpoint.save_returns(self.cfg.checkpoint, returns, episodes, totals)
             except BaseException as exc:
-                self._kill_all()
+                self._kill_all()  # its GMIs' last saves kept, not lost with the run directory
+                checkpoint.keep_furthest(self.cfg, self.info, self.fleet.kept(run_dir, None))
                 if isinstance(exc, RunError):  # what it had done goes with the error
                     exc.result = failed_result(self, time.monotonic() - started, str(exc))
                 raise

@@ -162,16 +162,7 @@ class GMIFleet:
         behind), so the greater key is the later state. A file's time is no measure: it says
         when the file was written, not how far the learner in it had come. Where two are as far,
         they hold one state, and the one written last is taken."""
-        ckpt = self.cfg.checkpoint
-        newest = furthest(
-            [
-                recovery_file(run_dir),
-                state_file(run_dir, self.generation - 1),
-                self.started_from,
-                os.path.join(ckpt, checkpoint.STATE_NAME) if ckpt is not None else None,
-                fallback,
-            ]
-        )
+        newest = self.kept(run_dir, fallback)
         self.generation += 1
         self._standby.clear()  # every trainer process was killed, the standby ones too
         logger.warning(
@@ -183,6 +174,20 @@ class GMIFleet:
         )
         self.start(ep, run_dir, newest.path if newest is not None else None)
         return newest
+
+    def kept(self, run_dir: str, fallback: str | None) -> Saved | None:
+        """Of the learner states the run kept (``restart`` names them), the furthest."""
+        ckpt = self.cfg.checkpoint
+        return furthest(
+            [
+                recovery_file(run_dir),
+                state_file(run_dir, self.generation - 1),
+                state_file(run_dir, self.generation),
+                self.started_from,
+                os.path.join(ckpt, checkpoint.STATE_NAME) if ckpt is not None else None,
+                fallback,
+            ]
+        )
 
     def inference_place(self) -> InferencePlace:
         """Where the inference GMI runs (``inference='gmi'``): on the first trainer GPU, an MPS

@@ -326,3 +326,21 @@ def test_a_directory_another_run_saves_into_is_refused(tmp_path):
         other.communicate("\n", timeout=60)
     cfg = cfg_for(ck, env="CartPole-v1")
     assert checkpoint.check(cfg, cfg.validate()) is None  # free again once that run ended
+
+
+def test_a_failed_run_keeps_its_gmis_furthest_state_unless_the_checkpoint_is_further(tmp_path):
+    from runtime.learner_state import Saved
+
+    ck, kept = tmp_path / "ck", tmp_path / "recovery.pt"
+    cfg = cfg_for(ck, env="CartPole-v1", steps=10_000)
+    info = cfg.validate()
+    torch.save(state_of(3000, 6), kept)  # the lead GMI's recovery file, in the run directory
+    assert checkpoint.keep_furthest(cfg, info, Saved(str(kept), 6, 3000))
+    assert checkpoint.check(cfg, info).trained_steps == 3000
+    torch.save(state_of(1000, 2), kept)  # behind what the checkpoint holds: not taken back
+    assert not checkpoint.keep_furthest(cfg, info, Saved(str(kept), 2, 1000))
+    assert checkpoint.check(cfg, info).trained_steps == 3000
+    kept.write_bytes(b"damaged")  # said, not raised: the run's own error is the one to see
+    assert not checkpoint.keep_furthest(cfg, info, Saved(str(kept), 9, 5000))
+    assert not checkpoint.keep_furthest(cfg, info, None)
+    assert not checkpoint.keep_furthest(cfg_for(None), info, Saved(str(kept), 9, 5000))
