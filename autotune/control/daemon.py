@@ -37,22 +37,20 @@ from autotune.control.home import hold_lock, hold_machine
 from autotune.control.keys import serve_curve
 from autotune.control.machine import MachineView, detect, energy_shares
 from autotune.control.protocol import MsgType
-from autotune.control.remote_job import RemoteJob
+from autotune.control.remote_job import RemoteJob, tuner_for
 from autotune.control.sharing import MachineShares
 from autotune.control.status import session_status
 from autotune.tuning.budget import limits_for
-from autotune.tuning.knobs import Knob, knobs_from_wire
-from autotune.tuning.model_inputs import machine_from_doc
-from autotune.tuning.model_sampler import sampler_for
+from autotune.tuning.knobs import Knob
 from autotune.tuning.online_tuner import OnlineTuner
 from autotune.tuning.perf_model import Params
 from autotune.tuning.runner_job import tuning_doc
-from autotune.tuning.settings import TunerSettings
-from autotune.tuning.storage import open_study
 
 logger = logging.getLogger(__name__)
 
 TICK_S = 0.1
+MAX_PER_TICK = 200
+"""Messages read between two ticks at most (silent jobs dropped, budgets resent, tuning)."""
 LIVE_SPAN_S = 10.0
 """The span of reports the live steps/s and watts in ``status`` are computed over."""
 
@@ -126,7 +124,11 @@ class Daemon:
             except protocol.ControlError:
                 sock.close(linger=0)
                 raise
-        sock.bind(self.endpoint)
+        mask = os.umask(0o077)  # the socket file is the owner's from its first moment
+        try:
+            sock.bind(self.endpoint)
+        finally:
+            os.umask(mask)
         if path is not None:
             path.chmod(0o600)
         self.sock = sock
@@ -140,7 +142,9 @@ class Daemon:
             while not self.stopping:
                 try:
                     if self.sock.poll(int(TICK_S * 1000)):
-                        while self.sock.poll(0):
+                        for _ in range(MAX_PER_TICK):  # a flood does not starve the tick
+                            if not self.sock.poll(0):
+                                break
                             self._receive()
                     self._tick()
                 except Exception:  # one bad message or job must not end the daemon
@@ -250,22 +254,7 @@ class Daemon:
             return
         remote = RemoteJob(lambda kind, **body: self._send(identity, kind, **body))
         try:
-            space = knobs_from_wire(msg["knobs"])
-            settings = TunerSettings(**msg["settings"])
-            grid = (
-                {k.name: list(k.choices) for k in space.values() if k.online}
-                if settings.sampler == "grid"
-                else None
-            )
-            defaults = msg.get("defaults") or {}
-            sampler = None
-            if settings.sampler == "model" and msg.get("machine"):
-                machine = machine_from_doc(msg["machine"])
-                sampler = sampler_for(machine, space, defaults, settings, msg.get("seed"))
-            study = open_study(
-                msg["storage"], msg["study"], seed=msg.get("seed"), grid=grid, sampler=sampler
-            )
-            tuner = OnlineTuner(study, space, remote, settings, msg["base"], defaults=defaults)
+            tuner, space = tuner_for(msg, remote)
         except (KeyError, TypeError, ValueError) as exc:  # StudyError, bad settings or knobs
             self._send(identity, MsgType.ERROR, message=f"cannot tune job {job_id}: {exc}")
             return
@@ -284,13 +273,13 @@ class Daemon:
         )
 
     def _report(self, session: Session, identity: bytes, msg: dict[str, Any]) -> None:
-        session.identity = identity
-        session.last_seen = time.monotonic()
         try:
             session.remote.on_report(msg)
-        except (KeyError, ValueError) as exc:  # nothing of it is taken
+        except (KeyError, ValueError, TypeError, OverflowError) as exc:  # not a sign of life
             logger.warning("job %s sent a bad report: %s", session.job_id, exc)
             return
+        session.identity = identity
+        session.last_seen = time.monotonic()
         session.config = dict(msg.get("config") or session.config)
         session.recent.append(session.remote.latest)
         self.shares.taken(session.job_id, msg.get("budget_seq"))

@@ -12,6 +12,8 @@ from autotune.control import protocol
 from autotune.control.protocol import MsgType
 from autotune.control.status import valid_nodes
 from autotune.tuning.counters import Counters
+from autotune.tuning.knobs import Knob
+from autotune.tuning.online_tuner import OnlineTuner
 from runtime.config import ConfigError
 
 
@@ -71,3 +73,32 @@ class RemoteJob:
             self.settled = bool(msg.get("settled"))
         elif applied < self.seq and time.monotonic() - self.sent_at >= protocol.APPLY_RESEND_S:
             self.resend()
+
+
+def tuner_for(msg: dict[str, Any], remote: RemoteJob) -> tuple[OnlineTuner, dict[str, Knob]]:
+    """The online tuner a job's HELLO asks for (its knobs, settings, sampler and study),
+    tuning ``remote``; and the knob space.
+
+    Raises:
+        KeyError, TypeError, ValueError: a field missing or malformed, bad settings or knobs,
+            a study that cannot be opened (``StudyError``).
+    """
+    from autotune.tuning.knobs import knobs_from_wire
+    from autotune.tuning.model_inputs import machine_from_doc
+    from autotune.tuning.model_sampler import sampler_for
+    from autotune.tuning.settings import TunerSettings
+    from autotune.tuning.storage import open_study
+
+    space = knobs_from_wire(msg["knobs"])
+    settings = TunerSettings(**msg["settings"])
+    online = [k for k in space.values() if k.online]
+    grid = {k.name: list(k.choices) for k in online} if settings.sampler == "grid" else None
+    defaults = msg.get("defaults") or {}
+    sampler = None
+    if settings.sampler == "model" and msg.get("machine"):
+        machine = machine_from_doc(msg["machine"])
+        sampler = sampler_for(machine, space, defaults, settings, msg.get("seed"))
+    study = open_study(
+        msg["storage"], msg["study"], seed=msg.get("seed"), grid=grid, sampler=sampler
+    )
+    return OnlineTuner(study, space, remote, settings, msg["base"], defaults=defaults), space

@@ -21,7 +21,6 @@ import fcntl
 import json
 import logging
 import os
-import re
 import socket
 import threading
 import time
@@ -34,6 +33,7 @@ import optuna
 import psutil
 from optuna.trial import TrialState
 
+from autotune.tuning.url_secrets import failure_text, redact
 from runtime.child_start import without_ctrl_c  # a run's Ctrl-C is its main thread's
 
 __all__ = [
@@ -125,7 +125,8 @@ def open_study(
         )
     except Exception as exc:  # SQLAlchemy and Optuna raise many kinds; all mean "cannot open"
         raise StudyError(
-            f"cannot open study {name!r} in storage {redact(storage)!r}: {_failure(exc, storage)}"
+            f"cannot open study {name!r} in storage {redact(storage)!r}: "
+            f"{failure_text(exc, storage)}"
         ) from None
     if len(study.directions) != max(1, len(metrics)):
         had = study.metric_names or [f"{len(study.directions)} objectives"]
@@ -152,7 +153,7 @@ def load_study(storage: str, name: str) -> optuna.Study:
         names = optuna.get_all_study_names(storage=storage)
     except Exception as exc:  # SQLAlchemy and Optuna raise many kinds; all mean "cannot open"
         raise StudyError(
-            f"cannot open storage {redact(storage)!r}: {_failure(exc, storage)}"
+            f"cannot open storage {redact(storage)!r}: {failure_text(exc, storage)}"
         ) from None
     if name not in names:
         raise StudyError(
@@ -188,25 +189,6 @@ def storage_url(url: str) -> str:
     if url.startswith(("postgresql://", "postgres://")):
         return "postgresql+psycopg://" + url.split("://", 1)[1]
     return url
-
-
-_PASSWORD = re.compile(r"(?P<head>[a-z][a-z0-9+.-]*://[^:/@\s]*:)(?P<secret>[^@\s]+)(?=@)", re.I)
-
-
-def redact(text: str) -> str:
-    """``text`` with every URL password (``scheme://user:PASSWORD@host``) replaced by ``***``:
-    what a message or a log line may show of a storage URL."""
-    return _PASSWORD.sub(lambda m: m.group("head") + "***", text)
-
-
-def _failure(exc: Exception, url: str) -> str:
-    """An exception's text for a message: type and text, the URL's password masked wherever it
-    appears (a driver may quote the URL)."""
-    text = f"{type(exc).__name__}: {exc}"
-    secret = _PASSWORD.search(url)
-    if secret is not None:
-        text = text.replace(secret.group("secret"), "***")
-    return redact(text)
 
 
 def sqlite_file(url: str) -> Path | None:

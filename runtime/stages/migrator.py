@@ -138,8 +138,7 @@ class Migrator:
             if cseq <= self.last_credit.get(identity, -1):
                 raise wire.ProtocolError(
                     f"credit {cseq} from {identity!r} after its credit "
-                    f"{self.last_credit.get(identity, -1)}: a message sent again (replayed), "
-                    "or numbered below 0"
+                    f"{self.last_credit.get(identity, -1)}: sent again (replayed), or below 0"
                 )
             self.last_credit[identity] = cseq
         trainer = self.trainers.get(identity)

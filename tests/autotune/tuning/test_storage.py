@@ -20,6 +20,12 @@ def test_passwords_in_urls_are_masked():
     )
     assert redact("sqlite:////tmp/a.db") == "sqlite:////tmp/a.db"
     assert redact("postgresql://tuner@db/x") == "postgresql://tuner@db/x"  # no password
+    # a password given as a query parameter, as libpq and SQLAlchemy take one
+    query = "postgresql://tuner@db/x?sslmode=require&password=s3cret&application_name=a"
+    assert (
+        redact(query) == "postgresql://tuner@db/x?sslmode=require&password=***&application_name=a"
+    )
+    assert "s3cret" not in redact("postgresql://db/x?PASSWORD=s3cret")
 
 
 def test_an_unreachable_database_is_reported_without_its_password(tmp_path):
