@@ -54,15 +54,7 @@ def return_vs_joules(
                 continue
             if (src / f"{arm}-seed{seed}.failed").is_file():
                 continue
-            rows = [
-                r for r in read_progress(path) if r.get("joules") and r.get("return") is not None
-            ]
-            ax.plot(
-                [r["joules"] / 1000 for r in rows],
-                [r["return"] for r in rows],
-                color=colour,
-                label=f"{label}, seed {seed}",
-            )
+            _curve(ax, path, color=colour, label=f"{label}, seed {seed}")
             doc = src / f"{arm}-seed{seed}.json"
             reached = _load(doc).get("target") if doc.is_file() else None
             if reached and reached["reached"]:
@@ -107,17 +99,8 @@ def to_sb3(results: Path) -> Path:
     for folder, (label, colour) in VARIANTS.items():
         for path in sorted((src / folder).glob("goodput-seed*.progress.jsonl")):
             first = path.name.startswith("goodput-seed0.")
-            rows = [
-                r for r in read_progress(path) if r.get("joules") and r.get("return") is not None
-            ]
-            ax.plot(
-                [r["joules"] / 1000 for r in rows],
-                [r["return"] for r in rows],
-                color=colour,
-                ls="--" if first else "-",
-                lw=0.9,
-                label=label if first else None,
-            )
+            style = {"ls": "--" if first else "-", "lw": 0.9, "label": label if first else None}
+            _curve(ax, path, color=colour, **style)
     ax.axhline(SB3_RETURN_1M, color="gray", lw=0.8)
     ax.axvline(tenth, color="black", lw=0.8, ls=":")
     ax.annotate(
@@ -132,3 +115,9 @@ def to_sb3(results: Path) -> Path:
     ax.legend(loc="lower right", fontsize=7)
     _title(ax, "Ant-v5 to SB3's 1M-step return (390), goodput-tuned (H200, 16-core host)")
     return _save(fig, src / "return-vs-joules.png")
+
+
+def _curve(ax, path: Path, **style) -> None:
+    """A run's mean return against its joules (kJ), from its progress lines."""
+    rows = [r for r in read_progress(path) if r.get("joules") and r.get("return") is not None]
+    ax.plot([r["joules"] / 1000 for r in rows], [r["return"] for r in rows], **style)
