@@ -289,6 +289,9 @@ def keep_furthest(cfg: TrainConfig, info: EnvInfo, saved: Saved | None) -> bool:
     further already (``save``); False where nothing was kept or it could not be."""
     if cfg.checkpoint is None or saved is None:
         return False
+    own = os.path.join(cfg.checkpoint, STATE_NAME)
+    if os.path.exists(own) and os.path.samefile(saved.path, own):
+        return False  # the furthest is the checkpoint's own: nothing to write again
     try:
         return save(cfg.checkpoint, load_state(saved.path), cfg, info)
     except (StateError, OSError) as exc:

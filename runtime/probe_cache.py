@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
 import json
 import logging
@@ -84,14 +85,23 @@ def mask_cores() -> int:
 
 
 def machine_facts() -> dict[str, Any]:
-    """What probe results depend on besides the workload."""
+    """What probe results depend on besides the workload: this process's ``_host_facts``,
+    with the GPUs that ``CUDA_VISIBLE_DEVICES`` shows it now (a study's worker sets it)."""
+    facts = _host_facts()
+    return {**facts, "gpus": visible_gpus(facts["gpus"])}
+
+
+@functools.cache
+def _host_facts() -> dict[str, Any]:
+    """The host's facts, read once per process (NVML and the packages' metadata are read for
+    every key a run looks up: its own, the wider ones, the guard on a GPU learner)."""
     from runtime.hw.gpus import list_gpus
 
     return {
         "host": platform.node(),
         "cpu": cpu_model(),
         "cores": os.cpu_count() or 1,
-        "gpus": visible_gpus([g.name for g in list_gpus()]),
+        "gpus": [g.name for g in list_gpus()],
         "python": sys.version.split()[0],
         **{dist: _version(dist) for dist in ("torch", "numpy", "gymnasium", "envpool")},
     }

@@ -153,15 +153,16 @@ class GMIFleet:
         the learner state the run kept that has come furthest, and returns it (None: a fresh
         learner, where none was kept).
 
-        The states kept: the lead GMI's recovery file (every ``RECOVERY_S``), the hand-over
-        file of the generation before, the file the generation that died started from, the
-        run's ``--checkpoint`` ``learner.pt`` (every ``checkpoint_every_s``), and ``fallback``
-        (the state the run started from). Furthest is by ``state_key`` (version, then trained
-        steps): both only grow as the learner updates, and every state kept is of one line of
-        descent (each restart goes on from the furthest, so no state ahead of it is left
-        behind), so the greater key is the later state. A file's time is no measure: it says
-        when the file was written, not how far the learner in it had come. Where two are as far,
-        they hold one state, and the one written last is taken."""
+        The states kept (``kept``): the lead GMI's recovery file (every ``RECOVERY_S``), the
+        hand-over files of the generation before and of this one, where it retired, the file
+        the generation that died started from, the run's ``--checkpoint`` ``learner.pt``
+        (every ``checkpoint_every_s``), and ``fallback`` (the state the run started from).
+        Furthest is by ``state_key`` (version, then trained steps): both only grow as the
+        learner updates, and every state kept is of one line of descent (each restart goes on
+        from the furthest, so no state ahead of it is left behind), so the greater key is the
+        later state. A file's time is no measure: it says when the file was written, not how
+        far the learner in it had come. Where two are as far, they hold one state, and the one
+        written last is taken."""
         newest = self.kept(run_dir, fallback)
         self.generation += 1
         self._standby.clear()  # every trainer process was killed, the standby ones too

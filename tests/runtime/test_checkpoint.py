@@ -344,3 +344,16 @@ def test_a_failed_run_keeps_its_gmis_furthest_state_unless_the_checkpoint_is_fur
     assert not checkpoint.keep_furthest(cfg, info, Saved(str(kept), 9, 5000))
     assert not checkpoint.keep_furthest(cfg, info, None)
     assert not checkpoint.keep_furthest(cfg_for(None), info, Saved(str(kept), 9, 5000))
+
+
+def test_a_failed_run_whose_furthest_state_is_its_checkpoints_own_writes_nothing(tmp_path):
+    from runtime.learner_state import Saved
+
+    ck = tmp_path / "ck"
+    cfg = cfg_for(ck, env="CartPole-v1", steps=10_000)
+    info = cfg.validate()
+    checkpoint.save(str(ck), state_of(3000, 6), cfg, info)
+    before = (ck / checkpoint.INFO_NAME).stat().st_mtime_ns
+    own = Saved(str(ck / checkpoint.STATE_NAME), 6, 3000)
+    assert not checkpoint.keep_furthest(cfg, info, own)
+    assert (ck / checkpoint.INFO_NAME).stat().st_mtime_ns == before
