@@ -137,6 +137,8 @@ def arm_command(arm: str, a: argparse.Namespace, progress: Path, out: Path) -> l
     ]
     if getattr(a, "min_steps", 0):  # a peer goes on past its --seconds until it trained these
         peer += ["--min-steps", str(a.min_steps)]
+    if getattr(a, "warmup_s", None) is not None:  # and until its window can be measured
+        peer += ["--warmup-s", str(a.warmup_s)]
     train = [
         py,
         "-m",

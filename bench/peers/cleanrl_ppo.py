@@ -179,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
                 nn.utils.clip_grad_norm_(agent.parameters(), max_grad)
                 opt.step()
         steps += batch
+        stop.line(steps)
         if log:
             log.write(steps, sum(returns) / len(returns) if returns else None, episodes, force=True)
     if log:

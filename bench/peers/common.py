@@ -31,6 +31,14 @@ def add_peer_args(ap: argparse.ArgumentParser) -> None:
         "machine gets a longer run, not an empty one (0: the seconds alone)",
     )
     ap.add_argument(
+        "--warmup-s",
+        type=float,
+        default=None,
+        help="with --seconds, go on past them until two progress lines lie this many seconds "
+        "or more after the first trained one: the window a benchmark measures after its "
+        "warm-up (default: the seconds alone)",
+    )
+    ap.add_argument(
         "--progress",
         default=None,
         metavar="FILE",
@@ -48,9 +56,11 @@ def check_peer_args(ap: argparse.ArgumentParser, a: argparse.Namespace) -> None:
         a.hidden = []
     if not a.hidden or min(a.hidden) < 1:
         ap.error(f"--net {a.net!r}: expected comma-separated positive integers, e.g. 256,128,64")
-    if a.num_envs < 1 or a.threads < 1 or a.total_steps < 1 or min(a.seconds, a.min_steps) < 0:
+    low = min(a.seconds, a.min_steps, 0.0 if a.warmup_s is None else a.warmup_s)
+    if a.num_envs < 1 or a.threads < 1 or a.total_steps < 1 or not low >= 0:
         ap.error(
-            "--num-envs, --threads and --total-steps must be >= 1, --seconds and --min-steps >= 0"
+            "--num-envs, --threads and --total-steps must be >= 1; --seconds, --min-steps and "
+            "--warmup-s >= 0"
         )
     if a.device == "auto":
         import torch
@@ -62,14 +72,30 @@ def check_peer_args(ap: argparse.ArgumentParser, a: argparse.Namespace) -> None:
 
 class StopRule:
     """When a run that starts training now must stop: ``--seconds`` after now (never without
-    it), and not before it trained ``--min-steps`` more than ``start_steps``."""
+    it), not before it trained ``--min-steps`` more than ``start_steps``, and, with
+    ``--warmup-s``, not before two progress lines (``line``) lie that long or longer after its
+    first trained one: on a loaded machine a rollout may take longer than the window."""
 
     def __init__(self, a: argparse.Namespace, start_steps: int = 0) -> None:
         self.at = time.time() + a.seconds if a.seconds else float("inf")
         self.min_steps, self.start_steps = a.min_steps, start_steps
+        self.warmup_s: float | None = a.warmup_s
+        self.first_t: float | None = None  # when the first trained line was written
+        self.after = 0  # lines written warmup_s or more after it
+
+    def line(self, steps: int) -> None:
+        """A progress line at ``steps`` was written now."""
+        if steps <= self.start_steps:
+            return
+        now = time.time()
+        if self.first_t is None:
+            self.first_t = now
+        if self.warmup_s is not None and now >= self.first_t + self.warmup_s:
+            self.after += 1
 
     def due(self, trained: int) -> bool:
-        return time.time() >= self.at and trained - self.start_steps >= self.min_steps
+        window = self.warmup_s is None or self.after >= 2
+        return time.time() >= self.at and trained - self.start_steps >= self.min_steps and window
 
 
 def hidden_from_policy(spec: str) -> str:

@@ -63,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
 
         def _on_rollout_start(self) -> None:
             self.trained = self.num_timesteps
+            self.stop.line(self.num_timesteps)
             if log:
                 buf = self.model.ep_info_buffer
                 ret = sum(ep["r"] for ep in buf) / len(buf) if buf else None

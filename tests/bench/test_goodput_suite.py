@@ -24,7 +24,7 @@ def test_the_suite_runs_both_tunings_to_the_target_and_reports_them(tmp_path):
     cmd += ["--plot", str(out / "curve.png"), "--probe-cache", "shared"]
     cmd += ["--sb3-window", "4", "--sb3-warmup-s", "2", "--sb3-steps", "50000"]  # SB3 first
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     results = json.loads((out / "goodput.json").read_text())["results"]
     for arm in ("steps-per-joule", "goodput"):
         run = results[f"{arm}-seed0"]
