@@ -203,6 +203,9 @@ class Daemon:
             session = self.sessions.get(str(msg.get("job")))
             if session is None:
                 self._send(identity, MsgType.WHO)
+            elif not protocol.token_matches(session.hello["token"], msg):
+                logger.warning("a %s for job %s without its token: ignored", kind, session.job_id)
+                self._send(identity, MsgType.ERROR, message=protocol.not_its_token(session.job_id))
             elif kind == MsgType.BYE:
                 doc = tuning_doc(session.tuner, session.space)
                 self._drop(session, "job ended")
@@ -222,17 +225,25 @@ class Daemon:
         if job_id.startswith("offer-"):
             self._send(identity, MsgType.ERROR, message="job ids starting offer- are reserved")
             return
+        problem = protocol.token_problem(msg.get("token"))
         old = self.sessions.get(job_id)
-        if old is not None:
+        if (
+            problem is None
+            and old is not None
+            and not protocol.token_matches(old.hello["token"], msg)
+        ):
+            problem = protocol.not_its_token(job_id)
+        if problem is not None:  # a session registered already is left as it is
+            self._send(identity, MsgType.ERROR, message=f"cannot register job {job_id}: {problem}")
+            return
+        if old is not None:  # the job itself, registering again
             self._drop(old, "job registered again")
         for other in list(self.sessions.values()):  # a killed job's study goes with it
             if process_gone(valid_pid(other.hello.get("pid"))):
                 self._drop(other, "its process has ended")
+        study = (msg.get("storage"), msg.get("study"))
         for other in self.sessions.values():
-            if (other.hello["storage"], other.hello["study"]) == (
-                msg.get("storage"),
-                msg.get("study"),
-            ):
+            if (other.hello["storage"], other.hello["study"]) == study:
                 self._send(
                     identity,
                     MsgType.ERROR,

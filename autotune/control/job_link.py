@@ -57,7 +57,8 @@ class DaemonLink:
     def __init__(self, endpoint: str, hello: dict[str, Any], runner: TunableRunner) -> None:
         self.endpoint, self.runner = endpoint, runner
         self.job_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-        self.hello = {**hello, "job": self.job_id, "pid": os.getpid()}
+        self.token = protocol.new_token()  # the daemon takes this job's messages only with it
+        self.hello = {**hello, "job": self.job_id, "pid": os.getpid(), "token": self.token}
         self.ctx = zmq.Context()
         self.sock = protocol.dealer(self.ctx, endpoint)
         self.applied, self.refused = 0, None
@@ -95,7 +96,7 @@ class DaemonLink:
         """Says goodbye; returns the daemon's tuning section for the result (None if the
         daemon is gone)."""
         try:
-            if self.registered and self._send(MsgType.BYE, job=self.job_id):
+            if self.registered and self._send(MsgType.BYE, job=self.job_id, token=self.token):
                 deadline = time.monotonic() + timeout_s
                 while self.tuning is None and (left := deadline - time.monotonic()) > 0:
                     if self.sock.poll(int(left * 1000)):
@@ -118,6 +119,7 @@ class DaemonLink:
             self._send(
                 MsgType.REPORT,
                 job=self.job_id,
+                token=self.token,
                 counters=read_counters(self.runner).to_wire(),
                 settled=self.runner.settled(),
                 applied=self.applied,

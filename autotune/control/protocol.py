@@ -17,15 +17,20 @@ adds the peer's identity frame in front). Nothing off the socket is unpickled.
     job     -> daemon   OFFER    before it sizes itself: its claim; the daemon answers OFFER
                                  with the budget it would get now (or ERROR: refused)
                         HELLO    register: job id, pid, env, study, storage, settings, knobs,
-                                 base, claim (weight, min share, exclusive, fixed budget, GPU)
+                                 base, claim (weight, min share, exclusive, fixed budget, GPU),
+                                 and the job's session token (``new_token``)
                         REPORT   every REPORT_INTERVAL_S: counters, settled, config, applied
-                                 seq, the budget seq it has taken
-                        BYE      the job is ending
+                                 seq, the budget seq it has taken; and the token
+                        BYE      the job is ending; and the token
     daemon  -> job      WELCOME  registered          ERROR  refused, with the reason
                         APPLY    seq + knob values   WHO    unknown job: send HELLO again
                         BUDGET   seq + cores, GPU, MPS share: pin to these, stay within
                         FAREWELL the tuning section for the job's result
     client  -> daemon   PING, STATUS, STOP;  daemon -> client  PONG, STATUS, STOPPING
+
+A job's token is a secret it chose for its registration: the daemon takes a REPORT or BYE for a
+job, and a HELLO that registers it again, only with the token it registered with, so no other
+client of the socket can speak for it, end its tuning or drop its session.
     script  -> wrapper  PROGRESS the script's running step total and metrics
                         POLL     live mode: the script is at a safe point, has taken seq
     wrapper -> script   KNOBS    live mode: seq + new knob values
@@ -33,8 +38,11 @@ adds the peer's identity frame in front). Nothing off the socket is unpickled.
 
 from __future__ import annotations
 
+import hmac
 import ipaddress
 import os
+import re
+import secrets
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -108,6 +116,38 @@ CLIENT_TYPES = (MsgType.PING, MsgType.STATUS, MsgType.STOP)
 DAEMON_TAKES = JOB_TYPES + CLIENT_TYPES
 SCRIPT_TYPES = (MsgType.PROGRESS, MsgType.POLL)
 """What a wrapped script sends its wrapper."""
+
+
+TOKEN_HEX = 32
+"""A job's session token: this many hex digits (128 bits)."""
+
+
+def new_token() -> str:
+    """A new session token for one job's registration."""
+    return secrets.token_hex(TOKEN_HEX // 2)
+
+
+def token_problem(token: Any) -> str | None:
+    """Why ``token`` (from a HELLO) is not a session token, or None. Never shows the value."""
+    if isinstance(token, str) and re.fullmatch(f"[0-9a-f]{{{TOKEN_HEX}}}", token):
+        return None
+    got = "none" if token is None else f"a {type(token).__name__}"
+    return f"a HELLO carries the job's session token, {TOKEN_HEX} lowercase hex digits; got {got}"
+
+
+def token_matches(expected: str, msg: dict[str, Any]) -> bool:
+    """Whether ``msg`` carries the session token ``expected`` (compared in constant time)."""
+    got = msg.get("token")
+    return isinstance(got, str) and hmac.compare_digest(got.encode(), expected.encode())
+
+
+def not_its_token(job_id: str) -> str:
+    """The daemon's answer to a message for job ``job_id`` without its session token."""
+    return (
+        f"job {job_id} is registered with another session token; only the job's own "
+        "process, with the token it registered with, reports for it, ends it or registers it "
+        "again"
+    )
 
 
 def resolve_endpoint(endpoint: str | None = None) -> str:
