@@ -102,7 +102,8 @@ def train(config: TrainConfig, on_progress: Callable[[Any], None] | None = None)
         MainGuardError: called without a main guard (see the module docstring).
         TypeError: ``config`` is not a ``TrainConfig``.
         runtime.config.ConfigError: a setting the env or the machine does not allow.
-        runtime.runner.RunError: the run failed; its ``result`` holds what it had done.
+        runtime.runner.RunError: the run failed; its ``result`` holds what it had done. Any
+            other error that ends a run under way (a full disk, say) carries ``result`` too.
     """
     _check_main_guard("train")
     from runtime.runner import Runner

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from runtime import checkpoint
 from runtime.hw.gpus import known_nvml_index
 from runtime.inference import NAME as INFERENCE
-from runtime.services import PIPELINE
+from runtime.services import PIPELINE, RunError
 from runtime.time_spent import actor_time, actor_waits, cpu_time
 
 if TYPE_CHECKING:  # only named in RunRecord's annotations
@@ -116,9 +116,28 @@ def noise_doc(trainer: dict[str, Any], batch: int) -> dict[str, Any]:
     }
 
 
+def failure_text(exc: BaseException) -> str:
+    """What a failed run's result says went wrong: a ``RunError``'s own message (a service
+    died, a drain did not complete), any other error with its type."""
+    return str(exc) if isinstance(exc, RunError) else f"{type(exc).__name__}: {exc}"
+
+
+def attach_failure(exc: BaseException, runner: Any, wall_s: float) -> None:
+    """Gives an error that ended a run (not Ctrl-C, not an exit) its ``result``: what the run
+    had done by then (``failed_result``). A fault building it is logged, never raised over the
+    run's own error."""
+    if not isinstance(exc, Exception):
+        return
+    try:
+        exc.result = failed_result(runner, wall_s, failure_text(exc))  # type: ignore[attr-defined]
+    except Exception:
+        logger.exception("the failed run's result could not be built")
+
+
 def failed_result(runner: Any, wall_s: float, error: str) -> dict[str, Any]:
-    """The result of a run that failed (a service died): what it had done by then. Its
-    processes are gone, so everything sampled and not trained or discarded counts as lost."""
+    """The result of a run that failed (a service died, or an error in the run's own loop):
+    what it had done by then. Its processes are gone, so everything sampled and not trained or
+    discarded counts as lost."""
     tel = runner.telemetry
     trained, discarded = tel.learned_steps, tel.discarded_steps
     sampled = max(runner.actors.sampled_steps(), trained + discarded)

@@ -56,7 +56,7 @@ from runtime.gmi.spares import Spares
 from runtime.inference import NAME as INFERENCE
 from runtime.inference import inference_main
 from runtime.phases import PhaseLog
-from runtime.results import Timeline, build_result, failed_result
+from runtime.results import Timeline, attach_failure, build_result
 from runtime.run_state import RUN_WINDOW, RunState
 from runtime.services import RunError, Services
 from runtime.supervisor import Supervisor
@@ -316,8 +316,7 @@ class Runner:
             except BaseException as exc:
                 self._kill_all()  # its GMIs' last saves kept, not lost with the run directory
                 checkpoint.keep_furthest(self.cfg, self.info, self.fleet.kept(run_dir, None))
-                if isinstance(exc, RunError):  # what it had done goes with the error
-                    exc.result = failed_result(self, time.monotonic() - started, str(exc))
+                attach_failure(exc, self, time.monotonic() - started)  # what it had done
                 raise
             finally:
                 signal.signal(signal.SIGINT, previous)

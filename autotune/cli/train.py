@@ -35,6 +35,7 @@ from runtime import checkpoint
 from runtime.config import TRAINER_PRECISIONS, ConfigError, TrainConfig
 from runtime.energy.shares import job_meter
 from runtime.hw.gpus import no_gpu_reason
+from runtime.results import failure_text
 from runtime.runner import RunError, Runner
 
 
@@ -332,16 +333,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         display.update(state)
         steps, ret, n = done + state.trained_steps, state.return_mean, episodes + state.episodes
         if curve is not None and curve.due(steps):  # the meter is read only for a line
-            joules = runner.joules_so_far()
-            curve.write(
-                steps,
-                ret,
-                n,
-                noise_scale=state.noise_scale,
-                joules=joules,
-                lr=state.lr,
-                kl=state.kl,
-            )
+            learner = {"noise_scale": state.noise_scale, "lr": state.lr, "kl": state.kl}
+            curve.write(steps, ret, n, joules=runner.joules_so_far(), **learner)
 
     runner.on_progress = show
     tuning = None
@@ -365,25 +358,30 @@ def cmd_train(args: argparse.Namespace) -> int:
     try:
         with display:
             result = runner.run()
-    except RunError as exc:
-        console.print(f"[red]run failed:[/red] {escape(str(exc))}")
+    except ConfigError as exc:  # a --cluster that cannot be reached or used
+        console.print(f"[red]error:[/red] {escape(str(exc))}")
+        return 2
+    except Exception as exc:  # a service died, or a fault in the run's own loop
+        if not isinstance(exc, RunError):  # where it happened, to report it
+            console.print_exception()
+        console.print(f"[red]run failed:[/red] {escape(failure_text(exc))}")
         failed = getattr(exc, "result", None)
         if failed is not None and args.json is not None:
             write_json(args.json, failed)  # what it had done: steps, lost, checkpoint
             console.print(f"wrote {args.json} (failed)")
         return 1
-    except ConfigError as exc:  # a --cluster that cannot be reached or used
-        console.print(f"[red]error:[/red] {escape(str(exc))}")
-        return 2
     except KeyboardInterrupt:
         console.print("[red]aborted[/red] (second Ctrl-C): no result written")
         return 130
     finally:
         doc = tuning.finish() if tuning is not None else None
-        if curve is not None:
-            if result is not None:  # the final count, after the drain
+        try:
+            if curve is not None and result is not None:  # the final count, after the drain
                 curve.write_result(result, done, episodes, runner.target.before.joules)
-            curve.close()
+            if curve is not None:
+                curve.close()
+        except OSError as exc:  # a full disk: said, and the result is still written
+            console.print(f"[yellow]progress curve incomplete:[/yellow] {escape(str(exc))}")
     complete_result(result, sizing, tuning.where if tuning is not None else None, doc)
     Console(emoji=False).print(summary_table(result))
     if (note := untrained_note(result, cfg.max_wall_s)) is not None:

@@ -105,3 +105,22 @@ def test_a_plots_folder_that_cannot_be_made_is_refused_before_the_export(tmp_pat
         timeout=120,
     )
     assert out.returncode == 2 and "--plots" in out.stderr and "Traceback" not in out.stderr
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full (a disk always full)")
+def test_a_progress_curve_on_a_full_disk_fails_the_run_and_its_result_says_why(tmp_path):
+    # not a service's death (RunError) but a fault in the run's own loop: its result is
+    # written all the same, with the error and its type, and nothing it sampled is lost
+    result = tmp_path / "r.json"
+    cmd = [*CLI, "train", "--env", "CartPole-v1", "--steps", "20000", "--trainer-device", "cpu"]
+    cmd += ["--actors", "1", "--envs-per-actor", "4", "--quiet", "--json", str(result)]
+    out = subprocess.run(
+        [*cmd, "--progress", "/dev/full"], capture_output=True, text=True, timeout=300
+    )
+    text = " ".join(out.stdout.split() + out.stderr.split())
+    assert out.returncode == 1, text
+    assert "run failed: OSError: [Errno 28]" in text and "(failed)" in text
+    assert "progress curve incomplete: [Errno 28]" in text  # its close failed as well
+    doc = json.loads(result.read_text())
+    assert doc["failed"] and doc["failure"].startswith("OSError: [Errno 28]"), doc["failure"]
+    assert doc["lost_steps"] == 0 and doc["config"]["actors"] == 1
