@@ -32,6 +32,7 @@ from runtime.atomic_file import replaced
 from runtime.config import TrainConfig
 from runtime.envs import EnvInfo
 from runtime.gmi.role import GMIRole
+from runtime.learner_state import floor_after
 from runtime.stages.batcher import Batcher
 from runtime.stages.common import LiveSettings, StatsSender
 
@@ -167,10 +168,10 @@ class Trainer:
         path = self.resume_from
         if not os.path.exists(path):
             return
-        self.learner.load_state(checkpoint.load_state(path, self.device))
+        state = checkpoint.load_state(path, self.device)
+        self.learner.load_state(state)
         self.resumed = True
-        if self.role is not None and self.role.generation == 0:  # from the checkpoint
-            self.floor_version = self.learner.version
+        self.floor_version = floor_after(state, self.role.generation if self.role else 0)
         logger.info("%s took over the learner at version %d", self.name, self.learner.version)
         self.publish()
 
@@ -358,7 +359,7 @@ class Trainer:
         import torch
 
         with replaced(path, "wb") as f:
-            torch.save(self.learner.state(), f)
+            torch.save({**self.learner.state(), "floor_version": self.floor_version}, f)
         logger.info(
             "%s saved the learner at version %d to %s", self.name, self.learner.version, path
         )
