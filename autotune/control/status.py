@@ -54,6 +54,8 @@ def _note(t: Any) -> str:
     attrs = t.user_attrs
     if "error" in attrs:
         return f"refused: {attrs['error']}"
+    if "unmetered" in attrs:
+        return f"{attrs['unmetered']} (tried once more)"
     if t.state.name == "FAIL":
         return attrs.get("skipped") or attrs.get("interrupted", "tuner restarted")
     if t.state.name == "PRUNED":

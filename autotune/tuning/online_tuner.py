@@ -218,9 +218,9 @@ class OnlineTuner(BudgetLimits):
                 self.current = None
                 why = f"no env step trained in {cur.empty} windows of {m.window_s:.0f} s: "
                 why += "the config stalls training"
-                if unmetered:
+                if unmetered:  # the meter's gap, maybe: marked bad only the second time
                     why = f"no energy metered over {m.window_s:.0f} s of training"
-                self._failed(cur.trial, cur.values, ConfigError([why]))
+                self._failed(cur.trial, cur.values, ConfigError([why]), unmetered)
             else:
                 self._finish(m, now, cur.samples)
             self._next(now)  # no tick without a config on its way
@@ -303,9 +303,9 @@ class OnlineTuner(BudgetLimits):
             return None
 
     def _failed(
-        self, trial: optuna.trial.Trial | None, values: dict[str, Any], exc: Exception
+        self, trial: optuna.trial.Trial | None, values: dict, exc: Exception, unmetered=False
     ) -> None:
-        fail_config(self.study, trial, values, str(exc), self.history.failed)
+        fail_config(self.study, trial, values, str(exc), self.history.failed, unmetered=unmetered)
         if trial is not None:
             self.trials_done += 1
         logger.warning("config %s refused: %s", values, exc)

@@ -325,17 +325,33 @@ def fail_config(
     error: str,
     failed: set[str],
     retries: int = 0,
+    unmetered: bool = False,
 ) -> bool:
     """Tells ``trial`` (if any) failed with ``error``; marks ``values`` failed for good once
-    they have failed more than ``retries`` times. True if they may be tried again."""
+    they have failed more than ``retries`` times. True if they may be tried again.
+    ``unmetered``: the meters read nothing under the config. The first time it may be the
+    meter's gap, not the config's fault: the trial fails with an ``unmetered`` attribute and
+    the config is not marked bad. The second time (a GPU whose NVML has no energy counter,
+    say) it is."""
+    key = config_key(values)
+    if unmetered and trial is not None and not _unmetered_before(study, key):
+        trial.set_user_attr("unmetered", error)
+        study.tell(trial, state=TrialState.FAIL)
+        return True
     if trial is not None:
         trial.set_user_attr("error", error)
         study.tell(trial, state=TrialState.FAIL)
-    key = config_key(values)
     if len(config_errors(study).get(key, [])) > retries or trial is None:
         failed.add(key)
         return False
     return True
+
+
+def _unmetered_before(study: optuna.Study, key: str) -> bool:
+    return any(
+        "unmetered" in t.user_attrs and config_key(trial_values(t)) == key
+        for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,))
+    )
 
 
 def killed_before(study: optuna.Study, values: dict[str, Any]) -> bool:
