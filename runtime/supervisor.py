@@ -206,8 +206,10 @@ class Supervisor:
         self.fleet.reset_epoch = self._reset_epoch  # GMIs started from now on hold it
         entry = {"t": time.monotonic() - self._started, "process": name, "exit_code": code}
         if name.startswith("trainer-"):  # its whole generation goes, and any retiring
-            for service in [n for n, _ in self.services.items() if n.startswith("trainer-")]:
+            trainers = [n for n, _ in self.services.items() if n.startswith("trainer-")]
+            for service in trainers:
                 self.services.stop(service)
+            self.telemetry.retire(trainers)  # before the roll-back: no late report counts
             entry.update(self._restart_trainers(ep))
         if self.inference is not None and name != "compressor" and name != "migrator":
             self.services.stop(INFERENCE)  # it died, or holds weights newer than recovered ones

@@ -56,6 +56,8 @@ class RunTelemetry:
         trained after the state the new generation went on from, so lost to the learner."""
         self._not_held = 0
         """Of ``trained_steps``, how many the learner does not hold since the last restart."""
+        self._retired: set[str] = set()
+        """Sources stopped for good (``retire``): their reports still on the way are ignored."""
 
     def handle(self, msg: wire.Message) -> None:
         """Takes one STATS message."""
@@ -64,6 +66,8 @@ class RunTelemetry:
         source, counters = msg.meta.get("src"), msg.meta.get("c")
         if not isinstance(source, str) or not isinstance(counters, dict):
             raise wire.ProtocolError("stats message needs 'src' (str) and 'c' (map)")
+        if source in self._retired:
+            return
         if self.key:
             self._check_sender(source, msg)
         episodes = counters.pop("episodes", None) or []
@@ -116,6 +120,13 @@ class RunTelemetry:
             self.replaced.setdefault(name, []).append(self.latest.pop(name))
         self.seen.pop(name, None)
         self._silent.pop(name, None)
+
+    def retire(self, names: list[str]) -> None:
+        """``names`` were stopped for good (a trainer generation restarted from a saved state,
+        ``runtime.supervisor``): their last counters stand, and a report of theirs still on its
+        way is ignored. Taken after the restart's ``roll_back``, it would count steps as
+        learned that the new generation's learner does not hold."""
+        self._retired.update(names)
 
     def total(self, name: str, key: str) -> int:
         """One integer counter of ``name`` summed over it and every process it replaced."""

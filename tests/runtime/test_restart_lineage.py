@@ -148,6 +148,21 @@ def test_rolled_back_steps_are_not_counted_as_learned():
     assert (tel.learned_steps, tel.rolled_back_steps) == (0, 6700)
 
 
+def test_a_report_still_on_its_way_from_a_stopped_generation_is_not_counted():
+    # two GMIs; one dies, the other is stopped with it, and the restart's state holds 8,000 of
+    # their 10,000 trained steps: a report the survivor sent before it was stopped, read after
+    # the roll-back, must not count 1,000 steps as learned that no learner holds
+    tel = RunTelemetry()
+    report(tel, "trainer-0.g0", 5000)
+    report(tel, "trainer-1.g0", 5000)
+    tel.retire(["trainer-0.g0", "trainer-1.g0"])
+    assert tel.roll_back(8000) == 2000
+    report(tel, "trainer-1.g0", 6000)
+    assert (tel.trained_steps, tel.learned_steps, tel.rolled_back_steps) == (10_000, 8000, 2000)
+    report(tel, "trainer-0.g1", 700)  # the new generation's count
+    assert (tel.trained_steps, tel.learned_steps) == (10_700, 8700)
+
+
 class Generations:
     def __init__(self, fleet) -> None:
         self.fleet, self.restarted_at = fleet, []
