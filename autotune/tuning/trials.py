@@ -298,5 +298,6 @@ class ScriptTrials:
             "stopped": run.stopped,
             "gpus": run.gpus,
             "metrics": run.metrics,
+            "outlived": run.outlived,
         }
         return Measured(run.score("steps_per_s"), run.score("steps_per_joule"), attrs)

@@ -25,7 +25,8 @@ from autotune.control.protocol import MsgType
 from autotune.tuning.counters import Counters
 from autotune.tuning.job import Job
 from autotune.tuning.online_tuner import OnlineTuner
-from autotune.wrap.wrapper import GPU_CHECK_S, POLL_S, Wrapper, knob_env, stop_tree, substitute
+from autotune.wrap.process_tree import Tree, stop_tree
+from autotune.wrap.wrapper import GPU_CHECK_S, POLL_S, Wrapper, knob_env, substitute
 from runtime.energy.cpu import CPUModelEnergy, tree_pids
 from runtime.hw.gpus import gpus_used_by
 
@@ -143,11 +144,12 @@ def run_live(
         proc = subprocess.Popen(substitute(wrapper.cmd, base), env=env)
     except OSError as exc:
         raise ValueError(f"cannot start {wrapper.cmd[0]!r}: {exc}") from None
+    tree = Tree(proc)
     try:
-        job = ScriptJob(wrapper, proc, CPUModelEnergy(pids=lambda: tree_pids(proc.pid)))
+        job = ScriptJob(wrapper, proc, CPUModelEnergy(pids=tree.pids))
         tuner = tuner_factory(job)
     except BaseException:  # bad settings, say: the script is not left running
-        stop_tree(proc)
+        stop_tree(proc, tree)
         raise
     try:
         while proc.poll() is None:
@@ -157,8 +159,10 @@ def run_live(
                 on_report(job.latest)
             tuner.tick()
     except BaseException:  # it stopped polling, Ctrl-C, SIGTERM, a failure here
-        stop_tree(proc)
+        stop_tree(proc, tree)
         tuner.close("script stopped")
         raise
     tuner.close("script ended")
-    return tuner, proc.wait()
+    code = proc.wait()
+    tree.end_outliving()
+    return tuner, code

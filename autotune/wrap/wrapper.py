@@ -16,17 +16,16 @@ the best config so far is kept, when the script
 * runs past ``trial_s`` without having reported any step (no way to measure it).
 
 A script that reports steps and runs past ``trial_s`` is stopped (SIGTERM, then SIGKILL) and
-measured up to there: long training scripts are tuned on a slice of their run.
+measured up to there: long training scripts are tuned on a slice of their run. Processes the
+script started that outlive it are ended when it exits (``autotune.wrap.process_tree``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
 import re
-import signal
 import subprocess
 import tempfile
 import time
@@ -42,6 +41,7 @@ from autotune.control.protocol import MsgType
 from autotune.tuning.counters import Counters
 from autotune.tuning.knobs import Knob, KnobError
 from autotune.wrap.measure import Marks, Tee
+from autotune.wrap.process_tree import Tree, stop_tree
 from runtime.energy.cpu import CPUModelEnergy, tree_pids
 from runtime.energy.gpu import probe_gpu_energy
 from runtime.hw.gpus import gpus_used_by
@@ -50,7 +50,6 @@ logger = logging.getLogger(__name__)
 
 MAX_RANGE = 256
 """Most integers a ``LOW..HIGH`` knob may span (give a list for wider ones)."""
-TERM_GRACE_S = 10.0
 GPU_CHECK_S = 1.0
 """How often the wrapper asks NVML which GPUs the run's processes use."""
 POLL_S = 0.1
@@ -193,6 +192,8 @@ class TrialRun:
     metrics: dict[str, float] = field(default_factory=dict)
     gpus: list[int] = field(default_factory=list)
     """NVML indices of the GPUs the run used (their energy is ``gpu_j``)."""
+    outlived: int = 0
+    """Processes the script started that still ran when it exited (ended by the wrapper)."""
 
     window: dict[str, Any] = field(default_factory=dict)
     """The measured span: ``from`` (``first report``, ``first output line`` or ``start``),
@@ -282,7 +283,8 @@ class Wrapper:
             run.error = f"cannot start {self.cmd[0]!r}: {exc}"
             return run
         tee = Tee(proc.stdout)
-        cpu = CPUModelEnergy(pids=lambda: tree_pids(proc.pid))
+        tree = Tree(proc)
+        cpu = CPUModelEnergy(pids=tree.pids)
         marks = Marks()
         last_report, used, next_gpu_check = None, set(), start
         try:
@@ -322,14 +324,15 @@ class Wrapper:
                             "run finish within --trial-s"
                         )
                 if run.error or run.stopped:
-                    stop_tree(proc)
+                    stop_tree(proc, tree)
                     break
         except BaseException:  # Ctrl-C, SIGTERM, a failure here: the script is not left running
-            stop_tree(proc)
+            stop_tree(proc, tree)
             raise
         while self.sock.poll(0):
             self._take(run, str(number))
         run.returncode = proc.wait()
+        run.outlived = tree.end_outliving()  # not left to run through the next trial
         tee.join()
         end = time.monotonic()
         run.wall_s = end - start
@@ -357,29 +360,3 @@ class Wrapper:
             run.steps = max(run.steps or 0, int(msg["steps"]))
         run.metrics.update(msg.get("metrics") or {})
         return True
-
-
-def stop_tree(proc: subprocess.Popen) -> None:
-    """SIGTERM to the process tree, then SIGKILL after ``TERM_GRACE_S``: to the script, and
-    to any process of its tree that outlived it (re-parented once the script died)."""
-    import psutil
-
-    deadline = time.monotonic() + TERM_GRACE_S
-    pids = tree_pids(proc.pid)
-    below = []
-    for pid in pids[1:]:  # as psutil objects: a pid reused meanwhile is not killed
-        with contextlib.suppress(psutil.Error):
-            below.append(psutil.Process(pid))
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=TERM_GRACE_S)
-    except subprocess.TimeoutExpired:
-        for pid in tree_pids(proc.pid) or pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-    _, alive = psutil.wait_procs(below, timeout=max(0.0, deadline - time.monotonic()))
-    for child in alive:
-        with contextlib.suppress(psutil.Error):
-            child.kill()

@@ -226,19 +226,57 @@ time.sleep(120)
 def test_a_process_of_the_scripts_tree_that_ignores_sigterm_is_killed_with_it(monkeypatch):
     """The script goes at SIGTERM; a child of it that ignores SIGTERM (re-parented once the
     script is gone) is killed when the grace period ends, not left running."""
-    from autotune.wrap import wrapper
+    from autotune.wrap import process_tree
 
-    monkeypatch.setattr(wrapper, "TERM_GRACE_S", 1.0)
+    monkeypatch.setattr(process_tree, "TERM_GRACE_S", 1.0)
     proc = subprocess.Popen([sys.executable, "-c", STUBBORN], stdout=subprocess.PIPE, text=True)
     child = int(proc.stdout.readline())
     deadline = time.monotonic() + 30
-    while _alive(child) and len(wrapper.tree_pids(proc.pid)) < 2:  # the child's own start
+    while _alive(child) and len(process_tree.tree_pids(proc.pid)) < 2:  # the child's own start
         assert time.monotonic() < deadline
         time.sleep(0.05)
     time.sleep(0.5)  # its handler in place
-    wrapper.stop_tree(proc)
+    process_tree.stop_tree(proc)
     assert proc.returncode is not None
     deadline = time.monotonic() + 10
     while _alive(child) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _alive(child)
+
+
+LEAVER = """
+import subprocess, sys, time
+from pathlib import Path
+child = subprocess.Popen([sys.executable, "-c",
+    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)"])
+print(child.pid, flush=True)
+while not Path(sys.argv[1]).exists():  # until the test has seen its child in its tree
+    time.sleep(0.05)
+"""
+
+
+def test_a_process_that_outlives_a_script_that_exited_itself_is_ended(tmp_path, monkeypatch):
+    """A script exits on its own (code 0) and leaves a child running, re-parented: it would
+    draw CPU through the next trial's measurement. The wrapper's tree remembers it from
+    while the script ran, and ends it, SIGKILL where it ignores SIGTERM."""
+    from autotune.wrap import process_tree
+
+    monkeypatch.setattr(process_tree, "TERM_GRACE_S", 1.0)
+    go = tmp_path / "go"
+    cmd = [sys.executable, "-c", LEAVER, str(go)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    child = int(proc.stdout.readline())
+    tree = process_tree.Tree(proc)
+    deadline = time.monotonic() + 60
+    while child not in tree.pids():  # as the wrapper's CPU model reads it, while it runs
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.05)
+    go.touch()
+    assert proc.wait(timeout=60) == 0
+    assert _alive(child)  # the script is gone; its child runs on
+    assert tree.end_outliving() == 1
+    deadline = time.monotonic() + 10  # SIGKILL is delivered on its own time
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(child)
+    assert tree.end_outliving() == 0  # nothing left
