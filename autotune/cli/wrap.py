@@ -264,6 +264,8 @@ def _wrap_restart(
                 ("metrics", run.metrics),
                 ("window", run.window),
                 ("values", values),
+                ("cmd", cmd),  # the command it ran: a resumed study may hold several
+                ("outlived", run.outlived),
             ):
                 trial.set_user_attr(name, value)
             row = {"number": trial.number, **run.__dict__, "unit": run.unit}

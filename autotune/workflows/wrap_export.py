@@ -99,6 +99,15 @@ def study_unit(meta: dict[str, Any], done: list[Any]) -> str:
     return "runs"
 
 
+def trial_command(trial: Any, latest: list[str]) -> list[str]:
+    """The command a wrap trial ran: as it recorded it, else the study's (``latest``: trials
+    recorded no command before a study could be resumed with another)."""
+    ran = trial.user_attrs.get("cmd")
+    if isinstance(ran, list) and all(isinstance(a, str) for a in ran):
+        return list(ran)
+    return latest
+
+
 def single_valued(meta: dict[str, Any]) -> dict[str, Any]:
     """The wrap study's knobs that have one value, with it."""
     space = [parse_knob(k) for k in meta.get("knobs") or []]
@@ -161,17 +170,21 @@ def wrap_export_doc(study: Any, pick: str | None = None) -> dict[str, Any]:
     default = groups.get(config_key(defaults), []) if isinstance(defaults, dict) else []
     ratio = median(best) / median(default) if default and median(default) else None
     unit = study_unit(meta, done)
-    cmd = list(meta.get("cmd", []))
+    latest = list(meta.get("cmd", []))
+    cmd = trial_command(best[-1], latest)  # what the recommended config's runs ran
+    commands = sorted({json.dumps(trial_command(t, latest)) for t in done})
+    workload = {"command": cmd, "mode": meta.get("mode"), "knobs": meta.get("knobs")}
+    if len(commands) > 1:  # a study resumed with another command: said, not mixed silently
+        workload["commands"] = [json.loads(c) for c in commands]
+        workload["note"] = (
+            f"the study's completed trials ran {len(commands)} commands (resumed with "
+            "another one); the recommended command is the one its config's latest trial ran"
+        )
     return {
         "autotune_export": FORMAT_VERSION,
         "kind": "wrap",
         "study": study.study_name,
-        "workload": {
-            "command": cmd,
-            "mode": meta.get("mode"),
-            "knobs": meta.get("knobs"),
-            "made_by": made_by,
-        },
+        "workload": {**workload, "made_by": made_by},
         "picked_by": metric,
         "unit": unit,
         "recommended": {

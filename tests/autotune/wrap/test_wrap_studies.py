@@ -33,6 +33,29 @@ def test_a_study_made_for_another_command_or_knobs_is_refused_unless_resumed(tmp
     assert study.user_attrs["wrap"]["knobs"] == ["num_envs=1..2", "mode=ok"]
 
 
+def test_a_study_resumed_with_another_command_exports_the_command_its_best_config_ran(tmp_path):
+    """Each trial records the command it ran. A study resumed with another command holds
+    trials of both: the export says so and recommends the command the best config's trials
+    ran, not whichever command the study was resumed with last."""
+    from autotune.workflows.wrap_export import wrap_export_doc
+
+    script = tmp_path / "train.py"
+    first = _wrap(tmp_path, "--knob", "num_envs=4", "--trials", "1")  # 4 envs: the best
+    assert first.returncode == 0, first.stderr
+    slow = [sys.executable, str(script), "--envs={num_envs}", "--slower"]
+    again = _wrap(tmp_path, "--knob", "num_envs=1", "--trials", "1", "--resume", script_cmd=slow)
+    assert again.returncode == 0, again.stderr
+    study = optuna.load_study(study_name="wrap-train", storage=f"sqlite:///{tmp_path}/w.db")
+    ran = [t.user_attrs["cmd"] for t in study.trials]
+    assert ran == [[sys.executable, str(script), "--envs={num_envs}"], slow]
+    assert study.user_attrs["wrap"]["cmd"] == slow  # the study's latest command
+    doc = wrap_export_doc(study)
+    assert doc["recommended"]["values"] == {"num_envs": 4}
+    assert doc["recommended"]["command"] == [sys.executable, str(script), "--envs=4"]
+    assert sorted(map(tuple, doc["workload"]["commands"])) == sorted(map(tuple, ran))
+    assert "ran 2 commands" in doc["workload"]["note"]
+
+
 def test_trial_one_runs_the_scripts_own_defaults(tmp_path):
     out = _wrap(tmp_path, "--knob", "num_envs=1..4", "--default", "num_envs=3", "--trials", "2")
     assert out.returncode == 0, out.stderr
