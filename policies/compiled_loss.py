@@ -98,5 +98,22 @@ class CompiledLoss:
         return self._fn
 
 
+def compile_parts() -> dict[str, float]:
+    """Seconds this process has spent so far in each stage of TorchDynamo's compiles (its own
+    ``compile_times``, summed per stage: tracing, the backend, loading cached kernels...):
+    where a GMI's ``compile_s`` went. Empty where nothing imported TorchDynamo, which this
+    never imports itself."""
+    import sys
+
+    utils = sys.modules.get("torch._dynamo.utils")
+    if utils is None:
+        return {}
+    try:
+        headers, values = utils.compile_times(repr="csv", aggregate=True)
+        return {str(h): round(float(v), 3) for h, v in zip(headers, values, strict=True)}
+    except Exception:  # its format is TorchDynamo's to change: the parts are only a record
+        return {}
+
+
 def _capturing() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()

@@ -180,6 +180,7 @@ def gmi_doc(name: str, counters: dict[str, Any]) -> dict[str, Any]:
         "retired",
         "weights_digest",
         "startup",
+        "compile_parts",
         "cpu_s",
     )
     doc = {"name": name, **{k: counters.get(k) for k in keys}}

@@ -81,6 +81,7 @@ class Trainer:
 
         from policies.actor_critic import ActorCritic
         from policies.appo import APPOLearner
+        from policies.compiled_loss import compile_parts
 
         self.cfg, self.role, self.group = cfg, role, group
         self.dealer, self.weights, self.stats = dealer, weights, stats
@@ -103,6 +104,7 @@ class Trainer:
         compiled = time.monotonic()
         self.learner.prepare(cfg.rollout_len)  # a compiled loss: before this GMI reports
         self.built_s = {"learner": compiled - built, "compile": time.monotonic() - compiled}
+        self.compile_parts = compile_parts()  # where the compile's seconds went
         self.startup: dict[str, float] = {}  # the start's stages (runtime.startup_clock)
         self.learner.batch = cfg.batch_size  # a new generation starts at the run's batch now
         props = torch.cuda.get_device_properties(0) if on_gpu else None
@@ -229,6 +231,7 @@ class Trainer:
             "reset_epoch": self.live.reset_epoch,
             "fatal": self.halted,
             "startup": self.startup,
+            "compile_parts": self.compile_parts,
             "cpu_s": round(time.process_time(), 3),  # the process's, every thread's
             **self.batcher.counters,
             **self.last,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -13,7 +15,7 @@ from torch._dynamo.utils import counters
 from policies.actor_critic import ActorCritic
 from policies.appo import APPOLearner
 from policies.appo_config import APPOConfig
-from policies.compiled_loss import CompiledLoss
+from policies.compiled_loss import CompiledLoss, compile_parts
 from policies.graphed_step import GraphedSteps
 from runtime.cache_dirs import KERNEL_CACHE_ENV, use_kernel_cache
 from tests.policies.test_graphed_step import CFG, batch, cuda, learner, run
@@ -145,6 +147,8 @@ def test_preparing_compiles_ahead_and_changes_nothing_of_the_learner():
         steps.prepare(8)
         assert steps.loss is not None and steps.loss.failed is None, steps.loss.failed
         assert counters["stats"]["unique_graphs"] == 1
+        parts = compile_parts()  # where a GMI's compile_s went, for its start-up record
+        assert parts["bytecode_tracing"] > 0 and parts["OutputGraph.call_user_compiler"] > 0
         for k, v in learn.model.state_dict().items():
             assert torch.equal(v, before[k]), k
         assert not learn.optimizer.state
@@ -205,3 +209,12 @@ def test_a_prepared_graphed_learner_compiles_nothing_at_its_first_update():
     run(unprepared, batches)
     for k, v in unprepared.model.state_dict().items():
         torch.testing.assert_close(prepared.model.state_dict()[k], v, rtol=1e-4, atol=1e-5)
+
+
+def test_the_compile_parts_of_a_process_that_never_compiled_are_empty_and_import_nothing():
+    code = (
+        "import sys; from policies.compiled_loss import compile_parts; "
+        "print(compile_parts(), 'torch._dynamo' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["{}", "False"], out.stderr
