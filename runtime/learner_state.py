@@ -61,19 +61,6 @@ def load_state(path: str, device: Any = "cpu") -> dict[str, Any]:
     return state
 
 
-def floor_after(state: dict[str, Any], generation: int) -> int:
-    """The version below which a GMI that took over ``state`` discards experience. Generation
-    0 of a run resumed from a checkpoint: the version it loaded (the actors' first weights are
-    fresh, not the loaded ones). A later generation: the floor its predecessor kept, saved with
-    the state as ``floor_version`` (an actor started again samples with fresh weights too)."""
-    version = int(state["version"])
-    if generation == 0:
-        return version
-    floor = state.get("floor_version", 0)  # states saved before it: none
-    ok = isinstance(floor, int) and not isinstance(floor, bool)
-    return min(max(floor, 0), version) if ok else 0
-
-
 def state_key(counts: dict[str, Any]) -> tuple[int, int]:
     """How far a learner state has come: ``(version, trained_steps)``. Both only grow, the
     version by one at every update, in whichever process holds the learner, so of two states

@@ -177,6 +177,7 @@ def gmi_doc(name: str, counters: dict[str, Any]) -> dict[str, Any]:
         "sm_count",
         "trained_steps",
         "resumed",
+        "floor_version",
         "retired",
         "weights_digest",
         "startup",

@@ -120,6 +120,7 @@ class Runner:
         spares = spares or Spares(ctx, self.services.adopt)
         spares.adopt = self.services.adopt  # one started ahead is this run's now
         self.fleet = GMIFleet(cfg, info, self.services.spawn, spares)
+        self.fleet.floor_version = self.resume.version if self.resume is not None else 0
         self.generations = Generations(self.fleet, mps_changes)
         self.on_progress, self.meter = on_progress, meter
         self.timeline = Timeline()

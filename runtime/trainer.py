@@ -32,7 +32,6 @@ from runtime.atomic_file import replaced
 from runtime.config import TrainConfig
 from runtime.envs import EnvInfo
 from runtime.gmi.role import GMIRole
-from runtime.learner_state import floor_after
 from runtime.stages.batcher import Batcher
 from runtime.stages.common import LiveSettings, StatsSender
 
@@ -117,9 +116,8 @@ class Trainer:
         """The hand-over file of the previous generation, or for generation 0 the checkpoint
         the runner resumes from (``runtime.checkpoint``)."""
         self.resumed = self.resume_from is None
-        self.floor_version = 0
-        """Experience sampled with an older version is discarded (a run resumed from a
-        checkpoint: the actors' first weights are not the loaded ones)."""
+        self.floor_version = role.floor_version if role is not None else 0
+        """Experience sampled with an older version is discarded (``GMIRole.floor_version``)."""
         self.trained_steps = 0
         self.updates = 0  # learner updates this GMI took part in (a group's, rows or none)
         self.credits_sent = 0  # CREDIT messages sent: the next one's number (``cseq``)
@@ -170,10 +168,8 @@ class Trainer:
         path = self.resume_from
         if not os.path.exists(path):
             return
-        state = checkpoint.load_state(path, self.device)
-        self.learner.load_state(state)
+        self.learner.load_state(checkpoint.load_state(path, self.device))
         self.resumed = True
-        self.floor_version = floor_after(state, self.role.generation if self.role else 0)
         logger.info("%s took over the learner at version %d", self.name, self.learner.version)
         self.publish()
 
@@ -225,6 +221,7 @@ class Trainer:
             "malformed": self.malformed.count,
             "holds_state": self.resumed,  # it has the run's learner state and trains
             "resumed": self.resumed and self.resume_from is not None,  # took over a saved one
+            "floor_version": self.floor_version,
             "retired": final and self.retiring,
             "batch_size": self.batcher.batch_rows * self.cfg.rollout_len,
             "live_epoch": self.live.epoch,
@@ -362,7 +359,7 @@ class Trainer:
         import torch
 
         with replaced(path, "wb") as f:
-            torch.save({**self.learner.state(), "floor_version": self.floor_version}, f)
+            torch.save(self.learner.state(), f)
         logger.info(
             "%s saved the learner at version %d to %s", self.name, self.learner.version, path
         )

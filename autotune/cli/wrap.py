@@ -254,19 +254,7 @@ def _wrap_restart(
             except KeyboardInterrupt:
                 fail_interrupted(study, trial, "Ctrl-C")
                 raise
-            for name, value in (
-                ("wall_s", run.wall_s),
-                ("steps", run.steps),
-                ("unit", run.unit),
-                ("gpu_j", run.gpu_j),
-                ("cpu_j", run.cpu_j),
-                ("stopped", run.stopped),
-                ("metrics", run.metrics),
-                ("window", run.window),
-                ("values", values),
-                ("cmd", cmd),  # the command it ran: a resumed study may hold several
-                ("outlived", run.outlived),
-            ):
+            for name, value in {**run.attrs(cmd), "values": values}.items():
                 trial.set_user_attr(name, value)
             row = {"number": trial.number, **run.__dict__, "unit": run.unit}
             if run.error is not None:

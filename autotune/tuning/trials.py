@@ -288,16 +288,5 @@ class ScriptTrials:
             code = run.returncode
             killed = code is not None and code < 0 and run.error == f"exited with code {code}"
             raise TrialFailed(run.error, killed=killed)
-        attrs = {
-            "wall_s": run.wall_s,
-            "steps": run.steps,
-            "unit": run.unit,
-            "gpu_j": run.gpu_j,
-            "cpu_j": run.cpu_j,
-            "cpu_source": "model",
-            "stopped": run.stopped,
-            "gpus": run.gpus,
-            "metrics": run.metrics,
-            "outlived": run.outlived,
-        }
+        attrs = {**run.attrs(self.wrapper.cmd), "cpu_source": "model"}
         return Measured(run.score("steps_per_s"), run.score("steps_per_joule"), attrs)

@@ -203,6 +203,17 @@ class TrialRun:
     def unit(self) -> str:
         return "steps" if self.steps else "runs"
 
+    def attrs(self, cmd: list[str]) -> dict[str, Any]:
+        """What a study's trial records of this run of ``cmd`` (the command it ran: a study
+        resumed with another holds trials of several)."""
+        keys = ("wall_s", "steps", "unit", "gpu_j", "cpu_j", "stopped", "gpus", "metrics")
+        return {
+            **{k: getattr(self, k) for k in keys},
+            "window": self.window,
+            "outlived": self.outlived,
+            "cmd": list(cmd),
+        }
+
     def figures(self) -> dict[str, float]:
         """Steps (or runs) per joule and per second, GPU and CPU watts, over the window."""
         measured = self.window and self.window["gpu_j"] + self.window["cpu_j"] > 0

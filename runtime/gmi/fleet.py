@@ -68,6 +68,8 @@ class GMIFleet:
         self.generation = 0
         self.reset_epoch = 0
         """The run's newest pipeline reset (``runtime.supervisor``), handed to every GMI started."""
+        self.floor_version = 0
+        """The version a resumed run went on from (``GMIRole.floor_version``), else 0."""
         self.mps_note: str | None = None
         """Why MPS could not start, when ``sharing`` is ``shared``."""
         self.mps: Any = None
@@ -142,7 +144,14 @@ class GMIFleet:
         for spec in self.gmis:
             env = self.mps.client_env(spec.mps_pct) if self.mps and spec.gpu is not None else {}
             role = GMIRole(
-                spec, self.generation, layout, run_dir, resume_from, env, self.reset_epoch
+                spec,
+                self.generation,
+                layout,
+                run_dir,
+                resume_from,
+                env,
+                self.reset_epoch,
+                self.floor_version,
             )
             args = (self.cfg, self.info, ep, role)
             if self.spares is None or not self.spares.take(role.name, args):

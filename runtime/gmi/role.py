@@ -27,6 +27,10 @@ class GMIRole:
         reset_epoch: The run's newest pipeline reset when the GMI starts (``runtime.supervisor``):
             a GMI started after a replacement holds nothing of the old pipeline, so it takes
             only newer resets.
+        floor_version: Experience sampled with an older policy version is discarded: in a run
+            resumed from a checkpoint, the version it resumed at (the actors' first weights,
+            and a restarted actor's, are fresh, not the loaded ones), in every generation; 0
+            otherwise.
     """
 
     spec: GMISpec
@@ -36,6 +40,7 @@ class GMIRole:
     resume_from: str | None = None
     env: dict[str, str] = field(default_factory=dict)
     reset_epoch: int = 0
+    floor_version: int = 0
 
     @property
     def name(self) -> str:

@@ -48,6 +48,7 @@ def test_a_second_run_goes_on_from_the_first_and_loses_nothing(tmp_path):
     assert saved["version"] == first["updates"] > 0
     assert first["checkpoint"]["resumed_from_steps"] == 0
     assert [g["resumed"] for g in first["gmis"]] == [False]  # a fresh run resumed nothing
+    assert [g["floor_version"] for g in first["gmis"]] == [0]
     state = torch.load(ck / checkpoint.STATE_NAME, weights_only=False)
     assert state["trained_steps"] == saved["trained_steps"]
 
@@ -85,6 +86,10 @@ def test_a_second_run_goes_on_from_the_first_and_loses_nothing(tmp_path):
     past = [t.trained_steps for t in ticks if not t.draining and t.trained_steps >= 4096]
     assert len(past) == 1, (past, saved)
     assert [g["resumed"] for g in second["gmis"]] == [True]
+    # experience sampled with the actors' fresh weights, older than the loaded learner, is
+    # discarded in every generation of the resumed run (each GMI is given the floor)
+    assert runner.fleet.floor_version == saved["version"]
+    assert [g["floor_version"] for g in second["gmis"]] == [saved["version"]]
     doc = second["checkpoint"]
     assert doc["resumed_from_steps"] == saved["trained_steps"]
     assert doc["resumed_from_version"] == saved["version"]

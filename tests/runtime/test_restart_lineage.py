@@ -321,20 +321,3 @@ def test_steps_trained_past_the_recovery_state_are_rolled_back_and_the_budget_go
         result["env_steps"] + result["discarded_steps"] + result["lost_steps"]
     )
     assert result["lost_steps"] >= result["rolled_back_steps"]
-
-
-def test_a_resumed_runs_version_floor_goes_on_through_every_later_generation(tmp_path):
-    # generation 0 of a resumed run discards experience older than the checkpoint's learner
-    # (the actors' first weights are fresh); the floor goes with every state a GMI saves, so
-    # a later generation, or one started in place of a dead one, keeps it
-    from runtime.learner_state import floor_after, load_state
-
-    path = tmp_path / "learner-g1.pt"
-    torch.save({**state_of(9_000, 700), "floor_version": 420}, str(path))
-    state = load_state(str(path))  # read as tensors and plain data only
-    assert floor_after(state, 0) == 700  # a new resume: the version it loaded
-    assert floor_after(state, 1) == floor_after(state, 5) == 420
-    assert floor_after(state_of(9_000, 700), 3) == 0  # a state saved before floors: none
-    for bad in (-3, "420", True, 4.5):  # never below 0, never a nonsense value
-        assert floor_after({**state, "floor_version": bad}, 2) == 0
-    assert floor_after({**state, "floor_version": 10**9}, 2) == 700  # never past its version
