@@ -330,13 +330,17 @@ def fail_config(
     """Tells ``trial`` (if any) failed with ``error``; marks ``values`` failed for good once
     they have failed more than ``retries`` times. True if they may be tried again.
     ``unmetered``: the meters read nothing under the config. The first time it may be the
-    meter's gap, not the config's fault: the trial fails with an ``unmetered`` attribute and
-    the config is not marked bad. The second time (a GPU whose NVML has no energy counter,
-    say) it is."""
+    meter's gap, not the config's fault: the trial fails with an ``unmetered`` attribute, the
+    config is not marked bad, and it is enqueued to be tried once more, next. The second time
+    (a GPU whose NVML has no energy counter, say) it is marked bad. A window with no trial
+    (a recheck of the best config, metered before) marks nothing."""
     key = config_key(values)
-    if unmetered and trial is not None and not _unmetered_before(study, key):
+    if unmetered and trial is None:
+        return True
+    if unmetered and not _unmetered_before(study, key):
         trial.set_user_attr("unmetered", error)
         study.tell(trial, state=TrialState.FAIL)
+        study.enqueue_trial({k: v for k, v in values.items() if k in trial.params})
         return True
     if trial is not None:
         trial.set_user_attr("error", error)

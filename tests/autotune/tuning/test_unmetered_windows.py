@@ -52,9 +52,30 @@ def test_a_config_the_meter_missed_once_is_measured_again_and_rated(tmp_path):
         assert world.t < 600, "the config's first try was never measured"
         world.t += 0.5
         tuner.tick()
-    world.dark = None  # the meter is back
-    tuner.study.enqueue_trial(DARK)
-    _run(tuner, world, tuner.trials_done + 3)
-    rated = [w for w in tuner.log if w["state"] == "trial" and w["values"]["actors"] == 3]
-    assert rated and rated[-1]["objective"] > 0, tuner.log
+    world.dark = None  # the meter is back; the config is tried again by itself, next
+    _run(tuner, world, tuner.trials_done + 1)
+    rated = [w for w in tuner.log if w["state"] == "trial" and w["values"] == DARK]
+    assert len(rated) == 1 and rated[0]["objective"] > 0, tuner.log
     assert config_key(trial_values(_dark_fails(tuner)[0])) not in failed_configs(tuner.study)
+
+
+def test_a_recheck_of_the_best_config_the_meter_missed_marks_nothing_bad(tmp_path):
+    """Holding the best config after its trials, the meters go dark for a recheck: the
+    incumbent, metered before, is not marked bad; it is measured again later and rated."""
+    world = World(0)
+    tuner = _tuner(tmp_path, world, trials=8, recheck_s=10.0)
+    _run(tuner, world, 8)
+    best = tuner.best()["values"]
+    world.dark = best["actors"]
+    checks = len([w for w in tuner.log if w["state"] != "trial"])
+    for _ in range(400):  # the recheck's windows, until it gives up on this one
+        world.t += 0.5
+        tuner.tick()
+    assert config_key(best) not in tuner.history.failed
+    world.dark = None
+    for _ in range(400):
+        world.t += 0.5
+        tuner.tick()
+    rechecks = [w for w in tuner.log if w["state"] != "trial"]
+    assert len(rechecks) > checks and rechecks[-1]["objective"] > 0, rechecks
+    assert tuner.best()["values"] == best
