@@ -54,7 +54,8 @@ import zmq
 from autotune.control.home import ControlError, state_dir
 from autotune.control.keys import connect_curve
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
+"""2: a job's messages carry its session token."""
 REPORT_INTERVAL_S = 0.5
 """How often a registered job reports its counters."""
 JOB_SILENT_S = 10.0
@@ -207,7 +208,8 @@ def decode(frame: bytes) -> dict[str, Any]:
         raise ValueError("control message is not a map with a 'type'")
     if msg.get("v") != PROTOCOL_VERSION:
         raise ValueError(
-            f"control protocol version {msg.get('v')!r}; this side speaks {PROTOCOL_VERSION}"
+            f"control protocol version {msg.get('v')!r}; this side speaks {PROTOCOL_VERSION} "
+            "(run the same autotune version on both sides)"
         )
     try:
         msg["type"] = MsgType(msg["type"])

@@ -77,6 +77,9 @@ def test_control_messages_are_versioned_maps():
         protocol.decode(msgpack.packb([1, 2]))
     with pytest.raises(ValueError, match="protocol version 99"):
         protocol.decode(msgpack.packb({"v": 99, "type": "PING"}))
+    # an older job (no session token) meets a newer daemon: the versions are named
+    with pytest.raises(ValueError, match="version 1; this side speaks 2 .run the same autotune"):
+        protocol.decode(msgpack.packb({"v": 1, "type": "HELLO", "job": "j"}))
     with pytest.raises(ValueError, match="malformed counters"):
         Counters.from_wire({"t_s": 1.0})
     good = {"t_s": 1.0, "trained_steps": 5, "lag_steps": 0.0, "gpu_j": 1.0, "cpu_j": 2.0}
