@@ -156,29 +156,34 @@ def wrap_export_doc(study: Any, pick: str | None = None) -> dict[str, Any]:
         )
     fixed = single_valued(meta)
     made_by = meta.get("made_by", "autotune wrap")
-    trials, done, groups = by_config(study, lambda t: trial_config(t, fixed), made_by)
+    latest = list(meta.get("cmd", []))
+
+    def run_of(t: Any) -> dict[str, Any]:  # a config as one command ran it: never pooled
+        return {"cmd": trial_command(t, latest), "values": trial_config(t, fixed)}
+
+    trials, done, groups = by_config(study, run_of, made_by)
 
     def median(ts: list[Any]) -> float:
         return statistics.median(pick_figure(t, metric) or 0.0 for t in ts)
 
     best = max(groups.values(), key=lambda ts: (median(ts), len(ts)))
-    values = trial_config(best[0], fixed)
+    values, cmd = trial_config(best[0], fixed), trial_command(best[0], latest)
     defaults = study.user_attrs.get("wrap_defaults")
     if "made_by" in meta:  # autotune study: its default trial ran the knobs' first values
         dkey = default_key(done, lambda t: trial_config(t, fixed), {**fixed, **meta["default"]})
         defaults = json.loads(dkey)
-    default = groups.get(config_key(defaults), []) if isinstance(defaults, dict) else []
+    ran = {"cmd": cmd, "values": defaults}  # the defaults as the recommended command ran them
+    default = groups.get(config_key(ran), []) if isinstance(defaults, dict) else []
     ratio = median(best) / median(default) if default and median(default) else None
     unit = study_unit(meta, done)
-    latest = list(meta.get("cmd", []))
-    cmd = trial_command(best[-1], latest)  # what the recommended config's runs ran
     commands = sorted({json.dumps(trial_command(t, latest)) for t in done})
     workload = {"command": cmd, "mode": meta.get("mode"), "knobs": meta.get("knobs")}
-    if len(commands) > 1:  # a study resumed with another command: said, not mixed silently
+    if len(commands) > 1:  # a study resumed with another command: said, not pooled
         workload["commands"] = [json.loads(c) for c in commands]
         workload["note"] = (
             f"the study's completed trials ran {len(commands)} commands (resumed with "
-            "another one); the recommended command is the one its config's latest trial ran"
+            "another one); each config's figures are those of one command, and the "
+            "recommended command is the one the best config's trials ran"
         )
     return {
         "autotune_export": FORMAT_VERSION,

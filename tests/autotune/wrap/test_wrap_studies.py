@@ -35,24 +35,31 @@ def test_a_study_made_for_another_command_or_knobs_is_refused_unless_resumed(tmp
 
 def test_a_study_resumed_with_another_command_exports_the_command_its_best_config_ran(tmp_path):
     """Each trial records the command it ran. A study resumed with another command holds
-    trials of both: the export says so and recommends the command the best config's trials
-    ran, not whichever command the study was resumed with last."""
+    trials of both: the export says so, never pools one config's runs of two commands, and
+    recommends the command the best config's trials ran, not whichever command the study was
+    resumed with last."""
     from autotune.workflows.wrap_export import wrap_export_doc
 
     script = tmp_path / "train.py"
     first = _wrap(tmp_path, "--knob", "num_envs=4", "--trials", "1")  # 4 envs: the best
     assert first.returncode == 0, first.stderr
-    slow = [sys.executable, str(script), "--envs={num_envs}", "--slower"]
-    again = _wrap(tmp_path, "--knob", "num_envs=1", "--trials", "1", "--resume", script_cmd=slow)
-    assert again.returncode == 0, again.stderr
+    other = [sys.executable, str(script), "--envs={num_envs}", "--other"]
+    for envs in ("4", "1"):  # the same config again, and a worse one, under the other command
+        again = _wrap(
+            tmp_path, "--knob", f"num_envs={envs}", "--trials", "1", "--resume", script_cmd=other
+        )
+        assert again.returncode == 0, again.stderr
     study = optuna.load_study(study_name="wrap-train", storage=f"sqlite:///{tmp_path}/w.db")
     ran = [t.user_attrs["cmd"] for t in study.trials]
-    assert ran == [[sys.executable, str(script), "--envs={num_envs}"], slow]
-    assert study.user_attrs["wrap"]["cmd"] == slow  # the study's latest command
+    assert ran == [[sys.executable, str(script), "--envs={num_envs}"], other, other]
+    assert study.user_attrs["wrap"]["cmd"] == other  # the study's latest command
     doc = wrap_export_doc(study)
     assert doc["recommended"]["values"] == {"num_envs": 4}
-    assert doc["recommended"]["command"] == [sys.executable, str(script), "--envs=4"]
-    assert sorted(map(tuple, doc["workload"]["commands"])) == sorted(map(tuple, ran))
+    (number,) = doc["evidence"]["recommended"]["trials"]  # one command's run, not both
+    best_ran = [a.replace("{num_envs}", "4") for a in ran[number]]
+    assert doc["recommended"]["command"] == best_ran
+    assert doc["evidence"]["trials"]["configs"] == 3  # (command, config) pairs
+    assert sorted(map(tuple, doc["workload"]["commands"])) == sorted({tuple(c) for c in ran})
     assert "ran 2 commands" in doc["workload"]["note"]
 
 
