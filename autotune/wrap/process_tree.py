@@ -20,6 +20,8 @@ logger = logging.getLogger(__name__)
 
 TERM_GRACE_S = 10.0
 """How long the script and its processes get between SIGTERM and SIGKILL."""
+SEEN_MAX = 256
+"""Descendants remembered before those that have exited are forgotten."""
 
 
 class Tree:
@@ -34,9 +36,12 @@ class Tree:
         """The script and its descendants alive now."""
         pids = tree_pids(self.proc.pid)
         for pid in pids[1:]:
-            if pid not in self.seen:
+            known = self.seen.get(pid)
+            if known is None or not known.is_running():  # new, or its pid reused since
                 with contextlib.suppress(psutil.Error):  # as psutil objects: a pid reused
                     self.seen[pid] = psutil.Process(pid)  # later is not taken for it
+        if len(self.seen) > SEEN_MAX:  # a script that starts many short-lived processes
+            self.seen = {pid: p for pid, p in self.seen.items() if _running(p)}
         return pids
 
     def end_outliving(self) -> int:
@@ -84,6 +89,10 @@ def stop_tree(proc: subprocess.Popen, tree: Tree | None = None) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
+    for p in below.values():  # seen before, outside the tree now: re-parented already
+        if p.pid not in pids:
+            with contextlib.suppress(psutil.Error):
+                p.terminate()
     try:
         proc.wait(timeout=TERM_GRACE_S)
     except subprocess.TimeoutExpired:

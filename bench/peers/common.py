@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from collections.abc import Callable
 
 
 def add_peer_args(ap: argparse.ArgumentParser) -> None:
@@ -76,8 +77,11 @@ class StopRule:
     ``--warmup-s``, not before two progress lines (``line``) lie that long or longer after its
     first trained one: on a loaded machine a rollout may take longer than the window."""
 
-    def __init__(self, a: argparse.Namespace, start_steps: int = 0) -> None:
-        self.at = time.time() + a.seconds if a.seconds else float("inf")
+    def __init__(
+        self, a: argparse.Namespace, start_steps: int = 0, clock: Callable[[], float] = time.time
+    ) -> None:
+        self.clock = clock
+        self.at = clock() + a.seconds if a.seconds else float("inf")
         self.min_steps, self.start_steps = a.min_steps, start_steps
         self.warmup_s: float | None = a.warmup_s
         self.first_t: float | None = None  # when the first trained line was written
@@ -87,7 +91,7 @@ class StopRule:
         """A progress line at ``steps`` was written now."""
         if steps <= self.start_steps:
             return
-        now = time.time()
+        now = self.clock()
         if self.first_t is None:
             self.first_t = now
         if self.warmup_s is not None and now >= self.first_t + self.warmup_s:
@@ -95,7 +99,7 @@ class StopRule:
 
     def due(self, trained: int) -> bool:
         window = self.warmup_s is None or self.after >= 2
-        return time.time() >= self.at and trained - self.start_steps >= self.min_steps and window
+        return self.clock() >= self.at and trained - self.start_steps >= self.min_steps and window
 
 
 def hidden_from_policy(spec: str) -> str:

@@ -10,7 +10,6 @@ import pytest
 
 from bench.compare import window
 from bench.compare_arms import arm_command
-from bench.peers import common
 from bench.peers.common import StopRule, add_peer_args, check_peer_args
 
 
@@ -22,24 +21,23 @@ class Clock:
         return self.t
 
 
-def rule(monkeypatch, **kw) -> tuple[StopRule, Clock]:
+def rule(**kw) -> tuple[StopRule, Clock]:
     clock = Clock()
-    monkeypatch.setattr(common.time, "time", clock)
     a = argparse.Namespace(seconds=6.0, min_steps=0, warmup_s=None)
     a.__dict__.update(kw)
-    return StopRule(a), clock
+    return StopRule(a, clock=clock), clock
 
 
-def test_without_warmup_the_seconds_and_min_steps_alone_stop_the_run(monkeypatch):
-    stop, clock = rule(monkeypatch, min_steps=4096)
+def test_without_warmup_the_seconds_and_min_steps_alone_stop_the_run():
+    stop, clock = rule(min_steps=4096)
     assert not stop.due(8192)
     clock.t += 6
     assert not stop.due(2048) and stop.due(4096)
 
 
-def test_slow_rollouts_run_on_until_the_window_holds_two_lines(monkeypatch):
+def test_slow_rollouts_run_on_until_the_window_holds_two_lines():
     # the rollouts a loaded 2-core machine took: a line every 2.7-3.1 s (as measured), a 2-s warm-up
-    stop, clock = rule(monkeypatch, warmup_s=2.0)
+    stop, clock = rule(warmup_s=2.0)
     rows = []
     for steps, dt in ((0, 0.0), (2048, 3.1), (4096, 3.0), (6144, 2.8)):
         clock.t += dt
@@ -54,11 +52,10 @@ def test_slow_rollouts_run_on_until_the_window_holds_two_lines(monkeypatch):
     assert (first["steps"], last["steps"]) == (4096, 6144)
 
 
-def test_a_resumed_run_counts_its_lines_from_where_it_resumed(monkeypatch):
+def test_a_resumed_run_counts_its_lines_from_where_it_resumed():
     clock = Clock()
-    monkeypatch.setattr(common.time, "time", clock)
     a = argparse.Namespace(seconds=1.0, min_steps=0, warmup_s=0.0)
-    stop = StopRule(a, start_steps=10_000)
+    stop = StopRule(a, start_steps=10_000, clock=clock)
     stop.line(10_000)  # the line it resumed at trained nothing new
     clock.t += 2
     stop.line(12_048)
