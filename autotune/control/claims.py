@@ -86,6 +86,24 @@ def valid_pid(pid: Any) -> int | None:
     return pid if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 else None
 
 
+def sender_pid(msg: dict[str, Any], peer: int | None) -> int:
+    """The pid a HELLO or an OFFER names: a process id, and on an ``ipc://`` socket the
+    sender's own (``peer``, from the kernel): a job speaks for its own process only.
+
+    Raises:
+        ValueError: no process id, or another process's (what was named and who sent it).
+    """
+    pid = valid_pid(msg.get("pid"))
+    if pid is None:
+        raise ValueError(f"a message names the sending process's pid; got {msg.get('pid')!r}")
+    if peer is not None and pid != peer:
+        raise ValueError(
+            f"the message names pid {pid}, but process {peer} sent it: a job offers and "
+            "registers for its own process only"
+        )
+    return pid
+
+
 def process_gone(pid: int | None) -> bool:
     """Whether the process ``pid`` has ended (a zombie counts as ended: it runs nothing and
     holds nothing but its exit status). False for None: no process is known."""

@@ -32,7 +32,7 @@ import zmq
 from autotune.control import protocol
 from autotune.control.admission import storage_problem
 from autotune.control.allocator import Budget
-from autotune.control.claims import claim_from, process_gone, share_of, valid_pid
+from autotune.control.claims import claim_from, process_gone, sender_pid, share_of, valid_pid
 from autotune.control.home import hold_lock, hold_machine
 from autotune.control.keys import serve_curve
 from autotune.control.machine import MachineView, detect, energy_shares
@@ -91,6 +91,7 @@ class Daemon:
         self.ctx = zmq.Context()
         self.sock: zmq.Socket | None = None
         self.auth: Any = None  # a tcp:// endpoint's ZAP authenticator (control.keys)
+        self.peer: int | None = None  # the pid that sent the message read last (ipc:// only)
 
     def bind(self) -> None:
         """Binds the control socket.
@@ -173,23 +174,18 @@ class Daemon:
             logger.debug("cannot send %s: %s", kind, exc)
 
     def _receive(self) -> None:
-        frames = self.sock.recv_multipart()
-        identity = frames[0]
+        frames = self.sock.recv_multipart(copy=False)
+        identity, self.peer = frames[0].bytes, protocol.peer_pid(frames[-1])  # the sender's
         try:
-            msg = protocol.decode(frames[-1])
+            msg = protocol.decode(frames[-1].bytes)
         except ValueError as exc:
             logger.warning("dropped a control message: %s", exc)
             self._send(identity, MsgType.ERROR, message=str(exc))
             return
         kind = msg["type"]
         if kind == MsgType.PING:
-            self._send(
-                identity,
-                MsgType.PONG,
-                pid=os.getpid(),
-                endpoint=self.endpoint,
-                jobs=len(self.sessions),
-            )
+            pong = {"pid": os.getpid(), "endpoint": self.endpoint, "jobs": len(self.sessions)}
+            self._send(identity, MsgType.PONG, **pong)
         elif kind == MsgType.STATUS:
             self._send(identity, MsgType.STATUS, status=self.status())
         elif kind == MsgType.STOP:
@@ -226,6 +222,10 @@ class Daemon:
             self._send(identity, MsgType.ERROR, message="job ids starting offer- are reserved")
             return
         problem = protocol.token_problem(msg.get("token"))
+        try:
+            sender_pid(msg, self.peer)
+        except ValueError as exc:
+            problem = problem or str(exc)
         old = self.sessions.get(job_id)
         if (
             problem is None
@@ -343,9 +343,7 @@ class Daemon:
 
     def _offer(self, identity: bytes, msg: dict[str, Any]) -> None:
         try:
-            pid = valid_pid(msg.get("pid"))
-            if pid is None:
-                raise ValueError(f"an offer names the asking process's pid; got {msg.get('pid')!r}")
+            pid = sender_pid(msg, self.peer)
             budget = self.shares.offer(claim_from("offer", msg.get("claim")), pid)
         except ValueError as exc:  # a malformed claim, or AllocationError
             self._send(identity, MsgType.ERROR, message=str(exc))

@@ -30,7 +30,8 @@ adds the peer's identity frame in front). Nothing off the socket is unpickled.
 
 A job's token is a secret it chose for its registration: the daemon takes a REPORT or BYE for a
 job, and a HELLO that registers it again, only with the token it registered with, so no other
-client of the socket can speak for it, end its tuning or drop its session.
+client of the socket can speak for it, end its tuning or drop its session. On ``ipc://`` the
+daemon also takes an OFFER or a HELLO only for the pid that sent it (``peer_pid``).
     script  -> wrapper  PROGRESS the script's running step total and metrics
                         POLL     live mode: the script is at a safe point, has taken seq
     wrapper -> script   KNOBS    live mode: seq + new knob values
@@ -140,6 +141,18 @@ def token_matches(expected: str, msg: dict[str, Any]) -> bool:
     """Whether ``msg`` carries the session token ``expected`` (compared in constant time)."""
     got = msg.get("token")
     return isinstance(got, str) and hmac.compare_digest(got.encode(), expected.encode())
+
+
+def peer_pid(frame: zmq.Frame) -> int | None:
+    """The process that sent ``frame`` (received with ``copy=False``) on an ``ipc://`` socket,
+    as the kernel names it (``SO_PEERCRED``: libzmq's ``Peer-Address`` ends ``:uid:gid:pid``);
+    None on ``tcp://``, where no process can be named."""
+    try:
+        address = frame.get("Peer-Address")
+    except zmq.ZMQError:
+        return None
+    parts = str(address).rsplit(":", 3)
+    return int(parts[3]) if len(parts) == 4 and parts[3].isdigit() else None
 
 
 def not_its_token(job_id: str) -> str:

@@ -105,7 +105,8 @@ def test_a_registration_cannot_make_the_daemon_create_a_file(tmp_path):
         sock = protocol.dealer(ctx, endpoint)
         answers = []
         for path in (target, link):
-            hello = {"job": "forged", "pid": 1, "storage": f"sqlite:///{path}", "study": "s"}
+            hello = {"job": "forged", "pid": os.getpid(), "storage": f"sqlite:///{path}"}
+            hello["study"] = "s"
             hello["token"] = protocol.new_token()
             sock.send(protocol.encode(protocol.MsgType.HELLO, **hello))
             assert sock.poll(5000), "the daemon did not answer"

@@ -78,7 +78,7 @@ def test_control_messages_are_versioned_maps():
     with pytest.raises(ValueError, match="protocol version 99"):
         protocol.decode(msgpack.packb({"v": 99, "type": "PING"}))
     # an older job (no session token) meets a newer daemon: the versions are named
-    with pytest.raises(ValueError, match="version 1; this side speaks 2 .run the same autotune"):
+    with pytest.raises(ValueError, match=r"version 1; this side speaks 2 \(run the same autotune"):
         protocol.decode(msgpack.packb({"v": 1, "type": "HELLO", "job": "j"}))
     with pytest.raises(ValueError, match="malformed counters"):
         Counters.from_wire({"t_s": 1.0})

@@ -6,6 +6,7 @@ well-formed token is refused, saying what is expected."""
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import zmq
 
@@ -21,7 +22,7 @@ def _hello(home, job: str, token) -> dict:
     space = build_space(Machine(4, 0), ["batch_size=512,1024"], 4, 32, None)
     return {
         "job": job,
-        "pid": 1,  # alive: never dropped as gone
+        "pid": os.getpid(),  # the sender's own, as the daemon checks on its ipc socket
         "token": token,
         "env": "CartPole-v1",
         "storage": f"sqlite:///{home / 'study.db'}",  # under the state dir: the daemon makes it
@@ -68,6 +69,9 @@ def test_only_the_jobs_own_token_reports_ends_or_registers_it_again(tmp_path, mo
             assert "session token, 32 lowercase hex digits" in answer["message"]
             assert str(bad) not in answer["message"] or bad is None
         assert daemon.sessions == {}
+        elsewhere = {**_hello(home, "j1", token), "pid": 1}  # for another process: refused
+        answer = job.ask(protocol.MsgType.HELLO, **elsewhere)
+        assert f"names pid 1, but process {os.getpid()} sent it" in answer["message"]
         welcome = job.ask(protocol.MsgType.HELLO, **_hello(home, "j1", token))
         assert welcome["type"] == "WELCOME", welcome
         session = daemon.sessions["j1"]

@@ -232,9 +232,15 @@ def test_hostile_registrations_and_offers_leave_the_daemon_serving(daemon_env):
     endpoint = f"ipc://{daemon_env['AUTOTUNE_HOME']}/control.sock"
     os.environ["AUTOTUNE_HOME"] = daemon_env["AUTOTUNE_HOME"]
     try:
-        for body in ({"pid": -5}, {"pid": True}, {}, {"pid": 7, "claim": {"weight": "x"}}):
+        me = os.getpid()
+        for body in ({"pid": -5}, {"pid": True}, {}, {"pid": me, "claim": {"weight": "x"}}):
             answer = protocol.request(endpoint, protocol.MsgType.OFFER, **body)
             assert answer["type"] == protocol.MsgType.ERROR, (body, answer)
+        # an offer for another process (its pending offer would be replaced): the kernel
+        # names the sender on the ipc socket, and only its own pid is taken
+        answer = protocol.request(endpoint, protocol.MsgType.OFFER, pid=1)
+        assert f"names pid 1, but process {me} sent it" in answer["message"], answer
+        assert protocol.request(endpoint, protocol.MsgType.OFFER, pid=me)["type"] == "OFFER"
         answer = protocol.request(endpoint, protocol.MsgType.HELLO, job="offer-1")
         assert "reserved" in answer["message"]
         assert protocol.request(endpoint, protocol.MsgType.PING)["type"] == protocol.MsgType.PONG
