@@ -329,11 +329,9 @@ def fail_config(
 ) -> bool:
     """Tells ``trial`` (if any) failed with ``error``; marks ``values`` failed for good once
     they have failed more than ``retries`` times. True if they may be tried again.
-    ``unmetered``: the meters read nothing under the config. The first time it may be the
-    meter's gap, not the config's fault: the trial fails with an ``unmetered`` attribute, the
-    config is not marked bad, and it is enqueued to be tried once more, next. The second time
-    (a GPU whose NVML has no energy counter, say) it is marked bad. A window with no trial
-    (a recheck of the best config, metered before) marks nothing."""
+    ``unmetered`` (the meters read nothing): the first time, maybe the meter's gap, the trial
+    fails as ``unmetered`` and is enqueued to run once more, next; the second time the config
+    is marked bad. A window with no trial (a recheck of the best, metered before): nothing."""
     key = config_key(values)
     if unmetered and trial is None:
         return True
