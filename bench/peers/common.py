@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import time
 from collections.abc import Callable
@@ -57,11 +58,12 @@ def check_peer_args(ap: argparse.ArgumentParser, a: argparse.Namespace) -> None:
         a.hidden = []
     if not a.hidden or min(a.hidden) < 1:
         ap.error(f"--net {a.net!r}: expected comma-separated positive integers, e.g. 256,128,64")
-    low = min(a.seconds, a.min_steps, 0.0 if a.warmup_s is None else a.warmup_s)
-    if a.num_envs < 1 or a.threads < 1 or a.total_steps < 1 or not low >= 0:
+    budgets = (a.seconds, a.min_steps, 0.0 if a.warmup_s is None else a.warmup_s)
+    finite = all(math.isfinite(v) and v >= 0 for v in budgets)  # NaN passes a min()
+    if a.num_envs < 1 or a.threads < 1 or a.total_steps < 1 or not finite:
         ap.error(
             "--num-envs, --threads and --total-steps must be >= 1; --seconds, --min-steps and "
-            "--warmup-s >= 0"
+            "--warmup-s finite numbers >= 0"
         )
     if a.device == "auto":
         import torch

@@ -64,14 +64,18 @@ def test_a_resumed_run_counts_its_lines_from_where_it_resumed():
     assert stop.due(14_096)
 
 
-@pytest.mark.parametrize("flag", ["--warmup-s", "--seconds", "--min-steps"])
-def test_negative_budgets_are_refused_naming_them(flag, capsys):
+@pytest.mark.parametrize(
+    "given",
+    [["--warmup-s", "-1"], ["--seconds", "-1"], ["--min-steps", "-1"]]
+    + [[flag, v] for flag in ("--warmup-s", "--seconds") for v in ("nan", "inf")],
+)
+def test_negative_or_not_finite_budgets_are_refused_naming_them(given, capsys):
     ap = argparse.ArgumentParser()
     add_peer_args(ap)
-    a = ap.parse_args([flag, "-1"])
+    a = ap.parse_args(given)
     with pytest.raises(SystemExit):
         check_peer_args(ap, a)
-    assert "--seconds, --min-steps and --warmup-s >= 0" in capsys.readouterr().err
+    assert "--seconds, --min-steps and --warmup-s finite numbers >= 0" in capsys.readouterr().err
 
 
 def test_a_benchmarks_warm_up_reaches_its_peers(tmp_path):
