@@ -142,9 +142,8 @@ class Trainer:
     def _grant_credits(self) -> None:
         n = self.batcher.credits_to_grant()
         if n:
-            meta = wire.credit_meta(
-                self.run_key, self.name, n, self.batcher.queued_steps, self.credits_sent
-            )
+            queued, epoch = self.batcher.queued_steps, self.live.reset_epoch
+            meta = wire.credit_meta(self.run_key, self.name, n, queued, self.credits_sent, epoch)
             self.credits_sent += 1
             wire.send_msg(self.dealer, wire.MsgType.CREDIT, meta)
 

@@ -165,11 +165,15 @@ def sign(
     return {**meta, "sig": _signature(key, msg_type, meta, arrays)}
 
 
-def credit_meta(key: bytes, src: str, n: int, queued_steps: int, cseq: int) -> dict[str, Any]:
+def credit_meta(
+    key: bytes, src: str, n: int, queued_steps: int, cseq: int, epoch: int = 0
+) -> dict[str, Any]:
     """A trainer's CREDIT: ``n`` free chunk slots, its queued steps, its own name (``src``,
-    its identity at the migrator) and the credit's number (``cseq``, from 0, one up each
-    credit: a copy sent again is refused), signed with the run's key when there is one."""
-    meta = {"n": n, "queued_steps": queued_steps, "src": src, "cseq": cseq}
+    its identity at the migrator), the credit's number (``cseq``, from 0, one up each credit:
+    a copy sent again is refused) and the pipeline reset it was granted under (``epoch``: a
+    migrator started in place of a dead one takes only its own epoch's, as the trainer grants
+    its whole window again at the reset), signed with the run's key when there is one."""
+    meta = {"n": n, "queued_steps": queued_steps, "src": src, "cseq": cseq, "epoch": epoch}
     return sign(key, MsgType.CREDIT, meta) if key else meta
 
 

@@ -35,12 +35,13 @@ import zmq
 
 from runtime import topology, wire
 from runtime.stages.common import StatsSender, await_exit, init_service_process
+from runtime.stages.credits import CreditCheck
 
 logger = logging.getLogger(__name__)
 
 MAX_PENDING_MESSAGES = topology.CHUNK_HWM
-TRAINER_PREFIX = b"trainer-"
-"""Only peers with this identity prefix (``topology.trainer_experience_in``) get chunks."""
+CHUNK_ID_STRIDE = 1 << 40
+"""The compressor started at the n-th restart numbers its chunks from n times this."""
 STATS_INTERVAL_S = 0.5
 RECEIPT_INTERVAL_S = 0.005
 RECEIPT_REFRESH_S = 0.25
@@ -108,8 +109,8 @@ class Migrator:
         self.pending: collections.deque[tuple[wire.Message, list[zmq.Frame]]] = collections.deque()
         self.last_chunk: tuple[int, set[int]] = (-1, set())
         """The newest chunk begun and its channels so far (signed chunks come in order, each
-        channel once: anything older is refused); ``last_credit``: the newest ``cseq``."""
-        self.last_credit: dict[bytes, int] = {}
+        channel once: anything older is refused)."""
+        self.credits = CreditCheck(key)
         self.upstream_done = False
         self.malformed = wire.MalformedCounter("migrator")
         self.counters = {"messages": 0, "bytes": 0, "chunks": 0, "retired": 0, "undelivered": 0}
@@ -119,28 +120,12 @@ class Migrator:
         self._receipts_sent = 0.0
 
     def on_trainer(self, identity: bytes, msg: wire.Message) -> None:
-        """A CREDIT message from a trainer: adds its free slots and records its queue."""
-        if msg.type is not wire.MsgType.CREDIT:
-            raise wire.ProtocolError(f"migrator takes only credit from trainers, got {msg.type}")
-        if not identity.startswith(TRAINER_PREFIX):
-            raise wire.ProtocolError(f"credit from {identity!r}, which is not a trainer")
-        if self.key:
-            wire.check_signed(self.key, msg)
-            if msg.meta.get("src") != identity.decode(errors="replace"):
-                signer = msg.meta.get("src")
-                raise wire.ProtocolError(f"credit signed by {signer!r} came from {identity!r}")
-        n = wire.meta_int(msg.meta, "n")
-        queued = wire.meta_int(msg.meta, "queued_steps", 0)
-        if n < 0:
-            raise wire.ProtocolError(f"credit of {n} slots; must be >= 0")
-        if self.key:  # signed credits are numbered: one sent again is refused
-            cseq = wire.meta_int(msg.meta, "cseq")
-            if cseq <= self.last_credit.get(identity, -1):
-                raise wire.ProtocolError(
-                    f"credit {cseq} from {identity!r} after its credit "
-                    f"{self.last_credit.get(identity, -1)}: sent again (replayed), or below 0"
-                )
-            self.last_credit[identity] = cseq
+        """A CREDIT message from a trainer (``credits.CreditCheck``): adds its free slots and
+        records its queue."""
+        taken = self.credits.take(identity, msg)
+        if taken is None:  # granted to the migrator this one replaced
+            return
+        n, queued = taken
         trainer = self.trainers.get(identity)
         if trainer is None:
             trainer = self.trainers[identity] = _Trainer(identity)
@@ -201,6 +186,8 @@ class Migrator:
         if self.key and msg.type in (wire.MsgType.EOS, wire.MsgType.CHUNK):
             wire.check_signed(self.key, msg)
         if msg.type is wire.MsgType.EOS:
+            if msg.meta.get("stage") != "compressor":  # an actor's, copied off its link
+                raise wire.ProtocolError("an end of stream that is not the compressor's")
             self.upstream_done = True
             return
         if msg.type is not wire.MsgType.CHUNK:
@@ -384,16 +371,25 @@ class Migrator:
                 self.malformed.drop(exc)
 
 
-def migrator_main(endpoints: topology.Endpoints, n_trainers: int, generation: int = 0) -> None:
+def migrator_main(
+    endpoints: topology.Endpoints,
+    n_trainers: int,
+    generation: int = 0,
+    restart: int = 0,
+    epoch: int = 0,
+) -> None:
     """Process entry point of the migrator service. One started in place of a dead one is told
-    the current GMI ``generation``: every older one is retired (a GMI of one that still says
-    hello gets RETIRE at once, and hands over). Its guard starts before its binds."""
+    the current GMI ``generation`` (every older one is retired: a GMI of one that still says
+    hello gets RETIRE at once, and hands over), the ``restart`` it is (it takes chunks from
+    that compressor's first id on: a copy of an older one is refused) and the pipeline reset
+    ``epoch`` (it takes credits granted under it only). Its guard starts before its binds."""
     init_service_process("migrator")
     ctx = zmq.Context()
     stats = StatsSender.service(ctx, endpoints, "migrator")
     pull, router, receipts, commands = topology.migrator_sockets(ctx, endpoints)
     migrator = Migrator(pull, router, stats, n_trainers, receipts, commands, endpoints.run_key)
     migrator.generation, migrator.retired_generations = generation, set(range(generation))
+    migrator.credits.epoch, migrator.last_chunk = epoch, (restart * CHUNK_ID_STRIDE - 1, set())
     migrator.run()
     await_exit(commands)
     stats.guard.stop()

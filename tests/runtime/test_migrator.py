@@ -7,7 +7,7 @@ import pytest
 import zmq
 
 from runtime import wire
-from runtime.stages.migrator import Migrator
+from runtime.stages.migrator import CHUNK_ID_STRIDE, Migrator
 
 
 class FakeRouter:
@@ -158,6 +158,11 @@ def test_with_the_runs_key_only_signed_chunks_end_of_stream_and_credits_count():
     m.on_chunk(signed(wire.MsgType.CHUNK, meta, msg.arrays), frames)
     m.dispatch()
     assert [ident for ident, _ in router.sent] == [b"trainer-0"]
+    # an actor's end of stream, signed with the run's key, copied onto the chunk input
+    actor_eos = signed(wire.MsgType.EOS, {"actor": 0, "inc": 1, "rollouts": 3})
+    with pytest.raises(wire.ProtocolError, match="not the compressor's"):
+        m.on_chunk(actor_eos, [])
+    assert not m.upstream_done
     m.on_chunk(signed(wire.MsgType.EOS, {"stage": "compressor"}), [])
     assert m.upstream_done
 
@@ -197,6 +202,36 @@ def test_a_signed_chunk_or_credit_sent_again_is_refused():
     assert [(i, msg.meta["chunk"]) for i, msg in router.sent] == [(b"trainer-0", 0)] * 2 + [
         (b"trainer-0", 1)
     ] * 2
+
+
+def test_a_migrator_started_in_place_of_a_dead_one_takes_nothing_of_the_old_pipeline():
+    """The first restart's migrator takes chunks from its compressor's first id on (a copy of
+    one the old compressor sent is refused) and counts only credits granted under its reset:
+    a trainer's credits to the dead migrator, sent before it took the reset, would add to the
+    window it grants again at the reset."""
+    key = b"k" * 32
+    router = FakeRouter()
+    m = Migrator(pull=None, router=router, stats=None, n_trainers=1, key=key)
+    m.credits.epoch, m.last_chunk = 1, (CHUNK_ID_STRIDE - 1, set())  # as migrator_main sets
+
+    def credit_msg(cseq, epoch):
+        meta = wire.credit_meta(key, "trainer-0", 2, 0, cseq, epoch)
+        return wire.Message(wire.MsgType.CREDIT, meta)
+
+    m.on_trainer(b"trainer-0", credit_msg(7, 0))  # granted before the reset: not counted
+    assert b"trainer-0" not in m.trainers and not m.malformed.count
+    m.on_trainer(b"trainer-0", credit_msg(8, 1))
+    assert m.trainers[b"trainer-0"].credits == 2
+    old, frames = chunk(5, 0)
+    old = wire.Message(old.type, wire.sign(key, old.type, old.meta, old.arrays), old.arrays)
+    with pytest.raises(wire.ProtocolError, match="sent again"):
+        m.on_chunk(old, frames)
+    new, frames = chunk(CHUNK_ID_STRIDE, 0)
+    m.on_chunk(
+        wire.Message(new.type, wire.sign(key, new.type, new.meta, new.arrays), new.arrays), frames
+    )
+    m.dispatch()
+    assert [msg.meta["chunk"] for _, msg in router.sent] == [CHUNK_ID_STRIDE]
 
 
 class DeadPeerRouter(FakeRouter):
