@@ -303,12 +303,13 @@ class Compressor:
             for sock, _ in poller.poll(timeout_ms):
                 # at most a queue's worth per socket, so commands, flushes and stats keep up
                 for msg in wire.recv_waiting(sock, self.malformed, topology.EXPERIENCE_HWM):
-                    if sock is self.pull:
-                        self.last_input = time.monotonic()
                     try:
                         self.handle(msg) if sock is self.pull else self._handle_command(msg)
                     except wire.ProtocolError as exc:
                         self.malformed.drop(exc)
+                        continue
+                    if sock is self.pull:  # taken: junk does not hold a drain's give-up off
+                        self.last_input = time.monotonic()
             now = time.monotonic()
             if self.pending and now - self.pending_since >= self.chunk_timeout_s:
                 self.flush()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pickle
 import threading
+import time
 
 import msgpack
 import numpy as np
@@ -116,6 +117,33 @@ def test_compressor_counts_and_drops_malformed_messages_and_keeps_serving(tmp_pa
         received.append(wire.recv_msg(sink))
     assert [m.type for m in received].count(wire.MsgType.CHUNK) == 6
     assert received[-1].type is wire.MsgType.EOS
+    ctx.destroy(linger=0)
+
+
+def test_junk_on_the_experience_link_does_not_hold_off_a_drains_give_up(tmp_path, monkeypatch):
+    """Draining, the compressor waits for an actor that never sends (it died): after
+    DRAIN_IDLE_S with nothing taken it gives up, and what is missing is lost. Junk that another
+    process keeps sending (unsigned, undecodable) is not input the drain waits on."""
+    from runtime.stages import compressor as compressor_module
+
+    monkeypatch.setattr(compressor_module, "DRAIN_IDLE_S", 1.0)
+    ctx = zmq.Context()
+    ep = topology.Endpoints.ipc(str(tmp_path))
+    _, commands = topology.runner_sockets(ctx, ep)
+    sink = ctx.socket(zmq.PULL)
+    sink.bind(ep.chunks)
+    pull, push, ctrl = topology.compressor_sockets(ctx, ep)
+    compressor = Compressor(pull, push, ctrl, None, 1, 0.01, key=b"k" * 32)
+    thread = threading.Thread(target=compressor.run, daemon=True)
+    thread.start()
+    actor = topology.actor_experience_out(ctx, ep)
+    deadline = time.monotonic() + 60  # the give-up is what is tested: its seconds bound it
+    while thread.is_alive() and time.monotonic() < deadline:
+        wire.send_msg(commands, wire.MsgType.COMMAND, {"cmd": "drain", "expect": {"0:0": 2}})
+        wire.send_msg(actor, wire.MsgType.ROLLOUT, {"ch": "obs"}, [np.zeros(2)])  # unsigned
+        thread.join(0.2)
+    assert not thread.is_alive(), "the drain never gave up: junk held it off"
+    assert compressor.malformed.count > 0
     ctx.destroy(linger=0)
 
 
