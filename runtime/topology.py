@@ -59,6 +59,12 @@ INFERENCE_HWM = 64
 TELEMETRY_HWM = 10_000
 LINGER_MS = 10_000
 """How long a closing socket keeps trying to deliver what it has queued (drain at exit)."""
+DATA_MAX_BYTES = 257 * 2**20
+"""The largest frame a bound data input takes (a rollout's or a chunk's channel, a batch of
+observations): as much as the compressor holds of incomplete rollouts, and a header. A larger
+one, which no actor or compressor of the run makes, disconnects its sender unread."""
+SMALL_MAX_BYTES = 16 * 2**20
+"""The largest frame the trainers' credits and the runner's telemetry input take."""
 
 
 @dataclass(frozen=True)
@@ -176,11 +182,16 @@ def _connect(sock: zmq.Socket, ep: Endpoints, address: str) -> None:
     sock.connect(address)
 
 
-def _socket(ctx: zmq.Context, kind: int, *, sndhwm: int = 1000, rcvhwm: int = 1000) -> zmq.Socket:
+def _socket(
+    ctx: zmq.Context, kind: int, *, sndhwm: int = 1000, rcvhwm: int = 1000, maxmsg: int = -1
+) -> zmq.Socket:
+    """A socket with its high-water marks; ``maxmsg`` (bytes, for a bound input) makes libzmq
+    disconnect a peer that sends a larger frame before it is read into memory."""
     sock = ctx.socket(kind)
     sock.setsockopt(zmq.SNDHWM, sndhwm)
     sock.setsockopt(zmq.RCVHWM, rcvhwm)
     sock.setsockopt(zmq.LINGER, LINGER_MS)
+    sock.setsockopt(zmq.MAXMSGSIZE, maxmsg)
     return sock
 
 
@@ -227,7 +238,7 @@ def compressor_sockets(
     ctx: zmq.Context, ep: Endpoints
 ) -> tuple[zmq.Socket, zmq.Socket, zmq.Socket]:
     """(experience PULL, chunks PUSH, commands SUB) of the compressor."""
-    pull = _socket(ctx, zmq.PULL, rcvhwm=EXPERIENCE_HWM)
+    pull = _socket(ctx, zmq.PULL, rcvhwm=EXPERIENCE_HWM, maxmsg=DATA_MAX_BYTES)
     _bind(pull, ep, ep.experience)
     push = _socket(ctx, zmq.PUSH, sndhwm=CHUNK_HWM)
     _connect(push, ep, ep.chunks)
@@ -249,9 +260,10 @@ def migrator_sockets(
     ctx: zmq.Context, ep: Endpoints
 ) -> tuple[zmq.Socket, zmq.Socket, zmq.Socket, zmq.Socket]:
     """(chunks PULL, trainers ROUTER, receipts PUB, commands SUB) of the migrator."""
-    pull = _socket(ctx, zmq.PULL, rcvhwm=CHUNK_HWM)
+    pull = _socket(ctx, zmq.PULL, rcvhwm=CHUNK_HWM, maxmsg=DATA_MAX_BYTES)
     _bind(pull, ep, ep.chunks)
-    router = _socket(ctx, zmq.ROUTER, sndhwm=TRAINER_HWM, rcvhwm=TRAINER_HWM)
+    kw = {"sndhwm": TRAINER_HWM, "rcvhwm": TRAINER_HWM, "maxmsg": SMALL_MAX_BYTES}
+    router = _socket(ctx, zmq.ROUTER, **kw)
     router.setsockopt(zmq.ROUTER_MANDATORY, 1)
     _bind(router, ep, ep.trainers)
     receipts = _socket(ctx, zmq.PUB, sndhwm=RECEIPTS_HWM)
@@ -342,7 +354,8 @@ class WeightsForwarder:
 
 def inference_sockets(ctx: zmq.Context, ep: Endpoints) -> tuple[zmq.Socket, zmq.Socket, zmq.Socket]:
     """(actors ROUTER, weights SUB, commands SUB) of the inference GMI."""
-    router = _socket(ctx, zmq.ROUTER, sndhwm=INFERENCE_HWM, rcvhwm=INFERENCE_HWM)
+    kw = {"sndhwm": INFERENCE_HWM, "rcvhwm": INFERENCE_HWM, "maxmsg": DATA_MAX_BYTES}
+    router = _socket(ctx, zmq.ROUTER, **kw)
     router.setsockopt(zmq.LINGER, 0)
     _bind(router, ep, ep.inference)
     return router, _subscriber(ctx, ep, ep.weights, WEIGHTS_HWM), command_in(ctx, ep)
@@ -360,7 +373,7 @@ def telemetry_out(ctx: zmq.Context, ep: Endpoints) -> zmq.Socket:
 
 def runner_sockets(ctx: zmq.Context, ep: Endpoints) -> tuple[zmq.Socket, zmq.Socket]:
     """(telemetry PULL, commands PUB) of the runner."""
-    pull = _socket(ctx, zmq.PULL, rcvhwm=TELEMETRY_HWM)
+    pull = _socket(ctx, zmq.PULL, rcvhwm=TELEMETRY_HWM, maxmsg=SMALL_MAX_BYTES)
     _bind(pull, ep, ep.telemetry)
     pub = _socket(ctx, zmq.PUB)
     _bind(pub, ep, ep.commands)

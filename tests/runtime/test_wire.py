@@ -120,6 +120,24 @@ def test_compressor_counts_and_drops_malformed_messages_and_keeps_serving(tmp_pa
     ctx.destroy(linger=0)
 
 
+def test_a_frame_past_the_inputs_size_cap_is_never_read_into_memory(tmp_path, monkeypatch):
+    """A process that pushes a huge frame at the compressor's bound input is disconnected
+    unread (libzmq's MAXMSGSIZE); the run's own messages, smaller, still arrive."""
+    monkeypatch.setattr(topology, "DATA_MAX_BYTES", 1 << 20)
+    ctx = zmq.Context()
+    ep = topology.Endpoints.ipc(str(tmp_path))
+    pull, _push, _commands = topology.compressor_sockets(ctx, ep)
+    assert pull.getsockopt(zmq.MAXMSGSIZE) == 1 << 20
+    hostile = topology.actor_experience_out(ctx, ep)
+    hostile.send(b"x" * (4 << 20))
+    actor = topology.actor_experience_out(ctx, ep)
+    actor.send(b"small")
+    assert pull.poll(10_000)
+    assert pull.recv() == b"small"
+    assert not pull.poll(500)  # the big one never came
+    ctx.destroy(linger=0)
+
+
 def test_junk_on_the_experience_link_does_not_hold_off_a_drains_give_up(tmp_path, monkeypatch):
     """Draining, the compressor waits for an actor that never sends (it died): after
     DRAIN_IDLE_S with nothing taken it gives up, and what is missing is lost. Junk that another
