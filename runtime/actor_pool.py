@@ -259,6 +259,10 @@ class ActorPool:
             self.slots.append(self._replace(slot, cfg, ep))
         self._pending = {i: (due, cfg) for i, (due, _) in self._pending.items()}
 
+    def next_incarnations(self) -> dict[int, int]:
+        """Per slot, the incarnation it starts next (a slot not started yet: none, 0)."""
+        return dict(self._next_incarnation)
+
     def replace_all(self, ep: topology.Endpoints) -> None:
         """After the compressor and the migrator were replaced: every actor process is killed
         (what it sent and had no receipt for went with the old services, and it would wait for

@@ -115,9 +115,9 @@ class Supervisor:
         self._run_dir = run_dir
         chunk_bytes, chunk_timeout_s = self.chunk_args()
         first_chunk = len(self.replacements) * CHUNK_ID_STRIDE
-        self.services.spawn(
-            "compressor", compressor_main, (ep, chunk_bytes, chunk_timeout_s, first_chunk)
-        )
+        first_inc = self.actors.next_incarnations()  # those ``replace_all`` starts next
+        args = (ep, chunk_bytes, chunk_timeout_s, first_chunk, first_inc)
+        self.services.spawn("compressor", compressor_main, args)
         gen, trainers = self.fleet.generation, len(self.fleet.names())
         args = (ep, trainers, gen, len(self.replacements), self._reset_epoch)
         self.services.spawn("migrator", migrator_main, args)

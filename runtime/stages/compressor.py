@@ -98,6 +98,9 @@ class Compressor:
             "evicted_steps": 0,
         }
         self.partial_bytes = 0
+        self.first_inc: dict[int, int] = {}
+        """Per actor slot, its first incarnation this compressor serves (one started in place
+        of a dead one: the incarnations started after it; every older one is refused)."""
 
     # --- ingestion -----------------------------------------------------------------------
 
@@ -106,14 +109,19 @@ class Compressor:
         the run's actors signed)."""
         if self.key:
             wire.check_signed(self.key, msg)
+        actor, inc = wire.meta_int(msg.meta, "actor"), wire.meta_int(msg.meta, "inc")
+        if inc < self.first_inc.get(actor, 0):
+            raise wire.ProtocolError(
+                f"a message of actor {actor}'s incarnation {inc}, which ran before this "
+                "compressor replaced a dead one: sent again (replayed)"
+            )
         if msg.type is wire.MsgType.EOS:
-            actor, inc = wire.meta_int(msg.meta, "actor"), wire.meta_int(msg.meta, "inc")
             self.eos_seen.add(f"{actor}:{inc}")
             return
         if msg.type is not wire.MsgType.ROLLOUT:
             raise wire.ProtocolError(f"compressor does not take {msg.type.value} messages")
         m = msg.meta
-        key = (wire.meta_int(m, "actor"), wire.meta_int(m, "inc"), wire.meta_int(m, "seq"))
+        key = (actor, inc, wire.meta_int(m, "seq"))
         ci, nch = wire.meta_int(m, "ci"), wire.meta_int(m, "nch")
         steps, rows, name = wire.meta_int(m, "steps"), wire.meta_int(m, "rows"), str(m.get("ch"))
         if len(msg.arrays) != 1 or msg.arrays[0].ndim < 1 or msg.arrays[0].shape[0] != rows:
@@ -335,11 +343,16 @@ class Compressor:
 
 
 def compressor_main(
-    endpoints: topology.Endpoints, chunk_bytes: int, chunk_timeout_s: float, first_chunk: int = 0
+    endpoints: topology.Endpoints,
+    chunk_bytes: int,
+    chunk_timeout_s: float,
+    first_chunk: int = 0,
+    first_inc: dict[int, int] | None = None,
 ) -> None:
     """Process entry point of the compressor service. A compressor started in place of a dead
-    one numbers its chunks from ``first_chunk``, above every id the old one used: trainers take
-    chunk ids as increasing."""
+    one numbers its chunks from ``first_chunk``, above every id the old one used (trainers take
+    chunk ids as increasing), and takes each actor slot's incarnations from ``first_inc`` on
+    (those started after it: a copy of an older one's rollout is refused)."""
     init_service_process("compressor")
     ctx = zmq.Context()
     stats = StatsSender.service(ctx, endpoints, "compressor")  # its guard first, then binds
@@ -347,7 +360,7 @@ def compressor_main(
     compressor = Compressor(
         pull, push, commands, stats, chunk_bytes, chunk_timeout_s, endpoints.run_key
     )
-    compressor.next_chunk = first_chunk
+    compressor.next_chunk, compressor.first_inc = first_chunk, dict(first_inc or {})
     compressor.run()
     await_exit(commands)
     stats.guard.stop()

@@ -263,6 +263,20 @@ def test_a_signed_rollout_sent_again_or_with_other_bytes_is_refused():
     with pytest.raises(wire.ProtocolError, match="conflicts"):
         c.handle(channel(1, 0))  # the same channel of the open rollout
     assert sorted(c.partial) == [(0, 0, 1)] and c.complete_steps == {"0:0": 4}
+    # a compressor started in place of a dead one serves the incarnations started after it:
+    # a copy of an old incarnation's rollout or end of stream is refused, not trained again
+    fresh = Compressor(None, None, None, None, 1 << 30, 10.0, key=key)
+    fresh.first_inc = {0: 1}
+    for msg in (
+        channel(0, 0),
+        wire.Message(
+            wire.MsgType.EOS,
+            wire.sign(key, wire.MsgType.EOS, {"actor": 0, "inc": 0, "rollouts": 1}),
+        ),
+    ):
+        with pytest.raises(wire.ProtocolError, match="ran before this compressor"):
+            fresh.handle(msg)
+    assert not fresh.partial and not fresh.eos_seen
 
 
 def test_incomplete_rollouts_are_evicted_by_age_and_bytes_and_counted(monkeypatch):
