@@ -82,14 +82,20 @@ def test_malformed_messages_raise_protocol_error(frames, match):
         wire.decode(frames)
 
 
-def test_compressor_counts_and_drops_malformed_messages_and_keeps_serving(tmp_path):
+def serving_compressor(tmp_path, key: bytes = b""):
+    """A compressor on its real sockets, with the runner's command PUB and a chunk sink."""
     ctx = zmq.Context()
     ep = topology.Endpoints.ipc(str(tmp_path))
     _, commands = topology.runner_sockets(ctx, ep)
     sink = ctx.socket(zmq.PULL)
     sink.bind(ep.chunks)
     pull, push, ctrl = topology.compressor_sockets(ctx, ep)
-    compressor = Compressor(pull, push, ctrl, None, chunk_bytes=1, chunk_timeout_s=0.01)
+    compressor = Compressor(pull, push, ctrl, None, chunk_bytes=1, chunk_timeout_s=0.01, key=key)
+    return ctx, ep, commands, sink, compressor
+
+
+def test_compressor_counts_and_drops_malformed_messages_and_keeps_serving(tmp_path):
+    ctx, ep, commands, sink, compressor = serving_compressor(tmp_path)
     thread = threading.Thread(target=compressor.run, daemon=True)
     thread.start()
     actor = topology.actor_experience_out(ctx, ep)
@@ -145,13 +151,7 @@ def test_junk_on_the_experience_link_does_not_hold_off_a_drains_give_up(tmp_path
     from runtime.stages import compressor as compressor_module
 
     monkeypatch.setattr(compressor_module, "DRAIN_IDLE_S", 1.0)
-    ctx = zmq.Context()
-    ep = topology.Endpoints.ipc(str(tmp_path))
-    _, commands = topology.runner_sockets(ctx, ep)
-    sink = ctx.socket(zmq.PULL)
-    sink.bind(ep.chunks)
-    pull, push, ctrl = topology.compressor_sockets(ctx, ep)
-    compressor = Compressor(pull, push, ctrl, None, 1, 0.01, key=b"k" * 32)
+    ctx, ep, commands, _sink, compressor = serving_compressor(tmp_path, b"k" * 32)
     thread = threading.Thread(target=compressor.run, daemon=True)
     thread.start()
     actor = topology.actor_experience_out(ctx, ep)
