@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, fields, replace
 from policies.appo_config import APPOConfig, finite_number
 from runtime.env_backends import BACKENDS, resolve_backend
 from runtime.envs import EnvError, EnvInfo, probe_env, use_env_modules
+from runtime.frame_limits import CHUNK_MAX_BYTES, rollout_problem
 from runtime.link_settings import link_check, link_problems
 
 TRAINER_DEVICES = ("auto", "cpu", "cuda")
@@ -145,6 +146,8 @@ class TrainConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < lo:
                 out.append(f"{name}={value!r}: must be an integer >= {lo}")
+        if isinstance(self.chunk_bytes, int) and self.chunk_bytes > CHUNK_MAX_BYTES:
+            out.append(f"chunk_bytes={self.chunk_bytes}: at most {CHUNK_MAX_BYTES} (256 MiB)")
         if isinstance(self.batch_size, int) and isinstance(self.rollout_len, int):
             if self.rollout_len >= 1 and self.batch_size % self.rollout_len:
                 lo = max(self.rollout_len, self.batch_size // self.rollout_len * self.rollout_len)
@@ -227,6 +230,9 @@ class TrainConfig:
         if why := link_check(self):
             raise ConfigError([why])
         info = self.check_workload()
+        width = max(info.obs_dim, info.act_dim)
+        if why := rollout_problem(self.envs_per_actor, self.rollout_len, width):
+            raise ConfigError([why])
         device = self.resolved_device()
         if device == "cuda":
             import torch

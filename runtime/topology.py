@@ -43,6 +43,7 @@ import zmq
 from runtime import ports
 from runtime.child_start import without_ctrl_c
 from runtime.curve import CurveError, Guard, NoGuard, RunKeys, need_curve
+from runtime.frame_limits import DATA_MAX_BYTES, SMALL_MAX_BYTES
 
 EXPERIENCE_HWM = 256
 """Messages queued on each side of an actor->compressor link (one per channel per rollout)."""
@@ -59,12 +60,6 @@ INFERENCE_HWM = 64
 TELEMETRY_HWM = 10_000
 LINGER_MS = 10_000
 """How long a closing socket keeps trying to deliver what it has queued (drain at exit)."""
-DATA_MAX_BYTES = 257 * 2**20
-"""The largest frame a bound data input takes (a rollout's or a chunk's channel, a batch of
-observations): as much as the compressor holds of incomplete rollouts, and a header. A larger
-one, which no actor or compressor of the run makes, disconnects its sender unread."""
-SMALL_MAX_BYTES = 16 * 2**20
-"""The largest frame the trainers' credits and the runner's telemetry input take."""
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ import numpy as np
 import zmq
 
 from runtime import topology, wire
+from runtime.frame_limits import ROLLOUT_MAX_BYTES
 from runtime.stages.common import LiveSettings, StatsSender, await_exit, init_service_process
 from runtime.stages.dispenser import layout_problem
 
@@ -35,7 +36,7 @@ DRAIN_IDLE_S = 10.0
 PARTIAL_MAX_AGE_S = 30.0
 """An incomplete rollout is evicted this long after its first channel arrived (an actor sends
 all channels of a rollout at once)."""
-PARTIAL_MAX_BYTES = 256 * 2**20
+PARTIAL_MAX_BYTES = ROLLOUT_MAX_BYTES
 """Incomplete rollouts held at most; past it the oldest are evicted."""
 
 

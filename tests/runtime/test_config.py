@@ -34,6 +34,13 @@ from runtime.config import ConfigError, TrainConfig
         ({"trainer_precision": "fp16"}, "trainer_precision='fp16': allowed ('fp32', 'bf16')"),
         ({"max_wall_s": float("inf")}, "max_wall_s=inf: must be a finite number > 0"),
         ({"chunk_timeout_s": float("nan")}, "chunk_timeout_s=nan: must be a finite number > 0"),
+        ({"chunk_bytes": 2**30}, "chunk_bytes=1073741824: at most 268435456 (256 MiB)"),
+        # a rollout channel larger than the pipeline holds (its frames would be refused unread)
+        (
+            {"envs_per_actor": 2**20, "rollout_len": 64, "batch_size": 2**26, "steps": 2**27},
+            "envs_per_actor=1048576 x (rollout_len=64 + 1) x 4 floats is 1040 MiB in one "
+            "rollout channel; the pipeline holds rollouts of at most 256 MiB",
+        ),
     ],
 )
 def test_bad_settings_name_the_value_and_what_is_allowed(kwargs, needle):

@@ -129,7 +129,7 @@ def test_compressor_counts_and_drops_malformed_messages_and_keeps_serving(tmp_pa
 def test_a_frame_past_the_inputs_size_cap_is_never_read_into_memory(tmp_path, monkeypatch):
     """A process that pushes a huge frame at the compressor's bound input is disconnected
     unread (libzmq's MAXMSGSIZE); the run's own messages, smaller, still arrive."""
-    monkeypatch.setattr(topology, "DATA_MAX_BYTES", 1 << 20)
+    monkeypatch.setattr(topology, "DATA_MAX_BYTES", 1 << 20)  # as topology reads it
     ctx = zmq.Context()
     ep = topology.Endpoints.ipc(str(tmp_path))
     pull, _push, _commands = topology.compressor_sockets(ctx, ep)
