@@ -78,9 +78,26 @@ def within_budget(allowed: dict[str, tuple] | None, held: Any) -> dict[str, tupl
     return out
 
 
-def size_run_config(console: Console, cfg: TrainConfig, auto: set[str], args: argparse.Namespace):
+def within_frames(
+    allowed: dict[str, tuple] | None, rollout_len: int, width: int
+) -> dict[str, tuple] | None:
+    """``allowed`` with the envs per actor whose rollout the links carry
+    (``runtime.frame_limits``: ``width`` floats per step in the widest channel); where even one
+    env's would not, one env (the run is then refused, saying why)."""
+    from autotune.tuning.sizing import ENVS
+    from runtime.frame_limits import rollout_problem
+
+    envs = tuple((allowed or {}).get("envs_per_actor", ENVS))
+    fits = tuple(e for e in envs if rollout_problem(e, rollout_len, width) is None)
+    return allowed if fits == envs else {**(allowed or {}), "envs_per_actor": fits or (1,)}
+
+
+def size_run_config(
+    console: Console, cfg: TrainConfig, auto: set[str], args: argparse.Namespace, info: Any = None
+):
     """``cfg`` with its ``auto`` fields sized, and the ``sizing`` section; (cfg, None) after
-    printing why when the workload cannot be probed or sized."""
+    printing why when the workload cannot be probed or sized. With ``info`` (the env's
+    ``EnvInfo``), only envs per actor whose rollouts the links carry are considered."""
     from autotune.tuning.sizing import OBJECTIVES as SIZING_OBJECTIVES
     from autotune.workflows.auto_size import size_config
     from runtime.energy.shares import job_meter
@@ -90,6 +107,8 @@ def size_run_config(console: Console, cfg: TrainConfig, auto: set[str], args: ar
     # (no noise scale before training: ``autotune.tuning.sizing.GOODPUT_TIE_SHARE``)
     objective = args.objective if args.objective in SIZING_OBJECTIVES else "steps_per_joule"
     allowed = within_budget(tuned_space(args), getattr(args, "held_budget", None))
+    if info is not None and "envs_per_actor" in auto:
+        allowed = within_frames(allowed, cfg.rollout_len, max(info.obs_dim, info.act_dim))
     shares = getattr(args, "energy_shares", None)
     # what the probes cost, metered as the run is (their child process exits between readings)
     meter = job_meter(cfg.cpu_idle_w, shares, reaped=True)

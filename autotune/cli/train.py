@@ -288,8 +288,8 @@ def cmd_train(args: argparse.Namespace) -> int:
             cfg = cluster_actors(console, cfg)
             auto.discard("actors")
         if auto:  # a bad env, policy or checkpoint is reported before the probes
-            checkpoint.check(cfg, cfg.validate())
-            cfg, sizing = size_run_config(console, cfg, auto, args)
+            checkpoint.check(cfg, info := cfg.validate())
+            cfg, sizing = size_run_config(console, cfg, auto, args, info)
             if sizing is None:
                 return 2
         cfg = inference_within(console, cfg, held)  # the inference GMI's share too

@@ -77,6 +77,18 @@ def test_a_run_sized_under_a_budget_keeps_to_its_gpu_share():
     assert within_budget({"actors": (2,)}, Budget((0, 1))) == {"actors": (2,)}  # no GPU term
 
 
+def test_auto_sizing_considers_only_envs_per_actor_whose_rollouts_the_links_carry():
+    from autotune.cli.auto_flags import within_frames
+
+    assert within_frames(None, 32, 4) is None  # CartPole: every count fits
+    # 40,000 floats a step (a 200x200 image): 64 envs x 33 rows pass the 256 MiB held
+    assert within_frames(None, 32, 40_000) == {"envs_per_actor": (1, 2, 4, 8, 16, 32)}
+    kept = within_frames({"actors": (2,), "envs_per_actor": (16, 64)}, 32, 40_000)
+    assert kept == {"actors": (2,), "envs_per_actor": (16,)}
+    # not even one env's rollout fits: one env, which the run's own check then refuses
+    assert within_frames(None, 32, 10**8) == {"envs_per_actor": (1,)}
+
+
 def test_a_tuner_holding_its_best_explores_again_when_its_budget_grows(tmp_path):
     world = World(0)
     tuner = _tuner(tmp_path, world, trials=12, recheck_s=1000.0)
