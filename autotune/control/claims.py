@@ -59,11 +59,8 @@ def claim_from(job: str, doc: Any) -> Claim:
         fixed = None
         if cores is not None:
             pct = doc.get("mps_pct")
-            listed = tuple(int(c) for c in cores)
-            if len(set(listed)) != len(listed):
-                raise ValueError(f"claim cores {list(listed)}: a core is named twice")
-            fixed = Budget(listed, gpu, None if pct is None else int(pct))
-        return Claim(
+            fixed = Budget(tuple(int(c) for c in cores), gpu, None if pct is None else int(pct))
+        claim = Claim(
             job,
             float(doc.get("weight", 1.0)),
             float(doc.get("min_share", DEFAULT_MIN_SHARE)),
@@ -72,13 +69,16 @@ def claim_from(job: str, doc: Any) -> Claim:
             gpu,
             any_gpu,
         )
-    except (TypeError, ValueError) as exc:
-        twice = f" ({exc})" if "named twice" in str(exc) else ""
+    except (TypeError, ValueError):
         raise ValueError(
-            f"malformed claim {doc!r}{twice}: weight and min_share are numbers, exclusive a "
-            "bool, cores a list of distinct core numbers, mps_pct an integer, gpu an integer or "
+            f"malformed claim {doc!r}: weight and min_share are numbers, exclusive a bool, "
+            "cores a list of distinct core numbers, mps_pct an integer, gpu an integer or "
             '"any"'
         ) from None
+    listed = list(fixed.cores) if fixed is not None else []
+    if len(set(listed)) != len(listed):
+        raise ValueError(f"malformed claim: cores {listed}: a core is named twice")
+    return claim
 
 
 def valid_pid(pid: Any) -> int | None:
