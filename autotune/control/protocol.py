@@ -27,14 +27,14 @@ adds the peer's identity frame in front). Nothing off the socket is unpickled.
                         BUDGET   seq + cores, GPU, MPS share: pin to these, stay within
                         FAREWELL the tuning section for the job's result
     client  -> daemon   PING, STATUS, STOP;  daemon -> client  PONG, STATUS, STOPPING
+    script  -> wrapper  PROGRESS the script's running step total and metrics
+                        POLL     live mode: the script is at a safe point, has taken seq
+    wrapper -> script   KNOBS    live mode: seq + new knob values
 
 A job's token is a secret it chose for its registration: the daemon takes a REPORT or BYE for a
 job, and a HELLO that registers it again, only with the token it registered with, so no other
 client of the socket can speak for it, end its tuning or drop its session. On ``ipc://`` the
 daemon also takes an OFFER or a HELLO only for the pid that sent it (``peer_pid``).
-    script  -> wrapper  PROGRESS the script's running step total and metrics
-                        POLL     live mode: the script is at a safe point, has taken seq
-    wrapper -> script   KNOBS    live mode: seq + new knob values
 """
 
 from __future__ import annotations
