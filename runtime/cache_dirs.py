@@ -3,14 +3,22 @@ else ``$XDG_CACHE_HOME/autotune``, else ``~/.cache/autotune``. The probe results
 ``probes`` folder (``runtime.probe_cache``), the learner's compiled loss kernels in its
 ``inductor`` folder (``policies.compiled_loss``), the installed EnvPool's ids in
 ``envpool-ids.json`` (``runtime.envpool_index``), version-0 weights in ``initial-weights``
-(``runtime.initial_weights``)."""
+(``runtime.initial_weights``), and, where the installed torch has no bytecode and Python cannot
+write it beside the sources, the bytecode of the run's processes' imports in ``bytecode``
+(``use_bytecode_cache``)."""
 
 from __future__ import annotations
 
+import importlib.util
+import logging
 import os
+import sys
 from pathlib import Path
 
 KERNEL_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
+BYTECODE_ENV = "PYTHONPYCACHEPREFIX"
+
+logger = logging.getLogger(__name__)
 
 
 def cache_root() -> Path:
@@ -33,6 +41,76 @@ def use_kernel_cache() -> Path | None:
         except RuntimeError:  # no home folder to keep it in: TorchInductor's own default
             return None
     return Path(os.environ[KERNEL_CACHE_ENV])
+
+
+def use_bytecode_cache(module: str = "torch") -> Path | None:
+    """Points the bytecode cache of the processes this one starts afterwards at the tool's
+    ``bytecode`` folder (``PYTHONPYCACHEPREFIX``) where ``module``, as installed, has no bytecode
+    and Python could not write it beside the sources (a read-only site-packages, as container
+    images and shared installs often have); returns the folder in use, or None where nothing
+    was changed.
+
+    Without bytecode every process compiles each module it imports from source again: on an
+    H200 16-core host whose torch had none, a trainer's import of torch and TorchDynamo took
+    7.4 s where the same imports from bytecode took 3.5 s (docs/BENCHMARKS.md, "Where a run's
+    start-up goes"). With the folder, the first run writes the bytecode and later runs read it.
+    An install that has its bytecode (what ``pip install`` leaves) is left as it is: with a
+    prefix set, Python would read only the prefix. So is a prefix already set, and a user's
+    ``PYTHONDONTWRITEBYTECODE`` or ``-B``, which ask for no bytecode to be written."""
+    if os.environ.get(BYTECODE_ENV):
+        return Path(os.environ[BYTECODE_ENV])
+    if sys.flags.dont_write_bytecode or sys.pycache_prefix is not None:
+        return None
+    cached = _missing_bytecode(module)
+    if cached is None or _writable(cached.parent):
+        return None
+    try:
+        folder = cache_root() / "bytecode"
+        folder.mkdir(parents=True, exist_ok=True)
+    except (RuntimeError, OSError):  # no folder to keep it in: the imports compile as before
+        return None
+    os.environ[BYTECODE_ENV] = str(folder)
+    logger.info(
+        "%s is installed without bytecode: the run's imports keep theirs in %s", module, folder
+    )
+    return folder
+
+
+def bytecode_note(module: str = "torch") -> str | None:
+    """What to tell the user where ``module`` is installed without bytecode and Python is told
+    to write none (``PYTHONDONTWRITEBYTECODE`` or ``-B``, which the run's processes inherit):
+    each of them then compiles the modules it imports from source, and the tool keeps to what
+    it was told. None where the bytecode is there, or can be kept (``use_bytecode_cache``)."""
+    if os.environ.get(BYTECODE_ENV) or sys.pycache_prefix is not None:
+        return None
+    if not sys.flags.dont_write_bytecode:
+        return None
+    cached = _missing_bytecode(module)
+    if cached is None:
+        return None
+    site = Path(cached).parent.parent.parent
+    return (
+        f"{module} is installed without bytecode, and PYTHONDONTWRITEBYTECODE (or -B) keeps "
+        f"Python from writing it: every process of this run compiles {module}'s modules from "
+        "source again (4-5 s of a GPU trainer's start on an H200 host). Compile them once, as "
+        f"pip install does: python -m compileall -q -j 0 {site}"
+    )
+
+
+def _missing_bytecode(module: str) -> Path | None:
+    """Where the bytecode of ``module``'s first source file would be beside it, where it is
+    missing; None where it is there, or ``module`` is not installed from source."""
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+        return None
+    cached = Path(importlib.util.cache_from_source(spec.origin))
+    return None if cached.exists() else cached
+
+
+def _writable(folder: Path) -> bool:
+    """Whether Python could write bytecode in ``folder`` (made if missing, as it would)."""
+    probe = folder if folder.exists() else folder.parent
+    return os.access(probe, os.W_OK | os.X_OK)
 
 
 def cpu_model() -> str:

@@ -25,6 +25,7 @@ from typing import Any
 from policies.appo_config import APPOConfig
 from policies.mlp import parse_spec
 from runtime.actor_placement import BLAS_THREAD_VARS
+from runtime.cache_dirs import use_bytecode_cache
 from runtime.env_probes import (
     PROBE_S,
     ProbeError,
@@ -263,6 +264,7 @@ def run_probes(
     }
     cmd = [sys.executable, "-m", "runtime.probes", json.dumps(args)]
     start = time.perf_counter()
+    use_bytecode_cache()  # before the child and the processes it starts import torch
     env = dict(os.environ, **dict.fromkeys(BLAS_THREAD_VARS, "1"))  # as an actor runs
     ran = run_child(cmd, env, timeout_s, on_gpu_learner)
     if ran is None:

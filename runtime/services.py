@@ -13,6 +13,7 @@ from typing import Any
 import zmq
 
 from runtime import wire
+from runtime.cache_dirs import use_bytecode_cache
 from runtime.child_start import ctrl_c_held
 
 PIPELINE = ("compressor", "migrator")
@@ -30,10 +31,13 @@ class RunError(RuntimeError):
 
 
 class Services:
-    """The service processes of one run, by name (``spawn`` context ``ctx``)."""
+    """The service processes of one run, by name (``spawn`` context ``ctx``). Its processes
+    and the actors, all started after it, keep their imports' bytecode in the tool's cache
+    where the install has none (``runtime.cache_dirs.use_bytecode_cache``)."""
 
     def __init__(self, ctx: Any) -> None:
         self.ctx = ctx
+        use_bytecode_cache()
         self.procs: dict[str, Any] = {}
 
     def spawn(self, name: str, target: Callable[..., None], args: tuple[Any, ...]) -> None:

@@ -1,11 +1,15 @@
 """``autotune train``'s flags for the run's links and where its actors run: ``--transport``,
-``--bind-host`` and ``--cluster`` (which makes the links tcp unless ``--transport`` is given)."""
+``--bind-host`` and ``--cluster`` (which makes the links tcp unless ``--transport`` is given);
+how much experience the links hold in flight: ``--max-inflight-batches`` and
+``--chunk-timeout-s``."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
 from typing import Any
+
+from runtime.config import TrainConfig
 
 
 def add_link_args(train: argparse.ArgumentParser) -> None:
@@ -35,6 +39,29 @@ def add_link_args(train: argparse.ArgumentParser) -> None:
         "here for the run); the stages and trainers stay on this machine; --actors auto is one "
         "actor per CPU the nodes offer (default: actors are local processes)",
     )
+    add_flow_args(train)
+
+
+def add_flow_args(train: argparse.ArgumentParser) -> None:
+    d = TrainConfig
+    train.add_argument(
+        "--max-inflight-batches",
+        type=float,
+        default=d.max_inflight_batches,
+        metavar="N",
+        help="experience the actors may have sent that no trainer has taken yet, in batches, "
+        "shared among the actors (each keeps at least one rollout in flight); more keeps a "
+        "fast learner fed across the links' latency, at more policy lag "
+        f"(default {d.max_inflight_batches:g})",
+    )
+    train.add_argument(
+        "--chunk-timeout-s",
+        type=float,
+        default=d.chunk_timeout_s,
+        metavar="S",
+        help="the compressor sends a chunk once it holds --chunk-bytes or its oldest rollout "
+        f"has waited this long (default {d.chunk_timeout_s:g})",
+    )
 
 
 def link_settings(args: argparse.Namespace) -> dict[str, object]:
@@ -45,6 +72,10 @@ def link_settings(args: argparse.Namespace) -> dict[str, object]:
     if cluster is not None and "transport" not in getattr(args, "explicit", set()):
         transport = "tcp"
     return {
+        "max_inflight_batches": getattr(
+            args, "max_inflight_batches", TrainConfig.max_inflight_batches
+        ),
+        "chunk_timeout_s": getattr(args, "chunk_timeout_s", TrainConfig.chunk_timeout_s),
         "transport": transport,
         "bind_host": getattr(args, "bind_host", "127.0.0.1"),
         "cluster": cluster,

@@ -32,6 +32,7 @@ from autotune.cli.tune_flags import (
 )
 from autotune.workflows.progress_log import ProgressLog
 from runtime import checkpoint
+from runtime.cache_dirs import bytecode_note
 from runtime.config import TRAINER_PRECISIONS, ConfigError, TrainConfig
 from runtime.energy.shares import job_meter
 from runtime.hw.gpus import no_gpu_reason
@@ -274,6 +275,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         cfg = train_config(args)
         if args.config is not None:
             console.print(f"config: {args.config}")
+        if note := bytecode_note():
+            console.print(f"[yellow]note:[/yellow] {escape(note)}")
         if args.tune:
             held = args.held_budget = daemon_budget(console, args, cfg)
         elif share_flags(args):

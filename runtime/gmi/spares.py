@@ -39,6 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from runtime.cache_dirs import use_bytecode_cache
 from runtime.child_start import ctrl_c_held
 from runtime.gmi.process import READY, spare_main
 
@@ -87,6 +88,7 @@ class Spares:
 
     def __init__(self, ctx: Any, adopt: Adopt, modules: tuple[str, ...] = MODULES) -> None:
         self.ctx, self.adopt, self.modules = ctx, adopt, modules
+        use_bytecode_cache()  # a spare imports torch and TorchDynamo as it starts
         self.allowed = spares_allowed()
         self.wanted = 0
         self.idle: list[_Spare] = []

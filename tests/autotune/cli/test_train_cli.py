@@ -118,6 +118,8 @@ def test_python_api_example_runs(tmp_path):
         (["--tune", "--in-process", "--tune-trials", "0"], "trials=0: must be >= 1"),
         (["--cluster", "local:0"], "cluster='local:0': local:N needs N from 1 to"),
         (["--min-minibatch", "-1"], "learner.min_minibatch=-1: must be an integer >= 0 (0: off)"),
+        (["--max-inflight-batches", "0"], "max_inflight_batches=0.0: must be a finite number > 0"),
+        (["--chunk-timeout-s", "nan"], "chunk_timeout_s=nan: must be a finite number > 0"),
     ],
 )
 def test_bad_flags_are_refused_with_what_is_allowed(args, message, capsys):
@@ -224,6 +226,25 @@ def test_the_loss_compile_is_on_by_default_and_a_flag_turns_it_off(tmp_path):
     assert build_config(parse(["train"])).learner.min_minibatch == 0
     floor = parse(["train", "--config", str(cfg), "--min-minibatch", "512"])
     assert build_config(floor).learner.min_minibatch == 512
+
+
+def test_the_in_flight_budget_and_chunk_timeout_flags_reach_the_config(tmp_path):
+    """``--max-inflight-batches`` and ``--chunk-timeout-s`` set the run's; over a config
+    file's too, and the file's stand where they are not given."""
+    from autotune.cli.main import parse_args as parse
+    from autotune.cli.train_config import train_config as build_config
+
+    plain = build_config(parse(["train"]))
+    assert (plain.max_inflight_batches, plain.chunk_timeout_s) == (2.0, 0.02)
+    cfg = build_config(
+        parse(["train", "--max-inflight-batches", "4", "--chunk-timeout-s", "0.005"])
+    )
+    assert (cfg.max_inflight_batches, cfg.chunk_timeout_s) == (4.0, 0.005)
+    doc = tmp_path / "c.json"
+    doc.write_text(json.dumps({"env": "CartPole-v1", "max_inflight_batches": 8}))
+    assert build_config(parse(["train", "--config", str(doc)])).max_inflight_batches == 8.0
+    over = parse(["train", "--config", str(doc), "--max-inflight-batches", "3"])
+    assert build_config(over).max_inflight_batches == 3.0
 
 
 def test_a_gpu_knob_on_a_machine_without_one_is_refused_before_the_probes():
