@@ -51,8 +51,8 @@ def use_bytecode_cache(module: str = "torch") -> Path | None:
     was changed.
 
     Without bytecode every process compiles each module it imports from source again: on an
-    H200 16-core host whose torch had none, a trainer's import of torch and TorchDynamo took
-    7.4 s where the same imports from bytecode took 3.5 s (docs/BENCHMARKS.md, "Where a run's
+    H200 16-core host whose torch had none, a later run's trainer started in 11.2-12.6 s, and
+    in 5.2-7.8 s once the site-packages were byte-compiled (docs/BENCHMARKS.md, "Where a run's
     start-up goes"). With the folder, the first run writes the bytecode and later runs read it.
     An install that has its bytecode (what ``pip install`` leaves) is left as it is: with a
     prefix set, Python would read only the prefix. So is a prefix already set, and a user's
@@ -92,7 +92,7 @@ def bytecode_note(module: str = "torch") -> str | None:
     return (
         f"{module} is installed without bytecode, and PYTHONDONTWRITEBYTECODE (or -B) keeps "
         f"Python from writing it: every process of this run compiles {module}'s modules from "
-        "source again (4-5 s of a GPU trainer's start on an H200 host). Compile them once, as "
+        "source again (about 6 s of a GPU trainer's start on an H200 host). Compile them once, as "
         f"pip install does: python -m compileall -q -j 0 {site}"
     )
 

@@ -151,6 +151,7 @@ def run_live(
     except BaseException:  # bad settings, say: the script is not left running
         stop_tree(proc, tree)
         raise
+    marked: set[int] = set()
     try:
         while proc.poll() is None:
             seen = job.latest
@@ -158,6 +159,7 @@ def run_live(
             if on_report is not None and job.latest is not seen:
                 on_report(job.latest)
             tuner.tick()
+            _record_command(tuner, wrapper.cmd, marked)
     except BaseException:  # it stopped polling, Ctrl-C, SIGTERM, a failure here
         stop_tree(proc, tree)
         tuner.close("script stopped")
@@ -166,3 +168,14 @@ def run_live(
     code = proc.wait()
     tree.end_outliving()
     return tuner, code
+
+
+def _record_command(tuner: OnlineTuner, cmd: list[str], marked: set[int]) -> None:
+    """Marks the trial being measured with the command it runs (``cmd``, as a restart-mode
+    trial's ``TrialRun.attrs`` does), so that an export of a study resumed with another
+    command pools no live trial with another command's (``workflows.wrap_export``); ``marked``
+    holds the trials marked so far."""
+    trial = tuner.current.trial if tuner.current is not None else None
+    if trial is not None and trial.number not in marked:
+        trial.set_user_attr("cmd", list(cmd))
+        marked.add(trial.number)

@@ -257,6 +257,12 @@ def test_live_mode_changes_knobs_while_the_script_runs(tmp_path):
     assert export["kind"] == "wrap" and export["unit"] == "steps"
     assert export["recommended"]["values"]["num_envs"] in range(1, 5)
     assert export["evidence"]["recommended"]["steps_per_joule"]["median"] > 0
+    # each measured trial records the command it ran, as a restart-mode trial does
+    study = optuna.load_study(study_name="wrap-live", storage=f"sqlite:///{tmp_path}/l.db")
+    done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert done and all(
+        t.user_attrs["cmd"] == [sys.executable, str(script), str(stop)] for t in done
+    )
 
 
 def test_live_mode_refuses_a_script_that_never_polls(tmp_path):
