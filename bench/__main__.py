@@ -4,6 +4,8 @@ Every suite writes ``OUT/<suite>.json`` (``bench/report.py``) and runs as a list
 ``--state DIR`` keeps the finished ones so that the same command run again goes on where it
 stopped, and ``--part-s N`` ends a run before a step that would not fit in N seconds
 (``bench/suite.py``). On a GPU machine, ``bash bench/start_mps.sh`` starts the MPS daemon first.
+A torch installed without bytecode is byte-compiled before the first step, as ``pip install``
+does (``bench/bytecode.py``; ``--as-installed`` measures it as it is).
 """
 
 from __future__ import annotations
@@ -59,6 +61,12 @@ def parser() -> argparse.ArgumentParser:
             help="keep finished steps here; the same command again skips them",
         )
         run.add_argument(
+            "--as-installed",
+            action="store_true",
+            help="measure a torch installed without bytecode as it is (by default the suite "
+            "byte-compiles its site-packages first, as pip install does: bench/bytecode.py)",
+        )
+        run.add_argument(
             "--part-s",
             type=float,
             default=0.0,
@@ -110,6 +118,9 @@ def main(argv: list[str] | None = None) -> int:
         a._parser.error(f"--part-s {a.part_s:g}: must be >= 0 (0: no limit)")
     if a._check is not None:
         a._check(a._parser, a)
+    from bench.bytecode import ensure_bytecode
+
+    ensure_bytecode(compile_missing=not a.as_installed)
     steps, finish = a._plan(a)
     return run_suite(a.suite, steps, a, argv[1:], finish)
 

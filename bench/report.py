@@ -17,13 +17,18 @@ from typing import Any
 
 
 def machine_doc() -> dict[str, Any]:
-    """The host, its cores, Python, the UTC date and the GPUs NVML names (no CUDA context)."""
+    """The host, its cores, Python, the UTC date, torch's bytecode (``bench.bytecode``) and the
+    GPUs NVML names (no CUDA context)."""
     doc: dict[str, Any] = {
         "host": platform.node(),
         "cores": os.cpu_count(),
         "python": platform.python_version(),
         "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
     }
+    from bench.bytecode import STATE
+
+    if STATE:  # what the suite found of torch's bytecode, and did (bench/bytecode.py)
+        doc["bytecode"] = dict(STATE)
     try:
         from runtime.hw.gpus import list_gpus
 
