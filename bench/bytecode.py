@@ -36,7 +36,7 @@ def ensure_bytecode(compile_missing: bool = True, module: str = "torch") -> str:
     elif not compile_missing:
         said = "installed without bytecode; measured as installed (--as-installed)"
     else:
-        site = cached.parent.parent.parent
+        site = cache_dirs.site_of(module) or cached.parent.parent
         where = "beside the sources"
         if not cache_dirs._writable(cached.parent) and sys.pycache_prefix is None:
             folder = cache_dirs.cache_root() / "bytecode"

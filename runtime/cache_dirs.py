@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -45,21 +46,27 @@ def use_kernel_cache() -> Path | None:
 
 def use_bytecode_cache(module: str = "torch") -> Path | None:
     """Points the bytecode cache of the processes this one starts afterwards at the tool's
-    ``bytecode`` folder (``PYTHONPYCACHEPREFIX``) where ``module``, as installed, has no bytecode
-    and Python could not write it beside the sources (a read-only site-packages, as container
-    images and shared installs often have); returns the folder in use, or None where nothing
-    was changed.
+    ``bytecode`` folder (``PYTHONPYCACHEPREFIX``, in this process's environment from then on)
+    where ``module``, as installed, has no bytecode and Python could not write it beside the
+    sources (a read-only site-packages, as container images and shared installs often have);
+    returns the folder in use, or None where nothing was changed.
 
     Without bytecode every process compiles each module it imports from source again: on an
     H200 16-core host whose torch had none, a later run's trainer started in 11.2-12.6 s, and
     in 5.2-7.8 s once the site-packages were byte-compiled (docs/BENCHMARKS.md, "Where a run's
     start-up goes"). With the folder, the first run writes the bytecode and later runs read it.
-    An install that has its bytecode (what ``pip install`` leaves) is left as it is: with a
-    prefix set, Python would read only the prefix. So is a prefix already set, and a user's
-    ``PYTHONDONTWRITEBYTECODE`` or ``-B``, which ask for no bytecode to be written."""
+    A prefix makes Python read bytecode only there, so the first run compiles every module its
+    processes import, those that had bytecode beside them too; an install whose ``module`` has
+    its bytecode (what ``pip install`` leaves) is left as it is. So is a prefix already set (one
+    given with ``-X pycache_prefix`` is passed on to the processes started afterwards, which
+    would not get it otherwise), and a user's ``PYTHONDONTWRITEBYTECODE`` or ``-B``, which ask
+    for no bytecode to be written (``bytecode_note`` then says what to do)."""
     if os.environ.get(BYTECODE_ENV):
         return Path(os.environ[BYTECODE_ENV])
-    if sys.flags.dont_write_bytecode or sys.pycache_prefix is not None:
+    if sys.pycache_prefix is not None:
+        os.environ[BYTECODE_ENV] = sys.pycache_prefix
+        return Path(sys.pycache_prefix)
+    if sys.flags.dont_write_bytecode:
         return None
     cached = _missing_bytecode(module)
     if cached is None or _writable(cached.parent):
@@ -78,9 +85,9 @@ def use_bytecode_cache(module: str = "torch") -> Path | None:
 
 def bytecode_note(module: str = "torch") -> str | None:
     """What to tell the user where ``module`` is installed without bytecode and Python is told
-    to write none (``PYTHONDONTWRITEBYTECODE`` or ``-B``, which the run's processes inherit):
-    each of them then compiles the modules it imports from source, and the tool keeps to what
-    it was told. None where the bytecode is there, or can be kept (``use_bytecode_cache``)."""
+    to write none (``PYTHONDONTWRITEBYTECODE`` or ``-B``): the run's processes then compile the
+    modules they import from source, and the tool keeps to what it was told. None where the
+    bytecode is there, or can be kept (``use_bytecode_cache``)."""
     if os.environ.get(BYTECODE_ENV) or sys.pycache_prefix is not None:
         return None
     if not sys.flags.dont_write_bytecode:
@@ -88,19 +95,52 @@ def bytecode_note(module: str = "torch") -> str | None:
     cached = _missing_bytecode(module)
     if cached is None:
         return None
-    site = Path(cached).parent.parent.parent
-    return (
+    said = (
         f"{module} is installed without bytecode, and PYTHONDONTWRITEBYTECODE (or -B) keeps "
         f"Python from writing it: every process of this run compiles {module}'s modules from "
-        "source again (about 6 s of a GPU trainer's start on an H200 host). Compile them once, as "
-        f"pip install does: python -m compileall -q -j 0 {site}"
+        "source again (about 6 s of a GPU trainer's start on an H200 host). "
+    )
+    site = site_of(module)
+    if site is not None and _writable(cached.parent):
+        return (
+            said
+            + "Compile them once, as pip install does: "
+            + shlex.join([sys.executable, "-m", "compileall", "-q", "-j", "0", str(site)])
+        )
+    return said + (
+        "Without PYTHONDONTWRITEBYTECODE, the run's processes keep their bytecode in "
+        f"{_folder_said()} (its folder cannot be written)"
     )
 
 
+def site_of(module: str) -> Path | None:
+    """The folder ``module`` is installed in (site-packages, for an installed package), or
+    None where it is not found."""
+    spec = _spec(module)
+    if spec is None or not spec.origin:
+        return None
+    origin = Path(spec.origin)
+    return origin.parent.parent if spec.submodule_search_locations else origin.parent
+
+
+def _folder_said() -> str:
+    try:
+        return str(cache_root() / "bytecode")
+    except RuntimeError:
+        return "the tool's cache folder"
+
+
+def _spec(module: str):
+    try:
+        return importlib.util.find_spec(module)
+    except (ImportError, ValueError):  # a broken or half-imported module: nothing to say of it
+        return None
+
+
 def _missing_bytecode(module: str) -> Path | None:
-    """Where the bytecode of ``module``'s first source file would be beside it, where it is
-    missing; None where it is there, or ``module`` is not installed from source."""
-    spec = importlib.util.find_spec(module)
+    """Where the bytecode of ``module``'s first source file would be, where it is missing;
+    None where it is there, or ``module`` is not installed from source."""
+    spec = _spec(module)
     if spec is None or not spec.origin or not spec.origin.endswith(".py"):
         return None
     cached = Path(importlib.util.cache_from_source(spec.origin))

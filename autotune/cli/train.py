@@ -48,6 +48,7 @@ def add_train_command(sub: Any) -> None:
         "batcher -> trainer) and report steps/s and steps per joule",
         description="Run one training job on this machine through the asynchronous experience "
         "pipeline, with a live progress display and a final summary.",
+        allow_abbrev=False,  # a flag over --config must be named whole (``explicit_flags``)
     )
     train.add_argument(
         "--config",

@@ -15,12 +15,12 @@ MPS share ``P``, trainer threads ``H``) on a machine of ``C`` cores, with rollou
   ``k_S * A * E / round * squeeze * pipe`` steps/s, where ``squeeze = min(1, C / demand)``
   shares the cores out once actors, trainer threads and the stages ask for more than there
   are, and ``pipe = min(1, (1 + n) / 3)`` is what the in-flight budget leaves of it: an actor
-  may have ``n = max(1, 2 * B / (A * E * L))`` rollouts not yet handed to a trainer
-  (``TrainConfig.inflight_steps_per_actor`` at the default two batches). With fewer than two it
-  waits for receipts between rollouts. On Humanoid-v5 (H100 host, 15 actors, batches of 8,192,
-  two runs of one day), 16 envs per actor (n = 2.1) trained 32.2k steps/s, 32 envs (n = 1.07)
-  21.8k: the form is fitted to that one pair, and the host's raw stepping rate moved by up to
-  30 % between runs that day, so part of the gap may be the host's.
+  may have ``n = max(1, I * B / (A * E * L))`` rollouts not yet handed to a trainer
+  (``TrainConfig.inflight_steps_per_actor``, ``I`` batches in flight: 2 by default). With fewer
+  than two it waits for receipts between rollouts. On Humanoid-v5 (H100 host, 15 actors,
+  batches of 8,192, two runs of one day), 16 envs per actor (n = 2.1) trained 32.2k steps/s,
+  32 envs (n = 1.07) 21.8k: the form is fitted to that one pair, and the host's raw stepping
+  rate moved by up to 30 % between runs that day, so part of the gap may be the host's.
 * **Training** (trainers): one update of ``B`` samples takes ``c0 + c1 * B`` seconds on the
   device (the learner probe's line; on CUDA with ``G > 1`` the group's eager line,
   ``GROUP_LEARNER``, where the probes have one), split over ``G`` trainers; a GMI limited to
@@ -116,6 +116,8 @@ class MachineModel:
     nodes: tuple[NodeModel, ...] = ()
     """With ``--cluster``: the Ray nodes the actors are placed on (``autotune.tuning.
     node_model``); ``cores`` is then this host's alone. Empty: every actor is a process here."""
+    inflight_batches: float = INFLIGHT_BATCHES
+    """The run's ``max_inflight_batches`` (``--max-inflight-batches``)."""
 
     def actor_cpus(self) -> int:
         """The most actors that can run at once: the nodes' CPUs, or this machine's cores."""
@@ -229,7 +231,7 @@ def evaluate(m: MachineModel, p: Params, x: dict[str, np.ndarray]) -> Prediction
         demand = actors_here + tc + STAGE_CORES
         return np.minimum(1.0, m.cores / demand), np.minimum(1.0, demand / m.cores)
 
-    rollouts = np.maximum(1.0, INFLIGHT_BATCHES * b / (a * e * m.rollout_len))
+    rollouts = np.maximum(1.0, m.inflight_batches * b / (a * e * m.rollout_len))
     pipe = np.minimum(1.0, (1.0 + rollouts) / 3.0)
     nodes = None
     if m.nodes:

@@ -79,6 +79,7 @@ def machine_model(cfg: TrainConfig, probes: Probes, cores: int) -> tuple[Machine
         g0=g0,
         g1=g1,
         nodes=nodes,
+        inflight_batches=cfg.max_inflight_batches,
     )
     hardware = {
         "cores": cores,

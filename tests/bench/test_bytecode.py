@@ -26,7 +26,8 @@ def package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     (src / "sub" / "__init__.py").write_text("OTHER = 2\n")
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
     monkeypatch.setenv("AUTOTUNE_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.delenv(BYTECODE_ENV, raising=False)
+    monkeypatch.setenv(BYTECODE_ENV, "")  # recorded, so that teardown removes what a test sets
+    monkeypatch.delenv(BYTECODE_ENV)
     monkeypatch.setattr(sys, "pycache_prefix", None)
     monkeypatch.setattr(bytecode, "STATE", {})
     importlib.invalidate_caches()

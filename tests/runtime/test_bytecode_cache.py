@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import shlex
 import subprocess
 import sys
 import types
@@ -25,11 +26,14 @@ def package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     (src / "__init__.py").write_text("VALUE = 1\n")
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
     monkeypatch.setenv("AUTOTUNE_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.delenv(BYTECODE_ENV, raising=False)
+    monkeypatch.setenv(BYTECODE_ENV, "")  # recorded, so that teardown removes what a test sets
+    monkeypatch.delenv(BYTECODE_ENV)
     monkeypatch.delenv("PYTHONDONTWRITEBYTECODE", raising=False)
     allowed = types.SimpleNamespace(dont_write_bytecode=False)
     monkeypatch.setattr(
-        cache_dirs, "sys", types.SimpleNamespace(flags=allowed, pycache_prefix=None)
+        cache_dirs,
+        "sys",
+        types.SimpleNamespace(flags=allowed, pycache_prefix=None, executable=sys.executable),
     )
     importlib.invalidate_caches()
     return "nobytecode_pkg"
@@ -80,7 +84,7 @@ def test_a_user_who_asked_for_no_bytecode_gets_none(
 ) -> None:
     monkeypatch.setattr(cache_dirs, "_writable", lambda folder: False)
     flags = types.SimpleNamespace(dont_write_bytecode=True)
-    fake_sys = types.SimpleNamespace(flags=flags, pycache_prefix=None)
+    fake_sys = types.SimpleNamespace(flags=flags, pycache_prefix=None, executable=sys.executable)
     monkeypatch.setattr(cache_dirs, "sys", fake_sys)
     assert use_bytecode_cache(package) is None
     assert BYTECODE_ENV not in os.environ
@@ -105,10 +109,21 @@ def test_the_user_is_told_how_to_compile_an_install_that_python_may_not_write_by
 ) -> None:
     assert bytecode_note(package) is None  # bytecode allowed: Python writes it itself
     flags = types.SimpleNamespace(dont_write_bytecode=True)
-    monkeypatch.setattr(cache_dirs, "sys", types.SimpleNamespace(flags=flags, pycache_prefix=None))
+    monkeypatch.setattr(
+        cache_dirs,
+        "sys",
+        types.SimpleNamespace(flags=flags, pycache_prefix=None, executable=sys.executable),
+    )
     note = bytecode_note(package)
     assert note is not None and "PYTHONDONTWRITEBYTECODE" in note
-    assert note.endswith(f"python -m compileall -q -j 0 {tmp_path / 'site'}")
+    compile_it = [sys.executable, "-m", "compileall", "-q", "-j", "0", str(tmp_path / "site")]
+    assert note.endswith(shlex.join(compile_it))
+    with monkeypatch.context() as m:  # a folder no one may write: the way that works instead
+        m.setattr(cache_dirs, "_writable", lambda folder: False)
+        note = bytecode_note(package)
+        assert note is not None and "compileall" not in note
+        folder = tmp_path / "cache" / "bytecode"
+        assert note.endswith(f"keep their bytecode in {folder} (its folder cannot be written)")
     spec = importlib.util.find_spec(package)
     assert spec is not None and spec.origin is not None
     subprocess.run(
@@ -117,3 +132,58 @@ def test_the_user_is_told_how_to_compile_an_install_that_python_may_not_write_by
         check=True,
     )
     assert bytecode_note(package) is None  # compiled as the note says: nothing to tell
+
+
+def test_a_prefix_given_on_the_command_line_reaches_the_processes_started_after(
+    package: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    flags = types.SimpleNamespace(dont_write_bytecode=False)
+    given = str(tmp_path / "given")
+    monkeypatch.setattr(
+        cache_dirs,
+        "sys",
+        types.SimpleNamespace(flags=flags, pycache_prefix=given, executable=sys.executable),
+    )
+    assert use_bytecode_cache(package) == Path(given)
+    assert os.environ[BYTECODE_ENV] == given  # spawned children are not passed -X options
+
+
+def test_the_runs_processes_probes_and_spares_get_the_folder_before_they_start(
+    package: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import multiprocessing as mp
+
+    from runtime import probes
+    from runtime.env_probes import ProbeError
+    from runtime.gmi.spares import Spares
+    from runtime.services import Services
+
+    missing = tmp_path / "site" / "torch" / "__pycache__" / "__init__.cpython-312.pyc"
+    monkeypatch.setattr(cache_dirs, "_missing_bytecode", lambda module: missing)
+    monkeypatch.setattr(cache_dirs, "_writable", lambda folder: False)
+    folder = str(tmp_path / "cache" / "bytecode")
+    ctx = mp.get_context("spawn")
+    Services(ctx)
+    assert os.environ.pop(BYTECODE_ENV) == folder
+    Spares(ctx, lambda name, proc: None)
+    assert os.environ.pop(BYTECODE_ENV) == folder
+    seen: dict[str, str] = {}
+
+    def child(cmd, env, timeout_s, on_gpu_learner):
+        seen.update(env)
+        return 1, [], ["refused here"]
+
+    monkeypatch.setattr(probes, "run_child", child)
+    with pytest.raises(ProbeError, match="refused here"):
+        probes.run_probes("CartPole-v1", "auto:8:auto", 8, {}, ["cpu"])
+    assert seen[BYTECODE_ENV] == folder  # the probe child and what it starts read it
+
+
+def test_train_tells_the_user_before_its_work(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    from autotune.cli import train
+    from autotune.cli.main import main
+
+    monkeypatch.setattr(train, "bytecode_note", lambda: "torch has no bytecode [here]")
+    assert main(["train", "--quiet", "--tune", "--in-process", "--cores", "0"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "note: torch has no bytecode [here]" in err  # the text as it is, not read as markup

@@ -120,6 +120,8 @@ def test_python_api_example_runs(tmp_path):
         (["--min-minibatch", "-1"], "learner.min_minibatch=-1: must be an integer >= 0 (0: off)"),
         (["--max-inflight-batches", "0"], "max_inflight_batches=0.0: must be a finite number > 0"),
         (["--chunk-timeout-s", "nan"], "chunk_timeout_s=nan: must be a finite number > 0"),
+        # a shortened flag would pass argparse but not override a --config file: refused
+        (["--max-inflight", "4"], "unrecognized arguments: --max-inflight 4"),
     ],
 )
 def test_bad_flags_are_refused_with_what_is_allowed(args, message, capsys):
@@ -162,7 +164,9 @@ def test_auto_sizing_is_stored_explicit_flags_win_and_probes_are_cached(tmp_path
     assert sizing["values"]["batch_size"] == 512  # 4096 steps: the smallest batch (64 updates)
     assert len(list((tmp_path / "cache" / "probes").glob("*.json"))) == 1
 
-    second, said = train("second", "--actors", "2")
+    assert sizing["model"]["inflight_batches"] == 2.0  # the run's budget, as the model has it
+    second, said = train("second", "--actors", "2", "--max-inflight-batches", "3")
+    assert second["sizing"]["model"]["inflight_batches"] == 3.0
     assert_documented_shape(second, 4096, actors=2)
     assert second["config"]["actors"] == 2 and "actors" not in second["sizing"]["auto"]
     assert second["sizing"]["probes"]["cached"] and "probes cached" in said

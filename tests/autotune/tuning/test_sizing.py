@@ -178,3 +178,27 @@ def test_the_goodput_start_takes_a_smaller_batch_within_a_wider_tie():
     assert good.predicted["steps_per_joule"] >= 0.9 * by_spj.predicted["steps_per_joule"]
     with pytest.raises(ValueError, match="sizing objective 'joules': allowed steps_per_joule"):
         size_run(m, 1, {}, 32, objective="joules")
+
+
+def test_the_model_predicts_the_actors_held_back_by_the_runs_in_flight_budget():
+    """At a batch of half an actor round (16 x 4 x 32 = 2,048 steps), two batches in flight
+    leave each actor one rollout out, and the model predicts the actors held back between
+    rollouts; eight leave four, and they are not."""
+    from autotune.tuning.perf_model import evaluate, features, prior_params
+
+    config = {
+        "actors": 16,
+        "envs_per_actor": 4,
+        "batch_size": 1024,
+        "trainer_device": "cuda",
+        "trainers": 1,
+        "mps_pct": 50,
+        "trainer_threads": 1,
+    }
+    x = features([config], {})
+    rates = {}
+    for inflight in (2.0, 8.0):
+        m = MachineModel(**{**machine(16, True).__dict__, "inflight_batches": inflight})
+        rates[inflight] = float(evaluate(m, prior_params(m), x).sample_rate[0])
+    assert rates[8.0] > 1.2 * rates[2.0]
+    assert MachineModel(**machine(16, True).__dict__).inflight_batches == 2.0  # the default
