@@ -68,6 +68,4 @@ def ensure_bytecode(compile_missing: bool = True, module: str = "torch") -> str:
 
 
 def _installed(module: str) -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec(module) is not None
+    return cache_dirs._spec(module) is not None
