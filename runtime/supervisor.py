@@ -50,7 +50,7 @@ from runtime import topology, wire
 from runtime.inference import NAME as INFERENCE
 from runtime.services import PIPELINE, RunError
 from runtime.stages.compressor import compressor_main
-from runtime.stages.migrator import CHUNK_ID_STRIDE, migrator_main
+from runtime.stages.migrator import migrator_main
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +64,9 @@ RESET_RESEND_S = 0.5
 BUSY_MAX_S = 60.0
 """How long after a replacement the run waits for the trainers' reset acknowledgements before
 its step target and wall limit apply again."""
+CHUNK_ID_STRIDE = 1 << 40
+"""Each compressor numbers its chunks from its replacement count times this, so ids keep
+increasing across replacements (and its migrator refuses any below)."""
 
 
 @dataclass
@@ -119,7 +122,7 @@ class Supervisor:
         args = (ep, chunk_bytes, chunk_timeout_s, first_chunk, first_inc)
         self.services.spawn("compressor", compressor_main, args)
         gen, trainers = self.fleet.generation, len(self.fleet.names())
-        args = (ep, trainers, gen, len(self.replacements), self._reset_epoch)
+        args = (ep, trainers, gen, first_chunk, self._reset_epoch)
         self.services.spawn("migrator", migrator_main, args)
 
     def check(self, ep: topology.Endpoints, command_sock: zmq.Socket) -> None:

@@ -40,8 +40,6 @@ from runtime.stages.credits import CreditCheck
 logger = logging.getLogger(__name__)
 
 MAX_PENDING_MESSAGES = topology.CHUNK_HWM
-CHUNK_ID_STRIDE = 1 << 40
-"""The compressor started at the n-th restart numbers its chunks from n times this."""
 STATS_INTERVAL_S = 0.5
 RECEIPT_INTERVAL_S = 0.005
 RECEIPT_REFRESH_S = 0.25
@@ -375,21 +373,22 @@ def migrator_main(
     endpoints: topology.Endpoints,
     n_trainers: int,
     generation: int = 0,
-    restart: int = 0,
+    first_chunk: int = 0,
     epoch: int = 0,
 ) -> None:
     """Process entry point of the migrator service. One started in place of a dead one is told
     the current GMI ``generation`` (every older one is retired: a GMI of one that still says
-    hello gets RETIRE at once, and hands over), the ``restart`` it is (it takes chunks from
-    that compressor's first id on: a copy of an older one is refused) and the pipeline reset
-    ``epoch`` (it takes credits granted under it only). Its guard starts before its binds."""
+    hello gets RETIRE at once, and hands over), the first chunk id of the compressor started
+    with it (``first_chunk``: a copy of an older compressor's chunk is refused) and the
+    pipeline reset ``epoch`` (it takes credits granted under it only). Its guard starts before
+    its binds."""
     init_service_process("migrator")
     ctx = zmq.Context()
     stats = StatsSender.service(ctx, endpoints, "migrator")
     pull, router, receipts, commands = topology.migrator_sockets(ctx, endpoints)
     migrator = Migrator(pull, router, stats, n_trainers, receipts, commands, endpoints.run_key)
     migrator.generation, migrator.retired_generations = generation, set(range(generation))
-    migrator.credits.epoch, migrator.last_chunk = epoch, (restart * CHUNK_ID_STRIDE - 1, set())
+    migrator.credits.epoch, migrator.last_chunk = epoch, (first_chunk - 1, set())
     migrator.run()
     await_exit(commands)
     stats.guard.stop()

@@ -7,7 +7,8 @@ import pytest
 import zmq
 
 from runtime import wire
-from runtime.stages.migrator import CHUNK_ID_STRIDE, Migrator
+from runtime.stages.migrator import Migrator
+from runtime.supervisor import CHUNK_ID_STRIDE
 
 
 class FakeRouter:
