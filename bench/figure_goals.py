@@ -59,13 +59,12 @@ def _limit_ratios(results: Path, key: str) -> dict[str, list[float]]:
 
 
 def _spent_j(doc: dict) -> float:
-    """The joules a run took to its target, or where it never reached it all it spent (its
-    probes included): a lower bound of what it would have taken."""
+    """The joules a run took to its target, or where it never reached it all it spent
+    (``goodput_report.spent_joules``): a lower bound of what it would have taken."""
+    from bench.goodput_report import spent_joules
+
     target = doc["target"]
-    if target["reached"]:
-        return target["joules"]
-    energy = doc["energy"]
-    return energy["gpu_j"] + energy["cpu_j"] + target["sizing"]["joules"]
+    return target["joules"] if target["reached"] else spent_joules(doc)
 
 
 def _goodput_over_steps_j(results: Path) -> list[float]:
