@@ -39,7 +39,7 @@ def ensure_bytecode(compile_missing: bool = True, module: str = "torch") -> str:
         site = cache_dirs.site_of(module) or cached.parent.parent
         where = "beside the sources"
         if not cache_dirs._writable(cached.parent) and sys.pycache_prefix is None:
-            folder = cache_dirs.cache_root() / "bytecode"
+            folder = cache_dirs.bytecode_folder()
             folder.mkdir(parents=True, exist_ok=True)
             os.environ[cache_dirs.BYTECODE_ENV] = str(folder)  # the suite's processes read it,
             sys.pycache_prefix = str(folder)  # and so does this one

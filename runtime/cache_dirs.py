@@ -72,7 +72,7 @@ def use_bytecode_cache(module: str = "torch") -> Path | None:
     if cached is None or _writable(cached.parent):
         return None
     try:
-        folder = cache_root() / "bytecode"
+        folder = bytecode_folder()
         folder.mkdir(parents=True, exist_ok=True)
     except (RuntimeError, OSError):  # no folder to keep it in: the imports compile as before
         return None
@@ -123,9 +123,18 @@ def site_of(module: str) -> Path | None:
     return origin.parent.parent if spec.submodule_search_locations else origin.parent
 
 
+def bytecode_folder() -> Path:
+    """The tool's folder for the bytecode of an install that has none (``use_bytecode_cache``).
+
+    Raises:
+        RuntimeError: no home folder to put it in.
+    """
+    return cache_root() / "bytecode"
+
+
 def _folder_said() -> str:
     try:
-        return str(cache_root() / "bytecode")
+        return str(bytecode_folder())
     except RuntimeError:
         return "the tool's cache folder"
 
