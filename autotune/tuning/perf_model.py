@@ -57,6 +57,7 @@ from typing import Any
 import numpy as np
 
 from autotune.tuning.node_model import NodeModel, fit_node_speeds, node_rates
+from runtime.config import TrainConfig
 from runtime.learner_probe import GROUP_LEARNER
 
 FEATURES = ("actors", "envs_per_actor", "batch_size", "cuda", "trainers", "mps", "threads")
@@ -67,8 +68,6 @@ STAGE_CORES = 0.25
 CUDA_TRAINER_CORES = 0.3
 """Host CPU a trainer on a GPU keeps busy (it mostly waits on the GPU)."""
 SOFTMIN_N = 4.0
-INFLIGHT_BATCHES = 2.0
-"""``TrainConfig.max_inflight_batches``' default: the actors' in-flight budget, in batches."""
 PRIOR_SD = 0.4
 """Prior spread of a log multiplier (a window can move it by about e^0.4 before the prior
 pushes back)."""
@@ -116,7 +115,7 @@ class MachineModel:
     nodes: tuple[NodeModel, ...] = ()
     """With ``--cluster``: the Ray nodes the actors are placed on (``autotune.tuning.
     node_model``); ``cores`` is then this host's alone. Empty: every actor is a process here."""
-    inflight_batches: float = INFLIGHT_BATCHES
+    inflight_batches: float = TrainConfig.max_inflight_batches
     """The run's ``max_inflight_batches`` (``--max-inflight-batches``)."""
 
     def actor_cpus(self) -> int:
