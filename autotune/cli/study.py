@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -305,7 +306,7 @@ def target_text(attrs: dict[str, Any]) -> str:
 
 
 def best_text(offline: OfflineStudy) -> str:
-    from autotune.tuning.storage import best_trial, pareto_front  # optuna
+    from autotune.tuning.study_best import best_trial, config_values, pareto_front  # optuna
 
     if len(offline.metrics) > 1:
         front = pareto_front(offline.study)
@@ -316,4 +317,8 @@ def best_text(offline: OfflineStudy) -> str:
     shown = {**best.params, **(best.user_attrs.get("given") or {})}  # run as given: no params
     if best.user_attrs.get("target_return") is not None:
         return f"best: trial {best.number} {shown}{target_text(best.user_attrs)}"
-    return f"best: trial {best.number} {shown} -> {best.value:.4g}"
+    values = config_values(offline.study, best)
+    if len(values) == 1:
+        return f"best: trial {best.number} {shown} -> {best.value:.4g} (its config's only trial)"
+    mid = statistics.median(values)
+    return f"best: trial {best.number} {shown} -> {mid:.4g} (median of its config's {len(values)})"

@@ -219,7 +219,6 @@ def _wrap_restart(
     # optuna, through the tuning layer: imported by this command only
     from autotune.tuning.storage import (
         ask,
-        best_trial,
         config_errors,
         fail_config,
         fail_interrupted,
@@ -228,6 +227,7 @@ def _wrap_restart(
         skip_if_failed,
         trial_values,
     )
+    from autotune.tuning.study_best import best_trial
     from autotune.wrap.progress import WrapProgress, clear_live
 
     fail_orphans(study)

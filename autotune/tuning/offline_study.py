@@ -163,7 +163,8 @@ class OfflineStudy:
         self.changed: dict[str, tuple[Any, Any]] = {}
         """The base config's values of knobs no trial runs as given, as (given, run): set by
         whoever made the study from a config (``autotune.workflows.study.fixed_changes``)."""
-        fail_orphans(study)
+        for orphan in fail_orphans(study):  # its process died mid-trial: it runs first again
+            self._enqueue(tuned_values(orphan), orphan.user_attrs.get("role"), False)
         self.failed = failed_configs(study)
 
     @property

@@ -39,7 +39,6 @@ from runtime.child_start import without_ctrl_c  # a run's Ctrl-C is its main thr
 __all__ = [
     "StudyError",
     "ask",
-    "best_trial",
     "config_errors",
     "config_key",
     "fail_config",
@@ -49,7 +48,6 @@ __all__ = [
     "killed_before",
     "load_study",
     "open_study",
-    "pareto_front",
     "redact",
     "skip_if_failed",
     "storage_url",
@@ -283,13 +281,18 @@ def _orphaned(trial: optuna.trial.FrozenTrial) -> bool:
         return True
 
 
-def fail_orphans(study: optuna.Study) -> None:
-    """Trials left RUNNING by a tuner that died are marked failed (resume after a crash);
-    trials other live processes are running (workers, a daemon) are left alone."""
-    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if _orphaned(t):
-            study.tell(t.number, state=TrialState.FAIL)
-            logger.warning("trial %d was left running (its tuner ended); marked failed", t.number)
+def fail_orphans(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    """Trials left RUNNING by a tuner that died are failed as interrupted (resume after a
+    crash: their configs are not marked bad) and returned, for the caller to run again in
+    their roles; trials other live processes are running (workers, a daemon) are left alone."""
+    orphans = [
+        t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)) if _orphaned(t)
+    ]
+    for t in orphans:
+        study._storage.set_trial_user_attr(t._trial_id, "interrupted", "its tuner's process died")
+        study.tell(t.number, state=TrialState.FAIL)
+        logger.warning("trial %d was left running (its tuner ended); marked failed", t.number)
+    return orphans
 
 
 def failed_configs(study: optuna.Study, retries: int = 0) -> set[str]:
@@ -377,24 +380,3 @@ def prune(study: optuna.Study, trial: optuna.trial.Trial, reason: str) -> None:
     its config is not marked bad."""
     trial.set_user_attr("pruned", reason)
     study.tell(trial, state=TrialState.PRUNED)
-
-
-def best_trial(study: optuna.Study, metric: int = 0) -> optuna.trial.FrozenTrial | None:
-    """The completed trial with the highest value of objective ``metric`` (0: the first or
-    only one), or None."""
-    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    return max(done, key=lambda t: t.values[metric]) if done else None
-
-
-def pareto_front(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
-    """The completed trials no other completed trial beats on every objective (all of them
-    maximised), in trial order; for one objective, the best trial."""
-    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-
-    def beaten(t: optuna.trial.FrozenTrial) -> bool:
-        return any(
-            all(a >= b for a, b in zip(o.values, t.values, strict=True)) and o.values != t.values
-            for o in done
-        )
-
-    return [t for t in done if not beaten(t)]

@@ -87,7 +87,8 @@ def run_config(
     rule: WindowRule | None = TRIAL_WINDOW,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """One quiet training run of ``cfg``; returns its result and its rates from ``warmup_s``
-    after its first trained step to its end (process start-up is left out, however long).
+    after its first trained step to where its drain began (process start-up and the drain,
+    which trains what is in flight with the actors stopped, are left out).
     The run ends once that window satisfies ``rule`` (None: at its wall limit), or at
     ``cfg.max_wall_s``. ``meter`` is the ``EnergyMeter`` to charge (default: the machine's).
 
@@ -98,17 +99,24 @@ def run_config(
     info = cfg.validate()
     runner = Runner(cfg, info)
     runner.meter = meter
+    drained_from: list[float] = []  # the last timeline sample before the drain began
 
-    def stop_once_measured(_state: Any) -> None:
+    def stop_once_measured(state: Any) -> None:
+        if state.draining:  # the window ends where the drain began: it trains with no actors
+            if not drained_from and runner.timeline.rows:
+                drained_from.append(runner.timeline.rows[-1][0])
+            return
         samples = measured_window(runner.timeline.rows, warmup_s)
         if rule is not None and window_done(rule, samples, cfg.batch_size):
             runner.stop_requested = True  # drains; the window's figures are complete
+            drained_from[:] = drained_from or [samples[-1].t_s]
 
     runner.on_progress = stop_once_measured
     result = _unless_stopped(runner.run())
     rows = result["timeline"]["rows"]
     first = next((r[0] for r in rows if r[1] > 0), None)
-    rate = None if first is None else timeline_rate(result, first + warmup_s, result["wall_s"])
+    end = drained_from[0] if drained_from else result["wall_s"]
+    rate = None if first is None else timeline_rate(result, first + warmup_s, end)
     if rate is None or not rate["steps_per_s"] > 0:
         raise TooShort(
             f"trained too little to measure: {result['env_steps']} steps, the first "

@@ -4,7 +4,9 @@ From the completed trials of an ``autotune study`` (train trials), grouped by co
 
 * **recommended**: the config, as its trials ran it (their ``values``: every knob's value,
   the fixed ones too, which a worker on a share of the cores may fix otherwise), with the best
-  median objective (steps/J, or steps/s with
+  median objective among configs measured at least twice where any was
+  (``autotune.tuning.study_best.pick_config``; a config measured once that did better is
+  named in the evidence, ``to_confirm``) (steps/J, or steps/s with
   ``pick="steps_per_s"``; a multi-objective study picks on one of its two; a study to a target
   return, the fewest joules to it, ``TARGET_METRIC``), as the knob values,
   the runtime view (actors, envs per actor, GMIs per GPU, MPS % per GMI, batch sizes, trainer
@@ -39,11 +41,12 @@ from autotune.tuning.reference import (
     REFERENCE_ROLES,
     TARGET_METRIC,
     reference_runs,
-    scaled_name,
     score,
 )
 from autotune.tuning.runner_job import config_changes
 from autotune.tuning.storage import config_key
+from autotune.tuning.study_best import pick_config
+from autotune.workflows.export_evidence import measured, steps_to_run
 from runtime.config import TrainConfig
 
 _NOTE = (
@@ -64,44 +67,6 @@ SERVICE_PROCESSES = 2
 
 class ExportError(ValueError):
     """A study that cannot be exported; the message says why and what to do."""
-
-
-def _stats(trials: list[Any], metric: str) -> dict[str, Any]:
-    values = [t.user_attrs[metric] for t in trials if t.user_attrs.get(metric) is not None]
-    if not values:
-        return {"median": None, "min": None, "max": None}
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
-
-
-def _measured(trials: list[Any]) -> dict[str, Any]:
-    return {
-        "trials": [t.number for t in trials],
-        "steps_per_joule": _stats(trials, "steps_per_joule"),
-        "steps_per_s": _stats(trials, "steps_per_s"),
-        "scaled_steps_per_joule": _stats(trials, scaled_name("steps_per_joule")),
-        "scaled_steps_per_s": _stats(trials, scaled_name("steps_per_s")),
-        "gpu_w": _stats(trials, "gpu_w")["median"],
-        "cpu_w": _stats(trials, "cpu_w")["median"],
-        "cpu_source": trials[0].user_attrs.get("cpu_source") if trials else None,
-        GOODPUT_METRIC: _stats(trials, GOODPUT_METRIC),
-        scaled_name(GOODPUT_METRIC): _stats(trials, scaled_name(GOODPUT_METRIC)),
-        **_to_target(trials),
-    }
-
-
-def _to_target(trials: list[Any]) -> dict[str, Any]:
-    """A study to a target return: what its trials took to get there (none where not)."""
-    if not trials or trials[0].user_attrs.get("target_return") is None:
-        return {}
-    return {
-        "target_return": trials[0].user_attrs["target_return"],
-        TARGET_METRIC: _stats(trials, TARGET_METRIC),
-        "reached": sum(bool(t.user_attrs.get("reached")) for t in trials),
-        "joules_to_target": _stats(trials, "joules_to_target"),
-        "seconds_to_target": _stats(trials, "seconds_to_target"),
-        "steps_to_target": _stats(trials, "steps_to_target"),
-        "best_return": _stats(trials, "best_return"),
-    }
 
 
 def runtime_view(cfg: Any) -> dict[str, Any]:
@@ -301,22 +266,19 @@ def export_doc(
     def median(ts: list[Any]) -> float:
         return statistics.median(score(t, metric) or 0.0 for t in ts)
 
-    best = max(groups.values(), key=lambda ts: (median(ts), len(ts)))
+    best, once = pick_config(groups, lambda t: score(t, metric) or 0.0)
     values = run_values(best[0], fixed)
     base = TrainConfig.from_dict(meta["base"])
-    cfg = dataclasses.replace(
-        base, **config_changes(values), steps=TrainConfig().steps, max_wall_s=None
-    )
+    steps = steps_to_run(best) if to_target else TrainConfig().steps
+    cfg = dataclasses.replace(base, **config_changes(values), steps=steps, max_wall_s=None)
     if cfg.trainer_device == "auto":  # as it resolved where the study ran
         gpus_there = meta.get("machine", {}).get("gpus")
         cfg = dataclasses.replace(cfg, trainer_device="cuda" if gpus_there else "cpu")
     runtime = runtime_view(cfg)
     dkey = default_key(done, lambda t: run_values(t, fixed), {**fixed, **meta.get("default", {})})
     default = groups.get(dkey, [])
-    rec, dflt = _measured(best), _measured(default)
-    ratio = None
-    if default and median(best) and median(default):
-        ratio = median(best) / median(default)
+    rec, dflt = measured(best), measured(default)
+    ratio = median(best) / median(default) if default and median(default) else None
     sms = sm_count or meta.get("machine", {}).get("sm_count")
     return {
         "autotune_export": FORMAT_VERSION,
@@ -335,6 +297,9 @@ def export_doc(
                 "configs": len(groups),
             },
             "recommended": rec,
+            "to_confirm": {"values": run_values(once[0], fixed), **measured(once)}
+            if once
+            else None,
             "default": {"values": meta.get("default"), **dflt},
             f"{metric}_vs_default": ratio,
             "reference_runs": reference_runs(trials, metric),

@@ -19,13 +19,8 @@ import optuna
 
 from autotune.tuning.knobs import KnobError, Machine, build_space, knob_value
 from autotune.tuning.offline_study import OBJECTIVES, OfflineStudy
-from autotune.tuning.storage import (
-    StudyError,
-    best_trial,
-    check_choices,
-    open_study,
-    pareto_front,
-)
+from autotune.tuning.storage import StudyError, check_choices, open_study
+from autotune.tuning.study_best import best_trial, pareto_front
 from autotune.tuning.trials import ScriptTrials, TrainTrials
 from autotune.workflows.export import ExportError, load_config
 from autotune.workflows.study_workload import same_network

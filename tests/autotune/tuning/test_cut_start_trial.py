@@ -1,12 +1,16 @@
 """A study whose first trial, the default config every other is compared with, was cut (a
-signal drained its run, or the job ended mid-window) measures that config first when resumed,
+signal drained its run, the job ended mid-window, or its process died) measures that config
+first when resumed,
 and it keeps its role there: the offline study's reference, the online tuner's yardstick."""
 
 from __future__ import annotations
 
+import os
+import socket
+
 import optuna
 from optuna.trial import TrialState
-from test_offline_study import FakeRuns
+from test_offline_study import FakeRuns, _study
 from test_online_tuner import World, _run, _tuner
 
 from autotune.tuning.knobs import Machine, build_space
@@ -90,3 +94,20 @@ def test_a_resumed_tuner_measures_a_cut_start_config_first_and_rates_by_it(tmp_p
     _tuner(tmp_path, World(2), objective="weighted")
     waiting = resumed.study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
     assert not waiting
+
+
+def test_a_default_trial_whose_process_died_runs_first_again_in_its_role(tmp_path):
+    """A study killed during its default trial: on resume that trial is failed as interrupted
+    (its config not marked bad) and the default runs again first, still the default."""
+    first = _study(tmp_path, FakeRuns())
+    first._enqueue(first.default(), "default", skip_if_exists=False)
+    left = first.study.ask()  # the default, as the killed study took it
+    left.set_user_attr("owner", f"{socket.gethostname()}:{os.getpid()}:0.00")  # owner gone
+    runs = FakeRuns()
+    again = _study(tmp_path, runs)
+    dead = again.study.get_trials()[left.number]
+    assert dead.state == optuna.trial.TrialState.FAIL and "interrupted" in dead.user_attrs
+    row = again.step()
+    assert row.role == "default" and row.error is None, row
+    assert row.values == again.default()
+    assert len(runs.ran) == 1

@@ -253,7 +253,8 @@ def test_profiling_seeds_gmis_by_envs_stops_rows_at_saturation_and_resumes(tmp_p
 
 @pytest.mark.parametrize("where", ["sqlite", "postgresql"])
 def test_a_multi_objective_study_keeps_a_pareto_front(tmp_path, request, where):
-    from autotune.tuning.storage import StudyError, pareto_front
+    from autotune.tuning.storage import StudyError
+    from autotune.tuning.study_best import pareto_front
     from autotune.workflows.study import summary
 
     storage = (

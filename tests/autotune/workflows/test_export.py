@@ -164,3 +164,17 @@ def test_a_study_opens_in_optuna_dashboard(study, tmp_path):
     ours = next(s for s in summaries if s["study_name"] == "e")
     detail = get(f"/api/studies/{ours['study_id']}")
     assert len(detail["trials"]) == 10 and detail["objective_names"] == ["steps_per_joule"]
+
+
+def test_an_export_to_a_target_return_bounds_its_steps_by_what_its_trials_took():
+    from types import SimpleNamespace
+
+    from autotune.workflows.export_evidence import TARGET_STEPS_MARGIN, steps_to_run
+
+    def trial(steps, reached=True):
+        return SimpleNamespace(user_attrs={"steps_to_target": steps, "reached": reached})
+
+    took = [trial(300_000), trial(900_000), trial(5_000_000, reached=False)]
+    assert steps_to_run(took) == TARGET_STEPS_MARGIN * 900_000  # reached ones only
+    assert steps_to_run([trial(1_000)]) == TrainConfig().steps  # never under the default
+    assert steps_to_run([trial(None, reached=False)]) == TrainConfig().steps

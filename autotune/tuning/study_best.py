@@ -1,0 +1,83 @@
+"""The best of a study's completed trials, as its summary and ``autotune export`` name them: for
+one objective, the config with the best median over its trials, among those measured at least
+twice where any was: a lucky single window does not outrank a config measured several times a
+little lower; it is named beside it, as a leader to confirm (``autotune study --confirm``).
+For several objectives, the Pareto front."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from typing import TypeVar
+
+import optuna
+from optuna.trial import TrialState
+
+from autotune.tuning.storage import config_key, trial_values
+
+T = TypeVar("T")
+
+
+def pick_config(groups: dict[str, list[T]], value: Callable[[T], float]) -> tuple[list[T], list[T]]:
+    """The best of configs measured (``groups``: each config's trials, none empty): the one
+    with the highest median ``value`` among those measured at least twice where any was (more
+    trials win a tie), and, beside it, a config measured once whose single value is higher
+    (empty where none is): a leader to confirm, not yet the best."""
+
+    def median(ts: list[T]) -> float:
+        return statistics.median(value(t) for t in ts)
+
+    repeated = [ts for ts in groups.values() if len(ts) >= 2]
+    best = max(repeated or groups.values(), key=lambda ts: (median(ts), len(ts)))
+    once = [ts for ts in groups.values() if len(ts) == 1 and value(ts[0]) > median(best)]
+    return best, max(once, key=median) if once else []
+
+
+def best_trial(study: optuna.Study, metric: int = 0) -> optuna.trial.FrozenTrial | None:
+    """A completed trial of the best config (``pick_config`` on objective ``metric``'s value; 0:
+    the first or only one): of its trials, the one nearest their median, the latest of
+    equals. None without a completed trial."""
+    groups = _groups(study)
+    if not groups:
+        return None
+    best, _ = pick_config(groups, lambda t: t.values[metric])
+    mid = statistics.median(t.values[metric] for t in best)
+    return min(reversed(best), key=lambda t: abs(t.values[metric] - mid))
+
+
+def unconfirmed_leader(study: optuna.Study, metric: int = 0) -> optuna.trial.FrozenTrial | None:
+    """A trial whose config, measured once, beat the best config's median (``pick_config``);
+    None where there is none."""
+    groups = _groups(study)
+    once = pick_config(groups, lambda t: t.values[metric])[1] if groups else []
+    return once[0] if once else None
+
+
+def _groups(study: optuna.Study) -> dict[str, list[optuna.trial.FrozenTrial]]:
+    groups: dict[str, list[optuna.trial.FrozenTrial]] = {}
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        groups.setdefault(config_key(trial_values(t)), []).append(t)
+    return groups
+
+
+def config_values(
+    study: optuna.Study, trial: optuna.trial.FrozenTrial, metric: int = 0
+) -> list[float]:
+    """Objective ``metric``'s values over the completed trials of ``trial``'s config."""
+    key = config_key(trial_values(trial))
+    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    return [t.values[metric] for t in done if config_key(trial_values(t)) == key]
+
+
+def pareto_front(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    """The completed trials no other completed trial beats on every objective (all of them
+    maximised), in trial order; for one objective, the best trial."""
+    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+
+    def beaten(t: optuna.trial.FrozenTrial) -> bool:
+        return any(
+            all(a >= b for a, b in zip(o.values, t.values, strict=True)) and o.values != t.values
+            for o in done
+        )
+
+    return [t for t in done if not beaten(t)]
