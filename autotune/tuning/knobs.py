@@ -129,11 +129,20 @@ class Machine:
 
     @classmethod
     def here(cls) -> Machine:
+        """This process's cores (its affinity mask: ``taskset``, a container's CPU set) and
+        the GPUs CUDA shows it."""
         import torch
 
-        return cls(
-            os.cpu_count() or 1, torch.cuda.device_count() if torch.cuda.is_available() else 0
-        )
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        return cls(usable_cores(), gpus)
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its affinity mask)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
 
 
 def _listed(values: tuple[Any, ...]) -> str:

@@ -326,7 +326,10 @@ def fit(
         out = np.sum((np.log(pr.steps_per_s) - r_obs) ** 2) / NOISE_SD**2
         out += np.sum((np.log(pr.cpu_w) - c_obs) ** 2) / NOISE_SD**2
         if has_gpu_w:
-            out += np.sum((np.log(pr.gpu_w) - np.log(np.maximum(g_obs, 1e-9))) ** 2) / NOISE_SD**2
+            out += (
+                np.sum((np.log(np.maximum(pr.gpu_w, 1e-9)) - np.log(np.maximum(g_obs, 1e-9))) ** 2)
+                / NOISE_SD**2
+            )
         return float(out + np.sum(v**2) / PRIOR_SD**2)
 
     v = nelder_mead(loss, np.zeros(6 + len(devices)))

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 from collections.abc import Callable
 from typing import Any
 
-from autotune.tuning.knobs import to_config_value
+from autotune.tuning.knobs import to_config_value, usable_cores
 from autotune.tuning.node_model import NodeModel
 from autotune.tuning.perf_model import MachineModel, charged_share
 from autotune.tuning.sizing import SIZED, Sizing, size_run
@@ -27,14 +26,6 @@ from runtime.hw.gpus import list_gpus, nvml_index
 from runtime.probes import Probes
 
 AUTO_FIELDS = (*SIZED, "trainer_threads")
-
-
-def usable_cores() -> int:
-    """Cores this process may run on (its affinity mask)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def cluster_model_nodes(cfg: TrainConfig) -> tuple[NodeModel, ...]:

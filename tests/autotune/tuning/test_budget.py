@@ -181,3 +181,15 @@ def test_a_config_that_never_took_effect_leaves_the_next_change_a_full_warmup(tm
         tuner.tick()
     # warmed up as after a respawn, not as a change of the batch alone
     assert tuner.current is not None and tuner.current.warmup_s == tuner.settings.warmup_s
+
+
+def test_the_knob_space_counts_the_cores_of_the_affinity_mask():
+    """Under ``taskset`` or a container's CPU set, the actors knob (and a CPU trainer's
+    threads) go up to the cores the process may use, not the host's."""
+    import subprocess
+    import sys
+
+    code = "import os; os.sched_setaffinity(0, {0}); from autotune.tuning.knobs import Machine; "
+    code += "print(Machine.here().cores)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "1"
