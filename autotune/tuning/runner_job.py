@@ -38,13 +38,19 @@ class TunableRunner(Protocol):
         """Whether the last change has taken effect everywhere."""
 
 
-def knob_values(cfg: TrainConfig, knobs: dict[str, Any]) -> dict[str, Any]:
+def knob_values(
+    cfg: TrainConfig, knobs: dict[str, Any], cuda: bool | None = None
+) -> dict[str, Any]:
     """The current values of the knobs named in ``knobs`` in knob terms (``mps_pct`` None ->
-    100)."""
+    100; ``trainer_device`` auto -> cuda where ``cuda``, a GPU here, else cpu; None: as
+    ``TrainConfig.resolved_device`` finds it)."""
     out = {}
     for name in knobs:
         value = getattr(cfg, name)
         out[name] = (100 if value is None else value[0]) if name == "mps_pct" else value
+    if out.get("trainer_device") == "auto":
+        gpu = cfg.resolved_device() == "cuda" if cuda is None else cuda
+        out["trainer_device"] = "cuda" if gpu else "cpu"
     return out
 
 

@@ -216,8 +216,8 @@ def start_tuning(
     made = _open_here(options, storage, study_name, cfg.seed)  # before any probe
     if made is not None:
         check_workload(made, cfg)
-    base = knob_values(cfg, {k: v for k, v in space.items() if v.online})
-    defaults = knob_values(cfg, space)
+    base = knob_values(cfg, {k: v for k, v in space.items() if v.online}, machine.gpus > 0)
+    defaults = knob_values(cfg, space, machine.gpus > 0)
     model = _machine(cfg, sizing) if settings.sampler == "model" else None
     if not options.in_process:
         hello = {

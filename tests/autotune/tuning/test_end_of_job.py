@@ -1,5 +1,5 @@
-"""The tuner's rules for ending exploration near a job's end: how much time the job has left,
-and whether another trial could still pay back."""
+"""The tuner's view of a running job (``autotune.tuning.runner_job``): how much time the job has
+left, whether another trial could still pay back, and its start config's knob values."""
 
 from __future__ import annotations
 
@@ -25,3 +25,21 @@ def test_a_runs_time_left_is_its_nearer_end():
     assert remaining_s(walled, 400.0, 10) == 0.0
     assert remaining_s(TrainConfig(steps=1_000_000), 10.0, 0) is None  # nothing says yet
     assert remaining_s(TrainConfig(steps=1_000_000), 10.0, 500_000) == 10.0
+
+
+def test_a_config_left_to_auto_starts_the_tuner_on_the_device_it_runs():
+    """``trainer_device`` auto is the tuner's start config as it runs (cuda with a GPU, else
+    cpu): a value among the knob's choices, so the start config is measured first."""
+    from autotune.tuning.knobs import Machine, build_space
+    from autotune.tuning.runner_job import knob_values
+    from runtime.config import TrainConfig
+
+    cfg = TrainConfig(env="CartPole-v1", trainer_device="auto", mps_pct=None)
+    for gpus, device in ((0, "cpu"), (1, "cuda")):
+        space = build_space(
+            Machine(cores=8, gpus=gpus), ["trainer_device=cpu,cuda"] if gpus else []
+        )
+        got = knob_values(cfg, {"trainer_device": None, "mps_pct": None}, cuda=bool(gpus))
+        assert got == {"trainer_device": device, "mps_pct": 100}
+        if gpus:
+            assert got["trainer_device"] in space["trainer_device"].choices
