@@ -276,7 +276,10 @@ class ModelSampler(optuna.samplers.BaseSampler):
         medians = {k: float(np.median(v)) for k, v in by_config.items()}
         best_key = max(medians, key=medians.get) if medians else None
         incumbent = json.loads(best_key) if best_key else dict(self.defaults)
-        hold = {n: incumbent.get(n, self.defaults.get(n)) for n in self.choices}
+        hold = {
+            n: nearest(incumbent.get(n, self.defaults.get(n)), self.choices[n])
+            for n in self.choices
+        }
         failed = [{**self.defaults, **json.loads(k)} for k in failed_configs(study)]
         pruned = study.get_trials(deepcopy=False, states=(TrialState.PRUNED,))
         tried = set(by_config) | {self._key(w.values) for w in windows}
@@ -331,10 +334,23 @@ class ModelSampler(optuna.samplers.BaseSampler):
         }
         if not np.isfinite(score[i]) or score[i] < self.min_gain:
             self.last["chosen"] = "incumbent"
-            return incumbent
+            return hold if best_key is None else incumbent
         ei = float(expected_improvement(mu[i : i + 1], sd[i : i + 1], y_best)[0])
         self.last.update(chosen="model", predicted=float(np.exp(mu[i])), sd=float(sd[i]), ei=ei)
         return cands[i]
+
+
+def nearest(value: Any, choices: Any) -> Any:
+    """``value`` where it is one of ``choices``, else the nearest of them (the smaller of two as
+    near: fewer cores), else the first: the plan keeps every knob it does not move inside its
+    choices, so Optuna never draws one at random, past the budget and the cores."""
+    choices = tuple(choices)
+    if value in choices or not choices:
+        return value
+    numbers = [c for c in choices if isinstance(c, int | float) and not isinstance(c, bool)]
+    if isinstance(value, int | float) and not isinstance(value, bool) and numbers:
+        return min(numbers, key=lambda c: (abs(c - value), c))
+    return choices[0]
 
 
 def sampler_for(

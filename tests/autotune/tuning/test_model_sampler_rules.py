@@ -117,3 +117,22 @@ def test_a_named_value_pruned_or_refused_is_not_suggested_again():
     _window(study, other, 150.0)
     plan = s.plan(study)
     assert s.last["chosen"] != "named" and plan["actor_nice"] == 0
+
+
+def test_a_start_value_outside_a_knobs_choices_is_held_at_its_nearest_choice():
+    """A knob the plan does not move keeps the start's value; where the start lies outside
+    the knob's choices (``--knob`` narrowed them), the plan holds the nearest choice (the
+    fewer cores of two as near) instead of leaving Optuna to draw one at random."""
+    from autotune.tuning.model_sampler import nearest
+
+    assert nearest(1, (2, 4)) == 2 and nearest(3, (2, 4)) == 2 and nearest(4, (2, 4)) == 4
+    assert nearest("cuda", ("cpu",)) == "cpu" and nearest([25, 50], (25, 50)) == 25
+    s, study, _ = _sampler()
+    name = next(n for n, c in s.choices.items() if len(c) > 1 and isinstance(c[0], int))
+    s.defaults[name] = max(s.choices[name]) + 1000  # outside the choices
+    for _ in range(3):
+        trial = study.ask()
+        for n, c in s.choices.items():
+            trial.suggest_categorical(n, c)
+        assert trial.params == s._plans[trial.number]  # every value the plan's, none drawn
+        study.tell(trial, 1.0)
