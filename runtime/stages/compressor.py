@@ -308,7 +308,7 @@ class Compressor:
             poller.register(self.commands, zmq.POLLIN)
         last_stats = time.monotonic()
         while not self._drained():
-            timeout_ms = max(1, int(self.chunk_timeout_s * 1000 / 2))
+            timeout_ms = max(1, int(min(self.chunk_timeout_s / 2, STATS_INTERVAL_S) * 1000))
             for sock, _ in poller.poll(timeout_ms):
                 # at most a queue's worth per socket, so commands, flushes and stats keep up
                 for msg in wire.recv_waiting(sock, self.malformed, topology.EXPERIENCE_HWM):

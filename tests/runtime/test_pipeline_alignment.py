@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -134,3 +135,34 @@ def test_rollouts_come_back_exactly(tmp_path, chunk_bytes, transport):
     assert compressor.partial == {}
     assert sum(batcher.received_steps.values()) == n_actors * n_rollouts * K * T
     ctx.destroy(linger=0)
+
+
+def test_an_idle_compressor_reports_twice_a_second_whatever_its_chunk_timeout(tmp_path):
+    """A long ``chunk_timeout_s`` (a minute) must not stretch the compressor's poll: an idle
+    compressor (its actors held back by a slow learner) still reports every
+    ``STATS_INTERVAL_S``, or the runner would call it stalled and replace it."""
+    from runtime.stages.compressor import STATS_INTERVAL_S
+
+    class Reports:
+        def __init__(self):
+            self.times: list[float] = []
+
+        def send(self, _snapshot) -> None:
+            self.times.append(time.monotonic())
+
+    ctx = zmq.Context()
+    ep = topology.Endpoints.ipc(str(tmp_path))
+    _, commands = topology.runner_sockets(ctx, ep)
+    reports = Reports()
+    compressor = Compressor(*topology.compressor_sockets(ctx, ep), reports, 1 << 20, 60.0)
+    thread = threading.Thread(target=compressor.run, daemon=True)
+    thread.start()
+    try:
+        while len(reports.times) < 4 and thread.is_alive():  # waits on the reports themselves
+            time.sleep(0.05)
+        gaps = [b - a for a, b in zip(reports.times, reports.times[1:], strict=False)]
+        assert len(gaps) >= 3 and max(gaps) < 10 * STATS_INTERVAL_S, gaps
+    finally:
+        wire.send_msg(commands, wire.MsgType.COMMAND, {"cmd": "drain", "expect": {}})
+        thread.join(30)
+        ctx.destroy(linger=0)
