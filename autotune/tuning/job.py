@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -112,12 +113,16 @@ class History:
         return None
 
 
-def restore_history(study: optuna.Study) -> tuple[History, int, dict[str, Any] | None]:
+def restore_history(
+    study: optuna.Study, batch_of: Callable[[dict[str, Any]], int | None]
+) -> tuple[History, int, dict[str, Any] | None]:
     """A resumed study's history: (the medians' inputs, failed configs; the trials finished;
-    the first measured trial's attributes, the reference of a ``weighted`` objective)."""
+    the first measured trial's attributes, the reference of a ``weighted`` objective).
+    ``batch_of``: the samples an update of a trial's tuned values trains, as the tuner counts
+    them live (a batch size that is not tuned is the job's)."""
     history, done, reference = History(failed=failed_configs(study)), 0, None
     for t in study.get_trials(deepcopy=False):
-        if t.state == TrialState.RUNNING:
+        if t.state in (TrialState.RUNNING, TrialState.WAITING):  # not finished
             continue
         done += 1
         key = config_key(t.params)
@@ -127,8 +132,7 @@ def restore_history(study: optuna.Study) -> tuple[History, int, dict[str, Any] |
         if attrs.get("noise_scale"):
             history.noise_scale = attrs["noise_scale"]
         if attrs.get("feasible", True):
-            batch = t.params.get("batch_size")
-            history.add(key, float(t.value), attrs.get("steps_per_joule"), batch)
+            history.add(key, float(t.value), attrs.get("steps_per_joule"), batch_of(t.params))
         if "steps_per_s" in attrs:
             history.speed.setdefault(key, []).append(attrs["steps_per_s"])
             reference = reference or dict(attrs)

@@ -39,17 +39,25 @@ def newest_noise_scale(study: optuna.Study) -> float | None:
     return None
 
 
+def update_samples(values: dict[str, Any]) -> int | None:
+    """The samples one learner update of knob ``values`` trains: ``batch_size`` for each of its
+    ``trainers`` GMIs, which train in lockstep with their gradients averaged (per GPU: a job on
+    several GPUs has that many times more); None without a batch size."""
+    batch = values.get("batch_size")
+    return int(batch) * int(values.get("trainers") or 1) if batch else None
+
+
 def goodput_factor(
     study: optuna.Study, cands: list[dict[str, Any]], defaults: dict[str, Any]
 ) -> np.ndarray:
     """Each candidate's statistical efficiency (``policies.noise_scale.efficiency``) at the
-    newest measured noise scale, for its batch size (a learner update is the step the noise
-    scale is weighed against). Ones where nothing says (no noise scale measured yet, or no
-    batch size): every candidate alike."""
+    newest measured noise scale, for the samples an update of it trains (``update_samples``: a
+    learner update is the step the noise scale is weighed against). Ones where nothing says
+    (no noise scale measured yet, or no batch size): every candidate alike."""
     from policies.noise_scale import efficiency
 
     noise = newest_noise_scale(study)
-    sizes = [{**defaults, **c}.get("batch_size") for c in cands]
+    sizes = [update_samples({**defaults, **c}) for c in cands]
     if noise is None or not all(sizes):
         return np.ones(len(cands))
     return np.array([efficiency(noise, size) or 0.0 for size in sizes])

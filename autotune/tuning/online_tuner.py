@@ -49,6 +49,7 @@ from autotune.tuning.budget import BudgetLimits
 from autotune.tuning.counters import Counters, Measurement, measure
 from autotune.tuning.job import Current, History, Job, restore_history
 from autotune.tuning.knobs import Knob
+from autotune.tuning.model_inputs import update_samples
 from autotune.tuning.reference import GOODPUT_METRIC
 from autotune.tuning.settings import TunerSettings, constraint_values, objective_value
 from autotune.tuning.storage import (
@@ -140,7 +141,7 @@ class OnlineTuner(BudgetLimits):
 
     def _restore(self) -> None:
         """Rebuilds the history from the study's finished trials (a resumed study)."""
-        self.history, self.trials_done, ref = restore_history(self.study)
+        self.history, self.trials_done, ref = restore_history(self.study, self._batch)
         self.history.rerate = self.settings.objective == GOODPUT_METRIC
         if ref is not None:
             self.reference = Measurement(
@@ -226,9 +227,9 @@ class OnlineTuner(BudgetLimits):
             self._next(now)  # no tick without a config on its way
 
     def _batch(self, values: dict[str, Any]) -> int | None:
-        """The batch size a window's trained steps arrive in."""
-        batch = values.get("batch_size", self.defaults.get("batch_size"))
-        return int(batch) if batch else None
+        """The samples a learner update of ``values`` trains: the lumps a window's trained
+        steps arrive in (``update_samples``)."""
+        return update_samples({**self.defaults, **values})
 
     def _warmup(self, values: dict[str, Any]) -> float:
         return change_warmup(self.knobs, self.applied or {}, values, self.settings.warmup_s)

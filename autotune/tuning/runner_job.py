@@ -54,6 +54,15 @@ def knob_values(
     return out
 
 
+def update_steps(cfg: TrainConfig) -> int:
+    """Steps one learner update of ``cfg`` trains: its batch for each trainer GMI, which train in
+    lockstep (``TrainConfig.gmi_count``, without importing torch to resolve a device left to
+    auto: one GPU's GMIs, or the GPUs it names)."""
+    return (
+        cfg.batch_size * cfg.trainers * (len(cfg.gpu_list()) if cfg.trainer_device != "cpu" else 1)
+    )
+
+
 def config_changes(values: dict[str, Any]) -> dict[str, Any]:
     """``Runner.reconfigure`` (or ``dataclasses.replace``) arguments for knob values."""
     changes = {name: to_config_value(name, v) for name, v in values.items()}
@@ -77,7 +86,7 @@ def read_counters(runner: TunableRunner) -> Counters:
         energy.cpu_source,
         tel.return_mean,
         noise_scale=_noise_scale(tel),
-        step_samples=float(runner.cfg.batch_size),
+        step_samples=float(update_steps(runner.cfg)),
         remaining_s=remaining_s(runner.cfg, energy.elapsed_s, steps),
         node_steps=_node_steps(runner),
     )

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 from autotune.tuning.counters import Counters
 from autotune.tuning.knobs import Knob, knob_value
 from autotune.tuning.reference import GOODPUT_METRIC, TARGET_METRIC
-from autotune.tuning.runner_job import config_changes
+from autotune.tuning.runner_job import config_changes, update_steps
 from autotune.tuning.windows import WindowRule, window_done
 from runtime.config import ConfigError, TrainConfig
 from runtime.energy import EnergyMeter
@@ -107,7 +107,7 @@ def run_config(
                 drained_from.append(runner.timeline.rows[-1][0])
             return
         samples = measured_window(runner.timeline.rows, warmup_s)
-        if rule is not None and window_done(rule, samples, cfg.batch_size):
+        if rule is not None and window_done(rule, samples, update_steps(cfg)):
             runner.stop_requested = True  # drains; the window's figures are complete
             drained_from[:] = drained_from or [samples[-1].t_s]
 

@@ -43,3 +43,24 @@ def test_a_config_left_to_auto_starts_the_tuner_on_the_device_it_runs():
         assert got == {"trainer_device": device, "mps_pct": 100}
         if gpus:
             assert got["trainer_device"] in space["trainer_device"].choices
+
+
+def test_an_update_trains_the_batch_of_every_trainer_gmi():
+    """Trainer GMIs train in lockstep, their gradients averaged: one update trains a batch for
+    each, the lump a window's trained steps arrive in and the batch goodput weighs."""
+    from autotune.tuning.model_inputs import update_samples
+    from autotune.tuning.runner_job import update_steps
+
+    cfg = TrainConfig(env="CartPole-v1", batch_size=4096, trainers=2, trainer_device="cuda")
+    assert update_steps(cfg) == 8192
+    assert (
+        update_steps(
+            TrainConfig(
+                env="CartPole-v1", batch_size=4096, trainers=2, gpus=(0, 1), trainer_device="cuda"
+            )
+        )
+        == 16384
+    )
+    assert update_steps(TrainConfig(env="CartPole-v1", batch_size=512, trainer_device="cpu")) == 512
+    assert update_samples({"batch_size": 4096, "trainers": 4}) == 16384
+    assert update_samples({"batch_size": 4096}) == 4096 and update_samples({}) is None

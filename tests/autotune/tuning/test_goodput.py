@@ -329,3 +329,28 @@ def test_goodput_windows_end_before_their_floor_while_the_noise_scale_grows(tmp_
     # a batch the tuner cannot change: nothing to re-pick, the windows keep the floor
     fixed = _windows(tmp_path, "goodput_per_joule", "1024")
     assert fixed and all(w["window_s"] >= 10.0 for w in fixed)
+
+
+def test_a_resumed_goodput_study_rerates_windows_with_the_jobs_batch_when_it_is_not_tuned():
+    """The batch size a window is re-rated by comes from the job where it is not a knob: after a
+    resume, configs measured before keep their (steps/J, batch) pairs, so every config is
+    ranked at the newest noise scale, as live."""
+    import optuna
+    from optuna.distributions import CategoricalDistribution
+
+    from autotune.tuning.job import restore_history
+    from autotune.tuning.model_inputs import update_samples
+
+    study = optuna.create_study(direction="maximize")
+    for actors, spj in ((2, 20.0), (4, 24.0)):
+        study.add_trial(
+            optuna.trial.create_trial(
+                params={"actors": actors},
+                distributions={"actors": CategoricalDistribution([2, 4])},
+                value=spj,
+                user_attrs={"steps_per_joule": spj, "noise_scale": 500.0, "steps_per_s": 1.0},
+            )
+        )
+    history, done, _ = restore_history(study, lambda v: update_samples({"batch_size": 4096, **v}))
+    assert done == 2
+    assert sorted(history.per_joule.values()) == [[(20.0, 4096)], [(24.0, 4096)]]
