@@ -144,6 +144,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         + (f", {scaled:.4g} scaled" if refs and refs["count"] > 1 and scaled else "")
         + (f", {ratio:.2f}x the default" if ratio else ", default not measured")
     )
+    if ev.get("confirm"):
+        console.print(f"[yellow]note:[/yellow] {ev['confirm']}")
     if refs and refs["count"] > 1:
         console.print(
             f"reference runs: {refs['count']}, the default's raw {unit} "

@@ -1,8 +1,8 @@
 """The best of a study's completed trials, as its summary and ``autotune export`` name them: for
-one objective, the config with the best median over its trials, among those measured at least
-twice where any was: a lucky single window does not outrank a config measured several times a
-little lower; it is named beside it, as a leader to confirm (``autotune study --confirm``).
-For several objectives, the Pareto front."""
+one objective, the config with the best median over its trials (not the single best trial:
+a lucky window of a config measured several times does not speak for it alone), and how many
+trials that rests on, so a pick measured once is said to be (``autotune study --confirm``
+measures leaders again). For several objectives, the Pareto front."""
 
 from __future__ import annotations
 
@@ -18,19 +18,10 @@ from autotune.tuning.storage import config_key, trial_values
 T = TypeVar("T")
 
 
-def pick_config(groups: dict[str, list[T]], value: Callable[[T], float]) -> tuple[list[T], list[T]]:
-    """The best of configs measured (``groups``: each config's trials, none empty): the one
-    with the highest median ``value`` among those measured at least twice where any was (more
-    trials win a tie), and, beside it, a config measured once whose single value is higher
-    (empty where none is): a leader to confirm, not yet the best."""
-
-    def median(ts: list[T]) -> float:
-        return statistics.median(value(t) for t in ts)
-
-    repeated = [ts for ts in groups.values() if len(ts) >= 2]
-    best = max(repeated or groups.values(), key=lambda ts: (median(ts), len(ts)))
-    once = [ts for ts in groups.values() if len(ts) == 1 and value(ts[0]) > median(best)]
-    return best, max(once, key=median) if once else []
+def pick_config(groups: dict[str, list[T]], value: Callable[[T], float]) -> list[T]:
+    """The trials of the best config measured (``groups``: each config's trials, none empty):
+    the highest median ``value``, more trials winning a tie."""
+    return max(groups.values(), key=lambda ts: (statistics.median(value(t) for t in ts), len(ts)))
 
 
 def best_trial(study: optuna.Study, metric: int = 0) -> optuna.trial.FrozenTrial | None:
@@ -40,17 +31,9 @@ def best_trial(study: optuna.Study, metric: int = 0) -> optuna.trial.FrozenTrial
     groups = _groups(study)
     if not groups:
         return None
-    best, _ = pick_config(groups, lambda t: t.values[metric])
+    best = pick_config(groups, lambda t: t.values[metric])
     mid = statistics.median(t.values[metric] for t in best)
     return min(reversed(best), key=lambda t: abs(t.values[metric] - mid))
-
-
-def unconfirmed_leader(study: optuna.Study, metric: int = 0) -> optuna.trial.FrozenTrial | None:
-    """A trial whose config, measured once, beat the best config's median (``pick_config``);
-    None where there is none."""
-    groups = _groups(study)
-    once = pick_config(groups, lambda t: t.values[metric])[1] if groups else []
-    return once[0] if once else None
 
 
 def _groups(study: optuna.Study) -> dict[str, list[optuna.trial.FrozenTrial]]:

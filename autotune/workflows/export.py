@@ -4,9 +4,8 @@ From the completed trials of an ``autotune study`` (train trials), grouped by co
 
 * **recommended**: the config, as its trials ran it (their ``values``: every knob's value,
   the fixed ones too, which a worker on a share of the cores may fix otherwise), with the best
-  median objective among configs measured at least twice where any was
-  (``autotune.tuning.study_best.pick_config``; a config measured once that did better is
-  named in the evidence, ``to_confirm``) (steps/J, or steps/s with
+  median objective (``autotune.tuning.study_best.pick_config``; evidence ``confirm`` says so
+  where it rests on one trial) (steps/J, or steps/s with
   ``pick="steps_per_s"``; a multi-objective study picks on one of its two; a study to a target
   return, the fewest joules to it, ``TARGET_METRIC``), as the knob values,
   the runtime view (actors, envs per actor, GMIs per GPU, MPS % per GMI, batch sizes, trainer
@@ -59,6 +58,10 @@ _NOTE_TARGET = (
     "medians of the study's runs to the target return, whole runs from their start; picked "
     f"by {TARGET_METRIC} (1e6 / joules to the target; 0 for a run that did not reach it in "
     "trial_s); re-measure with autotune train --config --target-return"
+)
+_ONCE = (
+    "the recommended config was measured in one trial: a lucky window can put it first; "
+    "measure the leaders again with autotune study --confirm K, then export again"
 )
 FORMAT_VERSION = 1
 SERVICE_PROCESSES = 2
@@ -266,7 +269,7 @@ def export_doc(
     def median(ts: list[Any]) -> float:
         return statistics.median(score(t, metric) or 0.0 for t in ts)
 
-    best, once = pick_config(groups, lambda t: score(t, metric) or 0.0)
+    best = pick_config(groups, lambda t: score(t, metric) or 0.0)
     values = run_values(best[0], fixed)
     base = TrainConfig.from_dict(meta["base"])
     steps = steps_to_run(best) if to_target else TrainConfig().steps
@@ -297,9 +300,7 @@ def export_doc(
                 "configs": len(groups),
             },
             "recommended": rec,
-            "to_confirm": {"values": run_values(once[0], fixed), **measured(once)}
-            if once
-            else None,
+            "confirm": _ONCE if len(best) == 1 and len(done) > 1 else None,
             "default": {"values": meta.get("default"), **dflt},
             f"{metric}_vs_default": ratio,
             "reference_runs": reference_runs(trials, metric),

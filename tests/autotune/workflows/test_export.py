@@ -62,6 +62,8 @@ def test_export_recommends_the_best_median_config_and_sizes_a_target(study):
         "envs": 64,
     }
     assert rec["config"]["steps"] == TrainConfig().steps and rec["config"]["max_wall_s"] is None
+    once = len(doc["evidence"]["recommended"]["trials"]) == 1
+    assert (doc["evidence"]["confirm"] is not None) == once  # a pick measured once says so
     sizing = doc["sizing"]
     assert sizing["sms_granted_per_gpu"] == 66 and sizing["cpu_threads_per_sm"] == 4 / 66
     target = sizing["target"]
