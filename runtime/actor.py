@@ -98,6 +98,7 @@ class Actor:
         self.ep_length = np.zeros(k, np.int64)
         self.episodes: list[list[float]] = []
         self.waits = 0
+        self.sent_steps = 0
         self.reward_norm = (
             RewardNormalizer(k, cfg.learner.gamma) if cfg.learner.normalize_reward else None
         )
@@ -216,6 +217,7 @@ class Actor:
             "episodes": self.episodes,
             "version": self.policy.version,
             "throttle_waits": self.waits,
+            "unconfirmed_steps": self.sent_steps - self.receipts.received,
             "throttle_s": round(self.throttle_s, 3),
             "dispatch_s": round(self.dispatch_s, 3),
             "env_s": round(self.env_s, 3),
@@ -236,28 +238,38 @@ class Actor:
         """Collects and dispatches rollouts until ``stop`` is set (checked between rollouts)."""
         last_stats = time.monotonic()
         steps = self.cfg.envs_per_actor * self.cfg.rollout_len
-        sent = 0
         while not stop.is_set():
             rollout = self.collect()
             t0 = time.monotonic()
             self.dispenser.dispatch(rollout, steps)  # blocks while the stages push back
             t1 = time.monotonic()
-            sent += steps
+            self.sent_steps += steps
             self._take_live_settings()
-            while sent - self.receipts.poll() > self.budget and not stop.is_set():
-                self.waits += 1
-                self.receipts.poll(THROTTLE_POLL_MS)  # back-pressure: the learner is behind
-                self.policy.poll()
-                self._take_live_settings()
+            last_stats = self._throttle(stop, last_stats)
             self.dispatch_s += t1 - t0
             self.throttle_s += time.monotonic() - t1
             if time.monotonic() - last_stats >= STATS_INTERVAL_S:
                 self.report()
                 last_stats = time.monotonic()
         self.dispenser.end_of_stream()
-        self._await_delivery(sent)
+        self._await_delivery(self.sent_steps)
         self.report(final=True)
         self.envs.close()
+
+    def _throttle(self, stop: Any, last_stats: float) -> float:
+        """Waits while more than ``budget`` steps sent are unconfirmed (back-pressure: the
+        learner is behind), reporting every ``STATS_INTERVAL_S`` meanwhile, so that an actor
+        whose steps are never confirmed shows as waiting, with its unconfirmed steps, instead
+        of going silent. Returns when the last report was sent."""
+        while self.sent_steps - self.receipts.poll() > self.budget and not stop.is_set():
+            self.waits += 1
+            self.receipts.poll(THROTTLE_POLL_MS)
+            self.policy.poll()
+            self._take_live_settings()
+            if time.monotonic() - last_stats >= STATS_INTERVAL_S:
+                self.report()
+                last_stats = time.monotonic()
+        return last_stats
 
     def _take_live_settings(self) -> None:
         if self.commands is None:

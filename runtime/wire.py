@@ -22,6 +22,8 @@ Message types (``MsgType``) and who sends them:
     INFER    actor -> inference GMI    observations [n, obs_dim] to act on (or to value)
     ACTIONS  inference GMI -> actor    the actions and log-probs (or values) for one INFER,
                                        with the policy version that produced them
+    FIRST_CHUNK migrator -> batcher    a replacement migrator's first message: the lowest
+                                       chunk id it routes
 
 Arrays above ``COPY_THRESHOLD`` bytes are sent zero-copy (pyzmq keeps a reference to the
 buffer until it is on the wire; senders never mutate an array after sending it).
@@ -86,6 +88,7 @@ class MsgType(str, enum.Enum):
     RETIRE = "retire"
     INFER = "infer"
     ACTIONS = "actions"
+    FIRST_CHUNK = "first_chunk"
 
 
 _TYPES_BY_VALUE = {t.value: t for t in MsgType}

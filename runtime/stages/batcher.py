@@ -12,6 +12,12 @@ Credits: the batcher tells the migrator how many more chunks it can take. It sta
 ``window_chunks`` and returns a slot when a chunk is complete, unless two batches are already
 queued, in which case the slot is returned after the next batch is taken. Memory is bounded by
 two batches plus the window.
+
+A migrator started in place of a dead one is granted the window again (``Batcher.reset``). The
+chunks the dead one had sent that arrive afterwards hold slots of that old grant: they are
+queued and counted as usual but return no slot, else every replacement would widen the window.
+They are known by their id: the new migrator's first message (FIRST_CHUNK) says the lowest id
+it routes, and whatever comes after a reset and before it is the old migrator's.
 """
 
 from __future__ import annotations
@@ -34,6 +40,8 @@ class _Chunk:
     steps: int
     rows: int
     rollouts: list[list[int]]
+    stale: bool = False
+    """Sent by a migrator replaced since: its slot was granted again at the reset."""
     channels: dict[int, tuple[str, np.ndarray]] = field(default_factory=dict)
 
 
@@ -74,21 +82,31 @@ class Batcher:
         self.queued_steps = 0
         self.owed_credits = 0
         self._grant = window_chunks
+        self.floor = 0
+        """The lowest chunk id the current migrator routes (FIRST_CHUNK)."""
+        self.floor_due = False
+        """A reset was taken and the new migrator's FIRST_CHUNK has not come yet."""
         self.dropped_steps = 0
         """Steps of chunks rejected or left incomplete (counted as discarded by the trainer)."""
         self.received_steps: dict[str, int] = {}
         """Steps received whole, by actor incarnation ``"actor:inc"``."""
-        self.counters = {"messages": 0, "bytes": 0, "chunks": 0, "batches": 0, "late_channels": 0}
+        self.counters = dict.fromkeys(
+            ("messages", "bytes", "chunks", "batches", "late_channels", "stale_chunks"), 0
+        )
         self.evicted: collections.deque[int] = collections.deque(maxlen=EVICTED_KEPT)
         """Ids of chunks dropped incomplete: a channel of one that comes late (after a reset,
         from the replaced migrator) is ignored, not taken as a new chunk and dropped twice."""
 
     def add(self, msg: wire.Message) -> bool:
-        """Takes one CHUNK channel message; returns True when it completed its chunk.
+        """Takes one CHUNK channel message (or the migrator's FIRST_CHUNK); returns True when it
+        completed its chunk.
 
         Raises:
             wire.ProtocolError: Not a chunk channel, or one that conflicts with its chunk.
         """
+        if msg.type is wire.MsgType.FIRST_CHUNK:
+            self.floor, self.floor_due = wire.meta_int(msg.meta, "chunk"), False
+            return False
         if msg.type is not wire.MsgType.CHUNK or len(msg.arrays) != 1:
             raise wire.ProtocolError(f"batcher expects one-array chunk messages, got {msg.type}")
         m = msg.meta
@@ -105,7 +123,8 @@ class Batcher:
         if chunk_id in self.evicted:
             self.counters["late_channels"] += 1  # its chunk was dropped (and counted) already
             return False
-        chunk = self.partial.setdefault(chunk_id, _Chunk(nch, steps, rows, rollouts))
+        stale = self.floor_due or chunk_id < self.floor
+        chunk = self.partial.setdefault(chunk_id, _Chunk(nch, steps, rows, rollouts, stale))
         if ci in chunk.channels or (chunk.nch, chunk.rows) != (nch, rows):
             raise wire.ProtocolError(f"chunk {chunk_id} channel {name!r} conflicts with its chunk")
         chunk.channels[ci] = (name, array)
@@ -118,7 +137,7 @@ class Batcher:
         block = dict(chunk.channels[i] for i in range(nch))
         problem = layout_problem(block, chunk.steps) or self._mismatch(block)
         if problem:
-            self._drop(chunk.steps, f"chunk {chunk_id} rejected: {problem}")
+            self._drop(chunk, f"chunk {chunk_id} rejected: {problem}")
             raise wire.ProtocolError(f"chunk {chunk_id} rejected: {problem}")
         self.blocks.append(block)
         self.queued_rows += chunk.rows
@@ -127,7 +146,9 @@ class Batcher:
             key = f"{actor}:{inc}"
             self.received_steps[key] = self.received_steps.get(key, 0) + int(rollout_steps)
         self.counters["chunks"] += 1
-        if self.queued_rows < self.QUEUE_BATCHES * self.batch_rows:
+        if chunk.stale:
+            self.counters["stale_chunks"] += 1
+        elif self.queued_rows < self.QUEUE_BATCHES * self.batch_rows:
             self._grant += 1
         else:
             self.owed_credits += 1
@@ -154,20 +175,23 @@ class Batcher:
         """
         for old in [c for c in self.partial if before is None or c < before]:
             chunk = self.partial.pop(old)
-            self._drop(chunk.steps, f"chunk {old} never completed (a channel was dropped)")
+            self._drop(chunk, f"chunk {old} never completed (a channel was dropped)")
             self.evicted.append(old)
 
     def reset(self) -> None:
         """The migrator was replaced (it died): partial chunks will never complete (dropped,
         counted), and the credits the old one held are granted again, so the new one sees the
-        whole window less what this trainer owes."""
+        whole window less what this trainer owes. Chunks of the old one that arrive until the
+        new one's FIRST_CHUNK (or below its id) return no slot."""
         self.evict_partial()
         self._grant = max(self.window_chunks - self.owed_credits, 0)
+        self.floor_due = True
 
-    def _drop(self, steps: int, why: str) -> None:
-        logger.error("batcher: %s; %d steps dropped", why, steps)
-        self.dropped_steps += steps
-        self._grant += 1
+    def _drop(self, chunk: _Chunk, why: str) -> None:
+        logger.error("batcher: %s; %d steps dropped", why, chunk.steps)
+        self.dropped_steps += chunk.steps
+        if not chunk.stale:
+            self._grant += 1
 
     def ready(self) -> bool:
         """A full batch is queued."""

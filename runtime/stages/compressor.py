@@ -7,51 +7,30 @@ reach ``chunk_bytes`` or ``chunk_timeout_s`` after its first rollout. Every chan
 chunk lists the same rollouts in the same order, so the channels stay aligned downstream.
 
 Accounting: ``complete_steps`` per actor incarnation (what arrived whole). Memory is bounded:
-a rollout still incomplete ``PARTIAL_MAX_AGE_S`` after its first channel arrived, or the oldest
-ones past ``PARTIAL_MAX_BYTES`` held, is evicted and counted (``evicted_rollouts``,
-``evicted_steps``, each with a warning). Rollouts still incomplete at the drain are reported as
-``incomplete_steps``. The runner counts both kinds as lost: an actor died mid-send, or some of
-its channel messages never came.
+incomplete rollouts are evicted by age or bytes held (``runtime.stages.partials``) and counted
+(``evicted_rollouts``, ``evicted_steps``, each with a warning). Rollouts still incomplete at the
+drain are reported as ``incomplete_steps``. The runner counts both kinds as lost: an actor died
+mid-send, or some of its channel messages never came.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
 
 import numpy as np
 import zmq
 
 from runtime import topology, wire
-from runtime.frame_limits import ROLLOUT_MAX_BYTES
 from runtime.stages.common import LiveSettings, StatsSender, await_exit, init_service_process
 from runtime.stages.dispenser import layout_problem
+from runtime.stages.partials import Partials, Rollout
 
 logger = logging.getLogger(__name__)
 
 STATS_INTERVAL_S = 0.5
 DRAIN_IDLE_S = 10.0
 """A drain stops waiting for missing actor data after this long without any input."""
-PARTIAL_MAX_AGE_S = 30.0
-"""An incomplete rollout is evicted this long after its first channel arrived (an actor sends
-all channels of a rollout at once)."""
-PARTIAL_MAX_BYTES = ROLLOUT_MAX_BYTES
-"""Incomplete rollouts held at most; past it the oldest are evicted."""
-
-
-@dataclass
-class _Rollout:
-    key: tuple[int, int, int]
-    nch: int
-    steps: int
-    rows: int
-    channels: dict[int, tuple[str, np.ndarray]] = field(default_factory=dict)
-    first_at: float = field(default_factory=time.monotonic)
-
-    @property
-    def nbytes(self) -> int:
-        return sum(a.nbytes for _, a in self.channels.values())
 
 
 class Compressor:
@@ -74,11 +53,12 @@ class Compressor:
         self.chunk_bytes = chunk_bytes
         self.chunk_timeout_s = chunk_timeout_s
         self.live = LiveSettings()
-        self.partial: dict[tuple[int, int, int], _Rollout] = {}
+        self.clock = time.monotonic
+        self.partials = Partials()
         self.last_seq: dict[tuple[int, int], int] = {}
         """The newest rollout begun, by (actor, incarnation): with the run's key, an older one
         is refused (a signed message sent again)."""
-        self.pending: list[_Rollout] = []
+        self.pending: list[Rollout] = []
         self.pending_bytes = 0
         self.pending_since = 0.0
         self.next_chunk = 0
@@ -86,7 +66,7 @@ class Compressor:
         self.complete_steps: dict[str, int] = {}
         self.eos_seen: set[str] = set()
         self.expect: dict[str, int] | None = None
-        self.last_input = time.monotonic()
+        self.last_input = self.clock()
         self.counters = {
             "messages_in": 0,
             "bytes_in": 0,
@@ -98,10 +78,18 @@ class Compressor:
             "evicted_rollouts": 0,
             "evicted_steps": 0,
         }
-        self.partial_bytes = 0
         self.first_inc: dict[int, int] = {}
         """Per actor slot, its first incarnation this compressor serves (one started in place
         of a dead one: the incarnations started after it; every older one is refused)."""
+
+    @property
+    def partial(self) -> dict[tuple[int, int, int], Rollout]:
+        """The incomplete rollouts by (actor, incarnation, seq), oldest first."""
+        return self.partials.rollouts
+
+    @property
+    def partial_bytes(self) -> int:
+        return self.partials.nbytes
 
     # --- ingestion -----------------------------------------------------------------------
 
@@ -141,16 +129,15 @@ class Compressor:
                 )
             self.last_seq[key[:2]] = key[2]
         if rollout is None:
-            rollout = self.partial[key] = _Rollout(key, nch, steps, rows)
+            rollout = Rollout(key, nch, steps, rows, self.clock())
+            self.partials.begin(rollout)
         elif (rollout.nch, rollout.steps, rollout.rows) != (nch, steps, rows) or (
             ci in rollout.channels
         ):
             raise wire.ProtocolError(f"channel {name!r} conflicts with rollout {key} so far")
-        rollout.channels[ci] = (name, msg.arrays[0])
-        self.partial_bytes += msg.arrays[0].nbytes
+        self.partials.add_channel(rollout, ci, name, msg.arrays[0])
         if len(rollout.channels) == nch:
-            del self.partial[key]
-            self.partial_bytes -= rollout.nbytes
+            self.partials.pop(key)
             ordered = dict(rollout.channels[i] for i in range(nch))
             problem = layout_problem(ordered, steps)
             if problem:  # never counted complete: the runner counts its steps as lost
@@ -159,31 +146,31 @@ class Compressor:
             self._append(rollout)
 
     def evict(self, now: float | None = None) -> None:
-        """Drops incomplete rollouts past ``PARTIAL_MAX_AGE_S``, then the oldest while more
-        than ``PARTIAL_MAX_BYTES`` are held; each is counted and warned about."""
-        now = time.monotonic() if now is None else now
-        for key, r in list(self.partial.items()):  # oldest first (insertion order)
-            if now - r.first_at < PARTIAL_MAX_AGE_S and self.partial_bytes <= PARTIAL_MAX_BYTES:
-                break
-            del self.partial[key]
-            self.partial_bytes -= r.nbytes
+        """Drops the incomplete rollouts given up on (``Partials.evict``); each is counted and
+        warned about with the totals."""
+        now = self.clock() if now is None else now
+        for r, why in self.partials.evict(now):
             self.counters["evicted_rollouts"] += 1
             self.counters["evicted_steps"] += r.steps
             logger.warning(
-                "compressor: evicted rollout %s (%d steps, %d of %d channels after %.0f s): "
-                "counted as lost",
-                key,
+                "compressor: evicted rollout %s (%d steps, %d of %d channels): %s; counted as "
+                "lost (%d rollouts, %d steps evicted so far; %d rollouts, %d bytes still held)",
+                r.key,
                 r.steps,
                 len(r.channels),
                 r.nch,
-                now - r.first_at,
+                why,
+                self.counters["evicted_rollouts"],
+                self.counters["evicted_steps"],
+                len(self.partial),
+                self.partial_bytes,
             )
 
-    def _append(self, rollout: _Rollout) -> None:
+    def _append(self, rollout: Rollout) -> None:
         if self.pending and not self._fits(rollout):
             self.flush()  # a different layout (e.g. a new rollout length) starts a new chunk
         if not self.pending:
-            self.pending_since = time.monotonic()
+            self.pending_since = self.clock()
         self.pending.append(rollout)
         self.pending_bytes += rollout.nbytes
         inc_key = f"{rollout.key[0]}:{rollout.key[1]}"
@@ -192,7 +179,7 @@ class Compressor:
         if self.pending_bytes >= self.chunk_bytes:
             self.flush()
 
-    def _fits(self, rollout: _Rollout) -> bool:
+    def _fits(self, rollout: Rollout) -> bool:
         first = self.pending[0]
         if first.nch != rollout.nch:
             return False
@@ -237,14 +224,24 @@ class Compressor:
 
     def _send(self, meta: dict, data: np.ndarray) -> int:
         """Sends one CHUNK channel, waiting while the migrator applies back-pressure; meanwhile
-        it keeps reporting, so the runner tells a blocked compressor from a stuck one."""
+        it keeps reporting, so the runner tells a blocked compressor from a stuck one. The
+        time blocked is left out of the rollouts' ages and of the drain's idle time: the input
+        was not read meanwhile, so what is missing may be queued there."""
+        blocked_at = None
         while True:
             try:
-                return wire.send_msg(self.push, wire.MsgType.CHUNK, meta, [data], zmq.NOBLOCK)
+                sent = wire.send_msg(self.push, wire.MsgType.CHUNK, meta, [data], zmq.NOBLOCK)
             except zmq.Again:
+                blocked_at = self.clock() if blocked_at is None else blocked_at
                 self.push.poll(int(STATS_INTERVAL_S * 1000), zmq.POLLOUT)
                 if self.stats is not None:
                     self.stats.send(self.snapshot())
+                continue
+            if blocked_at is not None:
+                blocked = self.clock() - blocked_at
+                self.partials.pause(blocked)
+                self.last_input += blocked
+            return sent
 
     def snapshot(self, final: bool = False) -> dict[str, object]:
         """Counters for telemetry; ``final`` marks the last report after a drain."""
@@ -275,7 +272,7 @@ class Compressor:
         ]
         if not waiting:
             return True
-        if time.monotonic() - self.last_input > DRAIN_IDLE_S:
+        if self.clock() - self.last_input > DRAIN_IDLE_S:
             logger.error("compressor: drain gave up waiting for actors %s", waiting)
             return True
         return False
@@ -293,7 +290,7 @@ class Compressor:
             )
         if msg.type is wire.MsgType.COMMAND and msg.meta.get("cmd") == "drain":
             if self.expect is None:
-                self.last_input = time.monotonic()
+                self.last_input = self.clock()
             expect = msg.meta.get("expect", {})
             if not isinstance(expect, dict):
                 raise wire.ProtocolError(f"drain 'expect' must be a map, got {expect!r}")
@@ -306,7 +303,7 @@ class Compressor:
         poller.register(self.pull, zmq.POLLIN)
         if self.commands is not None:
             poller.register(self.commands, zmq.POLLIN)
-        last_stats = time.monotonic()
+        last_stats = self.clock()
         while not self._drained():
             timeout_ms = max(1, int(min(self.chunk_timeout_s / 2, STATS_INTERVAL_S) * 1000))
             for sock, _ in poller.poll(timeout_ms):
@@ -318,8 +315,8 @@ class Compressor:
                         self.malformed.drop(exc)
                         continue
                     if sock is self.pull:  # taken: junk does not hold a drain's give-up off
-                        self.last_input = time.monotonic()
-            now = time.monotonic()
+                        self.last_input = self.clock()
+            now = self.clock()
             if self.pending and now - self.pending_since >= self.chunk_timeout_s:
                 self.flush()
             if self.partial:

@@ -19,6 +19,9 @@ routed to one are complete, it gets RETIRE (after which nothing more comes) and 
 learner state to the next generation, which asks for chunks once it has loaded it. The final EOS
 goes to every trainer not retired.
 
+A migrator started in place of a dead one first tells each trainer the lowest chunk id it
+routes (FIRST_CHUNK), so that the dead one's chunks still on the way take no new slot.
+
 A trainer that disconnects (its process died) is marked gone: what was routed to it is lost,
 and the supervisor replaces it together with the pipeline. The migrator does not die of it.
 """
@@ -36,6 +39,7 @@ import zmq
 from runtime import topology, wire
 from runtime.stages.common import StatsSender, await_exit, init_service_process
 from runtime.stages.credits import CreditCheck
+from runtime.stages.leftovers import count_leftovers
 
 logger = logging.getLogger(__name__)
 
@@ -43,10 +47,6 @@ MAX_PENDING_MESSAGES = topology.CHUNK_HWM
 STATS_INTERVAL_S = 0.5
 RECEIPT_INTERVAL_S = 0.005
 RECEIPT_REFRESH_S = 0.25
-LEFTOVER_QUIET_MS = 50
-LEFTOVER_MAX_S = 1.0
-"""At most this long is spent on what is left on the chunk input after the end of stream (a
-sender that never stops cannot hold the run's end back)."""
 
 
 def generation_of(identity: bytes) -> int:
@@ -109,6 +109,10 @@ class Migrator:
         """The newest chunk begun and its channels so far (signed chunks come in order, each
         channel once: anything older is refused)."""
         self.credits = CreditCheck(key)
+        self.first_chunk = 0
+        """The first id of the compressor started with this migrator: above 0, a trainer's
+        first message from it says so (FIRST_CHUNK: chunks below are a dead migrator's, whose
+        slots the trainer granted again, ``Batcher.reset``)."""
         self.upstream_done = False
         self.malformed = wire.MalformedCounter("migrator")
         self.counters = {"messages": 0, "bytes": 0, "chunks": 0, "retired": 0, "undelivered": 0}
@@ -127,6 +131,9 @@ class Migrator:
         trainer = self.trainers.get(identity)
         if trainer is None:
             trainer = self.trainers[identity] = _Trainer(identity)
+            if self.first_chunk:
+                frames = wire.encode(wire.MsgType.FIRST_CHUNK, {"chunk": self.first_chunk})
+                self._send_to(trainer, frames)
             if generation_of(identity) in self.retired_generations:
                 self._begin_retire(trainer)
         if trainer.retiring:
@@ -308,33 +315,12 @@ class Migrator:
             if self.stats is not None and now - last_stats >= STATS_INTERVAL_S:
                 self.stats.send(self.snapshot())
                 last_stats = now
-        self._count_leftovers()
+        count_leftovers(self.pull, self.key, self.malformed)
         for trainer in self._active():
             self._send_to(trainer, wire.encode(wire.MsgType.EOS, {}))
         self.publish_receipts(time.monotonic() + RECEIPT_REFRESH_S)
         if self.stats is not None:
             self.stats.send(self.snapshot(final=True))
-
-    def _count_leftovers(self) -> None:
-        """After the compressor's end of stream, whatever else is queued on the chunk input
-        came from elsewhere: read it (until the socket stays quiet ``LEFTOVER_QUIET_MS``, for at
-        most ``LEFTOVER_MAX_S``) so that every foreign message is counted in ``malformed``."""
-        if self.pull is None:
-            return
-        deadline = time.monotonic() + LEFTOVER_MAX_S
-        while time.monotonic() < deadline and self.pull.poll(LEFTOVER_QUIET_MS):
-            while time.monotonic() < deadline:
-                try:
-                    frames = self.pull.recv_multipart(zmq.NOBLOCK, copy=False)
-                except zmq.Again:
-                    break
-                try:
-                    msg = wire.decode(frames)
-                    if self.key:
-                        wire.check_signed(self.key, msg)
-                    raise wire.ProtocolError(f"{msg.type.value} message after the end of stream")
-                except wire.ProtocolError as exc:
-                    self.malformed.drop(exc)
 
     def _read_commands(self) -> None:
         for msg in wire.recv_waiting(self.commands, self.malformed):
@@ -389,6 +375,7 @@ def migrator_main(
     migrator = Migrator(pull, router, stats, n_trainers, receipts, commands, endpoints.run_key)
     migrator.generation, migrator.retired_generations = generation, set(range(generation))
     migrator.credits.epoch, migrator.last_chunk = epoch, (first_chunk - 1, set())
+    migrator.first_chunk = first_chunk
     migrator.run()
     await_exit(commands)
     stats.guard.stop()

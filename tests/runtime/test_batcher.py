@@ -151,3 +151,51 @@ def test_a_reset_drops_partial_chunks_once_and_grants_the_window_again():
         assert b.add(m) is False
     assert b.partial == {} and b.dropped_steps == 2 * T
     assert b.counters["late_channels"] == len(half) - 2
+
+
+class NewMigrator:
+    """The credits a replacement migrator holds and its chunks in flight to one batcher."""
+
+    def __init__(self, b: Batcher) -> None:
+        self.b, self.held, self.in_flight = b, b.credits_to_grant(), []
+
+    def send(self, chunk_id: int) -> None:
+        self.held -= 1
+        self.in_flight.append(chunk_id)
+
+    def arrive(self, msgs: list[wire.Message], ours: bool) -> None:
+        """The batcher reads a whole chunk (``ours``: this migrator's), then grants."""
+        for m in msgs:
+            self.b.add(m)
+        if ours:
+            self.in_flight.remove(msgs[0].meta["chunk"])
+        self.held += self.b.credits_to_grant()
+        assert self.held + len(self.in_flight) + self.b.owed_credits <= self.b.window_chunks
+
+
+def test_after_a_reset_the_live_credits_never_exceed_the_window():
+    """The dead migrator had sent two chunks the trainer had not read when it took the reset;
+    they complete afterwards (one before the new migrator's FIRST_CHUNK, one after it) and
+    return no slot: the credits the new migrator holds plus its chunks in flight and the owed
+    slots stay within the window, however many replacements there are."""
+    stride = 1 << 40
+    b = Batcher(batch_rows=64, window_chunks=4)
+    assert b.credits_to_grant() == 4  # held by the first migrator
+    row = 0
+    for replacement in (1, 2):
+        old = [chunk_messages((replacement - 1) * stride + i, 1, row + i) for i in range(2)]
+        row += 2
+        b.reset()
+        new = NewMigrator(b)
+        assert new.held == 4
+        new.arrive(old[0], ours=False)
+        first = {"chunk": replacement * stride}
+        b.add(wire.Message(wire.MsgType.FIRST_CHUNK, first, []))
+        for i in range(3):
+            new.send(replacement * stride + i)
+        new.arrive(old[1], ours=False)
+        for cid in list(new.in_flight):
+            new.arrive(chunk_messages(cid, 1, row), ours=True)
+            row += 1
+        assert new.held == 4 and b.counters["stale_chunks"] == 2 * replacement
+    assert b.queued_rows == row and b.dropped_steps == 0

@@ -263,3 +263,26 @@ def test_a_trainer_that_disconnected_gets_nothing_more_and_the_migrator_routes_o
     m.dispatch()
     assert [(i, msg.meta["chunk"]) for i, msg in router.sent] == [(b"trainer-1.g0", 1)] * 2
     assert not m.pending and not m.routes
+
+
+def test_a_replacement_migrator_tells_each_trainer_its_first_chunk_before_any_chunk():
+    """A trainer that took the reset tells the dead migrator's late chunks from this one's by
+    the id in FIRST_CHUNK (``Batcher.reset``); the first migrator of a run sends none."""
+    router = FakeRouter()
+    m = Migrator(pull=None, router=router, stats=None, n_trainers=1)
+    m.on_trainer(b"trainer-0", credit(2, queued=0))
+    assert router.sent == []
+    router = FakeRouter()
+    m = Migrator(pull=None, router=router, stats=None, n_trainers=1)
+    m.first_chunk = CHUNK_ID_STRIDE
+    m.on_trainer(b"trainer-0", credit(2, queued=0))
+    m.on_trainer(b"trainer-0", credit(1, queued=0))
+    for ci in range(2):
+        m.on_chunk(*chunk(CHUNK_ID_STRIDE, ci))
+    m.dispatch()
+    types = [(ident, msg.type) for ident, msg in router.sent]
+    assert (
+        types
+        == [(b"trainer-0", wire.MsgType.FIRST_CHUNK)] + [(b"trainer-0", wire.MsgType.CHUNK)] * 2
+    )
+    assert router.sent[0][1].meta == {"chunk": CHUNK_ID_STRIDE}

@@ -283,6 +283,7 @@ def test_incomplete_rollouts_are_evicted_by_age_and_bytes_and_counted(monkeypatc
     """A rollout whose other channels never come is not held forever: it is evicted after the
     age limit, and the oldest go first once the bytes limit is passed."""
     from runtime.stages import compressor as comp
+    from runtime.stages import partials
 
     c = comp.Compressor(None, None, None, None, chunk_bytes=1 << 20, chunk_timeout_s=0.05)
 
@@ -297,14 +298,14 @@ def test_incomplete_rollouts_are_evicted_by_age_and_bytes_and_counted(monkeypatc
     c.evict()  # young and small: kept
     assert len(c.partial) == 3
     first = c.partial[(0, 0, 0)].first_at
-    c.evict(now=first + comp.PARTIAL_MAX_AGE_S + 1)
+    c.evict(now=first + partials.PARTIAL_MAX_AGE_S + 1)
     assert not c.partial and c.partial_bytes == 0
     assert c.counters["evicted_rollouts"] == 3 and c.counters["evicted_steps"] == 3 * 32
-    monkeypatch.setattr(comp, "PARTIAL_MAX_BYTES", 2 * 4 * 8 * 3 * 4)
+    monkeypatch.setattr(partials, "PARTIAL_MAX_BYTES", 2 * 4 * 8 * 3 * 4)
     for seq in range(3, 7):
         c.handle(half_rollout(seq))
     c.evict()
-    assert sorted(c.partial) == [(0, 0, 5), (0, 0, 6)]  # the two newest fit
+    assert sorted(c.partial) == [(0, 0, 5), (0, 0, 6)]  # one sender's two newest fit
     assert c.snapshot()["evicted_rollouts"] == 5
 
 

@@ -1,0 +1,120 @@
+"""Compressor: incomplete rollouts are held while healthy, and evicted only when given up on."""
+
+from __future__ import annotations
+
+import numpy as np
+import zmq
+
+from runtime import wire
+from runtime.stages import compressor as comp
+from runtime.stages import partials
+from runtime.stages.dispenser import CHANNELS
+
+T = 4
+
+
+def rollout(actor: int, seq: int, rows: int = 2, width: int = 3) -> list[wire.Message]:
+    """The channel messages of one rollout of actor ``actor`` (incarnation 0)."""
+    arrays = {
+        "obs": np.zeros((rows, T + 1, width), np.float32),
+        "actions": np.zeros((rows, T), np.int64),
+        "rewards": np.zeros((rows, T), np.float32),
+        "dones": np.zeros((rows, T), np.uint8),
+        "logp": np.zeros((rows, T), np.float32),
+        "versions": np.zeros((rows, T), np.int32),
+    }
+    meta = {"actor": actor, "inc": 0, "seq": seq, "nch": len(CHANNELS), "steps": rows * T}
+    return [
+        wire.Message(wire.MsgType.ROLLOUT, meta | {"ci": ci, "ch": n, "rows": rows}, [arrays[n]])
+        for ci, n in enumerate(CHANNELS)
+    ]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class SlowMigratorPush:
+    """The compressor's PUSH to a migrator that reads nothing during the compressor's first
+    ``blocked_waits`` waits for room (each one moves the clock on by its timeout)."""
+
+    def __init__(self, clock: Clock, blocked_waits: int) -> None:
+        self.clock, self.blocked_waits, self.frames = clock, blocked_waits, 0
+
+    def send(self, frame, flags=0, copy=True):
+        if self.blocked_waits:
+            raise zmq.Again()
+        self.frames += 1
+
+    def poll(self, timeout_ms, flags=0):
+        self.clock.t += timeout_ms / 1000
+        self.blocked_waits -= 1
+        return 0
+
+
+def test_time_blocked_on_the_migrator_neither_ages_rollouts_nor_ends_a_drain():
+    """Actor 1's rollout is half in when the compressor blocks sending actor 0's chunk for
+    longer than both the age limit and the drain's idle limit; its other channels were queued
+    on the input meanwhile. Once the send goes through, the rollout is still held (and then
+    completes) and the drain still waits for it."""
+    clock = Clock()
+    waits = int((partials.PARTIAL_MAX_AGE_S + comp.DRAIN_IDLE_S) / comp.STATS_INTERVAL_S) + 2
+    push = SlowMigratorPush(clock, blocked_waits=waits)
+    c = comp.Compressor(None, push, None, None, chunk_bytes=1, chunk_timeout_s=0.05)
+    c.clock = clock
+    late = rollout(actor=1, seq=0)
+    c.handle(late[0])
+    c.expect = {"1:0": 2 * T}
+    c.last_input = clock()
+    for m in rollout(actor=0, seq=0):
+        c.handle(m)  # completes: the chunk is flushed, and blocks
+    assert push.blocked_waits == 0 and push.frames > 0
+    assert clock() - c.partial[(1, 0, 0)].first_at < partials.PARTIAL_MAX_AGE_S
+    c.evict()
+    assert not c._drained()
+    for m in late[1:]:
+        c.handle(m)
+    assert c.counters["evicted_rollouts"] == 0 and c.counters["rollouts"] == 2
+    assert c.complete_steps == {"0:0": 2 * T, "1:0": 2 * T} and c._drained()
+
+
+def test_interleaved_large_rollouts_of_two_actors_both_complete(monkeypatch):
+    """Two actors' rollouts, each near the per-rollout cap, arrive channel by channel
+    interleaved: together they hold more than the cap, and neither is evicted for it."""
+    c = comp.Compressor(None, None, None, None, chunk_bytes=1 << 30, chunk_timeout_s=10.0)
+    a, b = rollout(actor=0, seq=0, width=64), rollout(actor=1, seq=0, width=64)
+    one_rollout = sum(m.arrays[0].nbytes for m in a)
+    monkeypatch.setattr(partials, "PARTIAL_MAX_BYTES", one_rollout)
+    for ma, mb in zip(a, b, strict=True):
+        c.handle(ma)
+        c.handle(mb)
+        c.evict()
+    assert c.counters["evicted_rollouts"] == 0 and c.counters["rollouts"] == 2
+    assert c.complete_steps == {"0:0": 2 * T, "1:0": 2 * T} and not c.partial
+
+
+def test_past_the_cap_a_senders_older_rollout_goes_and_past_the_ceiling_the_oldest(
+    monkeypatch, caplog
+):
+    """An actor that began a newer rollout lost the older one's channels: past the cap that one
+    is evicted (with a warning that gives the counts), the other actor's is kept. Past the
+    ceiling the oldest goes whoever sent it."""
+    c = comp.Compressor(None, None, None, None, chunk_bytes=1 << 30, chunk_timeout_s=10.0)
+    head = rollout(actor=0, seq=0)[0].arrays[0].nbytes
+    monkeypatch.setattr(partials, "PARTIAL_MAX_BYTES", 2 * head)
+    monkeypatch.setattr(partials, "PARTIAL_CEILING_BYTES", 3 * head)
+    c.handle(rollout(actor=1, seq=0)[0])
+    c.handle(rollout(actor=0, seq=0)[0])
+    c.handle(rollout(actor=0, seq=1)[0])
+    c.evict()
+    assert sorted(c.partial) == [(0, 0, 1), (1, 0, 0)]
+    assert "began a newer rollout" in caplog.text and "1 rollouts, 8 steps evicted" in caplog.text
+    c.handle(rollout(actor=2, seq=0)[0])
+    c.handle(rollout(actor=3, seq=0)[0])
+    c.evict()
+    assert sorted(c.partial) == [(0, 0, 1), (2, 0, 0), (3, 0, 0)]
+    assert "above the ceiling" in caplog.text and c.counters["evicted_rollouts"] == 2
