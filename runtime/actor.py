@@ -21,6 +21,7 @@ to the last reward and the step is marked done, so the learner needs no extra ch
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Any
 
@@ -42,8 +43,11 @@ logger = logging.getLogger(__name__)
 STATS_INTERVAL_S = 0.5
 THROTTLE_POLL_MS = 20
 DELIVERY_TIMEOUT_S = 30.0
-"""How long a stopping actor waits for the trainer to confirm its last rollouts (less than
-``drain.ACTOR_EXIT_TIMEOUT_S``, so it reports unconfirmed steps before the runner kills it)."""
+"""How long a stopping actor whose runner is gone (its parent process changed) waits for the
+trainer to confirm its last rollouts. While its runner lives the actor waits on, up to
+``DELIVERY_CEILING_S``: the runner's drain decides how long that is (it waits while the run
+trains what is in flight, ``runtime.drain.Patience``, and kills an actor it gives up on)."""
+DELIVERY_CEILING_S = 3600.0
 NONFINITE_EXIT = 3
 """An actor's exit code after its env returned a non-finite value (it is not restarted)."""
 
@@ -285,14 +289,17 @@ class Actor:
         A ZeroMQ socket closed while its peer is applying back-pressure can drop its queued
         tail even with LINGER set, so a clean exit waits for the receipt instead.
         """
-        deadline = time.monotonic() + DELIVERY_TIMEOUT_S
+        start, parent = time.monotonic(), os.getppid()
         while self.receipts.poll(THROTTLE_POLL_MS) < sent:
-            if time.monotonic() > deadline:
+            waited = time.monotonic() - start
+            orphaned = os.getppid() != parent and waited > DELIVERY_TIMEOUT_S
+            if orphaned or waited > DELIVERY_CEILING_S:
                 logger.error(
-                    "actor %s: %d of %d steps unconfirmed after %.0f s",
+                    "actor %s: %d of %d steps unconfirmed after %.0f s%s",
                     self.receipts.key,
                     sent - self.receipts.received,
                     sent,
-                    DELIVERY_TIMEOUT_S,
+                    waited,
+                    " (its runner is gone)" if orphaned else "",
                 )
                 return

@@ -365,6 +365,13 @@ class ActorPool:
             if self.leaving:
                 wait()
 
+    def hold_leaving(self, until: float) -> None:
+        """Lets the actors told to stop run until ``until`` (``time.monotonic()``) at least,
+        where their deadline was sooner: a drain that still trains waits for their receipts."""
+        for slot in self.leaving:
+            if slot.stop.is_set() and slot.leave_by is not None:
+                slot.leave_by = max(slot.leave_by, until)
+
     def close_launcher(self) -> dict[str, Any] | None:
         """Ends a remote launcher (after every actor has ended); returns its per-node energy
         document, or None without one."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import zmq
@@ -21,9 +21,14 @@ from runtime.inference import NAME as INFERENCE
 from runtime.services import PIPELINE, RunError, Services
 
 ACTOR_EXIT_TIMEOUT_S = 60.0
-"""How long the drain waits for actors to finish their rollout and exit."""
+"""How long the drain waits for actors to finish their rollout and exit, while nothing trains
+(``Patience``)."""
 SERVICE_DRAIN_TIMEOUT_S = 120.0
-"""How long the drain waits for each service's final report."""
+"""How long the drain waits for each service's final report, while nothing trains."""
+DRAIN_CEILING_S = 3600.0
+"""The longest any step of the drain waits, however the run trains meanwhile."""
+UPDATE_WAITS = 3
+"""A drain step waits at least this many of the run's longest gaps between trained steps."""
 DRAIN_RESEND_S = 0.5
 SERVICE_EXIT_TIMEOUT_S = 30.0
 DRAIN_EXIT_S = 1.0
@@ -38,6 +43,29 @@ def wall_reserve_s(cfg: Any, rate: float) -> float:
     inflight = cfg.max_inflight_batches * cfg.batch_size + rollouts
     need = (inflight / rate if rate > 0 else 0.0) + DRAIN_EXIT_S
     return min(need, 0.5 * cfg.max_wall_s)
+
+
+@dataclass
+class Patience:
+    """How long a step of the drain waits: ``base_s`` (at least ``UPDATE_WAITS`` times
+    ``update_s``, the run's longest gap between trained steps) after the run last trained a
+    step, or after the step began; never past ``DRAIN_CEILING_S`` from its start. The drain
+    trains what is in flight, so a learner that takes minutes per update keeps it waiting as
+    long as it trains, and one that stops training does not."""
+
+    base_s: float
+    update_s: float = 0.0
+    started: float = field(default_factory=time.monotonic)
+    _trained: int | None = None
+    _since: float = 0.0
+
+    def deadline(self, trained: int, now: float | None = None) -> float:
+        """The time (``time.monotonic()``) the step gives up, with the run at ``trained``."""
+        now = time.monotonic() if now is None else now
+        if self._trained is None or trained > self._trained:
+            self._trained, self._since = trained, max(now, self.started)
+        wait = max(self.base_s, UPDATE_WAITS * self.update_s)
+        return min(self._since + wait, self.started + DRAIN_CEILING_S)
 
 
 SETTLE_S = 5.0
@@ -57,6 +85,8 @@ class TrainedRate:
     def __init__(self) -> None:
         self._first: tuple[float, int] | None = None
         self._last: tuple[float, int] | None = None
+        self.longest_gap_s = 0.0
+        """The longest time between two advances of the trained steps (``Patience``)."""
 
     def observe(self, trained: int, started: float, now: float | None = None) -> float:
         """Takes the run's trained step count (at ``now``, ``time.monotonic()``; the run began
@@ -66,7 +96,8 @@ class TrainedRate:
             return 0.0
         if self._first is None:
             self._first = (now, trained)
-        elif trained > self._first[1]:
+        elif trained > (self._last or self._first)[1]:
+            self.longest_gap_s = max(self.longest_gap_s, now - (self._last or self._first)[0])
             self._last = (now, trained)
         if self._last is not None and self._last[0] > self._first[0]:
             return (self._last[1] - self._first[1]) / (self._last[0] - self._first[0])
@@ -95,6 +126,7 @@ class Drain:
         read: Reads telemetry from a socket for up to the given milliseconds.
         report: Called every tick while draining (the progress display).
         tick_s: The runner's tick: how long each wait reads telemetry.
+        update_s: The run's longest gap between trained steps (``Patience``).
     """
 
     actors: Any
@@ -104,6 +136,7 @@ class Drain:
     read: Callable[[zmq.Socket, int], None]
     report: Callable[[], None]
     tick_s: float
+    update_s: float = 0.0
 
     def run(self, telemetry_sock: zmq.Socket, command_sock: zmq.Socket) -> None:
         """Drains the pipeline in order, then lets the services exit.
@@ -112,9 +145,12 @@ class Drain:
             RunError: a service died, or did not report its final counters in time.
         """
 
+        patience = Patience(ACTOR_EXIT_TIMEOUT_S, self.update_s)
+
         def wait() -> None:
             self.read(telemetry_sock, int(self.tick_s * 1000))
             self.services.check(self.telemetry.is_final)
+            self.actors.hold_leaving(patience.deadline(self.telemetry.trained_steps))
             self.report()
 
         self.actors.drain(wait, ACTOR_EXIT_TIMEOUT_S)
@@ -134,12 +170,16 @@ class Drain:
     def _await_final(
         self, name: str, telemetry_sock: zmq.Socket, command_sock: zmq.Socket, clean: dict[str, int]
     ) -> None:
-        deadline = time.monotonic() + SERVICE_DRAIN_TIMEOUT_S
+        patience = Patience(SERVICE_DRAIN_TIMEOUT_S, self.update_s)
         last_sent = 0.0
         while not self.telemetry.is_final(name):
             now = time.monotonic()
-            if now > deadline:
-                raise RunError(f"{name} did not finish draining in {SERVICE_DRAIN_TIMEOUT_S} s")
+            if now > patience.deadline(self.telemetry.trained_steps, now):
+                raise RunError(
+                    f"{name} did not finish draining: nothing trained for "
+                    f"{max(SERVICE_DRAIN_TIMEOUT_S, UPDATE_WAITS * self.update_s):.0f} s "
+                    f"(or {DRAIN_CEILING_S:.0f} s passed)"
+                )
             if not self.services.all_alive():
                 self.read(telemetry_sock, 200)  # a final report may still be queued
                 self.services.check(self.telemetry.is_final)

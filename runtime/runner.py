@@ -390,8 +390,8 @@ class Runner:
             if self.on_progress is not None:
                 self.on_progress(self.state(started, draining=True))
 
-        parts = (self.actors, self.services, self.fleet, self.telemetry)
-        Drain(*parts, self._read_telemetry, report, TICK_S).run(telemetry_sock, command_sock)
+        parts = (self.actors, self.services, self.fleet, self.telemetry, self._read_telemetry)
+        Drain(*parts, report, TICK_S, self.pace.longest_gap_s).run(telemetry_sock, command_sock)
         self._sample_timeline(started, force=True)  # the timeline covers the drain too
 
     def _kill_all(self) -> None:
