@@ -1,27 +1,86 @@
-"""What the daemon accepts from its control socket beyond the message format: a file path
-that comes in a message is checked before anything opens it (a forged registration must not
-make the daemon create or write a file of the sender's choosing)."""
+"""What the daemon accepts from its control socket beyond the message format: a registration
+from its job's own process, with its token; a file path that comes in a message is checked
+before anything opens it (a forged registration must not make the daemon create or write a
+file of the sender's choosing); and a study tuned for one job at a time."""
 
 from __future__ import annotations
 
 import os
 import stat
+from pathlib import Path
 from typing import Any
 
+from autotune.control import protocol
+from autotune.control.claims import sender_pid
 from autotune.control.home import state_dir
-from autotune.tuning.storage import sqlite_file
+from autotune.tuning.storage import storage_url
+from autotune.tuning.url_secrets import redact
+
+
+def sender_problem(msg: dict[str, Any], peer: int | None, registered: Any) -> str | None:
+    """Why a HELLO is not taken from its sender, or None: no well-formed session token, a pid
+    not the sender's (``claims.sender_pid``; ``peer``: the sender's, on ``ipc://``), or a job
+    registered already (``registered``: its HELLO) with another token."""
+    problem = protocol.token_problem(msg.get("token"))
+    try:
+        sender_pid(msg, peer)
+    except ValueError as exc:
+        problem = problem or str(exc)
+    if (
+        problem is None
+        and registered is not None
+        and not protocol.token_matches(registered["token"], msg)
+    ):
+        problem = protocol.not_its_token(str(msg.get("job")))
+    return problem
+
+
+def study_problem(msg: dict[str, Any], hellos: dict[str, dict[str, Any]]) -> str | None:
+    """Why the study a HELLO names cannot be tuned for it (it is for another registered job,
+    whose registration is in ``hellos`` by job id), or None."""
+    study = (msg.get("storage"), msg.get("study"))
+    for job, hello in hellos.items():
+        if (hello["storage"], hello["study"]) == study:
+            return (
+                f"study {msg.get('study')!r} is being tuned for job {job} (pid "
+                f"{hello.get('pid')}); give this job another --study"
+            )
+    return None
 
 
 def storage_problem(url: Any) -> str | None:
     """Why the daemon will not open the storage a HELLO names, or None. A file path that comes
     in over the socket may name a file the daemon would create: only under the daemon's state
     dir may it be new. Elsewhere it must already exist (the job creates its study before it
-    registers) as a regular file of the daemon's user, not a link."""
+    registers) as a regular file of the daemon's user, not a link. Every SQLite URL is read so,
+    whatever its driver (``sqlite+pysqlite://``); a SQLite URI filename (``uri=true``) is
+    refused."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
     if not isinstance(url, str):
         return f"the storage must be a URL string, got {type(url).__name__}"
-    path = sqlite_file(url)
-    if path is None:
+    try:
+        parsed = make_url(storage_url(url))
+    except (ArgumentError, ValueError):
+        return (
+            f"the storage {redact(url)!r} is not a database URL; allowed: sqlite:///PATH or a "
+            "database server's URL"
+        )
+    if parsed.get_backend_name().lower() != "sqlite":
         return None  # a database server: nothing is created on this host
+    if "uri" in parsed.query:
+        return (
+            f"the storage {url!r} has a uri option: a SQLite URI filename is not opened from a "
+            "message; allowed: sqlite:///PATH with no uri option"
+        )
+    if not parsed.database or parsed.database == ":memory:":
+        return None  # in memory: no file
+    return _file_problem(Path(parsed.database).absolute())
+
+
+def _file_problem(path: Path) -> str | None:
+    """Why the daemon will not open the SQLite file at ``path`` (see ``storage_problem``)."""
     home = os.path.realpath(state_dir())
     if os.path.commonpath([home, os.path.realpath(path)]) == home:
         return None

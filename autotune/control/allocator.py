@@ -65,12 +65,27 @@ class Budget:
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> Budget:
+        """Raises:
+        KeyError, TypeError, ValueError: a field missing, or not an integer (or None)."""
         pct = doc.get("mps_pct")
         return cls(
-            tuple(int(c) for c in doc["cores"]),
-            None if doc.get("gpu") is None else int(doc["gpu"]),
-            None if pct is None else int(pct),
+            tuple(whole(c) for c in doc["cores"]),
+            None if doc.get("gpu") is None else whole(doc["gpu"]),
+            None if pct is None else whole(pct),
         )
+
+
+def whole(value: Any) -> int:
+    """``value`` as an ``int``: an int, or a float with no fractional part.
+
+    Raises:
+        ValueError: a bool, a string, a fraction, NaN, an infinity or anything else, named.
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{value!r} is not an integer")
+    if isinstance(value, float) and not value.is_integer():  # NaN and infinities are not
+        raise ValueError(f"{value!r} is not an integer")
+    return int(value)
 
 
 @dataclass(frozen=True)
@@ -223,7 +238,7 @@ def allocate(
     pool = [k for k in machine.cores if not any(k in b.cores for b in fixed.values())]
     usable = max(len(flex), len(pool) - taken_cores)
     shares = _gpu_room(machine, fixed)
-    rate = {c.job: rates.get(c.job) or _linear for c in flex}
+    rate = {c.job: rates.get(c.job) or linear for c in flex}
 
     n = _split(usable, {c.job: c.weight for c in flex}, 1)
     s: dict[str, int] = {}
@@ -291,7 +306,7 @@ def allocate(
 
 def total_of(budgets: dict[str, Budget], rates: dict[str, Rate], idle_w: float = 0.0) -> float:
     """The machine's predicted steps/J under ``budgets`` (fixed ones count at their size)."""
-    out = [(rates.get(j) or _linear)(len(b.cores), b.mps_pct or 0) for j, b in budgets.items()]
+    out = [(rates.get(j) or linear)(len(b.cores), b.mps_pct or 0) for j, b in budgets.items()]
     return _steps_per_joule(out, idle_w)
 
 
@@ -302,7 +317,7 @@ def _steps_per_joule(rates: list[tuple[float, float]], idle_w: float) -> float:
     return steps / watts if watts > 0 else steps
 
 
-def _linear(cores: int, pct: int) -> tuple[float, float]:
+def linear(cores: int, pct: int) -> tuple[float, float]:
     """A job nothing is known about: steps and watts in proportion to its cores."""
     return float(cores), 10.0 * cores
 

@@ -1,7 +1,7 @@
 """A job's claim on the machine and its place there, as the daemon reads them from its
 registration (``HELLO``): ``claim_from`` (the claim, refused when malformed) and ``share_of``
-(its pid, machine model, minibatch count and the budget it says it holds; what is malformed is
-left out)."""
+(its pid, machine model, minibatch count and the budget it says it holds; a malformed model is
+refused, anything else malformed left out)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.control.allocator import DEFAULT_MIN_SHARE, Budget, Claim
+from autotune.control.allocator import DEFAULT_MIN_SHARE, MIN_GMI_PCT, Budget, Claim, whole
 from autotune.control.machine import MachineView
+from autotune.control.model_doc import checked_model
 from autotune.tuning.perf_model import MachineModel
 
 logger = logging.getLogger(__name__)
@@ -53,13 +54,13 @@ def claim_from(job: str, doc: Any) -> Claim:
     try:
         cores = doc.get("cores")
         any_gpu = doc.get("gpu") == "any"  # the daemon picks (``gpu_choice``)
-        gpu = None if doc.get("gpu") is None or any_gpu else int(doc["gpu"])
+        gpu = None if doc.get("gpu") is None or any_gpu else whole(doc["gpu"])
         if not isinstance(doc.get("exclusive", False), bool):
             raise ValueError
         fixed = None
         if cores is not None:
             pct = doc.get("mps_pct")
-            fixed = Budget(tuple(int(c) for c in cores), gpu, None if pct is None else int(pct))
+            fixed = Budget(tuple(whole(c) for c in cores), gpu, None if pct is None else whole(pct))
         claim = Claim(
             job,
             float(doc.get("weight", 1.0)),
@@ -69,7 +70,7 @@ def claim_from(job: str, doc: Any) -> Claim:
             gpu,
             any_gpu,
         )
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise ValueError(
             f"malformed claim {doc!r}: weight and min_share are numbers, exclusive a bool, "
             "cores a list of distinct core numbers, mps_pct an integer, gpu an integer or "
@@ -79,6 +80,14 @@ def claim_from(job: str, doc: Any) -> Claim:
     if len(set(listed)) != len(listed):
         raise ValueError(f"malformed claim: cores {listed}: a core is named twice")
     return claim
+
+
+def offer_failed(claim: Any, exc: Exception) -> str:
+    """The answer to an OFFER whose claim made the share-out fail (not refused as malformed)."""
+    return (
+        f"no offer for the claim {claim!r:.200}: {type(exc).__name__}: {exc}; a claim is a map "
+        f"of {', '.join(CLAIM_FIELDS)} (see ``claim_from``)"
+    )
 
 
 def valid_pid(pid: Any) -> int | None:
@@ -122,31 +131,46 @@ def process_gone(pid: int | None) -> bool:
 def share_of(claim: Claim, hello: dict[str, Any], machine: MachineView) -> Share:
     """A registered job's ``Share``: its pid, its machine model (for its rate), its minibatch
     count, and the budget it says it holds (a daemon started again keeps it where it can).
-    Whatever is malformed is left out (logged): the job is then sized as linear, holds nothing,
-    or counts 4 minibatches."""
-    from autotune.tuning.model_inputs import machine_from_doc
+    Without a model the job is sized as linear; a malformed pid, minibatch count or held budget
+    is left out (it has no pid, counts 4 minibatches, or holds nothing).
 
-    model = None
-    if hello.get("machine"):
-        try:
-            model = machine_from_doc(hello["machine"])
-            if model.rollout_len < 1 or model.cores < 1 or not model.learner:
-                raise ValueError("a rollout length, cores and a learner are needed")
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            logger.warning("job %s sent a malformed machine model (%s); linear", claim.job, exc)
-            model = None
-    held = None
-    try:
-        held = Budget.from_dict(hello["held"]) if hello.get("held") else None
-        if held is not None and (
-            len(set(held.cores)) != len(held.cores) or not set(held.cores) <= set(machine.cores)
-        ):
-            held = None
-    except (KeyError, TypeError, ValueError, AttributeError):
-        held = None
+    Raises:
+        ValueError: a malformed machine model, or one whose rate fails (``model_doc``).
+    """
     batches = hello.get("minibatches")
     ok = isinstance(batches, int) and not isinstance(batches, bool) and batches >= 1
-    return Share(claim, valid_pid(hello.get("pid")), model, batches if ok else 4, budget=held)
+    batches = batches if ok else 4
+    model = None
+    if hello.get("machine"):
+        gpus = 1 if claim.gpu is not None or claim.any_gpu else 0
+        try:
+            model = checked_model(hello["machine"], gpus, len(machine.cores), batches)
+        except ValueError as exc:
+            raise ValueError(f"job {claim.job}: {exc}") from None
+    return Share(
+        claim, valid_pid(hello.get("pid")), model, batches, budget=held_budget(hello, machine)
+    )
+
+
+def held_budget(hello: dict[str, Any], machine: MachineView) -> Budget | None:
+    """The budget a registration says its job holds, where it could be one this daemon hands
+    out: distinct cores of the machine, an MPS share within ``MIN_GMI_PCT``..100 % (a share of
+    one of the machine's GPUs, where it names one, as every budget on a GPU does). None: none
+    named, or not such a budget."""
+    try:
+        held = Budget.from_dict(hello["held"]) if hello.get("held") else None
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError):
+        return None
+    if held is None or not held.cores or len(set(held.cores)) != len(held.cores):
+        return None
+    if not set(held.cores) <= set(machine.cores):
+        return None
+    pct = held.mps_pct
+    if pct is not None and not MIN_GMI_PCT <= pct <= 100:
+        return None
+    if held.gpu is None:
+        return held
+    return held if held.gpu in [g.index for g in machine.gpus] and pct is not None else None
 
 
 def apart(share: Share, shares: dict[str, Share]) -> bool:

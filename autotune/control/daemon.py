@@ -30,11 +30,18 @@ from typing import Any
 import zmq
 
 from autotune.control import protocol
-from autotune.control.admission import storage_problem
+from autotune.control.admission import sender_problem, storage_problem, study_problem
 from autotune.control.allocator import Budget
-from autotune.control.claims import claim_from, process_gone, sender_pid, share_of, valid_pid
+from autotune.control.claims import (
+    claim_from,
+    offer_failed,
+    process_gone,
+    sender_pid,
+    share_of,
+    valid_pid,
+)
+from autotune.control.control_socket import bind_router, remove_socket_file
 from autotune.control.home import hold_lock, hold_machine
-from autotune.control.keys import serve_curve
 from autotune.control.machine import MachineView, detect, energy_shares
 from autotune.control.protocol import MsgType
 from autotune.control.remote_job import RemoteJob, tuner_for
@@ -98,7 +105,8 @@ class Daemon:
 
         Raises:
             protocol.ControlError: if another daemon answers on the endpoint or holds the
-                state dir's lock, or the machine cannot be read.
+                state dir's lock, the machine cannot be read, or the path of an ``ipc://``
+                endpoint holds something other than a socket.
         """
         other = protocol.request(self.endpoint, MsgType.PING, timeout_s=1.0)
         if other is not None:
@@ -113,26 +121,7 @@ class Daemon:
         if self.machine is None:  # this machine's cores and GPUs, not a description's
             self.machine_locks = hold_machine(machine.reserved + machine.cores, machine.gpu_ids)
         self.shares = MachineShares(machine, self._budget, self._params)
-        path = protocol.ipc_path(self.endpoint)
-        if path is not None and path.exists():
-            path.unlink()  # left by a daemon that was killed
-        sock = self.ctx.socket(zmq.ROUTER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        if path is None:  # tcp: every local user can reach it, so CURVE with an allow-list
-            try:
-                self.auth = serve_curve(self.ctx, sock)
-            except protocol.ControlError:
-                sock.close(linger=0)
-                raise
-        mask = os.umask(0o077)  # the socket file is the owner's from its first moment
-        try:
-            sock.bind(self.endpoint)
-        finally:
-            os.umask(mask)
-        if path is not None:
-            path.chmod(0o600)
-        self.sock = sock
+        self.sock, self.auth = bind_router(self.ctx, self.endpoint)
 
     def serve(self) -> None:
         """Runs until STOP, SIGTERM or SIGINT."""
@@ -158,8 +147,11 @@ class Daemon:
                 self.auth.stop()
             self.ctx.destroy(linger=0)
             path = protocol.ipc_path(self.endpoint)
-            if path is not None and path.exists():
-                path.unlink()
+            try:
+                if path is not None:
+                    remove_socket_file(path)
+            except protocol.ControlError as exc:  # put there since it bound: left as it is
+                logger.warning("%s", exc)
             logger.info("daemon %d stopped", os.getpid())
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
@@ -221,44 +213,33 @@ class Daemon:
         if job_id.startswith("offer-"):
             self._send(identity, MsgType.ERROR, message="job ids starting offer- are reserved")
             return
-        problem = protocol.token_problem(msg.get("token"))
-        try:
-            sender_pid(msg, self.peer)
-        except ValueError as exc:
-            problem = problem or str(exc)
         old = self.sessions.get(job_id)
-        if (
-            problem is None
-            and old is not None
-            and not protocol.token_matches(old.hello["token"], msg)
-        ):
-            problem = protocol.not_its_token(job_id)
+        problem = sender_problem(msg, self.peer, old.hello if old is not None else None)
         if problem is not None:  # a session registered already is left as it is
             self._send(identity, MsgType.ERROR, message=f"cannot register job {job_id}: {problem}")
+            return
+        if old is not None and old.identity == identity and old.hello.get("pid") == msg["pid"]:
+            self._welcome_again(old)  # a HELLO it sent again before its first was answered
             return
         if old is not None:  # the job itself, registering again
             self._drop(old, "job registered again")
         for other in list(self.sessions.values()):  # a killed job's study goes with it
             if process_gone(valid_pid(other.hello.get("pid"))):
                 self._drop(other, "its process has ended")
-        study = (msg.get("storage"), msg.get("study"))
-        for other in self.sessions.values():
-            if (other.hello["storage"], other.hello["study"]) == study:
-                self._send(
-                    identity,
-                    MsgType.ERROR,
-                    message=f"study {msg.get('study')!r} is being "
-                    f"tuned for job {other.job_id} (pid {other.hello.get('pid')}); "
-                    "give this job another --study",
-                )
-                return
+        problem = study_problem(msg, {j: other.hello for j, other in self.sessions.items()})
+        if problem is not None:
+            self._send(identity, MsgType.ERROR, message=problem)
+            return
         problem = storage_problem(msg.get("storage"))
         try:
             claim = claim_from(job_id, msg.get("claim"))
         except ValueError as exc:
             problem = problem or str(exc)
-        if problem is None:  # on the GPU of the budget it holds, where it says one
-            share = share_of(claim, msg, self.shares.machine)
+        try:  # on the GPU of the budget it holds, where it says one
+            share = share_of(claim, msg, self.shares.machine) if problem is None else None
+        except ValueError as exc:  # a malformed machine model
+            share, problem = None, str(exc)
+        if share is not None:
             problem = self.shares.admit(claim, valid_pid(msg.get("pid")), share.budget)
         if problem is not None:
             self._send(identity, MsgType.ERROR, message=f"cannot tune job {job_id}: {problem}")
@@ -282,6 +263,20 @@ class Daemon:
             msg["study"],
             tuner.trials_done,
         )
+
+    def _welcome_again(self, session: Session) -> None:
+        """Answers a HELLO from the registered job itself (same token, pid and socket:
+        one per WHO, queued while the daemon was slow) as registered, nothing dropped: its trial
+        and the other jobs' budgets go on. Its budget and config go again, for a job that
+        counts its sequence numbers afresh on any WELCOME."""
+        session.last_seen = time.monotonic()
+        trials = session.tuner.trials_done
+        self._send(session.identity, MsgType.WELCOME, job=session.job_id, trials=trials, again=True)
+        share = self.shares.shares.get(session.job_id)
+        if share is not None and share.budget is not None:
+            self._budget(session.job_id, share.budget, changed=False)
+        if session.remote.seq > 0:
+            session.remote.resend()
 
     def _report(self, session: Session, identity: bytes, msg: dict[str, Any]) -> None:
         try:
@@ -347,6 +342,10 @@ class Daemon:
             budget = self.shares.offer(claim_from("offer", msg.get("claim")), pid)
         except ValueError as exc:  # a malformed claim, or AllocationError
             self._send(identity, MsgType.ERROR, message=str(exc))
+            return
+        except Exception as exc:  # whatever else its input makes fail: answered all the same
+            logger.exception("an offer failed")
+            self._send(identity, MsgType.ERROR, message=offer_failed(msg.get("claim"), exc))
             return
         energy = energy_shares(self.shares.machine, budget)
         self._send(identity, MsgType.OFFER, budget=budget.to_dict(), **energy)

@@ -13,7 +13,9 @@ which budget the job has taken.
 If the daemon goes away the job trains on with the config (and the cores) it has; reports
 sent while no daemon listens are dropped (they are snapshots, nothing accumulates). A daemon
 started again answers the next report with WHO and the job registers again (naming the budget
-it holds), resuming its study there.
+it holds), resuming its study there: one HELLO at a time (the WHOs queued behind it ask for
+nothing new), and after a refusal not before ``HELLO_RETRY_S``, doubled at each refusal up to
+``HELLO_RETRY_MAX_S``.
 """
 
 from __future__ import annotations
@@ -42,6 +44,11 @@ from runtime.energy.shares import shares_from
 
 logger = logging.getLogger(__name__)
 
+HELLO_RETRY_S = 1.0
+"""After the daemon refuses to register the job again, the wait before the next HELLO."""
+HELLO_RETRY_MAX_S = 60.0
+"""The longest wait between two HELLOs the daemon refuses (the wait doubles up to it)."""
+
 
 class DaemonRefused(RuntimeError):
     """The daemon answered the registration with an error (bad study, storage or knobs)."""
@@ -69,6 +76,9 @@ class DaemonLink:
         self.budget: dict[str, Any] | None = None
         """The budget the job is pinned to (``Budget.to_dict``), if the daemon gave one."""
         self.budget_seq = 0
+        self.hello_at: float | None = None
+        """When the HELLO awaiting its answer went (None: none awaits one)."""
+        self.retry_s, self.retry_at, self.refusal_logged = HELLO_RETRY_S, 0.0, False
 
     def register(self, timeout_s: float = protocol.REQUEST_TIMEOUT_S) -> bool:
         """Registers with the daemon; False if none answered within ``timeout_s``.
@@ -81,6 +91,7 @@ class DaemonLink:
         if not self.sock.poll(int(timeout_s * 1000), zmq.POLLOUT):
             return False
         self._send(MsgType.HELLO, **self.hello)
+        self.hello_at = time.monotonic()
         deadline = time.monotonic() + timeout_s
         while (left := deadline - time.monotonic()) > 0:
             if self.sock.poll(int(left * 1000)):
@@ -142,7 +153,7 @@ class DaemonLink:
     def _take_budget(self, msg: dict[str, Any]) -> None:
         try:
             seq, budget = int(msg["seq"]), Budget.from_dict(msg["budget"])
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:
             logger.warning("ignored a malformed BUDGET from the daemon: %s", exc)
             return
         if seq <= self.budget_seq:
@@ -180,9 +191,46 @@ class DaemonLink:
         except zmq.Again:  # no daemon connected: a report is a snapshot, the next one will do
             return False
 
+    def _hello_again(self) -> None:
+        """Registers again (a WHO: the daemon does not know the job), unless a HELLO awaits its
+        answer (for ``REQUEST_TIMEOUT_S`` at most) or the wait after a refusal is not over."""
+        now = time.monotonic()
+        if self.hello_at is not None and now - self.hello_at < protocol.REQUEST_TIMEOUT_S:
+            return
+        if now < self.retry_at:
+            return
+        log = logger.debug if self.refusal_logged else logger.warning
+        log("the daemon does not know this job (restarted?); registering again")
+        held = self.budget or self.hello.get("held")
+        if self._send(MsgType.HELLO, **{**self.hello, "held": held}):
+            self.hello_at = now
+
+    def _refused(self, reason: Any) -> None:
+        """The daemon refused the HELLO that awaited its answer: the job is not registered, and
+        asks again only after a wait that doubles at each refusal (logged once)."""
+        self.hello_at, self.registered = None, False
+        self.retry_at = time.monotonic() + self.retry_s
+        if not self.refusal_logged:
+            logger.warning(
+                "the daemon refused to register this job again: %s; asking again in %.0f s, "
+                "then at doubling waits up to %.0f s",
+                reason,
+                self.retry_s,
+                HELLO_RETRY_MAX_S,
+            )
+            self.refusal_logged = True
+        else:
+            logger.debug("the daemon refused to register this job again: %s", reason)
+        self.retry_s = min(2 * self.retry_s, HELLO_RETRY_MAX_S)
+
     def _handle(self, msg: dict[str, Any]) -> None:
         kind = msg["type"]
         if kind == MsgType.WELCOME:
+            self.hello_at, self.retry_at = None, 0.0
+            self.retry_s, self.refusal_logged = HELLO_RETRY_S, False
+            if msg.get("again"):  # the daemon kept this registration: its counts go on
+                self.registered = True
+                return
             self.registered = True
             self.registrations += 1
             self.applied, self.refused = 0, None  # sequence numbers are per registration
@@ -194,14 +242,11 @@ class DaemonLink:
                 msg.get("trials"),
             )
         elif kind == MsgType.WHO:
-            logger.warning("the daemon does not know this job (restarted?); registering again")
-            self._send(
-                MsgType.HELLO, **{**self.hello, "held": self.budget or self.hello.get("held")}
-            )
+            self._hello_again()
         elif kind == MsgType.APPLY:
             try:
                 seq, values = int(msg["seq"]), dict(msg["values"])
-            except (KeyError, TypeError, ValueError) as exc:
+            except (KeyError, TypeError, ValueError, OverflowError) as exc:
                 logger.warning("ignored a malformed APPLY from the daemon: %s", exc)
                 return
             if seq <= self.applied:
@@ -217,6 +262,8 @@ class DaemonLink:
             self._take_budget(msg)
         elif kind == MsgType.FAREWELL:
             self.tuning = msg.get("tuning")
+        elif kind == MsgType.ERROR and self.hello_at is not None:  # the answer to a HELLO
+            self._refused(msg.get("message"))
         elif kind == MsgType.ERROR:
             logger.warning("the daemon says: %s", msg.get("message"))
 

@@ -34,7 +34,9 @@ adds the peer's identity frame in front). Nothing off the socket is unpickled.
 A job's token is a secret it chose for its registration: the daemon takes a REPORT or BYE for a
 job, and a HELLO that registers it again, only with the token it registered with, so no other
 client of the socket can speak for it, end its tuning or drop its session. On ``ipc://`` the
-daemon also takes an OFFER or a HELLO only for the pid that sent it (``peer_pid``).
+daemon also takes an OFFER or a HELLO only for the pid that sent it (``peer_pid``). A HELLO
+that the registered job sent again on the same socket (one per WHO, queued while the daemon
+was slow) is answered WELCOME with ``again``: the registration goes on as it was.
 """
 
 from __future__ import annotations

@@ -13,13 +13,18 @@ charged at the budget's shares.
 
 from __future__ import annotations
 
+import logging
+import math
+import numbers
 from dataclasses import replace
 from typing import Any
 
-from autotune.control.allocator import Rate
+from autotune.control.allocator import Rate, linear
 from autotune.tuning.budget import mps_within
 from autotune.tuning.perf_model import MachineModel, Params, charged_share, prior_params
 from autotune.tuning.sizing import Sizing, size_run
+
+logger = logging.getLogger(__name__)
 
 
 def sized_for(
@@ -76,3 +81,45 @@ def model_rate(
         return memo[key]
 
     return rate
+
+
+def rate_problem(value: Any) -> str | None:
+    """What is wrong with a rate's answer, or None for a pair of finite numbers >= 0 (steps/s,
+    watts)."""
+    try:
+        steps, watts = value
+    except (TypeError, ValueError):
+        return f"gave {value!r}, not a pair (steps/s, watts)"
+    for v in (steps, watts):
+        if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v) or v < 0:
+            return f"gave {value!r}: steps/s and watts are finite numbers >= 0"
+    return None
+
+
+def guarded(job: str, rate: Rate) -> Rate:
+    """``rate``, until it raises or answers what ``rate_problem`` refuses: from then on the
+    linear rate (``allocator.linear``), logged once. One job's model that fails sizes that job
+    as linear in its cores and leaves the share-out of every job going."""
+    failed: list[str] = []
+
+    def safe(cores: int, pct: int) -> tuple[float, float]:
+        if not failed:
+            try:
+                value = rate(cores, pct)
+                why = rate_problem(value)
+            except Exception as exc:  # anything its model raises: the others are shared out
+                value, why = None, f"{type(exc).__name__}: {exc}"
+            if why is None:
+                return float(value[0]), float(value[1])
+            failed.append(why)
+            logger.warning(
+                "job %s: its model's rate for %d cores and %d %% of its GPU failed (%s); it "
+                "counts as linear in its cores from now on",
+                job,
+                cores,
+                pct,
+                why,
+            )
+        return linear(cores, pct)
+
+    return safe

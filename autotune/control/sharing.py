@@ -44,7 +44,7 @@ from autotune.control.allocator import (
 from autotune.control.claims import Share, apart, clear_of_fixed, process_gone
 from autotune.control.gpu_choice import pick_gpu
 from autotune.control.machine import MachineView, busy_last, foreign_load
-from autotune.control.rates import model_rate, sized_for
+from autotune.control.rates import guarded, model_rate, sized_for
 from autotune.tuning.perf_model import Params
 
 logger = logging.getLogger(__name__)
@@ -364,7 +364,8 @@ class MachineShares:
 
     def _rates(self) -> dict[str, Any]:
         """Each modelled job's rate function, kept while its fitted multipliers stay the same
-        (a rate caches the sizing of every budget it was asked about)."""
+        (a rate caches the sizing of every budget it was asked about); one that fails counts
+        as linear (``rates.guarded``)."""
         out = {}
         for job, s in self.shares.items():
             if s.model is None:
@@ -374,7 +375,7 @@ class MachineShares:
             if s.rate is None or s.rate_key != key:
                 gpus = 1 if s.claim.gpu is not None else 0
                 total = len(self.machine.cores)
-                s.rate = model_rate(s.model, gpus, total, s.minibatches, params)
+                s.rate = guarded(job, model_rate(s.model, gpus, total, s.minibatches, params))
                 s.rate_key = key
             out[job] = s.rate
         return out

@@ -5,10 +5,12 @@ well-formed token is refused, saying what is expected."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 
 import zmq
+from conftest import mujoco_like_model
 
 from autotune.control import protocol
 from autotune.control.daemon import Daemon
@@ -91,13 +93,13 @@ def test_only_the_jobs_own_token_reports_ends_or_registers_it_again(tmp_path, mo
         answer = other.ask(protocol.MsgType.HELLO, **_hello(home, "j1", forged))
         assert answer["type"] == "ERROR" and "another session token" in answer["message"]
         assert daemon.sessions["j1"] is session  # neither ended nor replaced
-        # the job itself: its report is taken, and it may register again
+        # the job itself: its report is taken, and a HELLO it sends again keeps its session
         job.sock.send(protocol.encode(protocol.MsgType.REPORT, **report, token=token))
         assert daemon.sock.poll(10_000)
         daemon._receive()
         assert session.remote.latest.trained_steps == 100
         again = job.ask(protocol.MsgType.HELLO, **_hello(home, "j1", token))
-        assert again["type"] == "WELCOME" and daemon.sessions["j1"] is not session
+        assert again["type"] == "WELCOME" and daemon.sessions["j1"] is session
         farewell = job.ask(protocol.MsgType.BYE, job="j1", token=token)
         assert farewell["type"] == "FAREWELL" and daemon.sessions == {}
     finally:
@@ -106,3 +108,74 @@ def test_only_the_jobs_own_token_reports_ends_or_registers_it_again(tmp_path, mo
             daemon._drop(left, "test over")
         daemon.sock.close(linger=0)
         daemon.ctx.destroy(linger=0)
+
+
+@contextlib.contextmanager
+def _serving(tmp_path, monkeypatch):
+    """An in-process daemon of a 4-core machine with a state dir under ``tmp_path``, and a
+    context for its clients; the state dir, the daemon and the context."""
+    home = tmp_path / "home"
+    monkeypatch.setenv("AUTOTUNE_HOME", str(home))
+    monkeypatch.setenv("AUTOTUNE_CONTROL", "")
+    daemon = Daemon(protocol.resolve_endpoint(), machine=MachineView.from_dict({"cores": 4}))
+    daemon.bind()
+    ctx = zmq.Context()
+    try:
+        yield home, daemon, ctx
+    finally:
+        ctx.destroy(linger=0)
+        for left in list(daemon.sessions.values()):
+            daemon._drop(left, "test over")
+        daemon.sock.close(linger=0)
+        daemon.ctx.destroy(linger=0)
+        daemon.lock.close()
+
+
+def test_a_hello_the_registered_job_sends_again_keeps_its_registration(tmp_path, monkeypatch):
+    """A job sends a HELLO per WHO, and WHOs queue while the daemon is slow: a HELLO from the
+    registered job itself (its token, pid and socket) is answered WELCOME again, with its
+    budget; its trial is not failed and no job's budget moves."""
+    with _serving(tmp_path, monkeypatch) as (home, daemon, ctx):
+        job, other = Client(ctx, daemon), Client(ctx, daemon)
+        token = protocol.new_token()
+        assert job.ask(protocol.MsgType.HELLO, **_hello(home, "j1", token))["type"] == "WELCOME"
+        second = {**_hello(home, "j2", protocol.new_token()), "study": "other"}
+        assert other.ask(protocol.MsgType.HELLO, **second)["type"] == "WELCOME"
+        session = daemon.sessions["j1"]
+        closed: list[str] = []
+        monkeypatch.setattr(session.tuner, "close", closed.append)
+        before = {j: (s.budget, s.seq) for j, s in daemon.shares.shares.items()}
+        again = job.ask(protocol.MsgType.HELLO, **_hello(home, "j1", token))
+        assert again["type"] == "WELCOME" and again["job"] == "j1" and again["again"] is True
+        assert daemon.sessions["j1"] is session and closed == []
+        assert {j: (s.budget, s.seq) for j, s in daemon.shares.shares.items()} == before
+        assert job.sock.poll(10_000), "its budget was not sent again"
+        budget = protocol.decode(job.sock.recv())
+        assert budget["type"] == "BUDGET" and budget["seq"] == before["j1"][1]
+        assert budget["budget"] == before["j1"][0].to_dict()
+
+
+def test_a_malformed_machine_model_and_an_offer_that_fails_are_answered_with_an_error(
+    tmp_path, monkeypatch
+):
+    """A HELLO whose machine model has a field of the wrong type is refused, naming it (a
+    model that fails later would stop the share-out of every job); an OFFER that fails in any
+    way is answered ERROR, and the daemon goes on answering."""
+    with _serving(tmp_path, monkeypatch) as (home, daemon, ctx):
+        job = Client(ctx, daemon)
+        model = {**dataclasses.asdict(mujoco_like_model()), "t_env": "x"}
+        hello = {**_hello(home, "j1", protocol.new_token()), "machine": model}
+        answer = job.ask(protocol.MsgType.HELLO, **hello)
+        assert answer["type"] == "ERROR", answer
+        assert "machine model: t_env='x'; allowed: a finite number >= 0" in answer["message"]
+        assert daemon.sessions == {} and daemon.shares.shares == {}
+
+        def failing(claim, pid=None):
+            raise TypeError("'<' not supported between instances of 'str' and 'int'")
+
+        monkeypatch.setattr(daemon.shares, "offer", failing)
+        answer = job.ask(protocol.MsgType.OFFER, claim={}, pid=os.getpid())
+        assert answer["type"] == "ERROR", answer
+        assert "no offer for the claim {}: TypeError: '<' not supported" in answer["message"]
+        assert "a claim is a map of weight, min_share" in answer["message"]
+        assert job.ask(protocol.MsgType.PING)["type"] == "PONG"

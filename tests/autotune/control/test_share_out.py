@@ -264,3 +264,35 @@ def test_a_fixed_gpu_share_refused_says_the_most_that_would_fit():
     said = check_admission(m, flexible, Claim("f", fixed=Budget((0, 1), 0, 90), gpu=0))
     assert said is not None and said.endswith("at most 80 % would fit it"), said
     assert check_admission(m, flexible, Claim("f", fixed=Budget((0, 1), 0, 80), gpu=0)) is None
+
+
+def test_a_job_whose_model_fails_counts_as_linear_and_every_job_is_still_shared_out(
+    live_pids, monkeypatch, caplog
+):
+    """A model that passed registration can still fail for some budget: that job is sized as
+    linear in its cores (logged once), and the share-out and the offers go on for every job."""
+    from autotune.control.claims import Share
+
+    calls = []
+
+    def failing_rate(m, gpus, total, minibatches=4, params=None):
+        def rate(cores: int, pct: int):
+            calls.append(cores)
+            raise TypeError("can't multiply sequence by non-int of type 'float'")
+
+        return rate
+
+    monkeypatch.setattr("autotune.control.sharing.model_rate", failing_rate)
+    shares, sent = _recording(8, lambda: 0.0)
+    shares.grace_until = None
+    pa, pb, pc = live_pids(3)
+    shares.join(share_of(claim_from("good", {}), {"pid": pa}, shares.machine))
+    shares.join(Share(claim_from("bad", {}), pb, model=mujoco_like_model()))
+    assert calls and set(shares.allocation.budgets) == {"good", "bad"}, "not shared out again"
+    budgets = {j: s.budget for j, s in shares.shares.items()}
+    assert len(budgets["good"].cores) == len(budgets["bad"].cores) == 4  # linear: even
+    assert {j for j, _ in sent[-2:]} == {"bad", "good"}  # both sent their new budgets
+    offered = shares.offer(claim_from("offer", {}), pid=pc)  # no TypeError out of an offer
+    assert offered.cores
+    said = [r.getMessage() for r in caplog.records if "counts as linear" in r.getMessage()]
+    assert len(said) == 1 and "job bad" in said[0] and "TypeError: can't multiply" in said[0]

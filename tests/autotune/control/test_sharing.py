@@ -214,19 +214,17 @@ def test_a_busy_process_the_daemon_does_not_manage_counts_as_taken():
 
 
 def test_hostile_registrations_and_offers_leave_the_daemon_serving(daemon_env):
-    """Malformed fields in a registration are left out, and offers without a real pid, with a
-    malformed claim or a reserved job id are refused; the daemon keeps answering."""
+    """Malformed fields in a registration are left out (a malformed machine model refused),
+    and offers without a real pid, with a malformed claim or a reserved job id are refused; the
+    daemon keeps answering."""
     from autotune.control import protocol
 
     machine = MachineView.from_dict({"cores": 4})
-    hostile = {
-        "pid": -5,
-        "minibatches": "x",
-        "held": {"cores": [0, 0]},
-        "machine": {"rollout_len": 0},
-    }
+    hostile = {"pid": -5, "minibatches": "x", "held": {"cores": [0, 0]}}
     share = share_of(claim_from("job-h", {}), hostile, machine)
     assert (share.pid, share.minibatches, share.budget, share.model) == (None, 4, None, None)
+    with pytest.raises(ValueError, match="machine model: rollout_len=0; allowed: an integer"):
+        share_of(claim_from("job-h", {}), {"machine": {"rollout_len": 0}}, machine)
     assert share_of(claim_from("j", {}), {"held": "x"}, machine).budget is None
     assert share_of(claim_from("j", {}), {"held": {"cores": [9]}}, machine).budget is None
     endpoint = f"ipc://{daemon_env['AUTOTUNE_HOME']}/control.sock"
