@@ -190,12 +190,19 @@ def storage_url(url: str) -> str:
 
 
 def sqlite_file(url: str) -> Path | None:
-    """The file of a ``sqlite:///`` URL (made absolute), or None for another URL or memory."""
-    prefix = "sqlite:///"
-    url = storage_url(url)
-    if not url.startswith(prefix) or url == prefix + ":memory:":
+    """The file of a SQLite URL of any driver (``sqlite:///``, ``sqlite+pysqlite:///``; made
+    absolute), or None for another database, memory, or what is not a URL."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        parsed = make_url(storage_url(url))
+    except (ArgumentError, ValueError):
         return None
-    return Path(url[len(prefix) :])
+    name = parsed.database
+    if parsed.get_backend_name().lower() != "sqlite" or not name or name == ":memory:":
+        return None
+    return Path(name).absolute()
 
 
 def trial_values(t: optuna.trial.FrozenTrial) -> dict[str, Any]:

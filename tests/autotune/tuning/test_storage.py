@@ -46,8 +46,9 @@ def test_an_unreachable_database_is_reported_without_its_password(tmp_path):
 def test_reading_a_missing_sqlite_file_creates_nothing(tmp_path):
     db = tmp_path / "none.db"
     url = f"sqlite:///{db}"
-    with pytest.raises(StudyError, match=r"no SQLite file .*nothing was created"):
-        load_study(url, "s")
+    for any_driver in (url, f"sqlite+pysqlite:///{db}"):
+        with pytest.raises(StudyError, match=r"no SQLite file .*nothing was created"):
+            load_study(any_driver, "s")
     with pytest.raises(StudyError, match="no SQLite file"):
         stored_status(url, "s")
     proc = subprocess.run(
