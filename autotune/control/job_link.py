@@ -48,6 +48,8 @@ HELLO_RETRY_S = 1.0
 """After the daemon refuses to register the job again, the wait before the next HELLO."""
 HELLO_RETRY_MAX_S = 60.0
 """The longest wait between two HELLOs the daemon refuses (the wait doubles up to it)."""
+BYE_LINGER_MS = 1000
+"""How long a job that gave up on its registration lets its goodbye leave as it closes."""
 
 
 class DaemonRefused(RuntimeError):
@@ -97,6 +99,7 @@ class DaemonLink:
             if self.sock.poll(int(left * 1000)):
                 msg = protocol.decode(self.sock.recv())
                 if msg["type"] == MsgType.ERROR:
+                    self.hello_at = None  # answered: nothing to take back at the close
                     raise DaemonRefused(msg.get("message", "refused"))
                 self._handle(msg)
                 if self.registered:
@@ -105,16 +108,22 @@ class DaemonLink:
 
     def close(self, timeout_s: float = protocol.REQUEST_TIMEOUT_S) -> dict[str, Any] | None:
         """Says goodbye; returns the daemon's tuning section for the result (None if the
-        daemon is gone)."""
+        daemon is gone). A job that gave up waiting for its WELCOME says goodbye too, without
+        waiting: a daemon slow to read the HELLO would otherwise register it after all and hold
+        its budget until the job counted as silent."""
+        linger = 0
         try:
             if self.registered and self._send(MsgType.BYE, job=self.job_id, token=self.token):
                 deadline = time.monotonic() + timeout_s
                 while self.tuning is None and (left := deadline - time.monotonic()) > 0:
                     if self.sock.poll(int(left * 1000)):
                         self._handle(protocol.decode(self.sock.recv()))
+            elif self.hello_at is not None:  # a HELLO went unanswered
+                self._send(MsgType.BYE, job=self.job_id, token=self.token)
+                linger = BYE_LINGER_MS  # the goodbye leaves before the socket closes
             return self.tuning
         finally:
-            self.sock.close(linger=0)
+            self.sock.close(linger=linger)
             self.ctx.term()
 
     def tick(self) -> None:

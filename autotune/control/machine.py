@@ -198,3 +198,16 @@ def energy_shares(machine: MachineView, budget: Any) -> dict[str, Any]:
         "gpu_share": gpu,
         "gpu_index": budget.gpu,
     }
+
+
+def process_trees(pids: set[int]) -> set[int]:
+    """``pids`` and every process under them."""
+    import psutil
+
+    out = set(pids)
+    for pid in pids:
+        try:
+            out |= {c.pid for c in psutil.Process(pid).children(recursive=True)}
+        except (psutil.Error, ValueError):
+            continue
+    return out

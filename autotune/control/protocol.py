@@ -75,10 +75,10 @@ def too_silent(silent_s: float, pid: Any) -> bool:
     ``JOB_BUSY_S`` if it runs (the process is looked up only once the first has passed)."""
     if silent_s <= JOB_SILENT_S:
         return False
-    import psutil
+    from autotune.control.claims import process_gone  # a zombie has ended
 
     ok = isinstance(pid, int) and not isinstance(pid, bool) and pid > 0
-    return silent_s > JOB_BUSY_S or not (ok and psutil.pid_exists(pid))
+    return silent_s > JOB_BUSY_S or not ok or process_gone(pid)
 
 
 REQUEST_TIMEOUT_S = 3.0

@@ -43,7 +43,7 @@ from autotune.control.allocator import (
 )
 from autotune.control.claims import Share, apart, clear_of_fixed, process_gone
 from autotune.control.gpu_choice import pick_gpu
-from autotune.control.machine import MachineView, busy_last, foreign_load
+from autotune.control.machine import MachineView, busy_last, foreign_load, process_trees
 from autotune.control.rates import guarded, model_rate, sized_for
 from autotune.tuning.perf_model import Params
 
@@ -96,7 +96,7 @@ class MachineShares:
         self.read_foreign = read_foreign
         self.foreign: dict[str, Any] = {"cores": 0, "pinned": [], "gpus": [], "pids": []}
         if read_foreign:  # psutil's first reading of a process is 0: this one primes them
-            foreign_load(_trees(set()), machine.cores)
+            self._read_foreign(set())
         self.rebalanced = clock()
         self.grace_until: float | None = clock() + RESTART_GRACE_S
 
@@ -253,9 +253,18 @@ class MachineShares:
             self.rebalance(force=True)  # a starting job that has not trained in STARTING_MAX_S
         elif now - self.rebalanced >= REBALANCE_S and not starting:
             if self.read_foreign:
-                managed = {s.pid for s in self.shares.values() if s.pid}
-                self.foreign = foreign_load(_trees(managed), self.machine.cores)
+                self._read_foreign({s.pid for s in self.shares.values() if s.pid})
             self.rebalance(force=False)
+
+    def _read_foreign(self, managed: set[int]) -> None:
+        """Reads what processes outside ``managed`` take (``foreign_load``); where that fails
+        (NVML lost a GPU), the last reading stands and the share-out goes on."""
+        try:
+            self.foreign = foreign_load(process_trees(managed), self.machine.cores)
+        except Exception as exc:
+            logger.warning(
+                "cannot read what other processes take (%s); the last reading stands", exc
+            )
 
     def rebalance(self, force: bool) -> None:
         """Shares the machine out again among the registered jobs; applied if ``force`` or it
@@ -379,16 +388,3 @@ class MachineShares:
                 s.rate_key = key
             out[job] = s.rate
         return out
-
-
-def _trees(pids: set[int]) -> set[int]:
-    """``pids`` and every process under them."""
-    import psutil
-
-    out = set(pids)
-    for pid in pids:
-        try:
-            out |= {c.pid for c in psutil.Process(pid).children(recursive=True)}
-        except (psutil.Error, ValueError):
-            continue
-    return out

@@ -76,3 +76,18 @@ def test_a_refused_hello_unregisters_the_job_and_backs_off_saying_why_once(link,
     assert link.registered and link.retry_s == HELLO_RETRY_S
     link._handle({"type": protocol.MsgType.ERROR, "message": "not an answer to a HELLO"})
     assert link.registered  # only an answer to its HELLO unregisters it
+
+
+def test_a_job_that_gave_up_on_its_registration_says_goodbye(monkeypatch):
+    """A HELLO the daemon read too late would register the job after all, and hold a budget
+    for it until it counted as silent: the job that gave up says goodbye as it closes."""
+    out = DaemonLink("ipc:///nonexistent/x.sock", {"base": {}}, object())
+    sent: list[tuple[protocol.MsgType, dict]] = []
+    monkeypatch.setattr(out, "_send", lambda kind, **body: sent.append((kind, body)) or True)
+    out.hello_at = 0.0  # its HELLO went, and no WELCOME came in time
+    assert out.close() is None
+    assert sent == [(protocol.MsgType.BYE, {"job": out.job_id, "token": out.token})]
+    quiet = DaemonLink("ipc:///nonexistent/y.sock", {"base": {}}, object())
+    monkeypatch.setattr(quiet, "_send", lambda kind, **body: sent.append((kind, body)) or True)
+    quiet.close()  # no daemon was there to ask: nothing to take back
+    assert len(sent) == 1

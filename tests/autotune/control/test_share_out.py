@@ -296,3 +296,27 @@ def test_a_job_whose_model_fails_counts_as_linear_and_every_job_is_still_shared_
     assert offered.cores
     said = [r.getMessage() for r in caplog.records if "counts as linear" in r.getMessage()]
     assert len(said) == 1 and "job bad" in said[0] and "TypeError: can't multiply" in said[0]
+
+
+def test_a_failing_read_of_the_other_load_keeps_the_last_reading_and_the_share_out(
+    monkeypatch, caplog
+):
+    """NVML losing a GPU makes reading what other processes take fail: the daemon starts and
+    shares out all the same, with the last reading, and says why."""
+    import autotune.control.sharing as sharing
+    from runtime.hw.nvml import NVMLUnavailable
+
+    def lost(managed, cores):
+        raise NVMLUnavailable("GPU is lost")
+
+    monkeypatch.setattr(sharing, "foreign_load", lost)
+    now = [0.0]
+    shares = MachineShares(
+        MachineView.from_dict({"cores": 4}), lambda *a: None, clock=lambda: now[0]
+    )
+    before = dict(shares.foreign)
+    now[0] = sharing.RESTART_GRACE_S + sharing.REBALANCE_S + 1.0
+    shares.tick()
+    assert shares.rebalanced == now[0]  # the periodic share-out ran, and is not due again
+    assert shares.foreign == before
+    assert "GPU is lost" in caplog.text

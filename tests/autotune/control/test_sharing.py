@@ -9,7 +9,9 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
+import psutil
 import pytest
 from conftest import kill_daemon, wait_until
 
@@ -279,6 +281,13 @@ def test_a_silent_job_whose_process_runs_is_given_longer_than_one_that_is_gone()
     assert not protocol.too_silent(past, os.getpid()) and protocol.too_silent(busy + 1, os.getpid())
     assert protocol.too_silent(past, gone)
     assert protocol.too_silent(past, None) and protocol.too_silent(past, True)
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])  # ended, not yet waited for
+    try:
+        while psutil.Process(zombie.pid).status() != psutil.STATUS_ZOMBIE:
+            time.sleep(0.01)  # waits on its exit, not on a time
+        assert protocol.too_silent(past, zombie.pid)  # a zombie holds nothing: gone
+    finally:
+        zombie.wait()
 
 
 def test_a_budget_pins_the_job_and_re_pins_its_actors_with_the_runs_endpoints():
