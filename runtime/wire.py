@@ -17,13 +17,16 @@ Message types (``MsgType``) and who sends them:
     WEIGHTS  trainer -> actors         versioned policy parameters, one array per tensor
     STATS    any process -> runner     counters for the progress display and the summary
     COMMAND  runner -> stages          commands (drain, retire, live settings, exit)
-    RECEIPT  migrator -> actors        steps handed to a trainer, per actor incarnation
+    RECEIPT  migrator -> actors        steps handed to a trainer (or given up, SETTLED), per
+                                       actor incarnation
     RETIRE   migrator -> trainer       "train what you hold, hand the learner over, exit"
     INFER    actor -> inference GMI    observations [n, obs_dim] to act on (or to value)
     ACTIONS  inference GMI -> actor    the actions and log-probs (or values) for one INFER,
                                        with the policy version that produced them
     FIRST_CHUNK migrator -> batcher    a replacement migrator's first message: the lowest
                                        chunk id it routes
+    SETTLED  compressor -> migrator    steps of rollouts it evicted, per actor incarnation
+                                       (``runtime.stages.settled``)
 
 Arrays above ``COPY_THRESHOLD`` bytes are sent zero-copy (pyzmq keeps a reference to the
 buffer until it is on the wire; senders never mutate an array after sending it).
@@ -89,6 +92,7 @@ class MsgType(str, enum.Enum):
     INFER = "infer"
     ACTIONS = "actions"
     FIRST_CHUNK = "first_chunk"
+    SETTLED = "settled"
 
 
 _TYPES_BY_VALUE = {t.value: t for t in MsgType}

@@ -25,6 +25,7 @@ from runtime import topology, wire
 from runtime.stages.common import LiveSettings, StatsSender, await_exit, init_service_process
 from runtime.stages.dispenser import layout_problem
 from runtime.stages.partials import Partials, Rollout
+from runtime.stages.settled import Settled
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +56,8 @@ class Compressor:
         self.live = LiveSettings()
         self.clock = time.monotonic
         self.partials = Partials()
+        self.settled = Settled()
+        """The steps of evicted rollouts, told to their actors (``runtime.stages.settled``)."""
         self.last_seq: dict[tuple[int, int], int] = {}
         """The newest rollout begun, by (actor, incarnation): with the run's key, an older one
         is refused (a signed message sent again)."""
@@ -152,6 +155,7 @@ class Compressor:
         for r, why in self.partials.evict(now):
             self.counters["evicted_rollouts"] += 1
             self.counters["evicted_steps"] += r.steps
+            self.settled.add(r.key[0], r.key[1], r.steps)  # its actor waits for it no more
             logger.warning(
                 "compressor: evicted rollout %s (%d steps, %d of %d channels): %s; counted as "
                 "lost (%d rollouts, %d steps evicted so far; %d rollouts, %d bytes still held)",
@@ -321,6 +325,7 @@ class Compressor:
                 self.flush()
             if self.partial:
                 self.evict(now)
+            self.settled.send(self.push, self.key)
             if self.stats is not None and now - last_stats >= STATS_INTERVAL_S:
                 self.stats.send(self.snapshot())
                 last_stats = now

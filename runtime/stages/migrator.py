@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import zmq
 
 from runtime import topology, wire
+from runtime.stages import settled
 from runtime.stages.common import StatsSender, await_exit, init_service_process
 from runtime.stages.credits import CreditCheck
 from runtime.stages.leftovers import count_leftovers
@@ -118,6 +119,9 @@ class Migrator:
         self.counters = {"messages": 0, "bytes": 0, "chunks": 0, "retired": 0, "undelivered": 0}
         self.received: dict[str, int] = {}
         """Steps handed to a trainer, by actor incarnation ``"actor:inc"`` (the receipts)."""
+        self.settled: dict[str, int] = {}
+        """Steps the compressor gave up on, by actor incarnation (``runtime.stages.settled``):
+        confirmed to the actors with the receipts."""
         self._receipts_changed = False
         self._receipts_sent = 0.0
 
@@ -187,9 +191,14 @@ class Migrator:
         return True
 
     def on_chunk(self, msg: wire.Message, frames: list[zmq.Frame]) -> None:
-        """A message from the compressor: a chunk channel to route, or its end of stream."""
-        if self.key and msg.type in (wire.MsgType.EOS, wire.MsgType.CHUNK):
+        """A message from the compressor: a chunk channel to route, its end of stream, or the
+        steps of rollouts it gave up on (SETTLED)."""
+        if self.key and msg.type in (wire.MsgType.EOS, wire.MsgType.CHUNK, wire.MsgType.SETTLED):
             wire.check_signed(self.key, msg)
+        if msg.type is wire.MsgType.SETTLED:  # steps given up: their actors wait for them no more
+            settled.take(self.settled, msg)
+            self._receipts_changed = True
+            return
         if msg.type is wire.MsgType.EOS:
             if msg.meta.get("stage") != "compressor":  # an actor's, copied off its link
                 raise wire.ProtocolError("an end of stream that is not the compressor's")
@@ -256,7 +265,7 @@ class Migrator:
                 wire.send_msg(
                     self.receipts,
                     wire.MsgType.RECEIPT,
-                    {"received": self.received},
+                    {"received": settled.confirmed(self.received, self.settled)},
                     flags=zmq.NOBLOCK,
                 )
             self._receipts_changed = False

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import zmq
 
 from runtime import wire
@@ -118,3 +119,46 @@ def test_past_the_cap_a_senders_older_rollout_goes_and_past_the_ceiling_the_olde
     c.evict()
     assert sorted(c.partial) == [(0, 0, 1), (2, 0, 0), (3, 0, 0)]
     assert "above the ceiling" in caplog.text and c.counters["evicted_rollouts"] == 2
+
+
+class RecordingPush:
+    """The compressor's PUSH to the migrator: the messages sent, decoded."""
+
+    def __init__(self) -> None:
+        self.sent: list[wire.Message] = []
+        self._parts: list[bytes] = []
+
+    def send(self, frame, flags=0, copy=True):
+        self._parts.append(bytes(frame))
+        if not flags & zmq.SNDMORE:
+            self.sent.append(wire.decode(self._parts))
+            self._parts = []
+
+
+def test_an_evicted_rollouts_steps_reach_its_actor_as_confirmed_and_stay_lost():
+    """Actor 0's rollout loses a channel: evicted, its steps counted lost, and told (signed) to
+    the migrator, whose receipts then confirm them to the actor, so its budget and its exit do
+    not wait for them for ever. A copy of the message sent again confirms nothing more."""
+    from runtime.stages import settled
+    from runtime.stages.migrator import Migrator
+
+    key, clock, push = b"k" * 32, Clock(), RecordingPush()
+    c = comp.Compressor(None, push, None, None, chunk_bytes=1, chunk_timeout_s=10.0, key=key)
+    c.clock = clock
+    for m in rollout(actor=0, seq=0)[:-1]:  # its last channel never comes
+        c.handle(wire.Message(m.type, wire.sign(key, m.type, m.meta, m.arrays), m.arrays))
+    clock.t += partials.PARTIAL_MAX_AGE_S + 1
+    c.evict()
+    c.settled.send(push, key)
+    assert c.counters["evicted_steps"] == 2 * T
+    (told,) = [m for m in push.sent if m.type is wire.MsgType.SETTLED]
+    migrator = Migrator(None, None, None, n_trainers=1, key=key)
+    migrator.on_chunk(told, [])
+    migrator.on_chunk(told, [])  # sent again: the counts are cumulative
+    assert settled.confirmed(migrator.received, migrator.settled) == {"0:0": 2 * T}
+    forged = wire.Message(wire.MsgType.SETTLED, {"settled": {"0:0": 10**6}}, [])
+    with pytest.raises(wire.ProtocolError, match="signature"):
+        migrator.on_chunk(forged, [])
+    for bad in ({"x": 1}, {"0:0": -1}, [1]):
+        with pytest.raises(wire.ProtocolError):
+            settled.take({}, wire.Message(wire.MsgType.SETTLED, {"settled": bad}, []))
