@@ -50,7 +50,8 @@ from runtime.config import TrainConfig
 
 _NOTE = (
     "medians of the study's short runs (each measured from warmup_s after its first trained "
-    "step to trial_s), picked and compared by the scaled figures (raw x first reference / "
+    "step to the start of its drain, once measured or at trial_s), picked and compared by the "
+    "scaled figures (raw x first reference / "
     "latest reference; equal to the raw ones in a study without --reference-every); "
     "re-measure with autotune train --config"
 )
