@@ -96,7 +96,9 @@ def run_actor(
         if incarnation > 0:
             weights.poll(int(FIRST_WEIGHTS_WAIT_S * 1000))
         policy = LocalPolicy(weights)
-    receipts = Receipts(topology.actor_receipts_in(ctx, endpoints), f"{actor}:{incarnation}")
+    receipts = Receipts(
+        topology.actor_receipts_in(ctx, endpoints), f"{actor}:{incarnation}", endpoints.run_key
+    )
     dispenser = Dispenser(
         topology.actor_experience_out(ctx, endpoints), actor, incarnation, endpoints.run_key
     )

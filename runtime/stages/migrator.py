@@ -262,12 +262,10 @@ class Migrator:
         since = now - self._receipts_sent
         if (self._receipts_changed and since >= RECEIPT_INTERVAL_S) or since >= RECEIPT_REFRESH_S:
             with contextlib.suppress(zmq.Again):  # a slow actor gets the next, newer counts
-                wire.send_msg(
-                    self.receipts,
-                    wire.MsgType.RECEIPT,
-                    {"received": settled.confirmed(self.received, self.settled)},
-                    flags=zmq.NOBLOCK,
-                )
+                meta = {"received": settled.confirmed(self.received, self.settled)}
+                if self.key:
+                    meta = wire.sign(self.key, wire.MsgType.RECEIPT, meta)
+                wire.send_msg(self.receipts, wire.MsgType.RECEIPT, meta, flags=zmq.NOBLOCK)
             self._receipts_changed = False
             self._receipts_sent = now
 

@@ -43,3 +43,31 @@ def test_an_actor_waiting_on_receipts_that_never_come_keeps_reporting(monkeypatc
     stop = StopAfter(reports, want=3)
     a._throttle(stop, last_stats=0.0)
     assert reports == [64, 64, 64] and a.waits >= 3
+
+
+def test_with_the_runs_key_an_actor_takes_only_signed_receipts():
+    """A forged receipt (unsigned, or signed with another key) could let an actor exit before
+    its steps were delivered: it is dropped and counted; a genuine one is taken."""
+    import zmq
+
+    from runtime import wire
+    from runtime.receipts import Receipts
+
+    key = b"k" * 32
+    ctx = zmq.Context()
+    pub, sub = ctx.socket(zmq.PUB), ctx.socket(zmq.SUB)
+    pub.bind("inproc://receipts")
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect("inproc://receipts")
+    receipts = Receipts(sub, "3:0", key)
+    try:
+        forged = [{"received": {"3:0": 10**6}}]
+        forged.append(wire.sign(b"x" * 32, wire.MsgType.RECEIPT, {"received": {"3:0": 10**6}}))
+        genuine = wire.sign(key, wire.MsgType.RECEIPT, {"received": {"3:0": 256}})
+        while receipts.received == 0:  # a PUB drops what goes before its subscriber joined
+            for meta in (*forged, genuine):
+                wire.send_msg(pub, wire.MsgType.RECEIPT, meta)
+            receipts.poll(50)
+        assert receipts.received == 256 and receipts.malformed.count >= 2
+    finally:
+        ctx.destroy(linger=0)
