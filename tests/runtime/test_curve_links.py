@@ -200,5 +200,7 @@ def test_a_run_whose_start_fails_gives_back_its_ports_and_stops_its_guard(monkey
     cfg = TrainConfig(env="CartPole-v1", steps=512, actors=1, batch_size=512, transport="tcp")
     with pytest.raises(zmq.ZMQError, match="Address already in use"):
         Runner(cfg, cfg.validate()).run()
-    assert set(ports._HELD) == held  # every port it held is given back
+    # every port it held is given back (a port another test of this process held before may
+    # have been given back meanwhile: only what this run took is checked)
+    assert set(ports._HELD) <= held
     wait_until(lambda: set(threading.enumerate()) <= threads, timeout_s=30, what="no new thread")

@@ -54,13 +54,7 @@ class Client:
 
 
 def test_only_the_jobs_own_token_reports_ends_or_registers_it_again(tmp_path, monkeypatch):
-    home = tmp_path / "home"
-    monkeypatch.setenv("AUTOTUNE_HOME", str(home))
-    monkeypatch.setenv("AUTOTUNE_CONTROL", "")
-    daemon = Daemon(protocol.resolve_endpoint(), machine=MachineView.from_dict({"cores": 4}))
-    daemon.bind()
-    ctx = zmq.Context()
-    try:
+    with _serving(tmp_path, monkeypatch) as (home, daemon, ctx):
         job, other = Client(ctx, daemon), Client(ctx, daemon)
         token, forged = protocol.new_token(), protocol.new_token()
         assert token != forged and protocol.token_problem(token) is None
@@ -102,12 +96,6 @@ def test_only_the_jobs_own_token_reports_ends_or_registers_it_again(tmp_path, mo
         assert again["type"] == "WELCOME" and daemon.sessions["j1"] is session
         farewell = job.ask(protocol.MsgType.BYE, job="j1", token=token)
         assert farewell["type"] == "FAREWELL" and daemon.sessions == {}
-    finally:
-        ctx.destroy(linger=0)
-        for left in list(daemon.sessions.values()):
-            daemon._drop(left, "test over")
-        daemon.sock.close(linger=0)
-        daemon.ctx.destroy(linger=0)
 
 
 @contextlib.contextmanager
