@@ -185,12 +185,18 @@ def test_a_running_wrap_shows_its_rates_in_the_terminal_and_in_status(tmp_path):
         seen.append(_cli("status", "--storage", db, "--study", "live").stdout)
         return "now (last" in seen[-1]
 
+    err = ""
     try:
         wait_until(status_shows_rates, wrap, 240, "autotune status showing the wrap's rates")
         assert "steps/s" in seen[-1] and "steps/J" in seen[-1] and "trial 0" in seen[-1]
-    finally:
+    except AssertionError as exc:  # with what the wrap said, and what status showed last
         stop.write_text("")
         _, err = wrap.communicate(timeout=240)
+        raise AssertionError(f"{exc}\nwrap's stderr:\n{err[-3000:]}\nstatus: {seen[-1:]}") from exc
+    finally:
+        stop.write_text("")
+        if wrap.returncode is None:  # not read above
+            _, err = wrap.communicate(timeout=240)
     assert wrap.returncode == 0, err
     lines = [ln for ln in err.splitlines() if ln.startswith("  trial 0: ")]  # progress lines
     assert lines and "steps/s" in lines[0] and "steps/J" in lines[0]
