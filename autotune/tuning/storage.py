@@ -33,6 +33,7 @@ import optuna
 import psutil
 from optuna.trial import TrialState
 
+from autotune.tuning.storage_retry import opened
 from autotune.tuning.url_secrets import failure_text, redact
 from runtime.child_start import without_ctrl_c  # a run's Ctrl-C is its main thread's
 
@@ -112,14 +113,15 @@ def open_study(
             else _AskTellGrid(grid, seed=seed)
         )
     storage = storage_url(storage)
-    try:
-        rdb = optuna.storages.RDBStorage(storage)
-        study = optuna.create_study(
-            storage=rdb,
-            study_name=name,
-            directions=["maximize"] * max(1, len(metrics)),
-            sampler=sampler,
-            load_if_exists=True,
+    try:  # tried again where another process is making the same tables (``storage_retry``)
+        study = opened(
+            lambda: optuna.create_study(
+                storage=optuna.storages.RDBStorage(storage),
+                study_name=name,
+                directions=["maximize"] * max(1, len(metrics)),
+                sampler=sampler,
+                load_if_exists=True,
+            )
         )
     except Exception as exc:  # SQLAlchemy and Optuna raise many kinds; all mean "cannot open"
         raise StudyError(
@@ -148,7 +150,7 @@ def load_study(storage: str, name: str) -> optuna.Study:
     check_readable(storage)
     storage = storage_url(storage)
     try:
-        names = optuna.get_all_study_names(storage=storage)
+        names = opened(lambda: optuna.get_all_study_names(storage=storage))
     except Exception as exc:  # SQLAlchemy and Optuna raise many kinds; all mean "cannot open"
         raise StudyError(
             f"cannot open storage {redact(storage)!r}: {failure_text(exc, storage)}"

@@ -132,3 +132,32 @@ def test_a_study_resumed_with_other_values_for_a_knob_or_objective_is_refused(tm
     study.set_user_attr("wrap", {"cmd": ["python", "x.py"]})
     with pytest.raises(StudyError, match="holds a wrapped script's runs"):
         _check_same_kind(study, "steps_per_joule")
+
+
+def test_a_storage_another_process_is_setting_up_is_opened_once_it_is_done(tmp_path, monkeypatch):
+    """Two processes opening a new SQLite storage at once both create its tables: the one that
+    loses hears that a table already exists, or that the database is locked, and opens it
+    again; any other failure is the storage's and says so at once."""
+    import optuna
+
+    from autotune.tuning import storage_retry
+    from autotune.tuning.storage import open_study
+
+    monkeypatch.setattr(storage_retry, "FIRST_WAIT_S", 0.0)
+    real, failures = (
+        optuna.storages.RDBStorage,
+        ["database is locked", "table studies already exists"],
+    )
+
+    class Racing(real):  # what the other process's tables do to this one's first opens
+        def __init__(self, url, *args, **kwargs):
+            if failures:
+                raise RuntimeError(failures.pop(0))
+            super().__init__(url, *args, **kwargs)
+
+    monkeypatch.setattr(optuna.storages, "RDBStorage", Racing)
+    assert open_study(f"sqlite:///{tmp_path}/a.db", "s").study_name == "s" and not failures
+    failures.append("no such driver")
+    with pytest.raises(StudyError, match="no such driver"):
+        open_study(f"sqlite:///{tmp_path}/b.db", "s")
+    assert failures == []  # tried once
