@@ -26,9 +26,9 @@ import time
 from typing import Any
 
 import numpy as np
-import zmq
 
 from runtime import wire
+from runtime.commands import CommandIn
 from runtime.config import TrainConfig
 from runtime.env_backends import actor_threads, make_envs
 from runtime.envs import EnvInfo
@@ -77,7 +77,7 @@ class Actor:
         receipts: Receipts,
         stats: StatsSender | None,
         stepped: Any,
-        commands: zmq.Socket | None = None,
+        commands: CommandIn | None = None,
         threads: int | None = None,
     ) -> None:
         self.cfg, self.info = cfg, info

@@ -16,7 +16,7 @@ from typing import Any
 
 import zmq
 
-from runtime import wire
+from runtime import commands
 from runtime.inference import NAME as INFERENCE
 from runtime.services import PIPELINE, RunError, Services
 
@@ -138,7 +138,7 @@ class Drain:
     tick_s: float
     update_s: float = 0.0
 
-    def run(self, telemetry_sock: zmq.Socket, command_sock: zmq.Socket) -> None:
+    def run(self, telemetry_sock: zmq.Socket, command_sock: commands.CommandOut) -> None:
         """Drains the pipeline in order, then lets the services exit.
 
         Raises:
@@ -168,7 +168,11 @@ class Drain:
             self.read(telemetry_sock, int(self.tick_s * 1000))
 
     def _await_final(
-        self, name: str, telemetry_sock: zmq.Socket, command_sock: zmq.Socket, clean: dict[str, int]
+        self,
+        name: str,
+        telemetry_sock: zmq.Socket,
+        command_sock: commands.CommandOut,
+        clean: dict[str, int],
     ) -> None:
         patience = Patience(SERVICE_DRAIN_TIMEOUT_S, self.update_s)
         last_sent = 0.0
@@ -186,7 +190,7 @@ class Drain:
             self.fleet.send_retire(command_sock, self.telemetry.source("migrator"))
             due = now - last_sent >= DRAIN_RESEND_S and not self.fleet.retire_pending
             if name == "compressor" and due:
-                wire.send_msg(command_sock, wire.MsgType.COMMAND, {"cmd": "drain", "expect": clean})
+                command_sock.send({"cmd": "drain", "expect": clean})
                 last_sent = now
             self.read(telemetry_sock, int(self.tick_s * 1000))
             self.report()

@@ -13,9 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import zmq
-
-from runtime import topology
+from runtime import commands, topology
 from runtime.config import TrainConfig
 from runtime.gmi.fleet import GMIFleet
 from runtime.phases import PhaseLog
@@ -44,7 +42,7 @@ class Generations:
         """Replacements asked for since the last tick (their percentages, None: the same)."""
         self.phases: PhaseLog | None = None
         self._due: list[MPSChange] = []
-        self._where: tuple[topology.Endpoints, str, zmq.Socket] | None = None
+        self._where: tuple[topology.Endpoints, str, commands.CommandOut] | None = None
 
     @property
     def mps_later(self) -> bool:
@@ -55,7 +53,7 @@ class Generations:
         self,
         ep: topology.Endpoints,
         run_dir: str,
-        command_sock: zmq.Socket,
+        command_sock: commands.CommandOut,
         meter: Any,
         started: float,
     ) -> None:

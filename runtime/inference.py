@@ -25,6 +25,7 @@ import numpy as np
 import zmq
 
 from runtime import topology, wire
+from runtime.commands import CommandIn
 from runtime.config import TrainConfig
 from runtime.envs import EnvInfo
 from runtime.gmi import placement
@@ -188,11 +189,11 @@ class InferenceServer:
             "final": final,
         }
 
-    def run(self, commands: zmq.Socket) -> None:
+    def run(self, commands: CommandIn) -> None:
         """Serves until the runner's COMMAND ``exit`` (sent once every actor has exited)."""
         poller = zmq.Poller()
         poller.register(self.router, zmq.POLLIN)
-        poller.register(commands, zmq.POLLIN)
+        poller.register(commands.sock, zmq.POLLIN)
         last_stats = time.monotonic()
         while True:
             ready = dict(poller.poll(POLL_MS))
@@ -201,7 +202,7 @@ class InferenceServer:
                 requests = self.take_waiting()
                 if requests:
                     self.serve(requests)
-            if commands in ready and exit_requested(commands):
+            if commands.sock in ready and exit_requested(commands, self.malformed):
                 break
             if self.stats is not None and time.monotonic() - last_stats >= STATS_INTERVAL_S:
                 self.stats.send(self.snapshot())

@@ -26,9 +26,7 @@ import time
 from dataclasses import dataclass, fields
 from typing import Any
 
-import zmq
-
-from runtime import wire
+from runtime import commands
 from runtime.config import ConfigError, TrainConfig
 
 RUNNER = ("actors", "steps", "max_wall_s")
@@ -110,14 +108,14 @@ class LiveBroadcaster:
         self.epoch = 0
         self._sent = 0.0
 
-    def bump(self, sock: zmq.Socket, cfg: TrainConfig) -> None:
+    def bump(self, sock: commands.CommandOut, cfg: TrainConfig) -> None:
         """Sends ``cfg``'s live settings as a new epoch."""
         self.epoch += 1
         self.send(sock, cfg, force=True)
 
-    def send(self, sock: zmq.Socket, cfg: TrainConfig, force: bool = False) -> None:
+    def send(self, sock: commands.CommandOut, cfg: TrainConfig, force: bool = False) -> None:
         """Resends the current epoch (after the first change) if ``RESEND_S`` has passed."""
         now = time.monotonic()
         if self.epoch and (force or now - self._sent >= RESEND_S):
-            wire.send_msg(sock, wire.MsgType.COMMAND, live_meta(cfg, self.epoch))
+            sock.send(live_meta(cfg, self.epoch))
             self._sent = now

@@ -3,17 +3,16 @@
     runner (this process) ── spawns ──▶ compressor, migrator, trainer GMIs, actors, an inference GMI
 
 Trainer GMIs are placed by ``runtime.gmi.placement`` (``trainers`` per GPU, MPS percentages);
-where MPS is wanted the runner reuses or starts an MPS daemon (``runtime.hw.mps``) and stops it
-at the end if it started it. A percentage change replaces every GMI by a new generation (an MPS
-client's percentage is fixed for its life; spare processes may start it sooner): the old ones
-train on until the new ones report, then hand the learner state over (``runtime.gmi.fleet``).
-Each period between changes is a phase with its own energy window. Every GMI change goes
-through ``Generations``. A run that fails keeps its GMIs' furthest state in its checkpoint.
+where MPS is wanted the runner reuses or starts an MPS daemon (``runtime.hw.mps``) and stops it at
+the end if it started it. A percentage change replaces every GMI by a new generation (an MPS
+client's percentage is fixed for its life): the old ones train until the new ones report, then
+hand their learner state over (``runtime.gmi.fleet``). Each period between changes is a phase with
+its own energy window (``Generations``); a failed run checkpoints its GMIs' furthest state.
 
 ``reconfigure`` changes settings of the running job (``runtime.live``): actors are added or
-removed (a removed actor delivers what it collected before it exits), respawned with another
-env count, the compressor and trainers take chunk and batch sizes from a COMMAND ``live``
-message, and GMI settings start a new generation through the same hand-over.
+removed (a removed actor delivers what it collected first), respawned with another env count,
+the compressor and trainers take chunk and batch sizes from a COMMAND ``live`` (signed and
+numbered: ``runtime.commands``), and GMI settings start a new generation (the same hand-over).
 
 Lifecycle:
   1. start the services, then the actors; open an energy window.
@@ -45,6 +44,7 @@ import zmq
 
 from runtime import checkpoint, cluster, live, run_dirs, topology, wire
 from runtime.actor_pool import ActorPool, Incarnations
+from runtime.commands import CommandOut
 from runtime.config import ConfigError, TrainConfig
 from runtime.curve import Guard, NoGuard
 from runtime.drain import Drain, TrainedRate, wall_due
@@ -174,7 +174,7 @@ class Runner:
         self._pending_cfg = new
         return plan
 
-    def _apply(self, ep: topology.Endpoints, command_sock: zmq.Socket, new: TrainConfig) -> None:
+    def _apply(self, ep: topology.Endpoints, command_sock: CommandOut, new: TrainConfig) -> None:
         plan = live.plan(self.cfg, new)
         if plan.empty:
             return
@@ -248,7 +248,7 @@ class Runner:
     def restarts(self) -> int:
         return self.actors.restarts
 
-    def _check_processes(self, ep: topology.Endpoints, command_sock: zmq.Socket) -> None:
+    def _check_processes(self, ep: topology.Endpoints, command_sock: CommandOut) -> None:
         self.supervisor.check(ep, command_sock)
         self.actors.check(ep)
         self.telemetry.watch([n for n, p in self.services.items() if p.is_alive()])
@@ -337,7 +337,7 @@ class Runner:
         self,
         ep: topology.Endpoints,
         telemetry_sock: zmq.Socket,
-        command_sock: zmq.Socket,
+        command_sock: CommandOut,
         started: float,
     ) -> None:
         # after Ctrl-C too, a replacement under way finishes first: the drain needs it
@@ -385,7 +385,7 @@ class Runner:
             force,
         )
 
-    def _drain(self, telemetry_sock: zmq.Socket, command_sock: zmq.Socket, started: float) -> None:
+    def _drain(self, telemetry_sock: zmq.Socket, command_sock: CommandOut, started: float) -> None:
         def report() -> None:
             if self.on_progress is not None:
                 self.on_progress(self.state(started, draining=True))

@@ -10,9 +10,7 @@ import time
 from collections.abc import Callable, ItemsView, ValuesView
 from typing import Any
 
-import zmq
-
-from runtime import wire
+from runtime import commands
 from runtime.cache_dirs import use_bytecode_cache
 from runtime.child_start import ctrl_c_held
 
@@ -78,10 +76,10 @@ class Services:
                     killed=proc.exitcode is not None and proc.exitcode < 0,
                 )
 
-    def exit_all(self, command_sock: zmq.Socket, deadline: float) -> None:
+    def exit_all(self, command_sock: commands.CommandOut, deadline: float) -> None:
         """Tells every service to exit (resent: PUB/SUB) until all have, or ``deadline``."""
         while any(p.is_alive() for p in self.procs.values()) and time.monotonic() < deadline:
-            wire.send_msg(command_sock, wire.MsgType.COMMAND, {"cmd": "exit"})
+            command_sock.send({"cmd": "exit"})
             for proc in self.procs.values():
                 proc.join(timeout=0.1)
 

@@ -44,9 +44,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import zmq
-
-from runtime import topology, wire
+from runtime import commands, topology
 from runtime.inference import NAME as INFERENCE
 from runtime.services import PIPELINE, RunError
 from runtime.stages.compressor import compressor_main
@@ -125,7 +123,7 @@ class Supervisor:
         args = (ep, trainers, gen, first_chunk, self._reset_epoch)
         self.services.spawn("migrator", migrator_main, args)
 
-    def check(self, ep: topology.Endpoints, command_sock: zmq.Socket) -> None:
+    def check(self, ep: topology.Endpoints, command_sock: commands.CommandOut) -> None:
         """Replaces a dead compressor or migrator (after its back-off); resends ``reset``
         until acknowledged.
 
@@ -257,10 +255,10 @@ class Supervisor:
         epochs = [r.get("reset_epoch", 0) for r in reports if r]
         return any(not isinstance(e, int) or e < self._reset_epoch for e in epochs)
 
-    def _send_reset(self, command_sock: zmq.Socket, now: float) -> None:
+    def _send_reset(self, command_sock: commands.CommandOut, now: float) -> None:
         if self._reset_pending() and now - self._reset_sent >= RESET_RESEND_S:
             meta = {"cmd": "reset", "epoch": self._reset_epoch}
-            wire.send_msg(command_sock, wire.MsgType.COMMAND, meta)
+            command_sock.send(meta)
             self._reset_sent = now
 
 

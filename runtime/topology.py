@@ -42,6 +42,7 @@ import zmq
 
 from runtime import ports
 from runtime.child_start import without_ctrl_c
+from runtime.commands import CommandIn, CommandOut
 from runtime.curve import CurveError, Guard, NoGuard, RunKeys, need_curve
 from runtime.frame_limits import DATA_MAX_BYTES, SMALL_MAX_BYTES
 
@@ -229,9 +230,7 @@ def _subscriber(ctx: zmq.Context, ep: Endpoints, endpoint: str, hwm: int) -> zmq
 # --- compressor -----------------------------------------------------------------------------
 
 
-def compressor_sockets(
-    ctx: zmq.Context, ep: Endpoints
-) -> tuple[zmq.Socket, zmq.Socket, zmq.Socket]:
+def compressor_sockets(ctx: zmq.Context, ep: Endpoints) -> tuple[zmq.Socket, zmq.Socket, CommandIn]:
     """(experience PULL, chunks PUSH, commands SUB) of the compressor."""
     pull = _socket(ctx, zmq.PULL, rcvhwm=EXPERIENCE_HWM, maxmsg=DATA_MAX_BYTES)
     _bind(pull, ep, ep.experience)
@@ -240,12 +239,13 @@ def compressor_sockets(
     return pull, push, command_in(ctx, ep)
 
 
-def command_in(ctx: zmq.Context, ep: Endpoints) -> zmq.Socket:
-    """A process's SUB for the runner's COMMAND messages (drain, retire, live, exit)."""
+def command_in(ctx: zmq.Context, ep: Endpoints) -> CommandIn:
+    """A process's SUB for the runner's COMMAND messages (drain, retire, live, exit), which
+    takes only those signed with the run's key, each once (``runtime.commands``)."""
     commands = _socket(ctx, zmq.SUB)
     commands.setsockopt(zmq.SUBSCRIBE, b"")
     _connect(commands, ep, ep.commands)
-    return commands
+    return CommandIn(commands, ep.run_key)
 
 
 # --- migrator -------------------------------------------------------------------------------
@@ -253,7 +253,7 @@ def command_in(ctx: zmq.Context, ep: Endpoints) -> zmq.Socket:
 
 def migrator_sockets(
     ctx: zmq.Context, ep: Endpoints
-) -> tuple[zmq.Socket, zmq.Socket, zmq.Socket, zmq.Socket]:
+) -> tuple[zmq.Socket, zmq.Socket, zmq.Socket, CommandIn]:
     """(chunks PULL, trainers ROUTER, receipts PUB, commands SUB) of the migrator."""
     pull = _socket(ctx, zmq.PULL, rcvhwm=CHUNK_HWM, maxmsg=DATA_MAX_BYTES)
     _bind(pull, ep, ep.chunks)
@@ -347,7 +347,7 @@ class WeightsForwarder:
 # --- inference GMI ---------------------------------------------------------------------------
 
 
-def inference_sockets(ctx: zmq.Context, ep: Endpoints) -> tuple[zmq.Socket, zmq.Socket, zmq.Socket]:
+def inference_sockets(ctx: zmq.Context, ep: Endpoints) -> tuple[zmq.Socket, zmq.Socket, CommandIn]:
     """(actors ROUTER, weights SUB, commands SUB) of the inference GMI."""
     kw = {"sndhwm": INFERENCE_HWM, "rcvhwm": INFERENCE_HWM, "maxmsg": DATA_MAX_BYTES}
     router = _socket(ctx, zmq.ROUTER, **kw)
@@ -366,10 +366,11 @@ def telemetry_out(ctx: zmq.Context, ep: Endpoints) -> zmq.Socket:
     return sock
 
 
-def runner_sockets(ctx: zmq.Context, ep: Endpoints) -> tuple[zmq.Socket, zmq.Socket]:
-    """(telemetry PULL, commands PUB) of the runner."""
+def runner_sockets(ctx: zmq.Context, ep: Endpoints) -> tuple[zmq.Socket, CommandOut]:
+    """(telemetry PULL, commands PUB) of the runner; its commands are signed with the run's
+    key and numbered (``runtime.commands``)."""
     pull = _socket(ctx, zmq.PULL, rcvhwm=TELEMETRY_HWM, maxmsg=SMALL_MAX_BYTES)
     _bind(pull, ep, ep.telemetry)
     pub = _socket(ctx, zmq.PUB)
     _bind(pub, ep, ep.commands)
-    return pull, pub
+    return pull, CommandOut(pub, ep.run_key)

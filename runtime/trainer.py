@@ -29,6 +29,7 @@ import zmq
 from policies.nonfinite import NonFiniteUpdate
 from runtime import checkpoint, wire
 from runtime.atomic_file import replaced
+from runtime.commands import CommandIn
 from runtime.config import TrainConfig
 from runtime.envs import EnvInfo
 from runtime.gmi.role import GMIRole
@@ -73,7 +74,7 @@ class Trainer:
         stats: StatsSender | None,
         role: GMIRole | None = None,
         group: Any = None,
-        commands: zmq.Socket | None = None,
+        commands: CommandIn | None = None,
         run_key: bytes = b"",
     ) -> None:
         import torch

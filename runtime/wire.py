@@ -16,7 +16,8 @@ Message types (``MsgType``) and who sends them:
     CREDIT   batcher -> migrator       "I have room for n more chunks"
     WEIGHTS  trainer -> actors         versioned policy parameters, one array per tensor
     STATS    any process -> runner     counters for the progress display and the summary
-    COMMAND  runner -> stages          commands (drain, retire, live settings, exit)
+    COMMAND  runner -> stages          commands (drain, reset, retire, live settings, exit),
+                                       signed and numbered (``runtime.commands``)
     RECEIPT  migrator -> actors        steps handed to a trainer (or given up, SETTLED), per
                                        actor incarnation
     RETIRE   migrator -> trainer       "train what you hold, hand the learner over, exit"
@@ -25,8 +26,8 @@ Message types (``MsgType``) and who sends them:
                                        with the policy version that produced them
     FIRST_CHUNK migrator -> batcher    a replacement migrator's first message: the lowest
                                        chunk id it routes
-    SETTLED  compressor -> migrator    steps of rollouts it evicted, per actor incarnation
-                                       (``runtime.stages.settled``)
+    SETTLED  compressor -> migrator    steps of rollouts it evicted, per actor incarnation,
+                                       and the incarnations that ended (``runtime.stages.settled``)
 
 Arrays above ``COPY_THRESHOLD`` bytes are sent zero-copy (pyzmq keeps a reference to the
 buffer until it is on the wire; senders never mutate an array after sending it).

@@ -25,9 +25,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import zmq
-
-from runtime import checkpoint, topology, wire
+from runtime import checkpoint, commands, topology
 from runtime.config import TrainConfig
 from runtime.envs import EnvInfo
 from runtime.gmi import placement
@@ -225,7 +223,7 @@ class GMIFleet:
         self,
         ep: topology.Endpoints,
         run_dir: str,
-        command_sock: zmq.Socket,
+        command_sock: commands.CommandOut,
         mps_pct: tuple[int, ...] | None,
         cfg: TrainConfig | None = None,
     ) -> None:
@@ -256,7 +254,7 @@ class GMIFleet:
 
     def send_retire(
         self,
-        command_sock: zmq.Socket,
+        command_sock: commands.CommandOut,
         migrator: dict[str, Any] | None,
         reported: Callable[[str], bool] | None = None,
         force: bool = False,
@@ -303,7 +301,7 @@ class GMIFleet:
             return
         for gen, next_gmis in self._retiring.items():
             meta = {"cmd": "retire", "generation": gen, "next_trainers": next_gmis}
-            wire.send_msg(command_sock, wire.MsgType.COMMAND, meta)
+            command_sock.send(meta)
         self._retire_sent = now
 
     def _tend_spares(self) -> None:

@@ -20,6 +20,7 @@ import zmq
 
 from runtime import topology, wire
 from runtime.cache_dirs import use_kernel_cache
+from runtime.commands import CommandIn
 from runtime.curve import Guard, NoGuard
 
 PR_SET_PDEATHSIG = 1
@@ -56,7 +57,7 @@ EXIT_WAIT_S = 300.0
 """A drained service keeps its sockets open at most this long waiting for the runner's exit."""
 
 
-def await_exit(commands: zmq.Socket, timeout_s: float = EXIT_WAIT_S) -> None:
+def await_exit(commands: CommandIn, timeout_s: float = EXIT_WAIT_S) -> None:
     """Blocks until the runner's COMMAND ``exit`` arrives (or ``timeout_s`` passes).
 
     A drained service must not close its output socket while the next stage may still be
@@ -65,20 +66,18 @@ def await_exit(commands: zmq.Socket, timeout_s: float = EXIT_WAIT_S) -> None:
     which proves everything upstream was consumed.
     """
     deadline = time.monotonic() + timeout_s
+    malformed = wire.MalformedCounter("exit-wait")
     while time.monotonic() < deadline:
-        if commands.poll(100) and exit_requested(commands):
+        if commands.poll(100) and exit_requested(commands, malformed):
             return
 
 
-def exit_requested(commands: zmq.Socket) -> bool:
-    """Reads every COMMAND message waiting (never blocks); whether one was ``exit``."""
+def exit_requested(commands: CommandIn, malformed: wire.MalformedCounter) -> bool:
+    """Reads every command waiting (never blocks); whether one was ``exit``. What is not a
+    command of this run is counted in ``malformed``."""
     seen = False
-    while commands.poll(0):
-        try:
-            msg = wire.recv_msg(commands)
-        except wire.ProtocolError:
-            continue
-        seen |= msg.type is wire.MsgType.COMMAND and msg.meta.get("cmd") == "exit"
+    for msg in commands.waiting(malformed):  # every one, so none is left for the next read
+        seen |= msg.meta.get("cmd") == "exit"
     return seen
 
 
@@ -180,12 +179,12 @@ class LiveSettings:
         self.epoch = epoch
         return out
 
-    def poll(self, sock: zmq.Socket, malformed: wire.MalformedCounter) -> dict[str, Any] | None:
+    def poll(self, commands: CommandIn, malformed: wire.MalformedCounter) -> dict[str, Any] | None:
         """Reads every waiting COMMAND message; returns the newest new settings, if any."""
         newest = None
-        if not sock.poll(0):
+        if not commands.poll(0):
             return None
-        for msg in wire.recv_waiting(sock, malformed):
+        for msg in commands.waiting(malformed):
             try:
                 newest = self.take(msg) or newest
             except wire.ProtocolError as exc:

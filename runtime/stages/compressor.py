@@ -22,6 +22,7 @@ import numpy as np
 import zmq
 
 from runtime import topology, wire
+from runtime.commands import CommandIn
 from runtime.stages.common import LiveSettings, StatsSender, await_exit, init_service_process
 from runtime.stages.dispenser import layout_problem
 from runtime.stages.partials import Partials, Rollout
@@ -41,7 +42,7 @@ class Compressor:
         self,
         pull: zmq.Socket,
         push: zmq.Socket,
-        commands: zmq.Socket | None,
+        commands: CommandIn | None,
         stats: StatsSender | None,
         chunk_bytes: int,
         chunk_timeout_s: float,
@@ -109,6 +110,8 @@ class Compressor:
             )
         if msg.type is wire.MsgType.EOS:
             self.eos_seen.add(f"{actor}:{inc}")
+            partial = sum(r.steps for k, r in self.partial.items() if k[:2] == (actor, inc))
+            self.settled.end(actor, inc, self.complete_steps.get(f"{actor}:{inc}", 0) + partial)
             return
         if msg.type is not wire.MsgType.ROLLOUT:
             raise wire.ProtocolError(f"compressor does not take {msg.type.value} messages")
@@ -306,7 +309,7 @@ class Compressor:
         poller = zmq.Poller()
         poller.register(self.pull, zmq.POLLIN)
         if self.commands is not None:
-            poller.register(self.commands, zmq.POLLIN)
+            poller.register(self.commands.sock, zmq.POLLIN)
         last_stats = self.clock()
         while not self._drained():
             timeout_ms = max(1, int(min(self.chunk_timeout_s / 2, STATS_INTERVAL_S) * 1000))
@@ -314,7 +317,10 @@ class Compressor:
                 # at most a queue's worth per socket, so commands, flushes and stats keep up
                 for msg in wire.recv_waiting(sock, self.malformed, topology.EXPERIENCE_HWM):
                     try:
-                        self.handle(msg) if sock is self.pull else self._handle_command(msg)
+                        if sock is self.pull:
+                            self.handle(msg)
+                        else:  # signed by the runner, and new (runtime.commands)
+                            self._handle_command(self.commands.check(msg))
                     except wire.ProtocolError as exc:
                         self.malformed.drop(exc)
                         continue

@@ -8,9 +8,8 @@ its input, and back-pressure reaches the compressor and then the actors through 
 high-water marks. Nothing is dropped.
 
 Receipts: when a chunk is handed to a trainer, the steps of each actor incarnation in it are
-added to cumulative counts that the migrator publishes (RECEIPT, at most every
-``RECEIPT_INTERVAL_S`` while they change, and every ``RECEIPT_REFRESH_S`` regardless). Actors
-throttle on them (end-to-end back-pressure) and exit only once everything they sent is
+added to cumulative counts that the migrator publishes (RECEIPT, ``runtime.stages.receipt_book``).
+Actors throttle on them (end-to-end back-pressure) and exit only once everything they sent is
 counted. The migrator outlives every trainer, so the counts survive GMI hand-overs.
 
 Generations: trainer identities are ``trainer-<rank>.g<generation>``. The runner's COMMAND
@@ -29,7 +28,6 @@ and the supervisor replaces it together with the pipeline. The migrator does not
 from __future__ import annotations
 
 import collections
-import contextlib
 import logging
 import time
 from dataclasses import dataclass
@@ -37,17 +35,17 @@ from dataclasses import dataclass
 import zmq
 
 from runtime import topology, wire
-from runtime.stages import settled
+from runtime.commands import CommandIn
+from runtime.stages import receipt_book
 from runtime.stages.common import StatsSender, await_exit, init_service_process
 from runtime.stages.credits import CreditCheck
 from runtime.stages.leftovers import count_leftovers
+from runtime.stages.receipt_book import ReceiptBook
 
 logger = logging.getLogger(__name__)
 
 MAX_PENDING_MESSAGES = topology.CHUNK_HWM
 STATS_INTERVAL_S = 0.5
-RECEIPT_INTERVAL_S = 0.005
-RECEIPT_REFRESH_S = 0.25
 
 
 def generation_of(identity: bytes) -> int:
@@ -94,12 +92,12 @@ class Migrator:
         stats: StatsSender | None,
         n_trainers: int,
         receipts: zmq.Socket | None = None,
-        commands: zmq.Socket | None = None,
+        commands: CommandIn | None = None,
         key: bytes = b"",
     ) -> None:
         self.pull, self.router, self.stats = pull, router, stats
         self.key = key
-        self.receipts, self.commands = receipts, commands
+        self.commands = commands
         self.n_trainers = n_trainers
         self.generation = 0
         self.retired_generations: set[int] = set()
@@ -117,13 +115,8 @@ class Migrator:
         self.upstream_done = False
         self.malformed = wire.MalformedCounter("migrator")
         self.counters = {"messages": 0, "bytes": 0, "chunks": 0, "retired": 0, "undelivered": 0}
-        self.received: dict[str, int] = {}
-        """Steps handed to a trainer, by actor incarnation ``"actor:inc"`` (the receipts)."""
-        self.settled: dict[str, int] = {}
-        """Steps the compressor gave up on, by actor incarnation (``runtime.stages.settled``):
-        confirmed to the actors with the receipts."""
-        self._receipts_changed = False
-        self._receipts_sent = 0.0
+        self.book = ReceiptBook(receipts, key)
+        """The receipts: steps confirmed by actor incarnation."""
 
     def on_trainer(self, identity: bytes, msg: wire.Message) -> None:
         """A CREDIT message from a trainer (``credits.CreditCheck``): adds its free slots and
@@ -196,8 +189,7 @@ class Migrator:
         if self.key and msg.type in (wire.MsgType.EOS, wire.MsgType.CHUNK, wire.MsgType.SETTLED):
             wire.check_signed(self.key, msg)
         if msg.type is wire.MsgType.SETTLED:  # steps given up: their actors wait for them no more
-            settled.take(self.settled, msg)
-            self._receipts_changed = True
+            self.book.take_settled(msg)
             return
         if msg.type is wire.MsgType.EOS:
             if msg.meta.get("stage") != "compressor":  # an actor's, copied off its link
@@ -238,9 +230,7 @@ class Migrator:
                 self.counters["chunks"] += 1
                 route = (trainer, msg.meta["nch"])
                 for actor, inc, _seq, steps, *_ in msg.meta["rollouts"]:
-                    key = f"{actor}:{inc}"
-                    self.received[key] = self.received.get(key, 0) + steps
-                self._receipts_changed = True
+                    self.book.handed(f"{actor}:{inc}", steps)
             trainer, remaining = route
             if self._send_to(trainer, frames):
                 self.counters["messages"] += 1
@@ -254,20 +244,6 @@ class Migrator:
                 trainer.open_routes -= 1
                 self._retire_if_done(trainer)
             self.pending.popleft()
-
-    def publish_receipts(self, now: float) -> None:
-        """Sends the receipts if they changed (rate-limited) or are due for a refresh."""
-        if self.receipts is None:
-            return
-        since = now - self._receipts_sent
-        if (self._receipts_changed and since >= RECEIPT_INTERVAL_S) or since >= RECEIPT_REFRESH_S:
-            with contextlib.suppress(zmq.Again):  # a slow actor gets the next, newer counts
-                meta = {"received": settled.confirmed(self.received, self.settled)}
-                if self.key:
-                    meta = wire.sign(self.key, wire.MsgType.RECEIPT, meta)
-                wire.send_msg(self.receipts, wire.MsgType.RECEIPT, meta, flags=zmq.NOBLOCK)
-            self._receipts_changed = False
-            self._receipts_sent = now
 
     def _pick(self) -> _Trainer | None:
         ready = [t for t in self.trainers.values() if t.credits > 0 and not t.retiring]
@@ -291,6 +267,8 @@ class Migrator:
             "malformed": self.malformed.count,
             "trainers": per_trainer,
             "retired_generations": sorted(self.retired_generations),
+            "receipt_incarnations": len(self.book.received),
+            "forgotten_incarnations": self.book.forgotten,
             "final": final,
         }
 
@@ -307,31 +285,31 @@ class Migrator:
         for poller in (both, trainers_only):
             poller.register(self.router, zmq.POLLIN)
             if self.commands is not None:
-                poller.register(self.commands, zmq.POLLIN)
+                poller.register(self.commands.sock, zmq.POLLIN)
         both.register(self.pull, zmq.POLLIN)
         while not self._finished():
             reading = len(self.pending) < MAX_PENDING_MESSAGES and not self.upstream_done
             for sock, _ in (both if reading else trainers_only).poll(10):
-                if sock is self.commands:
+                if self.commands is not None and sock is self.commands.sock:
                     self._read_commands()
                 else:
                     self._read(sock)
             self.dispatch()
             now = time.monotonic()
-            self.publish_receipts(now)
+            self.book.publish(now)
             if self.stats is not None and now - last_stats >= STATS_INTERVAL_S:
                 self.stats.send(self.snapshot())
                 last_stats = now
         count_leftovers(self.pull, self.key, self.malformed)
         for trainer in self._active():
             self._send_to(trainer, wire.encode(wire.MsgType.EOS, {}))
-        self.publish_receipts(time.monotonic() + RECEIPT_REFRESH_S)
+        self.book.publish(time.monotonic() + receipt_book.REFRESH_S)
         if self.stats is not None:
             self.stats.send(self.snapshot(final=True))
 
     def _read_commands(self) -> None:
-        for msg in wire.recv_waiting(self.commands, self.malformed):
-            if msg.type is not wire.MsgType.COMMAND or msg.meta.get("cmd") != "retire":
+        for msg in self.commands.waiting(self.malformed):
+            if msg.meta.get("cmd") != "retire":
                 continue  # drain and exit are for other services / after the run
             try:
                 self.retire(

@@ -155,10 +155,64 @@ def test_an_evicted_rollouts_steps_reach_its_actor_as_confirmed_and_stay_lost():
     migrator = Migrator(None, None, None, n_trainers=1, key=key)
     migrator.on_chunk(told, [])
     migrator.on_chunk(told, [])  # sent again: the counts are cumulative
-    assert settled.confirmed(migrator.received, migrator.settled) == {"0:0": 2 * T}
+    assert migrator.book.counts(0.0) == {"0:0": 2 * T}
     forged = wire.Message(wire.MsgType.SETTLED, {"settled": {"0:0": 10**6}}, [])
     with pytest.raises(wire.ProtocolError, match="signature"):
         migrator.on_chunk(forged, [])
     for bad in ({"x": 1}, {"0:0": -1}, [1]):
         with pytest.raises(wire.ProtocolError):
             settled.take({}, wire.Message(wire.MsgType.SETTLED, {"settled": bad}, []))
+
+
+def test_an_ended_incarnation_is_named_in_the_receipts_until_confirmed_whole_and_a_while_after():
+    """Actor 0 sends a whole rollout, part of another and its end of stream; actor 1 runs on.
+    The compressor tells the migrator (signed) that actor 0 ended with every step it took of
+    it. Once the receipts confirm them all (handed to a trainer, or given up on), actor 0 is
+    named ``KEEP_S`` longer, then no more; actor 1 stays named."""
+    from runtime.stages import receipt_book
+    from runtime.stages.migrator import Migrator
+
+    key, clock, push = b"k" * 32, Clock(), RecordingPush()
+    c = comp.Compressor(None, push, None, None, chunk_bytes=1, chunk_timeout_s=10.0, key=key)
+    c.clock = clock
+
+    def signed(m: wire.Message) -> wire.Message:
+        return wire.Message(m.type, wire.sign(key, m.type, m.meta, m.arrays), m.arrays)
+
+    for m in rollout(0, 0) + rollout(0, 1)[:-1] + rollout(1, 0):
+        c.handle(signed(m))
+    c.handle(signed(wire.Message(wire.MsgType.EOS, {"actor": 0, "inc": 0, "rollouts": 2})))
+    c.settled.send(push, key)
+    migrator = Migrator(None, None, None, n_trainers=1, key=key)
+
+    def told() -> wire.Message:
+        (last,) = [m for m in push.sent if m.type is wire.MsgType.SETTLED][-1:]
+        return last
+
+    assert told().meta["ended"] == {"0:0": 4 * T}  # 2T whole, 2T of the part
+    migrator.on_chunk(told(), [])
+    book = migrator.book
+    book.handed("0:0", 2 * T)  # the whole rollout's chunk went to a trainer
+    book.handed("1:0", 2 * T)
+    assert book.counts(0.0) == {"0:0": 2 * T, "1:0": 2 * T}
+    clock.t += partials.PARTIAL_MAX_AGE_S + 1
+    c.evict()  # the part is given up on: its steps are confirmed too
+    c.settled.send(push, key)
+    assert told().meta == {**told().meta, "settled": {"0:0": 2 * T}, "ended": {}}
+    migrator.on_chunk(told(), [])
+    assert book.counts(10.0) == {"0:0": 4 * T, "1:0": 2 * T}  # all of actor 0's: from 10 s on
+    assert book.counts(10.0 + receipt_book.KEEP_S) == {"0:0": 4 * T, "1:0": 2 * T}
+    assert book.counts(11.0 + receipt_book.KEEP_S) == {"1:0": 2 * T}
+    snapshot = migrator.snapshot()
+    assert snapshot["receipt_incarnations"] == 1 and snapshot["forgotten_incarnations"] == 1
+    book.handed("1:0", 2 * T)  # a running incarnation is never forgotten
+    assert book.counts(1e6) == {"1:0": 4 * T}
+
+
+def test_a_settled_message_naming_ended_incarnations_badly_is_refused():
+    from runtime.stages import settled
+
+    for bad in ({"x": 1}, {"0:0": -1}, [1]):
+        msg = wire.Message(wire.MsgType.SETTLED, {"settled": {}, "ended": bad}, [])
+        with pytest.raises(wire.ProtocolError, match="SETTLED"):
+            settled.take({}, msg)

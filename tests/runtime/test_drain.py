@@ -11,7 +11,6 @@ import types
 import pytest
 
 from runtime import drain as drain_mod
-from runtime import wire
 from runtime.drain import Drain, Patience, TrainedRate
 from runtime.services import RunError
 
@@ -21,13 +20,9 @@ class Commands:
 
     def __init__(self) -> None:
         self.sent: list[dict] = []
-        self._parts: list[bytes] = []
 
-    def send(self, frame, flags=0, copy=True):
-        self._parts.append(bytes(frame))
-        if not flags & 2:  # the last frame (zmq.SNDMORE is 2)
-            self.sent.append(wire.decode(self._parts).meta)
-            self._parts = []
+    def send(self, meta: dict, flags: int = 0) -> None:
+        self.sent.append(meta)
 
 
 class Fleet:

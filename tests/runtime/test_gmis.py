@@ -230,6 +230,7 @@ def test_the_old_generation_retires_only_once_the_new_gmis_have_reported(tmp_pat
     import zmq
 
     from runtime import topology, wire
+    from runtime.commands import CommandIn, CommandOut
     from runtime.envs import probe_env
     from runtime.gmi import fleet as fleet_mod
 
@@ -237,17 +238,19 @@ def test_the_old_generation_retires_only_once_the_new_gmis_have_reported(tmp_pat
     cfg = small(trainers=2)
     fleet = fleet_mod.GMIFleet(cfg, probe_env("CartPole-v1"), lambda name, *_: started.append(name))
     ctx = zmq.Context()
-    pub, sub = ctx.socket(zmq.PUB), ctx.socket(zmq.SUB)
-    pub.bind("inproc://commands")
+    ep = topology.Endpoints.inproc("fleet-test")
+    pub, sub = CommandOut(ctx.socket(zmq.PUB), ep.run_key), ctx.socket(zmq.SUB)
+    pub.sock.bind("inproc://commands")
     sub.connect("inproc://commands")
     sub.setsockopt(zmq.SUBSCRIBE, b"")
-    ep = topology.Endpoints.inproc("fleet-test")
+    commands, malformed = CommandIn(sub, ep.run_key), wire.MalformedCounter("test")
 
-    def retires() -> list[dict]:
+    def retires() -> list[dict]:  # what the migrator takes: signed, each once
         out = []
-        while sub.poll(50):
-            msg = wire.decode(sub.recv_multipart())
-            out.append(msg.meta)
+        while commands.poll(50):
+            out += [m.meta for m in commands.waiting(malformed)]
+        assert malformed.count == 0
+        out = [{k: v for k, v in m.items() if k not in ("n", "sig")} for m in out]
         return [m for m in out if m.get("cmd") == "retire"]
 
     fleet.start(ep, str(tmp_path))

@@ -12,6 +12,7 @@ import zmq
 
 from policies.actor_critic import ActorCritic
 from runtime import wire
+from runtime.commands import CommandIn, CommandOut
 from runtime.config import ConfigError, TrainConfig
 from runtime.envs import probe_env
 from runtime.inference import InferencePlace, InferenceServer
@@ -36,8 +37,8 @@ class _Served:
         sub = self.ctx.socket(zmq.SUB)
         sub.setsockopt(zmq.SUBSCRIBE, b"")
         sub.connect("inproc://weights")
-        self.commands = self.ctx.socket(zmq.PUB)
-        self.commands.bind("inproc://commands")
+        self.commands = CommandOut(self.ctx.socket(zmq.PUB), KEY)
+        self.commands.sock.bind("inproc://commands")
         control_sub = self.ctx.socket(zmq.SUB)
         control_sub.setsockopt(zmq.SUBSCRIBE, b"")
         control_sub.connect("inproc://commands")
@@ -49,7 +50,9 @@ class _Served:
         self.server = InferenceServer(
             self.cfg, self.info, router, sub, None, InferencePlace(gpu, None, {}, 1), KEY
         )
-        self.thread = threading.Thread(target=self.server.run, args=(control_sub,), daemon=True)
+        self.thread = threading.Thread(
+            target=self.server.run, args=(CommandIn(control_sub, KEY),), daemon=True
+        )
         self.thread.start()
 
     def reference(self) -> ActorCritic:
@@ -65,7 +68,7 @@ class _Served:
     def close(self) -> None:
         deadline = time.monotonic() + 5
         while self.thread.is_alive() and time.monotonic() < deadline:
-            wire.send_msg(self.commands, wire.MsgType.COMMAND, {"cmd": "exit"})
+            self.commands.send({"cmd": "exit"})
             self.thread.join(0.1)
         assert not self.thread.is_alive()
         self.ctx.destroy(linger=0)

@@ -84,7 +84,7 @@ def test_receipts_count_the_steps_of_each_actor_incarnation_handed_to_a_trainer(
             m.on_chunk(*chunk(cid, ci, steps=10))
     m.dispatch()
     # three credits: chunks 0..2 routed (actor 0 has chunks 0 and 2, actor 1 chunk 1)
-    assert m.received == {"0:0": 20, "1:0": 10}
+    assert m.book.received == {"0:0": 20, "1:0": 10}
     assert len(m.pending) == 2
 
 

@@ -103,7 +103,7 @@ def test_rollouts_come_back_exactly(tmp_path, chunk_bytes, transport):
     expect = {f"{a}:0": n_rollouts * K * T for a in range(n_actors)}
     batches, eos = [], False
     while not eos or batcher.queued_rows:
-        wire.send_msg(commands, wire.MsgType.COMMAND, {"cmd": "drain", "expect": expect})
+        commands.send({"cmd": "drain", "expect": expect})
         n = batcher.credits_to_grant()
         if n:
             wire.send_msg(dealer, wire.MsgType.CREDIT, {"n": n, "queued_steps": 0})
@@ -163,6 +163,6 @@ def test_an_idle_compressor_reports_twice_a_second_whatever_its_chunk_timeout(tm
         gaps = [b - a for a, b in zip(reports.times, reports.times[1:], strict=False)]
         assert len(gaps) >= 3 and max(gaps) < 10 * STATS_INTERVAL_S, gaps
     finally:
-        wire.send_msg(commands, wire.MsgType.COMMAND, {"cmd": "drain", "expect": {}})
+        commands.send({"cmd": "drain", "expect": {}})
         thread.join(30)
         ctx.destroy(linger=0)

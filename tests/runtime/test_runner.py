@@ -161,7 +161,7 @@ def test_no_child_outlives_a_runner_that_is_terminated_or_killed(sig):
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 300  # a bound on a loaded machine; it ends at the fifth
     children: list = []
     while time.monotonic() < deadline and len(children) < 5:  # 3 services + 2 actors
         time.sleep(0.5)
@@ -180,8 +180,8 @@ def test_no_child_outlives_a_runner_that_is_terminated_or_killed(sig):
     assert {"autotune: compressor", "autotune: migrator", "autotune: actor 0"} <= titles, titles
     assert "autotune: actor 1" in titles and any(t.startswith("autotune: trainer") for t in titles)
     proc.send_signal(sig)
-    proc.wait(timeout=30)
-    _, alive = psutil.wait_procs(children, timeout=15)
+    proc.wait(timeout=120)
+    _, alive = psutil.wait_procs(children, timeout=60)
     assert not alive, [c.pid for c in alive]
     # its private directory: removed by the run itself, or, after a SIGKILL, by the next run
     from runtime import run_dirs

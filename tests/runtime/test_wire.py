@@ -114,7 +114,7 @@ def test_compressor_counts_and_drops_malformed_messages_and_keeps_serving(tmp_pa
     dispenser.dispatch(rollout, 2)
     dispenser.end_of_stream()
     while thread.is_alive():
-        wire.send_msg(commands, wire.MsgType.COMMAND, {"cmd": "drain", "expect": {"0:0": 2}})
+        commands.send({"cmd": "drain", "expect": {"0:0": 2}})
         thread.join(0.05)
     assert compressor.malformed.count == 3
     assert compressor.counters["rollouts"] == 1  # the good rollout still went through
@@ -157,7 +157,7 @@ def test_junk_on_the_experience_link_does_not_hold_off_a_drains_give_up(tmp_path
     actor = topology.actor_experience_out(ctx, ep)
     deadline = time.monotonic() + 60  # the give-up is what is tested: its seconds bound it
     while thread.is_alive() and time.monotonic() < deadline:
-        wire.send_msg(commands, wire.MsgType.COMMAND, {"cmd": "drain", "expect": {"0:0": 2}})
+        commands.send({"cmd": "drain", "expect": {"0:0": 2}})
         wire.send_msg(actor, wire.MsgType.ROLLOUT, {"ch": "obs"}, [np.zeros(2)])  # unsigned
         thread.join(0.2)
     assert not thread.is_alive(), "the drain never gave up: junk held it off"
