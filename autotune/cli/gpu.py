@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from autotune.cli.output import write_json
-from runtime.hw.gpus import list_gpus, sm_counts
+from runtime.hw.gpus import list_gpus, sm_counts_of
 from runtime.hw.mps import MPSControl
 
 
@@ -36,12 +36,10 @@ def add_gpu_command(sub: Any) -> None:
 def cmd_gpu(args: argparse.Namespace) -> int:
     console = Console(emoji=False)
     gpus = list_gpus()
-    sms = sm_counts() if gpus and not args.no_cuda else []
+    sms = sm_counts_of(gpus) if gpus and not args.no_cuda else {}
     mps = MPSControl().state()
     doc = {
-        "gpus": [
-            {**g.to_dict(), "sm_count": sms[g.index] if g.index < len(sms) else None} for g in gpus
-        ],
+        "gpus": [{**g.to_dict(), "sm_count": sms.get(g.index)} for g in gpus],
         "mps": {
             "binary": mps.binary,
             "running": mps.running,

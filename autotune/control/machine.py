@@ -4,9 +4,10 @@ and what jobs it does not manage already take.
 * **Cores**: the daemon's own CPU affinity mask, less the cores kept back for it where asked
   (none by default: the daemon mostly sleeps, and a core kept for it would idle, as one left to
   a job's stages did). Each job's budget includes the cores its stages run on.
-* **GPUs**: NVML's list (name, memory, MIG mode), the SM count of each as a short-lived CUDA
-  process reads it (the daemon never holds a CUDA context), and whether MPS can run there: the
-  control binary is installed and the GPU is not in MIG mode.
+* **GPUs**: NVML's list (name, memory, MIG mode), less those ``CUDA_VISIBLE_DEVICES`` leaves
+  out where it is set (``runtime.hw.gpus.visible``), the SM count of each as a short-lived CUDA
+  process reads it, paired with NVML's GPU by UUID (the daemon never holds a CUDA context),
+  and whether MPS can run there: the control binary is installed and the GPU is not in MIG mode.
 * **Meters**: the GPU energy counter where NVML has it, and RAPL or the labelled CPU model.
 * **Foreign load**: processes the daemon does not manage (a wrapped script in restart mode, a
   process on the GPU) are seen through psutil and NVML. The cores they keep busy count as
@@ -116,26 +117,26 @@ def detect(reserve: int | None = None, sms: bool = True) -> MachineView:
         ValueError: the reserve leaves no core to hand out.
     """
     from runtime.energy.cpu import probe_cpu_energy
-    from runtime.hw.gpus import list_gpus, sm_counts
+    from runtime.hw.gpus import list_gpus, sm_counts_of, visible
 
     mask = sorted(os.sched_getaffinity(0))
     keep = reserve or 0
     if why := reserve_problem(keep):
         raise ValueError(why)
     reserved, cores = tuple(mask[:keep]), tuple(mask[keep:])
-    nv = list_gpus()
-    counts = sm_counts() if nv and sms else []
+    nv = visible(list_gpus())  # CUDA_VISIBLE_DEVICES keeps the daemon to the GPUs it names
+    counts = sm_counts_of(nv) if nv and sms else {}
     mps_binary = shutil.which("nvidia-cuda-mps-control") is not None
     gpus = tuple(
         GPUView(
             g.index,
             g.name,
-            counts[i] if i < len(counts) else 0,
+            counts.get(g.index, 0),
             g.memory_total_mib,
             g.mig_mode,
             mps_binary and g.mig_mode != "enabled",
         )
-        for i, g in enumerate(nv)
+        for g in nv
     )
     meters = {
         "gpu": "nvml" if any(g.energy_counter for g in nv) else "none",

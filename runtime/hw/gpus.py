@@ -45,8 +45,8 @@ def known_nvml_index(cuda_index: int = 0) -> int | None:
 SM_QUERY = (
     "import json, torch\n"
     "n = torch.cuda.device_count() if torch.cuda.is_available() else 0\n"
-    "print(json.dumps([torch.cuda.get_device_properties(i).multi_processor_count"
-    " for i in range(n)]))\n"
+    "props = [torch.cuda.get_device_properties(i) for i in range(n)]\n"
+    "print(json.dumps([[p.multi_processor_count, str(getattr(p, 'uuid', ''))] for p in props]))\n"
 )
 
 
@@ -177,10 +177,71 @@ def sm_counts(env: dict[str, str] | None = None, timeout_s: float = 120.0) -> li
             timeout=timeout_s,
             check=True,
         )
-        return [int(x) for x in json.loads(done.stdout.strip().splitlines()[-1])]
-    except (subprocess.SubprocessError, ValueError, IndexError) as exc:
+        return [int(c) for c, _ in json.loads(done.stdout.strip().splitlines()[-1])]
+    except (subprocess.SubprocessError, ValueError, IndexError, TypeError) as exc:
         logger.warning("could not read SM counts through CUDA: %s", exc)
         return []
+
+
+def sm_counts_of(gpus: list[GPUInfo], timeout_s: float = 120.0) -> dict[int, int]:
+    """The SMs of each of NVML's ``gpus``, by NVML index: read by a CUDA process that sees
+    every GPU, numbered in PCI bus order as NVML numbers them, and paired by UUID where CUDA
+    reports one. A GPU CUDA does not show (a MIG-mode GPU shows its instances) is left out."""
+    env = {**os.environ, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", SM_QUERY],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=True,
+        )
+        found = [(int(c), str(u)) for c, u in json.loads(done.stdout.strip().splitlines()[-1])]
+    except (subprocess.SubprocessError, ValueError, IndexError, TypeError) as exc:
+        logger.warning("could not read SM counts through CUDA: %s", exc)
+        return {}
+    return pair_sm_counts(gpus, found)
+
+
+def pair_sm_counts(gpus: list[GPUInfo], found: list[tuple[int, str]]) -> dict[int, int]:
+    """``found`` (SMs and UUID of each CUDA device, in PCI bus order) by the NVML index of
+    the same GPU: by UUID where CUDA gave them, else by position."""
+    by_uuid = {_bare(u): c for c, u in found if u}
+    if by_uuid:
+        pairs = ((g.index, by_uuid.get(_bare(g.uuid))) for g in gpus)
+    else:
+        pairs = ((g.index, found[g.index][0] if g.index < len(found) else None) for g in gpus)
+    return {i: c for i, c in pairs if c}
+
+
+def _bare(uuid: str) -> str:
+    return uuid.strip().lower().removeprefix("gpu-")
+
+
+def visible(gpus: list[GPUInfo]) -> list[GPUInfo]:
+    """Those of NVML's ``gpus`` that ``CUDA_VISIBLE_DEVICES`` lets this process use: all of
+    them where it is unset; else its entries in order, an index as NVML's (CUDA counts so
+    with ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` or on GPUs of one kind) and ``GPU-<uuid>`` (or the
+    start of one) as that GPU, up to the first entry that names no GPU, as CUDA reads it. A
+    MIG instance (``MIG-...``) is not a whole GPU: it names none."""
+    entries = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if entries is None:
+        return list(gpus)
+    out: list[GPUInfo] = []
+    for entry in (e.strip() for e in entries.split(",")):
+        if entry.isdigit():
+            named = [g for g in gpus if g.index == int(entry)]
+        elif entry.lower().startswith("gpu-") and len(entry) > 4:
+            named = [g for g in gpus if _bare(g.uuid).startswith(_bare(entry))]
+        else:
+            named = []
+        if len(named) != 1:
+            break
+        if named[0] not in out:
+            out.append(named[0])
+    return out
 
 
 def _capability(handle: object) -> tuple[int, int] | None:

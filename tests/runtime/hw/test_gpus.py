@@ -92,6 +92,55 @@ def test_a_failed_required_reading_raises_nvml_unavailable(monkeypatch):
         gpus.list_gpus()
 
 
+def _nvml_gpu(index: int, uuid: str) -> gpus.GPUInfo:
+    return gpus.GPUInfo(index, "GPU", uuid, 80_000, None, True, "disabled", "default")
+
+
+def test_sm_counts_go_to_the_nvml_gpu_of_the_same_uuid_or_else_of_the_same_bus_position():
+    nv = [_nvml_gpu(0, "GPU-aaaa-1"), _nvml_gpu(1, "GPU-bbbb-2"), _nvml_gpu(2, "GPU-cccc-3")]
+    # CUDA's uuids come without the prefix; a GPU CUDA does not show is left out
+    found = [(132, "BBBB-2"), (108, "aaaa-1")]
+    assert gpus.pair_sm_counts(nv, found) == {0: 108, 1: 132}
+    assert gpus.pair_sm_counts(nv, [(108, ""), (132, "")]) == {0: 108, 1: 132}
+    assert gpus.pair_sm_counts(nv, []) == {}
+
+
+@pytest.mark.parametrize(
+    ("visible", "indices"),
+    [
+        (None, [0, 1, 2]),
+        ("2,0", [2, 0]),
+        ("1,7,2", [1]),  # CUDA stops at the first entry that names no GPU
+        ("GPU-cccc", [2]),  # a UUID's start names the GPU it starts
+        ("GPU-", []),
+        ("MIG-aaaa-1/1/0", []),
+        ("", []),
+        ("-1", []),
+    ],
+)
+def test_the_gpus_cuda_visible_devices_leaves_a_process(monkeypatch, visible, indices):
+    nv = [_nvml_gpu(0, "GPU-aaaa-1"), _nvml_gpu(1, "GPU-bbbb-2"), _nvml_gpu(2, "GPU-cccc-3")]
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    assert [g.index for g in gpus.visible(nv)] == indices
+
+
+def test_the_daemon_sees_only_the_gpus_cuda_visible_devices_names_with_their_own_sms(
+    monkeypatch,
+):
+    from autotune.control import machine
+
+    monkeypatch.setattr(nvml, "pynvml", _fake_nvml())  # GPU-0 and GPU-1
+    monkeypatch.setattr(gpus, "sm_counts_of", lambda nv: {g.index: 100 + g.index for g in nv})
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    view = machine.detect()
+    assert [(g.index, g.sms) for g in view.gpus] == [(1, 101)]
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert [(g.index, g.sms) for g in machine.detect().gpus] == [(0, 100), (1, 101)]
+
+
 def test_cli_gpu_reports_what_it_found(tmp_path):
     out = tmp_path / "gpu.json"
     proc = subprocess.run(
@@ -116,6 +165,8 @@ def test_inventory_on_a_real_gpu_reads_energy_counter_and_sms():
     assert all(g.mig_mode in ("enabled", "disabled", "unsupported") for g in found)
     assert all(g.compute_capability is not None and g.compute_capability >= (3, 0) for g in found)
     assert gpus.sm_counts()[0] > 0
+    whole = [g for g in found if g.mig_mode != "enabled"]
+    assert sorted(gpus.sm_counts_of(found)) == [g.index for g in whole]
 
 
 def _gpu(name, capability):
