@@ -55,6 +55,9 @@ class MachineView:
     gpus: tuple[GPUView, ...] = ()
     meters: dict[str, str] = field(default_factory=dict)
     """``{"gpu": "nvml" | "none", "cpu": "rapl" | "model"}``."""
+    online: int | None = None
+    """Every online core of the machine, in the daemon's mask or not (the CPU meters read the
+    whole packages); None: as many as ``cores`` and ``reserved``."""
 
     def __post_init__(self) -> None:
         if not self.cores:
@@ -78,6 +81,7 @@ class MachineView:
             "reserved": list(self.reserved),
             "gpus": [asdict(g) for g in self.gpus],
             "meters": dict(self.meters),
+            "online": self.online,
         }
 
     @classmethod
@@ -90,6 +94,7 @@ class MachineView:
             tuple(int(c) for c in doc.get("reserved", ())),
             tuple(GPUView(**g) for g in doc.get("gpus", ())),
             dict(doc.get("meters", {})),
+            None if doc.get("online") is None else int(doc["online"]),
         )
 
 
@@ -142,7 +147,7 @@ def detect(reserve: int | None = None, sms: bool = True) -> MachineView:
         "gpu": "nvml" if any(g.energy_counter for g in nv) else "none",
         "cpu": probe_cpu_energy().source,
     }
-    return MachineView(cores, reserved, gpus, meters)
+    return MachineView(cores, reserved, gpus, meters, os.cpu_count())
 
 
 def foreign_load(managed: set[int], cores: tuple[int, ...]) -> dict[str, Any]:
@@ -191,11 +196,14 @@ def busy_last(machine: MachineView, pinned: list[int]) -> MachineView:
 
 def energy_shares(machine: MachineView, budget: Any) -> dict[str, Any]:
     """The shares of the machine's energy a job with ``budget`` (``allocator.Budget``) is
-    charged (``runtime.energy.shares``): its cores of those handed out, and its MPS share of its
-    GPU (``gpu_index``; none of the other GPUs)."""
+    charged (``runtime.energy.shares``): its cores of the machine's (all those online less the
+    daemon's reserve: where the daemon's mask is part of the machine, as a second daemon's on
+    the other cores or a container's cpuset, the packages' idle draw or RAPL's whole reading
+    is not charged twice), and its MPS share of its GPU (``gpu_index``; none of the others)."""
     gpu = 0.0 if budget.gpu is None else (budget.mps_pct or 0) / 100.0
+    machine_cores = max(len(machine.cores), (machine.online or 0) - len(machine.reserved))
     return {
-        "cpu_share": len(budget.cores) / len(machine.cores),
+        "cpu_share": len(budget.cores) / machine_cores,
         "gpu_share": gpu,
         "gpu_index": budget.gpu,
     }

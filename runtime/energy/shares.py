@@ -8,10 +8,13 @@ charged its share instead, as its budget sets it:
 * GPU: the energy of the job's GPU times its share of that GPU's SMs (its MPS share), and
   nothing of the machine's other GPUs;
 * CPU under the model: the job's own busy cores (its process tree) plus the packages' idle
-  draw times its share of the cores handed out; under RAPL (the packages measured whole), the
+  draw times its share of the machine's cores (all online less the daemon's reserve,
+  ``autotune.control.machine.energy_shares``); under RAPL (the packages measured whole), the
   packages' energy times that share.
 
-The shares sum to one over the jobs, so the jobs' figures add up to the machine's. Shares change
+Where the daemon hands out every core, the shares sum to one over the jobs, so the jobs' figures
+add up to the machine's; a daemon on part of the machine charges its jobs only that part's
+share of the packages, so two daemons on disjoint cores never charge them twice. Shares change
 with the budget; the charge is integrated over time (between two readings at the share of the
 later one), so a change applies from the reading after it. A meter whose shares are both 1
 reads exactly as its sources.

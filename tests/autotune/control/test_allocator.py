@@ -293,3 +293,23 @@ def test_the_daemon_hands_out_every_core_unless_told_to_keep_some(monkeypatch, t
     said = " ".join(capsys.readouterr().err.split())
     assert "--reserve-cores: a reserve of 4 cores: allowed are 0..3" in said, said
     assert not (home / "daemon.log").exists()
+
+
+def test_a_jobs_cpu_energy_share_is_of_the_machines_cores_not_only_the_daemons():
+    """A daemon on part of the machine (a second daemon on the other cores, a container's
+    cpuset) charges its jobs their cores' share of the whole packages, which the CPU meters
+    read, so two daemons never charge the packages twice; on the whole machine the shares of
+    the cores it hands out sum to one."""
+    from autotune.control.allocator import Budget
+    from autotune.control.machine import energy_shares
+
+    half = MachineView.from_dict({"cores": [0, 1, 2, 3], "online": 8})
+    other = MachineView.from_dict({"cores": [4, 5, 6, 7], "online": 8})
+    shares = [energy_shares(m, Budget(m.cores[:2])) for m in (half, other)]
+    assert [s["cpu_share"] for s in shares] == [0.25, 0.25]
+    whole = MachineView.from_dict({"cores": [1, 2, 3], "reserved": [0], "online": 4})
+    split = [energy_shares(whole, Budget(c)) for c in ((1,), (2, 3))]
+    assert sum(s["cpu_share"] for s in split) == pytest.approx(1.0)
+    assert MachineView.from_dict(whole.to_dict()) == whole
+    unknown = MachineView.from_dict({"cores": 4})  # a description without the online count
+    assert energy_shares(unknown, Budget((0, 1)))["cpu_share"] == 0.5
