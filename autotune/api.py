@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import ast
 import inspect
-import sys
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -40,17 +40,27 @@ def _check_main_guard(api: str) -> None:
     """Raises ``MainGuardError`` when called (through ``api``) from the top level of a script
     file run as ``__main__`` outside an ``if __name__ == "__main__":`` block, or while a spawned
     child re-imports that script (``__mp_main__``)."""
-    main = sys.modules.get("__main__")
-    script = getattr(main, "__file__", None)
     frame = inspect.currentframe()
     while frame is not None:
         at_top = frame.f_code.co_name == "<module>"
         name = frame.f_globals.get("__name__")
+        script = frame.f_globals.get("__file__")  # the frame's own, whatever launched it
         if at_top and name == "__mp_main__":
             raise MainGuardError(_guard_message(api, script))
-        if at_top and name == "__main__" and script and not _guarded(script, frame.f_lineno):
-            raise MainGuardError(_guard_message(api, script))
+        if at_top and name == "__main__" and _is_file_of(frame, script):
+            # the innermost script run as __main__ (under pdb, cProfile or trace too, whose
+            # own frames further out are not the user's; a notebook's cells have no file)
+            if not _guarded(script, frame.f_lineno):
+                raise MainGuardError(_guard_message(api, script))
+            return
         frame = frame.f_back
+
+
+def _is_file_of(frame: Any, script: object) -> bool:
+    """Whether ``frame`` runs the code of the file ``script`` names."""
+    return isinstance(script, str) and os.path.abspath(frame.f_code.co_filename) == (
+        os.path.abspath(script)
+    )
 
 
 def _guard_message(api: str, script: str | None) -> str:

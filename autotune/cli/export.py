@@ -81,7 +81,7 @@ def cmd_export(args: argparse.Namespace) -> int:
             value = getattr(args, name)
             if value is not None and value < 1:
                 raise ExportError(f"--{name.replace('_', '-')} {value}: must be >= 1")
-        check_output(args.out, "--out")
+        check_output(args.out, "--out", args.storage)
         check_output_dir(args.plots, "--plots")
         study = load_study(args.storage, args.study)
         wrapped = is_wrap_study(study)

@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:  # before the command's work, not at its end with the work done
-        check_output(getattr(args, "json", None), "--json")
+        check_output(getattr(args, "json", None), "--json", getattr(args, "storage", None))
         return int(args.func(args))
     except OutputPathError as exc:  # at the start, or a write at the end that failed after all
         Console(stderr=True, emoji=False).print(f"[red]error:[/red] {escape(str(exc))}")

@@ -18,15 +18,26 @@ class OutputPathError(ValueError):
     """An output path that cannot be written: the message names the flag and why."""
 
 
-def check_output(path: Path | None, flag: str) -> None:
+def check_output(path: Path | None, flag: str, storage: str | None = None) -> None:
     """Refuses an output path before a command's work starts, rather than losing that work at
-    the end: a directory where a file goes, or a folder on the way that is a file.
+    the end: a directory where a file goes, a folder on the way that is a file, or the file
+    (or a companion file) of the command's SQLite ``storage``, which holds every study in it.
 
     Raises:
         OutputPathError: naming ``flag``, the path and what is wrong with it.
     """
     if path is None:
         return
+    if isinstance(storage, str) and storage.startswith("sqlite"):
+        from autotune.tuning.storage import sqlite_file
+
+        db = sqlite_file(storage)
+        kept = () if db is None else (db, *(Path(f"{db}{s}") for s in STORAGE_COMPANIONS))
+        if any(path.resolve() == p.resolve() for p in kept):
+            raise OutputPathError(
+                f"{flag} {path}: is a file of the study storage {db} (writing there would "
+                "replace every study in it); give another path"
+            )
     if path.is_dir():
         raise OutputPathError(f"{flag} {path}: is a directory; give a file path")
     for parent in path.parents:
@@ -42,6 +53,10 @@ def check_output(path: Path | None, flag: str) -> None:
                     f"{flag} {path}: cannot write in {parent} ({exc.strerror})"
                 ) from None
             return
+
+
+STORAGE_COMPANIONS = ("-wal", "-shm", "-journal", ".ask-lock")
+"""Files SQLite (and the study's ``ask`` lock) keep beside a storage file."""
 
 
 def check_output_dir(path: Path | None, flag: str) -> None:

@@ -223,7 +223,7 @@ def daemon_budget(console: Console, args: argparse.Namespace, cfg: Any) -> Any:
     options = tune_options(args)
     try:  # what cannot tune is refused before the probes are paid for
         tuner_settings(options, gpus=False)
-        refuse_other_workload(options.storage, options.study, cfg)
+        refuse_other_workload(options.storage, options.study, cfg, options.objective)
         offer = take_offer(options, cfg)
     except ValueError as exc:
         raise ConfigError([str(exc)]) from None

@@ -156,7 +156,7 @@ def cmd_wrap(args: argparse.Namespace) -> int:
         names = [k.name for k in space]
         if len({n.upper() for n in names}) != len(names):  # AUTOTUNE_<NAME> tells them apart
             raise KnobError(f"a knob is given twice (names differ in case at most): {names}")
-        check_output(args.export, "--export")  # --json: checked for every command
+        check_output(args.export, "--export", args.storage)  # --json: checked for every command
         args.defaults = script_defaults(args.default, space, cmd)
         wrapper = Wrapper(cmd, args.trial_s, args.report_timeout_s)
         name = args.study or f"wrap-{script_name(cmd)}"
@@ -227,7 +227,7 @@ def _wrap_restart(
         skip_if_failed,
         trial_values,
     )
-    from autotune.tuning.study_best import best_trial
+    from autotune.tuning.study_best import best_trial, command_run
     from autotune.wrap.progress import WrapProgress, clear_live
 
     fail_orphans(study)
@@ -278,7 +278,7 @@ def _wrap_restart(
     finally:
         wrapper.close()
         clear_live(study)
-    best = best_trial(study)
+    best = best_trial(study, run_of=command_run)  # one command's runs of a config, never pooled
     doc = {
         "study": study.study_name,
         "objective": args.objective,

@@ -171,8 +171,8 @@ def check_readable(storage: str) -> None:
     path = sqlite_file(storage)
     if path is not None and not path.is_file():
         raise StudyError(
-            f"no SQLite file {str(path)!r} (from {storage!r}); nothing was created: give the "
-            "--storage a study was run with"
+            f"no SQLite file {str(path)!r} (from {redact(storage)!r}); nothing was created: "
+            "give the --storage a study was run with"
         )
 
 

@@ -24,11 +24,17 @@ def pick_config(groups: dict[str, list[T]], value: Callable[[T], float]) -> list
     return max(groups.values(), key=lambda ts: (statistics.median(value(t) for t in ts), len(ts)))
 
 
-def best_trial(study: optuna.Study, metric: int = 0) -> optuna.trial.FrozenTrial | None:
+def best_trial(
+    study: optuna.Study,
+    metric: int = 0,
+    run_of: Callable[[optuna.trial.FrozenTrial], str] | None = None,
+) -> optuna.trial.FrozenTrial | None:
     """A completed trial of the best config (``pick_config`` on objective ``metric``'s value; 0:
     the first or only one): of its trials, the one nearest their median, the latest of
-    equals. None without a completed trial."""
-    groups = _groups(study)
+    equals. ``run_of``: what makes two trials one config's runs (default: their knob values;
+    a wrapped script's study adds the command, which a resumed study may have changed). None
+    without a completed trial."""
+    groups = _groups(study, run_of)
     if not groups:
         return None
     best = pick_config(groups, lambda t: t.values[metric])
@@ -36,10 +42,19 @@ def best_trial(study: optuna.Study, metric: int = 0) -> optuna.trial.FrozenTrial
     return min(reversed(best), key=lambda t: abs(t.values[metric] - mid))
 
 
-def _groups(study: optuna.Study) -> dict[str, list[optuna.trial.FrozenTrial]]:
+def command_run(trial: optuna.trial.FrozenTrial) -> str:
+    """A wrapped script's config as one command ran it (``best_trial``'s ``run_of``): a study
+    resumed with another command holds runs of each, which are not pooled."""
+    return config_key({"cmd": trial.user_attrs.get("cmd"), "values": trial_values(trial)})
+
+
+def _groups(
+    study: optuna.Study, run_of: Callable[[optuna.trial.FrozenTrial], str] | None = None
+) -> dict[str, list[optuna.trial.FrozenTrial]]:
+    key = run_of or (lambda t: config_key(trial_values(t)))
     groups: dict[str, list[optuna.trial.FrozenTrial]] = {}
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-        groups.setdefault(config_key(trial_values(t)), []).append(t)
+        groups.setdefault(key(t), []).append(t)
     return groups
 
 

@@ -76,9 +76,10 @@ class ExportError(ValueError):
 def runtime_view(cfg: Any) -> dict[str, Any]:
     """What the runtime will run: the GMIs, their MPS shares, batching and placement (a CPU
     trainer has no GPU, GMIs or MPS shares: those are null)."""
-    gmis = cfg.trainers
-    pct = list(cfg.mps_pct or ()) * (gmis if cfg.mps_pct and len(cfg.mps_pct) == 1 else 1)
+    gmis = cfg.trainers  # per GPU
     cuda = cfg.trainer_device == "cuda"
+    every = cfg.gmi_count() if cuda else gmis  # every GMI, GPU by GPU
+    pct = list(cfg.mps_pct or ()) * (every if cfg.mps_pct and len(cfg.mps_pct) == 1 else 1)
     return {
         "actors": cfg.actors,
         "envs_per_actor": cfg.envs_per_actor,
@@ -87,7 +88,7 @@ def runtime_view(cfg: Any) -> dict[str, Any]:
         "trainers": gmis,
         "gpus": list(cfg.gpu_list()) if cuda else [],
         "gmis_per_gpu": gmis if cuda else None,
-        "mps_pct_per_gmi": (pct if cfg.mps_pct else [100] * gmis) if cuda else None,
+        "mps_pct_per_gmi": (pct if cfg.mps_pct else [100] * every) if cuda else None,
         "batch_size": cfg.batch_size,
         "rollout_len": cfg.rollout_len,
         "inference": cfg.inference,
@@ -107,7 +108,8 @@ def sizing(
         return cpu_sizing(runtime, target_gpus, target_cores)
     gpus = max(1, len(runtime["gpus"]))
     actors_per_gpu = runtime["actors"] / gpus
-    sms = sm_count * min(1.0, sum(runtime["mps_pct_per_gmi"]) / 100.0) if sm_count else None
+    share = sum(runtime["mps_pct_per_gmi"]) / gpus / 100.0  # of one GPU, on average
+    sms = sm_count * min(1.0, share) if sm_count else None
     per_gpu_procs = actors_per_gpu + runtime["gmis_per_gpu"] + SERVICE_PROCESSES / gpus
     out: dict[str, Any] = {
         "actors_per_gpu": actors_per_gpu,

@@ -201,8 +201,11 @@ def make_study(
     changed: dict[str, tuple[Any, Any]] = {}
     if o.cmd:
         space = [parse_knob(k) for k in o.knobs]
-        if len({k.name for k in space}) != len(space):
-            raise KnobError(f"a knob is given twice: {[k.name for k in space]}")
+        if len({k.name.upper() for k in space}) != len(space):  # one AUTOTUNE_<NAME> each
+            raise KnobError(
+                f"a knob is given twice (names differing only in case share one "
+                f"AUTOTUNE_<NAME> variable): {[k.name for k in space]}"
+            )
         wrapper = Wrapper(list(o.cmd), o.trial_s, o.report_timeout_s)
         trials: TrainTrials | ScriptTrials = ScriptTrials(wrapper, space)
         meta.update(kind="script", cmd=list(o.cmd), knobs=list(o.knobs))

@@ -96,7 +96,8 @@ class ScriptJob:
                     continue
                 first = self.identity is None
                 self.identity = identity
-                if first:
+                if first:  # its start-up is over: the report timeout counts from here
+                    self.last_poll = time.monotonic()
                     self._push()  # a config asked for before the script connected
                 if msg["type"] == MsgType.POLL:
                     self.last_poll = time.monotonic()

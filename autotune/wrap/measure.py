@@ -25,17 +25,28 @@ class Tee:
         self._thread.start()
 
     def _copy(self, pipe: Any) -> None:
-        out = sys.stdout.buffer
-        for line in iter(pipe.readline, b""):
+        for line in iter(pipe.readline, b""):  # read to the end, whatever the writes do
             if self.first_line_at is None:
                 self.first_line_at = time.monotonic()
-            with contextlib.suppress(OSError, ValueError):
-                out.write(line)
-                out.flush()
+            with contextlib.suppress(Exception):  # a closed or odd stdout: the pipe drains on
+                _write(line)
         pipe.close()
 
     def join(self) -> None:
         self._thread.join(timeout=JOIN_S)
+
+
+def _write(line: bytes) -> None:
+    """``line`` to our stdout: as bytes where it has a buffer, else as text (a notebook's or
+    ``contextlib.redirect_stdout``'s stream)."""
+    out = sys.stdout
+    buffer = getattr(out, "buffer", None)
+    if buffer is not None:
+        buffer.write(line)
+        buffer.flush()
+    elif out is not None:
+        out.write(line.decode(errors="replace"))
+        out.flush()
 
 
 @dataclass

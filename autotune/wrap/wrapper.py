@@ -112,6 +112,7 @@ RESERVED = frozenset(
         "ENV_PATH",
         "GMI_SPARES",
         "LOG_LEVEL",
+        "MACHINE_LOCKS",
     ]
 )
 """Knob names whose ``AUTOTUNE_<NAME>`` the wrap or autotune itself reads."""

@@ -85,6 +85,32 @@ def test_a_script_without_a_main_guard_fails_at_once_saying_so(tmp_path):
     assert "Traceback" in out.stderr and out.stderr.count("Traceback") == 1  # no child started
 
 
+GUARDED_BAD_CALL = """
+import autotune
+if __name__ == "__main__":
+    autotune.train("not a config")
+"""
+
+
+@pytest.mark.parametrize("launcher", [[], ["-m", "cProfile"], ["-m", "trace", "--count"]])
+def test_the_main_guard_is_found_under_a_profiler_or_tracer_and_its_absence_too(tmp_path, launcher):
+    """A profiler, tracer or debugger runs the script as ``__main__`` from its own module: the
+    guard is looked for in the script's file, not the launcher's."""
+    guarded, unguarded = tmp_path / "guarded.py", tmp_path / "unguarded.py"
+    guarded.write_text(GUARDED_BAD_CALL)
+    unguarded.write_text('import autotune\nautotune.train("not a config")\n')
+    for script, guard in ((guarded, False), (unguarded, True)):
+        out = subprocess.run(
+            [sys.executable, *launcher, str(script)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=tmp_path,
+        )
+        assert ("MainGuardError" in out.stderr) is guard, out.stderr[-2000:]
+        assert guard or "TypeError" in out.stderr  # the call itself was reached
+
+
 def test_the_api_loads_lazily_and_names_what_it_has():
     code = textwrap.dedent(
         """

@@ -124,3 +124,36 @@ def test_a_progress_curve_on_a_full_disk_fails_the_run_and_its_result_says_why(t
     doc = json.loads(result.read_text())
     assert doc["failed"] and doc["failure"].startswith("OSError: [Errno 28]"), doc["failure"]
     assert doc["lost_steps"] == 0 and doc["config"]["actors"] == 1
+
+
+def test_an_output_path_that_is_the_study_storages_file_is_refused(tmp_path):
+    """Writing a result there would replace every study in the storage."""
+    db = tmp_path / "studies.db"
+    db.write_bytes(b"")
+    for storage in (f"sqlite:///{db}", f"sqlite+pysqlite:///{db}"):
+        for path in (db, Path(f"{db}-wal"), Path(f"{db}.ask-lock"), tmp_path / "." / "studies.db"):
+            with pytest.raises(OutputPathError, match="is a file of the study storage"):
+                check_output(path, "--out", storage)
+    check_output(tmp_path / "export.json", "--out", f"sqlite:///{db}")  # another file: fine
+    check_output(db, "--json", "postgresql://u@h/db")  # not a SQLite storage's file
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "autotune.cli",
+            "export",
+            "--study",
+            "s",
+            "--storage",
+            f"sqlite:///{db}",
+            "--out",
+            str(db),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2 and "is a file of the study storage" in " ".join(
+        proc.stderr.split()
+    )
+    assert db.read_bytes() == b""

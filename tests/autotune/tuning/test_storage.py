@@ -161,3 +161,12 @@ def test_a_storage_another_process_is_setting_up_is_opened_once_it_is_done(tmp_p
     with pytest.raises(StudyError, match="no such driver"):
         open_study(f"sqlite:///{tmp_path}/b.db", "s")
     assert failures == []  # tried once
+
+
+def test_a_missing_sqlite_files_error_never_shows_the_storages_password(tmp_path):
+    from autotune.tuning.storage import StudyError, check_readable
+
+    url = f"sqlite+pysqlcipher://:secretpw@/{tmp_path}/none.db"
+    with pytest.raises(StudyError) as caught:
+        check_readable(url)
+    assert "secretpw" not in str(caught.value) and ":***@" in str(caught.value)

@@ -12,7 +12,7 @@ import sys
 import pytest
 from conftest import record_train_study
 
-from autotune.tuning.knobs import Machine, build_space
+from autotune.tuning.knobs import KnobError, Machine, build_space
 from autotune.tuning.offline_study import OfflineStudy
 from autotune.tuning.storage import open_study
 from autotune.tuning.trials import TrainTrials
@@ -169,3 +169,30 @@ def test_workers_resuming_a_study_export_the_actors_their_trials_ran(tmp_path):
     assert all(doc["sizing"][k] is None for k in GPU_FIGURES)
     assert doc["recommended"]["runtime"]["mps_pct_per_gmi"] is None
     assert doc["sizing"]["target"]["cores_needed"] == 2  # one actor, one trainer thread
+
+
+def test_a_scripts_knobs_differing_only_in_case_are_refused():
+    """Both would be passed as one ``AUTOTUNE_<NAME>`` variable: the script would get one
+    knob's value under the other's name, and the trial record a config it did not run."""
+    from autotune.workflows.study import StudyOptions, make_study
+
+    options = StudyOptions(storage="sqlite:///:memory:", knobs=("n=1,2", "N=3,4"), cmd=("true",))
+    with pytest.raises(KnobError, match="differing only in case"):
+        make_study(options)
+
+
+def test_a_multi_gpu_configs_sms_granted_do_not_depend_on_how_its_percentages_are_spelled():
+    from autotune.workflows.export import runtime_view, sizing
+    from runtime.config import TrainConfig
+
+    one = TrainConfig(trainer_device="cuda", gpus=(0, 1), trainers=2, mps_pct=(30,))
+    each = TrainConfig(trainer_device="cuda", gpus=(0, 1), trainers=2, mps_pct=(30,) * 4)
+    views = [runtime_view(c) for c in (one, each)]
+    assert views[0]["mps_pct_per_gmi"] == views[1]["mps_pct_per_gmi"] == [30] * 4
+    sized = [sizing(v, 132, None, None) for v in views]
+    assert (
+        sized[0]["sms_granted_per_gpu"]
+        == sized[1]["sms_granted_per_gpu"]
+        == pytest.approx(132 * 0.6)
+    )
+    assert sized[0]["cpu_threads_per_sm"] == sized[1]["cpu_threads_per_sm"]

@@ -181,6 +181,9 @@ k = client.knobs({"num_envs": 1})
 poll = "nopoll" not in sys.argv
 if "slowstart" in sys.argv:  # imports, CUDA, envs: seconds before its first message
     time.sleep(3)
+    if "earlyreport" in sys.argv:  # its first message a report, before its first poll
+        client.report(steps=0)
+        time.sleep(0.5)
 stop = sys.argv[1]  # seconds to run, or a file whose existence ends the run
 steps, t_end = 0, time.time() + float(stop) if stop.isdigit() else float("inf")
 while time.time() < t_end and not os.path.exists(stop):
@@ -308,6 +311,16 @@ def test_live_mode_refuses_a_script_that_never_polls(tmp_path):
     )
     assert slow.returncode in (0, 1) and "has not called" not in slow.stderr, slow.stderr
     assert "script exited with code 0" in " ".join(slow.stderr.split())
+    # nor when its first message is a report: the timeout counts from the first message on
+    run = [sys.executable, str(script), "1", "slowstart", "earlyreport"]
+    early = subprocess.run(
+        [*head, "--storage", db, "--resume", "--", *run],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    assert early.returncode in (0, 1) and "has not called" not in early.stderr, early.stderr
     # the script's own failure is the wrap's exit code
     run = [sys.executable, str(script), "1", "fail"]
     cmd = [*head, "--storage", db, "--resume", "--", *run]

@@ -61,6 +61,32 @@ def test_a_study_resumed_with_another_command_exports_the_command_its_best_confi
     assert doc["evidence"]["trials"]["configs"] == 3  # (command, config) pairs
     assert sorted(map(tuple, doc["workload"]["commands"])) == sorted({tuple(c) for c in ran})
     assert "ran 2 commands" in doc["workload"]["note"]
+    said = json.loads((tmp_path / "w.json").read_text())["best"]  # the wrap's own best agrees
+    assert said["number"] in doc["evidence"]["recommended"]["trials"]
+    assert said["values"] == doc["recommended"]["values"]
+
+
+def test_a_study_resumed_with_another_objective_is_refused_even_with_resume(tmp_path):
+    """Its values would sit beside the study's in other units: the wrap's best, the sampler
+    and the export would compare steps/s with steps/J."""
+    first = _wrap(tmp_path, "--knob", "num_envs=4", "--trials", "1", "--objective", "steps_per_s")
+    assert first.returncode == 0, first.stderr
+    other = _wrap(
+        tmp_path,
+        "--knob",
+        "num_envs=1",
+        "--trials",
+        "1",
+        "--resume",
+        "--objective",
+        "steps_per_joule",
+    )
+    said = " ".join(other.stderr.split())
+    assert other.returncode == 2, other.stderr
+    assert "holds steps_per_s values and this run's objective is steps_per_joule" in said
+    assert "give --objective steps_per_s to go on with it, or a new --study name" in said
+    study = optuna.load_study(study_name="wrap-train", storage=f"sqlite:///{tmp_path}/w.db")
+    assert len(study.trials) == 1  # nothing ran
 
 
 def test_trial_one_runs_the_scripts_own_defaults(tmp_path):
