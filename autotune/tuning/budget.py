@@ -16,7 +16,7 @@ from typing import Any
 from autotune.tuning.knobs import MPS_CHOICES, Knob
 from autotune.tuning.perf_model import charged_share
 from autotune.tuning.storage import prune
-from autotune.tuning.tuner_rules import unmet_message
+from autotune.tuning.tuner_rules import in_space, unmet_message
 from runtime.config import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -171,8 +171,8 @@ class BudgetLimits:
             return False
         inside = {k: v for k, v in clamp(full, self.limits, self.knobs).items() if k in values}
         prune(self.study, trial, f"outside the job's budget {self.limits}")
-        if fits({**full, **inside}, self.limits):  # measured as a trial of its own, next
-            self.study.enqueue_trial(inside)
+        if fits({**full, **inside}, self.limits) and in_space(self.knobs, inside):
+            self.study.enqueue_trial(inside)  # measured as a trial of its own, next
         else:  # no config of the space fits: counted, so the tuner ends up holding
             self.trials_done += 1
         logger.info("trial %d outside the budget %s: %s instead", trial.number, self.limits, inside)

@@ -66,9 +66,18 @@ class History:
     """Each feasible window's (steps per joule, batch) by config, beside ``by_config``."""
     noise_scale: float | None = None
     """The learner's newest gradient noise scale (samples)."""
+    infeasible: set[str] = field(default_factory=set)
+    """Configs whose newest window broke a constraint: none is the best until one meets them."""
 
-    def add(self, key: str, value: float, spj: float | None, batch: float | None) -> None:
-        """A feasible window's objective ``value``, with its steps/J and batch to re-rate by."""
+    def add(
+        self, key: str, value: float, spj: float | None, batch: float | None, feasible=True
+    ) -> None:
+        """A window's objective ``value``, with its steps/J and batch to re-rate by; one that
+        broke a constraint only marks its config ``infeasible``."""
+        if not feasible:
+            self.infeasible.add(key)
+            return
+        self.infeasible.discard(key)
         self.by_config.setdefault(key, []).append(value)
         if spj is not None and batch:
             self.per_joule.setdefault(key, []).append((spj, batch))
@@ -90,7 +99,10 @@ class History:
         return statistics.median(self.values(key))
 
     def best(self) -> tuple[str, float] | None:
-        scored = [(k, self.score(k)) for k, v in self.by_config.items() if v]
+        """The config with the best median, of those never failed for good whose newest
+        window met the constraints."""
+        out = self.failed | self.infeasible
+        scored = [(k, self.score(k)) for k, v in self.by_config.items() if v and k not in out]
         return max(scored, key=lambda kv: kv[1]) if scored else None
 
     def envs_cap(self, values: dict[str, Any], gain: float) -> tuple[int, float] | None:
@@ -114,15 +126,21 @@ class History:
 
 
 def restore_history(
-    study: optuna.Study, batch_of: Callable[[dict[str, Any]], int | None]
+    study: optuna.Study,
+    batch_of: Callable[[dict[str, Any]], int | None],
+    keep: Callable[[dict[str, Any]], bool] | None = None,
 ) -> tuple[History, int, dict[str, Any] | None]:
     """A resumed study's history: (the medians' inputs, failed configs; the trials finished;
     the first measured trial's attributes, the reference of a ``weighted`` objective).
     ``batch_of``: the samples an update of a trial's tuned values trains, as the tuner counts
-    them live (a batch size that is not tuned is the job's)."""
+    them live (a batch size that is not tuned is the job's); ``keep``: whether a trial's params
+    are of this tuner's space (others, run with a knob tuned that is fixed now, are left out:
+    their values are not this job's to apply)."""
     history, done, reference = History(failed=failed_configs(study)), 0, None
     for t in study.get_trials(deepcopy=False):
         if t.state in (TrialState.RUNNING, TrialState.WAITING):  # not finished
+            continue
+        if keep is not None and not keep(t.params):
             continue
         done += 1
         key = config_key(t.params)
@@ -131,8 +149,8 @@ def restore_history(
         attrs = t.user_attrs
         if attrs.get("noise_scale"):
             history.noise_scale = attrs["noise_scale"]
-        if attrs.get("feasible", True):
-            history.add(key, float(t.value), attrs.get("steps_per_joule"), batch_of(t.params))
+        feasible = attrs.get("feasible", True)
+        history.add(key, float(t.value), attrs.get("steps_per_joule"), batch_of(t.params), feasible)
         if "steps_per_s" in attrs:
             history.speed.setdefault(key, []).append(attrs["steps_per_s"])
             reference = reference or dict(attrs)

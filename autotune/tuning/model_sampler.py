@@ -55,7 +55,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.tuning.acquisition import expected_improvement, net_gain
 from autotune.tuning.budget import fits, machine_within
 from autotune.tuning.knobs import OPT_IN
-from autotune.tuning.model_inputs import goodput_factor, newest_noise_scale
+from autotune.tuning.model_inputs import goodput_factor, newest_noise_scale, update_samples
 from autotune.tuning.perf_model import (
     MachineModel,
     Window,
@@ -181,7 +181,7 @@ class ModelSampler(optuna.samplers.BaseSampler):
         newest noise scale ``noise`` (``autotune.tuning.job.History.score`` says why)."""
         from policies.noise_scale import goodput_per_joule
 
-        spj, batch = t.user_attrs.get("steps_per_joule"), values.get("batch_size")
+        spj, batch = t.user_attrs.get("steps_per_joule"), update_samples(values)  # as History
         if self.objective != "goodput_per_joule" or not noise or spj is None or not batch:
             return float(t.value)
         return goodput_per_joule(float(spj), noise, batch)

@@ -38,7 +38,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -47,6 +46,7 @@ import optuna
 
 from autotune.tuning.budget import BudgetLimits
 from autotune.tuning.counters import Counters, Measurement, measure
+from autotune.tuning.holding import Holding
 from autotune.tuning.job import Current, History, Job, restore_history
 from autotune.tuning.knobs import Knob
 from autotune.tuning.model_inputs import update_samples
@@ -64,6 +64,7 @@ from autotune.tuning.storage import (
 from autotune.tuning.tuner_rules import (
     change_kind,
     change_warmup,
+    check_objective,
     confirmed,
     endgame,
     fail_quietly,
@@ -79,7 +80,7 @@ logger = logging.getLogger(__name__)
 MEASURED = tuple(Measurement.__dataclass_fields__)
 
 
-class OnlineTuner(BudgetLimits):
+class OnlineTuner(BudgetLimits, Holding):
     """Ask/tell tuning of a running job (see the module docstring).
 
     Args:
@@ -134,6 +135,7 @@ class OnlineTuner(BudgetLimits):
         if self.grid:
             self.explore_until = math.prod(len(k.choices) for k in self.knobs)
         fail_orphans(study)
+        check_objective(study, settings.objective)  # its values are compared as one figure
         self._restore()
         first = self.knobs and not self.grid and in_space(self.knobs, self.base)
         if first and start_due(study.get_trials(deepcopy=False), self.base, self.history.failed):
@@ -141,13 +143,16 @@ class OnlineTuner(BudgetLimits):
 
     def _restore(self) -> None:
         """Rebuilds the history from the study's finished trials (a resumed study)."""
-        self.history, self.trials_done, ref = restore_history(self.study, self._batch)
+        names = {k.name for k in self.knobs}  # trials of another space (a knob fixed since)
+        of_space = lambda p: set(p) == names and in_space(self.knobs, p)  # noqa: E731
+        self.history, self.trials_done, ref = restore_history(self.study, self._batch, of_space)
         self.history.rerate = self.settings.objective == GOODPUT_METRIC
         if ref is not None:
             self.reference = Measurement(
                 **{f: ref.get(f, 0.0) for f in MEASURED if f != "node_rates"}
             )
         if self.trials_done:
+            self.restored = self.trials_done
             logger.info(
                 "resumed study %r: %d trials, %d configs measured",
                 self.study.study_name,
@@ -264,9 +269,10 @@ class OnlineTuner(BudgetLimits):
             return
         if self._out_of_budget(trial, values):
             return
-        envs = values.get("envs_per_actor")
+        envs, best = values.get("envs_per_actor"), self.history.best()
         capped = self._envs_cap is not None and not self.grid
-        if capped and envs is not None and envs > self._envs_cap:
+        incumbent = best is not None and best[0] == config_key(values)  # measured again
+        if capped and envs is not None and envs > self._envs_cap and not incumbent:
             why = f"envs_per_actor={envs} is past saturation ({self._envs_cap})"
             prune(self.study, trial, why)
             logger.info("trial %d pruned: %s", trial.number, why)
@@ -311,21 +317,6 @@ class OnlineTuner(BudgetLimits):
             self.trials_done += 1
         logger.warning("config %s refused: %s", values, exc)
 
-    def _hold(self, now: float) -> None:
-        """Holds the best config; re-measures it every ``recheck_s``."""
-        best = self.history.best()
-        if best is None:
-            if self.history.speed and self.unmet is None:
-                self._give_up()
-            return
-        if not self.holding:
-            self.holding = True
-            self._start(None, self._inside(json.loads(best[0])), now)
-            return
-        last = self.t0 + self.log[-1]["t"] if self.log else now
-        if now - last >= self.settings.recheck_s:
-            self._start(None, self._inside(json.loads(best[0])), now)
-
     # --- telling ----------------------------------------------------------------------------
 
     def _finish(self, m: Measurement, now: float, samples: list[Counters]) -> None:
@@ -342,8 +333,7 @@ class OnlineTuner(BudgetLimits):
         best_before = self.history.best()
         if m.noise_scale:
             self.history.noise_scale = m.noise_scale
-        if feasible:
-            self.history.add(key, value, m.steps_per_joule, self._batch(cur.values))
+        self.history.add(key, value, m.steps_per_joule, self._batch(cur.values), feasible)
         self.history.speed.setdefault(key, []).append(m.steps_per_s)
         self._update_saturation(cur.values)
         state = "hold" if cur.trial is None else "trial"
@@ -360,14 +350,8 @@ class OnlineTuner(BudgetLimits):
                 )
             self.study.tell(cur.trial, value)
             self.trials_done += 1
-        elif best_before and best_before[0] == key:
-            median = statistics.median(self.history.values(key)[:-1] or [value])
-            if value < median * (1 - self.settings.drift_tol):
-                logger.warning(
-                    "best config drifted (%.3g vs median %.3g); exploring again", value, median
-                )
-                self.holding = False
-                self.explore_until = self.trials_done + self.settings.repeat_every
+        else:  # a recheck of the held best
+            self._recheck(key, feasible, best_before)
         self.log.append(
             {
                 "t": now - self.t0,

@@ -10,7 +10,7 @@ from typing import Any
 import optuna
 
 from autotune.tuning.knobs import Knob
-from autotune.tuning.storage import config_key
+from autotune.tuning.storage import StudyError, config_key
 
 CHANGE_COST_S = {"respawn": 10.0, "handover": 15.0, "actors": 5.0, "live": 0.0}
 """Seconds a change costs (its transition and warm-up), by how it applies, until the job has
@@ -132,7 +132,12 @@ def suggest(knobs: list[Knob], trial: Any) -> dict[str, Any]:
 
 
 def unmet_message(settings: Any, speed: dict[str, list[float]], trials: int) -> str:
-    """Why tuning stopped with no best: no config met the constraints."""
+    """Why tuning stopped with no best: no config met the constraints, or none was measured."""
+    if not speed:
+        return (
+            f"no config was measured in {trials} trials: each failed, was refused or was cut; "
+            "back to the default config, tuning stopped"
+        )
     fastest = max((max(v) for v in speed.values()), default=0.0)
     return (
         f"no config met the constraints in {trials} trials (floor "
@@ -145,3 +150,33 @@ def fail_quietly(study: optuna.Study, trial: optuna.trial.Trial) -> None:
     """Tells ``trial`` failed where it can (an error is on its way up already)."""
     with contextlib.suppress(Exception):
         study.tell(trial, state=optuna.trial.TrialState.FAIL)
+
+
+OBJECTIVE_ATTR = "objective"
+"""The study attribute an online study records its trials' objective in."""
+
+
+def objective_problem(study: optuna.Study, objective: str) -> str | None:
+    """Why ``study`` cannot take trials of ``objective``: its trials' values are of another
+    (steps/s beside steps/J would be compared as one figure), or None."""
+    made = study.user_attrs.get(OBJECTIVE_ATTR)
+    if made is None or made == objective:
+        return None
+    return (
+        f"study {study.study_name!r} holds {made} values and this run's objective is "
+        f"{objective}: give --objective {made} to go on with it, or another --study name"
+    )
+
+
+def check_objective(study: optuna.Study, objective: str) -> None:
+    """Refuses ``study`` where it holds another objective's values; records ``objective``
+    where it records none.
+
+    Raises:
+        StudyError: saying which objective the study holds and what to do.
+    """
+    problem = objective_problem(study, objective)
+    if problem is not None:
+        raise StudyError(problem)
+    if OBJECTIVE_ATTR not in study.user_attrs:
+        study.set_user_attr(OBJECTIVE_ATTR, objective)

@@ -13,6 +13,7 @@ import logging
 from typing import Any
 
 from autotune.tuning.storage import StudyError, redact, sqlite_file, storage_url
+from autotune.tuning.tuner_rules import objective_problem
 from autotune.workflows.wrap_export import is_wrap_study
 from runtime.checkpoint_fit import layers
 from runtime.config import ConfigError, TrainConfig
@@ -79,9 +80,12 @@ def check_workload(study: Any, cfg: TrainConfig) -> None:
     study.set_user_attr(WORKLOAD_ATTR, {"env": cfg.env, "policy": cfg.policy})
 
 
-def refuse_other_workload(storage: str, name: str | None, cfg: TrainConfig) -> None:
+def refuse_other_workload(
+    storage: str, name: str | None, cfg: TrainConfig, objective: str | None = None
+) -> None:
     """Before a tuned run sizes itself: refuses study ``name`` (None: ``online-<env>``) in
-    ``storage`` where it exists and holds another workload's trials (``workload_problem``).
+    ``storage`` where it exists and holds another workload's trials (``workload_problem``), or
+    values of another ``objective`` (``tuner_rules.objective_problem``).
     Creates nothing: a study or a SQLite file not there yet is left to
     ``autotune.workflows.tune.start_tuning``, as is a storage that cannot be opened (it says
     why).
@@ -102,6 +106,8 @@ def refuse_other_workload(storage: str, name: str | None, cfg: TrainConfig) -> N
         logger.debug("no study %r in %s to check yet", name, redact(storage))
         return
     problem = workload_problem(study, cfg)
+    if problem is None and objective is not None:
+        problem = objective_problem(study, objective)
     if problem is not None:
         raise StudyError(problem)
 
