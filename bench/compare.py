@@ -97,6 +97,7 @@ def measure(
     (ga, ca, ia), (gb, cb, ib) = meter.parts_at(a["t"]), meter.parts_at(b["t"])
     span, steps = b["t"] - a["t"], b["steps"] - a["steps"]
     joules = (gb - ga) + (cb - ca)
+    busy_only = getattr(meter, "has_idle_part", True)  # none under RAPL
     doc: dict[str, Any] = {
         "window_s": span,
         "window_steps": steps,
@@ -104,7 +105,7 @@ def measure(
         "gpu_w": (gb - ga) / span,
         "cpu_w": (cb - ca) / span,
         "steps_per_joule": _spj(steps, joules),
-        "steps_per_joule_busy_only": _spj(steps, joules - (ib - ia)),
+        "steps_per_joule_busy_only": _spj(steps, joules - (ib - ia)) if busy_only else None,
         "final_return": rows[-1].get("return"),
         "final_steps": rows[-1]["steps"],
     }
@@ -118,7 +119,9 @@ def measure(
             "steps": end["steps"],
             "steps_per_s": end["steps"] / (end["t"] - started),
             "steps_per_joule": _spj(end["steps"], whole),
-            "steps_per_joule_busy_only": _spj(end["steps"], whole - (i1 - i0)),
+            "steps_per_joule_busy_only": _spj(end["steps"], whole - (i1 - i0))
+            if busy_only
+            else None,
         }
         doc["curve"] = curve(rows, meter, started)
     return doc

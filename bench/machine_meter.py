@@ -35,6 +35,12 @@ class MachineMeter:
         gpu = sorted(set(self._gpu.sources.values())) or ["none"]
         return {"gpu": "+".join(gpu), "cpu": self._cpu.source}
 
+    @property
+    def has_idle_part(self) -> bool:
+        """Whether the CPU figure is the model's, with an idle part a busy-only figure leaves
+        out (RAPL measures the packages whole: no busy-only figure)."""
+        return self._cpu.source != "rapl"
+
     def sample(self) -> None:
         """Takes a sample now (the thread takes one every ``interval_s``)."""
         with self._lock:

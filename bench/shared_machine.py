@@ -237,7 +237,9 @@ def _figures(specs, way, out_dir, meter, t0, started_at, timeline) -> dict[str, 
         "cpu_j": c1 - c0,
         "steps_per_s": steps / max(end - meter.samples[0][0], 1e-9),
         "steps_per_joule": steps / joules if joules > 0 else None,
-        "steps_per_joule_busy_only": steps / (joules - (i1 - i0)) if joules > i1 - i0 else None,
+        "steps_per_joule_busy_only": steps / (joules - (i1 - i0))
+        if meter.has_idle_part and joules > i1 - i0
+        else None,
         "idle_j": i1 - i0,
         "jobs": jobs,
         "timeline": timeline,
@@ -264,5 +266,6 @@ def joined(parts: list[dict[str, Any]], way: str = "sequential") -> dict[str, An
     out["steps_per_s"] = out["steps"] / max(out["seconds"], 1e-9)
     out["steps_per_joule"] = out["steps"] / joules if joules > 0 else None
     busy = joules - out["idle_j"]
-    out["steps_per_joule_busy_only"] = out["steps"] / busy if busy > 0 else None
+    modelled = all(p.get("cpu") != "rapl" for p in parts)  # RAPL: no busy-only figure
+    out["steps_per_joule_busy_only"] = out["steps"] / busy if modelled and busy > 0 else None
     return out

@@ -285,11 +285,13 @@ def build_result(runner: RunRecord, wall_s: float, energy: Any) -> dict[str, Any
         else {"gpu_j": 0.0, "cpu_j": 0.0, "gpu_source": "none", "cpu_source": "none"}
     )
     total_j = energy_doc["gpu_j"] + energy_doc["cpu_j"]
+    if read_errors := getattr(getattr(runner, "meter", None), "read_errors", 0):
+        energy_doc["read_errors"] = read_errors  # reads taken at their source's last reading
     if (cluster := getattr(runner, "cluster_energy", None)) is not None:
         energy_doc.update(cluster)  # a cluster run: its nodes, and the other hosts' joules
         total_j += cluster["other_hosts_j"]
-    busy_only = {}
-    if energy_doc.get("cpu_j_busy_only") is not None:
+    busy_only = {}  # not for a cluster run: its other hosts' meters say no idle part
+    if energy_doc.get("cpu_j_busy_only") is not None and cluster is None:
         busy_only_j = energy_doc["gpu_j"] + energy_doc["cpu_j_busy_only"]
         busy_only["steps_per_joule_busy_only"] = trained / busy_only_j if busy_only_j > 0 else None
     current = runner.trainer_names()

@@ -24,11 +24,9 @@ from autotune.tuning.study_best import best_trial, pareto_front
 from autotune.tuning.trials import ScriptTrials, TrainTrials
 from autotune.workflows.export import ExportError, load_config
 from autotune.workflows.study_workload import same_network
+from autotune.workflows.worker_meter import worker_meter
 from autotune.wrap.wrapper import Wrapper, parse_knob, script_name
 from runtime.config import ConfigError, TrainConfig
-from runtime.energy import EnergyMeter
-from runtime.energy.cpu import CPUModelEnergy, tree_pids
-from runtime.energy.gpu import NullGPUEnergy, probe_gpu_energy
 
 
 @dataclass(frozen=True)
@@ -217,7 +215,8 @@ def make_study(
             machine, list(o.knobs), base.learner.minibatches, None, base.learner.min_minibatch
         )
         _check_workload(base)
-        meter = _worker_meter(gpu) if o.workers > 1 or o.cluster else None  # a share
+        share = (machine.cores / here.cores, base.cpu_idle_w)  # of the packages' idle draw
+        meter = worker_meter(gpu, *share) if o.workers > 1 or o.cluster else None
         trials = TrainTrials(knobs, base, o.warmup_s, meter=meter)
         if o.from_config is not None:
             changed = fixed_changes(trials, machine.gpus > 0)
@@ -357,17 +356,6 @@ def _sm_count(machine: Machine) -> int | None:
     import torch  # heavy: only on a GPU machine
 
     return int(torch.cuda.get_device_properties(0).multi_processor_count)
-
-
-def _worker_meter(gpu: int | None) -> Callable[[], EnergyMeter]:
-    """A local worker's meter: its own GPU and the CPU time of its own processes (RAPL and the
-    machine-wide model would charge every worker for the others)."""
-
-    def meter() -> EnergyMeter:
-        gpu_source = NullGPUEnergy() if gpu is None else probe_gpu_energy((gpu,))
-        return EnergyMeter(gpu=gpu_source, cpu=CPUModelEnergy(pids=lambda: tree_pids(os.getpid())))
-
-    return meter
 
 
 def run_here(

@@ -159,9 +159,12 @@ class CPUModelEnergy(CPUEnergySource):
     user + nice + system + irq + softirq + steal (on Linux guest time is already
     inside user and is not added again). With ``pids``, they are the summed
     ``cpu_times()`` of those processes: user + system + children_user +
-    children_system. A process that vanishes keeps its last value, so the counter
-    never goes backwards. Caveat: a listed child that exits and is reaped by a
-    listed parent is then counted in both.
+    children_system (the times of children they reaped, which no read saw alive). A
+    listed process that vanishes while its parent is listed and alive was reaped by it:
+    its times (to its exit) are in the parent's children times from then on, and its
+    last-read times stop counting on their own, so nothing is counted twice. One whose
+    parent is not listed (re-parented to init, or the root) keeps its last value. The
+    counter never goes backwards.
 
     Uncore power above idle is not modelled. Figures are labelled ``"model"`` and
     are estimates, not measurements.
@@ -201,7 +204,10 @@ class CPUModelEnergy(CPUEnergySource):
         self._children = children
         self._clock = clock
         self._lock = threading.Lock()
-        self._proc_busy_s: dict[tuple[int, float], float] = {}
+        self._procs: dict[tuple[int, float], tuple[float, float, int]] = {}
+        """Each process read: (own busy seconds, its reaped children's, its parent's pid)."""
+        self._reaped: dict[tuple[int, float], float] = {}
+        """Processes gone whose times their listed parent's children times now hold."""
         self._last_busy_s = 0.0
         self._origin_busy_s = self._busy_core_s()
         self._origin_s = clock()
@@ -211,18 +217,26 @@ class CPUModelEnergy(CPUEnergySource):
         return sum(getattr(times, name, 0.0) for name in _BUSY_FIELDS)
 
     def _process_busy_s(self, pids: list[int]) -> float:
+        seen: set[tuple[int, float]] = set()
         for pid in pids:
             try:
                 proc = psutil.Process(pid)
-                key = (pid, proc.create_time())
-                t = proc.cpu_times()
+                with proc.oneshot():
+                    key, t, ppid = (pid, proc.create_time()), proc.cpu_times(), proc.ppid()
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 continue
-            busy_s = t.user + t.system
-            if self._children:
-                busy_s += getattr(t, "children_user", 0.0) + getattr(t, "children_system", 0.0)
-            self._proc_busy_s[key] = max(busy_s, self._proc_busy_s.get(key, 0.0))
-        return sum(self._proc_busy_s.values())
+            kids = getattr(t, "children_user", 0.0) + getattr(t, "children_system", 0.0)
+            own0, kids0, _ = self._procs.get(key, (0.0, 0.0, ppid))
+            self._procs[key] = (max(t.user + t.system, own0), max(kids, kids0), ppid)
+            seen.add(key)
+        if self._children:
+            alive = {pid for pid, _ in seen}
+            for key, (own, kids, ppid) in self._procs.items():
+                if key not in seen and key not in self._reaped and ppid in alive:
+                    self._reaped[key] = own + kids  # its parent's children times hold it now
+        kids_on = 1.0 if self._children else 0.0
+        total = sum(own + kids_on * kids for own, kids, _ in self._procs.values())
+        return total - sum(self._reaped.values())
 
     def _busy_core_s(self) -> float:
         busy_s = self._system_busy_s() if self._pids is None else self._process_busy_s(self._pids())

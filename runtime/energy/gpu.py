@@ -131,10 +131,12 @@ class NVMLEnergy(GPUEnergySource):
 class NVMLPowerPollingEnergy(GPUEnergySource):
     """Integrates polled NVML power draw for GPUs without an energy counter.
 
-    A daemon thread samples every ``interval_s`` and integrates trapezoidally. A
-    read adds the time since the last sample at the last sampled power, so the
-    cumulative value is continuous. Failed samples are skipped (logged once); the
-    next good sample integrates over the gap. ``nvmlInit`` must have been called.
+    A daemon thread samples every ``interval_s``; each sampled power is held until the next
+    sample, and a read adds the time since the last sample at that power, by the same rule,
+    so the cumulative value never goes backwards and a read between samples is what the next
+    sample will have counted to that moment. Failed samples are skipped (logged once); the
+    next good sample integrates over the gap at the last power. ``nvmlInit`` must have been
+    called.
 
     Args:
         gpu_indices: NVML indices of the GPUs to poll.
@@ -180,7 +182,7 @@ class NVMLPowerPollingEnergy(GPUEnergySource):
             now = time.monotonic()
             with self._lock:
                 elapsed_s = now - self._last_t[index]
-                self._energy_j[index] += 0.5 * (self._last_power_w[index] + power_w) * elapsed_s
+                self._energy_j[index] += self._last_power_w[index] * elapsed_s  # as reads do
                 self._last_power_w[index] = power_w
                 self._last_t[index] = now
 

@@ -11,6 +11,12 @@ Usage::
 Windows are keyed by name; different keys may overlap or nest. Each window
 costs one read of every source at its begin and one at its end.
 
+A source whose read fails (an NVML or RAPL hiccup) after one that worked is taken at its last
+reading for that snapshot, and the miss is counted (``read_errors``) and logged: the sources
+are cumulative counters, so the next good read makes up what was missed, and a window is lost
+only in the share of energy its end could not read. A window ends whether or not its end could
+be read.
+
 Accuracy notes:
 
 * The NVML energy counter updates about every 100 ms, so GPU figures from
@@ -31,8 +37,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from runtime.energy.cpu import CPUEnergySource, probe_cpu_energy
-from runtime.energy.gpu import GPUEnergySource, probe_gpu_energy
+from runtime.energy.cpu import CPUEnergyError, CPUEnergySource, probe_cpu_energy
+from runtime.energy.gpu import GPUEnergyError, GPUEnergySource, probe_gpu_energy
 
 logger = logging.getLogger(__name__)
 
@@ -139,6 +145,9 @@ class EnergyMeter:
         self.cpu = cpu if cpu is not None else probe_cpu_energy()
         self._open: dict[str, _Snapshot] = {}
         self._lock = threading.Lock()
+        self._last: tuple[dict[int, float], tuple[float, float | None]] | None = None
+        self.read_errors = 0
+        """Reads of a source that failed and were taken at its last reading."""
 
     @property
     def open_windows(self) -> list[str]:
@@ -147,8 +156,26 @@ class EnergyMeter:
             return list(self._open)
 
     def _snapshot(self) -> _Snapshot:
-        cpu_j, cpu_idle_j = self.cpu.read_energy_parts_j()
-        return _Snapshot(time.monotonic(), self.gpu.read_energy_j(), cpu_j, cpu_idle_j)
+        gpu = self._read(self.gpu.read_energy_j, 0)
+        cpu_j, cpu_idle_j = self._read(self.cpu.read_energy_parts_j, 1)
+        self._last = (gpu, (cpu_j, cpu_idle_j))
+        return _Snapshot(time.monotonic(), gpu, cpu_j, cpu_idle_j)
+
+    def _read(self, read: Any, which: int) -> Any:
+        """``read()``, or where it fails after a reading worked, that source's last reading."""
+        try:
+            return read()
+        except (GPUEnergyError, CPUEnergyError) as exc:
+            if self._last is None:
+                raise
+            self.read_errors += 1
+            log = logger.warning if self.read_errors in (1, 10, 100) else logger.debug
+            log(
+                "energy read failed (%s), taken at its last reading (%d so far)",
+                exc,
+                self.read_errors,
+            )
+            return self._last[which]
 
     def begin_window(self, key: str) -> None:
         """Starts the window ``key``.
@@ -185,8 +212,12 @@ class EnergyMeter:
                 raise ValueError(
                     f"energy window {key!r} is not open; open windows: {list(self._open)}"
                 )
-            start = self._open.pop(key) if close else self._open[key]
-            end = self._snapshot()
+            start = self._open[key]
+            try:
+                end = self._snapshot()
+            finally:  # ended whether or not its end could be read
+                if close:
+                    del self._open[key]
         elapsed_s = end.t_s - start.t_s
         if self.gpu.source != "none" and elapsed_s < MIN_GPU_WINDOW_S:
             logger.debug(

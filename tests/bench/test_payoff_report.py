@@ -45,6 +45,20 @@ def test_measure_gives_the_whole_run_under_both_cpu_models_and_a_curve():
     assert doc["curve"][0]["steps_per_joule"] == 0 and doc["curve"][-1]["steps_per_s"] == 1500
 
 
+def test_under_rapl_no_busy_only_figure_is_made_up():
+    """RAPL measures the packages whole: there is no idle part to leave out, so the busy-only
+    figures are None, not the whole-package ones again."""
+
+    class Rapl(Meter):
+        has_idle_part = False
+
+    rows = [{"t": 0.0, "steps": 0}] + [{"t": t, "steps": 1500 * (t - 10)} for t in range(10, 61)]
+    doc = compare.measure(rows, Rapl(), warmup_s=5, final_third=False, started=0.0)
+    assert doc["steps_per_joule"] == pytest.approx(1500 / 150)
+    assert doc["steps_per_joule_busy_only"] is None
+    assert doc["whole_run"]["steps_per_joule_busy_only"] is None
+
+
 def arm(name: str, spj: float, **extra) -> dict:
     return {
         "arm": name,

@@ -41,6 +41,8 @@ def test_joined_adds_spans_steps_and_joules():
     assert out["steps_per_s"] == pytest.approx(10.0)
     assert out["jobs"]["b"]["started_s"] == 101.0
     assert out["jobs"]["b"]["progress"][0]["t"] == 102.0
+    rapl = [{**_part("a", 100.0, 1000, 300.0, 200.0, 100.0), "cpu": "rapl"}]
+    assert joined(rapl)["steps_per_joule_busy_only"] is None  # RAPL has no idle part
 
 
 def test_each_way_is_read_against_the_limits_beside_it():

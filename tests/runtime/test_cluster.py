@@ -103,6 +103,7 @@ def test_cartpole_with_actors_on_two_nodes_learns_and_counts_every_node(tmp_path
         assert n["cpu_source"] in ("rapl", "model") and n["cpu_j"] > 0
     assert all(n["processes_cpu_j"] > 0 for n in with_actors)
     assert r["energy"]["other_hosts_j"] == 0
+    assert "steps_per_joule_busy_only" not in r  # the other hosts' meters give no idle part
 
 
 @pytest.mark.slow

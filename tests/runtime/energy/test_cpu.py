@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 import types
 from collections.abc import Iterator
 from pathlib import Path
@@ -131,6 +132,30 @@ def test_process_tree_model_counts_busy_child() -> None:
     spin = "import time\nend = time.process_time() + 0.2\nwhile time.process_time() < end: pass"
     subprocess.run([sys.executable, "-c", spin], check=True)  # reaped: counted as children
     assert model.read_energy_j() >= 10.0 * 0.2 * 0.9
+
+
+def test_a_child_read_alive_then_reaped_by_its_listed_parent_is_counted_once() -> None:
+    """A wrapped script's worker, or a study worker's actor: read while it runs, then reaped by
+    its parent, whose children times then hold it. Its CPU seconds count once."""
+    from runtime.energy.cpu import tree_pids
+
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 1.0: pass"
+    parent = (
+        "import subprocess, sys, time\n"
+        f"subprocess.run([sys.executable, '-c', {burn!r}])\n"
+        "time.sleep(0.5)\n"  # its child reaped: read once more before it exits
+    )
+    root = subprocess.Popen([sys.executable, "-c", parent])
+    model = cpu.CPUModelEnergy(watts_per_busy_core=1.0, pids=lambda: tree_pids(root.pid))
+    seen_child = 0
+    while root.poll() is None:  # read as the tree changes, as the wrap does
+        seen_child = max(seen_child, len(tree_pids(root.pid)) - 1)
+        model.read_energy_j()
+        time.sleep(0.05)
+    charged = model.read_energy_j()
+    assert seen_child >= 1  # the child was read alive
+    # one second burnt, plus two interpreters' start-ups; twice over it would be past 2 s
+    assert 1.0 <= charged < 1.9, charged
 
 
 def test_process_tree_model_tolerates_vanished_pids() -> None:

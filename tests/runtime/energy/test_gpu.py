@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 import types
 from collections.abc import Iterator
@@ -114,10 +115,30 @@ def test_all_unsupported_gives_pure_polling(monkeypatch: pytest.MonkeyPatch) -> 
         assert isinstance(source, gpu.NVMLPowerPollingEnergy)
         start = source.read_energy_j()[0]
         time.sleep(0.12)
-        power_mw[0] = 300_000  # trapezoid: the next sample sees the step
+        power_mw[0] = 300_000  # held from the next sample on
         time.sleep(0.12)
         delta_j = source.read_energy_j()[0] - start
         assert 100.0 * 0.24 < delta_j < 300.0 * 0.3
+    finally:
+        source.close()
+
+
+def test_polled_energy_never_goes_backwards_when_the_power_drops(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A read between samples counts the time since the last at its power, as the next sample
+    does: the cumulative value a window ends on is never above a later one."""
+    power_mw = {0: 300_000}
+    monkeypatch.setattr(nvml, "pynvml", make_fake_nvml({}, power_mw))
+    source = gpu.probe_gpu_energy()
+    try:
+        reads = [source.read_energy_j()[0]]
+        for i in range(200):  # reads far more often than the samples, across the drop
+            if i == 100:
+                power_mw[0] = 50_000
+            reads.append(source.read_energy_j()[0])
+            time.sleep(0.002)
+        assert all(b >= a for a, b in itertools.pairwise(reads)), reads
     finally:
         source.close()
 

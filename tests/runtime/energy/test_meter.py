@@ -224,3 +224,41 @@ def test_measured_cpu_has_no_busy_only_figure(clock: FakeClock) -> None:
     assert not {"cpu_model", "cpu_idle_j", "cpu_j_busy_only"} & set(result["energy"])
     assert "steps_per_joule_busy_only" not in result
     assert result["steps_per_joule"] == pytest.approx(10.0)
+
+
+def test_a_failed_read_is_taken_at_the_last_reading_and_the_next_makes_up_for_it():
+    """An NVML hiccup at a window's end neither loses the window nor fails the run: the
+    source's last reading stands in, the miss is counted, and the cumulative counter's next
+    read brings the energy in."""
+    from runtime.energy.cpu import CPUModelEnergy
+    from runtime.energy.gpu import GPUEnergyError, GPUEnergySource
+    from runtime.energy.meter import EnergyMeter
+
+    class Flaky(GPUEnergySource):
+        source = "nvml"
+
+        def __init__(self) -> None:
+            super().__init__([0])
+            self.j, self.fail = 0.0, False
+
+        def read_energy_j(self) -> dict[int, float]:
+            self.j += 100.0  # the GPU draws on whether or not the read works
+            if self.fail:
+                self.fail = False
+                raise GPUEnergyError("NVML failed to read total energy of GPU 0: Unknown Error")
+            return {0: self.j}
+
+    gpu = Flaky()
+    meter = EnergyMeter(gpu=gpu, cpu=CPUModelEnergy())
+    meter.begin_window("run")
+    meter.begin_window("trial")
+    gpu.fail = True
+    trial = meter.end_window("trial")  # its end could not be read: the last reading stands
+    assert trial.gpu_total_j == 0.0 and meter.read_errors == 1
+    assert meter.open_windows == ["run"]
+    run = meter.end_window("run")
+    assert run.gpu_total_j == 300.0  # 100 J a read after its first, the failed one made up
+    fresh = EnergyMeter(gpu=Flaky(), cpu=CPUModelEnergy())
+    fresh.gpu.fail = True
+    with pytest.raises(GPUEnergyError):  # no reading yet to stand in: said at once
+        fresh.begin_window("run")
