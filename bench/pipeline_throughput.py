@@ -148,7 +148,7 @@ def _stage_consumer(endpoints, batch_rows: int, out) -> None:
 
 
 def measure(mode: str, producers: int, size: tuple, seconds: float, chunk_bytes: int) -> dict:
-    from runtime import topology, wire
+    from runtime import topology
     from runtime.stages.compressor import compressor_main
     from runtime.stages.migrator import migrator_main
 
@@ -187,14 +187,14 @@ def measure(mode: str, producers: int, size: tuple, seconds: float, chunk_bytes:
         if mode.startswith("stages"):
             expect = {f"{i}:0": 2**62 for i in range(producers)}  # only their EOS ends it
             while out.empty():
-                wire.send_msg(commands, wire.MsgType.COMMAND, {"cmd": "drain", "expect": expect})
+                commands.send({"cmd": "drain", "expect": expect})
                 time.sleep(0.2)
         r = out.get(timeout=seconds + 120)
         done.set()
         for p in prods + services:
             while p.is_alive():
                 if mode.startswith("stages"):
-                    wire.send_msg(commands, wire.MsgType.COMMAND, {"cmd": "exit"})
+                    commands.send({"cmd": "exit"})
                 p.join(timeout=0.1)
         if mode.startswith("stages"):
             zctx.destroy(linger=0)
