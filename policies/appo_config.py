@@ -114,7 +114,9 @@ class APPOConfig:
         if self.lr_schedule not in LR_SCHEDULES:
             out.append(f"learner.lr_schedule={self.lr_schedule!r}: allowed {LR_SCHEDULES}")
         for name in ("gamma", "vtrace_lambda"):
-            if not 0.0 < getattr(self, name) <= 1.0:
+            value = getattr(self, name)
+            number = isinstance(value, int | float) and not isinstance(value, bool)
+            if not (number and 0.0 < value <= 1.0):
                 out.append(f"learner.{name}={getattr(self, name)!r}: must be in (0, 1]")
         for name in ("epochs", "minibatches", "max_policy_lag"):
             if not (isinstance(getattr(self, name), int) and getattr(self, name) >= 1):
@@ -140,6 +142,25 @@ class APPOConfig:
             per_row = max(1, samples // rows)
             return max(1, min(self.minibatches, rows // -(-self.min_minibatch // per_row)))
         return max(1, min(self.minibatches, samples // self.min_minibatch))
+
+    def batch_problem(self, batch: object, rollout_len: object) -> str | None:
+        """Why a batch of ``batch`` steps in trajectories of ``rollout_len`` cannot be split
+        into this learner's minibatches (fewer trajectories than minibatches: some would be
+        empty), or None."""
+        counts = (batch, rollout_len, self.minibatches, self.min_minibatch)
+        if not all(isinstance(c, int) and not isinstance(c, bool) for c in counts):
+            return None  # each is refused on its own
+        if rollout_len < 1 or self.minibatches < 1:
+            return None
+        rows = batch // rollout_len
+        if rows < 1 or self.minibatches_for(batch, rows) <= rows:
+            return None
+        least = self.minibatches * rollout_len
+        return (
+            f"batch_size={batch}: {rows} trajectories of {rollout_len} steps cannot fill "
+            f"learner.minibatches={self.minibatches}; allowed a batch of at least {least} "
+            f"(minibatches x rollout_len), or fewer minibatches"
+        )
 
     def lr_for(self, batch: int | None) -> float:
         """``lr`` scaled for a batch of ``batch`` steps (``lr_scaling``; None: unscaled)."""

@@ -15,8 +15,8 @@ TRAINER_DEVICES = ("auto", "cpu", "cuda")
 TRAINER_PRECISIONS = ("fp32", "bf16")
 GRAD_SYNCS = ("auto", "mpr", "mrr", "har")
 INFERENCES = ("actor", "gmi")
-ACTOR_NICE_MAX = 19
-"""The largest niceness an unprivileged process can add (``nice(2)``)."""
+ACTOR_NICE_MAX = 19  # the largest niceness an unprivileged process can add (nice(2))
+SEED_MAX = 2**63 - 1  # torch seeds its generators with a signed 64-bit number
 
 
 class ConfigError(ValueError):
@@ -30,11 +30,10 @@ class ConfigError(ValueError):
 def mps_pct_problem(pct: object, gmis: int | None) -> str | None:
     """What is wrong with MPS percentages ``pct`` for ``gmis`` GMIs (None: skip the count),
     or None if they are fine: one value for all GMIs or one per GMI, each an int in 1..100."""
-    if (
-        not isinstance(pct, tuple)
-        or not pct
-        or not all(isinstance(p, int) and not isinstance(p, bool) and 1 <= p <= 100 for p in pct)
-    ):
+    whole = isinstance(pct, tuple) and all(
+        isinstance(p, int) and not isinstance(p, bool) for p in pct
+    )
+    if not (whole and pct and all(1 <= p <= 100 for p in pct)):
         return f"{pct!r}: each value must be an integer in 1..100"
     if gmis is not None and len(pct) not in (1, gmis):
         return f"{len(pct)} values for {gmis} GMIs; give one value or {gmis} (one per GMI)"
@@ -146,6 +145,8 @@ class TrainConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < lo:
                 out.append(f"{name}={value!r}: must be an integer >= {lo}")
+        if isinstance(self.seed, int) and self.seed > SEED_MAX:
+            out.append(f"seed={self.seed}: at most {SEED_MAX} (2**63 - 1, as torch takes it)")
         if isinstance(self.chunk_bytes, int) and self.chunk_bytes > CHUNK_MAX_BYTES:
             out.append(f"chunk_bytes={self.chunk_bytes}: at most {CHUNK_MAX_BYTES} (256 MiB)")
         if isinstance(self.batch_size, int) and isinstance(self.rollout_len, int):
@@ -161,11 +162,10 @@ class TrainConfig:
                     f"could ever arrive; allowed: rollout_len..steps ({self.rollout_len}.."
                     f"{self.steps})"
                 )
-        if (
-            not isinstance(self.actor_nice, int)
-            or isinstance(self.actor_nice, bool)
-            or not 0 <= self.actor_nice <= ACTOR_NICE_MAX
-        ):
+        if problem := self.learner.batch_problem(self.batch_size, self.rollout_len):
+            out.append(problem)
+        nice = self.actor_nice
+        if not isinstance(nice, int) or isinstance(nice, bool) or not 0 <= nice <= ACTOR_NICE_MAX:
             out.append(f"actor_nice={self.actor_nice!r}: allowed an integer 0..{ACTOR_NICE_MAX}")
         if self.pin_actors is not None and not isinstance(self.pin_actors, bool):
             out.append(f"pin_actors={self.pin_actors!r}: allowed True, False or None (auto)")

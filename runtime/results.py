@@ -330,7 +330,8 @@ def build_result(runner: RunRecord, wall_s: float, energy: Any) -> dict[str, Any
         "stalls": tel.stalls,
         "divergence": tel.divergence.found,
         "trainer_device": trainer.get("device"),
-        "updates": trainer.get("version", 0),
+        "updates": trainer.get("version", 0) - _resumed_version(runner),  # this run's
+        "learner_version": trainer.get("version", 0),  # from the checkpoint's on
         "noise_scale": noise_doc(trainer, runner.cfg.batch_size),
         "learning_rate": {
             "schedule": runner.cfg.learner.lr_schedule,
@@ -385,3 +386,10 @@ def timeline_rate(result: dict[str, Any], t0: float, t1: float) -> dict[str, flo
     if len(rows[0]) > 4 and len(rows[-1]) > 4:  # timelines before the column lack it
         out["actor_throttle_s"] = rows[-1][4] - rows[0][4]
     return out
+
+
+def _resumed_version(runner: Any) -> int:
+    """The learner version a run resumed from a checkpoint started at (0 for a fresh run)."""
+    resume = getattr(runner, "resume", None)
+    version = getattr(resume, "version", 0) if resume is not None else 0
+    return version if isinstance(version, int) else 0

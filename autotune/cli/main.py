@@ -54,7 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:  # before the command's work, not at its end with the work done
-        check_output(getattr(args, "json", None), "--json", getattr(args, "storage", None))
+        storage = getattr(args, "storage", None)
+        check_output(getattr(args, "json", None), "--json", storage)
+        check_output(getattr(args, "progress", None), "--progress", storage)
         return int(args.func(args))
     except OutputPathError as exc:  # at the start, or a write at the end that failed after all
         Console(stderr=True, emoji=False).print(f"[red]error:[/red] {escape(str(exc))}")

@@ -28,6 +28,7 @@ from autotune.cli.tune_flags import (
     daemon_budget,
     inference_within,
     share_flags,
+    tune_only_flags,
     tune_options,
 )
 from autotune.workflows.progress_log import ProgressLog
@@ -280,11 +281,11 @@ def cmd_train(args: argparse.Namespace) -> int:
             console.print(f"[yellow]note:[/yellow] {escape(note)}")
         if args.tune:
             held = args.held_budget = daemon_budget(console, args, cfg)
-        elif share_flags(args):
+        elif share_flags(args) or tune_only_flags(args):
             raise ConfigError(
                 [
-                    f"{', '.join(share_flags(args))} take effect with --tune (only a tuned job "
-                    "registers with the daemon, which shares the machine out)"
+                    f"{', '.join(share_flags(args) + tune_only_flags(args))} take effect with "
+                    "--tune (only a tuned job has a study, knobs to move and a daemon's share)"
                 ]
             )
         auto = auto_fields(args)

@@ -136,8 +136,11 @@ def explicit_flags(parser: argparse.ArgumentParser, argv: list[str]) -> set[str]
 def config_with_flags(base, args: argparse.Namespace, explicit: set[str]):
     """``base`` (from ``--config``) with the flags given explicitly on the command line."""
     fields = {f.name for f in dataclasses.fields(base)} - {"learner"}
-    changes = {k: getattr(args, k) for k in explicit & fields if getattr(args, k) != "auto"}
+    sized = {k for k in AUTO if getattr(args, k, None) == "auto"}  # left to the sizing
+    changes = {k: getattr(args, k) for k in explicit & fields - sized}
     learner = {k: getattr(args, k) for k in explicit & set(LEARNER_FLAGS)}
+    if "batch_size" in changes or "lr" in learner:  # --lr is for the batch this run starts with
+        learner["lr_batch"] = None
     for name in ("normalize_reward", "compile_loss"):  # on/off on the command line
         if name in learner:
             learner[name] = learner[name] == "on"
@@ -173,6 +176,15 @@ def _or_default(args: argparse.Namespace, name: str, default):
     return default if value == "auto" else value
 
 
+def _batch_placeholder(args: argparse.Namespace) -> int:
+    """What an ``auto`` batch size is checked as before the sizing sets it: the least batch
+    this rollout length and minibatch count take (the sizing's are at least that), so no check
+    fails on a value the user did not give."""
+    rows, splits = args.rollout_len, args.minibatches
+    ok = all(isinstance(v, int) and v >= 1 for v in (rows, splits))
+    return rows * splits if ok else TrainConfig.batch_size
+
+
 def config_from_args(args: argparse.Namespace):
     learner = APPOConfig(
         lr=args.lr,
@@ -200,7 +212,7 @@ def config_from_args(args: argparse.Namespace):
         actor_nice=args.actor_nice,
         pin_actors=args.pin_actors,
         rollout_len=args.rollout_len,
-        batch_size=_or_default(args, "batch_size", TrainConfig.batch_size),
+        batch_size=_or_default(args, "batch_size", _batch_placeholder(args)),
         policy=args.policy,
         seed=args.seed,
         chunk_bytes=args.chunk_bytes,

@@ -196,6 +196,20 @@ def tune_options(args: argparse.Namespace) -> TuneOptions:
     )
 
 
+TUNE_ONLY = (
+    "knob", "storage", "study", "tune_trials", "tune_window_s", "tune_warmup_s",
+    "tune_window_max_s", "tune_window_target", "tune_sampler", "control", "in_process",
+    "min_steps_per_s", "max_lag",
+)  # fmt: skip
+"""The tuning flags that do nothing without --tune (``--objective`` also picks the sizing's)."""
+
+
+def tune_only_flags(args: argparse.Namespace) -> list[str]:
+    """The tuning flags given on the command line that need --tune."""
+    given = getattr(args, "explicit", set())
+    return ["--" + d.replace("_", "-") for d in TUNE_ONLY if d in given]
+
+
 def share_flags(args: argparse.Namespace) -> list[str]:
     """The machine-sharing flags given (they need --tune)."""
     given = {

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,10 +69,10 @@ class TunerSettings:
                 out.append(f"{name}={getattr(self, name)}: must be > 0")
         if self.min_steps_per_s is not None and not self.min_steps_per_s > 0:
             out.append(f"min_steps_per_s={self.min_steps_per_s}: must be > 0")
-        if self.max_policy_lag is not None and self.max_policy_lag < 0:
+        if self.max_policy_lag is not None and not 0 <= self.max_policy_lag < math.inf:
             out.append(
-                f"max_policy_lag={self.max_policy_lag}: no config can meet it (a policy "
-                "lag is never negative); give a ceiling >= 0"
+                f"max_policy_lag={self.max_policy_lag}: a ceiling is a finite number of "
+                "versions >= 0 (a policy lag is never negative)"
             )
         for name in ("trials", "repeat_every", "empty_windows"):
             if getattr(self, name) < 1:

@@ -143,6 +143,14 @@ def size_config(
     fixed = {f: _knob(cfg, f) for f in AUTO_FIELDS if f not in auto}
     if fixed.get("trainer_device") == "auto":
         fixed.pop("trainer_device")
+    given_gpu = ("mps_pct" not in auto and cfg.mps_pct is not None) or cfg.gpus is not None
+    if "trainer_device" in auto and (given_gpu or cfg.inference_mps_pct is not None):
+        fixed["trainer_device"] = "cuda"  # a GPU setting given: the trainer is on a GPU
+    moved = {}  # a held value outside the space a tuned run's --knob pins: its nearest there
+    for name, values in (allowed or {}).items():
+        held = fixed.get(name)
+        if isinstance(held, int) and values and held not in values:
+            fixed[name] = moved[name] = min(values, key=lambda v: (abs(v - held), v))
 
     def sized_on(on: Probes) -> tuple[Probes, MachineModel, dict, Sizing]:
         model, hardware = machine_model(cfg, on, cores)
@@ -169,6 +177,7 @@ def size_config(
     chosen = pick_backend(backend, predicted, objective)
     probes, model, hardware, sizing = by_backend[chosen]
     changes = {f: to_config_value(f, v) for f, v in sizing.values.items() if f in auto}
+    changes |= {f: to_config_value(f, v) for f, v in moved.items()}
     if changes.get("trainer_device") == "cpu":
         changes["mps_pct"] = None
     sized = dataclasses.replace(cfg, **changes, env_backend=chosen)

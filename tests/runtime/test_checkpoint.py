@@ -94,7 +94,8 @@ def test_a_second_run_goes_on_from_the_first_and_loses_nothing(tmp_path):
     assert doc["resumed_from_steps"] == saved["trained_steps"]
     assert doc["resumed_from_version"] == saved["version"]
     assert doc["saved_steps"] == saved["trained_steps"] + second["env_steps"]
-    assert doc["saved_version"] == second["updates"] > saved["version"]
+    assert doc["saved_version"] == second["learner_version"] > saved["version"]
+    assert second["updates"] == second["learner_version"] - saved["version"]  # this run's
 
 
 def test_unresumable_checkpoints_are_refused_before_the_run(tmp_path):

@@ -232,6 +232,38 @@ def test_the_loss_compile_is_on_by_default_and_a_flag_turns_it_off(tmp_path):
     assert build_config(floor).learner.min_minibatch == 512
 
 
+def test_flags_given_auto_over_a_config_file_win_unless_auto_means_sizing(tmp_path):
+    """``--policy auto`` and ``--grad-sync auto`` are values, not sizes to probe: over a
+    file's they stand. A batch size or rate given anew starts the rate's scaling afresh."""
+    from autotune.cli.main import parse_args as parse
+    from autotune.cli.train_config import train_config as build_config
+
+    doc = tmp_path / "c.json"
+    learner = {"lr": 0.002, "lr_batch": 512, "lr_scaling": "sqrt", "lr_schedule": "constant"}
+    given = {"env": "CartPole-v1", "policy": "auto:16:auto", "grad_sync": "mpr"}
+    doc.write_text(json.dumps({**given, "batch_size": 512, "learner": learner}))
+    over = build_config(
+        parse(["train", "--config", str(doc), "--policy", "auto", "--grad-sync", "auto"])
+    )
+    assert (over.policy, over.grad_sync) == ("auto", "auto")
+    kept = build_config(parse(["train", "--config", str(doc)]))
+    assert (kept.policy, kept.grad_sync, kept.learner.lr_batch) == ("auto:16:auto", "mpr", 512)
+    bigger = build_config(parse(["train", "--config", str(doc), "--batch-size", "2048"]))
+    assert bigger.batch_size == 2048 and bigger.learner.lr_batch is None  # 0.002 at 2048
+    sized = parse(["train", "--config", str(doc), "--batch-size", "auto"])
+    assert build_config(sized).batch_size == 512  # the sizing's to set, from the file's
+
+
+def test_a_batch_with_fewer_trajectories_than_minibatches_is_refused_saying_the_least():
+    from autotune.cli.main import parse_args as parse
+    from autotune.cli.train_config import train_config as build_config
+
+    cfg = build_config(parse(["train", "--batch-size", "64", "--minibatches", "4"]))
+    (problem,) = cfg.problems()
+    assert "2 trajectories of 32 steps cannot fill learner.minibatches=4" in problem
+    assert "at least 128" in problem
+
+
 def test_the_in_flight_budget_and_chunk_timeout_flags_reach_the_config(tmp_path):
     """``--max-inflight-batches`` and ``--chunk-timeout-s`` set the run's; over a config
     file's too, and the file's stand where they are not given."""
@@ -266,3 +298,41 @@ def test_a_gpu_knob_on_a_machine_without_one_is_refused_before_the_probes():
     said = " ".join(out.stderr.split())
     assert out.returncode == 2 and "knob mps_pct cannot be set here: no CUDA GPU" in said, said
     assert "probes" not in said
+
+
+def test_tuning_flags_without_tune_are_refused_not_ignored(capsys):
+    from autotune.cli.main import main
+
+    argv = ["train", "--quiet", "--knob", "actors=2", "--tune-trials", "0", "--max-lag", "3"]
+    assert main(argv) == 2
+    said = " ".join(capsys.readouterr().err.split())
+    assert "--knob, --tune-trials, --max-lag take effect with --tune" in said
+
+
+def test_values_that_passed_and_failed_mid_run_are_refused_before_it():
+    """A NaN lag ceiling, a seed torch cannot take, a learner number given as text."""
+    from autotune.tuning.settings import TunerSettings
+    from policies.appo_config import APPOConfig
+    from runtime.config import TrainConfig
+
+    (lag,) = TunerSettings(max_policy_lag=float("nan")).problems()
+    assert "a ceiling is a finite number of versions >= 0" in lag
+    (seed,) = TrainConfig(seed=2**64).problems()
+    assert "seed=18446744073709551616: at most 9223372036854775807" in seed
+    assert TrainConfig(seed=2**63 - 1).problems() == []
+    (gamma,) = APPOConfig(gamma="99e-2").problems()
+    assert "learner.gamma='99e-2': must be in (0, 1]" in gamma
+
+
+def test_an_auto_batch_is_not_refused_for_a_value_the_user_never_gave(tmp_path, capsys):
+    """Before the sizing sets it, an ``auto`` batch is checked as the least batch the rollout
+    length and minibatches take: a short run or an odd rollout length is not refused for it."""
+    from autotune.cli.main import main
+    from autotune.cli.main import parse_args as parse
+    from autotune.cli.train_config import train_config as build_config
+
+    assert build_config(parse(["train", "--steps", "1000"])).problems() == []
+    assert build_config(parse(["train", "--rollout-len", "48"])).problems() == []
+    # and a --progress path that cannot be written is refused before any probe
+    assert main(["train", "--quiet", "--progress", str(tmp_path)]) == 2
+    assert "--progress" in capsys.readouterr().err
