@@ -196,11 +196,10 @@ def tune_options(args: argparse.Namespace) -> TuneOptions:
     )
 
 
-TUNE_ONLY = (
-    "knob", "storage", "study", "tune_trials", "tune_window_s", "tune_warmup_s",
-    "tune_window_max_s", "tune_window_target", "tune_sampler", "control", "in_process",
-    "min_steps_per_s", "max_lag",
-)  # fmt: skip
+TUNE_ONLY = tuple(
+    "knob storage study tune_trials tune_window_s tune_warmup_s tune_window_max_s "
+    "tune_window_target tune_sampler control in_process min_steps_per_s max_lag".split()
+)
 """The tuning flags that do nothing without --tune (``--objective`` also picks the sizing's)."""
 
 

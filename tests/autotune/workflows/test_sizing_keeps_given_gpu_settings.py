@@ -26,10 +26,9 @@ def test_an_explicit_mps_share_keeps_the_trainer_on_the_gpu_where_the_cpu_would_
         "cpu": LearnerCost("cpu", {1024: 0.003, 4096: 0.011}),
         "cuda": LearnerCost("cuda", {1024: 3.0, 4096: 11.0}),
     }
-    probes = Probes(
-        ENV, POLICY, 25e-6, {1: 20e-6, 8: 25e-6, 32: 45e-6}, costs, sms=[132],
-        measured_at=time.time(), round_loaded_s={2: 50e-6, 16: 300e-6}, backend="gymnasium",
-    )  # fmt: skip
+    rounds = {"round_loaded_s": {2: 50e-6, 16: 300e-6}, "backend": "gymnasium"}
+    forward = {1: 20e-6, 8: 25e-6, 32: 45e-6}
+    probes = Probes(ENV, POLICY, 25e-6, forward, costs, [132], measured_at=time.time(), **rounds)
     path = probe_cache.entry_path(ENV, POLICY, 32, learner, ["cpu", "cuda"], "gymnasium")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(probes.to_dict()))
