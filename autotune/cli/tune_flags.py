@@ -197,8 +197,21 @@ def tune_options(args: argparse.Namespace) -> TuneOptions:
 
 
 TUNE_ONLY = tuple(
-    "knob storage study tune_trials tune_window_s tune_warmup_s tune_window_max_s "
-    "tune_window_target tune_sampler control in_process min_steps_per_s max_lag".split()
+    [
+        "knob",
+        "storage",
+        "study",
+        "tune_trials",
+        "tune_window_s",
+        "tune_warmup_s",
+        "tune_window_max_s",
+        "tune_window_target",
+        "tune_sampler",
+        "control",
+        "in_process",
+        "min_steps_per_s",
+        "max_lag",
+    ]
 )
 """The tuning flags that do nothing without --tune (``--objective`` also picks the sizing's)."""
 
