@@ -168,19 +168,7 @@ def sm_counts(env: dict[str, str] | None = None, timeout_s: float = 120.0) -> li
     Returns:
         One count per CUDA device (CUDA's order), or ``[]`` where CUDA is unavailable.
     """
-    try:
-        done = subprocess.run(
-            [sys.executable, "-c", SM_QUERY],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            check=True,
-        )
-        return [int(c) for c, _ in json.loads(done.stdout.strip().splitlines()[-1])]
-    except (subprocess.SubprocessError, ValueError, IndexError, TypeError) as exc:
-        logger.warning("could not read SM counts through CUDA: %s", exc)
-        return []
+    return [c for c, _ in _sm_query(env, timeout_s)]
 
 
 def sm_counts_of(gpus: list[GPUInfo], timeout_s: float = 120.0) -> dict[int, int]:
@@ -189,6 +177,12 @@ def sm_counts_of(gpus: list[GPUInfo], timeout_s: float = 120.0) -> dict[int, int
     reports one. A GPU CUDA does not show (a MIG-mode GPU shows its instances) is left out."""
     env = {**os.environ, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
     env.pop("CUDA_VISIBLE_DEVICES", None)
+    return pair_sm_counts(gpus, _sm_query(env, timeout_s))
+
+
+def _sm_query(env: dict[str, str] | None, timeout_s: float) -> list[tuple[int, str]]:
+    """(SMs, UUID) of each CUDA device a fresh process with ``env`` sees; [] where CUDA is
+    unavailable (said in the log)."""
     try:
         done = subprocess.run(
             [sys.executable, "-c", SM_QUERY],
@@ -198,11 +192,10 @@ def sm_counts_of(gpus: list[GPUInfo], timeout_s: float = 120.0) -> dict[int, int
             timeout=timeout_s,
             check=True,
         )
-        found = [(int(c), str(u)) for c, u in json.loads(done.stdout.strip().splitlines()[-1])]
+        return [(int(c), str(u)) for c, u in json.loads(done.stdout.strip().splitlines()[-1])]
     except (subprocess.SubprocessError, ValueError, IndexError, TypeError) as exc:
         logger.warning("could not read SM counts through CUDA: %s", exc)
-        return {}
-    return pair_sm_counts(gpus, found)
+        return []
 
 
 def pair_sm_counts(gpus: list[GPUInfo], found: list[tuple[int, str]]) -> dict[int, int]:
