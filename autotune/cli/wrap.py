@@ -11,7 +11,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from autotune.cli.output import check_output, write_json
+from autotune.cli.output import check_output, check_output_dir, write_json, write_text
 from autotune.tuning.knobs import KnobError
 
 RETRIES = 1
@@ -156,7 +156,8 @@ def cmd_wrap(args: argparse.Namespace) -> int:
         names = [k.name for k in space]
         if len({n.upper() for n in names}) != len(names):  # AUTOTUNE_<NAME> tells them apart
             raise KnobError(f"a knob is given twice (names differ in case at most): {names}")
-        check_output(args.export, "--export", args.storage)  # --json: checked for every command
+        check_output(args.export, "--export", args.storage)
+        check_output_dir(args.plots, "--plots")  # --json: checked for every command
         args.defaults = script_defaults(args.default, space, cmd)
         wrapper = Wrapper(cmd, args.trial_s, args.report_timeout_s)
         name = args.study or f"wrap-{script_name(cmd)}"
@@ -360,17 +361,20 @@ def export_at_end(args: argparse.Namespace, console: Any, study: Any) -> None:
         return
     fmt = "yaml" if args.export.suffix in (".yaml", ".yml") else "json"
     try:
-        args.export.parent.mkdir(parents=True, exist_ok=True)
-        args.export.write_text(dump(doc, fmt))
+        write_text(args.export, dump(doc, fmt))  # whole or not at all
         console.print(f"exported {args.export}: {' '.join(doc['recommended']['command'])}")
-        if args.plots is not None:
-            paths = write_wrap_plots(study, args.plots, doc["recommended"]["values"])
-            console.print("plots: " + ", ".join(str(p) for p in paths))
     except OSError as exc:  # the study keeps every trial: autotune export can write it later
         console.print(
             f"[red]not exported:[/red] {escape(str(exc))}; the study is intact: "
             f"autotune export --study {escape(study.study_name)} --out PATH"
         )
+        return
+    if args.plots is not None:
+        try:
+            paths = write_wrap_plots(study, args.plots, doc["recommended"]["values"])
+            console.print("plots: " + ", ".join(str(p) for p in paths))
+        except OSError as exc:
+            console.print(f"[red]plots not drawn:[/red] {escape(str(exc))} (the export is)")
 
 
 def measured_line(run: Any, objective: str) -> str:

@@ -13,6 +13,7 @@ import pytest
         (["--trial-s", "inf"], "--trial-s inf: allowed a number of seconds > 0"),
         (["--report-timeout-s", "-1"], "--report-timeout-s -1.0: allowed a number of seconds > 0"),
         (["--plots", "p"], "--plots DIR draws the recommendation --export PATH writes"),
+        (["--export", "e.json", "--plots", "/proc/version"], "--plots /proc/version: is a file"),
         (["--mode", "live", "--window-s", "-1"], "window_s=-1.0: must be > 0"),
         (["--mode", "live", "--warmup-s", "-2"], "warmup_s=-2.0"),
     ],
