@@ -172,8 +172,6 @@ def measure(mode: str, producers: int, size: tuple, seconds: float, chunk_bytes:
         else:
             target = ep.experience
             services = [ctx.Process(target=_direct_consumer, args=(mode, target, producers, out))]
-        for s in services:
-            s.start()
         prods = [
             ctx.Process(
                 target=_producer,
@@ -181,21 +179,27 @@ def measure(mode: str, producers: int, size: tuple, seconds: float, chunk_bytes:
             )
             for i in range(producers)
         ]
-        for p in prods:
-            p.start()
-        start.wait()
-        if mode.startswith("stages"):
-            expect = {f"{i}:0": 2**62 for i in range(producers)}  # only their EOS ends it
-            while out.empty():
-                commands.send({"cmd": "drain", "expect": expect})
-                time.sleep(0.2)
-        r = out.get(timeout=seconds + 120)
-        done.set()
-        for p in prods + services:
-            while p.is_alive():
-                if mode.startswith("stages"):
-                    commands.send({"cmd": "exit"})
-                p.join(timeout=0.1)
+        try:
+            for p in services + prods:
+                p.start()
+            start.wait()
+            if mode.startswith("stages"):
+                expect = {f"{i}:0": 2**62 for i in range(producers)}  # only their EOS ends it
+                while out.empty():
+                    commands.send({"cmd": "drain", "expect": expect})
+                    time.sleep(0.2)
+            r = out.get(timeout=seconds + 120)
+            done.set()
+            for p in prods + services:
+                while p.is_alive():
+                    if mode.startswith("stages"):
+                        commands.send({"cmd": "exit"})
+                    p.join(timeout=0.1)
+        except BaseException:  # no process of the step left waiting for a drain that never comes
+            for p in prods + services:
+                if p.is_alive():
+                    p.kill()
+            raise
         if mode.startswith("stages"):
             zctx.destroy(linger=0)
     e = r["elapsed_s"]
