@@ -198,21 +198,9 @@ def test_the_knob_space_counts_the_cores_of_the_affinity_mask():
 def test_a_budget_no_choice_of_a_knob_fits_never_enqueues_a_value_outside_its_choices(tmp_path):
     """``--knob actors=4,8`` on a 2-core budget: no choice fits. The tuner counts the trials
     it cannot run and ends holding, never asking Optuna for a value not among the choices."""
-    from autotune.tuning.knobs import build_space
-    from autotune.tuning.online_tuner import OnlineTuner, TunerSettings
-    from autotune.tuning.storage import open_study
-
     knobs = ["actors=4,8", "batch_size=1024..16384", "envs_per_actor=8", "chunk_bytes=262144"]
-    space = build_space(Machine(cores=10, gpus=0), [*knobs, "trainers=1", "trainer_threads=1"])
     world = World(0)
-    tuner = OnlineTuner(
-        open_study(f"sqlite:///{tmp_path}/s.db", "s", seed=0),
-        space,
-        world,
-        TunerSettings(trials=10, warmup_s=1.0, window_s=1.0, window_max_s=5.0),
-        {"actors": 4, "batch_size": 1024},
-        clock=lambda: world.t,
-    )
+    tuner = _tuner(tmp_path, world, knobs=knobs, base={"actors": 4, "batch_size": 1024}, trials=10)
     tuner.set_limits({"actors": 2})
     _run(tuner, world, 10)  # before the fix: ValueError '2' not in (4, 8) inside ask
     trials = tuner.study.get_trials()

@@ -10,8 +10,6 @@ import pytest
 from optuna.trial import TrialState
 from test_online_tuner import World, _run, _tuner
 
-from autotune.tuning.knobs import Machine, build_space
-from autotune.tuning.online_tuner import OnlineTuner, TunerSettings
 from autotune.tuning.storage import StudyError, open_study
 
 
@@ -81,8 +79,6 @@ def test_a_resumed_study_applies_no_value_of_a_knob_fixed_since(tmp_path):
     first = _tuner(tmp_path, world, trials=12)
     _run(first, world, 12)
     assert any(v["batch_size"] > 1024 for v in world.applied)
-    fixed = ["batch_size=1024", "envs_per_actor=8", "chunk_bytes=262144", "trainers=1"]
-    space = build_space(Machine(cores=10, gpus=0), [*fixed, "trainer_threads=1"])
 
     class FixedBatch(World):  # the job's batch size is 1024 unless a config changes it
         def apply(self, values):
@@ -90,14 +86,8 @@ def test_a_resumed_study_applies_no_value_of_a_knob_fixed_since(tmp_path):
             self.applied[-1] = dict(values)
 
     again = FixedBatch(1)
-    second = OnlineTuner(
-        open_study(f"sqlite:///{tmp_path}/s.db", "s", seed=0),
-        space,
-        again,
-        TunerSettings(trials=16, warmup_s=1.0, window_s=1.0, window_max_s=5.0),
-        {"actors": 2, "batch_size": 1024},
-        clock=lambda: again.t,
-    )
+    fixed = ["batch_size=1024", "envs_per_actor=8", "chunk_bytes=262144"]
+    second = _tuner(tmp_path, again, knobs=fixed, trials=16)
     assert second.trials_done == 0  # the first run's trials tuned the batch size too
     _run(second, again, 16)
     _ticks(second, again, 60)
@@ -131,17 +121,10 @@ def test_the_incumbents_measuring_again_is_not_pruned_past_the_envs_saturation(t
                 self.joules += 1000 * dt
             return Counters(self.t, int(self.steps), 0.0, 0.0, self.joules)
 
-    knobs = ["envs_per_actor=4,8,16,32", "batch_size=1024", "chunk_bytes=262144", "trainers=1"]
-    space = build_space(Machine(cores=10, gpus=0), [*knobs, "trainer_threads=1"])
+    knobs = ["envs_per_actor=4,8,16,32", "batch_size=1024", "chunk_bytes=262144"]
     world = EnvWorld(0)
-    tuner = OnlineTuner(
-        open_study(f"sqlite:///{tmp_path}/s.db", "s", seed=0),
-        space,
-        world,
-        TunerSettings(trials=30, warmup_s=1.0, window_s=1.0, window_max_s=5.0, sampler="tpe"),
-        {"actors": 2, "envs_per_actor": 4},
-        clock=lambda: world.t,
-    )
+    base = {"actors": 2, "envs_per_actor": 4}
+    tuner = _tuner(tmp_path, world, knobs=knobs, base=base, trials=30, sampler="tpe")
     tuner.study.enqueue_trial({"actors": 6, "envs_per_actor": 32})  # the best, measured first
     tuner.study.enqueue_trial({"actors": 2, "envs_per_actor": 8})  # then the cap comes: 8
     _run(tuner, world, 30)

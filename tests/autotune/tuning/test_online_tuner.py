@@ -73,17 +73,11 @@ class World:
         return Counters(self.t, int(self.steps), self.lag, 0.0, self.joules, remaining_s=left)
 
 
-def _tuner(tmp_path, world, seed=0, **settings):
-    space = build_space(
-        Machine(cores=10, gpus=0),
-        [
-            "batch_size=1024..16384",
-            "envs_per_actor=8",
-            "chunk_bytes=262144",
-            "trainers=1",
-            "trainer_threads=1",
-        ],
-    )
+def _tuner(tmp_path, world, seed=0, knobs=None, base=None, **settings):
+    """A tuner of ``world`` over ``knobs`` (default: actors, with the batch size), starting
+    from ``base``."""
+    knobs = knobs or ["batch_size=1024..16384", "envs_per_actor=8", "chunk_bytes=262144"]
+    space = build_space(Machine(cores=10, gpus=0), [*knobs, "trainers=1", "trainer_threads=1"])
     study = open_study(f"sqlite:///{tmp_path}/s.db", "s", seed=seed)
     opts = {"trials": 30, "warmup_s": 1.0, "window_s": 1.0, "window_max_s": 5.0, **settings}
     return OnlineTuner(
@@ -91,7 +85,7 @@ def _tuner(tmp_path, world, seed=0, **settings):
         space,
         world,
         TunerSettings(**opts),
-        {"actors": 2, "batch_size": 1024},
+        base or {"actors": 2, "batch_size": 1024},
         clock=lambda: world.t,
     )
 
