@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import stat
 import tempfile
 from pathlib import Path
@@ -28,11 +29,9 @@ def check_output(path: Path | None, flag: str, storage: str | None = None) -> No
     """
     if path is None:
         return
-    if isinstance(storage, str) and storage.startswith("sqlite"):
-        from autotune.tuning.storage import sqlite_file
-
-        db = sqlite_file(storage)
-        kept = () if db is None else (db, *(Path(f"{db}{s}") for s in STORAGE_COMPANIONS))
+    db = _sqlite_file(storage)
+    if db is not None:
+        kept = (db, *(Path(f"{db}{s}") for s in STORAGE_COMPANIONS))
         if any(path.resolve() == p.resolve() for p in kept):
             raise OutputPathError(
                 f"{flag} {path}: is a file of the study storage {db} (writing there would "
@@ -57,6 +56,15 @@ def check_output(path: Path | None, flag: str, storage: str | None = None) -> No
 
 STORAGE_COMPANIONS = ("-wal", "-shm", "-journal", ".ask-lock")
 """Files SQLite (and the study's ``ask`` lock) keep beside a storage file."""
+_SQLITE_URL = re.compile(r"sqlite(?:\+[\w.]+)?:///([^?]+)(?:\?.*)?")
+
+
+def _sqlite_file(storage: object) -> Path | None:
+    """The file of a SQLite storage URL (``sqlite:///`` of any driver; relative to here), read
+    without importing the database layer (every command checks its outputs at its start)."""
+    found = _SQLITE_URL.fullmatch(storage) if isinstance(storage, str) else None
+    name = found.group(1) if found else ":memory:"
+    return None if name == ":memory:" else Path(name).absolute()
 
 
 def check_output_dir(path: Path | None, flag: str) -> None:
