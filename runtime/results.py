@@ -390,6 +390,4 @@ def timeline_rate(result: dict[str, Any], t0: float, t1: float) -> dict[str, flo
 
 def _resumed_version(runner: Any) -> int:
     """The learner version a run resumed from a checkpoint started at (0 for a fresh run)."""
-    resume = getattr(runner, "resume", None)
-    version = getattr(resume, "version", 0) if resume is not None else 0
-    return version if isinstance(version, int) else 0
+    return runner.resume.version if runner.resume is not None else 0

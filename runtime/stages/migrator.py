@@ -36,11 +36,10 @@ import zmq
 
 from runtime import topology, wire
 from runtime.commands import CommandIn
-from runtime.stages import receipt_book
 from runtime.stages.common import StatsSender, await_exit, init_service_process
 from runtime.stages.credits import CreditCheck
 from runtime.stages.leftovers import count_leftovers
-from runtime.stages.receipt_book import ReceiptBook
+from runtime.stages.receipt_book import REFRESH_S, ReceiptBook
 
 logger = logging.getLogger(__name__)
 
@@ -303,7 +302,7 @@ class Migrator:
         count_leftovers(self.pull, self.key, self.malformed)
         for trainer in self._active():
             self._send_to(trainer, wire.encode(wire.MsgType.EOS, {}))
-        self.book.publish(time.monotonic() + receipt_book.REFRESH_S)
+        self.book.publish(time.monotonic() + REFRESH_S)
         if self.stats is not None:
             self.stats.send(self.snapshot(final=True))
 

@@ -18,6 +18,8 @@ from bench.compare_report import report
 class Meter:
     """A meter that charged 100 J/s of GPU, 50 J/s of CPU, of which 20 J/s idle, from t=0."""
 
+    has_idle_part = True
+
     def __init__(self) -> None:
         self.samples = [(0.0, 0.0, 0.0, 0.0), (1000.0, 1e5, 5e4, 2e4)]
 
