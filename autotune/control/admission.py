@@ -1,12 +1,15 @@
 """What the daemon accepts from its control socket beyond the message format: a registration
-from its job's own process, with its token; a file path that comes in a message is checked
-before anything opens it (a forged registration must not make the daemon create or write a
-file of the sender's choosing); and a study tuned for one job at a time."""
+from its job's own process, with its token (on ``tcp://``, where no process can be named, an
+offer and a registration for a pid from the client key that made its pending offer); a file
+path that comes in a message is checked before anything opens it (a forged registration must
+not make the daemon create or write a file of the sender's choosing); and a study tuned for one
+job at a time."""
 
 from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +36,39 @@ def sender_problem(msg: dict[str, Any], peer: int | None, registered: Any) -> st
     ):
         problem = protocol.not_its_token(str(msg.get("job")))
     return problem
+
+
+class OfferOwners:
+    """Which allow-listed client key made each pending offer, on a ``tcp://`` control socket.
+    There the daemon cannot check the pid a message names (``claims.sender_pid`` can on
+    ``ipc://``), so an OFFER or a HELLO for a pid whose offer is pending from another key is
+    refused: one client cannot replace or take the budget offered to another's process.
+
+    Args:
+        pending: Whether the offer for a pid is still pending (not lapsed, not registered).
+    """
+
+    def __init__(self, pending: Callable[[int], bool]) -> None:
+        self.pending = pending
+        self.keys: dict[int, str] = {}
+
+    def problem(self, pid: int | None, key: str | None) -> str | None:
+        """Why a message for ``pid`` from the client ``key`` (None: ``ipc://``) is refused,
+        or None."""
+        owner = self.keys.get(pid) if key is not None and pid is not None else None
+        if owner is None or owner == key or not self.pending(pid):
+            return None
+        return (
+            f"process {pid} has an offer pending from another client key; a client offers "
+            "and registers only for the processes it started"
+        )
+
+    def note(self, pid: int, key: str | None) -> None:
+        """``key`` made the offer now pending for ``pid``; lapsed and taken offers are
+        forgotten."""
+        self.keys = {p: k for p, k in self.keys.items() if p != pid and self.pending(p)}
+        if key is not None:
+            self.keys[pid] = key
 
 
 def study_problem(msg: dict[str, Any], hellos: dict[str, dict[str, Any]]) -> str | None:

@@ -29,8 +29,7 @@ from typing import Any
 
 import zmq
 
-from autotune.control import protocol
-from autotune.control.admission import sender_problem, storage_problem, study_problem
+from autotune.control import admission, protocol
 from autotune.control.allocator import Budget
 from autotune.control.claims import (
     claim_from,
@@ -99,6 +98,8 @@ class Daemon:
         self.sock: zmq.Socket | None = None
         self.auth: Any = None  # a tcp:// endpoint's ZAP authenticator (control.keys)
         self.peer: int | None = None  # the pid that sent the message read last (ipc:// only)
+        self.peer_key: str | None = None  # its CURVE key (tcp:// only)
+        self.offer_owners = admission.OfferOwners(lambda pid: f"offer-{pid}" in self.shares.shares)
 
     def bind(self) -> None:
         """Binds the control socket.
@@ -126,7 +127,7 @@ class Daemon:
     def serve(self) -> None:
         """Runs until STOP, SIGTERM or SIGINT."""
         for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, self._on_signal)
+            signal.signal(sig, lambda *_: setattr(self, "stopping", True))
         logger.info("daemon %d serving on %s", os.getpid(), self.endpoint)
         try:
             while not self.stopping:
@@ -154,9 +155,6 @@ class Daemon:
                 logger.warning("%s", exc)
             logger.info("daemon %d stopped", os.getpid())
 
-    def _on_signal(self, signum: int, _frame: Any) -> None:
-        self.stopping = True
-
     # --- messages ---------------------------------------------------------------------------
 
     def _send(self, identity: bytes, kind: MsgType, **body: Any) -> None:
@@ -168,6 +166,7 @@ class Daemon:
     def _receive(self) -> None:
         frames = self.sock.recv_multipart(copy=False)
         identity, self.peer = frames[0].bytes, protocol.peer_pid(frames[-1])  # the sender's
+        self.peer_key = protocol.peer_key(frames[-1])
         try:
             msg = protocol.decode(frames[-1].bytes)
         except ValueError as exc:
@@ -214,7 +213,8 @@ class Daemon:
             self._send(identity, MsgType.ERROR, message="job ids starting offer- are reserved")
             return
         old = self.sessions.get(job_id)
-        problem = sender_problem(msg, self.peer, old.hello if old is not None else None)
+        problem = admission.sender_problem(msg, self.peer, old.hello if old is not None else None)
+        problem = problem or self.offer_owners.problem(valid_pid(msg.get("pid")), self.peer_key)
         if problem is not None:  # a session registered already is left as it is
             self._send(identity, MsgType.ERROR, message=f"cannot register job {job_id}: {problem}")
             return
@@ -226,11 +226,12 @@ class Daemon:
         for other in list(self.sessions.values()):  # a killed job's study goes with it
             if process_gone(valid_pid(other.hello.get("pid"))):
                 self._drop(other, "its process has ended")
-        problem = study_problem(msg, {j: other.hello for j, other in self.sessions.items()})
+        hellos = {j: other.hello for j, other in self.sessions.items()}
+        problem = admission.study_problem(msg, hellos)
         if problem is not None:
             self._send(identity, MsgType.ERROR, message=problem)
             return
-        problem = storage_problem(msg.get("storage"))
+        problem = admission.storage_problem(msg.get("storage"))
         try:
             claim = claim_from(job_id, msg.get("claim"))
         except ValueError as exc:
@@ -339,7 +340,10 @@ class Daemon:
     def _offer(self, identity: bytes, msg: dict[str, Any]) -> None:
         try:
             pid = sender_pid(msg, self.peer)
+            if problem := self.offer_owners.problem(pid, self.peer_key):
+                raise ValueError(problem)
             budget = self.shares.offer(claim_from("offer", msg.get("claim")), pid)
+            self.offer_owners.note(pid, self.peer_key)
         except ValueError as exc:  # a malformed claim, or AllocationError
             self._send(identity, MsgType.ERROR, message=str(exc))
             return

@@ -157,6 +157,16 @@ def peer_pid(frame: zmq.Frame) -> int | None:
     return int(parts[3]) if len(parts) == 4 and parts[3].isdigit() else None
 
 
+def peer_key(frame: zmq.Frame) -> str | None:
+    """The CURVE public key (Z85) a ``tcp://`` sender of ``frame`` was admitted with (ZAP's
+    ``User-Id``: ``autotune.control.keys``); None on ``ipc://``, where no key is used."""
+    try:
+        key = frame.get("User-Id")
+    except zmq.ZMQError:
+        return None
+    return str(key) or None
+
+
 def not_its_token(job_id: str) -> str:
     """The daemon's answer to a message for job ``job_id`` without its session token."""
     return (

@@ -8,12 +8,16 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import shutil
+import socket
 
 import zmq
+import zmq.auth
 from conftest import mujoco_like_model
 
 from autotune.control import protocol
 from autotune.control.daemon import Daemon
+from autotune.control.keys import generate
 from autotune.control.machine import MachineView
 from autotune.tuning.counters import Counters
 from autotune.tuning.knobs import Machine, build_space, knobs_to_wire
@@ -39,8 +43,8 @@ class Client:
     """One DEALER on the daemon's socket; ``ask`` has the in-process daemon read the message
     and returns its answer."""
 
-    def __init__(self, ctx: zmq.Context, daemon: Daemon) -> None:
-        self.sock, self.daemon = protocol.dealer(ctx, daemon.endpoint), daemon
+    def __init__(self, ctx: zmq.Context, daemon: Daemon, sock: zmq.Socket | None = None) -> None:
+        self.sock, self.daemon = sock or protocol.dealer(ctx, daemon.endpoint), daemon
 
     def ask(self, kind: protocol.MsgType, **body) -> dict:
         self.sock.send(protocol.encode(kind, **body))
@@ -99,13 +103,15 @@ def test_only_the_jobs_own_token_reports_ends_or_registers_it_again(tmp_path, mo
 
 
 @contextlib.contextmanager
-def _serving(tmp_path, monkeypatch):
-    """An in-process daemon of a 4-core machine with a state dir under ``tmp_path``, and a
-    context for its clients; the state dir, the daemon and the context."""
+def _serving(tmp_path, monkeypatch, endpoint: str | None = None):
+    """An in-process daemon of a 4-core machine with a state dir under ``tmp_path`` (on
+    ``endpoint``, its own ipc:// socket by default), and a context for its clients; the state
+    dir, the daemon and the context."""
     home = tmp_path / "home"
     monkeypatch.setenv("AUTOTUNE_HOME", str(home))
     monkeypatch.setenv("AUTOTUNE_CONTROL", "")
-    daemon = Daemon(protocol.resolve_endpoint(), machine=MachineView.from_dict({"cores": 4}))
+    endpoint = endpoint or protocol.resolve_endpoint()
+    daemon = Daemon(endpoint, machine=MachineView.from_dict({"cores": 4}))
     daemon.bind()
     ctx = zmq.Context()
     try:
@@ -115,6 +121,8 @@ def _serving(tmp_path, monkeypatch):
         for left in list(daemon.sessions.values()):
             daemon._drop(left, "test over")
         daemon.sock.close(linger=0)
+        if daemon.auth is not None:
+            daemon.auth.stop()
         daemon.ctx.destroy(linger=0)
         daemon.lock.close()
 
@@ -167,3 +175,45 @@ def test_a_malformed_machine_model_and_an_offer_that_fails_are_answered_with_an_
         assert "no offer for the claim {}: TypeError: '<' not supported" in answer["message"]
         assert "a claim is a map of weight, min_share" in answer["message"]
         assert job.ask(protocol.MsgType.PING)["type"] == "PONG"
+
+
+def test_on_tcp_an_offer_pending_from_one_client_key_is_not_replaced_or_taken_by_another(
+    tmp_path, monkeypatch
+):
+    """On a tcp:// control socket the daemon cannot check the pid a message names, so an
+    OFFER or a HELLO for a pid whose offer is pending from another allow-listed client key is
+    refused: the offer stays as it was, and its own client registers with it."""
+    monkeypatch.delenv("AUTOTUNE_KEYS", raising=False)
+    monkeypatch.setenv("AUTOTUNE_HOME", str(tmp_path / "home"))
+    keys, _ = generate()
+    public, secret = zmq.auth.create_certificates(str(tmp_path), "other")  # a second client
+    shutil.copyfile(public, keys / "authorized" / "other.key")
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        endpoint = f"tcp://127.0.0.1:{free.getsockname()[1]}"
+    with _serving(tmp_path, monkeypatch, endpoint) as (home, daemon, ctx):
+        job = Client(ctx, daemon)  # the client pair of the keys dir
+        other_sock = ctx.socket(zmq.DEALER)
+        other_sock.setsockopt(zmq.LINGER, 0)
+        other_sock.curve_publickey, other_sock.curve_secretkey = zmq.auth.load_certificate(secret)
+        other_sock.curve_serverkey = zmq.auth.load_certificate(str(keys / "server.key"))[0]
+        other_sock.connect(endpoint)
+        other = Client(ctx, daemon, other_sock)
+        pid = os.getpid()
+        offer = job.ask(protocol.MsgType.OFFER, claim={}, pid=pid)
+        assert offer["type"] == "OFFER", offer
+        held = daemon.shares.shares[f"offer-{pid}"]
+        pending = f"process {pid} has an offer pending from another client key"
+        answer = other.ask(protocol.MsgType.OFFER, claim={"weight": 2.0}, pid=pid)
+        assert answer["type"] == "ERROR" and pending in answer["message"], answer
+        assert daemon.shares.shares[f"offer-{pid}"] is held  # not replaced
+        answer = other.ask(protocol.MsgType.HELLO, **_hello(home, "taker", protocol.new_token()))
+        assert answer["type"] == "ERROR" and pending in answer["message"], answer
+        assert daemon.sessions == {}
+        # another pid is its own to offer for; the offer's own client registers with its
+        assert other.ask(protocol.MsgType.OFFER, claim={}, pid=os.getppid())["type"] == "OFFER"
+        welcome = job.ask(protocol.MsgType.HELLO, **_hello(home, "j1", protocol.new_token()))
+        assert welcome["type"] == "WELCOME", welcome
+        assert f"offer-{pid}" not in daemon.shares.shares
+        # the offer taken, the pid's next offer may come from either client
+        assert other.ask(protocol.MsgType.OFFER, claim={}, pid=pid)["type"] == "OFFER"
