@@ -148,6 +148,8 @@ class Compressor:
             problem = layout_problem(ordered, steps)
             if problem:  # never counted complete: the runner counts its steps as lost
                 self.counters["rejected_rollouts"] += 1
+                if self.key:  # signed: the actor named sent it, and waits for it no more
+                    self.settled.add(actor, inc, steps)
                 raise wire.ProtocolError(f"rollout {key} rejected: {problem}")
             self._append(rollout)
 

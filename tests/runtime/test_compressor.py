@@ -216,3 +216,25 @@ def test_a_settled_message_naming_ended_incarnations_badly_is_refused():
         msg = wire.Message(wire.MsgType.SETTLED, {"settled": {}, "ended": bad}, [])
         with pytest.raises(wire.ProtocolError, match="SETTLED"):
             settled.take({}, msg)
+
+
+def test_a_signed_rollout_rejected_whole_is_settled_to_its_actor_and_an_unsigned_one_is_not():
+    """A rollout whose channels all came, signed by the run's key, but whose layout cannot be
+    trained is rejected and its steps counted lost; its actor (named in the signed header) is
+    told, so its in-flight budget and its exit do not wait for it. Without the run's key the
+    header names no one reliably: nothing is settled."""
+    key, push = b"k" * 32, RecordingPush()
+    signed = comp.Compressor(None, push, None, None, chunk_bytes=1, chunk_timeout_s=10.0, key=key)
+    plain = comp.Compressor(None, None, None, None, chunk_bytes=1, chunk_timeout_s=10.0)
+    for c in (signed, plain):
+        bad = rollout(actor=3, seq=0)
+        bad[1] = wire.Message(bad[1].type, bad[1].meta, [np.zeros((2,), np.int64)])  # 1-D actions
+        with pytest.raises(wire.ProtocolError, match="rejected: actions has shape"):
+            for m in bad:
+                meta = wire.sign(key, m.type, m.meta, m.arrays) if c is signed else m.meta
+                c.handle(wire.Message(m.type, meta, m.arrays))
+        assert c.counters["rejected_rollouts"] == 1 and c.complete_steps == {}
+    assert plain.settled.steps == {} and not plain.settled.due
+    signed.settled.send(push, key)
+    (told,) = [m for m in push.sent if m.type is wire.MsgType.SETTLED]
+    assert told.meta["settled"] == {"3:0": 2 * T}
