@@ -64,6 +64,16 @@ class Generations:
         self.phases = PhaseLog(meter, started)
         self.phases.begin(0, self._mps_pcts(), 0)
 
+    def check(self, cfg: TrainConfig) -> None:
+        """Raises ValueError if the GMIs of ``cfg`` (a live change's) do not fit, or if a
+        change still to come, planned or requested, would not fit them: such a live change is
+        refused now instead of failing the run when that change comes."""
+        self.fleet.check(None, cfg)
+        started = self.phases is not None
+        for pct in [p for _, p in (self._due if started else self.planned)] + self.requested:
+            if pct is not None:
+                self.fleet.check(pct, cfg)
+
     def request(self, mps_pct: tuple[int, ...] | None = None) -> None:
         """Queues a replacement for the next tick.
 

@@ -168,7 +168,7 @@ class Runner:
         plan = live.plan(self.cfg, new)
         if plan.handover:
             try:
-                self.fleet.check(None, new)
+                self.generations.check(new)
             except ValueError as exc:
                 raise ConfigError([str(exc)]) from None
         self._pending_cfg = new

@@ -114,6 +114,7 @@ class Migrator:
         self.upstream_done = False
         self.malformed = wire.MalformedCounter("migrator")
         self.counters = {"messages": 0, "bytes": 0, "chunks": 0, "retired": 0, "undelivered": 0}
+        self.counters["abandoned_routes"] = 0
         self.book = ReceiptBook(receipts, key)
         """The receipts: steps confirmed by actor incarnation."""
 
@@ -218,6 +219,7 @@ class Migrator:
             chunk = msg.meta["chunk"]
             route = self.routes.get(chunk)
             if route is None:
+                self._close_routes_before(chunk)
                 trainer = self._pick()
                 if trainer is None:
                     return
@@ -243,6 +245,17 @@ class Migrator:
                 trainer.open_routes -= 1
                 self._retire_if_done(trainer)
             self.pending.popleft()
+
+    def _close_routes_before(self, chunk: int) -> None:
+        """Closes the routes of chunks before ``chunk`` still open: a channel of theirs was
+        dropped (malformed) and none will come, as the compressor sends a chunk's channels
+        before the next chunk's. Their trainer's batcher gives the part up (its steps count as
+        lost); a retiring trainer would otherwise wait for its RETIRE for ever."""
+        for old in [c for c in self.routes if c < chunk]:
+            trainer, _ = self.routes.pop(old)
+            trainer.open_routes -= 1
+            self.counters["abandoned_routes"] += 1
+            self._retire_if_done(trainer)
 
     def _pick(self) -> _Trainer | None:
         ready = [t for t in self.trainers.values() if t.credits > 0 and not t.retiring]

@@ -128,6 +128,10 @@ def test_unresumable_checkpoints_are_refused_before_the_run(tmp_path):
     with pytest.raises(ConfigError, match="already average 70 >= target_return=60"):
         checkpoint.check(met, info)
     assert checkpoint.check(dataclasses.replace(met, target_return=80.0), info) is not None
+    # a window edited by hand, or written by another tool, is read as none: the run resumes
+    doc = json.loads((ck / checkpoint.RETURNS_NAME).read_text())
+    (ck / checkpoint.RETURNS_NAME).write_text(json.dumps({**doc, "returns": [70.0] * 99 + ["x"]}))
+    assert checkpoint.check(met, info) == resume
 
 
 def test_a_json_one_save_behind_its_state_resumes_from_the_state(tmp_path, caplog):

@@ -67,3 +67,33 @@ def test_a_change_that_does_not_fit_is_refused_when_asked_for():
     with pytest.raises(ValueError, match="does not fit"):
         gens.request((150,))
     assert gens.requested == []
+
+
+def test_a_live_change_that_a_change_still_to_come_would_not_fit_is_refused(monkeypatch):
+    """Two cuda GMIs with a planned change to 30 % and 70 %: a live change to one GMI, or to
+    CPU GMIs, fits now but would make that change fail the run when it comes, so it is refused
+    when asked for; so is one that a queued request would not fit."""
+    import dataclasses
+
+    import torch
+
+    from runtime.config import TrainConfig
+    from runtime.gmi.fleet import GMIFleet
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # placement checks counts
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    cfg = TrainConfig(trainer_device="cuda", trainers=2)
+    fleet = GMIFleet(cfg, info=None, spawn=lambda *args: None)
+    gens = Generations(fleet, [(10.0, (30, 70))])
+    one, cpu = (dataclasses.replace(cfg, **c) for c in ({"trainers": 1}, {"trainer_device": "cpu"}))
+    for new in (one, cpu):
+        fleet.check(None, new)  # the change itself fits
+        with pytest.raises(ValueError, match="MPS percentages"):
+            gens.check(new)
+    gens.check(dataclasses.replace(cfg, batch_size=cfg.batch_size * 2))  # unaffected: taken
+    gens.planned, gens._due = [], []  # the planned change made: a request queued instead
+    gens.request((40, 60))
+    with pytest.raises(ValueError, match="MPS percentages"):
+        gens.check(one)
+    gens.requested = []
+    gens.check(one)  # nothing to come: the change is taken

@@ -114,6 +114,31 @@ def test_retire_stops_new_chunks_and_sends_retire_after_the_open_chunk():
     assert not m.pending
 
 
+def test_a_chunk_whose_channel_never_came_does_not_hold_its_trainers_retire_for_ever():
+    """Channel 1 of chunk 0 was dropped on the way (malformed): once the next chunk is to be
+    routed, chunk 0's route is closed (its trainer's batcher gives the part up), so the
+    retiring trainer gets its RETIRE and the next generation its chunks."""
+    router = FakeRouter()
+    m = Migrator(pull=None, router=router, stats=None, n_trainers=1)
+    m.on_trainer(b"trainer-0.g0", credit(4, queued=0))
+    m.on_chunk(*chunk(0, 0))
+    m.dispatch()
+    m.retire(0, next_trainers=1)
+    for ci in (0, 1):
+        m.on_chunk(*chunk(1, ci))
+    m.dispatch()
+    sent = [(ident, msg.type, msg.meta.get("chunk")) for ident, msg in router.sent]
+    assert sent == [
+        (b"trainer-0.g0", wire.MsgType.CHUNK, 0),
+        (b"trainer-0.g0", wire.MsgType.RETIRE, None),
+    ]
+    assert m.routes == {} and m.counters["abandoned_routes"] == 1
+    m.on_trainer(b"trainer-0.g1", credit(1, queued=0))
+    m.dispatch()
+    assert [(i, msg.meta.get("chunk")) for i, msg in router.sent[2:]] == [(b"trainer-0.g1", 1)] * 2
+    assert not m.pending and m.counters["abandoned_routes"] == 1
+
+
 def test_a_trainer_of_a_retired_generation_that_says_hello_late_is_retired_at_once():
     router = FakeRouter()
     m = Migrator(pull=None, router=router, stats=None, n_trainers=1)
