@@ -14,7 +14,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from autotune.cli.output import write_json
+from autotune.cli.output import json_safe, write_json
 from autotune.cli.status_view import render, render_machine
 from autotune.control import protocol
 from autotune.control.keys import keys_dir
@@ -249,7 +249,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         console.print("give --study NAME [--storage URL] to read a stored study")
     for job in doc["jobs"]:
         render(console, job, args.history)
-    write_json(args.json, doc)
+    write_json(args.json, json_safe(doc))
     return 0
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import re
 import stat
@@ -89,6 +90,18 @@ def write_text(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with replaced(path, plain_mode=True) as f:  # as a plain write would make it, not 0600
         f.write(text)
+
+
+def json_safe(doc: Any) -> Any:
+    """``doc`` with what JSON cannot hold made so: map keys as text, NaN and infinities as
+    None (for documents made of what others sent, such as a daemon's status)."""
+    if isinstance(doc, dict):
+        return {k if isinstance(k, str) else str(k): json_safe(v) for k, v in doc.items()}
+    if isinstance(doc, list | tuple):
+        return [json_safe(v) for v in doc]
+    if isinstance(doc, float) and not math.isfinite(doc):
+        return None
+    return doc
 
 
 def write_json(path: Path | None, doc: object) -> None:

@@ -72,16 +72,35 @@ class OfferOwners:
 
 
 def study_problem(msg: dict[str, Any], hellos: dict[str, dict[str, Any]]) -> str | None:
-    """Why the study a HELLO names cannot be tuned for it (it is for another registered job,
-    whose registration is in ``hellos`` by job id), or None."""
-    study = (msg.get("storage"), msg.get("study"))
+    """Why the study a HELLO names cannot be tuned for it (its ``env`` is not a name, or the
+    study is for another registered job, whose registration is in ``hellos`` by job id), or
+    None. Two URLs of one database name one study: ``sqlite:///a//s.db``, a linked folder or
+    another driver (``sqlite+pysqlite://``) as much as the same text."""
+    if not isinstance(msg.get("env"), str):
+        return f"env must be an environment id (a string); got {type(msg.get('env')).__name__}"
+    study = (_database(msg.get("storage")), msg.get("study"))
     for job, hello in hellos.items():
-        if (hello["storage"], hello["study"]) == study:
+        if (_database(hello["storage"]), hello["study"]) == study:
             return (
                 f"study {msg.get('study')!r} is being tuned for job {job} (pid "
                 f"{hello.get('pid')}); give this job another --study"
             )
     return None
+
+
+def _database(url: Any) -> Any:
+    """What ``url`` names, made comparable: a SQLite file's real path, a server's backend,
+    host, port and database; ``url`` itself where it does not parse."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        parsed = make_url(storage_url(url))
+        name = parsed.database
+        if parsed.get_backend_name() == "sqlite" and name and name != ":memory:":
+            name = os.path.realpath(name)
+        return (parsed.get_backend_name(), parsed.host, parsed.port, name)
+    except Exception:  # not a URL, a NUL byte in the path: compared as given
+        return url
 
 
 def storage_problem(url: Any) -> str | None:
@@ -96,6 +115,8 @@ def storage_problem(url: Any) -> str | None:
 
     if not isinstance(url, str):
         return f"the storage must be a URL string, got {type(url).__name__}"
+    if "\0" in url:
+        return "the storage URL holds a NUL byte; allowed: sqlite:///PATH or a server's URL"
     try:
         parsed = make_url(storage_url(url))
     except (ArgumentError, ValueError):

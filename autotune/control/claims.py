@@ -174,13 +174,20 @@ def held_budget(hello: dict[str, Any], machine: MachineView) -> Budget | None:
 
 
 def apart(share: Share, shares: dict[str, Share]) -> bool:
-    """Whether ``share``'s budget holds no core another registered job's does."""
-    mine = set(share.budget.cores if share.budget else ())
-    return not any(
-        mine & set(s.budget.cores)
+    """Whether ``share``'s budget holds no core another registered job's does, and keeps its
+    GPU's shares, its own and theirs, within 100 %."""
+    mine = share.budget
+    if mine is None:
+        return True
+    others = [
+        s.budget
         for j, s in shares.items()
         if j != share.claim.job and s.budget is not None and s.expires is None
-    )
+    ]
+    if any(set(mine.cores) & set(b.cores) for b in others):
+        return False
+    on_gpu = sum(b.mps_pct or 0 for b in others if mine.gpu is not None and b.gpu == mine.gpu)
+    return on_gpu + (mine.mps_pct or 0) <= 100
 
 
 def clear_of_fixed(share: Share, shares: dict[str, Share]) -> bool:

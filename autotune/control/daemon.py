@@ -45,7 +45,7 @@ from autotune.control.machine import MachineView, detect, energy_shares
 from autotune.control.protocol import MsgType
 from autotune.control.remote_job import RemoteJob, tuner_for
 from autotune.control.sharing import MachineShares
-from autotune.control.status import session_status
+from autotune.control.status import daemon_status
 from autotune.tuning.budget import limits_for
 from autotune.tuning.knobs import Knob
 from autotune.tuning.online_tuner import OnlineTuner
@@ -59,6 +59,7 @@ MAX_PER_TICK = 200
 """Messages read between two ticks at most (silent jobs dropped, budgets resent, tuning)."""
 LIVE_SPAN_S = 10.0
 """The span of reports the live steps/s and watts in ``status`` are computed over."""
+FAILED_HOLD_S = 60.0  # a job whose tuner failed is refused so long: no churn of the budgets
 
 
 @dataclass
@@ -99,6 +100,7 @@ class Daemon:
         self.auth: Any = None  # a tcp:// endpoint's ZAP authenticator (control.keys)
         self.peer: int | None = None  # the pid that sent the message read last (ipc:// only)
         self.peer_key: str | None = None  # its CURVE key (tcp:// only)
+        self.failed: dict[str, tuple[float, str]] = {}  # job id: (refused until, why)
         self.offer_owners = admission.OfferOwners(lambda pid: f"offer-{pid}" in self.shares.shares)
 
     def bind(self) -> None:
@@ -131,15 +133,17 @@ class Daemon:
         logger.info("daemon %d serving on %s", os.getpid(), self.endpoint)
         try:
             while not self.stopping:
+                for _ in range(MAX_PER_TICK if self.sock.poll(int(TICK_S * 1000)) else 0):
+                    if not self.sock.poll(0):
+                        break
+                    try:  # a flood does not starve the tick, nor a bad message end it
+                        self._receive()
+                    except Exception as exc:
+                        logger.warning("a message failed: %s: %s", type(exc).__name__, exc)
                 try:
-                    if self.sock.poll(int(TICK_S * 1000)):
-                        for _ in range(MAX_PER_TICK):  # a flood does not starve the tick
-                            if not self.sock.poll(0):
-                                break
-                            self._receive()
                     self._tick()
-                except Exception:  # one bad message or job must not end the daemon
-                    logger.exception("daemon loop: recovered from an error")
+                except Exception:  # one job must not end the daemon
+                    logger.exception("daemon tick: recovered from an error")
         finally:
             for session in list(self.sessions.values()):
                 self._drop(session, "daemon stopped")
@@ -214,6 +218,9 @@ class Daemon:
             return
         old = self.sessions.get(job_id)
         problem = admission.sender_problem(msg, self.peer, old.hello if old is not None else None)
+        until, why = self.failed.get(job_id, (0.0, ""))
+        if problem is None and time.monotonic() < until:
+            problem = f"its tuning failed ({why}); it may register again in {FAILED_HOLD_S:.0f} s"
         problem = problem or self.offer_owners.problem(valid_pid(msg.get("pid")), self.peer_key)
         if problem is not None:  # a session registered already is left as it is
             self._send(identity, MsgType.ERROR, message=f"cannot register job {job_id}: {problem}")
@@ -304,9 +311,11 @@ class Daemon:
             elif session.remote.latest is not None:
                 try:
                     session.tuner.tick()
-                except Exception:  # a storage failure must not take down the other jobs
+                except Exception as exc:  # a storage failure must not take down the other jobs
                     logger.exception("tuning job %s failed; dropped", session.job_id)
+                    self.failed[session.job_id] = (now + FAILED_HOLD_S, type(exc).__name__)
                     self._drop(session, "tuner error")
+        self.failed = {j: f for j, f in self.failed.items() if f[0] > now}
         self.shares.tick()
 
     def _drop(self, session: Session, reason: str) -> None:
@@ -322,18 +331,8 @@ class Daemon:
 
     def status(self) -> dict[str, Any]:
         """What ``autotune status`` shows: the daemon and, per job, the current config, live
-        rates, the best so far and the trial history."""
-        jobs = [
-            {**session_status(s, LIVE_SPAN_S), **self.shares.job_status(s.job_id)}
-            for s in self.sessions.values()
-        ]
-        return {
-            "pid": os.getpid(),
-            "endpoint": self.endpoint,
-            "uptime_s": time.time() - self.started,
-            **self.shares.status(),
-            "jobs": jobs,
-        }
+        rates, the best so far and the trial history (``status.daemon_status``)."""
+        return daemon_status(self, LIVE_SPAN_S)
 
     # --- sharing the machine ----------------------------------------------------------------
 

@@ -6,6 +6,9 @@ history is read straight from a study's storage. ``autotune.cli.status_view`` dr
 
 from __future__ import annotations
 
+import logging
+import math
+import os
 import time
 from typing import Any
 
@@ -13,6 +16,8 @@ import optuna
 
 from autotune.tuning.counters import Counters
 from autotune.tuning.storage import StudyError, check_readable, redact, storage_url
+
+logger = logging.getLogger(__name__)
 
 
 def live_rates(readings: list[Counters], span_s: float) -> dict[str, Any] | None:
@@ -27,14 +32,16 @@ def live_rates(readings: list[Counters], span_s: float) -> dict[str, Any] | None
         return None
     steps = last.trained_steps - first.trained_steps
     gpu_j, cpu_j = last.gpu_j - first.gpu_j, last.cpu_j - first.cpu_j
-    return {
+    rates = {
         "span_s": dt,
         "steps_per_s": steps / dt,
         "gpu_w": gpu_j / dt,
         "cpu_w": cpu_j / dt,
         "steps_per_joule": steps / (gpu_j + cpu_j) if gpu_j + cpu_j > 0 else None,
-        "cpu_source": last.cpu_source,
     }
+    if not all(v is None or math.isfinite(v) for v in rates.values()):
+        return None  # a span too short to divide by: no figures, not infinite ones
+    return {**rates, "cpu_source": last.cpu_source}
 
 
 LIVE_FRESH_S = 30.0
@@ -154,6 +161,29 @@ def valid_nodes(nodes: Any) -> list[dict[str, Any]] | None:
                 raise ValueError(f"'nodes': {key}={value!r} is not a {kind.__name__} as allowed")
         out.append(dict(n))
     return out
+
+
+def daemon_status(daemon: Any, span_s: float) -> dict[str, Any]:
+    """What ``autotune status`` shows of a daemon (``Daemon.status``): the daemon, the
+    machine's share-out and, per job, ``session_status`` with its allocation. A job whose study
+    cannot be read shows with its allocation and the error; the other jobs show whole."""
+    jobs = []
+    for s in daemon.sessions.values():
+        try:
+            doc = session_status(s, span_s)
+        except Exception as exc:  # its storage: down, or damaged
+            logger.warning("status of job %s: %s", s.job_id, exc)
+            hello = s.hello
+            doc = {"id": s.job_id, "job": s.job_id, "pid": hello.get("pid"), "env": hello["env"]}
+            doc.update(study=hello["study"], error=f"{type(exc).__name__}: {exc}"[:500])
+        jobs.append({**doc, **daemon.shares.job_status(s.job_id)})
+    return {
+        "pid": os.getpid(),
+        "endpoint": daemon.endpoint,
+        "uptime_s": time.time() - daemon.started,
+        **daemon.shares.status(),
+        "jobs": jobs,
+    }
 
 
 def session_status(s: Any, span_s: float) -> dict[str, Any]:

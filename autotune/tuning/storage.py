@@ -180,14 +180,23 @@ def config_key(values: dict[str, Any]) -> str:
     return json.dumps(values, sort_keys=True)
 
 
+CONNECT_TIMEOUT_S = 10
+"""A database server's connection attempt gives up after this long (``connect_timeout``, where
+the URL names none): a server that takes the connection and never answers must not hang the
+daemon or a run."""
+
+
 def storage_url(url: str) -> str:
     """The URL Optuna opens: ``sqlite:///relative.db`` made absolute against this directory,
-    ``postgresql://`` given the psycopg (3) driver of the ``postgres`` extra; others unchanged."""
+    ``postgresql://`` given the psycopg (3) driver of the ``postgres`` extra; a PostgreSQL or
+    MySQL URL gets ``connect_timeout`` where it names none; others unchanged."""
     prefix = "sqlite:///"
     if url.startswith(prefix) and not url.startswith(prefix + "/") and url != prefix + ":memory:":
         return prefix + str(Path(url[len(prefix) :]).resolve())
     if url.startswith(("postgresql://", "postgres://")):
-        return "postgresql+psycopg://" + url.split("://", 1)[1]
+        url = "postgresql+psycopg://" + url.split("://", 1)[1]
+    if url.startswith(("postgresql", "mysql")) and "connect_timeout=" not in url:
+        url += ("&" if "?" in url else "?") + f"connect_timeout={CONNECT_TIMEOUT_S}"
     return url
 
 
