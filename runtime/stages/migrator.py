@@ -148,8 +148,9 @@ class Migrator:
         if generation in self.retired_generations:
             return  # a resent retire, or one a replaced migrator was started past
         self.retired_generations.add(generation)
+        if generation + 1 >= self.generation:  # a late copy of an older retire: not the count
+            self.n_trainers = next_trainers
         self.generation = max(self.generation, generation + 1)
-        self.n_trainers = next_trainers
         for trainer in self.trainers.values():
             if generation_of(trainer.identity) == generation:
                 self._begin_retire(trainer)

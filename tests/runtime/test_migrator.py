@@ -139,6 +139,17 @@ def test_a_chunk_whose_channel_never_came_does_not_hold_its_trainers_retire_for_
     assert not m.pending and m.counters["abandoned_routes"] == 1
 
 
+def test_a_retire_that_comes_after_a_later_ones_leaves_the_current_trainer_count():
+    """Generation 0 was replaced by 2 GMIs, then generation 1 by 3; the first retire comes
+    last (resent): the migrator keeps waiting for the 3 GMIs now running, not 2."""
+    m = Migrator(pull=None, router=FakeRouter(), stats=None, n_trainers=1)
+    m.retire(1, next_trainers=3)
+    m.retire(0, next_trainers=2)
+    assert m.generation == 2 and m.n_trainers == 3
+    m.retire(2, next_trainers=1)
+    assert m.generation == 3 and m.n_trainers == 1
+
+
 def test_a_trainer_of_a_retired_generation_that_says_hello_late_is_retired_at_once():
     router = FakeRouter()
     m = Migrator(pull=None, router=router, stats=None, n_trainers=1)
