@@ -292,6 +292,7 @@ class ActorPool:
         if self.launcher is not None:
             self.launcher.tick()
         for slot in [s for s in self.slots if not s.process.is_alive()]:
+            _ = slot.process.exitcode  # a remote actor's exact final steps come with it
             self._end(slot, died=True)
             self.slots.remove(slot)
             deaths = [t for t in self._deaths.get(slot.index, []) if now - t < RESTART_WINDOW_S]

@@ -27,6 +27,7 @@ import functools
 import logging
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -191,7 +192,8 @@ class GymnasiumEnvs(VecEnvs):
         final = {}
         for j in range(n):
             env = self.envs[lo + j]
-            o, rewards[j], term[j], trunc[j], _ = env.step(actions[j])
+            o, r, te, tr, _ = env.step(actions[j])
+            rewards[j], term[j], trunc[j] = _scalar(r), _scalar(te), _scalar(tr)
             if term[j] or trunc[j]:
                 final[j] = np.asarray(o, np.float32).ravel()
                 o, _ = env.reset()
@@ -242,6 +244,21 @@ class EnvPoolEnvs(VecEnvs):
 
     def close(self) -> None:
         self.pool.close()
+
+
+def _scalar(value: Any) -> Any:
+    """A step's reward or flag as one number: a 1-element array (``w @ obs`` of a custom env)
+    is taken as its element, as gymnasium takes it.
+
+    Raises:
+        EnvError: it holds more than one value.
+    """
+    arr = np.asarray(value)
+    if arr.size != 1:
+        raise EnvError(
+            f"an env step returned {arr.size} values where one was expected: {arr!r:.80}"
+        )
+    return arr.reshape(()).item()
 
 
 def actor_threads(actors: int) -> int:

@@ -24,10 +24,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runtime import commands
 from runtime.config import ConfigError, TrainConfig
+
+if TYPE_CHECKING:
+    from runtime.envs import EnvInfo
 
 RUNNER = ("actors", "steps", "max_wall_s")
 ACTOR_RESPAWN = ("envs_per_actor", "actor_nice", "env_backend")
@@ -60,11 +63,14 @@ class Plan:
         return not self.changed
 
 
-def plan(old: TrainConfig, new: TrainConfig) -> Plan:
+def plan(old: TrainConfig, new: TrainConfig, info: EnvInfo | None = None) -> Plan:
     """Classifies the fields that differ between ``old`` and ``new``.
 
     Raises:
-        ConfigError: if a field that needs a new run differs, naming it and the live fields.
+        ConfigError: if a field that needs a new run differs, naming it and the live fields;
+            or, given the run's ``info``, if ``new``'s env backend gives the env other spaces
+            than the run's policy was made for (Blackjack-v1's observation on EnvPool and on
+            gymnasium).
     """
     changed = tuple(
         f.name for f in fields(TrainConfig) if getattr(old, f.name) != getattr(new, f.name)
@@ -77,6 +83,8 @@ def plan(old: TrainConfig, new: TrainConfig) -> Plan:
                 f"run); live settings: {', '.join(LIVE_FIELDS)}"
             ]
         )
+    if info is not None and "env_backend" in changed:
+        _same_spaces(new, info)
     inflight_changed = old.inflight_steps_per_actor() != new.inflight_steps_per_actor()
     return Plan(
         changed=changed,
@@ -85,6 +93,25 @@ def plan(old: TrainConfig, new: TrainConfig) -> Plan:
         services=inflight_changed or any(n in SERVICE_LIVE for n in changed),
         handover=any(n in GMI_HANDOVER for n in changed),
     )
+
+
+def _same_spaces(new: TrainConfig, info: EnvInfo) -> None:
+    from runtime.env_backends import resolve_backend
+    from runtime.envs import EnvError, probe_env
+
+    try:
+        there = probe_env(new.env, resolve_backend(new.env, new.env_backend))
+    except EnvError as exc:
+        raise ConfigError([f"env_backend={new.env_backend!r}: {exc}"]) from None
+    shape = (there.obs_dim, there.discrete, there.act_dim)
+    if shape != (info.obs_dim, info.discrete, info.act_dim):
+        raise ConfigError(
+            [
+                f"env_backend={new.env_backend!r}: {new.env} there has {there.obs_dim} "
+                f"observation values and {there.act_dim} actions, the run's policy "
+                f"{info.obs_dim} and {info.act_dim}: a run keeps its backend's spaces"
+            ]
+        )
 
 
 def live_meta(cfg: TrainConfig, epoch: int) -> dict[str, Any]:

@@ -165,7 +165,7 @@ class Runner:
             )
         new = dataclasses.replace(base, **changes)
         new.validate()
-        plan = live.plan(self.cfg, new)
+        plan = live.plan(self.cfg, new, self.info)
         if plan.handover:
             try:
                 self.generations.check(new)

@@ -248,3 +248,37 @@ def test_a_successor_removed_before_it_stepped_takes_its_predecessor_with_it(res
     pool.resize(TrainConfig(env="CartPole-v1", actors=1, pin_actors=False), "ep")
     assert olds[1].stop.is_set() and olds[1].successor is None
     assert not olds[0].stop.is_set()  # slot 0 stays: its old one waits for its successor
+
+
+def test_a_remote_actor_that_exits_on_its_own_is_counted_at_its_exact_final_steps(monkeypatch):
+    """A Ray actor whose run returned (exit code, steps) is recorded with those steps, not the
+    last telemetry's (which lag by up to a report and miss the rollout it never sent)."""
+    pytest.importorskip("ray")
+    from runtime.cluster import launcher
+    from runtime.envs import EnvInfo
+
+    class Telemetry:
+        def source(self, name):
+            stepped = {"stepped": 900} if name.startswith("actor-") else {}
+            return stepped or {"complete_steps": {"0:0": 896}}
+
+    class Handle:
+        class node:  # the Ray handle's method name
+            @staticmethod
+            def remote():
+                return "node"
+
+    monkeypatch.setattr(launcher.ray, "wait", lambda refs, timeout=None: (list(refs), []))
+    monkeypatch.setattr(launcher.ray, "get", lambda ref: (3, 1000))  # its exit code and steps
+    proc = launcher.RayProcess(Handle(), "run")
+    proc.stepped = launcher.RemoteStepped(Telemetry(), proc, 0, 0)
+
+    class Launcher:
+        def tick(self):
+            pass
+
+    pool = ActorPool(None, EnvInfo("x", 4, True, 2))
+    pool.launcher = Launcher()
+    pool.slots = [ActorSlot(0, 0, proc, proc.stepped, None, TrainConfig())]
+    pool.check(None)
+    assert pool.ended.stepped == {"0:0": 1000} and pool.sampled_steps() == 1000

@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 
+import gymnasium as gym
 import numpy as np
 import pytest
 
@@ -163,3 +164,37 @@ def test_a_run_moves_from_envpool_to_gymnasium_mid_run_and_loses_nothing():
     assert result["config"]["env_backend"] == "gymnasium"
     assert result["sampled_steps"] == result["env_steps"] + result["discarded_steps"]
     assert result["lost_steps"] == 0 and result["env_steps"] >= 12_000
+
+
+class _ArrayRewardEnv(gym.Env):
+    """A custom env whose reward and flags come as 1-element arrays (``w @ obs``)."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, width: int = 1) -> None:
+        self.width, self.t = width, 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        reward = np.full(self.width, 0.5)
+        return np.zeros(2, np.float32), reward, np.array([self.t >= 3]), np.bool_(False), {}
+
+
+def test_a_reward_or_flag_of_one_element_is_taken_as_its_element_and_more_is_refused():
+    gym.register("ArrayReward-v0", entry_point=_ArrayRewardEnv)
+    gym.register("WideReward-v0", entry_point=_ArrayRewardEnv, kwargs={"width": 2})
+    envs = make_envs("ArrayReward-v0", "gymnasium", 2, seed=0)
+    envs.reset()
+    for t in range(3):
+        out = envs.step(0, 2, np.zeros(2, np.int64))
+        assert out.rewards.tolist() == [0.5, 0.5] and out.terminated.tolist() == [t == 2] * 2
+    wide = make_envs("WideReward-v0", "gymnasium", 1, seed=0)
+    wide.reset()
+    with pytest.raises(EnvError, match="returned 2 values where one was expected"):
+        wide.step(0, 1, np.zeros(1, np.int64))

@@ -76,3 +76,18 @@ def test_actor_niceness_changes_by_respawning_the_actors():
     cfg = TrainConfig(actors=2)
     plan = live.plan(cfg, replace(cfg, actor_nice=5))
     assert plan.changed == ("actor_nice",) and plan.respawn_actors and not plan.handover
+
+
+def test_a_backend_change_that_would_change_the_envs_spaces_is_refused():
+    """Blackjack-v1's observation is 3 numbers on EnvPool and a 45-value one-hot on
+    gymnasium: a running job cannot move between them (its policy was made for one); CartPole
+    can."""
+    pytest.importorskip("envpool")
+    from runtime import live
+
+    cfg = TrainConfig(env="Blackjack-v1", env_backend="envpool")
+    info = cfg.check_workload()
+    with pytest.raises(ConfigError, match=r"there has 45 observation values .* the run's policy 3"):
+        live.plan(cfg, replace(cfg, env_backend="gymnasium"), info)
+    cart = TrainConfig(env="CartPole-v1", env_backend="envpool")
+    assert live.plan(cart, replace(cart, env_backend="gymnasium"), cart.check_workload()).changed
