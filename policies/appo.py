@@ -36,6 +36,9 @@ from policies.noise_scale import NoiseScale
 from policies.nonfinite import NonFiniteUpdate
 from policies.vtrace import vtrace
 
+RATIO_LOG_MIN, RATIO_LOG_MAX = math.log(0.05), math.log(20.0)
+"""Bounds of the surrogate's log probability ratio against the behaviour policy."""
+
 logger = logging.getLogger(__name__)
 
 
@@ -321,7 +324,10 @@ class APPOLearner:
         logp, entropy, v = self.model.evaluate(obs, actions)
         adv = advantages
         adv = (adv - adv.mean()) / (adv.std() + 1e-8) if adv.numel() > 1 else adv
-        ratio = torch.exp(logp - behaviour_logp)
+        # the ratio bounded to [0.05, 20], as Sample Factory bounds it: a sample many versions
+        # stale (its actor's log-prob far below the learner's) neither takes the minibatch's
+        # step over nor overflows exp
+        ratio = torch.exp((logp - behaviour_logp).clamp(RATIO_LOG_MIN, RATIO_LOG_MAX))
         clipped = ratio.clamp(1 - cfg.clip, 1 + cfg.clip) * adv
         loss_pi = -torch.min(ratio * adv, clipped).mean()
         loss_v = 0.5 * (v - value_targets).pow(2).mean()

@@ -68,7 +68,8 @@ class APPOConfig:
     c_bar: float = 1.0
     """V-trace trace clip."""
     vtrace_lambda: float = 0.95
-    """V-trace trace decay (GAE's lambda when on-policy); 1.0 is plain V-trace."""
+    """V-trace trace decay (on-policy, the value targets are GAE(lambda)'s returns); 1.0 is
+    plain V-trace."""
     reward_scale: float = 1.0
     """Multiplies rewards before learning (e.g. 0.1 for Pendulum's large negative rewards)."""
     normalize_obs: bool = True

@@ -38,8 +38,10 @@ def vtrace(
         discounts: ``[N, T]`` gamma * (1 - done_t).
         rho_bar: Clip of the importance weights in the TD errors.
         c_bar: Clip of the trace-cutting coefficients.
-        lam: Trace decay (IMPALA's lambda; GAE's lambda when on-policy): ``c_t = lam *
-            min(c_bar, rho_t)``. 1.0 is plain V-trace.
+        lam: Trace decay (IMPALA's lambda): ``c_t = lam * min(c_bar, rho_t)``. 1.0 is plain
+            V-trace. On-policy the value targets ``vs`` are GAE(lambda)'s returns; the policy
+            gradient's advantage is IMPALA's, ``r_t + gamma * vs_{t+1} - V(x_t)``, whose first
+            step carries no lambda (so it is not GAE's advantage unless lambda is 1).
     """
     rhos = torch.exp(target_logp - behavior_logp)
     clipped_rhos = rhos.clamp(max=rho_bar)

@@ -62,7 +62,8 @@ def add_learner_args(parser: argparse.ArgumentParser) -> None:
         "--vtrace-lambda",
         type=float,
         default=dl.vtrace_lambda,
-        help=f"V-trace trace decay, GAE's lambda on-policy (default {dl.vtrace_lambda})",
+        help="V-trace trace decay: on-policy the value targets are GAE(lambda)'s returns "
+        f"(default {dl.vtrace_lambda})",
     )
     parser.add_argument(
         "--gamma", type=float, default=dl.gamma, help=f"discount (default {dl.gamma})"

@@ -210,3 +210,34 @@ def test_a_non_finite_gradient_is_never_applied():
     obs = {**batch, "obs": np.full_like(batch["obs"], np.nan)}
     with pytest.raises(NonFiniteUpdate, match="non-finite observations"):
         learner.update(obs)
+
+
+def test_a_sample_many_versions_stale_neither_halts_nor_takes_over_the_update():
+    """One sample whose actor's log-prob sits 200 nats below the learner's (a long-stale
+    policy): its ratio is bounded, so the update's gradient stays finite and no larger than
+    the clip; samples whose ratio is inside the bounds get the plain surrogate."""
+    torch.manual_seed(0)
+    model = ActorCritic(2, 2, True, spec="auto", normalize_obs=False)
+    learner = APPOLearner(model, APPOConfig(lr=3e-3), torch.device("cpu"))
+    batch = bandit_batch(model)
+    batch["logp"][0, 0] -= 200.0
+    stats = learner.update(batch)  # raised NonFiniteUpdate before the bound
+    assert learner.version == 1 and np.isfinite([stats.loss_pi, stats.loss_v]).all()
+    obs = torch.zeros(8, 2)
+    actions = torch.tensor([0, 1] * 4)
+    with torch.no_grad():
+        logp, _, _ = model.evaluate(obs, actions)
+    advantages, targets = torch.linspace(-1.0, 1.0, 8), torch.zeros(8)
+    for gap, bounded in ((0.1, False), (200.0, True)):
+        behaviour = logp - torch.tensor([gap] + [0.0] * 7)
+        model.zero_grad()
+        loss, loss_pi, _, _ = learner.minibatch_loss(obs, actions, behaviour, advantages, targets)
+        loss.backward()
+        grad = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+        assert bool(torch.isfinite(grad).all()) and float(grad.norm()) < 100.0
+        adv = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+        ratio = (
+            torch.exp(logp - behaviour).clamp(max=20.0) if bounded else torch.exp(logp - behaviour)
+        )
+        plain = -torch.min(ratio * adv, ratio.clamp(0.8, 1.2) * adv).mean()
+        assert float(loss_pi) == pytest.approx(float(plain), rel=1e-5)
