@@ -39,6 +39,23 @@ from policies.vtrace import vtrace
 RATIO_LOG_MIN, RATIO_LOG_MAX = math.log(0.05), math.log(20.0)
 """Bounds of the surrogate's log probability ratio against the behaviour policy."""
 
+
+def group_normalized(adv: torch.Tensor | None, group: Any) -> torch.Tensor | None:
+    """``adv`` (None: this trainer has no rows in the minibatch) normalised by the mean and
+    standard deviation of every trainer's advantages in the group's minibatch, as one trainer
+    with all of them normalises; every rank calls it for every minibatch."""
+    sums = torch.zeros(3, dtype=torch.float64)
+    if adv is not None and adv.numel():
+        a = adv.detach().double()
+        sums[0], sums[1], sums[2] = float(a.numel()), float(a.sum()), float((a * a).sum())
+    n, s, s2 = (float(x) for x in group.sum_(sums))
+    if adv is None or n <= 1:
+        return adv
+    mean = s / n
+    std = math.sqrt(max(s2 - n * mean * mean, 0.0) / (n - 1))
+    return (adv - mean) / (std + 1e-8)
+
+
 logger = logging.getLogger(__name__)
 
 
@@ -234,13 +251,17 @@ class APPOLearner:
                 continue
             for idx in torch.tensor_split(perm, splits):
                 self.optimizer.zero_grad(set_to_none=True)
+                adv = ret.pg_advantages[idx] if len(idx) else None
+                if group is not None:  # over the group's minibatch, as one trainer would
+                    adv = group_normalized(adv, group)
                 if len(idx):
                     loss, loss_pi, loss_v, entropy = self.minibatch_loss(
                         b["obs"][idx, :t],
                         b["actions"][idx],
                         b["logp"][idx],
-                        ret.pg_advantages[idx],
+                        adv,
                         ret.vs[idx],
+                        normalized=group is not None,
                     )
                     loss.backward()
                     pi_losses.append(loss_pi.detach())
@@ -316,14 +337,17 @@ class APPOLearner:
         behaviour_logp: torch.Tensor,
         advantages: torch.Tensor,
         value_targets: torch.Tensor,
+        normalized: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """One minibatch's loss (the clipped surrogate on normalised advantages, the value loss
         and the entropy bonus), with its policy loss, value loss and mean entropy; the eager
-        loop and the CUDA graphs (``policies.graphed_step``) both step on it."""
+        loop and the CUDA graphs (``policies.graphed_step``) both step on it. ``normalized``:
+        the advantages come normalised already (over a trainer group's minibatch)."""
         cfg = self.config
         logp, entropy, v = self.model.evaluate(obs, actions)
         adv = advantages
-        adv = (adv - adv.mean()) / (adv.std() + 1e-8) if adv.numel() > 1 else adv
+        if not normalized:
+            adv = (adv - adv.mean()) / (adv.std() + 1e-8) if adv.numel() > 1 else adv
         # the ratio bounded to [0.05, 20], as Sample Factory bounds it: a sample many versions
         # stale (its actor's log-prob far below the learner's) neither takes the minibatch's
         # step over nor overflows exp
