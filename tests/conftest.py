@@ -5,9 +5,17 @@ from __future__ import annotations
 
 import functools
 import os
+import signal
 import tempfile
 
 import pytest
+
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    # pytest started as a background job (a shell without job control ignores SIGINT for it):
+    # every command a test starts would inherit the ignored SIGINT, and the runs and benchmark
+    # arms stopped with Ctrl-C would not take it, each waiting out its stop's grace period
+    # before a SIGKILL. Restored, they take it as a terminal's foreground job does.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 if worker := os.environ.get("PYTEST_XDIST_WORKER"):
     # each worker's runs in their own temp dir: a run sweeps the private directories of dead
