@@ -165,7 +165,7 @@ def test_gmi_hand_over_mid_run_keeps_every_step_and_the_learner(trainers):
     runner = Runner(cfg, cfg.validate())
 
     def hand_over_once(state):
-        if state.trained_steps >= 10_000 and runner.generation == 0:
+        if state.trained_steps >= 4_000 and runner.generation == 0:
             runner.request_replace()
         new = [runner.telemetry.source(f"trainer-{r}.g1") for r in range(trainers)]
         if all(n.get("trained_steps", 0) >= cfg.batch_size for n in new):
