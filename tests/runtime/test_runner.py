@@ -68,7 +68,7 @@ def test_stale_experience_is_discarded_and_counted():
 
 
 def test_an_actor_killed_mid_run_is_restarted_and_its_lost_steps_counted():
-    cfg = small_config(steps=20_000)
+    cfg = small_config(steps=12_000)
     killed = []
     runner: Runner
 
@@ -208,7 +208,7 @@ def test_forged_weights_on_the_runs_socket_are_dropped_and_counted():
 
     from runtime import wire
 
-    cfg = small_config(steps=12_000)
+    cfg = small_config()
     ctx = zmq.Context()
     pub: list = []
     runner: Runner
@@ -376,7 +376,7 @@ def test_a_stopped_trainer_is_reported_as_stalled_and_the_run_goes_on(monkeypatc
     from runtime import telemetry
 
     monkeypatch.setattr(telemetry, "STALL_S", 2.0)
-    cfg = small_config(steps=12_000)
+    cfg = small_config()
     paused: dict = {}
     runner: Runner
 
