@@ -9,7 +9,7 @@ import socket
 import threading
 
 import pytest
-from test_job_tokens import Client, _hello, _serving
+from test_job_tokens import Client, _hello, _serving, two_jobs
 
 from autotune.cli.output import json_safe
 from autotune.control import daemon as daemon_module
@@ -133,11 +133,7 @@ def test_a_job_whose_tuner_failed_is_refused_for_a_while_and_the_others_keep_the
     tmp_path, monkeypatch
 ):
     with _serving(tmp_path, monkeypatch) as (home, daemon, ctx):
-        job, other = Client(ctx, daemon), Client(ctx, daemon)
-        token = protocol.new_token()
-        assert job.ask(protocol.MsgType.HELLO, **_hello(home, "j1", token))["type"] == "WELCOME"
-        second = {**_hello(home, "j2", protocol.new_token()), "study": "other"}
-        assert other.ask(protocol.MsgType.HELLO, **second)["type"] == "WELCOME"
+        job, _other, token = two_jobs(home, daemon, ctx)
         session = daemon.sessions["j1"]
 
         def broken() -> None:

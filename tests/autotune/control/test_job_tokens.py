@@ -102,6 +102,16 @@ def test_only_the_jobs_own_token_reports_ends_or_registers_it_again(tmp_path, mo
         assert farewell["type"] == "FAREWELL" and daemon.sessions == {}
 
 
+def two_jobs(home, daemon: Daemon, ctx: zmq.Context) -> tuple[Client, Client, str]:
+    """Jobs j1 and j2 registered, each from its own client; the clients and j1's token."""
+    job, other = Client(ctx, daemon), Client(ctx, daemon)
+    token = protocol.new_token()
+    assert job.ask(protocol.MsgType.HELLO, **_hello(home, "j1", token))["type"] == "WELCOME"
+    second = {**_hello(home, "j2", protocol.new_token()), "study": "other"}
+    assert other.ask(protocol.MsgType.HELLO, **second)["type"] == "WELCOME"
+    return job, other, token
+
+
 @contextlib.contextmanager
 def _serving(tmp_path, monkeypatch, endpoint: str | None = None):
     """An in-process daemon of a 4-core machine with a state dir under ``tmp_path`` (on
@@ -113,6 +123,9 @@ def _serving(tmp_path, monkeypatch, endpoint: str | None = None):
     endpoint = endpoint or protocol.resolve_endpoint()
     daemon = Daemon(endpoint, machine=MachineView.from_dict({"cores": 4}))
     daemon.bind()
+    # a described machine: this one's load (other tests, a CI run) is not its foreign load
+    daemon.shares.read_foreign = False
+    daemon.shares.foreign = {"cores": 0, "pinned": [], "gpus": [], "pids": []}
     ctx = zmq.Context()
     try:
         yield home, daemon, ctx
@@ -132,11 +145,7 @@ def test_a_hello_the_registered_job_sends_again_keeps_its_registration(tmp_path,
     registered job itself (its token, pid and socket) is answered WELCOME again, with its
     budget; its trial is not failed and no job's budget moves."""
     with _serving(tmp_path, monkeypatch) as (home, daemon, ctx):
-        job, other = Client(ctx, daemon), Client(ctx, daemon)
-        token = protocol.new_token()
-        assert job.ask(protocol.MsgType.HELLO, **_hello(home, "j1", token))["type"] == "WELCOME"
-        second = {**_hello(home, "j2", protocol.new_token()), "study": "other"}
-        assert other.ask(protocol.MsgType.HELLO, **second)["type"] == "WELCOME"
+        job, _other, token = two_jobs(home, daemon, ctx)
         session = daemon.sessions["j1"]
         closed: list[str] = []
         monkeypatch.setattr(session.tuner, "close", closed.append)
@@ -211,9 +220,11 @@ def test_on_tcp_an_offer_pending_from_one_client_key_is_not_replaced_or_taken_by
         assert answer["type"] == "ERROR" and pending in answer["message"], answer
         assert daemon.sessions == {}
         # another pid is its own to offer for; the offer's own client registers with its
-        assert other.ask(protocol.MsgType.OFFER, claim={}, pid=os.getppid())["type"] == "OFFER"
+        answer = other.ask(protocol.MsgType.OFFER, claim={}, pid=os.getppid())
+        assert answer["type"] == "OFFER", answer
         welcome = job.ask(protocol.MsgType.HELLO, **_hello(home, "j1", protocol.new_token()))
         assert welcome["type"] == "WELCOME", welcome
         assert f"offer-{pid}" not in daemon.shares.shares
         # the offer taken, the pid's next offer may come from either client
-        assert other.ask(protocol.MsgType.OFFER, claim={}, pid=pid)["type"] == "OFFER"
+        answer = other.ask(protocol.MsgType.OFFER, claim={}, pid=pid)
+        assert answer["type"] == "OFFER", answer
