@@ -106,6 +106,7 @@ def test_a_registration_cannot_make_the_daemon_create_a_file(tmp_path):
         answers = []
         for path in (target, link):
             hello = {"job": "forged", "pid": os.getpid(), "storage": f"sqlite:///{path}"}
+            hello["env"] = "CartPole-v1"
             hello["study"] = "s"
             hello["token"] = protocol.new_token()
             sock.send(protocol.encode(protocol.MsgType.HELLO, **hello))
