@@ -6,6 +6,10 @@ when the run ends. A run whose main process is SIGKILLed cannot remove it, so ev
 records its owner in ``owner.json`` (pid and process start time), and the next run of the same
 user removes every such directory whose owner is gone. A directory with no readable owner file
 (another program's, or one being created) is left alone.
+
+The start time is compared in clock ticks since boot where ``/proc`` gives them: a wall-clock
+start (boot time plus ticks) moves when the system clock is stepped, and a live run's directory
+was once swept from under it because its owner's start time seemed to have changed.
 """
 
 from __future__ import annotations
@@ -27,9 +31,26 @@ OWNER = "owner.json"
 logger = logging.getLogger(__name__)
 
 
+def _boot_ticks(pid: int) -> int | None:
+    """The process's start in clock ticks since boot (``/proc/PID/stat``'s 22nd field), which no
+    clock change moves; None where there is no such file."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    try:  # the fields after the command name, which may hold spaces and parentheses
+        return int(stat[stat.rindex(")") + 2 :].split()[19])
+    except (ValueError, IndexError):
+        return None
+
+
 def _owner_alive(doc: dict) -> bool:
     try:
-        proc = psutil.Process(int(doc["pid"]))
+        pid = int(doc["pid"])
+        proc = psutil.Process(pid)
+        ticks = doc.get("boot_ticks")
+        if isinstance(ticks, int) and (now := _boot_ticks(pid)) is not None:
+            return now == ticks
         return abs(proc.create_time() - float(doc["started"])) < 1.0
     except (psutil.NoSuchProcess, psutil.AccessDenied, KeyError, TypeError, ValueError):
         return False
@@ -60,5 +81,7 @@ def run_dir() -> Iterator[str]:
     sweep()
     with tempfile.TemporaryDirectory(prefix=PREFIX) as path:
         doc = {"pid": os.getpid(), "started": psutil.Process().create_time()}
+        if (ticks := _boot_ticks(os.getpid())) is not None:
+            doc["boot_ticks"] = ticks
         Path(path, OWNER).write_text(json.dumps(doc))
         yield path

@@ -19,8 +19,14 @@ def test_only_directories_whose_owner_is_gone_are_swept(tmp_path):
     me = {"pid": os.getpid(), "started": psutil.Process().create_time()}
     gone = {"pid": dead.pid, "started": 1.0}
     reused = {"pid": os.getpid(), "started": me["started"] - 100}  # the pid, another process
+    owners = [("gone", gone), ("live", me), ("reused", reused), ("foreign", None)]
+    ticks = run_dirs._boot_ticks(os.getpid())
+    if ticks is not None:
+        # the clock stepped by 5 s since the owner wrote its start: its ticks since boot did not
+        owners.append(("stepped", {**me, "started": me["started"] - 5, "boot_ticks": ticks}))
+        owners.append(("reused-ticks", {**me, "boot_ticks": ticks - 1000}))
     made = {}
-    for name, owner in (("gone", gone), ("live", me), ("reused", reused), ("foreign", None)):
+    for name, owner in owners:
         d = tmp_path / f"{run_dirs.PREFIX}{name}"
         d.mkdir()
         (d / "experience").write_text("")  # as a socket file would be
@@ -29,8 +35,9 @@ def test_only_directories_whose_owner_is_gone_are_swept(tmp_path):
         made[name] = d
     (tmp_path / "autotune-a-file").write_text("")
     removed = run_dirs.sweep(str(tmp_path))
-    assert sorted(removed) == sorted(str(made[n]) for n in ("gone", "reused"))
-    assert made["live"].exists() and made["foreign"].exists()
+    swept = ("gone", "reused") + (("reused-ticks",) if ticks is not None else ())
+    assert sorted(removed) == sorted(str(made[n]) for n in swept)
+    assert all(d.exists() for name, d in made.items() if name not in swept)
 
 
 def test_a_run_dir_names_its_owner_and_is_removed_after(tmp_path, monkeypatch):
@@ -38,5 +45,6 @@ def test_a_run_dir_names_its_owner_and_is_removed_after(tmp_path, monkeypatch):
     with run_dirs.run_dir() as path:
         owner = json.loads((tmp_path / os.path.basename(path) / run_dirs.OWNER).read_text())
         assert owner["pid"] == os.getpid()
+        assert owner.get("boot_ticks") == run_dirs._boot_ticks(os.getpid())
         assert oct(os.stat(path).st_mode & 0o777) == "0o700"
     assert not os.path.exists(path)

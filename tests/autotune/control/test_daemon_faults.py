@@ -26,11 +26,13 @@ def _counters(t: float, steps: int) -> dict:
 
 
 def test_a_message_that_fails_neither_ends_the_daemon_nor_stops_its_tick(tmp_path, monkeypatch):
-    """Every message read fails: the daemon still ticks after every batch it reads (two
-    messages a batch here)."""
+    """Every message read fails: the daemon still ticks after every batch it reads, and a
+    batch holds two messages at most here (how many are queued when it reads depends on the
+    machine's load, so the cap is what is checked, not the batches' sizes)."""
+    sent = 20
     with _serving(tmp_path, monkeypatch) as (_home, daemon, ctx):
         client = Client(ctx, daemon)
-        for _ in range(5):
+        for _ in range(sent):
             client.sock.send(protocol.encode(protocol.MsgType.PING))
         received, ticks = [], []
 
@@ -41,14 +43,17 @@ def test_a_message_that_fails_neither_ends_the_daemon_nor_stops_its_tick(tmp_pat
 
         def tick() -> None:
             ticks.append(len(received))
-            daemon.stopping = len(received) >= 5 and len(ticks) >= 2
+            daemon.stopping = len(received) >= sent
 
         monkeypatch.setattr(daemon, "_receive", failing)
         monkeypatch.setattr(daemon, "_tick", tick)
         monkeypatch.setattr(daemon_module.signal, "signal", lambda *args: None)
         monkeypatch.setattr(daemon_module, "MAX_PER_TICK", 2)
         daemon.serve()
-        assert len(received) == 5 and ticks[:3] == [2, 4, 5]  # a tick after every batch
+        assert len(received) == sent and ticks[-1] == sent
+        batches = [b - a for a, b in zip([0, *ticks], ticks, strict=False)]
+        assert max(batches) <= 2, batches  # a tick after every batch of two at most
+        assert sum(1 for b in batches if b) >= sent // 2
 
 
 def test_a_bad_storage_or_env_is_refused_and_one_study_is_one_study_by_any_url(tmp_path):
