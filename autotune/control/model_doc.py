@@ -11,9 +11,10 @@ from typing import Any
 
 from autotune.control.allocator import MIN_GMI_PCT
 from autotune.tuning.perf_model import MachineModel
+from runtime.learner_probe import GROUP_LEARNER
 
-DEVICES = ("cpu", "cuda")
-"""The devices a learner's model is given for."""
+DEVICES = ("cpu", "cuda", GROUP_LEARNER)
+"""The devices a learner's model is given for (a GPU machine's probes give all three)."""
 NODE_FIELDS = {"name": str, "cpus": float, "here": bool, "rtt_s": float}
 """A Ray node's fields in a model's ``nodes`` (``node_model.NodeModel``), by type."""
 

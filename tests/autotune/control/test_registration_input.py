@@ -22,6 +22,9 @@ def _machine() -> MachineView:
     return MachineView.from_dict({"cores": 8, "gpus": [H100]})
 
 
+LEARNER_ALLOWED = "a map of cpu or cuda or cuda-group to two finite numbers >= 0"
+
+
 @pytest.mark.parametrize(
     ("field", "value", "allowed"),
     [
@@ -33,8 +36,8 @@ def _machine() -> MachineView:
         ("w_core", -1.0, "a finite number >= 0"),
         ("cores", 2.5, "an integer >= 1"),
         ("rollout_len", 0, "an integer >= 1"),
-        ("learner", {"cpu": ["x", 1.0]}, "a map of cpu or cuda to two finite numbers >= 0"),
-        ("learner", {"tpu": [0.1, 0.1]}, "a map of cpu or cuda to two finite numbers >= 0"),
+        ("learner", {"cpu": ["x", 1.0]}, LEARNER_ALLOWED),
+        ("learner", {"tpu": [0.1, 0.1]}, LEARNER_ALLOWED),
         ("nodes", [{"name": "n"}], "a list of maps of name, cpus, here, rtt_s"),
     ],
 )
@@ -114,3 +117,35 @@ def test_every_sqlite_url_is_checked_as_a_file_whatever_its_driver(tmp_path, mon
     garbage = storage_problem("not a url")
     assert "is not a database URL; allowed: sqlite:///PATH or a database server" in garbage
     assert not outside.exists()
+
+
+def test_a_gpu_machines_model_as_its_probes_make_it_is_taken():
+    """A GPU machine's probes time the learner on cpu, on cuda and as a trainer group's member
+    on cuda: the model made from them, as a job registers it, is taken (the group's line had
+    been refused as an unknown device, so no job on a GPU machine could be tuned)."""
+    from autotune.workflows.auto_size import machine_model
+    from runtime.config import TrainConfig
+    from runtime.learner_probe import GROUP_LEARNER
+    from runtime.probe_results import Probes
+
+    probes = Probes.from_dict(
+        {
+            "env": "Ant-v5",
+            "policy": "auto:256:128:64:auto",
+            "env_step_s": 3.4e-4,
+            "forward_s": {"1": 4.1e-5, "8": 5.9e-5, "32": 1.2e-4},
+            "learners": {
+                "cuda": {"seconds": {"1024": 0.0234, "4096": 0.0219, "16384": 0.0235}},
+                GROUP_LEARNER: {"seconds": {"1024": 0.121, "4096": 0.117}},
+                "cpu": {"seconds": {"1024": 0.160}},
+            },
+            "sms": [132],
+            "round_loaded_s": {"1": 0.01, "16": 0.012},
+            "gpu_power": {"idle_w": 79.7, "context_w": 121.8, "busy_w": 182.6},
+        }
+    )
+    model, _ = machine_model(TrainConfig(env="Ant-v5"), probes, 16)
+    assert set(model.learner) == {"cpu", "cuda", GROUP_LEARNER}
+    doc = dataclasses.asdict(model)
+    share = share_of(claim_from("j", {"gpu": 0}), {"machine": doc}, _machine())
+    assert share.model.learner == model.learner
