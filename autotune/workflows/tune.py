@@ -199,6 +199,8 @@ def start_tuning(
             daemon's refusal; nothing has started then.
     """
     machine = Machine.here()
+    if held is not None:  # pinned to the daemon's offer: its budget may grow to every core
+        machine = Machine(max(machine.cores, os.cpu_count() or 1), machine.gpus)
     if cfg.cluster is not None:  # the actor knob ranges over the CPUs the nodes offer
         from runtime.cluster import cluster_cpus
 
