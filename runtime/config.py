@@ -289,9 +289,9 @@ class TrainConfig:
         """The trainer device with ``auto`` resolved (``cuda`` when torch sees a GPU)."""
         if self.trainer_device != "auto":
             return self.trainer_device
-        import torch
+        from runtime.hw.gpus import torch_sees_gpu
 
-        return "cuda" if torch.cuda.is_available() else "cpu"
+        return "cuda" if torch_sees_gpu() else "cpu"
 
     def as_run(self) -> TrainConfig:
         """This config as a run takes it: ``env_backend`` resolved (``auto`` -> the backend

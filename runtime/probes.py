@@ -24,6 +24,7 @@ from typing import Any
 
 from policies.appo_config import APPOConfig
 from policies.mlp import parse_spec
+from runtime import process_exit
 from runtime.actor_placement import BLAS_THREAD_VARS
 from runtime.cache_dirs import use_bytecode_cache
 from runtime.env_probes import (
@@ -301,7 +302,8 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # reported to the parent as the last stderr line
         print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
-    print(json.dumps(probes.to_dict()))
+    print(json.dumps(probes.to_dict()), flush=True)
+    process_exit.ending()
     return 0
 
 

@@ -131,10 +131,13 @@ class Machine:
     def here(cls) -> Machine:
         """This process's cores (its affinity mask: ``taskset``, a container's CPU set) and
         the GPUs CUDA shows it."""
+        from runtime.hw.gpus import torch_sees_gpu
+
+        if not torch_sees_gpu():  # no GPU: torch is not imported for it
+            return cls(usable_cores(), 0)
         import torch
 
-        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        return cls(usable_cores(), gpus)
+        return cls(usable_cores(), torch.cuda.device_count())
 
 
 def usable_cores() -> int:

@@ -107,6 +107,16 @@ def no_gpu_reason() -> str | None:
     return None if count else "NVML reports no GPUs"
 
 
+def torch_sees_gpu() -> bool:
+    """Whether torch can use a CUDA GPU here; where NVML sees none, False without importing
+    torch (its import costs a process seconds, and the CLI and the runner need it no more)."""
+    if no_gpu_reason() is not None:
+        return False
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def list_gpus() -> list[GPUInfo]:
     """Every GPU NVML sees; an empty list where NVML is missing or has no driver."""
     try:

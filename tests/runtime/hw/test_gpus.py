@@ -191,3 +191,30 @@ def test_bf16_is_refused_only_where_no_gpu_has_capability_8():
     problem = gpus.bf16_problem([_gpu("Tesla V100", (7, 0)), _gpu("Tesla T4", (7, 5))])
     assert "compute capability 8.0 or later" in problem
     assert "Tesla V100 (7.0), Tesla T4 (7.5)" in problem and "trainer_precision='fp32'" in problem
+
+
+def test_where_nvml_sees_no_gpu_the_cpu_is_resolved_without_importing_torch():
+    """``trainer_device`` auto resolves to cpu where NVML sees no GPU, and neither it nor the
+    knob space's machine imports torch for it (seconds a process); where NVML sees one, torch
+    says whether CUDA is usable."""
+    code = (
+        "import sys\n"
+        "from runtime.config import TrainConfig\n"
+        "from runtime.hw.gpus import no_gpu_reason, torch_sees_gpu\n"
+        "from autotune.tuning.knobs import Machine\n"
+        "device, gpus = TrainConfig().resolved_device(), Machine.here().gpus\n"
+        "print(no_gpu_reason() is None, device, gpus, 'torch' in sys.modules)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    ).stdout.split()
+    if out[0] == "False":  # no GPU that NVML reads
+        assert out[1:] == ["cpu", "0", "False"]
+    else:
+        import torch
+
+        cuda = torch.cuda.is_available()
+        assert out[1:3] == [
+            "cuda" if cuda else "cpu",
+            str(torch.cuda.device_count() if cuda else 0),
+        ]
