@@ -34,6 +34,7 @@ from policies.graphed_step import (
 )
 from policies.noise_scale import NoiseScale
 from policies.nonfinite import NonFiniteUpdate
+from policies.update_backup import UpdateBackup
 from policies.vtrace import vtrace
 
 RATIO_LOG_MIN, RATIO_LOG_MAX = math.log(0.05), math.log(20.0)
@@ -215,11 +216,12 @@ class APPOLearner:
                 f"non-finite observations in the batch for version {self.version + 1}; "
                 "the update was not applied"
             )
+        graphed = self.graphs if n and group is None else None
+        backup = UpdateBackup(self.model, self.optimizer) if graphed is None else None
         self.model.obs_norm.update_from_sums(sums[:-2])
         total_steps, total_rows = int(sums[-2].item()), int(sums[-1].item())
         splits = cfg.minibatches_for(total_steps, total_rows)  # the group's batch: alike in each
         pi_losses, v_losses, entropies = [], [], []
-        graphed = self.graphs if n and group is None else None
         if graphed is not None:
             graphed.begin()
         self.noise.begin()
@@ -277,9 +279,12 @@ class APPOLearner:
                     self.noise.add(grads, total_steps / splits)
                 norm = nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
                 if not bool(torch.isfinite(norm)):
+                    assert backup is not None  # made for every eager update
+                    backup.restore()  # the steps before this one taken back too
                     raise NonFiniteUpdate(
                         f"non-finite gradient (norm {float(norm)}) in the update to version "
-                        f"{self.version + 1}; its remaining steps were not applied"
+                        f"{self.version + 1}; the update was not applied (the weights and "
+                        "optimiser state are as before it)"
                     )
                 self.optimizer.step()
         if graphed is not None:  # raises on a non-finite step, before the noise scale takes it

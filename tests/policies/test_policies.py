@@ -189,24 +189,36 @@ def test_bf16_matmuls_keep_float32_outputs_and_weights_and_stay_close_to_fp32():
 
 
 def test_a_non_finite_gradient_is_never_applied():
-    """The update stops at the first non-finite gradient: the weights, the optimiser state and
-    the version stay as they were."""
+    """An update that meets a non-finite gradient after some of its minibatch steps were
+    taken is not applied at all: the weights, the observation statistics, the optimiser state
+    and the version are as before it."""
+    import copy
+
     from policies.nonfinite import NonFiniteUpdate
 
     torch.manual_seed(0)
     model = ActorCritic(2, 2, True, spec="auto", normalize_obs=True)
-    learner = APPOLearner(model, APPOConfig(lr=3e-3), torch.device("cpu"))
+    learner = APPOLearner(model, APPOConfig(lr=3e-3, minibatches=4), torch.device("cpu"))
     batch = bandit_batch(model)
+    learner.update(batch)  # the optimiser has its moments
     before = {k: v.clone() for k, v in learner.model.state_dict().items()}
+    moments = copy.deepcopy(learner.optimizer.state_dict())
     version = learner.version
-    batch = {**batch, "rewards": np.full_like(batch["rewards"], np.inf)}
-    with pytest.raises(NonFiniteUpdate, match="non-finite gradient"):
-        learner.update(batch)
+    rewards = batch["rewards"].copy()
+    rewards[-1] = np.inf  # one trajectory's: the minibatch holding it, not the others
+    steps = []
+    step = learner.optimizer.step
+    learner.optimizer.step = lambda *a, **k: (steps.append(1), step(*a, **k))[1]
+    with pytest.raises(NonFiniteUpdate, match=r"non-finite gradient.*not applied"):
+        learner.update({**batch, "rewards": rewards})
+    assert steps, "no step was taken before the non-finite one: the test shows nothing"
     assert learner.version == version
     for k, v in learner.model.state_dict().items():
-        if k.startswith("obs_norm"):
-            continue  # the observation statistics took the (finite) observations
         assert torch.equal(v, before[k]), k
+    after = learner.optimizer.state_dict()
+    for i, state in moments["state"].items():
+        for name, value in state.items():
+            assert torch.equal(torch.as_tensor(after["state"][i][name]), torch.as_tensor(value))
     obs = {**batch, "obs": np.full_like(batch["obs"], np.nan)}
     with pytest.raises(NonFiniteUpdate, match="non-finite observations"):
         learner.update(obs)
