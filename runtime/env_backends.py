@@ -209,15 +209,29 @@ class GymnasiumEnvs(VecEnvs):
 
 
 class EnvPoolEnvs(VecEnvs):
-    def __init__(self, env_id: str, k: int, seed: int, threads: int = 1) -> None:
+    """EnvPool's envs with gymnasium's time limit: EnvPool reports an episode that terminates
+    on its last allowed step as truncated only (``terminated = done & ~trunc``), which would
+    bootstrap a terminal state's value. So the pool is made with one step more than the env's
+    limit (``max_episode_steps``: None is its registered one), and the limit is applied here,
+    from its ``elapsed_step``: truncated at the limit, terminated kept where both."""
+
+    def __init__(
+        self, env_id: str, k: int, seed: int, threads: int = 1, max_episode_steps: int | None = None
+    ) -> None:
         super().__init__(env_id, k, seed)
         self.threads = max(1, min(threads, k))
+        if max_episode_steps is None:
+            from runtime.envpool_index import registration
+
+            max_episode_steps = registration(env_id).make_spec(env_id).config.max_episode_steps
+        self.limit = int(max_episode_steps)
         self.pool = envpool_make(
             env_id,
             num_envs=k,
             batch_size=k,
             num_threads=self.threads,
             seed=seed,
+            max_episode_steps=self.limit + 1,  # never reached: ended here first
         )
         self.ids = np.arange(k, dtype=np.int32)
 
@@ -230,7 +244,8 @@ class EnvPoolEnvs(VecEnvs):
         obs, rewards, term, trunc, info = self.pool.step(np.asarray(actions), ids)
         order = np.argsort(info["env_id"])  # rows in the order asked for
         obs, rewards = _flat(obs[order]), np.asarray(rewards, np.float64)[order]
-        term, trunc = np.asarray(term, bool)[order], np.asarray(trunc, bool)[order]
+        term = np.asarray(term, bool)[order]  # its own limit is never reached: a true ending
+        trunc = np.asarray(info["elapsed_step"])[order] >= self.limit
         ended = np.flatnonzero(term | trunc)
         final = {}
         if len(ended):

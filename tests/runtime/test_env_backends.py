@@ -198,3 +198,27 @@ def test_a_reward_or_flag_of_one_element_is_taken_as_its_element_and_more_is_ref
     wide.reset()
     with pytest.raises(EnvError, match="returned 2 values where one was expected"):
         wide.step(0, 1, np.zeros(1, np.int64))
+
+
+def test_an_envpool_episode_that_terminates_on_its_last_allowed_step_is_terminated():
+    """As gymnasium's time limit says it: terminated (and truncated) where the pole falls on
+    the last step allowed, truncated only where it stands there; EnvPool alone calls both
+    truncated, and the terminal state's value would be bootstrapped."""
+    from runtime.env_backends import EnvPoolEnvs
+
+    def episode(limit: int) -> tuple[int, bool, bool]:
+        envs = EnvPoolEnvs("CartPole-v1", 1, seed=3, max_episode_steps=limit)
+        envs.reset()
+        for t in range(1, limit + 1):
+            out = envs.step(0, 1, np.zeros(1, np.int64))  # always left: the pole falls soon
+            if out.terminated[0] or out.truncated[0]:
+                assert 0 in out.final_obs  # the last observation, kept before the reset
+                envs.close()
+                return t, bool(out.terminated[0]), bool(out.truncated[0])
+        raise AssertionError("the episode did not end within its limit")
+
+    falls, terminated, truncated = episode(500)
+    assert terminated and not truncated and falls < 50
+    assert episode(falls) == (falls, True, True)
+    assert episode(falls - 1) == (falls - 1, False, True)
+    assert EnvPoolEnvs("CartPole-v1", 2, seed=0).limit == 500  # the registered limit
