@@ -161,12 +161,27 @@ class Supervisor:
                 continue
             used = _cpu_s(proc.pid)
             start = self._cpu_at_stall.setdefault(name, used)
-            if stall[1] < STALL_KILL_S or used - start >= 1.0:
+            if stall[1] < STALL_KILL_S or used - start >= 1.0 or self._group_waits(name):
                 continue
             logger.error("%s has been silent for %.0f s: killed, to be replaced", name, stall[1])
             stall[0].update(killed=True, silent_s=stall[1])
             proc.kill()
             proc.join(timeout=5)
+
+    def _group_waits(self, name: str) -> bool:
+        """Whether ``name`` is a trainer that went silent waiting in its group's agreement
+        on the next update while a member of its group still reports: it waits for that
+        member's batch, however long that takes (the member, if stuck, is the one killed)."""
+        latest = self.telemetry.latest.get(name, {})
+        if not (name.startswith("trainer-") and latest.get("group_wait")):
+            return False
+        gen = latest.get("generation")
+        return any(
+            other != name
+            and self.telemetry.latest.get(other, {}).get("generation") == gen
+            and self.telemetry.stall(other) is None
+            for other in self.telemetry.trainer_sources()
+        )
 
     @property
     def busy(self) -> bool:

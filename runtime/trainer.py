@@ -344,6 +344,8 @@ class Trainer:
         if not ready:
             self.batcher.evict_partial()
         rows = self.batcher.batch_rows if ready else self.batcher.queued_rows
+        if self.stats is not None:  # silent in the agreement until every rank comes to it
+            self.stats.send({**self.snapshot(), "group_wait": True})
         _, all_done = self.group.agree(rows, done=rows == 0)
         if all_done:
             return True
