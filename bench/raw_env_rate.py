@@ -12,6 +12,8 @@ import argparse
 import json
 import multiprocessing as mp
 import queue
+import signal
+import sys
 import time
 
 REPORT_S = 0.5
@@ -29,6 +31,7 @@ def _stepper(
 ) -> None:
     from runtime.env_backends import make_envs
 
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it ends them
     vec = make_envs(env_id, backend, envs, seed)
     vec.reset()
     batch = getattr(vec, "envs", None)  # gymnasium: each env sampled and stepped by itself
@@ -111,25 +114,32 @@ def raw_step_rate(
     for p in procs:
         p.start()
     log = ProgressLog(progress, every_s=0.0) if progress else None
-    _await_ready(out, procs)
-    start.set()
-    counts, rates = [0] * processes, {}
-    if log:
-        log.write(0, force=True)
-    deadline = time.monotonic() + seconds + 120
-    while len(rates) < processes:
-        try:
-            index, steps, elapsed = out.get(timeout=max(0.1, deadline - time.monotonic()))
-        except queue.Empty:
-            raise RuntimeError(
-                f"raw stepping: {processes - len(rates)} of {processes} "
-                f"processes did not finish within {seconds + 120:.0f} s"
-            ) from None
-        counts[index] = steps
-        if elapsed is not None:
-            rates[index] = steps / elapsed
+    try:
+        _await_ready(out, procs)
+        start.set()
+        counts, rates = [0] * processes, {}
         if log:
-            log.write(sum(counts))
+            log.write(0, force=True)
+        deadline = time.monotonic() + seconds + 120
+        while len(rates) < processes:
+            try:
+                index, steps, elapsed = out.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
+                raise RuntimeError(
+                    f"raw stepping: {processes - len(rates)} of {processes} "
+                    f"processes did not finish within {seconds + 120:.0f} s"
+                ) from None
+            counts[index] = steps
+            if elapsed is not None:
+                rates[index] = steps / elapsed
+            if log:
+                log.write(sum(counts))
+    except KeyboardInterrupt:  # Ctrl-C: the stepping processes end with it
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.join()
+        raise
     for p in procs:
         p.join()
     if log:
@@ -178,10 +188,14 @@ def main() -> None:
     processes = a.processes or os.cpu_count() or 1
     picked = {}
     backend = a.backend
-    if backend == "fastest":
-        picked = fastest_backend(a.env, processes, a.envs_per_process)
-        backend = next(iter(picked))
-    rate = raw_step_rate(a.env, processes, a.envs_per_process, a.seconds, a.progress, backend)
+    try:
+        if backend == "fastest":
+            picked = fastest_backend(a.env, processes, a.envs_per_process)
+            backend = next(iter(picked))
+        rate = raw_step_rate(a.env, processes, a.envs_per_process, a.seconds, a.progress, backend)
+    except KeyboardInterrupt:
+        print("raw stepping interrupted (Ctrl-C): no rate measured", file=sys.stderr)
+        raise SystemExit(130) from None
     doc = {"env": a.env, "processes": processes, "backend": backend, "steps_per_s": rate}
     if picked:
         doc["picked_from"] = picked
