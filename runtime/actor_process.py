@@ -14,7 +14,7 @@ import numpy as np
 import zmq
 
 from policies.numpy_policy import NumpyPolicy
-from runtime import initial_weights, process_exit, topology
+from runtime import initial_weights, topology
 from runtime.actor import NONFINITE_EXIT, Actor, NonFiniteEnv
 from runtime.config import TrainConfig
 from runtime.envs import EnvInfo
@@ -132,8 +132,6 @@ def run_actor(
         logger.error("%s", exc)
         stats.send({"fatal": str(exc)})
         ctx.destroy(linger=topology.LINGER_MS)
-        process_exit.ending()
         return NONFINITE_EXIT
     ctx.destroy(linger=topology.LINGER_MS)
-    process_exit.ending()
     return 0

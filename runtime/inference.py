@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import zmq
 
-from runtime import process_exit, topology, wire
+from runtime import topology, wire
 from runtime.commands import CommandIn
 from runtime.config import TrainConfig
 from runtime.envs import EnvInfo
@@ -235,4 +235,3 @@ def inference_main(
     server.run(commands)
     stats.guard.stop()
     ctx.destroy(linger=0)
-    process_exit.ending()

@@ -24,7 +24,6 @@ from typing import Any
 
 from policies.appo_config import APPOConfig
 from policies.mlp import parse_spec
-from runtime import process_exit
 from runtime.actor_placement import BLAS_THREAD_VARS
 from runtime.cache_dirs import use_bytecode_cache
 from runtime.env_probes import (
@@ -40,6 +39,7 @@ from runtime.learner_probe import GROUP_LEARNER, make_learner, synthetic_batch
 from runtime.power_probe import Reading, busy_watts, gpu_meter
 from runtime.probe_child import GPU_LEARNER_MARK, run_child
 from runtime.probe_results import LearnerCost, Probes
+from runtime.process_exit import freeze_at_exit
 
 LEARNER_BATCHES = (1024, 4096, 16384)
 """Batch sizes the learner update is timed at (its fixed and per-sample cost), each at least
@@ -287,6 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="probe a workload's costs (JSON on stdout)")
     ap.add_argument("spec", help="JSON: env, policy, rollout_len, learner, devices")
     spec = json.loads(ap.parse_args(argv).spec)
+    freeze_at_exit()
     try:
         probes = measure(
             spec["env"],
@@ -303,7 +304,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     print(json.dumps(probes.to_dict()), flush=True)
-    process_exit.ending()
     return 0
 
 

@@ -12,7 +12,7 @@ from multiprocessing.connection import Connection
 
 import zmq
 
-from runtime import process_exit, topology
+from runtime import topology
 from runtime.config import TrainConfig
 from runtime.envs import EnvInfo
 from runtime.gmi import placement
@@ -78,7 +78,6 @@ def trainer_main(
     if group is not None:
         group.close()
     ctx.destroy(linger=topology.LINGER_MS)
-    process_exit.ending()
 
 
 def spare_main(

@@ -22,6 +22,7 @@ from runtime import topology, wire
 from runtime.cache_dirs import use_kernel_cache
 from runtime.commands import CommandIn
 from runtime.curve import Guard, NoGuard
+from runtime.process_exit import freeze_at_exit
 
 PR_SET_PDEATHSIG = 1
 LOG_FORMAT = "%(asctime)s %(processName)s %(name)s %(levelname)s: %(message)s"
@@ -47,6 +48,7 @@ def init_service_process(
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     _die_with_parent()
+    freeze_at_exit()  # its teardown is not what the run's drain waits for
     if log_level is None:
         log_level = int(os.environ.get("AUTOTUNE_LOG_LEVEL", str(logging.WARNING)))
     logging.basicConfig(level=log_level, format=LOG_FORMAT)

@@ -21,7 +21,7 @@ import time
 import numpy as np
 import zmq
 
-from runtime import process_exit, topology, wire
+from runtime import topology, wire
 from runtime.commands import CommandIn
 from runtime.stages.common import LiveSettings, StatsSender, await_exit, init_service_process
 from runtime.stages.dispenser import layout_problem
@@ -376,4 +376,3 @@ def compressor_main(
     await_exit(commands)
     stats.guard.stop()
     ctx.destroy(linger=topology.LINGER_MS)
-    process_exit.ending()

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import zmq
 
-from runtime import process_exit, topology, wire
+from runtime import topology, wire
 from runtime.commands import CommandIn
 from runtime.stages.common import StatsSender, await_exit, init_service_process
 from runtime.stages.credits import CreditCheck
@@ -378,4 +378,3 @@ def migrator_main(
     await_exit(commands)
     stats.guard.stop()
     ctx.destroy(linger=topology.LINGER_MS)
-    process_exit.ending()
