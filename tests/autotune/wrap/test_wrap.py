@@ -181,9 +181,8 @@ k = client.knobs({"num_envs": 1})
 poll = "nopoll" not in sys.argv
 if "slowstart" in sys.argv:  # imports, CUDA, envs: seconds before its first message
     time.sleep(3)
-    if "earlyreport" in sys.argv:  # its first message a report, before its first poll
+    if "earlyreport" in sys.argv:  # its first message a report; its first poll follows it
         client.report(steps=0)
-        time.sleep(0.5)
 stop = sys.argv[1]  # seconds to run, or a file whose existence ends the run
 steps, t_end = 0, time.time() + float(stop) if stop.isdigit() else float("inf")
 while time.time() < t_end and not os.path.exists(stop):
