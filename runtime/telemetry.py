@@ -24,6 +24,9 @@ RETURN_WINDOW = 100
 STALL_S = 30.0
 """A running service or trainer silent this long (no telemetry; it reports every 0.5 s) is
 reported as stalled (a warning, and the result's ``stalls``)."""
+START_S = 10.0
+"""How much longer than ``STALL_S`` a process that replaced another may take to send its first
+report (its interpreter starting, its imports on a loaded machine) before it counts as stalled."""
 
 
 class RunTelemetry:
@@ -39,6 +42,9 @@ class RunTelemetry:
         """By source: the sender taken (``inst``) and its newest report number."""
         self._gone: set[str] = set()
         """Senders of sources that were replaced: their reports are refused."""
+        self._replaced_at: dict[str, float] = {}
+        """By replaced source: when (monotonic, this host's) its newest replacement began; a
+        report sent before it is the old process's, read late, and refused."""
         self.latest: dict[str, dict[str, Any]] = {}
         self.returns: collections.deque[float] = collections.deque(maxlen=RETURN_WINDOW)
         self.episodes = 0
@@ -99,9 +105,17 @@ class RunTelemetry:
     def _check_sender(self, source: str, msg: wire.Message) -> None:
         """Refuses a report not signed with the run's key, one from a sender other than the
         one taken for ``source`` (the first to report, or the first after a replacement), and
-        one numbered at or below that sender's newest (sent again)."""
+        one numbered at or below that sender's newest (sent again). A report sent before its
+        source was replaced is the old process's (queued while the runner was busy replacing),
+        even where none of that process's reports had been read yet: its sender is not taken."""
         wire.check_signed(self.key, msg)
         inst, n = msg.meta.get("inst"), wire.meta_int(msg.meta, "n")
+        sent = msg.meta.get("mono")
+        replaced_at = self._replaced_at.get(source)
+        if replaced_at is not None and not (isinstance(sent, int | float) and sent >= replaced_at):
+            if isinstance(inst, str):
+                self._gone.add(inst)
+            raise wire.ProtocolError(f"stats for {source!r} sent before it was replaced")
         if not isinstance(inst, str) or inst in self._gone:
             raise wire.ProtocolError(f"stats for {source!r} from a process no longer running")
         taken, last = self._senders.get(source, (inst, -1))
@@ -116,6 +130,7 @@ class RunTelemetry:
         ``replaced``, and the new one starts from nothing."""
         if name in self._senders:
             self._gone.add(self._senders.pop(name)[0])
+        self._replaced_at[name] = time.monotonic()
         if name in self.latest:
             self.replaced.setdefault(name, []).append(self.latest.pop(name))
         self.seen.pop(name, None)
@@ -149,27 +164,33 @@ class RunTelemetry:
 
     def watch(self, names: list[str], now: float | None = None) -> None:
         """Reports each of ``names`` (running processes that report) that has been silent for
-        ``STALL_S``, once per stall, and notes when it reports again."""
+        ``STALL_S``, once per stall, and notes when it reports again. A process that replaced
+        another and has not reported yet is silent since its replacement began, and stalled
+        after ``START_S`` more (it may still be starting); one of the run's first processes
+        that has not reported yet is not watched (the run's start-up is)."""
         now = time.monotonic() if now is None else now
         for name in names:
             last = self.seen.get(name)
-            if last is None:
-                continue  # still starting
             if name in self._silent:
                 stall, since = self._silent[name]
-                stall["silent_s"] = (last if last > since else now) - since
-                if last > since:
+                back = last is not None and last > since
+                stall["silent_s"] = (last if back else now) - since
+                if back:
                     del self._silent[name]
                     logger.warning("%s reports again after %.0f s", name, stall["silent_s"])
-            elif now - last >= STALL_S:
-                stall = {"process": name, "silent_s": now - last}
-                self._silent[name] = (stall, last)
+                continue
+            quiet_from, allowed = last, STALL_S
+            if last is None:
+                quiet_from, allowed = self._replaced_at.get(name), STALL_S + START_S
+            if quiet_from is not None and now - quiet_from >= allowed:
+                stall = {"process": name, "silent_s": now - quiet_from}
+                self._silent[name] = (stall, quiet_from)
                 self.stalls.append(stall)
                 logger.warning(
                     "%s has sent nothing for %.0f s: it is stopped or stuck (SIGSTOP, a "
                     "debugger, swapping); the run waits for it",
                     name,
-                    now - last,
+                    now - quiet_from,
                 )
 
     def stall(self, name: str) -> tuple[dict[str, Any], float] | None:

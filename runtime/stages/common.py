@@ -102,7 +102,8 @@ class StatsSender:
     Periodic reports are sent without blocking and skipped when the socket is full (they are
     cumulative, so a skipped one loses nothing); a final report blocks until queued. With the
     run's key each report is signed and numbered (``inst``: this sender, ``n``: its report
-    count), so the runner takes no report that another process made or sent again.
+    count, ``mono``: when, on the host's monotonic clock), so the runner takes no report that
+    another process made or sent again, nor one a replaced process sent before its end.
     """
 
     def __init__(
@@ -135,7 +136,8 @@ class StatsSender:
             counters = {**counters, "auth_refused": self.guard.refused}
         meta = {"src": self.source, "time": time.time(), "c": counters}
         if self.key:
-            meta = wire.sign(self.key, wire.MsgType.STATS, meta | {"inst": self.inst, "n": self.n})
+            mine = {"inst": self.inst, "n": self.n, "mono": time.monotonic()}  # this host's clock
+            meta = wire.sign(self.key, wire.MsgType.STATS, meta | mine)
         self.n += 1
         with contextlib.suppress(zmq.Again):
             wire.send_msg(self.sock, wire.MsgType.STATS, meta, flags=0 if final else zmq.NOBLOCK)

@@ -61,10 +61,35 @@ def test_after_a_replacement_only_the_new_process_reports_under_the_name():
     tel.replace("compressor")
     _, new = reports("compressor", 7)
     tel.handle(new[0])
+    with pytest.raises(wire.ProtocolError, match="sent before it was replaced"):
+        tel.handle(old[2])  # the dead one's report, read late
+    sender = StatsSender(Capture(), "compressor", KEY)
+    sender.inst = old[0].meta["inst"]  # one the dead one sent after it (it cannot: it is dead)
+    sender.n = 9
+    sender.send({"trained_steps": 10**12})
     with pytest.raises(wire.ProtocolError, match="no longer running"):
-        tel.handle(old[2])  # the dead one's report, late or sent again
+        tel.handle(sender.sock.sent[0])
     assert tel.latest["compressor"]["trained_steps"] == 7
     assert [c["trained_steps"] for c in tel.replaced["compressor"]] == [2]
+
+
+def test_a_replaced_process_none_of_whose_reports_was_read_does_not_take_the_name():
+    """A stage replaced again before its first report was read (the runner was busy restarting
+    a trainer generation while it reported): its reports, read after the replacement, are
+    refused, and the new process's are taken."""
+    tel = RunTelemetry(KEY)
+    _, first = reports("migrator", 1)
+    tel.handle(first[0])
+    tel.replace("migrator")
+    _, unread = reports("migrator", 2, 3)  # the second process: none of its reports read yet
+    tel.replace("migrator")
+    _, third = reports("migrator", 4, 5)
+    for late in unread:
+        with pytest.raises(wire.ProtocolError, match="sent before it was replaced"):
+            tel.handle(late)
+    tel.handle(third[0])
+    tel.handle(third[1])
+    assert tel.latest["migrator"]["trained_steps"] == 5
 
 
 def test_without_a_key_reports_are_taken_unchecked():
@@ -94,3 +119,28 @@ def test_reports_carry_their_process_cpu_and_a_replaced_stage_keeps_its_seconds(
     tel.latest["compressor"] = {"cpu_s": "bad"}
     assert tel.service_cpu_s() == {"compressor": 0.0, "migrator": 3.75}
     assert tel.total("migrator", "cpu_s") == 3
+
+
+def test_a_replacement_that_never_reports_is_stalled_after_its_start_allowance():
+    """A migrator replaced and then stopped before its first report is reported stalled (so the
+    supervisor can kill and replace it) once ``STALL_S + START_S`` have passed since its
+    replacement; a first process that has not reported yet is not watched."""
+    import time
+
+    from runtime import telemetry
+
+    tel = RunTelemetry(KEY)
+    _, first = reports("migrator", 1)
+    tel.handle(first[0])
+    tel.replace("migrator")
+    t0 = time.monotonic()
+    allowed = telemetry.STALL_S + telemetry.START_S
+    tel.watch(["migrator", "compressor"], now=t0 + allowed - 1.0)
+    assert tel.stall("migrator") is None and not tel.stalls
+    tel.watch(["migrator", "compressor"], now=t0 + allowed + 1.0)
+    assert [s["process"] for s in tel.stalls] == ["migrator"]
+    assert tel.stalls[0]["silent_s"] >= allowed
+    _, new = reports("migrator", 2)  # it reports after all: the stall ends
+    tel.handle(new[0])
+    tel.watch(["migrator"], now=time.monotonic() + 0.5)
+    assert tel.stall("migrator") is None and len(tel.stalls) == 1
