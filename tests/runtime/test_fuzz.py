@@ -7,7 +7,7 @@ finishes, its step accounting stays exact, and every fuzz message is counted.
 
 (The sockets the run's processes bind for output, receipts, weights and commands, take
 nothing in: a SUB that connects there only reads. Forged weights, published into the
-weights forwarder's input, are in ``test_runner.py``.)"""
+weights forwarder's input, are dropped by every actor: the last test here.)"""
 
 from __future__ import annotations
 
@@ -134,3 +134,42 @@ def test_fuzzing_the_inference_gmis_socket_leaves_the_run_whole_and_counted():
     assert result["sampled_steps"] == result["env_steps"] + result["discarded_steps"]
     assert result["env_steps"] >= cfg.steps and result["lost_steps"] == 0
     assert result["malformed"]["inference"] == PER_SOCKET
+
+
+def test_forged_weights_on_the_runs_socket_are_dropped_and_counted():
+    """Weights published to the run's weights socket by anyone but its trainer (a huge version,
+    unsigned) are dropped by every actor and counted; the real updates keep arriving."""
+    cfg = TrainConfig(
+        steps=10**9, actors=2, envs_per_actor=4, rollout_len=16, batch_size=512
+    )  # ends once the actors have counted a forgery, and trained on
+    ctx = zmq.Context()
+    pub: list = []
+    counted_at: list[int] = []
+    runner: Runner
+
+    def forge(state):
+        if state.trained_steps < 1_000:
+            return
+        tel = runner.telemetry
+        if not counted_at and any(tel.source(a).get("malformed") for a in tel.actor_sources()):
+            counted_at.append(state.trained_steps)
+        if counted_at and state.trained_steps >= counted_at[0] + 2_048:
+            runner.stop_requested = True  # drains, as Ctrl-C does
+            return
+        if not pub:
+            sock = ctx.socket(zmq.PUB)
+            sock.connect(f"ipc://{runner.run_dir}/weights_in")
+            pub.append(sock)
+        meta = {"version": 10**9, "names": ["pi.0.weight"], "mac": "0" * 64}
+        wire.send_msg(pub[0], wire.MsgType.WEIGHTS, meta, [np.zeros((1, 1), np.float32)])
+
+    runner = Runner(cfg, cfg.validate(), on_progress=forge)
+    try:
+        result = runner.run()
+    finally:
+        ctx.destroy(linger=0)
+    assert result["sampled_steps"] == (
+        result["env_steps"] + result["discarded_steps"] + result["lost_steps"]
+    )
+    assert result["malformed"]["actors"] > 0  # seen, dropped and counted
+    assert 0 <= result["policy_lag"]["mean"] < 100 and result["policy_lag"]["max"] < 10**6
