@@ -85,12 +85,8 @@ class MachineShares:
         clock: Callable[[], float] = time.monotonic,
         read_foreign: bool = True,
     ) -> None:
-        self.machine, self.on_budget, self.params_of, self.clock = (
-            machine,
-            on_budget,
-            params_of,
-            clock,
-        )
+        self.machine, self.on_budget, self.params_of = machine, on_budget, params_of
+        self.clock = clock
         self.shares: dict[str, Share] = {}
         self.allocation: Allocation | None = None
         self.read_foreign = read_foreign
@@ -160,13 +156,7 @@ class MachineShares:
             else s.claim
             for s in held
         ]
-        return allocate(  # no idle draw of its own: each job's watts carry its share of it
-            busy_last(self.machine, self.foreign["pinned"]),
-            [*others, claim],
-            self._rates(),
-            taken_cores=self.foreign["cores"],
-            current=self._current(registered_only=False),
-        )
+        return self._split([*others, claim], self._rates(), self._current(registered_only=False))
 
     def join(self, share: Share) -> None:
         """Adds a job (admitted) and shares the machine out again; the budget offered to its
@@ -224,9 +214,9 @@ class MachineShares:
         if share is not None and isinstance(seq, int) and seq <= share.seq:  # one it was sent
             share.taken = max(share.taken, seq)
 
-    def _lapse_offers(self) -> None:
+    def _lapse_offers(self) -> bool:
         """Drops the offers whose job never registered: held past ``OFFER_HOLD_S``, or whose
-        process has ended (a failed start, a kill during its probes)."""
+        process has ended (a failed start, a kill during its probes); whether any lapsed."""
         now = self.clock()
         lapsed = [
             j
@@ -235,10 +225,12 @@ class MachineShares:
         ]
         for job in lapsed:
             del self.shares[job]
+        return bool(lapsed)
 
     def tick(self) -> None:
         now = self.clock()
-        self._lapse_offers()
+        if self._lapse_offers() and any(s.expires is None for s in self.shares.values()):
+            self.rebalance(force=True)  # its cores go back to the jobs
         for job, share in self.shares.items():
             if share.expires is not None:
                 continue
@@ -268,32 +260,38 @@ class MachineShares:
 
     def rebalance(self, force: bool) -> None:
         """Shares the machine out again among the registered jobs; applied if ``force`` or it
-        pays ``REBALANCE_GAIN``."""
+        pays ``REBALANCE_GAIN``. The cores of pending offers stay with them (a job leaving
+        while another probes grows the others only into what it frees beside the offer),
+        unless that leaves the registered jobs too little."""
         self.rebalanced = self.clock()
         jobs = {j: s for j, s in self.shares.items() if s.expires is None}
         if not jobs:
             self.allocation = None
             return
         rates, current = self._rates(), self._current(registered_only=True)
+        offers = [  # jobs probing in their offers keep those cores: no job grows into them
+            replace(s.claim, fixed=s.budget)
+            for s in self.shares.values()
+            if s.expires is not None and s.budget
+        ]
+        claims = [s.claim for s in jobs.values()]
         try:
-            alloc = allocate(
-                busy_last(self.machine, self.foreign["pinned"]),
-                [s.claim for s in jobs.values()],
-                rates,
-                taken_cores=self.foreign["cores"],
-                current=current,
-            )
+            try:
+                alloc = self._split([*claims, *offers], rates, current)
+            except AllocationError:  # the offers leave the jobs too little: they are shared
+                alloc = self._split(claims, rates, current)  # out when their jobs register
         except Exception as exc:  # foreign load past what the jobs need; a model that fails
             logger.warning("cannot share the machine out again: %s", exc)
             return  # an overlap past its time is tried again (``tick``)
+        mine = {j: b for j, b in alloc.budgets.items() if j in jobs}
         for share in jobs.values():  # shared out whole: no budgets overlap any more (a job still
             share.starting_at = None  # starting gets its share of the split as it is)
         if not force and len(current) == len(jobs):
-            before, after = total_of(current, rates), total_of(alloc.budgets, rates)
+            before, after = total_of(current, rates), total_of(mine, rates)
             if after < before * (1 + REBALANCE_GAIN):
                 return
         self.allocation = alloc
-        for job, budget in alloc.budgets.items():
+        for job, budget in mine.items():
             share = jobs[job]
             if share.budget != budget or share.seq == 0:  # a held budget: limits to the tuner
                 share.budget, share.seq = budget, share.seq + 1
@@ -301,6 +299,18 @@ class MachineShares:
                     self._send(job, share, changed=True)
                 except Exception:  # one job's tuner (its storage) must not stop the others
                     logger.exception("job %s: its new budget was not taken by its tuner", job)
+
+    def _split(
+        self, claims: list[Claim], rates: dict[str, Any], current: dict[str, Budget]
+    ) -> Allocation:
+        """No idle draw of its own: each job's watts carry its share of it."""
+        return allocate(
+            busy_last(self.machine, self.foreign["pinned"]),
+            claims,
+            rates,
+            taken_cores=self.foreign["cores"],
+            current=current,
+        )
 
     def sized(
         self, job: str, budget: Budget, running: dict[str, Any] | None = None

@@ -50,11 +50,15 @@ def test_offers_are_disjoint_and_registered_jobs_keep_their_cores_until_the_new_
     shares.progressed("job-b", 512)  # its first batch: a is cut now
     assert not shares.job_status("job-b")["starting"]
     a_now, b_now = shares.shares["job-a"].budget, shares.shares["job-b"].budget
-    assert b_now.cores == b.cores and not set(a_now.cores) & set(b_now.cores)
-    assert len(a_now.cores) + len(b_now.cores) == 6  # the lapsing offer holds nothing here
-    t[0] += 1000.0  # job c never registers: its offer lapses
+    # c still probes in its offer: a and b share out the rest, b inside the cores it holds
+    assert set(b_now.cores) <= set(b.cores) and not set(a_now.cores) & set(b_now.cores)
+    assert not (set(a_now.cores) | set(b_now.cores)) & set(c.cores)
+    assert len(a_now.cores) + len(b_now.cores) + len(c.cores) == 6
+    t[0] += 1000.0  # job c never registers: its offer lapses, and its cores go back
     shares.tick()
     assert sorted(shares.shares) == ["job-a", "job-b"]
+    a_now, b_now = shares.shares["job-a"].budget, shares.shares["job-b"].budget
+    assert len(a_now.cores) + len(b_now.cores) == 6 and not set(a_now.cores) & set(b_now.cores)
     small = MachineShares(  # a pending offer of every core: the next is shared out, not refused
         MachineView.from_dict({"cores": 2}), lambda *a: None, read_foreign=False
     )
@@ -221,6 +225,32 @@ def test_a_starting_job_that_never_trains_has_the_cores_lent_for_a_stated_time_o
     held = shares.shares["c"].budget  # c registers again (a daemon restarted): it held that
     shares.join(share_of(claim_from("c", {}), {"pid": p3, "held": held.to_dict()}, shares.machine))
     assert not shares.job_status("c")["starting"]
+
+
+def test_a_job_leaving_while_another_probes_frees_cores_only_beside_the_offer(live_pids):
+    """Two jobs run, a third probes in its offer, and the first leaves: the second grows into
+    the freed cores but not into the offer's (it would be cut again as soon as the third
+    registers and trains); the third then starts on cores no one else holds."""
+    from autotune.control.sharing import RESTART_GRACE_S
+
+    pa, pb, pc = live_pids(3)
+    t = [0.0]
+    shares, _ = _recording(16, lambda: t[0])
+    for job, pid in (("a", pa), ("b", pb)):
+        offer = shares.offer(Claim("offer"), pid=pid)
+        shares.join(share_of(claim_from(job, {}), {"pid": pid}, shares.machine))
+        shares.progressed(job, 0)
+        shares.progressed(job, 512)
+    t[0] = RESTART_GRACE_S + 1
+    shares.tick()
+    offer = shares.offer(Claim("offer"), pid=pc)
+    assert 0 < len(offer.cores) < 16
+    shares.leave("a")
+    b = set(shares.shares["b"].budget.cores)
+    assert not b & set(offer.cores) and len(b) == 16 - len(offer.cores)
+    shares.join(share_of(claim_from("c", {}), {"pid": pc}, shares.machine))
+    assert set(shares.shares["c"].budget.cores) == set(offer.cores)
+    assert set(shares.shares["b"].budget.cores) == b  # nothing to cut back
 
 
 def test_a_starting_job_offered_cores_a_fixed_budget_took_since_is_shared_out_afresh(live_pids):
