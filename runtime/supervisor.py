@@ -118,9 +118,11 @@ class Supervisor:
         first_chunk = len(self.replacements) * CHUNK_ID_STRIDE
         first_inc = self.actors.next_incarnations()  # those ``replace_all`` starts next
         args = (ep, chunk_bytes, chunk_timeout_s, first_chunk, first_inc)
+        self.telemetry.expect("compressor")  # watched from now, first report or not
         self.services.spawn("compressor", compressor_main, args)
         gen, trainers = self.fleet.generation, len(self.fleet.names())
         args = (ep, trainers, gen, first_chunk, self._reset_epoch)
+        self.telemetry.expect("migrator")
         self.services.spawn("migrator", migrator_main, args)
 
     def check(self, ep: topology.Endpoints, command_sock: commands.CommandOut) -> None:

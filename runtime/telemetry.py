@@ -25,8 +25,8 @@ STALL_S = 30.0
 """A running service or trainer silent this long (no telemetry; it reports every 0.5 s) is
 reported as stalled (a warning, and the result's ``stalls``)."""
 START_S = 10.0
-"""How much longer than ``STALL_S`` a process that replaced another may take to send its first
-report (its interpreter starting, its imports on a loaded machine) before it counts as stalled."""
+"""How much longer than ``STALL_S`` a stage may take to send its first report (its interpreter
+starting, its imports on a loaded machine) before it counts as stalled."""
 
 
 class RunTelemetry:
@@ -42,9 +42,10 @@ class RunTelemetry:
         """By source: the sender taken (``inst``) and its newest report number."""
         self._gone: set[str] = set()
         """Senders of sources that were replaced: their reports are refused."""
-        self._replaced_at: dict[str, float] = {}
-        """By replaced source: when (monotonic, this host's) its newest replacement began; a
-        report sent before it is the old process's, read late, and refused."""
+        self._since: dict[str, float] = {}
+        """By source started here (``expect``) or replaced: when (monotonic, this host's) its
+        newest process was about to start. A report sent before then is an older process's,
+        read late, and refused; one that never reports is watched from then."""
         self.latest: dict[str, dict[str, Any]] = {}
         self.returns: collections.deque[float] = collections.deque(maxlen=RETURN_WINDOW)
         self.episodes = 0
@@ -111,8 +112,8 @@ class RunTelemetry:
         wire.check_signed(self.key, msg)
         inst, n = msg.meta.get("inst"), wire.meta_int(msg.meta, "n")
         sent = msg.meta.get("mono")
-        replaced_at = self._replaced_at.get(source)
-        if replaced_at is not None and not (isinstance(sent, int | float) and sent >= replaced_at):
+        since = self._since.get(source)
+        if since is not None and not (isinstance(sent, int | float) and sent >= since):
             if isinstance(inst, str):
                 self._gone.add(inst)
             raise wire.ProtocolError(f"stats for {source!r} sent before it was replaced")
@@ -130,7 +131,12 @@ class RunTelemetry:
         ``replaced``, and the new one starts from nothing."""
         if name in self._senders:
             self._gone.add(self._senders.pop(name)[0])
-        self._replaced_at[name] = time.monotonic()
+        self.expect(name)
+
+    def expect(self, name: str) -> None:
+        """A process is about to start as ``name`` (call it before the spawn): it is watched
+        from now even before its first report, and a report sent before now is refused."""
+        self._since[name] = time.monotonic()
         if name in self.latest:
             self.replaced.setdefault(name, []).append(self.latest.pop(name))
         self.seen.pop(name, None)
@@ -164,10 +170,10 @@ class RunTelemetry:
 
     def watch(self, names: list[str], now: float | None = None) -> None:
         """Reports each of ``names`` (running processes that report) that has been silent for
-        ``STALL_S``, once per stall, and notes when it reports again. A process that replaced
-        another and has not reported yet is silent since its replacement began, and stalled
-        after ``START_S`` more (it may still be starting); one of the run's first processes
-        that has not reported yet is not watched (the run's start-up is)."""
+        ``STALL_S``, once per stall, and notes when it reports again. A process started as
+        ``expect`` says (a stage, or any replacement) that has not reported yet is silent since
+        then, and stalled after ``START_S`` more (it may still be starting); others (a trainer
+        GMI, which reports once its learner is built) are watched from their first report."""
         now = time.monotonic() if now is None else now
         for name in names:
             last = self.seen.get(name)
@@ -181,7 +187,7 @@ class RunTelemetry:
                 continue
             quiet_from, allowed = last, STALL_S
             if last is None:
-                quiet_from, allowed = self._replaced_at.get(name), STALL_S + START_S
+                quiet_from, allowed = self._since.get(name), STALL_S + START_S
             if quiet_from is not None and now - quiet_from >= allowed:
                 stall = {"process": name, "silent_s": now - quiet_from}
                 self._silent[name] = (stall, quiet_from)

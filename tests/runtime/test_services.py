@@ -24,6 +24,16 @@ def _sleep() -> None:
     time.sleep(60)
 
 
+def _stopped_once(marker: str, *args) -> None:
+    """The migrator, stopped (SIGSTOP) before its first report the first time it starts."""
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        os.kill(os.getpid(), signal.SIGSTOP)
+    from runtime.stages.migrator import migrator_main
+
+    migrator_main(*args)
+
+
 def test_a_service_that_exits_before_its_final_report_is_named_with_its_exit_code():
     services = Services(multiprocessing.get_context("spawn"))
     services.spawn("compressor", _exit_with, (3,))
@@ -172,3 +182,28 @@ def test_a_compressor_that_keeps_dying_ends_the_run_with_an_error_and_a_failed_r
     )
     assert not any(p.is_alive() for p in runner.services.values())
     assert not any(s.process.is_alive() for s in runner.slots)
+
+
+@pytest.mark.slow
+def test_a_migrator_stopped_before_its_first_report_is_killed_and_replaced(monkeypatch, tmp_path):
+    """A stage that hangs as it starts, before it has reported once, is seen as stalled once
+    ``STALL_S + START_S`` have passed since it was started, killed as stuck and replaced; the
+    run then trains to its target with the step accounting exact."""
+    import functools
+
+    from runtime import supervisor, telemetry
+
+    monkeypatch.setattr(telemetry, "STALL_S", 1.0)
+    monkeypatch.setattr(supervisor, "STALL_KILL_S", 3.0)
+    stopped = functools.partial(_stopped_once, str(tmp_path / "stopped"))
+    monkeypatch.setattr(supervisor, "migrator_main", stopped)
+    cfg = TrainConfig(steps=4_096, actors=2, envs_per_actor=4, rollout_len=16, batch_size=512)
+    result = Runner(cfg, cfg.validate()).run()
+    assert (tmp_path / "stopped").exists()
+    assert [r["process"] for r in result["service_replacements"]] == ["migrator"]
+    (stall,) = [s for s in result["stalls"] if s["process"] == "migrator"]
+    assert stall["killed"] and stall["silent_s"] >= 1.0 + telemetry.START_S
+    assert result["failure"] is None and result["env_steps"] >= cfg.steps
+    assert result["sampled_steps"] == (
+        result["env_steps"] + result["discarded_steps"] + result["lost_steps"]
+    )
