@@ -53,8 +53,10 @@ logger = logging.getLogger(__name__)
 
 MAX_AGE_S = 7 * 86400.0
 """Seconds a cached probe stays valid."""
-FORMAT = 8
-"""Part of the key: entries written before the env step was timed on its own thread's clock
+FORMAT = 9
+"""Part of the key: entries written before the policy forward and a CPU learner's update were
+timed on the thread's own clock (as time passed, they cached a busy machine's waits), before
+the env step was timed on its own thread's clock
 (the process's clock counted its other threads too), before a GPU learner replayed its
 steps from CUDA graphs (9-11x the eager loop's update rate), before CUDA learners ran a
 fused Adam and the GPU's context watts were read over the CPU learner's probe, before a

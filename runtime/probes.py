@@ -84,7 +84,8 @@ def probe_learner(
     probed before). ``group``: the update of a trainer group's member on CUDA (the eager loop,
     timed once per size after one untimed update: it is slow), as ``GROUP_LEARNER``.
     ``update``: a learner's update function (``make_learner``) to time instead of a new one.
-    ``first``: each size's first, untimed update's seconds are appended to it.
+    ``first``: each size's first, untimed update's seconds are appended to it. A CPU update
+    (one thread) is timed on the thread's own clock, a GPU's as time passes (``timed``).
 
     Without ``update``, the learner made here runs one epoch per update and its seconds are
     scaled by the run's epochs: an eager learner's update is its epochs' V-trace passes and
@@ -100,7 +101,10 @@ def probe_learner(
         batch = synthetic_batch(info, size, rollout_len)
         size = batch["rewards"].size
         least = 1 if group else 2
-        one = timed(lambda b=batch: update(b), budget_s=PROBE_S / 2, least=least, first=first)
+        clock = time.perf_counter if group or device != "cpu" else time.thread_time
+        one = timed(
+            lambda b=batch: update(b), budget_s=PROBE_S / 2, least=least, first=first, clock=clock
+        )
         seconds[size] = one * epochs
         if len(seconds) >= 2 and seconds[size] > LEARNER_STOP_S:
             break

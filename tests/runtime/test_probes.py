@@ -79,8 +79,8 @@ def test_an_eager_learner_is_timed_for_one_epoch_and_scaled_to_the_runs(monkeypa
         made.append(dict(learner))
         return real_make(info, policy, device, learner, graphs)
 
-    def timed(fn, budget_s, least, first=None):
-        timings.append(real_timed(fn, budget_s=budget_s, least=least, first=first))
+    def timed(fn, budget_s, least, first=None, clock=None):
+        timings.append(real_timed(fn, budget_s=budget_s, least=least, first=first, clock=clock))
         return timings[-1]
 
     monkeypatch.setattr(probes, "make_learner", make)
@@ -192,3 +192,24 @@ def test_a_run_whose_workload_another_run_is_probing_waits_and_takes_its_result(
     assert child.returncode == 0, "".join(lines)
     doc = json.loads(out.strip().splitlines()[-1])
     assert doc == {"cached": True, "measured_at": first.measured_at}
+
+
+def test_work_on_the_probes_thread_is_timed_on_its_clock_and_a_gpus_as_time_passes():
+    """Seconds a probe's thread spent not running (asleep here; on a busy machine, waiting for
+    a core another process holds) count neither for the policy forward nor for a CPU update:
+    such a probe, cached, would size every later run; a GPU update's wait for its device does."""
+    import time
+
+    from runtime import probes
+    from runtime.env_probes import timed
+    from runtime.envs import probe_env
+
+    def nap(*_):
+        time.sleep(0.003)
+
+    assert timed(nap, budget_s=0.02) >= 0.003
+    assert timed(nap, budget_s=0.02, clock=time.thread_time) < 0.001
+    info = probe_env("CartPole-v1")
+    cpu = probes.probe_learner(info, "auto:16:auto", "cpu", 32, {}, update=nap)
+    gpu = probes.probe_learner(info, "auto:16:auto", "cuda", 32, {}, update=nap)
+    assert max(cpu.seconds.values()) < 0.001 and min(gpu.seconds.values()) >= 0.003
