@@ -61,6 +61,30 @@ def sized_for(
         return None
 
 
+KEEP_GAIN = 0.05
+"""A config sized for a changed budget keeps the envs per actor, trainer device, trainers and
+MPS share of the job's best config so far (changed only by respawning every actor or handing
+its GMIs over, which costs seconds of steps) unless changing them predicts at least this much
+more steps/J."""
+COSTLY = ("envs_per_actor", "trainer_device", "trainers", "mps_pct")
+
+
+def sized_keeping(args: tuple, running: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The config ``sized_for(*args)`` picks (None: none fits); with the job's ``running``
+    config, its ``COSTLY`` values are kept where changing them pays less than ``KEEP_GAIN``."""
+    best = sized_for(*args)
+    keep = {k: running[k] for k in COSTLY if k in (running or {})}
+    if keep.get("trainer_device") == "cpu":
+        keep.pop("mps_pct", None)
+    if best is None or not keep or all(best.values.get(k) == v for k, v in keep.items()):
+        return dict(best.values) if best else None
+    kept = sized_for(*args, keep=keep)
+    gain = best.predicted["steps_per_joule"] / max(
+        kept.predicted["steps_per_joule"] if kept else 0.0, 1e-12
+    )
+    return dict((kept if gain < 1 + KEEP_GAIN else best).values)
+
+
 def model_rate(
     m: MachineModel,
     gpus: int,

@@ -44,7 +44,7 @@ from autotune.control.allocator import (
 from autotune.control.claims import Share, apart, clear_of_fixed, process_gone
 from autotune.control.gpu_choice import pick_gpu
 from autotune.control.machine import MachineView, busy_last, foreign_load, process_trees
-from autotune.control.rates import guarded, model_rate, sized_for
+from autotune.control.rates import guarded, model_rate, sized_keeping
 from autotune.tuning.perf_model import Params
 
 logger = logging.getLogger(__name__)
@@ -54,12 +54,6 @@ OFFER_HOLD_S = 300.0
 REBALANCE_S = 30.0
 REBALANCE_GAIN = 0.03
 BUDGET_RESEND_S = 2.0
-KEEP_GAIN = 0.05
-"""A config sized for a changed budget keeps the envs per actor, trainer device, trainers and
-MPS share of the job's best config so far (changed only by respawning every actor or handing
-its GMIs over, which costs seconds of steps) unless changing them predicts at least this much
-more steps/J."""
-COSTLY = ("envs_per_actor", "trainer_device", "trainers", "mps_pct")
 STARTING_MAX_S = 90.0
 """The longest the running jobs keep their cores for a job that has registered but not trained."""
 RESTART_GRACE_S = 10.0
@@ -317,31 +311,14 @@ class MachineShares:
     ) -> dict[str, Any] | None:
         """The config the job's model picks inside ``budget`` (None without a model). With the
         job's ``running`` config, its costly values are kept where changing them pays less than
-        ``KEEP_GAIN``."""
+        ``rates.KEEP_GAIN`` (``rates.sized_keeping``)."""
         share = self.shares.get(job)
         if share is None or share.model is None:
             return None
         gpus = 1 if budget.gpu is not None else 0
-        args = (
-            share.model,
-            gpus,
-            len(self.machine.cores),
-            len(budget.cores),
-            budget.mps_pct or 0,
-            share.minibatches,
-            self.params_of(job),
-        )
-        best = sized_for(*args)
-        keep = {k: running[k] for k in COSTLY if k in (running or {})}
-        if keep.get("trainer_device") == "cpu":
-            keep.pop("mps_pct", None)
-        if best is None or not keep or all(best.values.get(k) == v for k, v in keep.items()):
-            return dict(best.values) if best else None
-        kept = sized_for(*args, keep=keep)
-        gain = best.predicted["steps_per_joule"] / max(
-            kept.predicted["steps_per_joule"] if kept else 0.0, 1e-12
-        )
-        return dict((kept if gain < 1 + KEEP_GAIN else best).values)
+        cores, total = len(budget.cores), len(self.machine.cores)
+        args = (share.model, gpus, total, cores, budget.mps_pct or 0, share.minibatches)
+        return sized_keeping((*args, self.params_of(job)), running)
 
     def status(self) -> dict[str, Any]:
         alloc = self.allocation

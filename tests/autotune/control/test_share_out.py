@@ -91,8 +91,7 @@ def test_a_changed_budget_keeps_the_costly_values_unless_changing_them_pays():
     its GMI (a handover) where the model's best gains less than ``KEEP_GAIN`` from changing
     them; it changes them where the gain is larger."""
     from autotune.control.claims import Share
-    from autotune.control.rates import sized_for
-    from autotune.control.sharing import KEEP_GAIN
+    from autotune.control.rates import KEEP_GAIN, sized_for
 
     m = mujoco_like_model()
     shares = MachineShares(
