@@ -70,8 +70,10 @@ def measure(env: str, policy: str, rollout: int, batch: int, busy: int) -> dict[
         }
 
     rows = [condition("quiet")]
-    spin = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(busy)]
+    spin: list[subprocess.Popen] = []
     try:
+        for _ in range(busy):
+            spin.append(subprocess.Popen([sys.executable, "-c", "while True: pass"]))
         time.sleep(1.0)  # every spinner running
         rows.append(condition(f"{busy} busy processes"))
     finally:

@@ -53,7 +53,6 @@ from runtime.envs import EnvInfo
 from runtime.generations import Generations, MPSChange
 from runtime.gmi.fleet import GMIFleet
 from runtime.gmi.spares import Spares
-from runtime.inference import NAME as INFERENCE
 from runtime.inference import inference_main
 from runtime.phases import PhaseLog
 from runtime.results import Timeline, attach_failure, build_result
@@ -205,8 +204,7 @@ class Runner:
         self.supervisor.start(ep, self.run_dir)  # the compressor and the migrator
         if self.cfg.inference == "gmi":  # the supervisor starts it again should it die
             self.inference_place = place = self.fleet.inference_place()
-            self.supervisor.inference = (inference_main, (self.cfg, self.info, ep, place))
-            self.services.spawn(INFERENCE, *self.supervisor.inference)
+            self.supervisor.start_inference((inference_main, (self.cfg, self.info, ep, place)))
         state = self.resume.state_file if self.resume is not None else None
         self.fleet.start(ep, self.run_dir, state)
 

@@ -125,6 +125,14 @@ class Supervisor:
         self.telemetry.expect("migrator")
         self.services.spawn("migrator", migrator_main, args)
 
+    def start_inference(self, target: tuple[Any, tuple[Any, ...]] | None = None) -> None:
+        """Starts the inference GMI (``target``: its main and arguments, kept for the ones that
+        replace it), watched from now, first report or not."""
+        if target is not None:
+            self.inference = target
+        self.telemetry.expect(INFERENCE)
+        self.services.spawn(INFERENCE, *self.inference)
+
     def check(self, ep: topology.Endpoints, command_sock: commands.CommandOut) -> None:
         """Replaces a dead compressor or migrator (after its back-off); resends ``reset``
         until acknowledged.
@@ -230,7 +238,7 @@ class Supervisor:
         if self.inference is not None and name != "compressor" and name != "migrator":
             self.services.stop(INFERENCE)  # it died, or holds weights newer than recovered ones
             self.telemetry.replace(INFERENCE)
-            self.services.spawn(INFERENCE, *self.inference)
+            self.start_inference()
         for service in PIPELINE:
             self.services.stop(service)
             self.telemetry.replace(service)

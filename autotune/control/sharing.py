@@ -223,8 +223,7 @@ class MachineShares:
 
     def tick(self) -> None:
         now = self.clock()
-        if self._lapse_offers() and any(s.expires is None for s in self.shares.values()):
-            self.rebalance(force=True)  # its cores go back to the jobs
+        lapsed = self._lapse_offers()
         for job, share in self.shares.items():
             if share.expires is not None:
                 continue
@@ -237,6 +236,8 @@ class MachineShares:
         starting = any(s.starting_at is not None for s in self.shares.values())
         if starting and not self._kept_for_start() and now - self.rebalanced >= BUDGET_RESEND_S:
             self.rebalance(force=True)  # a starting job that has not trained in STARTING_MAX_S
+        elif lapsed and not starting and self.grace_until is None:
+            self.rebalance(force=True)  # its cores go back to the jobs (a start keeps its overlap)
         elif now - self.rebalanced >= REBALANCE_S and not starting:
             if self.read_foreign:
                 self._read_foreign({s.pid for s in self.shares.values() if s.pid})

@@ -252,6 +252,40 @@ def test_a_job_leaving_while_another_probes_frees_cores_only_beside_the_offer(li
     assert set(shares.shares["b"].budget.cores) == b  # nothing to cut back
 
 
+def test_an_offer_lapsing_while_a_job_starts_leaves_the_start_alone(live_pids):
+    """A runs, B has joined and has not trained yet, and C's offer lapses (its process
+    ended): A keeps its cores and B is still starting; the machine is shared out when B trains,
+    C's cores with it."""
+    import os
+    import signal
+
+    from autotune.control.sharing import RESTART_GRACE_S
+
+    pa, pb, pc = live_pids(3)
+    t = [0.0]
+    shares, _ = _recording(16, lambda: t[0])
+    shares.offer(Claim("offer"), pid=pa)
+    shares.join(share_of(claim_from("a", {}), {"pid": pa}, shares.machine))
+    t[0] = RESTART_GRACE_S + 1
+    shares.tick()
+    shares.offer(Claim("offer"), pid=pb)
+    shares.join(share_of(claim_from("b", {}), {"pid": pb}, shares.machine))
+    c = shares.offer(Claim("offer"), pid=pc)
+    assert c.cores and shares.job_status("b")["starting"]
+    os.kill(pc, signal.SIGKILL)  # C's probes died: its offer lapses at the next tick
+    os.waitpid(pc, 0)
+    t[0] += 1.0
+    shares.tick()
+    assert f"offer-{pc}" not in shares.shares
+    assert (
+        shares.shares["a"].budget.cores == tuple(range(16)) and shares.job_status("b")["starting"]
+    )
+    shares.progressed("b", 0)
+    shares.progressed("b", 512)
+    a, b = set(shares.shares["a"].budget.cores), set(shares.shares["b"].budget.cores)
+    assert not a & b and len(a | b) == 16
+
+
 def test_a_starting_job_offered_cores_a_fixed_budget_took_since_is_shared_out_afresh(live_pids):
     """An offer made before a fixed budget registered is not kept as it is: the starting job
     gets no core of the fixed budget, and the GPU's shares stay within 100 %."""
