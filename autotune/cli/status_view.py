@@ -61,6 +61,13 @@ def render_machine(console: Any, status: dict[str, Any]) -> None:
     )
     if foreign.get("cores") or foreign.get("gpus"):
         line += f"; busy with other processes: {foreign['cores']} cores, GPUs {foreign['gpus']}"
+    for offer in status.get("offers") or []:
+        a = offer["allocation"]
+        gpu = f", GPU {a['gpu']} at {a['mps_pct']} %" if a.get("gpu") is not None else ""
+        line += (
+            f"\nprocess {offer['pid']} sizing itself (probing) on cores {_cores(a['cores'])}"
+            f"{gpu}, offered {offer['for_s']:.0f} s ago; not registered yet"
+        )
     predicted = status.get("steps_per_joule_predicted")
     if predicted:
         line += (

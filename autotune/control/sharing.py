@@ -322,10 +322,22 @@ class MachineShares:
         return sized_keeping((*args, self.params_of(job)), running)
 
     def status(self) -> dict[str, Any]:
-        alloc = self.allocation
+        """The machine, the foreign load, the share-out's prediction, and the offers pending:
+        processes sizing themselves (probing) on the cores offered, not registered yet."""
+        alloc, now = self.allocation, self.clock()
+        offers = [
+            {
+                "pid": s.pid,
+                "allocation": s.budget.to_dict(),
+                "for_s": now - s.expires + OFFER_HOLD_S,
+            }
+            for s in self.shares.values()
+            if s.expires is not None and s.budget is not None
+        ]
         return {
             "machine": self.machine.to_dict(),
             "foreign": self.foreign,
+            "offers": offers,
             "steps_per_joule_predicted": alloc.steps_per_joule if alloc else None,
             "equal_split_steps_per_joule": alloc.equal_split_steps_per_joule if alloc else None,
         }

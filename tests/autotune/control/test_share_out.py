@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pytest
 from conftest import mujoco_like_model
+from rich.console import Console
 
+from autotune.cli.status_view import render_machine
 from autotune.control.allocator import Budget, Claim
 from autotune.control.claims import claim_from, share_of
 from autotune.control.machine import MachineView
@@ -244,12 +246,19 @@ def test_a_job_leaving_while_another_probes_frees_cores_only_beside_the_offer(li
     shares.tick()
     offer = shares.offer(Claim("offer"), pid=pc)
     assert 0 < len(offer.cores) < 16
+    t[0] += 5.0
+    (shown,) = shares.status()["offers"]  # `autotune status` shows the process probing
+    assert shown == {"pid": pc, "allocation": offer.to_dict(), "for_s": 5.0}
+    console = Console(record=True, width=200)
+    render_machine(console, shares.status())
+    assert f"process {pc} sizing itself (probing) on cores" in console.export_text()
     shares.leave("a")
     b = set(shares.shares["b"].budget.cores)
     assert not b & set(offer.cores) and len(b) == 16 - len(offer.cores)
     shares.join(share_of(claim_from("c", {}), {"pid": pc}, shares.machine))
     assert set(shares.shares["c"].budget.cores) == set(offer.cores)
     assert set(shares.shares["b"].budget.cores) == b  # nothing to cut back
+    assert shares.status()["offers"] == []
 
 
 def test_an_offer_lapsing_while_a_job_starts_leaves_the_start_alone(live_pids):
