@@ -44,6 +44,22 @@ class Reading:
         return joules / (time.perf_counter() - self.t0)
 
 
+def gpu_busy_pct() -> float | None:
+    """The probed GPU's utilisation now (NVML: % of its last sample period, 1/6 s to 1 s, in
+    which a kernel ran, whoever ran it); None where NVML cannot read it."""
+    from runtime.hw import nvml
+    from runtime.hw.gpus import nvml_index
+
+    try:
+        nvml.init()
+        p = nvml.pynvml
+        handle = nvml.nvml_call("open the probed GPU", p.nvmlDeviceGetHandleByIndex, nvml_index())
+        rates = nvml.nvml_call("read its utilisation", p.nvmlDeviceGetUtilizationRates, handle)
+    except nvml.NVMLUnavailable:
+        return None
+    return float(rates.gpu)
+
+
 def busy_watts(meter, work: Callable[[], None], seconds: float = GPU_POWER_S) -> float:
     """The probed GPU's mean watts while ``work()`` is called back to back for ``seconds``."""
     reading = Reading(meter)

@@ -216,8 +216,14 @@ def probes(
             on_gpu_learner=on_gpu_learner,
             also=also,
         )
-        if path is not None and _complete(measured, devices):
+        if path is not None and _complete(measured, devices) and not measured.gpu_shared():
             _write(path, measured)
+        elif measured.gpu_shared():
+            logger.warning(
+                "another process used the GPU while this workload was probed (%.0f %% busy): "
+                "the GPU figures size this run only and are not kept; a later run probes again",
+                measured.gpu_busy_pct,
+            )
     return measured
 
 

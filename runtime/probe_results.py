@@ -25,6 +25,11 @@ class LearnerCost:
         return line(self.seconds, min_slope=1e-12)
 
 
+SHARED_GPU_PCT = 5.0
+"""A GPU busier than this (NVML utilisation) while the probes read it idle was in use by
+another process."""
+
+
 @dataclass(frozen=True)
 class Probes:
     """What the probes measured (see the module docstring)."""
@@ -66,6 +71,17 @@ class Probes:
     """The same env figures on the other backends timed (``env_step_s``, ``round_loaded_s``),
     by backend: where ``auto`` could run either, sizing sizes the run on each
     (``on_backend``) and keeps the one it predicts better."""
+    gpu_busy_pct: float | None = None
+    """The probed GPU's utilisation (NVML: % of a sample period in which a kernel ran), the
+    most of the readings over its idle reading, before this probe opened a context; None
+    without one. Over ``SHARED_GPU_PCT`` another process used the GPU meanwhile
+    (``gpu_shared``)."""
+
+    def gpu_shared(self) -> bool:
+        """Whether another process used the GPU while these probes read it idle: its idle
+        watts, and the GPU learner's time, are not the GPU's own (``runtime.probe_cache`` does
+        not keep them)."""
+        return self.gpu_busy_pct is not None and self.gpu_busy_pct > SHARED_GPU_PCT
 
     def on_backend(self, backend: str) -> Probes:
         """These probes with ``backend``'s env figures (this one's own, or one of
@@ -181,6 +197,7 @@ class Probes:
                     }
                     for b, o in doc.get("other_backends", {}).items()
                 },
+                None if doc.get("gpu_busy_pct") is None else float(doc["gpu_busy_pct"]),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ProbeError(f"malformed probe results: {exc}") from None

@@ -36,7 +36,7 @@ from runtime.env_probes import (
 )
 from runtime.envs import EnvInfo, probe_env
 from runtime.learner_probe import GROUP_LEARNER, make_learner, synthetic_batch
-from runtime.power_probe import Reading, busy_watts, gpu_meter
+from runtime.power_probe import Reading, busy_watts, gpu_busy_pct, gpu_meter
 from runtime.probe_child import GPU_LEARNER_MARK, run_child
 from runtime.probe_results import LearnerCost, Probes
 from runtime.process_exit import freeze_at_exit
@@ -150,18 +150,27 @@ def measure(
     # the GPU's draw before anything here opens a context on it, read over the env probes
     meter = gpu_meter() if "cuda" in devices else None
     idle = Reading(meter) if meter is not None else None
-    took("gpu_power")
+    busy: list[float] = []  # the GPU's utilisation over the idle reading: another's work?
 
+    def sample_busy() -> None:
+        pct = gpu_busy_pct() if idle is not None else None
+        busy.extend([] if pct is None else [pct])
+
+    sample_busy()
+    took("gpu_power")
     step = probe_env_step(env_id, backend=backend)
     took("env")
+    sample_busy()
     sizes = parse_spec(policy, info.obs_dim, info.act_dim)
     loaded = probe_rounds_loaded(env_id, procs, sizes, info.discrete, backend=backend)["cpu"]
     took("env_loaded")
+    sample_busy()
     others = {b: other_backend(env_id, b, info, procs, sizes) for b in also if b != backend}
     took("env_other_backends")
     power: dict[str, float] = {}
     if idle is not None:
         power["idle_w"] = idle.watts()
+        sample_busy()
         took("gpu_power")
 
     import torch
@@ -215,6 +224,7 @@ def measure(
         stage_s={k: round(v, 3) for k, v in stage_s.items()},
         backend=backend,
         other_backends={b: o for b, o in others.items() if o is not None},
+        gpu_busy_pct=max(busy) if busy else None,
     )
 
 

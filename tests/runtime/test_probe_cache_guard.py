@@ -87,3 +87,26 @@ def test_probes_without_the_gpu_learner_serve_no_run_where_a_gpu_is_visible(monk
     monkeypatch.setattr(probe_cache, "machine_facts", lambda: {**facts, "gpus": []})
     assert probe_cache._complete(cpu_only, ["cpu", "cuda"])
     assert probe_cache._serving(cpu_only, ["cpu", "cuda"]) is cpu_only
+
+
+@pytest.mark.parametrize("busy,kept", [(None, True), (2.0, True), (63.0, False)])
+def test_probes_taken_while_another_process_used_the_gpu_are_not_kept(
+    busy, kept, tmp_path, monkeypatch, caplog
+):
+    """The GPU busy (NVML utilisation) while the probes read it idle means another process
+    used it: those probes size the run that took them, and a later run probes again."""
+    from dataclasses import replace
+
+    monkeypatch.setenv("AUTOTUNE_CACHE_DIR", str(tmp_path))
+    facts = probe_cache.machine_facts()
+    monkeypatch.setattr(probe_cache, "machine_facts", lambda: {**facts, "gpus": ["NVIDIA H200"]})
+    measured = replace(
+        _probes({"cpu": {2048: 0.05}, "cuda": {2048: 0.004}}, [132]), gpu_busy_pct=busy
+    )
+    assert Probes.from_dict(measured.to_dict()).gpu_busy_pct == busy  # kept in the document
+    monkeypatch.setattr(probe_cache, "run_probes", lambda *a, **k: measured)
+    got = probe_cache.probes(ENV, POLICY, 32, APPOConfig().to_dict(), ["cpu", "cuda"])
+    assert got is measured and measured.gpu_shared() is not kept
+    path = probe_cache.entry_path(ENV, POLICY, 32, APPOConfig().to_dict(), ["cpu", "cuda"])
+    assert path.exists() is kept
+    assert ("another process used the GPU" in caplog.text) is not kept
