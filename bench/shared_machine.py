@@ -210,9 +210,15 @@ def _figures(specs, way, out_dir, meter, t0, started_at, timeline) -> dict[str, 
         lost += int(res.get("lost_steps") or 0)
         if rows:
             ends.append(rows[-1]["t"])
+        start = started_at.get(spec.name, t0)
+        probes = (res.get("sizing") or {}).get("probes") or {}
         jobs[spec.name] = {
             **asdict(spec),
-            "started_s": started_at.get(spec.name, t0) - t0,
+            "started_s": start - t0,
+            # its start-up: the probes (none: read from the cache) and the first trained batch
+            "probe_s": None if probes.get("cached", True) else probes.get("probe_s"),
+            "gpu_busy_pct": probes.get("gpu_busy_pct"),
+            "first_trained_s": next((r["t"] - start for r in rows if r["steps"] > 0), None),
             "steps": trained,
             "wall_s": res.get("wall_s"),
             "steps_per_s": res.get("steps_per_s"),

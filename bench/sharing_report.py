@@ -56,12 +56,17 @@ def table(results: dict[str, Any], goals: dict[str, float], ways: list[str]) -> 
             f"| {name} (raw stepping) | | | | {_f(r.get('steps_per_s'), 0)} | | | "
             f"{_f(r.get('steps_per_joule'))} | {_f(r.get('steps_per_joule_busy_only'))} | | |"
         )
-    lines += ["", "| way | job | started s | trained steps | steps/s | invariant | error |"]
-    lines.append("|---|---|---:|---:|---:|---|---|")
+    lines += [
+        "",
+        "| way | job | started s | probes s | first batch s | trained steps | steps/s "
+        "| invariant | error |",
+        "|---|---|---:|---:|---:|---:|---:|---|---|",
+    ]
     for way in ways:
         for name, j in (results.get(way) or {}).get("jobs", {}).items():
             lines.append(
-                f"| {way} | {name} ({j['env']}) | {_f(j['started_s'], 0)} | {j['steps']:,} | "
+                f"| {way} | {name} ({j['env']}) | {_f(j['started_s'], 0)} | "
+                f"{_f(j.get('probe_s'))} | {_f(j.get('first_trained_s'))} | {j['steps']:,} | "
                 f"{_f(j['steps_per_s'], 0)} | {'holds' if j['invariant'] else 'BROKEN'} | "
                 f"{j['error'] or ''} |"
             )

@@ -95,3 +95,34 @@ def test_the_tables_go_to_markdown_as_printed(tmp_path, capsys):
     text = (tmp_path / "t.md").read_text()
     assert text.strip() == capsys.readouterr().out.strip()
     assert "| daemon | 3 | 236 | 6,120,448 |" in text and "0.97 (goal >= 1.3)" in text
+
+
+def test_each_jobs_start_up_is_read_from_its_result_and_progress(tmp_path):
+    """A way's figures name each job's start-up, as its result and progress file say: how long
+    it probed (nothing when its probes came from the cache) and when it trained its first
+    batch, from its own start; the machine's meter spans them (the CPU model here)."""
+    import json
+    import time
+
+    from bench.machine_meter import MachineMeter
+    from bench.shared_machine import _figures
+
+    specs = parse_jobs("ant@0+1,ant@0+1", {"ant": ("Ant-v5", "auto")})
+    meter = MachineMeter(0.02).start()
+    t0 = time.time()
+    for spec, cached in zip(specs, (False, True), strict=True):
+        probes = {"cached": cached, "probe_s": 23.5, "gpu_busy_pct": 0.0}
+        result = {"env_steps": 1024, "sampled_steps": 1024, "discarded_steps": 0}
+        result.update(lost_steps=0, wall_s=1.0, steps_per_s=1024.0, sizing={"probes": probes})
+        (tmp_path / f"{spec.name}.result.json").write_text(json.dumps(result))
+        rows = [{"t": t0 + 0.01, "steps": 0}, {"t": t0 + 0.05, "steps": 1024}]
+        progress = "\n".join(json.dumps(r) for r in rows) + "\n"
+        (tmp_path / f"{spec.name}.progress.jsonl").write_text(progress)
+    time.sleep(0.2)
+    meter.stop()
+    started = {spec.name: t0 for spec in specs}
+    out = _figures(specs, "together", tmp_path, meter, t0, started, [])
+    probed, read = (out["jobs"][s.name] for s in specs)
+    assert probed["probe_s"] == 23.5 and read["probe_s"] is None  # read from the cache
+    assert probed["first_trained_s"] == pytest.approx(0.05) and probed["invariant"]
+    assert out["steps"] == 2048 and out["cpu_j"] > 0
