@@ -70,10 +70,11 @@ def add_daemon_commands(sub: Any) -> None:
     status = sub.add_parser(
         "status",
         help="show what the daemon is tuning: config, steps/s, steps/J, best, trial history",
-        description="Asks the daemon for every registered job's current config, live steps/s "
-        "and steps/J (GPU and CPU parts), the best config so far and its trial history. With "
-        "no daemon, or with --study for a study no job is tuning, reads the study from "
-        "--storage instead.",
+        description="Asks the daemon for the machine it shares out (its cores, GPUs, meters, "
+        "what other processes take, and each process still probing in the cores it was "
+        "offered) and every registered job's budget, current config, live steps/s and steps/J "
+        "(GPU and CPU parts), the best config so far and its trial history. With no daemon, or "
+        "with --study for a study no job is tuning, reads the study from --storage instead.",
     )
     status.add_argument("--control", default=None, help=control_help)
     status.add_argument("--study", default=None, help="show only this study")
