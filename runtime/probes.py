@@ -154,7 +154,8 @@ def measure(
 
     def sample_busy() -> None:
         pct = gpu_busy_pct() if idle is not None else None
-        busy.extend([] if pct is None else [pct])
+        if pct is not None:
+            busy.append(pct)
 
     sample_busy()
     took("gpu_power")

@@ -127,15 +127,17 @@ class RunTelemetry:
         self._senders[source] = (inst, n)
 
     def replace(self, name: str) -> None:
-        """``name`` died and a new process takes its name: its last counters move to
-        ``replaced``, and the new one starts from nothing."""
+        """``name`` died and a new process takes its name: the dead one's sender is refused
+        from now on, and the new one is expected (``expect``)."""
         if name in self._senders:
             self._gone.add(self._senders.pop(name)[0])
         self.expect(name)
 
     def expect(self, name: str) -> None:
         """A process is about to start as ``name`` (call it before the spawn): it is watched
-        from now even before its first report, and a report sent before now is refused."""
+        from now even before its first report, a report sent before now is refused, and the
+        name's last counters, an earlier process's, move to ``replaced`` (the new one starts
+        from nothing). Calling it again before the spawn only moves ``now`` on."""
         self._since[name] = time.monotonic()
         if name in self.latest:
             self.replaced.setdefault(name, []).append(self.latest.pop(name))

@@ -298,7 +298,8 @@ class MachineShares:
     def _split(
         self, claims: list[Claim], rates: dict[str, Any], current: dict[str, Budget]
     ) -> Allocation:
-        """No idle draw of its own: each job's watts carry its share of it."""
+        """``allocate`` on this machine, less what other processes take; no idle draw of its
+        own: each job's watts carry its share of it."""
         return allocate(
             busy_last(self.machine, self.foreign["pinned"]),
             claims,
