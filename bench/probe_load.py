@@ -1,8 +1,12 @@
 """``python -m bench.probe_load``: how far a busy machine moves the workload probes that ``auto``
 sizing builds on, and that the probe cache keeps for a week.
 
-Three conditions, one after the other: quiet, with ``--busy`` processes spinning (pure-Python
-loops, several per core: another job's actors, say), and quiet again. In each:
+Three conditions, one after the other: quiet, loaded, and quiet again. The load is ``--busy``
+processes spinning (pure-Python loops, several per core: another job's actors, say), or with
+``--load gpu`` one process running matrix products on the GPU back to back (another job's
+trainer), where the probes then time the GPU learner too and report the GPU's utilisation as
+they read it idle (``Probes.gpu_busy_pct``; over ``SHARED_GPU_PCT`` a run does not cache them).
+In each:
 
 * the probes as a run takes them (``runtime.probes.run_probes``, in their child process): one
   env step, the policy forward at 32 envs, and the CPU learner's update at ``--batch`` samples
@@ -26,18 +30,33 @@ import time
 from typing import Any
 
 POLICY = "auto:64:64:auto"
+GPU_SPIN = (
+    "import torch\n"
+    "a = torch.randn(4096, 4096, device='cuda')\n"
+    "torch.tanh(a @ a).cpu()\n"
+    "print('running', flush=True)\n"
+    "while True:\n"
+    "    a = torch.tanh(a @ a)\n"
+)
+"""Another job's trainer, as far as the GPU can tell: matrix products back to back."""
 
 
-def probe_figures(env: str, policy: str, rollout: int, batch: int) -> dict[str, float]:
+def probe_figures(env: str, policy: str, rollout: int, batch: int, gpu: bool) -> dict[str, float]:
     from runtime.probes import run_probes
 
-    p = run_probes(env, policy, rollout, {}, ["cpu"])
+    p = run_probes(env, policy, rollout, {}, ["cpu", "cuda"] if gpu else ["cpu"])
     fixed, per = p.learners["cpu"].fit()
-    return {
+    out = {
         "env_step_us": p.env_step_s * 1e6,
         "forward32_us": p.forward_s[32] * 1e6,
         "update_ms": (fixed + per * batch) * 1e3,
     }
+    if gpu:
+        fixed, per = p.learners["cuda"].fit()
+        out["cuda_update_ms"] = (fixed + per * batch) * 1e3
+        out["gpu_busy_pct"] = -1.0 if p.gpu_busy_pct is None else p.gpu_busy_pct
+        out["gpu_shared"] = float(p.gpu_shared())
+    return out
 
 
 def direct_update(env: str, policy: str, rollout: int, batch: int) -> dict[str, float]:
@@ -61,21 +80,32 @@ def direct_update(env: str, policy: str, rollout: int, batch: int) -> dict[str, 
     }
 
 
-def measure(env: str, policy: str, rollout: int, batch: int, busy: int) -> dict[str, Any]:
+def measure(
+    env: str, policy: str, rollout: int, batch: int, busy: int, load: str = "cpu"
+) -> dict[str, Any]:
+    gpu = load == "gpu"
+
     def condition(name: str) -> dict[str, Any]:
         return {
             "name": name,
-            "probes": probe_figures(env, policy, rollout, batch),
+            "probes": probe_figures(env, policy, rollout, batch, gpu),
             "direct": direct_update(env, policy, rollout, batch),
         }
 
     rows = [condition("quiet")]
     spin: list[subprocess.Popen] = []
     try:
-        for _ in range(busy):
-            spin.append(subprocess.Popen([sys.executable, "-c", "while True: pass"]))
-        time.sleep(1.0)  # every spinner running
-        rows.append(condition(f"{busy} busy processes"))
+        if gpu:
+            spin.append(subprocess.Popen([sys.executable, "-c", GPU_SPIN], stdout=subprocess.PIPE))
+            if spin[0].stdout.readline().strip() != b"running":  # its first product is done
+                raise RuntimeError("the GPU load process failed to start; see its stderr")
+            name = "a GPU process"
+        else:
+            for _ in range(busy):
+                spin.append(subprocess.Popen([sys.executable, "-c", "while True: pass"]))
+            time.sleep(1.0)  # every spinner running
+            name = f"{busy} busy processes"
+        rows.append(condition(name))
     finally:
         for proc in spin:
             proc.kill()
@@ -83,10 +113,11 @@ def measure(env: str, policy: str, rollout: int, batch: int, busy: int) -> dict[
     rows.append(condition("quiet again"))
     ratios = {}
     for part in ("probes", "direct"):
-        for key in rows[0][part]:
+        for key in (k for k in rows[0][part] if k not in ("gpu_busy_pct", "gpu_shared")):
             quiet = (rows[0][part][key] + rows[2][part][key]) / 2
             ratios[f"{part}.{key}"] = rows[1][part][key] / quiet
-    doc = {"env": env, "policy": policy, "batch": batch, "busy": busy, "cores": os.cpu_count()}
+    doc = {"env": env, "policy": policy, "batch": batch, "load": load, "busy": busy}
+    doc["cores"] = os.cpu_count()
     return {**doc, "rows": rows, "loaded_over_quiet": ratios}
 
 
@@ -101,11 +132,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--busy", type=int, default=3 * (os.cpu_count() or 1), help="spinning processes"
     )
+    ap.add_argument(
+        "--load",
+        choices=("cpu", "gpu"),
+        default="cpu",
+        help="cpu: --busy spinning processes; gpu: one process of matrix products on the GPU",
+    )
     ap.add_argument("--json", default=None, metavar="PATH")
     args = ap.parse_args(argv)
     if args.busy < 1 or args.batch < args.rollout_len or args.rollout_len < 1:
         ap.error("--busy must be at least 1, --rollout-len at least 1 and --batch at least it")
-    doc = measure(args.env, args.policy, args.rollout_len, args.batch, args.busy)
+    if args.load == "gpu":
+        import torch
+
+        if not torch.cuda.is_available():
+            ap.error("--load gpu needs a CUDA GPU; none is visible here (use --load cpu)")
+    doc = measure(args.env, args.policy, args.rollout_len, args.batch, args.busy, args.load)
     for row in doc["rows"]:
         figures = {**row["probes"], **{f"direct_{k}": v for k, v in row["direct"].items()}}
         print(f"{row['name']:>20}: " + ", ".join(f"{k} {v:.1f}" for k, v in figures.items()))

@@ -36,3 +36,25 @@ def test_bad_arguments_are_refused_saying_what_is_allowed(args, capsys):
         probe_load.main(args)
     assert exc.value.code == 2
     assert "--busy must be at least 1" in capsys.readouterr().err
+
+
+def test_a_gpu_load_is_refused_where_no_gpu_is_visible(capsys):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible here")
+    with pytest.raises(SystemExit) as exc:
+        probe_load.main(["--load", "gpu"])
+    assert exc.value.code == 2
+    assert "--load gpu needs a CUDA GPU" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_another_process_on_the_gpu_marks_the_probes_shared(tmp_path):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    out = tmp_path / "probe-load-gpu.json"
+    assert probe_load.main(["--load", "gpu", "--batch", "1024", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["probes"]["gpu_shared"] for r in rows] == [0.0, 1.0, 0.0]
