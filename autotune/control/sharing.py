@@ -4,8 +4,8 @@ as jobs come and go.
 * A job's claim comes with its registration (``HELLO``'s ``claim``); ``admit`` refuses one the
   machine cannot meet, saying what is available. ``offer`` answers a job that asks before it
   sizes itself (``OFFER``) with the budget it would get now; the registered jobs keep theirs
-  until it registers, and jobs sizing themselves at the same time get disjoint cores where the
-  machine has room for that.
+  until the next share-out, which leaves the offered cores to the job probing there, and jobs
+  sizing themselves at the same time get disjoint cores where the machine has room for that.
 * The share-out is recomputed when a job joins or leaves (a silent job is dropped, see
   ``protocol.too_silent``, and its budget goes back), and every ``REBALANCE_S``
   with the jobs' fitted models and the foreign load read again; a periodic change is made only
@@ -119,8 +119,9 @@ class MachineShares:
 
     def offer(self, claim: Claim, pid: int | None = None) -> Budget:
         """The budget ``claim`` would get if it joined now, for the job to size itself inside.
-        Registered jobs keep their budgets until it registers (it probes meanwhile, on cores
-        they may still use); other jobs that size themselves at the same time are offered
+        Registered jobs keep their budgets for now (it probes on cores they may still use);
+        a share-out made while it probes (``rebalance``) leaves it the offered cores. Other
+        jobs that size themselves at the same time are offered
         disjoint cores: an offer counts, as the claim ``offer-<pid>``, in later offers for
         ``OFFER_HOLD_S`` or until its job registers. Where the offers hold every core, they
         are shared out again instead (the earlier job is cut when it registers).

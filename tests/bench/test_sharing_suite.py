@@ -83,18 +83,20 @@ def test_the_tables_go_to_markdown_as_printed(tmp_path, capsys):
 
     from bench.suites import sharing
 
-    stored = Path(__file__).parents[2] / "docs/results/sharing/h200-lending/sharing.json"
+    stored = Path(__file__).parents[2] / "docs/results/sharing/h200-three-ways/sharing.json"
     results = json.loads(stored.read_text())["results"]
     ap = argparse.ArgumentParser()
     sharing.add_args(ap)
-    a = ap.parse_args(["--ways", "together,daemon", "--markdown", str(tmp_path / "t.md")])
+    ways = "sequential,together,daemon"
+    a = ap.parse_args(["--ways", ways, "--markdown", str(tmp_path / "t.md")])
     a.out = str(tmp_path)
     sharing.check(ap, a)
     _, finish = sharing.plan(a)
     finish(results)
     text = (tmp_path / "t.md").read_text()
     assert text.strip() == capsys.readouterr().out.strip()
-    assert "| daemon | 3 | 236 | 6,120,448 |" in text and "0.97 (goal >= 1.3)" in text
+    assert "| daemon | 3 | 236 | 7,201,792 |" in text and "1.17 (goal >= 1.3)" in text
+    assert "daemon / sequential steps/J: 1.21 (goal >= 0.9): met" in text
 
 
 def test_each_jobs_start_up_is_read_from_its_result_and_progress(tmp_path):
