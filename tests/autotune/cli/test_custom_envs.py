@@ -76,7 +76,11 @@ def test_the_entropy_bonus_defaults_by_action_space():
 @pytest.mark.slow
 def test_the_defaults_learn_a_small_continuous_env_of_our_own(tmp_path):
     """examples/custom_env.py's PointReach-v0 (random actions score about -110, heading for
-    the target about -12), trained with the CLI's defaults: the return rises."""
+    the target about -12), trained with the CLI's defaults: the return rises, to a 100-episode
+    mean of -70. The run stops there. When learning takes off varies: a run sized on a quiet
+    2-core machine (batches of 1,024) reaches -60 at 80-130k steps, one sized under load
+    (batches of 4,096: fewer updates per step) at 130-270k, and a run checked at a fixed 120k
+    steps once still scored -120; so the cap is wide."""
     from pathlib import Path
 
     examples = Path(__file__).resolve().parents[3] / "examples"
@@ -90,8 +94,10 @@ def test_the_defaults_learn_a_small_continuous_env_of_our_own(tmp_path):
             "custom_env",
             "--env",
             "PointReach-v0",
+            "--target-return",
+            "-70",
             "--steps",
-            "120000",
+            "600000",  # a cap only: the run ends at the target
             "--quiet",
             "--json",
             str(tmp_path / "r.json"),
@@ -104,7 +110,8 @@ def test_the_defaults_learn_a_small_continuous_env_of_our_own(tmp_path):
     assert proc.returncode == 0, proc.stderr
     result = json.loads((tmp_path / "r.json").read_text())
     assert result["config"]["learner"]["entropy_coef"] is None  # by action space: none here
-    said = {k: result.get(k) for k in ("return_mean", "env_steps", "policy_lag", "divergence")}
+    said = {k: result.get(k) for k in ("target", "env_steps", "policy_lag", "divergence")}
     # the whole story in one short line (pytest cuts a long message's dict down to "...")
     story = f"{said}; sized {result['sizing']['values']}; probes {result['sizing']['probes']}"
-    assert result["return_mean"] > -80, story[:2000]
+    assert result["target"]["reached"], story[:2000]
+    assert result["target"]["return_then"] >= -70 and result["target"]["steps"] < 600_000
