@@ -41,12 +41,14 @@ GPU_SPIN = (
 """Another job's trainer, as far as the GPU can tell: matrix products back to back."""
 
 
-def probe_figures(env: str, policy: str, rollout: int, batch: int, gpu: bool) -> dict[str, float]:
+def probe_figures(
+    env: str, policy: str, rollout: int, batch: int, gpu: bool
+) -> dict[str, float | None]:
     from runtime.probes import run_probes
 
     p = run_probes(env, policy, rollout, {}, ["cpu", "cuda"] if gpu else ["cpu"])
     fixed, per = p.learners["cpu"].fit()
-    out = {
+    out: dict[str, float | None] = {
         "env_step_us": p.env_step_s * 1e6,
         "forward32_us": p.forward_s[32] * 1e6,
         "update_ms": (fixed + per * batch) * 1e3,
@@ -54,7 +56,7 @@ def probe_figures(env: str, policy: str, rollout: int, batch: int, gpu: bool) ->
     if gpu:
         fixed, per = p.learners["cuda"].fit()
         out["cuda_update_ms"] = (fixed + per * batch) * 1e3
-        out["gpu_busy_pct"] = -1.0 if p.gpu_busy_pct is None else p.gpu_busy_pct
+        out["gpu_busy_pct"] = p.gpu_busy_pct  # None where NVML could not read it
         out["gpu_shared"] = float(p.gpu_shared())
     return out
 
@@ -150,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     doc = measure(args.env, args.policy, args.rollout_len, args.batch, args.busy, args.load)
     for row in doc["rows"]:
         figures = {**row["probes"], **{f"direct_{k}": v for k, v in row["direct"].items()}}
-        print(f"{row['name']:>20}: " + ", ".join(f"{k} {v:.1f}" for k, v in figures.items()))
+        shown = (f"{k} {'-' if v is None else f'{v:.1f}'}" for k, v in figures.items())
+        print(f"{row['name']:>20}: " + ", ".join(shown))
     print(
         "loaded / quiet: " + ", ".join(f"{k} {v:.2f}" for k, v in doc["loaded_over_quiet"].items())
     )
