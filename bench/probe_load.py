@@ -144,11 +144,12 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.busy < 1 or args.batch < args.rollout_len or args.rollout_len < 1:
         ap.error("--busy must be at least 1, --rollout-len at least 1 and --batch at least it")
-    if args.load == "gpu":
-        import torch
+    if args.load == "gpu":  # NVML reads the GPU's utilisation, CUDA runs the load and learner
+        from runtime.hw.gpus import no_gpu_reason, torch_sees_gpu
 
-        if not torch.cuda.is_available():
-            ap.error("--load gpu needs a CUDA GPU; none is visible here (use --load cpu)")
+        why = no_gpu_reason() or (None if torch_sees_gpu() else "torch sees no CUDA GPU")
+        if why:
+            ap.error(f"--load gpu needs a CUDA GPU that NVML reads: {why} (use --load cpu)")
     doc = measure(args.env, args.policy, args.rollout_len, args.batch, args.busy, args.load)
     for row in doc["rows"]:
         figures = {**row["probes"], **{f"direct_{k}": v for k, v in row["direct"].items()}}
