@@ -95,8 +95,35 @@ def test_the_tables_go_to_markdown_as_printed(tmp_path, capsys):
     finish(results)
     text = (tmp_path / "t.md").read_text()
     assert text.strip() == capsys.readouterr().out.strip()
-    assert "| daemon | 3 | 236 | 7,201,792 |" in text and "1.17 (goal >= 1.3)" in text
+    assert "1.17 (goal >= 1.3)" in text
     assert "daemon / sequential steps/J: 1.21 (goal >= 0.9): met" in text
+    assert "at most 1.22 at this way's start-ups" in text  # the 1.3x goal is past its ceiling
+    assert "| daemon | 3 | 236 | 189 | 7,201,792 |" in text
+
+
+def test_a_ways_ceiling_counts_the_time_any_job_trained_at_the_limits_rate():
+    """Overlapping jobs count their shared seconds once, a gap in which no job trains not at
+    all; the rate is the mean of the limits beside the way, the joules the way's own."""
+    from bench.sharing_report import ceilings, trained_s
+
+    def job(start, first, end):
+        return {"started_s": start, "first_trained_s": first, "progress": [{"t": end}]}
+
+    way = {
+        "gpu_j": 600.0,
+        "cpu_j": 400.0,
+        "jobs": {"a": job(0, 10, 50), "b": job(20, 5, 60), "c": job(70, 10, 100)},
+    }
+    assert trained_s(way) == pytest.approx(50 + 20)  # 10-60 and 80-100
+    waiting = {"jobs": {"d": {**job(0, None, 9), "first_trained_s": None}}}
+    assert trained_s(waiting) == 0.0
+    results = {
+        "limit:daemon": {"steps_per_s": 100.0},
+        "daemon": way,
+        "limit-end": {"steps_per_s": 300.0},
+    }
+    assert ceilings(results, ["daemon"]) == {"daemon": pytest.approx(200.0 * 70 / 1000)}
+    assert ceilings({"daemon": way}, ["daemon"]) == {}  # no limit beside it: no ceiling
 
 
 def test_each_jobs_start_up_is_read_from_its_result_and_progress(tmp_path):
