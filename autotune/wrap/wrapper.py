@@ -53,6 +53,9 @@ MAX_RANGE = 256
 GPU_CHECK_S = 1.0
 """How often the wrapper asks NVML which GPUs the run's processes use."""
 POLL_S = 0.1
+TAIL_WAIT_MS = 100
+"""Once the script has exited, how long the wrapper waits for a report still on its way
+before it takes the run's figures; what is queued behind that one is read at once."""
 
 
 def _scalar(text: str) -> Any:
@@ -299,24 +302,28 @@ class Wrapper:
         cpu = CPUModelEnergy(pids=tree.pids)
         marks = Marks()
         last_report, used, next_gpu_check = None, set(), start
+
+        def take_reports(wait_ms: int) -> None:
+            """Takes what the script sent, marking each report's readings."""
+            nonlocal last_report
+            while self.sock.poll(wait_ms):
+                wait_ms = 0
+                if self._take(run, str(number)):
+                    last_report = time.monotonic()
+                    gpu, cpu_j = self.gpu.read_energy_j(), cpu.read_energy_j()
+                    marks.report(run.steps, gpu, cpu_j)
+                    if self.on_report is not None:
+                        gpu_j = sum(gpu[i] - gpu0[i] for i in used if i in gpu and i in gpu0)
+                        self.on_report(
+                            Counters(time.monotonic(), run.steps or 0, 0.0, gpu_j, cpu_j)
+                        )
+
         try:
             while proc.poll() is None:
                 if time.monotonic() >= next_gpu_check:
                     used |= gpus_used_by(tree_pids(proc.pid))
                     next_gpu_check = time.monotonic() + GPU_CHECK_S
-                if self.sock.poll(int(POLL_S * 1000)):
-                    while self.sock.poll(0):
-                        if self._take(run, str(number)):
-                            last_report = time.monotonic()
-                            gpu, cpu_j = self.gpu.read_energy_j(), cpu.read_energy_j()
-                            marks.report(run.steps, gpu, cpu_j)
-                            if self.on_report is not None:
-                                gpu_j = sum(
-                                    gpu[i] - gpu0[i] for i in used if i in gpu and i in gpu0
-                                )
-                                self.on_report(
-                                    Counters(time.monotonic(), run.steps or 0, 0.0, gpu_j, cpu_j)
-                                )
+                take_reports(int(POLL_S * 1000))
                 cpu_j = cpu.read_energy_j()  # samples the tree while its processes live
                 if tee.first_line_at is not None and marks.output is None:
                     marks.output = (tee.first_line_at, self.gpu.read_energy_j(), cpu_j)
@@ -341,8 +348,9 @@ class Wrapper:
         except BaseException:  # Ctrl-C, SIGTERM, a failure here: the script is not left running
             stop_tree(proc, tree)
             raise
-        while self.sock.poll(0):
-            self._take(run, str(number))
+        # reports sent just before the script exited, still on their way: counted in the
+        # window (it ends at the latest), not only in the step total
+        take_reports(TAIL_WAIT_MS)
         run.returncode = proc.wait()
         run.outlived = tree.end_outliving()  # not left to run through the next trial
         tee.join()
