@@ -12,6 +12,7 @@ cores to spare can start its first trainer's process then and import torch in it
 from __future__ import annotations
 
 import logging
+import re
 import subprocess
 import threading
 import time
@@ -87,3 +88,19 @@ def _call(on_gpu_learner: Callable[[], None] | None) -> None:
         on_gpu_learner()
     except Exception:  # the probes go on: what it started is the caller's to end
         logger.exception("starting work beside the GPU learner's probe failed")
+
+
+_RAISED = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)(: |$)")
+
+
+def failure_line(stderr: list[str], code: int) -> str:
+    """What a failed child says went wrong: the exception its traceback ended with (a CUDA
+    error's hints follow that line, the last of them says nothing of the cause), with its
+    last line beside it where that differs; else its last line, else its exit code."""
+    lines = [ln.strip() for ln in stderr if ln.strip()]
+    if not lines:
+        return f"probe process exited {code}"
+    raised = [ln for ln in lines if _RAISED.match(ln)]
+    if not raised or raised[-1] == lines[-1]:
+        return lines[-1]
+    return f"{raised[-1]} (its last line: {lines[-1]})"

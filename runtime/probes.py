@@ -37,7 +37,7 @@ from runtime.env_probes import (
 from runtime.envs import EnvInfo, probe_env
 from runtime.learner_probe import GROUP_LEARNER, make_learner, synthetic_batch
 from runtime.power_probe import Reading, busy_watts, gpu_busy_pct, gpu_meter
-from runtime.probe_child import GPU_LEARNER_MARK, run_child
+from runtime.probe_child import GPU_LEARNER_MARK, failure_line, run_child
 from runtime.probe_results import LearnerCost, Probes
 from runtime.process_exit import freeze_at_exit
 
@@ -266,7 +266,8 @@ def run_probes(
     ``on_gpu_learner`` is called as the GPU learner's timing begins (``runtime.probe_child``).
 
     Raises:
-        ProbeError: the child failed or timed out; its last error line is in the message.
+        ProbeError: the child failed or timed out; the exception it ended with is in the
+            message (``runtime.probe_child.failure_line``).
     """
     args = {
         "env": env_id,
@@ -287,8 +288,7 @@ def run_probes(
         raise ProbeError(f"the workload probes took over {timeout_s:.0f} s")
     code, stdout, stderr = ran
     if code != 0:
-        lines = [ln for ln in stderr if ln.strip()]
-        raise ProbeError(lines[-1] if lines else f"probe process exited {code}")
+        raise ProbeError(failure_line(stderr, code))
     try:
         doc = json.loads(stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):

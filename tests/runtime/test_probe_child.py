@@ -39,3 +39,24 @@ def test_a_child_past_its_time_is_killed_and_a_failing_callback_leaves_it_runnin
     assert (code, out, err) == (0, "ok\n", [])  # its failure is logged; the probes go on
     code, _, err = run_child(_child("import sys; sys.exit('bad env')"), dict(os.environ), 120.0)
     assert code == 1 and err == ["bad env"]  # no mark: nothing is called, the error is kept
+
+
+def test_a_failed_childs_message_is_the_exception_it_ended_with_not_the_hint_after_it():
+    from runtime.probe_child import failure_line
+
+    cuda = [
+        "Traceback (most recent call last):",
+        '  File "x.py", line 3, in <module>',
+        "torch.AcceleratorError: CUDA error: out of memory",
+        "For debugging consider passing CUDA_LAUNCH_BLOCKING=1",
+        "Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.",
+        "",
+    ]
+    assert failure_line(cuda, 1) == (
+        "torch.AcceleratorError: CUDA error: out of memory (its last line: Compile with "
+        "`TORCH_USE_CUDA_DSA` to enable device-side assertions.)"
+    )
+    ended = ["Traceback (most recent call last):", "gymnasium.error.NameNotFound: NoSuchEnv"]
+    assert failure_line(ended, 1) == "gymnasium.error.NameNotFound: NoSuchEnv"
+    assert failure_line(["bad env"], 1) == "bad env"  # sys.exit's message: no exception line
+    assert failure_line(["", "  "], -9) == "probe process exited -9"
