@@ -180,7 +180,7 @@ from autotune import client
 k = client.knobs({"num_envs": 1})
 poll = "nopoll" not in sys.argv
 if "slowstart" in sys.argv:  # imports, CUDA, envs: seconds before its first message
-    time.sleep(3)
+    time.sleep(6)
     if "earlyreport" in sys.argv:  # its first message a report; its first poll follows it
         client.report(steps=0)
 stop = sys.argv[1]  # seconds to run, or a file whose existence ends the run
@@ -281,7 +281,7 @@ def test_live_mode_refuses_a_script_that_never_polls(tmp_path):
             "--knob",
             "num_envs=1..2",
             "--report-timeout-s",
-            "2",
+            "4",
             "--storage",
             f"sqlite:///{tmp_path}/n.db",
             "--",
@@ -296,12 +296,13 @@ def test_live_mode_refuses_a_script_that_never_polls(tmp_path):
         env={**os.environ, "COLUMNS": "200"},
     )
     assert out.returncode == 2
-    assert "has not called autotune.client.poll() for 2 s" in out.stderr
+    assert "has not called autotune.client.poll() for 4 s" in out.stderr
     assert "use --mode restart" in out.stderr
-    # a start-up longer than --report-timeout-s is not a hang: that counts from a poll
-    head = [*out.args[: out.args.index("--report-timeout-s")], "--report-timeout-s", "2"]
+    # a start-up longer than --report-timeout-s is not a hang: that counts from a poll (4 s,
+    # so a loaded machine's pause in the script's exit is not taken for one either)
+    head = [*out.args[: out.args.index("--report-timeout-s")], "--report-timeout-s", "4"]
     db, run = f"sqlite:///{tmp_path}/s.db", [sys.executable, str(script), "1", "slowstart"]
-    slow = subprocess.run(  # 3 s of start-up, a 2-s timeout, then 1 s of polling
+    slow = subprocess.run(  # 6 s of start-up, a 4-s timeout, then 1 s of polling
         [*head, "--storage", db, "--", *run],
         capture_output=True,
         text=True,
