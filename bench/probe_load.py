@@ -22,6 +22,7 @@ Each figure under load is divided by the mean of the two quiet ones. Prints a ta
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -31,14 +32,44 @@ from typing import Any
 
 POLICY = "auto:64:64:auto"
 GPU_SPIN = (
-    "import torch\n"
-    "a = torch.randn(4096, 4096, device='cuda')\n"
+    "import sys, threading, torch\n"
+    "a = torch.randn(4096, 4096, device=sys.argv[1])\n"
     "torch.tanh(a @ a).cpu()\n"
     "print('running', flush=True)\n"
-    "while True:\n"
+    "ended = threading.Event()\n"
+    "threading.Thread(target=lambda: (sys.stdin.read(), ended.set()), daemon=True).start()\n"
+    "while not ended.is_set():\n"
     "    a = torch.tanh(a @ a)\n"
+    "torch.tanh(a).cpu()\n"
 )
-"""Another job's trainer, as far as the GPU can tell: matrix products back to back."""
+"""Another job's trainer, as far as the GPU can tell: matrix products back to back on the
+device its argument names, until its stdin closes; then it ends as a job does, its last
+product done and its CUDA context closed (a client killed under MPS with its kernels running
+leaves the server cleaning up after it, and refusing new clients while it does)."""
+END_WAIT_S = 60.0
+"""How long the load may take to end once told; past it, it is killed."""
+
+
+def start_gpu_load(device: str = "cuda") -> subprocess.Popen:
+    """The GPU load, once its first product is done (``end_gpu_load`` ends it)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", GPU_SPIN, device], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    if proc.stdout.readline().strip() != b"running":
+        end_gpu_load(proc)
+        raise RuntimeError("the GPU load process failed to start; see its stderr")
+    return proc
+
+
+def end_gpu_load(proc: subprocess.Popen) -> int:
+    """Tells the load to end and waits for it (killed past ``END_WAIT_S``); its exit code."""
+    with contextlib.suppress(OSError):  # it may have gone already
+        proc.stdin.close()
+    try:
+        return proc.wait(END_WAIT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait()
 
 
 def probe_figures(
@@ -96,11 +127,10 @@ def measure(
 
     rows = [condition("quiet")]
     spin: list[subprocess.Popen] = []
+    load: subprocess.Popen | None = None
     try:
         if gpu:
-            spin.append(subprocess.Popen([sys.executable, "-c", GPU_SPIN], stdout=subprocess.PIPE))
-            if spin[0].stdout.readline().strip() != b"running":  # its first product is done
-                raise RuntimeError("the GPU load process failed to start; see its stderr")
+            load = start_gpu_load()
             name = "a GPU process"
         else:
             for _ in range(busy):
@@ -109,6 +139,8 @@ def measure(
             name = f"{busy} busy processes"
         rows.append(condition(name))
     finally:
+        if load is not None:
+            end_gpu_load(load)
         for proc in spin:
             proc.kill()
             proc.wait()

@@ -59,3 +59,11 @@ def test_another_process_on_the_gpu_marks_the_probes_shared(tmp_path):
     assert probe_load.main(["--load", "gpu", "--batch", "1024", "--json", str(out)]) == 0
     rows = json.loads(out.read_text())["rows"]
     assert [r["probes"]["gpu_shared"] for r in rows] == [0.0, 1.0, 0.0]
+
+
+def test_the_gpu_load_ends_as_a_job_does_when_told():
+    """The load's loop, run on the CPU here: it runs until its stdin closes, then finishes its
+    last product and exits on its own (exit code 0), not killed."""
+    proc = probe_load.start_gpu_load("cpu")
+    assert proc.poll() is None  # running: its first product is done
+    assert probe_load.end_gpu_load(proc) == 0
