@@ -127,10 +127,10 @@ def measure(
 
     rows = [condition("quiet")]
     spin: list[subprocess.Popen] = []
-    load: subprocess.Popen | None = None
+    gpu_load: subprocess.Popen | None = None
     try:
         if gpu:
-            load = start_gpu_load()
+            gpu_load = start_gpu_load()
             name = "a GPU process"
         else:
             for _ in range(busy):
@@ -139,8 +139,8 @@ def measure(
             name = f"{busy} busy processes"
         rows.append(condition(name))
     finally:
-        if load is not None:
-            end_gpu_load(load)
+        if gpu_load is not None:
+            end_gpu_load(gpu_load)
         for proc in spin:
             proc.kill()
             proc.wait()
