@@ -15,6 +15,7 @@ def test_the_probes_are_measured_quiet_loaded_and_quiet_again(tmp_path, capsys):
     out = tmp_path / "probe-load.json"
     assert probe_load.main(["--busy", "1", "--batch", "1024", "--json", str(out)]) == 0
     doc = json.loads(out.read_text())
+    assert doc["load"] == "cpu" and doc["busy"] == 1
     assert [r["name"] for r in doc["rows"]] == ["quiet", "1 busy processes", "quiet again"]
     for row in doc["rows"]:
         assert set(row["probes"]) == {"env_step_us", "forward32_us", "update_ms"}
