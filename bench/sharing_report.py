@@ -10,13 +10,15 @@ def _f(v: Any, digits: int = 1) -> str:
     return "-" if v is None else f"{v:,.{digits}f}"
 
 
-def limits_beside(results: dict[str, Any], ways: list[str]) -> dict[str, list[float]]:
-    """Each way's limits, in steps/J: the one measured just before it and the next one after
-    (the next way's, else the closing one)."""
+def limits_beside(
+    results: dict[str, Any], ways: list[str], key: str = "steps_per_joule"
+) -> dict[str, list[float]]:
+    """Each way's limits' ``key`` (steps/J, or steps/s): the one measured just before it and
+    the next one after (the next way's, else the closing one)."""
     names = [f"limit:{w}" for w in ways] + ["limit-end"]
     out = {}
     for i, way in enumerate(ways):
-        pair = [(results.get(n) or {}).get("steps_per_joule") for n in names[i : i + 2]]
+        pair = [(results.get(n) or {}).get(key) for n in names[i : i + 2]]
         out[way] = [v for v in pair if v]
     return out
 
@@ -54,11 +56,8 @@ def ceilings(results: dict[str, Any], ways: list[str]) -> dict[str, float]:
     workload with random actions, so where a later job's env costs more per step the real
     ceiling is lower still."""
     out = {}
-    for i, way in enumerate(ways):
+    for way, rates in limits_beside(results, ways, "steps_per_s").items():
         r = results.get(way) or {}
-        names = [f"limit:{w}" for w in ways] + ["limit-end"]
-        rates = [(results.get(n) or {}).get("steps_per_s") for n in names[i : i + 2]]
-        rates = [v for v in rates if v]
         joules = (r.get("gpu_j") or 0.0) + (r.get("cpu_j") or 0.0)
         if rates and joules > 0 and r.get("jobs"):
             out[way] = sum(rates) / len(rates) * trained_s(r) / joules
