@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -101,6 +102,7 @@ def measure(
     doc: dict[str, Any] = {
         "window_s": span,
         "window_steps": steps,
+        "episode_len": _episode_len(a, b),
         "steps_per_s": steps / span,
         "gpu_w": (gb - ga) / span,
         "cpu_w": (cb - ca) / span,
@@ -125,6 +127,30 @@ def measure(
         }
         doc["curve"] = curve(rows, meter, started)
     return doc
+
+
+def _episode_len(a: dict[str, Any], b: dict[str, Any]) -> float | None:
+    """Steps per finished episode between two progress lines (None where a peer does not count
+    its episodes or none ended)."""
+    if a.get("episodes") is None or b.get("episodes") is None or b["episodes"] <= a["episodes"]:
+        return None
+    return (b["steps"] - a["steps"]) / (b["episodes"] - a["episodes"])
+
+
+def loop_figures(loop: dict[str, Any], meter: MachineMeter) -> dict[str, Any]:
+    """A ``bench.actor_loop_rate`` loop's result with the machine's watts and steps/J over its
+    measured span (from the meter's samples; the loop alone on the machine)."""
+    t0, t1 = loop["started_unix"], loop["ended_unix"]
+    (g0, c0, _), (g1, c1, _) = meter.parts_at(t0), meter.parts_at(t1)
+    span = t1 - t0
+    steps = loop["steps_per_s"] * span
+    gpu_w, cpu_w = (g1 - g0) / span, (c1 - c0) / span
+    return {
+        **loop,
+        "gpu_w": gpu_w,
+        "cpu_w": cpu_w,
+        "steps_per_joule": _spj(steps, span * (gpu_w + cpu_w)),
+    }
 
 
 def curve(rows: list[dict[str, Any]], meter: MachineMeter, started: float) -> list[dict]:
@@ -194,8 +220,10 @@ def run_arm(arm: str, a: argparse.Namespace, meter: MachineMeter, out_dir: Path)
     stem = f"{a.env}-{arm}"
     progress, result = out_dir / f"{stem}.progress.jsonl", out_dir / f"{stem}.result.json"
     cmd = arm_command(arm, a, progress, result)
-    if arm == "learner":
+    if arm in ("learner", "states"):
         cmd += ["--json", str(result)]
+    if "--checkpoint" in cmd:  # a run goes on from a state left there: this arm starts afresh
+        shutil.rmtree(cmd[cmd.index("--checkpoint") + 1], ignore_errors=True)
     tuned = arm_kind(arm) == "tuned"
     budget = (a.tuned_s if tuned else a.seconds) + START_ALLOWANCE_S
     print(f"[{arm}] {' '.join(cmd)}", flush=True)
@@ -232,18 +260,24 @@ def run_arm(arm: str, a: argparse.Namespace, meter: MachineMeter, out_dir: Path)
     log.close()
     meter.sample()  # so the arm's last progress line lies inside the sampled span
     doc["wall_s"] = time.time() - doc["started_unix"]
-    if arm == "learner":
-        if result.exists():
-            doc["learner"] = json.loads(result.read_text())
-        else:
+    if arm in ("learner", "states"):
+        if not result.exists():
             doc["error"] = f"no result (log: {stem}.log)"
+        elif arm == "learner":
+            doc["learner"] = json.loads(result.read_text())
+        else:  # each loop with the machine's draw while it ran
+            loops = json.loads(result.read_text())["results"]
+            doc["loops"] = {r["loop"]: loop_figures(r, meter) for r in loops}
     else:
         try:
             rows = read_progress(progress)
             doc.update(measure(rows, meter, a.warmup_s, tuned, doc["started_unix"]))
+            if arm == "default":  # its policy's states at the end: what a states arm steps
+                tail = measure(rows, meter, a.warmup_s, True)
+                doc["final_third"] = {k: tail[k] for k in ("steps_per_s", "episode_len")}
         except (OSError, ValueError) as exc:
             doc["error"] = f"{exc} (log: {stem}.log)"
-    if result.exists() and arm != "learner":
+    if result.exists() and arm not in ("learner", "states"):
         res = json.loads(result.read_text())
         doc["lost_steps"] = res.get("lost_steps")
         doc["config"] = {

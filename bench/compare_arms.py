@@ -21,6 +21,7 @@ ARMS = (
     "sb3-cuda",
     "cleanrl",
     "default",
+    "states",
     "exported",
     "tuned",
     "tuned-tpe",
@@ -64,6 +65,34 @@ def tuned_best_flags(out_dir: Path, env: str) -> list[str]:
     for knob, value in sorted(values.items()):
         flags += [f"--{knob.replace('_', '-')}", str(value)]
     return flags
+
+
+def default_checkpoint(out_dir: Path, env: str) -> Path:
+    """Where the ``default`` arm keeps its learner's state when a ``states`` arm follows it."""
+    return out_dir / f"{env}-default.checkpoint"
+
+
+def states_flags(out_dir: Path, env: str) -> list[str]:
+    """``bench.actor_loop_rate`` flags that step the ``default`` arm's final policy at its env
+    backend and envs per actor (its result's config and its checkpoint).
+
+    Raises:
+        SystemExit: the default arm has not run with its checkpoint kept.
+    """
+    import json
+
+    path = out_dir / f"{env}-default.result.json"
+    weights = default_checkpoint(out_dir, env) / "learner.pt"
+    try:
+        cfg = json.loads(path.read_text())["config"]
+        flags = ["--backend", cfg["env_backend"], "--envs-per-actor", str(cfg["envs_per_actor"])]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise SystemExit(
+            f"states: no default arm's result in {path} (list default first)"
+        ) from None
+    if not weights.is_file():
+        raise SystemExit(f"states: the default arm left no policy in {weights}")
+    return [*flags, "--weights", str(weights)]
 
 
 def exported_arms(specs: list[str] | None) -> dict[str, Path]:
@@ -174,12 +203,28 @@ def arm_command(arm: str, a: argparse.Namespace, progress: Path, out: Path) -> l
         ]
     if arm == "learner":
         return [py, "-m", "bench.learner_limit", "--env", a.env, "--policy", a.policy]
+    if arm == "states":  # both loops on every core, the learned policy's first
+        loops = ["--loops", "collect,raw", "--processes", "0", "--seconds", str(a.states_s)]
+        states = states_flags(Path(a.out), a.env)
+        return [
+            py,
+            "-m",
+            "bench.actor_loop_rate",
+            "--env",
+            a.env,
+            "--policy",
+            a.policy,
+            *loops,
+            *states,
+        ]
     if arm in ("sb3-cpu", "sb3-cuda"):
         return [py, "-m", "bench.peers.sb3_ppo", *peer, "--device", arm.split("-")[1]]
     if arm == "cleanrl":
         return [py, "-m", "bench.peers.cleanrl_ppo", *peer, "--device", "auto"]
     wall = str(a.seconds + a.startup_s)  # the peers' --seconds start at their training
     if arm == "default":
+        if "states" in getattr(a, "arm_list", ()):  # its final policy, for the states arm
+            train += ["--checkpoint", str(default_checkpoint(Path(a.out), a.env))]
         return [*train, "--env", a.env, "--max-wall-s", str(a.seconds + a.startup_s + SIZING_S)]
     if arm == "tuned-best":
         return [*train, "--env", a.env, "--max-wall-s", wall, *tuned_best_flags(Path(a.out), a.env)]

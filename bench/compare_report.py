@@ -221,8 +221,8 @@ def markdown(key: tuple[str, str, str], arms: dict[str, dict], summary: dict[str
     ]
     for name, r in summary["ratios"].items():
         d = arms[name]
-        if name == "learner":  # no trained steps: its figures are in the payoff section
-            continue
+        if name in ("learner", "states"):  # no trained steps: their figures are in the payoff
+            continue  # section
         if "error" in d:
             out.append(f"| {name} | failed: {d['error']} |||||||||")
             continue
@@ -272,7 +272,7 @@ def plot(key: tuple[str, str, str], arms: dict[str, dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = [n for n in ordered(arms) if "error" not in arms[n] and n != "learner"]
+    names = [n for n in ordered(arms) if "error" not in arms[n] and n not in ("learner", "states")]
     fig, axes = plt.subplots(1, 2, figsize=(10, 0.45 * len(names) + 1.6))
     for ax, metric, label in (
         (axes[0], "steps_per_s", "trained steps/s"),

@@ -40,7 +40,7 @@ TRAILING_S = 20.0
 
 
 def applies(arms: dict[str, dict[str, Any]]) -> bool:
-    return "learner" in arms or "tuned-tpe" in arms
+    return "learner" in arms or "tuned-tpe" in arms or "states" in arms
 
 
 def _r(a: float | None, b: float | None) -> float | None:
@@ -66,6 +66,34 @@ def second_limit(arms: dict[str, dict[str, Any]]) -> dict[str, Any]:
     if spj and best:
         out["limit2_own_rate"] = 1 / (1 / spj + best["marginal_j_per_sample"])
     return out
+
+
+def at_states(arms: dict[str, dict[str, Any]], limits: dict[str, Any]) -> dict[str, Any] | None:
+    """The most the ``default`` arm's states allow (the ``states`` arm: the actor's collect loop
+    on every core acting with the arm's final policy, GPU without a context): that loop's
+    steps/s and steps/J beside the limit's, the second limit at those states (the learner
+    charged at the loop's rate, as the second limit charges it at the limit's) and the arm
+    beside it. None without a states arm."""
+    loops = arms.get("states", {}).get("loops") or {}
+    collect, raw = loops.get("collect") or {}, loops.get("raw") or {}
+    if not collect.get("steps_per_joule"):
+        return None
+    rate, spj = collect["steps_per_s"], collect["steps_per_joule"]
+    doc = arms.get("learner", {}).get("learner") or {}
+    best = doc.get("best")
+    at = cheapest_at(doc.get("settings") or ([best] if best else []), rate)
+    limit2 = 1 / (1 / spj + at["j_per_sample"]) if at else None
+    default = arms.get("default", {})
+    return {
+        "collect": {k: collect.get(k) for k in ("steps_per_s", "steps_per_joule", "episode_len")},
+        "raw": {k: raw.get(k) for k in ("steps_per_s", "steps_per_joule", "episode_len")},
+        "envs_per_actor": (arms.get("default", {}).get("config") or {}).get("envs_per_actor"),
+        "default_episode_len": (default.get("final_third") or {}).get("episode_len"),
+        "steps_per_s_vs_limit": _r(rate, limits.get("rate")),
+        "limit2": limit2,
+        "vs_limit2": _r(limit2, limits.get("limit2")),
+        "default_vs_it": _r(default.get("steps_per_joule"), limit2),
+    }
 
 
 def _learner_line(lim: dict[str, Any]) -> str:
@@ -117,7 +145,7 @@ def summary(arms: dict[str, dict[str, Any]]) -> dict[str, Any]:
     static = max(statics, key=lambda d: d["steps_per_joule"]) if statics else {}
     rows = {}
     for name, d in arms.items():
-        if arm_kind(name) in ("limit", "learner") or "error" in d:
+        if arm_kind(name) in ("limit", "learner", "states") or "error" in d:
             continue
         whole = d.get("whole_run") or {}
         rows[name] = {
@@ -171,8 +199,12 @@ def summary(arms: dict[str, dict[str, Any]]) -> dict[str, Any]:
         "met": None if not windows else not breaches,
         "breaches": breaches,
     }
+    states = at_states(arms, limits)
+    if states and states["vs_limit2"] is not None:
+        out_goals["best steps/J vs second limit"]["at_most_at_its_states"] = states["vs_limit2"]
     return {
         "limits": limits,
+        "states": states,
         "static": static.get("arm"),
         "rows": rows,
         "goals": out_goals,
@@ -214,8 +246,27 @@ def markdown(key: tuple[str, str, str], s: dict[str, Any]) -> str:
     out.append("")
     for name, g in s["goals"].items():
         verdict = "not measured" if g["met"] is None else ("met" if g["met"] else "NOT met")
-        out.append(f"- {name}: {_n(g['value'], 2)}, goal {g['goal']}: {verdict}")
+        most = g.get("at_most_at_its_states")
+        beside = "" if most is None else f" (at most {_n(most, 2)} at the default arm's states)"
+        out.append(f"- {name}: {_n(g['value'], 2)}, goal {g['goal']}: {verdict}{beside}")
+    if st := s.get("states"):
+        out.append(_states_line(st))
     return "\n".join(out) + "\n"
+
+
+def _states_line(st: dict[str, Any]) -> str:
+    """What the default arm's states allow, as one line of the section."""
+    c, r = st["collect"], st["raw"]
+    return (
+        f"- at the default arm's states (the actor's loop on every core acting with its final "
+        f"policy, {st['envs_per_actor']} envs per actor): {_n(c['steps_per_s'], 0)} steps/s, "
+        f"{_n(c['steps_per_joule'])} steps/J, episodes of {_n(c['episode_len'])} steps (the "
+        f"arm's final third: {_n(st['default_episode_len'])}; random actions at that shape: "
+        f"{_n(r['steps_per_s'], 0)} steps/s, episodes of {_n(r['episode_len'])}); "
+        f"{_n(st['steps_per_s_vs_limit'], 2)} of the limit's steps/s; the second limit at "
+        f"those states {_n(st['limit2'])} steps/J, {_n(st['vs_limit2'], 2)} of the second "
+        f"limit; the default arm at {_n(st['default_vs_it'], 2)} of it"
+    )
 
 
 def plot(key: tuple[str, str, str], arms: dict[str, dict[str, Any]], s: dict, path: Path) -> None:

@@ -21,6 +21,12 @@ Arms (``--arms``, comma-separated):
   exported  ``autotune train --config FILE`` (``--exported FILE``; --policy set); more exported
             configs side by side: ``--exported LABEL=FILE`` (repeatable), each run as the arm
             ``exported-LABEL`` wherever ``exported`` is listed
+  states    after default: the actor's own collect loop on every core, acting with the policy
+            the default arm ended with (its checkpoint), at its env backend and envs per actor,
+            then random actions the same way (``bench/actor_loop_rate.py``), ``--states-s``
+            each: what the env's steps cost in the states a learning run reaches (a MuJoCo
+            step costs more with the body upright than in random actions' falls), so the
+            report can set the arm beside the most its states allow
   learner   the learner alone on synthetic batches (``bench/learner_limit.py``): joules per
             trained sample above idle, per device and batch size; with the limit, the second
             limit (one that counts the learning)
@@ -65,6 +71,8 @@ WORKLOADS = {
     "ant-heavy": ("Ant-v5", "auto:1024:1024:512:auto"),
 }
 PARTS = ("arms", "report")
+STATES_START_S = 20.0
+"""About how long a loop of the states arm takes to start its processes and make their envs."""
 LEARNER_S = 75.0
 """About how long the learner arm takes (idle, then 3 batch sizes on each device)."""
 
@@ -86,6 +94,9 @@ def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--rounds", type=int, default=1, help="the arms this many times per workload")
     ap.add_argument("--own-exports", default=None, metavar="DIR", help="<workload>-export.json")
     ap.add_argument("--seconds", type=float, default=60.0, help="wall budget of each arm")
+    ap.add_argument(
+        "--states-s", type=float, default=15.0, help="seconds of each loop of the states arm"
+    )
     ap.add_argument("--tuned-s", type=float, default=240.0, help="wall budget of the tuned arm")
     ap.add_argument(
         "--warmup-s", type=float, default=10.0, help="left out after an arm's first trained step"
@@ -148,12 +159,13 @@ def check(ap: argparse.ArgumentParser, a: argparse.Namespace) -> None:
     if (
         a.seconds <= 0
         or a.tuned_s <= 0
+        or a.states_s <= 0
         or a.peer_rollout < 1
         or min(a.warmup_s, a.settle_s, a.startup_s, a.min_steps) < 0
     ):
         ap.error(
-            "--seconds and --tuned-s must be > 0, --peer-rollout >= 1; --warmup-s, --settle-s,"
-            " --startup-s >= 0"
+            "--seconds, --tuned-s and --states-s must be > 0, --peer-rollout >= 1; --warmup-s,"
+            " --settle-s, --startup-s >= 0"
         )
     a.only = [x.strip() for x in a.only.split(",") if x.strip()]
     bad = [x for x in a.only if x not in PARTS]
@@ -177,6 +189,8 @@ def check(ap: argparse.ArgumentParser, a: argparse.Namespace) -> None:
     best = arms.index("tuned-best") if "tuned-best" in arms else None
     if best is not None and ("tuned" not in arms or arms.index("tuned") > best):
         raise SystemExit("--arms: tuned-best runs the tuned arm's best config; list tuned first")
+    if "states" in arms and ("default" not in arms or arms.index("default") > arms.index("states")):
+        raise SystemExit("--arms: states steps the default arm's final policy; list default first")
     if a.limit_again and "limit" not in arms:
         raise SystemExit("--limit-again measures the limit arm again: add limit to --arms")
     a.arm_list = arms
@@ -239,6 +253,8 @@ def plan(a: argparse.Namespace):
                 budget = run.tuned_s if arm_kind(arm) == "tuned" else run.seconds
                 if arm == "learner":
                     budget = LEARNER_S
+                if arm == "states":  # two loops, each with its processes' start
+                    budget = 2 * (run.states_s + STATES_START_S)
                 if arm_kind(arm) in ("default", "exported"):
                     budget += run.startup_s
                 if arm_kind(arm) == "default":

@@ -267,8 +267,11 @@ def test_tuned_arm_command_and_final_third_window(tmp_path):
         (["--arms", "exported"], "the exported arm needs --exported FILE"),
         (["--arms", "exported", "--exported", "x y=a.json"], "a label is letters, digits"),
         (["--arms", "exported", "--exported", "nothing.json"], "no such file 'nothing.json'"),
-        (["--seconds", "0"], "--seconds and --tuned-s must be > 0"),
+        (["--seconds", "0"], "--seconds, --tuned-s and --states-s must be > 0"),
         (["--peer-rollout", "0"], "--peer-rollout >= 1"),
+        (["--states-s", "0"], "--states-s must be > 0"),
+        (["--arms", "states,default"], "states steps the default arm's final policy; list def"),
+        (["--arms", "limit,states"], "states steps the default arm's final policy; list def"),
     ],
 )
 def test_compare_refuses_bad_input(tmp_path, args, message):
