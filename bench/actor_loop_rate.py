@@ -32,6 +32,8 @@ import queue
 import time
 from typing import Any
 
+from runtime.actor_placement import one_blas_thread
+
 LOOPS = ("raw", "collect")
 
 
@@ -50,9 +52,9 @@ class _Counter:
 
 
 def _loop(args: dict[str, Any], index: int, start: Any, out: Any) -> None:
-    os.environ.update(
-        dict.fromkeys(("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"), "1")
-    )
+    # numpy loaded as this process unpickled its arguments (a learner state's arrays), with
+    # the BLAS threads its environment gave it then: run_loop starts it with one
+    blas = os.environ.get("OPENBLAS_NUM_THREADS")
     from policies.actor_critic import initial_state_arrays
     from policies.numpy_policy import NumpyPolicy
     from runtime.actor import Actor
@@ -101,7 +103,7 @@ def _loop(args: dict[str, Any], index: int, start: Any, out: Any) -> None:
         step()
         steps += per
     wall, cpu = time.monotonic() - t0, time.process_time() - c0
-    out.put((index, steps, wall, cpu, ended[0], u0, time.time()))
+    out.put((index, steps, wall, cpu, ended[0], u0, time.time(), blas))
 
 
 def learned_state_arrays(path: str) -> tuple[list[str], list]:
@@ -120,8 +122,9 @@ def run_loop(args: dict[str, Any], processes: int) -> dict[str, Any]:
     ctx = mp.get_context("spawn")
     start, out = ctx.Barrier(processes), ctx.Queue()
     procs = [ctx.Process(target=_loop, args=(args, i, start, out)) for i in range(processes)]
-    for p in procs:
-        p.start()
+    with one_blas_thread():  # an actor's one thread: a thread per core each would spin them
+        for p in procs:
+            p.start()
     rows: list[tuple] = []
     deadline = time.monotonic() + args["seconds"] + 300
     while len(rows) < processes:
@@ -149,6 +152,7 @@ def run_loop(args: dict[str, Any], processes: int) -> dict[str, Any]:
         "steps_per_s": steps / wall,
         "steps_per_s_per_process": steps / wall / processes,
         "cpu_ms_per_step": 1e3 * cpu / steps,
+        "blas_threads": sorted({r[7] for r in rows}, key=str),  # each process's, at its start
         "started_unix": min(r[5] for r in rows),  # the measured span, for a meter read beside
         "ended_unix": max(r[6] for r in rows),
     }

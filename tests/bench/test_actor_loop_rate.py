@@ -4,17 +4,22 @@ side on every process at once, with their CPU per env step; bad input is refused
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
 import pytest
 
+from runtime.actor_placement import BLAS_THREAD_VARS
+
 pytestmark = pytest.mark.slow
 
 
 def actor_loop_rate(*args: str) -> subprocess.CompletedProcess:
+    """The bench in an environment without BLAS thread settings, as a shell's usually is."""
     cmd = [sys.executable, "-m", "bench.actor_loop_rate", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    env = {k: v for k, v in os.environ.items() if k not in BLAS_THREAD_VARS}
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
 
 
 def test_both_loops_step_and_report_their_cpu_per_step(tmp_path):
@@ -58,6 +63,9 @@ def test_collect_acts_with_a_learner_states_policy(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     raw, collect = json.loads(out.read_text())["results"]
     assert collect["weights"] == str(path) and raw["weights"] is None
+    # numpy loads as each process unpickles the state's arrays: with one BLAS thread, as an
+    # actor has (a thread per core in every process made the loop 5x dearer per step)
+    assert collect["blas_threads"] == raw["blas_threads"] == ["1"]
     assert collect["episode_len"] < 12 < raw["episode_len"], (raw, collect)
 
 
