@@ -87,7 +87,7 @@ def at_states(arms: dict[str, dict[str, Any]], limits: dict[str, Any]) -> dict[s
     return {
         "collect": {k: collect.get(k) for k in ("steps_per_s", "steps_per_joule", "episode_len")},
         "raw": {k: raw.get(k) for k in ("steps_per_s", "steps_per_joule", "episode_len")},
-        "envs_per_actor": (arms.get("default", {}).get("config") or {}).get("envs_per_actor"),
+        "envs_per_actor": (default.get("config") or {}).get("envs_per_actor"),
         "default_episode_len": (default.get("final_third") or {}).get("episode_len"),
         "steps_per_s_vs_limit": _r(rate, limits.get("rate")),
         "limit2": limit2,
