@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.workflows.progress_log import latest_steps, read_progress
-from bench.compare_arms import MIN_STEPS_WALL_FACTOR, PEERS, arm_command, arm_kind
+from bench.compare_arms import MIN_STEPS_WALL_FACTOR, PEERS, UNTRAINED, arm_command, arm_kind
 from bench.machine_meter import MachineMeter
 from bench.report import write_json
 from runtime.results import timeline_rate
@@ -142,15 +142,9 @@ def loop_figures(loop: dict[str, Any], meter: MachineMeter) -> dict[str, Any]:
     measured span (from the meter's samples; the loop alone on the machine)."""
     t0, t1 = loop["started_unix"], loop["ended_unix"]
     (g0, c0, _), (g1, c1, _) = meter.parts_at(t0), meter.parts_at(t1)
-    span = t1 - t0
-    steps = loop["steps_per_s"] * span
-    gpu_w, cpu_w = (g1 - g0) / span, (c1 - c0) / span
-    return {
-        **loop,
-        "gpu_w": gpu_w,
-        "cpu_w": cpu_w,
-        "steps_per_joule": _spj(steps, span * (gpu_w + cpu_w)),
-    }
+    gpu_w, cpu_w = (g1 - g0) / (t1 - t0), (c1 - c0) / (t1 - t0)
+    spj = _spj(loop["steps_per_s"], gpu_w + cpu_w)  # steps/s over watts
+    return {**loop, "gpu_w": gpu_w, "cpu_w": cpu_w, "steps_per_joule": spj}
 
 
 def curve(rows: list[dict[str, Any]], meter: MachineMeter, started: float) -> list[dict]:
@@ -220,7 +214,7 @@ def run_arm(arm: str, a: argparse.Namespace, meter: MachineMeter, out_dir: Path)
     stem = f"{a.env}-{arm}"
     progress, result = out_dir / f"{stem}.progress.jsonl", out_dir / f"{stem}.result.json"
     cmd = arm_command(arm, a, progress, result)
-    if arm in ("learner", "states"):
+    if arm in UNTRAINED:
         cmd += ["--json", str(result)]
     if "--checkpoint" in cmd:  # a run goes on from a state left there: this arm starts afresh
         shutil.rmtree(cmd[cmd.index("--checkpoint") + 1], ignore_errors=True)
@@ -260,7 +254,7 @@ def run_arm(arm: str, a: argparse.Namespace, meter: MachineMeter, out_dir: Path)
     log.close()
     meter.sample()  # so the arm's last progress line lies inside the sampled span
     doc["wall_s"] = time.time() - doc["started_unix"]
-    if arm in ("learner", "states"):
+    if arm in UNTRAINED:
         if not result.exists():
             doc["error"] = f"no result (log: {stem}.log)"
         elif arm == "learner":
@@ -277,7 +271,7 @@ def run_arm(arm: str, a: argparse.Namespace, meter: MachineMeter, out_dir: Path)
                 doc["final_third"] = {k: tail[k] for k in ("steps_per_s", "episode_len")}
         except (OSError, ValueError) as exc:
             doc["error"] = f"{exc} (log: {stem}.log)"
-    if result.exists() and arm not in ("learner", "states"):
+    if result.exists() and arm not in UNTRAINED:
         res = json.loads(result.read_text())
         doc["lost_steps"] = res.get("lost_steps")
         doc["config"] = {

@@ -29,6 +29,8 @@ ARMS = (
 )
 PEERS = ("sb3-cpu", "sb3-cuda", "cleanrl")
 OURS = ("default", "exported", "tuned")
+UNTRAINED = ("learner", "states")
+"""Arms that train nothing: their documents hold their tool's JSON, not a progress window."""
 
 
 LIMIT_END = "limit-end"

@@ -13,8 +13,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from bench.compare_arms import ARMS, LIMIT_END, OURS, arm_kind
-from bench.report import write_json
+from bench.compare_arms import ARMS, LIMIT_END, OURS, UNTRAINED, arm_kind
+from bench.report import ratio, write_json
 from runtime.time_spent import cpu_parts
 
 GOAL_RATE_VS_LIMIT = 0.8
@@ -61,10 +61,6 @@ def ordered(arms: dict[str, Any]) -> list[str]:
     return sorted(arms, key=lambda n: (ARMS.index(arm_kind(n)), n))
 
 
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return a / b if a and b else None
-
-
 def limit_reference(arms: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """The limit the ratios are taken to: the limit arm's figures, or with a ``limit-end`` arm
     (``--limit-again``) the mean of the two, with ``drift`` = end / start steps/s."""
@@ -87,14 +83,14 @@ def group_summary(arms: dict[str, dict[str, Any]]) -> dict[str, Any]:
     for name in ordered(arms):
         d = arms[name]
         rows[name] = {
-            "steps_per_s_vs_limit": _ratio(d.get("steps_per_s"), limit.get("steps_per_s")),
-            "steps_per_joule_vs_limit": _ratio(
+            "steps_per_s_vs_limit": ratio(d.get("steps_per_s"), limit.get("steps_per_s")),
+            "steps_per_joule_vs_limit": ratio(
                 d.get("steps_per_joule"), limit.get("steps_per_joule")
             ),
-            "steps_per_joule_vs_sb3_best": _ratio(
+            "steps_per_joule_vs_sb3_best": ratio(
                 d.get("steps_per_joule"), sb3_best.get("steps_per_joule")
             ),
-            "steps_per_joule_vs_cleanrl": _ratio(
+            "steps_per_joule_vs_cleanrl": ratio(
                 d.get("steps_per_joule"), arms.get("cleanrl", {}).get("steps_per_joule")
             ),
         }
@@ -221,8 +217,8 @@ def markdown(key: tuple[str, str, str], arms: dict[str, dict], summary: dict[str
     ]
     for name, r in summary["ratios"].items():
         d = arms[name]
-        if name in ("learner", "states"):  # no trained steps: their figures are in the payoff
-            continue  # section
+        if name in UNTRAINED:  # no trained steps: their figures are in the payoff section
+            continue
         if "error" in d:
             out.append(f"| {name} | failed: {d['error']} |||||||||")
             continue
@@ -272,7 +268,7 @@ def plot(key: tuple[str, str, str], arms: dict[str, dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = [n for n in ordered(arms) if "error" not in arms[n] and n not in ("learner", "states")]
+    names = [n for n in ordered(arms) if "error" not in arms[n] and n not in UNTRAINED]
     fig, axes = plt.subplots(1, 2, figsize=(10, 0.45 * len(names) + 1.6))
     for ax, metric, label in (
         (axes[0], "steps_per_s", "trained steps/s"),

@@ -25,9 +25,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from bench.compare_arms import arm_kind
+from bench.compare_arms import UNTRAINED, arm_kind
 from bench.compare_report import limit_reference
 from bench.learner_limit import cheapest_at
+from bench.report import ratio
 
 GOAL_AUTO_VS_LIMIT = 0.8
 GOAL_TUNED_VS_STATIC = 0.9
@@ -43,8 +44,17 @@ def applies(arms: dict[str, dict[str, Any]]) -> bool:
     return "learner" in arms or "tuned-tpe" in arms or "states" in arms
 
 
-def _r(a: float | None, b: float | None) -> float | None:
-    return a / b if a and b else None
+def learner_at(arms: dict[str, dict[str, Any]], rate: float) -> dict[str, Any] | None:
+    """The learner arm's cheapest setting fed ``rate`` samples/s
+    (``bench.learner_limit.cheapest_at``), or None without a learner measured."""
+    doc = arms.get("learner", {}).get("learner") or {}
+    best = doc.get("best")
+    return cheapest_at(doc.get("settings") or ([best] if best else []), rate)
+
+
+def with_learner(steps_per_joule: float, at: dict[str, Any]) -> float:
+    """Steps/J with the learner's joules per sample at that rate added to each step's."""
+    return 1 / (1 / steps_per_joule + at["j_per_sample"])
 
 
 def second_limit(arms: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -54,15 +64,14 @@ def second_limit(arms: dict[str, dict[str, Any]]) -> dict[str, Any]:
     limit = limit_reference(arms)
     spj, rate = limit.get("steps_per_joule"), limit.get("steps_per_s") or None
     busy = arms.get("limit", {}).get("steps_per_joule_busy_only")
-    doc = arms.get("learner", {}).get("learner") or {}
-    best = doc.get("best")
-    at = cheapest_at(doc.get("settings") or ([best] if best else []), rate or 0.0)
+    best = (arms.get("learner", {}).get("learner") or {}).get("best")
+    at = learner_at(arms, rate or 0.0)
     out = {"limit": spj, "limit_busy_only": busy, "learner_best": best, "rate": rate}
     if at:
         out["learner_at_rate"] = at
     for key, base in (("limit2", spj), ("limit2_busy_only", busy)):
         if base and at:
-            out[key] = 1 / (1 / base + at["j_per_sample"])
+            out[key] = with_learner(base, at)
     if spj and best:
         out["limit2_own_rate"] = 1 / (1 / spj + best["marginal_j_per_sample"])
     return out
@@ -78,21 +87,19 @@ def at_states(arms: dict[str, dict[str, Any]], limits: dict[str, Any]) -> dict[s
     collect, raw = loops.get("collect") or {}, loops.get("raw") or {}
     if not collect.get("steps_per_joule"):
         return None
-    rate, spj = collect["steps_per_s"], collect["steps_per_joule"]
-    doc = arms.get("learner", {}).get("learner") or {}
-    best = doc.get("best")
-    at = cheapest_at(doc.get("settings") or ([best] if best else []), rate)
-    limit2 = 1 / (1 / spj + at["j_per_sample"]) if at else None
+    rate = collect["steps_per_s"]
+    at = learner_at(arms, rate)
+    limit2 = with_learner(collect["steps_per_joule"], at) if at else None
     default = arms.get("default", {})
     return {
         "collect": {k: collect.get(k) for k in ("steps_per_s", "steps_per_joule", "episode_len")},
         "raw": {k: raw.get(k) for k in ("steps_per_s", "steps_per_joule", "episode_len")},
         "envs_per_actor": (default.get("config") or {}).get("envs_per_actor"),
         "default_episode_len": (default.get("final_third") or {}).get("episode_len"),
-        "steps_per_s_vs_limit": _r(rate, limits.get("rate")),
+        "steps_per_s_vs_limit": ratio(rate, limits.get("rate")),
         "limit2": limit2,
-        "vs_limit2": _r(limit2, limits.get("limit2")),
-        "default_vs_it": _r(default.get("steps_per_joule"), limit2),
+        "vs_limit2": ratio(limit2, limits.get("limit2")),
+        "default_vs_it": ratio(default.get("steps_per_joule"), limit2),
     }
 
 
@@ -145,7 +152,7 @@ def summary(arms: dict[str, dict[str, Any]]) -> dict[str, Any]:
     static = max(statics, key=lambda d: d["steps_per_joule"]) if statics else {}
     rows = {}
     for name, d in arms.items():
-        if arm_kind(name) in ("limit", "learner", "states") or "error" in d:
+        if arm_kind(name) == "limit" or name in UNTRAINED or "error" in d:
             continue
         whole = d.get("whole_run") or {}
         rows[name] = {
@@ -155,9 +162,9 @@ def summary(arms: dict[str, dict[str, Any]]) -> dict[str, Any]:
             "whole_steps_per_joule": whole.get("steps_per_joule"),
             "whole_steps_per_joule_busy_only": whole.get("steps_per_joule_busy_only"),
             "whole_wall_s": whole.get("wall_s"),
-            "vs_limit": _r(d.get("steps_per_joule"), limits["limit"]),
-            "vs_limit2": _r(d.get("steps_per_joule"), limits.get("limit2")),
-            "whole_vs_limit2": _r(whole.get("steps_per_joule"), limits.get("limit2")),
+            "vs_limit": ratio(d.get("steps_per_joule"), limits["limit"]),
+            "vs_limit2": ratio(d.get("steps_per_joule"), limits.get("limit2")),
+            "whole_vs_limit2": ratio(whole.get("steps_per_joule"), limits.get("limit2")),
             "config": d.get("config"),
         }
     tuned, tpe = arms.get("tuned", {}), arms.get("tuned-tpe", {})
@@ -173,11 +180,11 @@ def summary(arms: dict[str, dict[str, Any]]) -> dict[str, Any]:
             GOAL_AUTO_VS_LIMIT,
         ),
         "tuned whole-run steps/J vs best static": (
-            _r(tuned_whole, static_spj),
+            ratio(tuned_whole, static_spj),
             GOAL_TUNED_VS_STATIC,
         ),
         "tuned whole-run steps/J vs TPE's": (
-            _r(tuned_whole, (tpe.get("whole_run") or {}).get("steps_per_joule")),
+            ratio(tuned_whole, (tpe.get("whole_run") or {}).get("steps_per_joule")),
             GOAL_VS_TPE,
         ),
         "best steps/J vs second limit": (best_ours or None, GOAL_VS_LIMIT2),

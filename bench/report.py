@@ -38,6 +38,11 @@ def machine_doc() -> dict[str, Any]:
     return doc
 
 
+def ratio(a: float | None, b: float | None) -> float | None:
+    """``a / b``, or None where either is missing or zero (a figure a run did not give)."""
+    return a / b if a and b else None
+
+
 def write_json(path: Path, doc: Any) -> Path:
     """Writes ``doc`` as indented JSON to ``path`` (its directory made)."""
     path = Path(path)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from bench.report import ratio
+
 
 def _f(v: Any, digits: int = 1) -> str:
     return "-" if v is None else f"{v:,.{digits}f}"
@@ -82,7 +84,7 @@ def table(results: dict[str, Any], goals: dict[str, float], ways: list[str]) -> 
             f"{r['steps']:,} | {_f(r['steps_per_s'], 0)} | {_f(r['gpu_j'], 0)} | "
             f"{_f(r['cpu_j'], 0)} | {_f(r['steps_per_joule'])} | "
             f"{_f(r['steps_per_joule_busy_only'])} | {_f(frac.get(way), 2)} | "
-            f"{_f(top.get(way))} | {_f(_over(r['steps_per_joule'], top.get(way)), 2)} | "
+            f"{_f(top.get(way))} | {_f(ratio(r['steps_per_joule'], top.get(way)), 2)} | "
             f"{r['lost_steps']} |"
         )
     for name in [f"limit:{w}" for w in ways] + ["limit-end"]:
@@ -111,8 +113,8 @@ def table(results: dict[str, Any], goals: dict[str, float], ways: list[str]) -> 
     for goal, threshold in goals.items():
         num, den = (w.strip() for w in goal.split("/"))
         if spj.get(num) and spj.get(den):
-            ratio = spj[num] / spj[den]
-            met = "met" if ratio >= threshold else "NOT met"
+            value = spj[num] / spj[den]
+            met = "met" if value >= threshold else "NOT met"
             own = (
                 f"; each to the limits beside it {frac[num] / frac[den]:.2f}"
                 if num in frac and den in frac
@@ -124,15 +126,11 @@ def table(results: dict[str, Any], goals: dict[str, float], ways: list[str]) -> 
                 if num in top
                 else ""
             )
-            lines.append(f"- {goal} steps/J: {ratio:.2f} (goal >= {threshold}): {met}{own}{reach}")
+            lines.append(f"- {goal} steps/J: {value:.2f} (goal >= {threshold}): {met}{own}{reach}")
         else:
             lines.append(f"- {goal} steps/J: not measured")
     lines.append(floor_line(results))
     return "\n".join(lines)
-
-
-def _over(value: float | None, ceiling: float | None) -> float | None:
-    return value / ceiling if value and ceiling else None
 
 
 def floor_line(results: dict[str, Any], min_share: float = 0.8) -> str:
